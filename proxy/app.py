@@ -1,0 +1,128 @@
+"""The app factory: resolve the policy once, build collaborators in the lifespan, mount the routes.
+
+`uvicorn --factory proxy.app:create_app` reads the policy named by TOKENWEIR_CONFIG
+(default: the embedded policies/default.yaml).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy.clock import Clock, SystemClock
+from proxy.errors import GatewayError, InternalError, NotFound
+from proxy.pipeline import Pipeline
+from proxy.policy import Policy, load_policy
+from proxy.stages.account import Account
+from proxy.stages.auth import Authenticate, Keyring
+from proxy.stages.forward import Forward
+from proxy.stages.parse import Parse
+from proxy.stages.route import Route as RouteStage
+from proxy.upstream.client import UpstreamClient
+from proxy.web.openai import ModelList, OpenAIEndpoint
+from proxy.web.ops import Health, Ready
+from proxy.web.requestid import RequestId
+
+__all__ = ["DEFAULT_POLICY", "Gateway", "create_app"]
+
+DEFAULT_POLICY = Path(__file__).parent / "policies" / "default.yaml"
+_log = logging.getLogger("tokenweir")
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """Everything a request needs, built once per process in the lifespan."""
+
+    policy: Policy
+    clock: Clock
+    keyring: Keyring
+    upstream: UpstreamClient
+    pipeline: Pipeline
+    started_wall: float
+
+    @classmethod
+    def build(
+        cls, policy: Policy, clock: Clock, transport: httpx.AsyncBaseTransport | None = None
+    ) -> Gateway:
+        keyring = Keyring(policy)
+        upstream = UpstreamClient(policy.upstream, transport)
+        pipeline = Pipeline(
+            auth=Authenticate(keyring, policy.tenants),
+            stages=[Parse(), RouteStage(policy)],
+            forward=Forward(upstream, clock),
+            account=Account(clock),
+            max_body_bytes=policy.server.max_body_bytes,
+        )
+        return cls(policy, clock, keyring, upstream, pipeline, clock.wall())
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+
+
+def create_app(
+    policy: Policy | None = None,
+    *,
+    clock: Clock | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Starlette:
+    resolved = policy or load_policy(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
+    chosen_clock = clock or SystemClock()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        gateway = Gateway.build(resolved, chosen_clock, transport)
+        try:
+            yield {"gateway": gateway}
+        finally:
+            await gateway.aclose()
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", OpenAIEndpoint("chat"), methods=["POST"]),
+            Route("/v1/completions", OpenAIEndpoint("text_completion"), methods=["POST"]),
+            Route("/v1/embeddings", OpenAIEndpoint("embeddings"), methods=["POST"]),
+            Route("/v1/models", ModelList(), methods=["GET"]),
+            Route("/healthz", Health(), methods=["GET"]),
+            Route("/readyz", Ready(), methods=["GET"]),
+        ],
+        middleware=[Middleware(RequestId)],
+        exception_handlers={HTTPException: _http_error, Exception: _unexpected},
+        lifespan=lifespan,
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 404:
+        error: GatewayError = NotFound(f"Unknown request URL: {request.method} {request.url.path}.")
+    else:
+        error = GatewayError(f"{request.method} is not allowed on {request.url.path}.")
+        error.status, error.type, error.code = status, "invalid_request_error", "method_not_allowed"
+    return _render(error)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    _log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return _render(InternalError("The gateway hit an unexpected error; it has been logged."))
+
+
+def _render(error: GatewayError) -> Response:
+    return Response(
+        error.to_json(),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers(),
+    )

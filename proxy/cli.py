@@ -1,0 +1,139 @@
+"""The `tokenweir` command line: serve, demo, mock-backend, bench, policy."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import uvicorn
+
+from proxy import __version__
+from proxy.app import DEFAULT_POLICY
+from proxy.policy import PolicyError, load_policy
+from proxy.policy.units import hash_key
+from proxy.telemetry.logs import log_config
+from proxy.tools import bench, mockbackend
+from proxy.tools.demo import run_demo
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    result: int = args.run(args)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenweir", description="An LLM gateway for tokens.")
+    parser.add_argument("--version", action="version", version=f"tokenweir {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", type=Path, help="policy file (default: the embedded default)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--no-access-log", action="store_true", help="no JSON line per request")
+    serve.set_defaults(run=_serve)
+
+    demo = commands.add_parser("demo", help="simulated backend + gateway + a little traffic")
+    demo.add_argument("--port", type=int, default=8080, help="gateway port (0: any free port)")
+    demo.add_argument(
+        "--exit", action="store_true", help="stop after the traffic instead of serving"
+    )
+    demo.set_defaults(run=_demo)
+
+    mock = commands.add_parser("mock-backend", help="a simulated OpenAI-compatible LLM server")
+    mock.add_argument("--host", default="127.0.0.1")
+    mock.add_argument("--port", type=int, default=8000)
+    mock.add_argument("--ttft-ms", type=float, default=0.0)
+    mock.add_argument("--tokens-per-second", type=float, default=750.0)
+    mock.set_defaults(run=_mock_backend)
+
+    bench = commands.add_parser("bench", help="measure any OpenAI-compatible endpoint")
+    _add_bench_arguments(bench)
+
+    policy = commands.add_parser("policy", help="policy file tools")
+    policy_commands = policy.add_subparsers(title="policy commands", metavar="COMMAND")
+    check = policy_commands.add_parser("check", help="validate a policy file")
+    check.add_argument("file", type=Path)
+    check.set_defaults(run=_policy_check)
+    hash_key = policy_commands.add_parser("hash-key", help="print the sha256: form of an API key")
+    hash_key.add_argument("key", nargs="?", help="the key (default: asked for, not echoed)")
+    hash_key.set_defaults(run=_policy_hash_key)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = (args.config or DEFAULT_POLICY).resolve()
+    try:
+        load_policy(config)  # fail here, readably, rather than in every worker
+    except PolicyError as exc:
+        print(f"tokenweir: the policy cannot be used:\n{exc}", file=sys.stderr)
+        return 1
+    os.environ["TOKENWEIR_CONFIG"] = str(config)
+    uvicorn.run(
+        "proxy.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        loop="uvloop",
+        http="httptools",
+        ws="none",
+        access_log=False,
+        log_config=log_config(args.log_level, access_log=not args.no_access_log),
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    return run_demo(port=args.port, keep_serving=not args.exit)
+
+
+def _mock_backend(args: argparse.Namespace) -> int:
+    mockbackend.run(
+        host=args.host,
+        port=args.port,
+        ttft_ms=args.ttft_ms,
+        tokens_per_second=args.tokens_per_second,
+    )
+    return 0
+
+
+def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    bench.add_arguments(parser)
+    parser.set_defaults(run=bench.main)
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.file)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(
+        f"{args.file}: ok ({len(policy.tenants)} tenants, {len(policy.models)} models, "
+        f"{len(policy.backends)} backends)"
+    )
+    return 0
+
+
+def _policy_hash_key(args: argparse.Namespace) -> int:
+    key = args.key if args.key is not None else getpass.getpass("API key: ")
+    if not key:
+        print("tokenweir: an empty key cannot be hashed", file=sys.stderr)
+        return 1
+    print(hash_key(key))
+    return 0

@@ -1,0 +1,54 @@
+"""The one object a request carries through every stage: who, what, how it went, and its timings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from proxy.policy.model import Backend, Tenant
+from proxy.upstream.meter import StreamMeter
+
+__all__ = ["Operation", "RequestContext"]
+
+Operation = Literal["chat", "text_completion", "embeddings"]
+
+
+@dataclass(slots=True, eq=False)
+class RequestContext:
+    request_id: str
+    operation: Operation
+    received_s: float
+    received_wall: float
+    meter: StreamMeter
+    headers: Mapping[str, str] = field(default_factory=dict)
+    raw_body: bytes = b""
+    tenant_name: str | None = None
+    tenant: Tenant | None = None
+    model: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    client_wants_usage: bool = False
+    backend: Backend | None = None
+    status: int = 0
+    error_code: str | None = None
+    cache: str = "bypass"
+    shaped: list[str] = field(default_factory=list)
+    degraded: list[str] = field(default_factory=list)
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    usage_from_backend: bool = False
+    client_disconnected: bool = False
+    answered: bool = False
+    upstream_completed: bool = False
+
+    @property
+    def upstream_path(self) -> str:
+        return _UPSTREAM_PATHS[self.operation]
+
+
+_UPSTREAM_PATHS: dict[str, str] = {
+    "chat": "/chat/completions",
+    "text_completion": "/completions",
+    "embeddings": "/embeddings",
+}

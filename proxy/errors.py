@@ -1,0 +1,148 @@
+"""The gateway's one error tree; each error knows its HTTP status and OpenAI error shape.
+
+GatewayError                      500 api_error (never raised bare; the base)
++-- BadRequest                    400 invalid_request_error
+|   +-- InvalidJSON               400 invalid_request_error / invalid_json
+|   +-- ContextLengthExceeded     400 invalid_request_error / context_length_exceeded
++-- AuthenticationFailed          401 invalid_request_error / invalid_api_key
++-- PermissionDenied              403 permission_error / model_not_allowed
++-- NotFound                      404 invalid_request_error / not_found
+|   +-- ModelNotFound             404 invalid_request_error / model_not_found
++-- BodyTooLarge                  413 invalid_request_error / request_too_large
++-- RateLimited                   429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
++-- UpstreamError                 502 api_error / upstream_error
+|   +-- UpstreamUnavailable       503 api_error / upstream_unavailable (+ Retry-After)
+|   +-- UpstreamTimeout           504 api_error / upstream_timeout
++-- InternalError                 500 api_error / internal_error (the outermost handler only)
+"""
+
+from __future__ import annotations
+
+import orjson
+
+__all__ = [
+    "AuthenticationFailed",
+    "BadRequest",
+    "BodyTooLarge",
+    "ContextLengthExceeded",
+    "GatewayError",
+    "InternalError",
+    "InvalidJSON",
+    "ModelNotFound",
+    "NotFound",
+    "PermissionDenied",
+    "RateLimited",
+    "UpstreamError",
+    "UpstreamTimeout",
+    "UpstreamUnavailable",
+]
+
+
+class GatewayError(Exception):
+    """A request the gateway answers with an OpenAI-shaped error instead of a completion."""
+
+    status: int = 500
+    type: str = "api_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.body())
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"retry-after": str(max(1, round(self.retry_after_s + 0.499)))}
+
+
+class BadRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class InvalidJSON(BadRequest):
+    code = "invalid_json"
+
+
+class ContextLengthExceeded(BadRequest):
+    code = "context_length_exceeded"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "model_not_allowed"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class BodyTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "api_error"
+    code = "upstream_error"
+
+
+class UpstreamUnavailable(UpstreamError):
+    status = 503
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class InternalError(GatewayError):
+    status = 500
+    type = "api_error"
+    code = "internal_error"

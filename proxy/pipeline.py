@@ -1,0 +1,63 @@
+"""Runs one request through the stages and the upstream relay, and settles it exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import anyio
+from starlette.types import Receive, Send
+
+from proxy.context import RequestContext
+from proxy.errors import GatewayError
+from proxy.stages import Stage
+from proxy.stages.account import Account
+from proxy.stages.forward import Forward
+from proxy.web.body import ClientGone, read_body, watch_disconnect
+from proxy.web.respond import send_error
+
+__all__ = ["Pipeline"]
+
+
+class Pipeline:
+    """`auth` needs only headers, so it runs before the body is read; the rest after."""
+
+    def __init__(
+        self,
+        auth: Stage,
+        stages: Sequence[Stage],
+        forward: Forward,
+        account: Account,
+        *,
+        max_body_bytes: int,
+    ) -> None:
+        self._auth = auth
+        self._stages = tuple(stages)
+        self._forward = forward
+        self._account = account
+        self._max_body_bytes = max_body_bytes
+
+    async def run(self, ctx: RequestContext, receive: Receive, send: Send) -> None:
+        """Answer the request on `send`; errors, disconnects and successes are all settled."""
+        try:
+            await self._auth(ctx)
+            ctx.raw_body = await read_body(receive, ctx.headers, self._max_body_bytes)
+            with anyio.CancelScope() as scope:
+                watcher = asyncio.create_task(watch_disconnect(receive, ctx, scope))
+                try:
+                    for stage in self._stages:
+                        await stage(ctx)
+                    await self._forward(ctx, send)
+                finally:
+                    watcher.cancel()
+        except GatewayError as exc:
+            ctx.error_code = exc.code or exc.type
+            if not ctx.status:
+                ctx.status = exc.status
+                ctx.answered = True
+                await send_error(send, exc, [(b"x-tokenweir-cache", ctx.cache.encode())])
+        except ClientGone:
+            ctx.client_disconnected = True
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._account(ctx)

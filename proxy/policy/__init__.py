@@ -1,0 +1,16 @@
+"""The policy file: typed, frozen objects parsed once at startup from YAML."""
+
+from proxy.policy.load import PolicyError, Problem, load_policy, parse_policy
+from proxy.policy.model import Backend, Budget, ModelSpec, Policy, Tenant
+
+__all__ = [
+    "Backend",
+    "Budget",
+    "ModelSpec",
+    "Policy",
+    "PolicyError",
+    "Problem",
+    "Tenant",
+    "load_policy",
+    "parse_policy",
+]

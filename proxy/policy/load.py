@@ -1,0 +1,162 @@
+"""Read a policy file: YAML -> Policy, every problem named by file, line and key path."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pydantic
+import yaml
+
+from proxy.policy.model import Policy
+
+__all__ = ["PolicyError", "Problem", "load_policy", "parse_policy"]
+
+KeyPath = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    file: str
+    line: int
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path else ""
+        return f"{self.file}:{self.line}: {where}{self.message}"
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; `problems` lists every reason found."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def load_policy(path: str | Path, environ: Mapping[str, str] | None = None) -> Policy:
+    """Parse the policy file at `path`; `${ENV}` references resolve against `environ`."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError([Problem(file, 0, "", f"cannot read the file: {exc.strerror}")]) from exc
+    return parse_policy(text, file=file, environ=environ)
+
+
+def parse_policy(
+    text: str, *, file: str = "<policy>", environ: Mapping[str, str] | None = None
+) -> Policy:
+    data, lines = _read_yaml(text, file)
+    if not isinstance(data, dict):
+        raise PolicyError([Problem(file, 1, "", "the policy file must be a YAML mapping")])
+    context = {"environ": os.environ if environ is None else environ}
+    try:
+        policy = Policy.model_validate(data, context=context)
+    except pydantic.ValidationError as exc:
+        raise PolicyError([_problem(file, lines, err) for err in exc.errors()]) from None
+    dangling = _dangling_references(policy)
+    if dangling:
+        raise PolicyError([Problem(file, _line_of(lines, p), _dotted(p), m) for p, m in dangling])
+    return policy
+
+
+def _read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int]]:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}
+        lines: dict[KeyPath, int] = {}
+        _index_lines(node, (), lines, file)
+        return loader.construct_document(node), lines
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 0
+        raise PolicyError([Problem(file, line, "", f"invalid YAML: {exc.problem}")]) from None
+    except yaml.YAMLError as exc:
+        raise PolicyError([Problem(file, 0, "", f"invalid YAML: {exc}")]) from None
+    finally:
+        loader.dispose()
+
+
+def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], file: str) -> None:
+    """Record the line of every key and item; duplicate keys are errors, not last-one-wins."""
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            child = (*path, key)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise PolicyError([Problem(file, line, _dotted(child), "duplicate key")])
+            seen.add(key)
+            lines[child] = key_node.start_mark.line + 1
+            _index_lines(value_node, child, lines, file)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _index_lines(item, (*path, index), lines, file)
+
+
+def _problem(file: str, lines: dict[KeyPath, int], error: Mapping[str, object]) -> Problem:
+    loc = error.get("loc", ())
+    path: KeyPath = tuple(p for p in loc if p != "[key]") if isinstance(loc, tuple) else ()
+    kind = error.get("type")
+    if kind == "extra_forbidden":
+        message = "unknown key"
+    elif kind == "missing":
+        message = "required key is missing"
+    else:
+        message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    return Problem(file, _line_of(lines, path), _dotted(path), message)
+
+
+def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
+    found: list[tuple[KeyPath, str]] = []
+    served = {m for b in policy.backends for m in b.models}
+    names: set[str] = set()
+    for i, backend in enumerate(policy.backends):
+        if backend.name in names:
+            found.append((("backends", i, "name"), f"duplicate backend name {backend.name!r}"))
+        names.add(backend.name)
+        for j, model in enumerate(backend.models):
+            if model not in policy.models:
+                found.append((("backends", i, "models", j), _unknown_model(model)))
+    for model in policy.models:
+        if model not in served:
+            found.append((("models", model), f"model {model!r} has no backend serving it"))
+    owners: dict[str, str] = {}
+    for tenant_name, tenant in policy.tenants.items():
+        for j, model in enumerate(tenant.models):
+            if model not in policy.models:
+                found.append((("tenants", tenant_name, "models", j), _unknown_model(model)))
+        for k, rule in enumerate(tenant.degrade):
+            if rule.then.model is not None and rule.then.model not in policy.models:
+                path: KeyPath = ("tenants", tenant_name, "degrade", k, "then", "model")
+                found.append((path, _unknown_model(rule.then.model)))
+        for j, key in enumerate(tenant.api_keys):
+            other = owners.setdefault(key, tenant_name)
+            if other != tenant_name:
+                path = ("tenants", tenant_name, "api_keys", j)
+                found.append((path, f"this key also belongs to tenant {other!r}"))
+    return found
+
+
+def _unknown_model(model: str) -> str:
+    return f"unknown model {model!r} (declare it under models:)"
+
+
+def _line_of(lines: dict[KeyPath, int], path: KeyPath) -> int:
+    while path and path not in lines:
+        path = path[:-1]
+    return lines.get(path, 1)
+
+
+def _dotted(path: KeyPath) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out

@@ -1,0 +1,207 @@
+"""The policy's typed shape: frozen pydantic models, unknown keys rejected, units resolved."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+)
+
+from proxy.policy.units import hash_key, parse_bytes, parse_duration_s
+
+__all__ = [
+    "Backend",
+    "Budget",
+    "CacheSpec",
+    "DegradeRule",
+    "Limits",
+    "ModelSpec",
+    "Policy",
+    "Price",
+    "ServerSpec",
+    "Tenant",
+    "UpstreamSpec",
+]
+
+_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+_HASHED = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _environ(info: ValidationInfo) -> Mapping[str, str]:
+    context = info.context if isinstance(info.context, Mapping) else {}
+    environ = context.get("environ", {})
+    return environ if isinstance(environ, Mapping) else {}
+
+
+def _resolve_env(value: str, info: ValidationInfo) -> str | None:
+    """The value of a `${NAME}` reference, or None if `value` is not one."""
+    match = _ENV_REF.match(value)
+    if match is None:
+        return None
+    resolved = _environ(info).get(match.group(1))
+    if not resolved:
+        raise ValueError(f"environment variable {match.group(1)} is not set or empty")
+    return resolved
+
+
+def _client_key(value: object, info: ValidationInfo) -> str:
+    """A client key as stored: `sha256:<hex>`, or `${ENV}` holding the plain key (hashed here)."""
+    if not isinstance(value, str):
+        raise ValueError("an API key must be a string: sha256:<hex> or ${ENV_NAME}")
+    plain = _resolve_env(value, info)
+    if plain is not None:
+        return hash_key(plain)
+    if _HASHED.match(value):
+        return value
+    raise ValueError(
+        "API keys are stored hashed as sha256:<64 lowercase hex> or referenced as ${ENV_NAME}; "
+        "hash a key with: tokenweir policy hash-key"
+    )
+
+
+def _upstream_key(value: object, info: ValidationInfo) -> object:
+    if isinstance(value, str):
+        return _resolve_env(value, info) or value
+    return value
+
+
+Seconds = Annotated[float, BeforeValidator(parse_duration_s)]
+Bytes = Annotated[int, BeforeValidator(parse_bytes)]
+ClientKey = Annotated[str, BeforeValidator(_client_key)]
+UpstreamKey = Annotated[SecretStr, BeforeValidator(_upstream_key)]
+Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _strip_slash(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(
+            "a backend url starts with http:// or https://, e.g. http://127.0.0.1:8000/v1"
+        )
+    return url.rstrip("/")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+
+class Price(_Frozen):
+    """USD per million tokens, for cost reports."""
+
+    input_per_1m: Annotated[float, Field(ge=0)] = 0.0
+    output_per_1m: Annotated[float, Field(ge=0)] = 0.0
+
+
+class ModelSpec(_Frozen):
+    tokenizer: str | None = None
+    price: Price = Price()
+
+
+class Backend(_Frozen):
+    name: Name
+    url: Annotated[str, AfterValidator(_strip_slash)]
+    api_key: UpstreamKey | None = None
+    models: tuple[Name, ...] = Field(min_length=1)
+    weight: PositiveInt = 1
+
+
+class Budget(_Frozen):
+    system_prompt: str | None = None
+    max_input_tokens: PositiveInt | None = None
+    max_output_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    temperature_max: Annotated[float, Field(ge=0, le=2)] | None = None
+    history_limit: Annotated[int, Field(ge=0)] | None = None
+    on_input_overflow: Literal["trim", "reject"] = "trim"
+    tokens_per_day: PositiveInt | None = None
+    tokens_per_month: PositiveInt | None = None
+    usd_per_day: Annotated[float, Field(gt=0)] | None = None
+    usd_per_month: Annotated[float, Field(gt=0)] | None = None
+
+
+class Limits(_Frozen):
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    max_concurrent: PositiveInt | None = None
+    queue_timeout: Seconds | None = None
+    on_storage_error: Literal["open", "closed"] = "open"
+
+
+class CacheSpec(_Frozen):
+    mode: Literal["off", "exact", "semantic", "always"] = "off"
+    similarity: Ratio = 0.92
+    ttl: Seconds = 3600.0
+    max_entry_bytes: Bytes = 256 * 1024
+
+
+class DegradeWhen(_Frozen):
+    inflight_ratio_above: Ratio | None = None
+    queue_depth_above: Annotated[int, Field(ge=0)] | None = None
+    backend_ttft_p95_above: Seconds | None = None
+    backend_error_rate_above: Ratio | None = None
+    budget_used_above: Ratio | None = None
+    storage_unavailable: bool | None = None
+
+
+class DegradeThen(_Frozen):
+    max_output_tokens: PositiveInt | None = None
+    model: Name | None = None
+    cache: Literal["serve_stale"] | None = None
+    similarity: Ratio | None = None
+    reject: Literal[429, 503] | None = None
+    priority: Literal["low", "normal", "high"] | None = None
+
+
+class DegradeRule(_Frozen):
+    name: Name
+    when: DegradeWhen
+    then: DegradeThen
+
+
+class Tenant(_Frozen):
+    api_keys: tuple[ClientKey, ...] = Field(min_length=1)
+    models: tuple[Name, ...] = Field(min_length=1)
+    budget: Budget = Budget()
+    limits: Limits = Limits()
+    cache: CacheSpec = CacheSpec()
+    degrade: tuple[DegradeRule, ...] = ()
+    priority: Literal["low", "normal", "high"] = "normal"
+
+
+class ServerSpec(_Frozen):
+    """How the gateway treats its own clients."""
+
+    max_body_bytes: Bytes = 4 * 1024 * 1024
+
+
+class UpstreamSpec(_Frozen):
+    """The shared connection pool to backends; `read_timeout` is the idle limit per chunk."""
+
+    connect_timeout: Seconds = 5.0
+    read_timeout: Seconds = 300.0
+    pool_timeout: Seconds = 5.0
+    max_connections: PositiveInt = 2048
+
+
+class Policy(_Frozen):
+    storage: str = "memory"
+    admin_keys: tuple[ClientKey, ...] = ()
+    ledger: str | None = None
+    server: ServerSpec = ServerSpec()
+    upstream: UpstreamSpec = UpstreamSpec()
+    backends: tuple[Backend, ...] = Field(min_length=1)
+    models: dict[Name, ModelSpec]
+    tenants: dict[Name, Tenant]
+
+    def backends_for(self, model: str) -> tuple[Backend, ...]:
+        return tuple(b for b in self.backends if model in b.models)

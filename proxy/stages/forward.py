@@ -1,0 +1,136 @@
+"""Upstream stream-through: send the request to the chosen backend and relay its answer as it comes.
+
+Writes status, input_tokens, output_tokens, usage_from_backend, upstream_completed and the meter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+from starlette.types import Send
+
+from proxy.clock import Clock
+from proxy.context import RequestContext
+from proxy.errors import UpstreamError
+from proxy.policy.model import Backend
+from proxy.upstream.client import UpstreamClient, translate
+from proxy.upstream.sse import SSEForwarder
+
+__all__ = ["Forward"]
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class Forward:
+    def __init__(self, upstream: UpstreamClient, clock: Clock) -> None:
+        self._upstream = upstream
+        self._clock = clock
+
+    async def __call__(self, ctx: RequestContext, send: Send) -> None:
+        body = _asking_for_usage(ctx.body) if ctx.stream else ctx.body
+        ctx.meter.sending_upstream(self._clock.monotonic())
+        backend, response = await self._upstream.open(ctx, body)
+        try:
+            if ctx.stream:
+                await self._relay_stream(ctx, backend, response, send)
+            else:
+                await self._relay_whole(ctx, backend, response, send)
+        finally:
+            # Closing a half-read response drops its connection, which stops the backend.
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+    async def _relay_stream(
+        self, ctx: RequestContext, backend: Backend, response: httpx.Response, send: Send
+    ) -> None:
+        monotonic = self._clock.monotonic
+        meter = ctx.meter
+        sse = SSEForwarder(keep_usage=ctx.client_wants_usage)
+        ending = b""
+        try:
+            with translate(backend):
+                async for raw in response.aiter_raw():
+                    meter.read(monotonic())
+                    out, token_events = sse.feed(raw)
+                    if out:
+                        if not ctx.status:
+                            await self._start(ctx, send, _SSE_HEADERS)
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        meter.wrote(monotonic(), token_events)
+            ending = sse.finish()
+            ctx.upstream_completed = True
+        except UpstreamError as exc:
+            if not ctx.status:
+                raise  # nothing sent yet: the client gets a proper error status instead
+            ctx.error_code = exc.code
+            # An OpenAI-shaped error event, and no [DONE]: the client must not take it as complete.
+            ending = b"data: " + exc.to_json() + b"\n\n"
+        if not ctx.status:
+            await self._start(ctx, send, _SSE_HEADERS)
+        ctx.answered = True
+        await send({"type": "http.response.body", "body": ending, "more_body": False})
+        _settle(ctx, sse.usage)
+
+    async def _relay_whole(
+        self, ctx: RequestContext, backend: Backend, response: httpx.Response, send: Send
+    ) -> None:
+        with translate(backend):
+            raw = await response.aread()
+        ctx.meter.read(self._clock.monotonic())
+        ctx.upstream_completed = True
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+        ]
+        await self._start(ctx, send, headers)
+        ctx.answered = True
+        await send({"type": "http.response.body", "body": raw, "more_body": False})
+        ctx.meter.wrote(self._clock.monotonic(), 1)
+        _settle(ctx, _usage_of(raw))
+
+    async def _start(
+        self, ctx: RequestContext, send: Send, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        ctx.status = 200
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*headers, (b"x-tokenweir-cache", ctx.cache.encode())],
+            }
+        )
+
+
+def _asking_for_usage(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with `stream_options.include_usage` on: the backend's usage is the bill."""
+    options = body.get("stream_options")
+    options = dict(options) if isinstance(options, dict) else {}
+    options["include_usage"] = True
+    return {**body, "stream_options": options}
+
+
+def _usage_of(raw: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _settle(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
+    if usage is None:
+        return
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens", 0)
+    if isinstance(prompt, int) and isinstance(completion, int):
+        ctx.input_tokens = prompt
+        ctx.output_tokens = completion
+        ctx.usage_from_backend = True

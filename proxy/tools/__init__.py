@@ -1,0 +1,1 @@
+"""Tools shipped with the gateway: the simulated backend, the demo, the benchmark client."""

@@ -1,0 +1,129 @@
+"""`tokenweir demo`: a simulated backend, the gateway on demo.yaml, and traffic from two tenants."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.app import DEFAULT_POLICY, create_app
+from proxy.policy import load_policy
+from proxy.tools import mockbackend
+from proxy.tools.background import BackgroundServer
+
+__all__ = ["DEMO_KEYS", "DEMO_POLICY", "run_demo"]
+
+DEMO_POLICY = "demo.yaml"
+DEMO_KEYS = {"support-bot": "tw-demo-support", "research": "tw-demo-research"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    tenant: str
+    what: str
+    path: str
+    body: dict[str, Any]
+
+
+_CALLS = (
+    _Call("support-bot", "chat, streamed", "/v1/chat/completions", {
+        "model": "mock-llm-small", "stream": True, "max_tokens": 48,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "我的订单什么时候发货？"}],
+    }),
+    _Call("support-bot", "chat", "/v1/chat/completions", {
+        "model": "mock-llm-small", "max_tokens": 32,
+        "messages": [{"role": "user", "content": "How do I reset my password?"}],
+    }),
+    _Call("support-bot", "embeddings", "/v1/embeddings", {
+        "model": "mock-embed", "input": ["refund policy", "shipping times"],
+    }),
+    _Call("support-bot", "a model it may not use", "/v1/chat/completions", {
+        "model": "mock-llm", "messages": [{"role": "user", "content": "hi"}],
+    }),
+    _Call("research", "chat, streamed", "/v1/chat/completions", {
+        "model": "mock-llm", "stream": True, "max_tokens": 200,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "Summarise the history of the transistor."}],
+    }),
+    _Call("research", "text completion", "/v1/completions", {
+        "model": "mock-llm", "prompt": "Once upon a time", "max_tokens": 24,
+    }),
+)  # fmt: skip
+
+
+def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
+    """Start everything, send the demo traffic, print what happened; serve on until Ctrl-C."""
+    backend = BackgroundServer(mockbackend.create_app(ttft_ms=120, tokens_per_second=150))
+    backend_url = backend.start()
+    policy = load_policy(DEFAULT_POLICY.with_name(DEMO_POLICY), environ={})
+    backends = tuple(b.model_copy(update={"url": backend_url + "/v1"}) for b in policy.backends)
+    gateway = BackgroundServer(
+        create_app(policy.model_copy(update={"backends": backends})), port=port
+    )
+    try:
+        base_url = gateway.start()
+        print(f"tokenweir demo: simulated backend on {backend_url}, gateway on {base_url}\n")
+        with httpx.Client(base_url=base_url, timeout=30) as client:
+            for call in _CALLS:
+                print(_send(client, call))
+        _print_next_steps(base_url)
+        if keep_serving:
+            print("\nServing until Ctrl-C.")
+            threading.Event().wait()
+    except KeyboardInterrupt:
+        print()
+    finally:
+        gateway.stop()
+        backend.stop()
+    return 0
+
+
+def _send(client: httpx.Client, call: _Call) -> str:
+    headers = {"authorization": f"Bearer {DEMO_KEYS[call.tenant]}"}
+    started = time.perf_counter()
+    first_token_s: float | None = None
+    usage: dict[str, Any] = {}
+    with client.stream("POST", call.path, json=call.body, headers=headers) as response:
+        if call.body.get("stream"):
+            for line in response.iter_lines():
+                if first_token_s is None and '"content":"' in line and '"content":""' not in line:
+                    first_token_s = time.perf_counter() - started
+                elif '"prompt_tokens"' in line:
+                    usage = orjson.loads(line.removeprefix("data:"))["usage"]
+        else:
+            response.read()
+            if response.status_code == 200:
+                usage = orjson.loads(response.content).get("usage") or {}
+        elapsed_s = time.perf_counter() - started
+        status, request_id = response.status_code, response.headers.get("x-request-id", "")
+        error = "" if status == 200 else orjson.loads(response.content)["error"]["code"]
+    line = f"  {call.tenant:<12} {call.what:<24} -> {status} {error}"
+    if status == 200:
+        line += f" in {elapsed_s * 1000:.0f} ms"
+        if first_token_s is not None:
+            line += f", first token after {first_token_s * 1000:.0f} ms"
+        if usage:
+            line += f", tokens in {usage.get('prompt_tokens')}"
+            if "completion_tokens" in usage:
+                line += f" out {usage['completion_tokens']}"
+    return f"{line}  [{request_id}]"
+
+
+def _print_next_steps(base_url: str) -> None:
+    key = DEMO_KEYS["research"]
+    print(
+        f"""
+Try it yourself (the research tenant's key is {key}):
+  curl -N {base_url}/v1/chat/completions -H 'Authorization: Bearer {key}' \\
+       -H 'Content-Type: application/json' \\
+       -d '{{"model":"mock-llm","stream":true,"messages":[{{"role":"user","content":"hi"}}]}}'
+  OpenAI SDK:  OpenAI(base_url="{base_url}/v1", api_key="{key}")
+  Models:      {base_url}/v1/models   Health: {base_url}/healthz   Ready: {base_url}/readyz""",
+        file=sys.stdout,
+    )

@@ -1,0 +1,1 @@
+"""Talking to backends: the shared connection pool, SSE pass-through and the stream meter."""

@@ -1,0 +1,171 @@
+"""The shared httpx pool to backends; httpx errors become gateway errors here and nowhere else."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.context import RequestContext
+from proxy.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.policy.model import Backend, UpstreamSpec
+
+__all__ = ["UpstreamClient", "UpstreamRejected", "translate"]
+
+_MAX_ERROR_BODY_BYTES = 64 * 1024
+
+
+class UpstreamRejected(GatewayError):
+    """A backend's own 4xx answer, passed on to the client with its status and OpenAI fields."""
+
+    def __init__(self, status: int, backend_error: dict[str, Any]) -> None:
+        message = backend_error.get("message")
+        super().__init__(
+            str(message) if message else f"the backend answered {status}",
+            param=_opt_str(backend_error.get("param")),
+            code=_opt_str(backend_error.get("code")),
+        )
+        self.status = status
+        self.type = str(backend_error.get("type") or "invalid_request_error")
+
+
+class UpstreamClient:
+    """Sends one request to one backend and hands back the streaming response."""
+
+    def __init__(self, spec: UpstreamSpec, transport: httpx.AsyncBaseTransport | None = None):
+        timeout = httpx.Timeout(
+            connect=spec.connect_timeout,
+            read=spec.read_timeout,
+            write=spec.read_timeout,
+            pool=spec.pool_timeout,
+        )
+        limits = httpx.Limits(
+            max_connections=spec.max_connections,
+            max_keepalive_connections=spec.max_connections,
+            keepalive_expiry=30.0,
+        )
+        self._client = httpx.AsyncClient(
+            timeout=timeout, limits=limits, transport=transport, trust_env=False
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def open(
+        self, ctx: RequestContext, body: dict[str, Any]
+    ) -> tuple[Backend, httpx.Response]:
+        """Start the upstream call; the caller must `aclose()` the response. Non-2xx raise."""
+        backend = ctx.backend
+        if backend is None:
+            raise RuntimeError("route must run before the upstream call")
+        request = self._client.build_request(
+            "POST",
+            backend.url + ctx.upstream_path,
+            content=orjson.dumps(body),
+            headers=_headers(backend, ctx.request_id),
+        )
+        with translate(backend):
+            response = await self._client.send(request, stream=True)
+        if response.status_code >= 300:
+            try:
+                with translate(backend):
+                    raw = await _read_capped(response)
+            finally:
+                await response.aclose()
+            raise _status_error(backend, response, raw)
+        return backend, response
+
+    async def probe(self, backend: Backend, timeout_s: float) -> str | None:
+        """None if `GET {url}/models` answers 200 within the timeout, else what went wrong."""
+        try:
+            response = await self._client.get(
+                backend.url + "/models", headers=_headers(backend, None), timeout=timeout_s
+            )
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+        return None if response.status_code == 200 else f"HTTP {response.status_code}"
+
+
+@contextmanager
+def translate(backend: Backend) -> Iterator[None]:
+    """Turns httpx exceptions raised inside the block into gateway errors naming the backend."""
+    name = backend.name
+    try:
+        yield
+    except httpx.PoolTimeout as exc:
+        raise UpstreamUnavailable(
+            f"all connections to backend {name!r} are busy", retry_after_s=1
+        ) from exc
+    except httpx.ConnectTimeout as exc:
+        raise UpstreamTimeout(f"backend {name!r} did not accept the connection in time") from exc
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimeout(f"backend {name!r} sent nothing within the read timeout") from exc
+    except httpx.ConnectError as exc:
+        raise UpstreamError(f"backend {name!r} refused the connection") from exc
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"backend {name!r} failed: {type(exc).__name__}") from exc
+
+
+def _headers(backend: Backend, request_id: str | None) -> dict[str, str]:
+    headers = {"content-type": "application/json", "accept-encoding": "identity"}
+    if backend.api_key is not None:
+        headers["authorization"] = "Bearer " + backend.api_key.get_secret_value()
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    return headers
+
+
+async def _read_capped(response: httpx.Response) -> bytes:
+    raw = b""
+    chunks: AsyncIterator[bytes] = response.aiter_raw()
+    async for chunk in chunks:
+        raw += chunk
+        if len(raw) >= _MAX_ERROR_BODY_BYTES:
+            break
+    return raw[:_MAX_ERROR_BODY_BYTES]
+
+
+def _status_error(backend: Backend, response: httpx.Response, raw: bytes) -> GatewayError:
+    status = response.status_code
+    backend_error = _error_fields(raw)
+    detail = backend_error.get("message") or raw[:200].decode("utf-8", "replace").strip()
+    if status in (401, 403):
+        return UpstreamError(f"backend {backend.name!r} rejected the gateway's credentials")
+    if 400 <= status < 500:
+        rejected = UpstreamRejected(status, backend_error)
+        if status == 429:
+            rejected.retry_after_s = _retry_after_s(response)
+        return rejected
+    if status == 503:
+        return UpstreamUnavailable(
+            f"backend {backend.name!r} is unavailable: {detail}",
+            retry_after_s=_retry_after_s(response) or 1.0,
+        )
+    return UpstreamError(f"backend {backend.name!r} answered {status}: {detail}")
+
+
+def _error_fields(raw: bytes) -> dict[str, Any]:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict):
+        return error
+    if isinstance(error, str):
+        return {"message": error}
+    return {}
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,129 @@
+"""The stream meter: TTFT, inter-token gaps, tokens/s and gateway time, in few clock reads."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["GapHistogram", "StreamMeter"]
+
+# Log-spaced gap buckets from 50 µs to ~100 s: quantiles within ~12% without keeping every gap.
+_BUCKET_BASE_S = 50e-6
+_BUCKETS_PER_DOUBLING = 6
+_BUCKET_COUNT = 21 * _BUCKETS_PER_DOUBLING
+_LOG2 = math.log(2.0)
+
+
+class GapHistogram:
+    """Counts of inter-token gaps in fixed log-spaced buckets; nothing allocated per gap."""
+
+    __slots__ = ("count", "counts", "max_s", "total_s")
+
+    def __init__(self) -> None:
+        self.counts = [0] * _BUCKET_COUNT
+        self.count = 0
+        self.total_s = 0.0
+        self.max_s = 0.0
+
+    def add(self, gap_s: float) -> None:
+        self.count += 1
+        self.total_s += gap_s
+        if gap_s > self.max_s:
+            self.max_s = gap_s
+        if gap_s <= _BUCKET_BASE_S:
+            self.counts[0] += 1
+            return
+        index = int(math.log(gap_s / _BUCKET_BASE_S) / _LOG2 * _BUCKETS_PER_DOUBLING) + 1
+        self.counts[min(index, _BUCKET_COUNT - 1)] += 1
+
+    def quantile_s(self, q: float) -> float | None:
+        """The gap below which a fraction `q` of gaps fall (bucket midpoint), None if no gaps."""
+        if self.count == 0:
+            return None
+        rank = max(1, math.ceil(q * self.count))
+        seen = 0
+        for index, n in enumerate(self.counts):
+            seen += n
+            if seen >= rank:
+                return min(_bucket_mid_s(index), self.max_s)
+        return self.max_s
+
+
+def _bucket_mid_s(index: int) -> float:
+    if index == 0:
+        return _BUCKET_BASE_S
+    return float(_BUCKET_BASE_S * 2.0 ** ((index - 0.5) / _BUCKETS_PER_DOUBLING))
+
+
+class StreamMeter:
+    """Times one response from the moment the request arrived to its last byte.
+
+    `read(now)` when an upstream chunk arrives, `wrote(now, tokens)` once it is written to the
+    client; gateway time is the stages before the upstream call plus, per chunk, read -> written.
+    """
+
+    __slots__ = (
+        "_read_s",
+        "chunks",
+        "first_token_s",
+        "gaps",
+        "gateway_s",
+        "last_token_s",
+        "last_written_s",
+        "received_s",
+        "token_events",
+        "upstream_first_byte_s",
+        "upstream_sent_s",
+    )
+
+    def __init__(self, received_s: float) -> None:
+        self.received_s = received_s
+        self.upstream_sent_s: float | None = None
+        self.upstream_first_byte_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.last_written_s: float | None = None
+        self.chunks = 0
+        self.token_events = 0
+        self.gateway_s = 0.0
+        self.gaps = GapHistogram()
+        self._read_s = 0.0
+
+    def sending_upstream(self, now: float) -> None:
+        self.upstream_sent_s = now
+        self.gateway_s += now - self.received_s
+
+    def read(self, now: float) -> None:
+        if self.upstream_first_byte_s is None:
+            self.upstream_first_byte_s = now
+        self._read_s = now
+
+    def wrote(self, now: float, token_events: int) -> None:
+        """A chunk holding `token_events` events with generated text has reached the client."""
+        self.chunks += 1
+        self.gateway_s += now - self._read_s
+        self.last_written_s = now
+        if token_events <= 0:
+            return
+        if self.last_token_s is None:
+            self.first_token_s = now
+        else:
+            self.gaps.add(now - self.last_token_s)
+        self.last_token_s = now
+        self.token_events += token_events
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.received_s
+
+    @property
+    def upstream_ttft_s(self) -> float | None:
+        if self.upstream_first_byte_s is None or self.upstream_sent_s is None:
+            return None
+        return self.upstream_first_byte_s - self.upstream_sent_s
+
+    def tokens_per_s(self, output_tokens: int) -> float | None:
+        """Generation speed after the first token: (tokens - 1) / (last - first)."""
+        if self.first_token_s is None or self.last_token_s is None or output_tokens < 2:
+            return None
+        span_s = self.last_token_s - self.first_token_s
+        return (output_tokens - 1) / span_s if span_s > 0 else None

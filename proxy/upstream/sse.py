@@ -1,0 +1,107 @@
+"""SSE pass-through: forward whole events unchanged; find the usage chunk without parsing others."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+__all__ = ["SSEForwarder"]
+
+# An event that carries generated text: a non-empty content/text/arguments string.
+_TOKEN = re.compile(rb'"(?:content|text|reasoning_content|arguments)":\s*"(?!")')
+_USAGE_MARK = b'"prompt_tokens"'
+_DATA = b"data:"
+_DONE = b"[DONE]"
+# A backend that never ends an event must not make us hold its bytes forever.
+_MAX_HELD_BYTES = 1 << 20
+
+
+class SSEForwarder:
+    """Cuts an upstream byte stream at event boundaries and returns what may be forwarded.
+
+    Reads that end on an event boundary (the usual case) pass through as the same bytes object;
+    only a read that splits an event keeps its tail back until the event is whole. Only events
+    that mention `prompt_tokens` (the usage chunk) are parsed.
+    """
+
+    __slots__ = ("_keep_usage", "_saw_token", "_sep", "_tail", "_textless", "usage")
+
+    def __init__(self, *, keep_usage: bool) -> None:
+        self._keep_usage = keep_usage
+        self._sep: bytes | None = None
+        self._tail = b""
+        self._saw_token = False
+        self._textless = 0
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, data: bytes) -> tuple[bytes, int]:
+        """Bytes to write now (maybe empty), and how many of their events carry generated text."""
+        if self._tail:
+            data = self._tail + data
+        sep = self._sep
+        if sep is None:
+            sep = self._sep = b"\r\n\r\n" if b"\r\n" in data else b"\n\n"
+        cut = data.rfind(sep)
+        if cut < 0:
+            if len(data) > _MAX_HELD_BYTES:
+                self._tail = b""
+                return data, 0
+            self._tail = data
+            return b"", 0
+        cut += len(sep)
+        out = data[:cut]
+        self._tail = data[cut:]
+        self._textless = 0
+        if _USAGE_MARK in out:
+            out = self._take_usage(out, sep)
+        return out, self._token_events(out)
+
+    def finish(self) -> bytes:
+        """What is left when the upstream ends: an unterminated last event, forwarded as is."""
+        tail, self._tail = self._tail, b""
+        return tail
+
+    def _token_events(self, out: bytes) -> int:
+        if not self._saw_token:
+            if _TOKEN.search(out) is None:
+                return 0
+            self._saw_token = True
+        events = out.count(_DATA) - self._textless
+        if out.endswith(b"[DONE]\n\n") or out.endswith(b"[DONE]\r\n\r\n"):
+            events -= 1
+        return events
+
+    def _take_usage(self, out: bytes, sep: bytes) -> bytes:
+        kept: list[bytes] = []
+        for event in out.split(sep):
+            if _USAGE_MARK in event:
+                event = self._usage_event(event)
+            if event:
+                kept.append(event)
+        kept.append(b"")
+        return sep.join(kept)
+
+    def _usage_event(self, event: bytes) -> bytes:
+        """Record the usage; return the event as the client should see it (b"" to drop it)."""
+        payload = b"".join(
+            line[len(_DATA) :].strip() for line in event.splitlines() if line.startswith(_DATA)
+        )
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return event
+        usage = chunk.get("usage") if isinstance(chunk, dict) else None
+        if not isinstance(usage, dict):
+            return event
+        self.usage = usage
+        if not chunk.get("choices"):
+            if self._keep_usage:
+                self._textless += 1
+                return event
+            return b""
+        if self._keep_usage:
+            return event
+        chunk["usage"] = None
+        return b"data: " + orjson.dumps(chunk)

@@ -1,0 +1,1 @@
+"""HTTP routes: thin ASGI endpoints; the logic lives in the stages."""

@@ -1,0 +1,54 @@
+"""Reading a request body within the size cap, and noticing when the client goes away."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import anyio
+from starlette.types import Receive
+
+from proxy.context import RequestContext
+from proxy.errors import BadRequest, BodyTooLarge
+
+__all__ = ["ClientGone", "read_body", "watch_disconnect"]
+
+
+class ClientGone(Exception):
+    """The client hung up before the request body arrived."""
+
+
+async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequest("Invalid Content-Length header.")
+        if int(declared) > limit:
+            raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def watch_disconnect(receive: Receive, ctx: RequestContext, scope: anyio.CancelScope) -> None:
+    """Cancel `scope` (the upstream call with it) the moment the client disconnects."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not ctx.answered:
+                ctx.client_disconnected = True
+                scope.cancel()
+            return
+
+
+def _too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"The request body is larger than this gateway accepts ({limit} bytes).")

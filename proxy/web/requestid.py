@@ -1,0 +1,39 @@
+"""Pure ASGI middleware: every answer carries `x-request-id` (the client's if sane, else new)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["REQUEST_ID_KEY", "RequestId"]
+
+REQUEST_ID_KEY = "tokenweir.request_id"
+_SANE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class RequestId:
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        request_id = _from_client(scope) or ("req_" + uuid.uuid4().hex).encode()
+        scope[REQUEST_ID_KEY] = request_id.decode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", request_id)]
+            await send(message)
+
+        await self._app(scope, receive, send_with_id)
+
+
+def _from_client(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            return value if _SANE.match(value) else None
+    return None
