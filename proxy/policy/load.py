@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pydantic
 import yaml
+from pydantic_core import ErrorDetails
 
 from proxy.policy.model import Policy
 
@@ -57,7 +58,8 @@ def parse_policy(
     try:
         policy = Policy.model_validate(data, context=context)
     except pydantic.ValidationError as exc:
-        raise PolicyError([_problem(file, lines, err) for err in exc.errors()]) from None
+        errors = _without_echoes(exc.errors())
+        raise PolicyError([_problem(file, lines, err) for err in errors]) from None
     dangling = _dangling_references(policy)
     if dangling:
         raise PolicyError([Problem(file, _line_of(lines, p), _dotted(p), m) for p, m in dangling])
@@ -101,16 +103,26 @@ def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], file
             _index_lines(item, (*path, index), lines, file)
 
 
-def _problem(file: str, lines: dict[KeyPath, int], error: Mapping[str, object]) -> Problem:
-    loc = error.get("loc", ())
-    path: KeyPath = tuple(p for p in loc if p != "[key]") if isinstance(loc, tuple) else ()
-    kind = error.get("type")
+def _without_echoes(errors: list[ErrorDetails]) -> list[ErrorDetails]:
+    """Drop "too short" for a list whose items were already reported as invalid."""
+    item_locs = [e["loc"] for e in errors if e["type"] != "too_short"]
+    return [
+        e
+        for e in errors
+        if e["type"] != "too_short"
+        or not any(loc[: len(e["loc"])] == e["loc"] for loc in item_locs)
+    ]
+
+
+def _problem(file: str, lines: dict[KeyPath, int], error: ErrorDetails) -> Problem:
+    path: KeyPath = tuple(p for p in error["loc"] if p != "[key]")
+    kind = error["type"]
     if kind == "extra_forbidden":
         message = "unknown key"
     elif kind == "missing":
         message = "required key is missing"
     else:
-        message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+        message = error["msg"].removeprefix("Value error, ")
     return Problem(file, _line_of(lines, path), _dotted(path), message)
 
 

@@ -40,9 +40,7 @@ class SSEForwarder:
         """Bytes to write now (maybe empty), and how many of their events carry generated text."""
         if self._tail:
             data = self._tail + data
-        sep = self._sep
-        if sep is None:
-            sep = self._sep = b"\r\n\r\n" if b"\r\n" in data else b"\n\n"
+        sep = self._sep or self._detect_separator(data)
         cut = data.rfind(sep)
         if cut < 0:
             if len(data) > _MAX_HELD_BYTES:
@@ -58,17 +56,30 @@ class SSEForwarder:
             out = self._take_usage(out, sep)
         return out, self._token_events(out)
 
+    def _detect_separator(self, data: bytes) -> bytes:
+        """CRLF or LF line ends, decided by the first line end the backend sends."""
+        newline = data.find(b"\n")
+        if newline < 0:
+            return b"\n\n"  # undecided yet: no boundary can be found in `data` either way
+        crlf = newline > 0 and data[newline - 1] == 0x0D
+        self._sep = b"\r\n\r\n" if crlf else b"\n\n"
+        return self._sep
+
     def finish(self) -> bytes:
         """What is left when the upstream ends: an unterminated last event, forwarded as is."""
         tail, self._tail = self._tail, b""
         return tail
 
     def _token_events(self, out: bytes) -> int:
+        """Events after the first one with text count as tokens, bar [DONE] and a usage-only one."""
+        start = 0
         if not self._saw_token:
-            if _TOKEN.search(out) is None:
+            first = _TOKEN.search(out)
+            if first is None:
                 return 0
             self._saw_token = True
-        events = out.count(_DATA) - self._textless
+            start = out.rfind(_DATA, 0, first.start())
+        events = out.count(_DATA, max(start, 0)) - self._textless
         if out.endswith(b"[DONE]\n\n") or out.endswith(b"[DONE]\r\n\r\n"):
             events -= 1
         return events

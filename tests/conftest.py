@@ -1,0 +1,78 @@
+"""Shared fixtures: a real simulated backend and a real gateway, both on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import Policy, parse_policy
+from proxy.policy.units import hash_key
+from proxy.tools import mockbackend
+from tests.servers import serve
+
+ALPHA_KEY = "tw-test-alpha"
+BETA_KEY = "tw-test-beta"
+ADMIN_KEY = "tw-test-admin"
+BACKEND_KEY = "backend-secret-key"
+
+
+def policy_text(backend_url: str, *, extra: str = "", read_timeout: str = "5s") -> str:
+    """Two tenants on one backend: alpha may use mock-llm and mock-embed, beta only mock-small."""
+    return f"""
+storage: memory
+admin_keys: [{hash_key(ADMIN_KEY)}]
+server: {{max_body_bytes: 64KiB}}
+upstream: {{connect_timeout: 2s, read_timeout: {read_timeout}}}
+backends:
+  - name: mock-a
+    url: {backend_url}/v1
+    api_key: ${{BACKEND_KEY}}
+    models: [mock-llm, mock-small, mock-embed]
+models:
+  mock-llm: {{price: {{input_per_1m: 0.1, output_per_1m: 0.4}}}}
+  mock-small: {{}}
+  mock-embed: {{}}
+tenants:
+  alpha:
+    api_keys: [{hash_key(ALPHA_KEY)}]
+    models: [mock-llm, mock-embed]
+  beta:
+    api_keys: ["${{BETA_KEY}}"]
+    models: [mock-small]
+{extra}"""
+
+
+def make_policy(backend_url: str, **kwargs: str) -> Policy:
+    environ = {"BACKEND_KEY": BACKEND_KEY, "BETA_KEY": BETA_KEY}
+    return parse_policy(policy_text(backend_url, **kwargs), file="test.yaml", environ=environ)
+
+
+@pytest.fixture(scope="session")
+def backend_url() -> Iterator[str]:
+    """The simulated backend: no TTFT, 2,000 tokens/s per stream so tests run quickly."""
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=2000)) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def gateway_url(backend_url: str) -> Iterator[str]:
+    with serve(create_app(make_policy(backend_url))) as url:
+        yield url
+
+
+@pytest.fixture
+def client(gateway_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gateway_url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+        yield sdk
+
+
+@pytest.fixture
+def backend(backend_url: str) -> Iterator[httpx.Client]:
+    """Raw access to the simulated backend, its counters reset."""
+    with httpx.Client(base_url=backend_url, timeout=10) as raw:
+        raw.post("/mock/stats/reset").raise_for_status()
+        yield raw

@@ -1,0 +1,126 @@
+"""Policy files: typed and frozen when right; every problem named by file, line and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from proxy.app import DEFAULT_POLICY
+from proxy.policy import PolicyError, load_policy, parse_policy
+from proxy.policy.units import hash_key
+
+KEY = hash_key("k")
+
+GOOD = f"""\
+storage: memory
+backends:
+  - name: a
+    url: http://127.0.0.1:8000/v1/
+    api_key: ${{UPSTREAM}}
+    models: [m1, m2]
+  - name: b
+    url: http://127.0.0.1:8001/v1
+    models: [m1]
+    weight: 3
+models:
+  m1:
+    tokenizer: tiktoken:o200k_base
+    price: {{input_per_1m: 0.10, output_per_1m: 0.40}}
+  m2: {{}}
+tenants:
+  support-bot:
+    api_keys: [{KEY}]
+    models: [m1]
+    budget:
+      system_prompt: 你是智能客服助手，请用简洁中文回答用户问题。
+      max_output_tokens: 512
+      history_limit: 10
+    limits: {{requests_per_minute: 600, queue_timeout: 2s}}
+    cache: {{mode: semantic, similarity: 0.92, ttl: 1h}}
+    degrade:
+      - name: shorten-under-load
+        when: {{inflight_ratio_above: 0.8}}
+        then: {{max_output_tokens: 128}}
+"""
+
+
+def problems(text: str, environ: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(
+            text, file="p.yaml", environ={"UPSTREAM": "secret"} if environ is None else environ
+        )
+    return [str(p) for p in caught.value.problems]
+
+
+def test_good_policy_resolves_units_and_references() -> None:
+    policy = parse_policy(GOOD, file="p.yaml", environ={"UPSTREAM": "secret"})
+    a, _ = policy.backends
+    assert a.url == "http://127.0.0.1:8000/v1"
+    assert a.api_key is not None
+    assert a.api_key.get_secret_value() == "secret"
+    assert "secret" not in repr(policy)
+    assert [x.name for x in policy.backends_for("m1")] == ["a", "b"]
+    tenant = policy.tenants["support-bot"]
+    assert tenant.limits.queue_timeout == 2.0
+    assert tenant.cache.ttl == 3600.0
+    assert tenant.budget.system_prompt is not None
+    assert tenant.budget.system_prompt.startswith("你是")
+    with pytest.raises(ValidationError):
+        tenant.models = ("m2",)  # type: ignore[misc]
+
+
+def test_unknown_key_names_file_line_and_path() -> None:
+    text = GOOD.replace("      history_limit: 10\n", "      history_limit: 10\n      histroy: 3\n")
+    assert problems(text) == ["p.yaml:24: tenants.support-bot.budget.histroy: unknown key"]
+
+
+def test_wrong_types_and_units_are_named() -> None:
+    text = GOOD.replace("max_output_tokens: 512", "max_output_tokens: lots").replace(
+        "queue_timeout: 2s", "queue_timeout: 2 parsecs"
+    )
+    found = problems(text)
+    assert found[0].startswith("p.yaml:22: tenants.support-bot.budget.max_output_tokens: ")
+    assert found[1].startswith(
+        "p.yaml:24: tenants.support-bot.limits.queue_timeout: expected a duration"
+    )
+
+
+def test_dangling_references_are_errors() -> None:
+    text = GOOD.replace("    models: [m1]\n    budget", "    models: [m1, m9]\n    budget").replace(
+        "  m2: {}\n", "  m2: {}\n  m3: {}\n"
+    )
+    assert problems(text) == [
+        "p.yaml:16: models.m3: model 'm3' has no backend serving it",
+        "p.yaml:20: tenants.support-bot.models[1]: unknown model 'm9' (declare it under models:)",
+    ]
+
+
+def test_keys_must_be_hashed_or_env_references() -> None:
+    found = problems(GOOD.replace(KEY, "plain-text-key"))
+    assert len(found) == 1
+    assert "p.yaml:18: tenants.support-bot.api_keys[0]: API keys are stored hashed" in found[0]
+    found = problems(GOOD, environ={})
+    assert found == [
+        "p.yaml:5: backends[0].api_key: environment variable UPSTREAM is not set or empty"
+    ]
+
+
+def test_duplicate_keys_and_broken_yaml() -> None:
+    assert problems(GOOD.replace("storage: memory\n", "storage: memory\nstorage: memory\n")) == [
+        "p.yaml:2: storage: duplicate key"
+    ]
+    assert problems("backends: [\n")[0].startswith("p.yaml:2: invalid YAML")
+    assert problems("- just\n- a list\n") == ["p.yaml:1: the policy file must be a YAML mapping"]
+
+
+def test_missing_file_is_a_policy_error(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read the file"):
+        load_policy(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "demo.yaml"])
+def test_shipped_policies_are_valid(name: str) -> None:
+    policy = load_policy(DEFAULT_POLICY.with_name(name), environ={"TOKENWEIR_API_KEY": "k"})
+    assert policy.tenants

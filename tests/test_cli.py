@@ -1,0 +1,105 @@
+"""The `tokenweir` command as a user runs it: a real process, real ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from proxy.app import DEFAULT_POLICY
+from proxy.cli import main
+from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, policy_text
+
+
+def tokenweir(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_policy_check_accepts_the_shipped_demo() -> None:
+    done = tokenweir("policy", "check", str(DEFAULT_POLICY.with_name("demo.yaml")))
+    assert done.returncode == 0, done.stderr
+    assert "ok (2 tenants" in done.stdout
+
+
+def test_policy_check_names_file_line_and_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(policy_text("http://127.0.0.1:9").replace("storage:", "storgae:"))
+    done = tokenweir("policy", "check", str(bad))
+    assert done.returncode == 1
+    assert f"{bad}:2: storgae: unknown key" in done.stderr
+
+
+def test_hash_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "hash-key", "abc"]) == 0
+    assert capsys.readouterr().out.strip().startswith("sha256:ba7816bf")
+
+
+def test_demo_runs_on_a_fresh_machine() -> None:
+    done = tokenweir("demo", "--exit", "--port", "0")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert sum(" -> 200 " in line for line in lines) == 5
+    assert any(" -> 403 model_not_allowed" in line for line in lines)
+    assert "curl -N" in done.stdout
+
+
+def test_serve_with_two_workers_answers_the_sdk(tmp_path: Path, backend_url: str) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url))
+    port = free_port()
+    env = {**os.environ, "BACKEND_KEY": BACKEND_KEY, "BETA_KEY": BETA_KEY}
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--workers", "2"]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(base_url + "/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            assert time.monotonic() < deadline, "tokenweir serve did not come up"
+            time.sleep(0.1)
+        with openai.OpenAI(base_url=base_url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+            for _ in range(4):
+                reply = sdk.chat.completions.create(
+                    model="mock-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+                )
+                assert reply.usage is not None
+                assert reply.usage.completion_tokens == 3
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    access_lines = [line for line in out.decode().splitlines() if line.startswith("{")]
+    assert len(access_lines) == 4
+    assert all('"tenant":"alpha"' in line for line in access_lines)
+
+
+def test_serve_refuses_a_broken_policy_readably(tmp_path: Path) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text("http://127.0.0.1:9"))
+    done = tokenweir("serve", "--config", str(config), "--port", str(free_port()))
+    assert done.returncode == 1
+    assert "backends[0].api_key: environment variable BACKEND_KEY is not set" in done.stderr

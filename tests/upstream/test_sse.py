@@ -1,0 +1,88 @@
+"""SSE pass-through: whole events forwarded unchanged, the usage chunk found and kept or dropped."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.upstream.sse import SSEForwarder
+
+
+def event(payload: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+ROLE = event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+TOKENS = [event({"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]}) for i in range(5)]
+USAGE = event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5}})
+DONE = b"data: [DONE]\n\n"
+STREAM = ROLE + b"".join(TOKENS) + USAGE + DONE
+
+
+def feed_all(forwarder: SSEForwarder, reads: list[bytes]) -> tuple[bytes, int]:
+    out, tokens = b"", 0
+    for read in reads:
+        chunk, count = forwarder.feed(read)
+        out += chunk
+        tokens += count
+    return out + forwarder.finish(), tokens
+
+
+def test_whole_events_pass_as_the_same_bytes_object() -> None:
+    forwarder = SSEForwarder(keep_usage=True)
+    for piece in (ROLE, TOKENS[0], TOKENS[1]):
+        out, _ = forwarder.feed(piece)
+        assert out is piece
+
+
+@pytest.mark.parametrize("size", [1, 3, 17, 64, len(STREAM)])
+def test_any_read_boundaries_give_the_same_stream(size: int) -> None:
+    reads = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
+    forwarder = SSEForwarder(keep_usage=True)
+    out, tokens = feed_all(forwarder, reads)
+    assert out == STREAM
+    assert tokens == 5
+    assert forwarder.usage == {"prompt_tokens": 7, "completion_tokens": 5}
+
+
+def test_usage_chunk_is_dropped_when_the_client_did_not_ask() -> None:
+    forwarder = SSEForwarder(keep_usage=False)
+    out, tokens = feed_all(forwarder, [STREAM[:100], STREAM[100:]])
+    assert out == ROLE + b"".join(TOKENS) + DONE
+    assert tokens == 5
+    assert forwarder.usage == {"prompt_tokens": 7, "completion_tokens": 5}
+
+
+def test_usage_on_a_content_chunk_is_nulled_not_dropped() -> None:
+    last = event({"choices": [{"delta": {"content": " end"}}], "usage": {"prompt_tokens": 1}})
+    forwarder = SSEForwarder(keep_usage=False)
+    out, tokens = feed_all(forwarder, [TOKENS[0] + last + DONE])
+    assert out.count(b"data:") == 3
+    assert b'"usage":null' in out
+    assert tokens == 2
+    assert forwarder.usage == {"prompt_tokens": 1}
+
+
+def test_crlf_events_are_cut_at_crlf_boundaries() -> None:
+    crlf = STREAM.replace(b"\n\n", b"\r\n\r\n")
+    forwarder = SSEForwarder(keep_usage=False)
+    out, _ = forwarder.feed(crlf[:50])
+    assert out == b""
+    out2, _ = forwarder.feed(crlf[50:])
+    assert out2.endswith(b"data: [DONE]\r\n\r\n")
+    assert b"prompt_tokens" not in out2
+    assert forwarder.usage is not None
+
+
+def test_role_only_chunk_is_not_a_token() -> None:
+    forwarder = SSEForwarder(keep_usage=True)
+    assert forwarder.feed(ROLE) == (ROLE, 0)
+    assert forwarder.feed(TOKENS[0]) == (TOKENS[0], 1)
+    assert forwarder.feed(DONE) == (DONE, 0)
+
+
+def test_unterminated_tail_is_forwarded_at_the_end() -> None:
+    forwarder = SSEForwarder(keep_usage=True)
+    out, _ = forwarder.feed(TOKENS[0] + b"data: {partial")
+    assert out == TOKENS[0]
+    assert forwarder.finish() == b"data: {partial"

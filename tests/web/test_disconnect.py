@@ -1,0 +1,70 @@
+"""A client that leaves stops the backend: the upstream request is closed at once."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import ALPHA_KEY
+
+AUTH = {"authorization": f"Bearer {ALPHA_KEY}"}
+LONG = {
+    "model": "mock-llm",
+    "messages": [{"role": "user", "content": "Write a very long story."}],
+    "max_tokens": 20_000,
+    "mock_completion_tokens": 20_000,
+}
+
+
+def wait_for_stat(backend: httpx.Client, name: str, value: int, within_s: float) -> float:
+    """Seconds until the backend's counter `name` reached `value`; fails after `within_s`."""
+    started = time.perf_counter()
+    while True:
+        seen = backend.get("/mock/stats").json()[name]
+        elapsed_s = time.perf_counter() - started
+        if seen >= value:
+            return elapsed_s
+        assert elapsed_s < within_s, f"{name} is {seen} after {elapsed_s * 1000:.0f} ms"
+        time.sleep(0.002)
+
+
+def access_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
+    return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
+
+
+def test_client_abort_mid_stream_cancels_backend_within_100ms(
+    gateway_url: str, backend: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    body = {**LONG, "stream": True}
+    with httpx.Client(base_url=gateway_url, timeout=10) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body, headers=AUTH) as answer:
+            lines = answer.iter_lines()
+            received = [next(lines) for _ in range(20)]
+            assert all(line.startswith("data:") or not line for line in received)
+            answer.close()  # drops the connection: the stream was not read to the end
+            wait_for_stat(backend, "streams_cancelled", 1, within_s=0.1)
+    stats = backend.get("/mock/stats").json()
+    assert stats["streams_completed"] == 0
+    assert stats["tokens_sent"] < 20_000
+    deadline = time.monotonic() + 2
+    while not access_records(caplog) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    record = access_records(caplog)[-1]
+    assert record["client_disconnected"] is True
+    assert record["completed"] is False
+    assert isinstance(record["output_tokens"], int)
+    assert record["output_tokens"] > 0
+
+
+def test_client_abort_of_non_stream_request_cancels_backend(
+    gateway_url: str, backend: httpx.Client
+) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gateway_url + "/v1/chat/completions", json=LONG, headers=AUTH, timeout=0.3)
+    wait_for_stat(backend, "requests_cancelled", 1, within_s=0.5)
+    assert backend.get("/mock/stats").json()["inflight"] == 0
