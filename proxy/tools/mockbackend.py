@@ -1,0 +1,375 @@
+"""`tokenweir mock-backend`: a simulated OpenAI-compatible LLM server for tests, demos, benchmarks.
+
+Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /mock/stats;
+POST /mock/stats/reset. Answers are deterministic pseudo-text seeded by the prompt, one word per
+token and per SSE event. Token i is due at arrival + ttft + i / tokens_per_second; a late stream
+sends every due token in one write, never early. A non-stream answer arrives when its last token
+would. Usage counts are the mock's own: whitespace-split words (+4 per chat message for prompts).
+`n` must be 1; `max_tokens`/`max_completion_tokens` cut the answer short (finish_reason "length").
+
+Testing knobs, as extra fields in the request body:
+  mock_fail: 400-599            answer with that status and an OpenAI-shaped error
+  mock_retry_after_s: N         with mock_fail, also send `Retry-After: N`
+  mock_fail_after_tokens: N     streams only: send N tokens, then drop the connection mid-body
+  mock_delay_ms: N              wait N ms before the first byte (the headers) of any answer
+  mock_completion_tokens: N     the answer's natural length (default 256, finish_reason "stop")
+
+GET /mock/stats: streams_started, streams_completed (sent [DONE]), streams_cancelled (client left
+mid-stream), streams_aborted (mock_fail_after_tokens), requests_total (/v1 requests),
+requests_cancelled (client left before the answer began), tokens_sent, inflight, and the last /v1
+request's parsed JSON body (`last_request`) and Authorization header (`last_authorization`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import orjson
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from proxy.clock import Clock, SystemClock
+from proxy.tools.mockasgi import (
+    ClientGone,
+    left_within,
+    read_body,
+    respond,
+    respond_error,
+    run_lifespan,
+)
+from proxy.tools.mockrequest import (
+    CompletionRequest,
+    EmbeddingRequest,
+    Endpoint,
+    Knobs,
+    MockHTTPError,
+    parse_completion,
+    parse_embedding,
+    parse_json,
+    parse_knobs,
+)
+from proxy.tools.mockstream import Outcome, Schedule, SseFormat, StreamRun, Ticker
+from proxy.tools.mocktext import TokenSource, embedding_bytes, embedding_floats
+
+__all__ = ["MockStats", "create_app", "run", "serve"]
+
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class MockStats:
+    streams_started: int = 0
+    streams_completed: int = 0
+    streams_cancelled: int = 0
+    streams_aborted: int = 0
+    requests_total: int = 0
+    requests_cancelled: int = 0
+    tokens_sent: int = 0
+    inflight: int = 0
+    last_request: Any = None
+    last_authorization: str | None = None
+
+    def reset(self) -> None:
+        """Zero the counters; `inflight` keeps describing requests still running."""
+        inflight = self.inflight
+        for name, value in asdict(MockStats()).items():
+            setattr(self, name, value)
+        self.inflight = inflight
+
+    def count_outcome(self, outcome: Outcome) -> None:
+        if outcome is Outcome.COMPLETED:
+            self.streams_completed += 1
+        elif outcome is Outcome.CANCELLED:
+            self.streams_cancelled += 1
+        else:
+            self.streams_aborted += 1
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+
+class MockBackend:
+    """The ASGI app; per-process state (stats, ticker) lives on the instance."""
+
+    def __init__(
+        self, *, ttft_s: float, interval_s: float, models: Sequence[str], clock: Clock
+    ) -> None:
+        self.stats = MockStats()
+        self._ttft_s = ttft_s
+        self._interval_s = interval_s
+        self._models = tuple(models)
+        self._clock = clock
+        self._ticker = Ticker(clock)
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/embeddings"): self._embeddings,
+            ("GET", "/v1/models"): self._list_models,
+            ("GET", "/mock/stats"): self._get_stats,
+            ("POST", "/mock/stats/reset"): self._reset_stats,
+        }
+        self._paths = {path for _, path in self._routes}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await run_lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if path.startswith("/v1/"):
+            self.stats.requests_total += 1
+            auth = dict(scope["headers"]).get(b"authorization")
+            self.stats.last_authorization = None if auth is None else auth.decode("latin-1")
+        handler = self._routes.get((scope["method"], path))
+        try:
+            if handler is None:
+                raise self._no_route(scope["method"], path)
+            await handler(scope, receive, send)
+        except MockHTTPError as error:
+            await respond_error(send, error)
+        except ClientGone:
+            self.stats.requests_cancelled += 1
+
+    def _no_route(self, method: str, path: str) -> MockHTTPError:
+        if path in self._paths:
+            return MockHTTPError(405, f"Method {method} not allowed on {path}.")
+        return MockHTTPError(404, f"Unknown request URL: {method} {path}.")
+
+    async def _json_body(self, receive: Receive) -> dict[str, Any]:
+        raw = await read_body(receive)
+        self.stats.last_request = None
+        body = parse_json(raw)
+        self.stats.last_request = body
+        return body
+
+    @contextlib.asynccontextmanager
+    async def _inflight(self, receive: Receive) -> AsyncIterator[asyncio.Future[Any]]:
+        """Count the request as in flight; yields a future that is done once the client leaves."""
+        self.stats.inflight += 1
+        watcher = asyncio.ensure_future(receive())
+        try:
+            yield watcher
+        finally:
+            watcher.cancel()
+            self.stats.inflight -= 1
+
+    async def _left_during_delay(
+        self, watcher: asyncio.Future[Any], knobs: Knobs, arrival_s: float
+    ) -> bool:
+        """Apply mock_delay_ms, then mock_fail; True if the client left during the delay."""
+        if await left_within(watcher, arrival_s + knobs.delay_s - self._clock.monotonic()):
+            self.stats.requests_cancelled += 1
+            return True
+        if knobs.fail_status is not None:
+            raise MockHTTPError(
+                knobs.fail_status,
+                f"Simulated failure (mock_fail={knobs.fail_status}).",
+                code="mock_fail",
+                retry_after_s=knobs.retry_after_s,
+            )
+        return False
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._completion(receive, send, Endpoint.CHAT)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._completion(receive, send, Endpoint.COMPLETIONS)
+
+    async def _completion(self, receive: Receive, send: Send, endpoint: Endpoint) -> None:
+        arrival_s = self._clock.monotonic()
+        body = await self._json_body(receive)
+        knobs = parse_knobs(body)
+        request = parse_completion(body, endpoint)
+        async with self._inflight(receive) as watcher:
+            if await self._left_during_delay(watcher, knobs, arrival_s):
+                return
+            n_tokens, finish_reason = request.plan(knobs)
+            schedule = Schedule(
+                first_due_s=arrival_s + knobs.delay_s + self._ttft_s,
+                interval_s=self._interval_s,
+                n_tokens=n_tokens,
+            )
+            if request.stream:
+                await self._stream(send, watcher, request, knobs, schedule, finish_reason)
+            else:
+                await self._complete(send, watcher, request, schedule, finish_reason)
+
+    def _base(self, request: CompletionRequest, *, stream: bool) -> dict[str, Any]:
+        """The fields every answer and chunk of one completion share."""
+        if request.endpoint is Endpoint.CHAT:
+            kind = "chat.completion.chunk" if stream else "chat.completion"
+            completion_id = "chatcmpl-" + uuid.uuid4().hex
+        else:
+            kind = "text_completion"
+            completion_id = "cmpl-" + uuid.uuid4().hex
+        created = int(self._clock.wall())
+        return {"id": completion_id, "object": kind, "created": created, "model": request.model}
+
+    async def _stream(
+        self,
+        send: Send,
+        watcher: asyncio.Future[Any],
+        request: CompletionRequest,
+        knobs: Knobs,
+        schedule: Schedule,
+        finish_reason: str,
+    ) -> None:
+        usage = _usage(request.prompt_tokens, schedule.n_tokens) if request.include_usage else None
+        build = SseFormat.chat if request.endpoint is Endpoint.CHAT else SseFormat.completion
+        stream = StreamRun(
+            send=send,
+            fmt=build(self._base(request, stream=True), finish_reason, usage),
+            tokens=TokenSource(request.prompt_text),
+            schedule=schedule,
+            ticker=self._ticker,
+            clock=self._clock,
+            fail_after_tokens=knobs.fail_after_tokens,
+        )
+        watcher.add_done_callback(stream.on_disconnect)
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        self.stats.streams_started += 1
+        outcome = Outcome.CANCELLED
+        try:
+            outcome = await stream.run()
+        finally:
+            self.stats.tokens_sent += stream.sent
+            self.stats.count_outcome(outcome)
+        # After an ABORTED run we return without ending the body: the server drops the connection.
+
+    async def _complete(
+        self,
+        send: Send,
+        watcher: asyncio.Future[Any],
+        request: CompletionRequest,
+        schedule: Schedule,
+        finish_reason: str,
+    ) -> None:
+        n_tokens = schedule.n_tokens
+        done_s = schedule.due_s(n_tokens - 1)
+        if await left_within(watcher, done_s - self._clock.monotonic()):
+            self.stats.requests_cancelled += 1
+            return
+        text = TokenSource(request.prompt_text).completion(n_tokens)
+        if request.endpoint is Endpoint.CHAT:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"text": text, "index": 0}
+        choice |= {"logprobs": None, "finish_reason": finish_reason}
+        answer = self._base(request, stream=False)
+        answer |= {"choices": [choice], "usage": _usage(request.prompt_tokens, n_tokens)}
+        await respond(send, 200, orjson.dumps(answer))
+        self.stats.tokens_sent += n_tokens
+
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrival_s = self._clock.monotonic()
+        body = await self._json_body(receive)
+        knobs = parse_knobs(body)
+        request = parse_embedding(body)
+        async with self._inflight(receive) as watcher:
+            if not await self._left_during_delay(watcher, knobs, arrival_s):
+                await respond(send, 200, _embedding_answer(request))
+
+    async def _list_models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        data = [
+            {"id": model, "object": "model", "created": 0, "owned_by": "tokenweir-mock"}
+            for model in self._models
+        ]
+        await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
+
+    async def _get_stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, self.stats.to_json())
+
+    async def _reset_stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.stats.reset()
+        await respond(send, 200, self.stats.to_json())
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _embedding_answer(request: EmbeddingRequest) -> bytes:
+    data: list[dict[str, Any]] = []
+    for index, key in enumerate(request.keys):
+        packed = embedding_bytes(key, request.dimensions)
+        vector: object = (
+            base64.b64encode(packed).decode() if request.base64 else embedding_floats(packed)
+        )
+        data.append({"object": "embedding", "index": index, "embedding": vector})
+    usage = {"prompt_tokens": request.prompt_tokens, "total_tokens": request.prompt_tokens}
+    return orjson.dumps({"object": "list", "data": data, "model": request.model, "usage": usage})
+
+
+def create_app(
+    *,
+    ttft_ms: float = 0.0,
+    tokens_per_second: float = 750.0,
+    models: Sequence[str] = ("mock-llm", "mock-embed"),
+    clock: Clock | None = None,
+) -> ASGIApp:
+    """The mock backend as an ASGI app; `tokens_per_second` may be `math.inf` (unpaced)."""
+    if ttft_ms < 0:
+        raise ValueError(f"ttft_ms must be >= 0, got {ttft_ms}")
+    if not tokens_per_second > 0:
+        raise ValueError(f"tokens_per_second must be > 0, got {tokens_per_second}")
+    return MockBackend(
+        ttft_s=ttft_ms / 1000.0,
+        interval_s=1.0 / tokens_per_second,
+        models=models,
+        clock=clock or SystemClock(),
+    )
+
+
+def _config(app: ASGIApp, host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        ws="none",
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
+
+
+async def serve(*, host: str, port: int, ttft_ms: float, tokens_per_second: float) -> None:
+    """Serve the mock on the running loop until cancelled, then shut down gracefully."""
+    app = create_app(ttft_ms=ttft_ms, tokens_per_second=tokens_per_second)
+    server = uvicorn.Server(_config(app, host, port))
+    task = asyncio.ensure_future(server.serve())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        server.should_exit = True
+        await task
+        raise
+
+
+def run(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    ttft_ms: float = 0.0,
+    tokens_per_second: float = 750.0,
+) -> None:
+    """Serve the mock in the foreground on uvloop and httptools until interrupted."""
+    app = create_app(ttft_ms=ttft_ms, tokens_per_second=tokens_per_second)
+    uvicorn.Server(_config(app, host, port)).run()

@@ -1,0 +1,269 @@
+"""Parse and validate the mock backend's request bodies into small typed records.
+
+Invalid input raises `MockHTTPError`, which renders as an OpenAI-shaped error.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from proxy.tools.mocktext import count_words
+
+__all__ = [
+    "DEFAULT_COMPLETION_TOKENS",
+    "CompletionRequest",
+    "EmbeddingRequest",
+    "Endpoint",
+    "Knobs",
+    "MockHTTPError",
+    "parse_completion",
+    "parse_embedding",
+    "parse_json",
+    "parse_knobs",
+]
+
+DEFAULT_COMPLETION_TOKENS: Final = 256
+TOKENS_PER_MESSAGE: Final = 4
+MAX_EMBEDDING_INPUTS: Final = 2048
+MAX_DIMENSIONS: Final = 8192
+
+_ERROR_KINDS: Final = {
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("permission_error", None),
+    404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+}
+
+
+class MockHTTPError(Exception):
+    """An error response: HTTP status plus OpenAI's {"error": {message, type, param, code}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        default_type, default_code = _ERROR_KINDS.get(status, ("invalid_request_error", None))
+        self.status = status
+        self.type = "server_error" if status >= 500 else default_type
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else default_code
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return orjson.dumps({"error": error})
+
+
+class Endpoint(enum.Enum):
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """Testing knobs: request fields the mock obeys and a real backend would reject."""
+
+    fail_status: int | None = None
+    fail_after_tokens: int | None = None
+    delay_s: float = 0.0
+    completion_tokens: int = DEFAULT_COMPLETION_TOKENS
+    retry_after_s: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    endpoint: Endpoint
+    model: str
+    stream: bool
+    include_usage: bool
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int | None
+
+    def plan(self, knobs: Knobs) -> tuple[int, str]:
+        """How many tokens the answer has, and its finish_reason."""
+        if self.max_tokens is not None and self.max_tokens < knobs.completion_tokens:
+            return self.max_tokens, "length"
+        return knobs.completion_tokens, "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    model: str
+    keys: tuple[bytes, ...]
+    prompt_tokens: int
+    dimensions: int
+    base64: bool
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MockHTTPError(
+            400, f"We could not parse the JSON body of your request: {exc}"
+        ) from exc
+    if not isinstance(body, dict):
+        raise MockHTTPError(400, "The request body must be a JSON object.")
+    return body
+
+
+def _int(body: dict[str, Any], name: str, *, low: int, high: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise MockHTTPError(400, f"'{name}' must be an integer >= {low}.", param=name)
+    if high is not None and value > high:
+        raise MockHTTPError(400, f"'{name}' must be an integer <= {high}.", param=name)
+    return value
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise MockHTTPError(400, f"'{name}' must be a boolean.", param=name)
+    return value
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise MockHTTPError(400, "You must provide a model parameter.", param="model")
+    return model
+
+
+def parse_knobs(body: dict[str, Any]) -> Knobs:
+    delay_ms = body.get("mock_delay_ms", 0)
+    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or delay_ms < 0:
+        raise MockHTTPError(400, "'mock_delay_ms' must be a number >= 0.", param="mock_delay_ms")
+    completion_tokens = _int(body, "mock_completion_tokens", low=1)
+    return Knobs(
+        fail_status=_int(body, "mock_fail", low=400, high=599),
+        fail_after_tokens=_int(body, "mock_fail_after_tokens", low=0),
+        delay_s=delay_ms / 1000.0,
+        completion_tokens=completion_tokens or DEFAULT_COMPLETION_TOKENS,
+        retry_after_s=_int(body, "mock_retry_after_s", low=0),
+    )
+
+
+def _content_text(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    raise MockHTTPError(
+        400, "Message content must be a string or a list of parts.", param="messages"
+    )
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise MockHTTPError(400, "'messages' must be a non-empty array.", param="messages")
+    texts: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise MockHTTPError(400, "Each message needs a 'role'.", param="messages")
+        texts.append(_content_text(message.get("content")))
+    tokens = sum(count_words(text) for text in texts) + TOKENS_PER_MESSAGE * len(texts)
+    return "\n".join(texts), tokens
+
+
+def _completion_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt, count_words(prompt)
+    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        return " ".join(map(str, prompt)), len(prompt)
+    raise MockHTTPError(
+        400, "'prompt' must be one string or one token array for the mock.", param="prompt"
+    )
+
+
+def parse_completion(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
+    model = _model(body)
+    if body.get("n") not in (None, 1):
+        raise MockHTTPError(400, "The mock backend only supports n=1.", param="n")
+    if endpoint is Endpoint.CHAT:
+        text, prompt_tokens = _chat_prompt(body)
+        max_tokens = _int(body, "max_completion_tokens", low=1)
+    else:
+        text, prompt_tokens = _completion_prompt(body)
+        max_tokens = None
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", low=1)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise MockHTTPError(400, "'stream_options' must be an object.", param="stream_options")
+    return CompletionRequest(
+        endpoint=endpoint,
+        model=model,
+        stream=_bool(body, "stream"),
+        include_usage=_bool(options or {}, "include_usage"),
+        prompt_text=text,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+    )
+
+
+def _embedding_inputs(value: object) -> list[str | list[int]]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(type(t) is int for t in value):
+        return [value]
+    if isinstance(value, list) and value and len(value) <= MAX_EMBEDDING_INPUTS:
+        if all(isinstance(item, str) for item in value):
+            return list(value)
+        if all(isinstance(item, list) and all(type(t) is int for t in item) for item in value):
+            return list(value)
+    raise MockHTTPError(
+        400,
+        f"'input' must be a string, a token array, or 1-{MAX_EMBEDDING_INPUTS} of either.",
+        param="input",
+    )
+
+
+def parse_embedding(body: dict[str, Any]) -> EmbeddingRequest:
+    model = _model(body)
+    inputs = _embedding_inputs(body.get("input"))
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise MockHTTPError(
+            400, "'encoding_format' must be 'float' or 'base64'.", param="encoding_format"
+        )
+    keys = tuple(
+        b"s:" + item.encode() if isinstance(item, str) else b"t:" + orjson.dumps(item)
+        for item in inputs
+    )
+    tokens = sum(count_words(item) if isinstance(item, str) else len(item) for item in inputs)
+    dimensions = _int(body, "dimensions", low=1, high=MAX_DIMENSIONS)
+    return EmbeddingRequest(
+        model=model,
+        keys=keys,
+        prompt_tokens=tokens,
+        dimensions=dimensions or 384,
+        base64=encoding == "base64",
+    )

@@ -1,0 +1,403 @@
+"""The mock backend over real HTTP, as the openai SDK and a raw SSE reader see it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import struct
+import time
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from proxy.clock import FakeClock
+from proxy.tools.mockbackend import create_app
+from proxy.tools.mockstream import Outcome, Schedule, SseFormat, StreamRun, Ticker
+from proxy.tools.mocktext import TokenSource
+from tests.servers import serve
+
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me a story"}]
+CHAT: dict[str, Any] = {"model": "any-model", "messages": MESSAGES}
+PROMPT_TOKENS = 4 + 4  # four words plus the mock's 4 per message
+
+
+@pytest.fixture(scope="module")
+def fast_url() -> Iterator[str]:
+    with serve(create_app(ttft_ms=0, tokens_per_second=math.inf)) as url:
+        yield url
+
+
+@pytest.fixture
+def paced_url() -> Iterator[str]:
+    with serve(create_app(ttft_ms=200, tokens_per_second=100)) as url:
+        yield url
+
+
+@pytest.fixture
+def sdk(fast_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fast_url + "/v1", api_key="x", max_retries=0) as client:
+        yield client
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    """Each `data:` event of an SSE body, parsed; the terminator stays the string "[DONE]"."""
+    assert raw.endswith(b"\n\n")
+    events: list[Any] = []
+    for block in raw[:-2].split(b"\n\n"):
+        assert block.startswith(b"data: ")
+        data = block[len(b"data: ") :]
+        events.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+    return events
+
+
+def post_stream(url: str, path: str, body: dict[str, Any]) -> tuple[httpx.Response, bytes]:
+    with httpx.stream("POST", url + path, json=body, timeout=10) as response:
+        return response, response.read()
+
+
+def stats(url: str) -> dict[str, Any]:
+    result: dict[str, Any] = httpx.get(url + "/mock/stats").json()
+    return result
+
+
+def wait_for_stats(url: str, check: Callable[[dict[str, Any]], bool], timeout_s: float) -> float:
+    """Poll /mock/stats until `check` passes; returns the seconds it took."""
+    start = time.monotonic()
+    with httpx.Client(base_url=url) as client:
+        while True:
+            seen = client.get("/mock/stats").json()
+            elapsed = time.monotonic() - start
+            if check(seen):
+                return elapsed
+            assert elapsed < timeout_s, f"stats never matched: {seen}"
+            time.sleep(0.002)
+
+
+def test_chat_answers_with_max_tokens_words_and_usage(sdk: openai.OpenAI) -> None:
+    answer = sdk.chat.completions.create(model="any-model", messages=MESSAGES, max_tokens=5)
+    assert answer.model == "any-model"
+    assert answer.object == "chat.completion"
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.message.role == "assistant"
+    assert len((choice.message.content or "").split()) == 5
+    assert answer.usage is not None
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (PROMPT_TOKENS, 5)
+    assert answer.usage.total_tokens == PROMPT_TOKENS + 5
+
+
+def test_completions_answer_with_text_and_usage(sdk: openai.OpenAI) -> None:
+    answer = sdk.completions.create(model="legacy", prompt="one two three four", max_tokens=3)
+    assert answer.model == "legacy"
+    assert answer.choices[0].finish_reason == "length"
+    assert len(answer.choices[0].text.split()) == 3
+    assert answer.usage is not None
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (4, 3)
+
+
+def test_answers_are_deterministic_per_prompt(sdk: openai.OpenAI) -> None:
+    def ask(content: str) -> str | None:
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": content}]
+        answer = sdk.chat.completions.create(model="m", messages=messages, max_tokens=12)
+        return answer.choices[0].message.content
+
+    assert ask("alpha") == ask("alpha")
+    assert ask("alpha") != ask("beta")
+
+
+def test_answer_length_defaults_to_256_and_stops_naturally(sdk: openai.OpenAI) -> None:
+    answer = sdk.chat.completions.create(model="m", messages=MESSAGES)
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 256
+    short = sdk.chat.completions.create(
+        model="m", messages=MESSAGES, extra_body={"mock_completion_tokens": 7}
+    )
+    assert short.choices[0].finish_reason == "stop"
+    assert len((short.choices[0].message.content or "").split()) == 7
+
+
+def test_max_completion_tokens_is_honoured(sdk: openai.OpenAI) -> None:
+    answer = sdk.chat.completions.create(model="m", messages=MESSAGES, max_completion_tokens=4)
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 4
+    assert answer.choices[0].finish_reason == "length"
+
+
+def test_chat_stream_sends_role_then_one_token_per_event(fast_url: str) -> None:
+    response, raw = post_stream(
+        fast_url, "/v1/chat/completions", CHAT | {"stream": True, "max_tokens": 6}
+    )
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert len(chunks) == 1 + 6
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    tokens = [chunk["choices"][0]["delta"]["content"] for chunk in chunks[1:]]
+    assert all(len(token.split()) == 1 for token in tokens)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 6 + ["length"]
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "any-model" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert all("usage" not in chunk for chunk in chunks)
+    assert b'"object":"chat.completion.chunk"' in raw  # compact JSON, like OpenAI and vLLM
+
+
+def test_chat_stream_with_include_usage_ends_with_usage_chunk(fast_url: str) -> None:
+    body = CHAT | {"stream": True, "max_tokens": 3, "stream_options": {"include_usage": True}}
+    _, raw = post_stream(fast_url, "/v1/chat/completions", body)
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]"
+    *chunks, usage_chunk = events[:-1]
+    assert len(chunks) == 1 + 3
+    assert all(chunk["usage"] is None for chunk in chunks)
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"] == {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": 3,
+        "total_tokens": PROMPT_TOKENS + 3,
+    }
+
+
+def test_completions_stream_carries_text(fast_url: str) -> None:
+    body = {"model": "m", "prompt": "hi", "stream": True, "max_tokens": 4}
+    _, raw = post_stream(
+        fast_url, "/v1/completions", body | {"stream_options": {"include_usage": True}}
+    )
+    events = sse_events(raw)
+    *chunks, usage_chunk, done = events
+    assert done == "[DONE]"
+    assert [c["object"] for c in chunks] == ["text_completion"] * 4
+    assert all(len(c["choices"][0]["text"].split()) == 1 for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert usage_chunk["usage"]["completion_tokens"] == 4
+    _, raw_without = post_stream(fast_url, "/v1/completions", body)
+    assert [e["choices"][0]["text"] for e in sse_events(raw_without)[:-1]] == [
+        c["choices"][0]["text"] for c in chunks
+    ]
+
+
+def test_sdk_stream_matches_the_non_stream_answer(sdk: openai.OpenAI) -> None:
+    whole = sdk.chat.completions.create(model="m", messages=MESSAGES, max_tokens=9)
+    stream = sdk.chat.completions.create(
+        model="m",
+        messages=MESSAGES,
+        max_tokens=9,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 9
+
+
+def test_n_above_one_is_rejected_like_openai(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.chat.completions.create(model="m", messages=MESSAGES, n=2)
+    assert caught.value.status_code == 400
+    assert caught.value.param == "n"
+    assert caught.value.type == "invalid_request_error"
+
+
+def test_embeddings_via_sdk_base64_default_match_float(sdk: openai.OpenAI) -> None:
+    default = sdk.embeddings.create(model="mock-embed", input=["a cat", "a dog"])
+    floats = sdk.embeddings.create(
+        model="mock-embed", input=["a cat", "a dog"], encoding_format="float"
+    )
+    assert [d.embedding for d in default.data] == [d.embedding for d in floats.data]
+    first, second = (d.embedding for d in floats.data)
+    assert len(first) == 384
+    assert math.isclose(math.fsum(v * v for v in first), 1.0, rel_tol=1e-5)
+    assert first != second
+    assert default.usage.prompt_tokens == 4
+    again = sdk.embeddings.create(model="mock-embed", input="a cat", dimensions=16)
+    assert len(again.data[0].embedding) == 16
+    assert math.isclose(math.fsum(v * v for v in again.data[0].embedding), 1.0, rel_tol=1e-5)
+
+
+def test_embeddings_base64_is_little_endian_float32(fast_url: str) -> None:
+    body = {"model": "e", "input": [[1, 2, 3]], "encoding_format": "base64", "dimensions": 8}
+    answer = httpx.post(fast_url + "/v1/embeddings", json=body).json()
+    packed = base64.b64decode(answer["data"][0]["embedding"])
+    vector = struct.unpack("<8f", packed)
+    assert math.isclose(math.fsum(v * v for v in vector), 1.0, rel_tol=1e-5)
+    assert answer["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+
+
+def test_models_lists_the_configured_models(sdk: openai.OpenAI) -> None:
+    assert [model.id for model in sdk.models.list()] == ["mock-llm", "mock-embed"]
+
+
+def test_errors_are_openai_shaped(fast_url: str) -> None:
+    malformed = httpx.post(fast_url + "/v1/chat/completions", content=b"{not json")
+    assert malformed.status_code == 400
+    assert set(malformed.json()["error"]) == {"message", "type", "param", "code"}
+    assert malformed.json()["error"]["type"] == "invalid_request_error"
+    unknown = httpx.get(fast_url + "/v1/nothing-here")
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(fast_url + "/v1/chat/completions").status_code == 405
+
+
+def test_mock_fail_answers_with_the_requested_status(sdk: openai.OpenAI, fast_url: str) -> None:
+    with pytest.raises(openai.InternalServerError) as caught:
+        sdk.chat.completions.create(model="m", messages=MESSAGES, extra_body={"mock_fail": 503})
+    assert caught.value.status_code == 503
+    limited = httpx.post(
+        fast_url + "/v1/embeddings",
+        json={"model": "e", "input": "x", "mock_fail": 429, "mock_retry_after_s": 3},
+    )
+    assert limited.status_code == 429
+    assert limited.headers["retry-after"] == "3"
+    assert limited.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_mock_fail_after_tokens_drops_the_connection_mid_stream() -> None:
+    with serve(create_app(tokens_per_second=math.inf)) as url:
+        body = CHAT | {"stream": True, "mock_fail_after_tokens": 3}
+        received: list[bytes] = []
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body) as response:
+            with pytest.raises(httpx.RemoteProtocolError):
+                _read_into(response, received)
+        assert b"".join(received).count(b'"content":"') == 1 + 3
+        assert b"[DONE]" not in b"".join(received)
+        assert stats(url)["streams_aborted"] == 1
+
+
+def _read_into(response: httpx.Response, chunks: list[bytes]) -> None:
+    for chunk in response.iter_bytes():
+        chunks.append(chunk)
+
+
+def test_mock_delay_holds_back_the_headers(fast_url: str) -> None:
+    start = time.monotonic()
+    with httpx.stream(
+        "POST",
+        fast_url + "/v1/chat/completions",
+        json=CHAT | {"stream": True, "mock_delay_ms": 300},
+    ) as response:
+        assert time.monotonic() - start >= 0.3
+        response.read()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            fast_url + "/v1/embeddings",
+            json={"model": "e", "input": "x", "mock_delay_ms": 2000},
+            timeout=httpx.Timeout(5, read=0.1),
+        )
+
+
+def test_stats_count_streams_and_record_the_last_request() -> None:
+    with serve(create_app(tokens_per_second=math.inf)) as url:
+        post_stream(url, "/v1/chat/completions", CHAT | {"stream": True, "max_tokens": 5})
+        httpx.post(
+            url + "/v1/completions",
+            json={"model": "m", "prompt": "p", "max_tokens": 2},
+            headers={"authorization": "Bearer sk-test"},
+        )
+        seen = stats(url)
+        assert seen["streams_started"] == seen["streams_completed"] == 1
+        assert (seen["requests_total"], seen["tokens_sent"], seen["inflight"]) == (2, 7, 0)
+        assert seen["last_request"] == {"model": "m", "prompt": "p", "max_tokens": 2}
+        assert seen["last_authorization"] == "Bearer sk-test"
+        reset = httpx.post(url + "/mock/stats/reset").json()
+        assert reset["requests_total"] == reset["tokens_sent"] == 0
+        assert reset["last_request"] is None
+
+
+def test_client_abort_mid_stream_counts_as_cancelled_within_100ms(paced_url: str) -> None:
+    body = CHAT | {"stream": True, "max_tokens": 1000}
+    with httpx.stream("POST", paced_url + "/v1/chat/completions", json=body) as response:
+        for line in response.iter_lines():
+            if '"content":" ' in line:
+                break
+    # Leaving the block closed the half-read response, and with it the connection.
+    took_s = wait_for_stats(paced_url, lambda s: s["streams_cancelled"] == 1, timeout_s=0.1)
+    assert took_s < 0.1
+    seen = stats(paced_url)
+    assert (seen["streams_completed"], seen["inflight"]) == (0, 0)
+    assert 0 < seen["tokens_sent"] < 1000
+
+
+def test_client_leaving_a_non_stream_request_cancels_it(paced_url: str) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            paced_url + "/v1/chat/completions",
+            json=CHAT | {"max_tokens": 100},
+            timeout=httpx.Timeout(5, read=0.05),
+        )
+    wait_for_stats(paced_url, lambda s: s["requests_cancelled"] == 1, timeout_s=1.0)
+    assert stats(paced_url)["inflight"] == 0
+
+
+def test_first_token_after_ttft_then_paced(paced_url: str) -> None:
+    body = CHAT | {"stream": True, "max_tokens": 20}
+    start = time.monotonic()
+    first_s = None
+    with httpx.stream("POST", paced_url + "/v1/chat/completions", json=body) as response:
+        for line in response.iter_lines():
+            if first_s is None and '"content":"' in line and '"role"' not in line:
+                first_s = time.monotonic() - start
+    total_s = time.monotonic() - start
+    assert first_s is not None
+    assert 0.18 <= first_s <= 0.4
+    assert 0.35 <= total_s <= 0.8  # ttft 0.2 s + 19 tokens at 100/s
+    start = time.monotonic()
+    httpx.post(paced_url + "/v1/chat/completions", json=CHAT | {"max_tokens": 20})
+    assert 0.35 <= time.monotonic() - start <= 0.8
+
+
+def test_create_app_rejects_impossible_settings() -> None:
+    with pytest.raises(ValueError, match="tokens_per_second"):
+        create_app(tokens_per_second=0)
+    with pytest.raises(ValueError, match="ttft_ms"):
+        create_app(ttft_ms=-1)
+
+
+def test_late_stream_coalesces_due_tokens_and_never_sends_early() -> None:
+    asyncio.run(_coalescing_scenario())
+
+
+async def _coalescing_scenario() -> None:
+    clock = FakeClock()
+    writes: list[tuple[bytes, bool]] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        writes.append((message["body"], message["more_body"]))
+
+    base = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m"}
+    stream = StreamRun(
+        send=send,
+        fmt=SseFormat.completion(base, "length", None),
+        tokens=TokenSource("p"),
+        schedule=Schedule(first_due_s=1.0, interval_s=0.1, n_tokens=5),
+        ticker=Ticker(clock),
+        clock=clock,
+    )
+    task = asyncio.create_task(stream.run())
+    await asyncio.sleep(0.02)  # several ticks pass, but the fake clock has not reached 1.0
+    assert writes == []
+    clock.advance(1.25)  # tokens 0, 1 and 2 are now due, 3 and 4 are not
+    await _until(lambda: bool(writes))
+    assert [(body.count(b"data: "), more) for body, more in writes] == [(3, True)]
+    clock.advance(10.0)
+    assert await asyncio.wait_for(task, timeout=2) is Outcome.COMPLETED
+    body, more = writes[1]
+    assert (body.count(b"data: "), more) == (2 + 1, False)  # two tokens and [DONE], one write
+    assert body.endswith(b"data: [DONE]\n\n")
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Let the ticker run (it polls the fake clock every millisecond) until `condition` holds."""
+    for _ in range(2000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never held")
