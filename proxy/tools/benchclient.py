@@ -1,0 +1,208 @@
+"""Send one bench request and time it: TTFT, gaps between content events, output tokens, errors."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from time import perf_counter
+
+import orjson
+
+from proxy.tools.benchprompts import Tokenizer
+from proxy.tools.benchsse import (
+    SseEvent,
+    SseParser,
+    content_text,
+    error_message,
+    has_content,
+    is_done,
+    usage_completion_tokens,
+)
+from proxy.tools.benchtransport import Transport, TransportFailure
+
+__all__ = [
+    "EVENTS",
+    "TOKENIZER",
+    "UNKNOWN",
+    "USAGE",
+    "RequestSample",
+    "RequestSender",
+]
+
+USAGE = "usage"
+TOKENIZER = "tokenizer"
+EVENTS = "events (no usage, no tokenizer)"
+UNKNOWN = "unknown (no usage, no tokenizer)"
+
+
+@dataclass(slots=True)
+class RequestSample:
+    """One request's measurements; times are `perf_counter` seconds, None where not measured."""
+
+    start_s: float
+    end_s: float = 0.0
+    error: str | None = None
+    error_detail: str | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    output_tokens: int | None = None
+    token_source: str = UNKNOWN
+    content_events: int = 0
+    gaps_s: list[float] = field(default_factory=list)
+
+    @property
+    def e2e_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.start_s
+
+    @property
+    def stream_tokens_per_s(self) -> float | None:
+        """Generation speed after the first token: (tokens - 1) / (last - first); TTFT excluded."""
+        if self.output_tokens is None or self.first_token_s is None or self.last_token_s is None:
+            return None
+        span_s = self.last_token_s - self.first_token_s
+        if self.output_tokens < 2 or span_s <= 0:
+            return None
+        return (self.output_tokens - 1) / span_s
+
+
+class _StreamSink:
+    """Times content events as reads arrive; JSON is parsed only for usage and errors."""
+
+    __slots__ = ("_keep_text", "_parser", "done", "payloads", "sample", "status", "usage_tokens")
+
+    def __init__(self, sample: RequestSample, *, keep_text: bool) -> None:
+        self.sample = sample
+        self.status = 0
+        self.usage_tokens: int | None = None
+        self.done = False
+        self.payloads: list[bytes] = []
+        self._keep_text = keep_text
+        self._parser = SseParser()
+
+    def on_status(self, status: int) -> None:
+        self.status = status
+
+    def on_body(self, data: bytes, now_s: float) -> None:
+        if self.status != 200:
+            if len(self.payloads) < 8:
+                self.payloads.append(data)
+            return
+        for event in self._parser.feed(data):
+            self._on_event(event, now_s)
+
+    def _on_event(self, event: SseEvent, now_s: float) -> None:
+        data = event.data
+        if is_done(data):
+            self.done = True
+            return
+        message = error_message(event)
+        if message is not None:
+            self.sample.error, self.sample.error_detail = "stream_error", message
+            return
+        if has_content(data):
+            sample = self.sample
+            if sample.last_token_s is None:
+                sample.first_token_s = now_s
+            else:
+                sample.gaps_s.append(now_s - sample.last_token_s)
+            sample.last_token_s = now_s
+            sample.content_events += 1
+            if self._keep_text:
+                self.payloads.append(data)
+        tokens = usage_completion_tokens(data)
+        if tokens is not None:
+            self.usage_tokens = tokens
+
+    def settle(self, tokenizer: Tokenizer | None, now_s: float) -> None:
+        sample = self.sample
+        if self.status != 200:
+            sample.error = f"http_{self.status}"
+            sample.error_detail = b"".join(self.payloads).decode("utf-8", "replace")[:200]
+            return
+        for event in self._parser.flush():
+            self._on_event(event, now_s)
+        if sample.error is None and not self.done:
+            sample.error = "incomplete"
+            sample.error_detail = "stream ended without data: [DONE]"
+        if self.usage_tokens is not None:
+            sample.output_tokens, sample.token_source = self.usage_tokens, USAGE
+        elif tokenizer is not None:
+            text = "".join(content_text(data) for data in self.payloads)
+            sample.output_tokens, sample.token_source = tokenizer.count(text), TOKENIZER
+        else:
+            sample.output_tokens, sample.token_source = sample.content_events, EVENTS
+
+
+class _BodySink:
+    """Collects a whole non-streamed response."""
+
+    __slots__ = ("parts", "status")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.parts: list[bytes] = []
+
+    def on_status(self, status: int) -> None:
+        self.status = status
+
+    def on_body(self, data: bytes, now_s: float) -> None:
+        self.parts.append(data)
+
+
+class RequestSender:
+    """Sends pre-encoded chat bodies through one transport; a failed request is a sample."""
+
+    __slots__ = ("_timeout_s", "_tokenizer", "_transport")
+
+    def __init__(self, transport: Transport, tokenizer: Tokenizer | None, timeout_s: float) -> None:
+        self._transport = transport
+        self._tokenizer = tokenizer
+        self._timeout_s = timeout_s
+
+    async def send(self, body: bytes, *, stream: bool) -> RequestSample:
+        sample = RequestSample(start_s=perf_counter())
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                if stream:
+                    sink = _StreamSink(sample, keep_text=self._tokenizer is not None)
+                    await self._transport.exchange(body, sink)
+                    sink.settle(self._tokenizer, perf_counter())
+                else:
+                    whole = _BodySink()
+                    await self._transport.exchange(body, whole)
+                    self._settle_unary(sample, whole.status, b"".join(whole.parts))
+        except TimeoutError:
+            sample.error, sample.error_detail = (
+                "timeout",
+                f"no complete answer in {self._timeout_s} s",
+            )
+        except TransportFailure as exc:
+            sample.error, sample.error_detail = exc.kind, exc.detail
+        sample.end_s = perf_counter()
+        return sample
+
+    def _settle_unary(self, sample: RequestSample, status: int, content: bytes) -> None:
+        if status != 200:
+            sample.error = f"http_{status}"
+            sample.error_detail = content.decode("utf-8", "replace")[:200]
+            return
+        try:
+            orjson.loads(content)
+        except orjson.JSONDecodeError:
+            sample.error = "bad_response"
+            sample.error_detail = content.decode("utf-8", "replace")[:200]
+            return
+        message = error_message(SseEvent(data=content))
+        if message is not None:
+            sample.error, sample.error_detail = "error_body", message
+            return
+        tokens = usage_completion_tokens(content)
+        if tokens is not None:
+            sample.output_tokens, sample.token_source = tokens, USAGE
+        elif self._tokenizer is not None:
+            sample.output_tokens = self._tokenizer.count(content_text(content))
+            sample.token_source = TOKENIZER

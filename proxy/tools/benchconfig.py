@@ -1,0 +1,122 @@
+"""What one `tokenweir bench` run measures: its settings, parsed and checked once, and its error."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+__all__ = [
+    "HTTP_CLIENTS",
+    "BenchConfig",
+    "BenchError",
+    "chat_completions_url",
+    "parse_concurrency",
+    "parse_duration_s",
+    "parse_extra_body",
+]
+
+HTTP_CLIENTS = ("raw", "httpx")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class BenchError(Exception):
+    """A bench setting or input that cannot work; the CLI prints it and exits with status 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """Settings for every level of one run; `api_key` is never written to results."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    concurrency: tuple[int, ...] = (1, 8, 32, 128)
+    requests: int | None = None
+    duration_s: float | None = None
+    stream: bool = True
+    input_tokens: int = 512
+    max_tokens: int = 256
+    prompt_file: str | None = None
+    tokenizer: str | None = None
+    timeout_s: float = 300.0
+    seed: int = 0
+    http_client: str = "raw"
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise BenchError("concurrency levels must be positive integers")
+        if self.requests is not None and self.duration_s is not None:
+            raise BenchError("give --requests or --duration, not both")
+        if self.requests is not None and self.requests < 1:
+            raise BenchError("--requests must be at least 1")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise BenchError("--duration must be positive")
+        if self.input_tokens < 1 or self.max_tokens < 1:
+            raise BenchError("--input-tokens and --max-tokens must be at least 1")
+        if self.timeout_s <= 0:
+            raise BenchError("--timeout must be positive")
+        if self.http_client not in HTTP_CLIENTS:
+            raise BenchError(f"--http-client must be one of {', '.join(HTTP_CLIENTS)}")
+
+    def requests_for(self, concurrency: int) -> int | None:
+        """Requests to send at one level; None means "until the duration runs out"."""
+        if self.duration_s is not None:
+            return None
+        if self.requests is not None:
+            return self.requests
+        return max(16, 4 * concurrency)
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """'1,8,32' -> (1, 8, 32); order kept, duplicates dropped."""
+    levels: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise BenchError(f"concurrency {part!r} is not a positive integer")
+        if int(part) not in levels:
+            levels.append(int(part))
+    if not levels:
+        raise BenchError("no concurrency levels given")
+    return tuple(levels)
+
+
+def parse_duration_s(text: str) -> float:
+    """'60s', '2m', '500ms', '1h' or bare seconds ('90') -> seconds."""
+    match = _DURATION_RE.match(text)
+    if match is None:
+        raise BenchError(f"duration {text!r} is not like 60s, 2m or 500ms")
+    value_s = float(match.group(1)) * _DURATION_UNIT_S[match.group(2) or "s"]
+    if value_s <= 0:
+        raise BenchError(f"duration {text!r} must be positive")
+    return value_s
+
+
+def chat_completions_url(base_url: str) -> str:
+    """The chat endpoint under `base_url`; a bare host gets the conventional /v1 prefix."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BenchError(f"--base-url {base_url!r} is not an http(s) URL")
+    path = parts.path.rstrip("/")
+    if not path:
+        path = "/v1"
+    return f"{parts.scheme}://{parts.netloc}{path}/chat/completions"
+
+
+def parse_extra_body(text: str) -> dict[str, Any]:
+    """--extra-body: a JSON object merged into every request (e.g. {"ignore_eos": true})."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise BenchError(f"--extra-body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BenchError("--extra-body must be a JSON object")
+    return value

@@ -1,0 +1,65 @@
+"""The bench's table notes, progress line and JSON document."""
+
+from __future__ import annotations
+
+import io
+
+import orjson
+
+from proxy.tools.benchclient import EVENTS, RequestSample
+from proxy.tools.benchconfig import BenchConfig
+from proxy.tools.benchlevel import LevelProgress, summarize_level
+from proxy.tools.benchprompts import Workload
+from proxy.tools.benchreport import ProgressLine, format_table, result_document
+
+
+def sample(tokens: int, *, error: str | None = None) -> RequestSample:
+    result = RequestSample(start_s=0.0, end_s=1.0, error=error, output_tokens=tokens)
+    result.first_token_s, result.last_token_s = 0.25, 0.25 + (tokens - 1) / 40
+    result.token_source = EVENTS
+    result.error_detail = "upstream said no" if error else None
+    return result
+
+
+def test_table_notes_speed_band_token_unit_errors_and_a_busy_client() -> None:
+    samples = [sample(41), sample(41), sample(0, error="http_502")]
+    level = summarize_level(8, samples, start_s=0.0, cpu_fraction=0.93)
+    table = format_table([level])
+    header, row = table.splitlines()[:2]
+    assert header.split()[0] == "conc"
+    assert row.split()[:3] == ["8", "2/1", "2.00"]
+    assert "concurrency 8: median stream speed <50 tok/s: too slow for interactive use" in table
+    assert "tokens counted from: events (no usage, no tokenizer)" in table
+    assert "1 x http_502: upstream said no" in table
+    assert "used 93% of a CPU core" in table
+
+
+def test_quiet_client_gets_no_warning() -> None:
+    level = summarize_level(1, [sample(41)], start_s=0.0, cpu_fraction=0.2)
+    assert "warning" not in format_table([level])
+
+
+def test_progress_line_rewrites_itself() -> None:
+    stream = io.StringIO()
+    line = ProgressLine(stream)
+    progress = LevelProgress(concurrency=4, planned=16, started=6, finished=2, failed=1)
+    line(progress)
+    progress.finished = 3
+    line(progress)
+    line.end()
+    text = stream.getvalue()
+    assert text.count("\r") == 2
+    assert "concurrency 4: 3/16 done, 1 failed, 3 in flight" in text
+    assert text.endswith("\n")
+
+
+def test_json_document_round_trips_and_hides_the_key() -> None:
+    config = BenchConfig(base_url="http://h/v1", model="m", api_key="sk-live-123")
+    level = summarize_level(1, [sample(41)], start_s=0.0, cpu_fraction=0.1)
+    workload = Workload(bodies=(b"{}",), tokenizer=None, prompt_note="synthetic")
+    encoded = orjson.dumps(result_document(config, workload, [level]))
+    assert b"sk-live-123" not in encoded
+    document = orjson.loads(encoded)
+    assert document["config"]["api_key"] == "set"
+    assert document["levels"][0]["stream_tokens_per_s"]["p50"] == 40.0
+    assert document["levels"][0]["token_source"] == EVENTS

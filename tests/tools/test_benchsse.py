@@ -1,0 +1,145 @@
+"""The incremental SSE parser and the cheap chunk inspectors of the bench."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from proxy.tools.benchsse import (
+    SseEvent,
+    SseParser,
+    content_text,
+    error_message,
+    has_content,
+    is_done,
+    usage_completion_tokens,
+)
+
+ROLE = b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":null}'
+TOKENS = [
+    b'{"choices":[{"index":0,"delta":{"content":"w%d "}}],"usage":null}' % i for i in range(5)
+]
+USAGE = b'{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}'
+PAYLOADS = [ROLE, *TOKENS, USAGE, b"[DONE]"]
+STREAM = b"".join(b"data: " + payload + b"\n\n" for payload in PAYLOADS)
+
+
+def feed_all(chunks: list[bytes]) -> list[SseEvent]:
+    parser = SseParser()
+    events = [event for chunk in chunks for event in parser.feed(chunk)]
+    return events + parser.flush()
+
+
+def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = [0, *sorted(cuts), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def test_whole_stream_in_one_read() -> None:
+    assert [event.data for event in feed_all([STREAM])] == PAYLOADS
+
+
+def test_every_single_split_point() -> None:
+    for cut in range(len(STREAM) + 1):
+        assert [event.data for event in feed_all(split_at(STREAM, [cut]))] == PAYLOADS, cut
+
+
+def test_byte_by_byte() -> None:
+    chunks = [STREAM[i : i + 1] for i in range(len(STREAM))]
+    assert [event.data for event in feed_all(chunks)] == PAYLOADS
+
+
+@pytest.mark.parametrize("newline", [b"\r\n", b"\r"])
+def test_crlf_and_cr_line_endings_at_random_boundaries(newline: bytes) -> None:
+    stream = STREAM.replace(b"\n", newline)
+    rng = random.Random(7)  # noqa: S311 (reproducible read boundaries)
+    for _ in range(200):
+        cuts = rng.sample(range(len(stream)), k=rng.randint(1, 12))
+        assert [event.data for event in feed_all(split_at(stream, cuts))] == PAYLOADS
+
+
+def test_crlf_split_between_cr_and_lf() -> None:
+    first, second = b"data: a\r\n\r", b"\ndata: b\r\n\r\n"
+    parser = SseParser()
+    assert [event.data for event in parser.feed(first)] == []
+    assert [event.data for event in parser.feed(second)] == [b"a", b"b"]
+
+
+def test_coalesced_events_in_one_read() -> None:
+    parser = SseParser()
+    events = parser.feed(b"data: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4")
+    assert [event.data for event in events] == [b"1", b"2", b"3"]
+    assert [event.data for event in parser.feed(b"\n\n")] == [b"4"]
+
+
+def test_comments_and_keepalives_are_not_events() -> None:
+    stream = b": ping\n\n:\n\ndata: x\n: inline comment\n\n\n\n: keep-alive\n\n"
+    assert [event.data for event in feed_all([stream])] == [b"x"]
+
+
+def test_event_type_multiline_data_and_no_space_after_colon() -> None:
+    events = feed_all([b'event: error\ndata:{"a":\ndata: 1}\nid: 3\nretry: 10\n\n'])
+    assert events == [SseEvent(data=b'{"a":\n1}', event=b"error")]
+
+
+def test_flush_returns_an_unterminated_last_event() -> None:
+    assert [event.data for event in feed_all([b"data: 1\n\ndata: [DONE]\r\n"])] == [
+        b"1",
+        b"[DONE]",
+    ]
+    assert feed_all([b"data: 1\n\n: trailing comment"]) == [SseEvent(data=b"1")]
+
+
+def test_done_sentinel() -> None:
+    assert is_done(b"[DONE]")
+    assert is_done(b" [DONE] ")
+    assert not is_done(TOKENS[0])
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (ROLE, False),
+        (TOKENS[0], True),
+        (USAGE, False),
+        (b'{"choices":[{"delta":{"content":null}}]}', False),
+        (b'{"choices":[{"delta":{"content": "x"}}]}', True),
+        (b'{"choices":[{"delta":{"content":"\\"quoted\\""}}]}', True),
+        (b'{"choices":[{"delta":{"reasoning_content":"think"}}]}', True),
+        (b'{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{"}}]}}]}', True),
+        (b'{"choices":[{"text":"completion","index":0}]}', True),
+        # text that only mentions a content key is escaped inside its string
+        (b'{"choices":[{"delta":{"content":""}}],"note":"\\"content\\":\\"x\\""}', False),
+    ],
+)
+def test_has_content(data: bytes, expected: bool) -> None:
+    assert has_content(data) is expected
+
+
+def test_usage_tokens_only_from_a_usage_object() -> None:
+    assert usage_completion_tokens(USAGE) == 5
+    assert usage_completion_tokens(ROLE) is None  # "usage": null
+    assert usage_completion_tokens(TOKENS[0]) is None
+    with_content = b'{"choices":[{"delta":{"content":"z"}}],"usage": {"completion_tokens": 9}}'
+    assert usage_completion_tokens(with_content) == 9
+    assert usage_completion_tokens(b'{"usage":{"completion_tokens":"9"}}') is None
+
+
+def test_error_events() -> None:
+    body = b'{"error":{"message":"overloaded","type":"server_error"}}'
+    assert error_message(SseEvent(data=body)) == "overloaded"
+    assert error_message(SseEvent(data=b"boom", event=b"error")) == "boom"
+    assert error_message(SseEvent(data=b'{"message":"x"}', event=b"error")) == "x"
+    assert error_message(SseEvent(data=TOKENS[0])) is None
+    assert error_message(SseEvent(data=b'{"choices":[{"finish_reason":"error"}]}')) is None
+
+
+def test_content_text_of_chat_completion_and_message_shapes() -> None:
+    assert content_text(TOKENS[1]) == "w1 "
+    assert content_text(b'{"choices":[{"message":{"content":"whole answer"}}]}') == "whole answer"
+    assert content_text(b'{"choices":[{"text":"legacy"}]}') == "legacy"
+    tool = b'{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{\\"a\\""}}]}}]}'
+    assert content_text(tool) == '{"a"'
+    assert content_text(b"not json") == ""
