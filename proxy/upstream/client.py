@@ -1,4 +1,4 @@
-"""The shared httpx pool to backends; httpx errors become gateway errors here and nowhere else."""
+"""The shared client to backends: httpx over our pooled transport; httpx errors translated here."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import orjson
 from proxy.context import RequestContext
 from proxy.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.model import Backend, UpstreamSpec
+from proxy.upstream.transport import PooledTransport
 
 __all__ = ["UpstreamClient", "UpstreamRejected", "translate"]
 
@@ -42,14 +43,16 @@ class UpstreamClient:
             write=spec.read_timeout,
             pool=spec.pool_timeout,
         )
-        limits = httpx.Limits(
-            max_connections=spec.max_connections,
-            max_keepalive_connections=spec.max_connections,
-            keepalive_expiry=30.0,
-        )
-        self._client = httpx.AsyncClient(
-            timeout=timeout, limits=limits, transport=transport, trust_env=False
-        )
+        if transport is None:
+            transport = PooledTransport(
+                connect_timeout_s=spec.connect_timeout,
+                read_timeout_s=spec.read_timeout,
+                write_timeout_s=spec.read_timeout,
+                pool_timeout_s=spec.pool_timeout,
+                max_connections=spec.max_connections,
+            )
+        # The client's timeouts ride on every request and the transport honours them.
+        self._client = httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False)
 
     async def aclose(self) -> None:
         await self._client.aclose()

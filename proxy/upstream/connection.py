@@ -1,0 +1,400 @@
+"""One HTTP/1.1 connection to a backend (an asyncio protocol) and the exchange running on it:
+the response parsed by httptools and handed to httpx as a byte stream that yields chunks as they
+arrive. Used by `proxy.upstream.transport`, which owns the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from typing import Final, Protocol, cast
+
+import httptools
+import httpx
+
+__all__ = ["Connection", "Exchange", "Origin", "Owner", "StaleConnection"]
+
+Origin = tuple[str, int]
+
+# A consumer slower than the backend: stop reading the socket above this many buffered bytes.
+PAUSE_READING_BYTES: Final = 1 << 20
+
+
+class StaleConnection(Exception):
+    """A reused keep-alive connection was closed by the server before any response byte."""
+
+
+class Owner(Protocol):
+    """The pool a connection reports to."""
+
+    def release(self, connection: Connection) -> None:
+        """The connection finished an exchange and may be reused."""
+
+    def closed(self, connection: Connection) -> None:
+        """The connection closed; called exactly once, after it was connected."""
+
+
+class Connection(asyncio.BufferedProtocol):
+    """A TCP connection carrying one exchange at a time; idle between exchanges.
+
+    Reads land in `read_buffer`, which all connections of a pool share: each read is parsed
+    (and its bytes copied out by httptools) before the loop reads from any other socket.
+    """
+
+    def __init__(
+        self,
+        owner: Owner,
+        origin: Origin,
+        loop: asyncio.AbstractEventLoop,
+        read_buffer: memoryview,
+    ) -> None:
+        self.origin = origin
+        self.loop = loop
+        self.reused = False
+        self.idle_since_s = 0.0
+        self.is_closed = False
+        self._owner = owner
+        self._transport: asyncio.Transport | None = None
+        self._exchange: Exchange | None = None
+        self._write_paused = False
+        self._read_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._buffer = read_buffer
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._transport = cast(asyncio.Transport, transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        exchange = self._exchange
+        if exchange is None:
+            self.close()  # an idle connection must stay silent: whatever this is, drop it
+        else:
+            exchange.feed(self._buffer[:nbytes])
+
+    def eof_received(self) -> bool | None:
+        return None  # half-closed by the server: close our side too, connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._mark_closed()
+        exchange, self._exchange = self._exchange, None
+        if exchange is not None:
+            exchange.lost(exc)
+        self._wake_writer()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_writer()
+
+    def start(
+        self, request: httpx.Request, read_timeout_s: float | None, keep_alive: bool
+    ) -> Exchange:
+        """Attach a new exchange; the caller writes the request next."""
+        if self.is_closed:
+            raise StaleConnection
+        exchange = Exchange(self, request, read_timeout_s, keep_alive)
+        self._exchange = exchange
+        return exchange
+
+    def write(self, data: bytes) -> None:
+        if self._transport is not None and not self.is_closed:
+            self._transport.write(data)
+
+    async def drain(self, timeout_s: float | None, request: httpx.Request) -> None:
+        """Wait while the socket's write buffer is over its high-water mark."""
+        if not self._write_paused or self.is_closed:
+            return
+        self._drained = self.loop.create_future()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._drained
+        except TimeoutError:
+            raise httpx.WriteTimeout("timed out sending the request", request=request) from None
+        finally:
+            self._drained = None
+
+    def set_reading(self, paused: bool) -> None:
+        if self._transport is not None and paused != self._read_paused:
+            self._read_paused = paused
+            if paused:
+                self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
+
+    def detach(self, exchange: Exchange, reusable: bool) -> None:
+        """The exchange is over: back to the pool if `reusable`, else closed at once."""
+        if self._exchange is not exchange:
+            return
+        self._exchange = None
+        if reusable and not self.is_closed:
+            self.set_reading(False)
+            self._owner.release(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        """Drop the connection now (no flush, no wait): the server sees the disconnect at once."""
+        exchange, self._exchange = self._exchange, None
+        if self._transport is not None and not self.is_closed:
+            self._transport.abort()
+        self._mark_closed()
+        if exchange is not None:  # the pool is closing: this is no end of a close-delimited body
+            exchange.lost(ConnectionAbortedError("the transport was closed"))
+
+    def _mark_closed(self) -> None:
+        if not self.is_closed:
+            self.is_closed = True
+            if self._transport is not None:
+                self._owner.closed(self)
+
+    def _wake_writer(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+
+class _ExtraResponse(Exception):
+    """Stops the parser when bytes follow a complete response."""
+
+
+class Exchange(httpx.AsyncByteStream):
+    """One request's response: the httptools callbacks fill it, httpx iterates it."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        request: httpx.Request,
+        read_timeout_s: float | None,
+        keep_alive: bool,
+    ) -> None:
+        self.request = request
+        self.status_code = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.http_version = b"HTTP/1.1"
+        self.writing = True
+        self._conn = connection
+        self._loop = connection.loop
+        self._parser = httptools.HttpResponseParser(self)
+        self._head_only = request.method == "HEAD"
+        self._keep_alive = keep_alive
+        self._interim = False
+        self._done = False
+        self._got_bytes = False
+        self._error: Exception | None = None
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._timeout_s = read_timeout_s
+        self._deadline_s = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at_s = 0.0
+
+    # httptools callbacks
+
+    def on_message_begin(self) -> None:
+        if self._done:
+            raise _ExtraResponse
+        self.headers = []
+        self.reason = b""
+
+    def on_status(self, status: bytes) -> None:
+        self.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status < 200:
+            self._interim = True  # 1xx: the real response follows
+            return
+        self.status_code = status
+        if self._parser.get_http_version() == "1.0":
+            self.http_version = b"HTTP/1.0"
+        self.headers_done = True
+        if self._head_only:
+            self._keep_alive = self._keep_alive and self._parser.should_keep_alive()
+            self._done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self._keep_alive = self._keep_alive and self._parser.should_keep_alive()
+        self._done = True
+
+    # fed by the connection
+
+    def feed(self, data: memoryview) -> None:
+        self._got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if not self._done:
+                self._fail(
+                    httpx.RemoteProtocolError(f"malformed response: {exc}", request=self.request)
+                )
+                return
+            self._keep_alive = False  # garbage after a complete response
+        except httptools.HttpParserUpgrade:
+            self._fail(
+                httpx.RemoteProtocolError("unexpected protocol upgrade", request=self.request)
+            )
+            return
+        if self._done:
+            self._finish()
+        elif self._buffered > PAUSE_READING_BYTES and not self._paused:
+            self._paused = True
+            self._conn.set_reading(True)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def lost(self, exc: Exception | None) -> None:
+        """The connection closed under this exchange."""
+        if self._done or self._error is not None:
+            return
+        self._cancel_timer()
+        if self.headers_done and exc is None and _delimited_by_close(self):
+            self._done = True
+        else:
+            self._error = self._lost_error(exc)
+        self._wake()
+
+    def sent(self) -> None:
+        """The request is fully written."""
+        self.writing = False
+
+    def _lost_error(self, exc: Exception | None) -> Exception:
+        request = self.request
+        if self.headers_done:
+            if exc is None:
+                message = "peer closed connection without sending complete message body"
+                return httpx.RemoteProtocolError(message, request=request)
+            return httpx.ReadError(str(exc) or type(exc).__name__, request=request)
+        if not self._got_bytes and self._conn.reused:
+            return StaleConnection()
+        if exc is None:
+            message = "server disconnected without sending a response"
+            return httpx.RemoteProtocolError(message, request=request)
+        if self.writing:
+            return httpx.WriteError(str(exc) or type(exc).__name__, request=request)
+        return httpx.ReadError(str(exc) or type(exc).__name__, request=request)
+
+    # read by the transport and by httpx
+
+    async def wait_headers(self) -> None:
+        while not self.headers_done:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while True:
+            chunks = self._chunks
+            if chunks:
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self._buffered = 0
+                if self._paused:
+                    self._paused = False
+                    self._conn.set_reading(False)
+                return data
+            if self._done:
+                raise StopAsyncIteration
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def aclose(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        """Give up on the response; unless it already completed, the connection is dropped."""
+        if not self._done:
+            self._fail(httpx.ReadError("the response was closed early", request=self.request))
+
+    def _finish(self) -> None:
+        self._cancel_timer()
+        if self._head_only:
+            self._chunks.clear()
+        self._conn.detach(self, self._keep_alive and not self.writing)
+
+    def _fail(self, error: Exception) -> None:
+        if self._error is None:
+            self._error = error
+        self._cancel_timer()
+        self._conn.detach(self, reusable=False)
+        self._wake()
+
+    async def _wait(self) -> None:
+        """Sleep until the connection delivers something; at most the read timeout."""
+        waiter = self._loop.create_future()
+        self._waiter = waiter
+        if self._timeout_s is not None:
+            self._deadline_s = self._loop.time() + self._timeout_s
+            if self._timer is None:
+                # One timer serves many waits: it re-arms itself while data keeps coming.
+                self._timer_at_s = self._deadline_s
+                self._timer = self._loop.call_at(self._deadline_s, self._on_timer)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        if self._deadline_s > self._timer_at_s:
+            self._timer_at_s = self._deadline_s
+            self._timer = self._loop.call_at(self._deadline_s, self._on_timer)
+            return
+        self._fail(httpx.ReadTimeout("timed out waiting for the backend", request=self.request))
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _delimited_by_close(exchange: Exchange) -> bool:
+    """True if the response has no length framing, so the end of the connection ends it."""
+    if exchange.status_code in (204, 304):
+        return False
+    for name, value in exchange.headers:
+        lowered = name.lower()
+        if lowered == b"content-length":
+            return False
+        if lowered == b"transfer-encoding" and b"chunked" in value.lower():
+            return False
+    return True

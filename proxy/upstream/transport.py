@@ -1,0 +1,326 @@
+"""`PooledTransport`: an httpx transport for plain-HTTP/1.1 backends with an O(1) connection pool
+(LIFO idle connections per origin, one global connection limit); https goes to httpx's own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, Final
+
+import httpx
+
+from proxy.upstream.connection import Connection, Origin, StaleConnection
+
+__all__ = ["PooledTransport"]
+
+_DEFAULT_PORT: Final = 80
+# One read from a socket; the buffer is shared by all of a pool's connections.
+_READ_BUFFER_BYTES: Final = 64 * 1024
+# Bodies smaller than this are copied into the same write as the head (one send, one segment).
+_COALESCE_BYTES: Final = 256 * 1024
+
+_Waiter = tuple[Origin, "asyncio.Future[Connection | None]"]
+
+
+class _Pool:
+    """Open connections, at most `max_connections`; idle ones per origin, newest reused first."""
+
+    def __init__(self, max_connections: int, keepalive_expiry_s: float) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self._max = max_connections
+        self._expiry_s = keepalive_expiry_s
+        self._open = 0  # connecting, busy and idle: each holds one slot
+        self._idle: dict[Origin, dict[Connection, None]] = {}
+        self._waiters: deque[_Waiter] = deque()
+        self._connections: set[Connection] = set()
+        self._closed = False
+        self._read_buffer = memoryview(bytearray(_READ_BUFFER_BYTES))
+
+    async def acquire(
+        self, origin: Origin, timeouts: Mapping[str, float | None], request: httpx.Request
+    ) -> Connection:
+        """An idle connection to `origin`, or a new one once a slot is free."""
+        connection = self._pop_idle(origin)
+        if connection is not None:
+            return connection
+        return await self.acquire_new(origin, timeouts, request)
+
+    async def acquire_new(
+        self, origin: Origin, timeouts: Mapping[str, float | None], request: httpx.Request
+    ) -> Connection:
+        if self._closed:
+            raise RuntimeError("the transport is closed")
+        if self._open >= self._max:
+            self._evict_idle()
+        if self._open < self._max:
+            self._open += 1
+        else:
+            handed = await self._wait(origin, timeouts.get("pool"), request)
+            if handed is not None:
+                return handed
+        return await self._connect(origin, timeouts.get("connect"), request)
+
+    def release(self, connection: Connection) -> None:
+        waiter = self._first_waiter()
+        if waiter is not None and waiter[0] == connection.origin:
+            self._waiters.popleft()
+            connection.reused = True
+            waiter[1].set_result(connection)
+        elif waiter is not None or self._closed:
+            connection.close()  # its slot goes to the waiter, which wants another origin
+        else:
+            connection.reused = True
+            connection.idle_since_s = connection.loop.time()
+            idle = self._idle.setdefault(connection.origin, {})
+            idle[connection] = None
+            oldest = next(iter(idle))
+            if connection.idle_since_s - oldest.idle_since_s >= self._expiry_s:
+                oldest.close()
+
+    def closed(self, connection: Connection) -> None:
+        self._connections.discard(connection)
+        idle = self._idle.get(connection.origin)
+        if idle:
+            idle.pop(connection, None)
+        self._free_slot()
+
+    def close(self) -> None:
+        self._closed = True
+        for connection in list(self._connections):
+            connection.close()
+
+    def _pop_idle(self, origin: Origin) -> Connection | None:
+        idle = self._idle.get(origin)
+        if not idle:
+            return None
+        connection, _ = idle.popitem()
+        if connection.loop.time() - connection.idle_since_s < self._expiry_s:
+            return connection
+        # The newest idle connection expired, so every older one did too.
+        connection.close()
+        for stale in list(idle):
+            stale.close()
+        return None
+
+    def _evict_idle(self) -> None:
+        """Close the oldest idle connection of any origin, freeing its slot."""
+        for idle in self._idle.values():
+            if idle:
+                next(iter(idle)).close()
+                return
+
+    def _first_waiter(self) -> _Waiter | None:
+        waiters = self._waiters
+        while waiters and waiters[0][1].done():
+            waiters.popleft()  # timed out or cancelled
+        return waiters[0] if waiters else None
+
+    def _free_slot(self) -> None:
+        waiter = self._first_waiter()
+        if waiter is None:
+            self._open -= 1
+        else:
+            self._waiters.popleft()
+            waiter[1].set_result(None)
+
+    async def _wait(
+        self, origin: Origin, timeout_s: float | None, request: httpx.Request
+    ) -> Connection | None:
+        """Queue for a slot: resolves to a handed-over idle connection or None (connect anew)."""
+        handed: asyncio.Future[Connection | None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((origin, handed))
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await handed
+        except BaseException as exc:
+            if handed.done() and not handed.cancelled():
+                self._give_back(handed.result())
+            else:
+                handed.cancel()
+            if isinstance(exc, TimeoutError):
+                message = f"no connection became free within {timeout_s} s"
+                raise httpx.PoolTimeout(message, request=request) from None
+            raise
+
+    def _give_back(self, handed: Connection | None) -> None:
+        if handed is None:
+            self._free_slot()
+        else:
+            self.release(handed)
+
+    async def _connect(
+        self, origin: Origin, timeout_s: float | None, request: httpx.Request
+    ) -> Connection:
+        """Open a connection on a slot already counted in `_open`."""
+        loop = asyncio.get_running_loop()
+        connection = Connection(self, origin, loop, self._read_buffer)
+        try:
+            if self._closed:
+                raise RuntimeError("the transport is closed")
+            async with asyncio.timeout(timeout_s):
+                await loop.create_connection(lambda: connection, origin[0], origin[1])
+        except BaseException as exc:
+            if connection.connected:
+                connection.close()
+            else:
+                self._free_slot()
+            if isinstance(exc, TimeoutError):
+                message = f"no connection to {origin[0]}:{origin[1]} within {timeout_s} s"
+                raise httpx.ConnectTimeout(message, request=request) from exc
+            if isinstance(exc, OSError):
+                raise httpx.ConnectError(str(exc), request=request) from exc
+            raise
+        self._connections.add(connection)
+        return connection
+
+
+class PooledTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 to plain-http backends on asyncio + httptools; https is delegated.
+
+    Timeouts come from each request's ``timeout`` extension, which `httpx.AsyncClient` always
+    sets (its own `timeout=`, default 5 s); the constructor's apply to requests without one.
+    Request bodies given as an async stream are sent as they come (chunked if the request says
+    so) but are not replayed: only `bytes` bodies are retried after a keep-alive race.
+    """
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        write_timeout_s: float,
+        pool_timeout_s: float,
+        max_connections: int,
+        keepalive_expiry_s: float = 30.0,
+    ) -> None:
+        self._timeouts: dict[str, float | None] = {
+            "connect": connect_timeout_s,
+            "read": read_timeout_s,
+            "write": write_timeout_s,
+            "pool": pool_timeout_s,
+        }
+        self._pool = _Pool(max_connections, keepalive_expiry_s)
+        self._limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=keepalive_expiry_s,
+        )
+        self._tls: httpx.AsyncHTTPTransport | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        timeouts: Mapping[str, Any] = request.extensions.get("timeout") or self._timeouts
+        if url.scheme != "http":
+            return await self._delegate(request, timeouts)
+        origin = (url.host, url.port or _DEFAULT_PORT)
+        head, body, keep_alive = _encode_head(request)
+        connection = await self._pool.acquire(origin, timeouts, request)
+        try:
+            return await _exchange(connection, request, head, body, keep_alive, timeouts)
+        except StaleConnection:
+            if body is None:
+                message = (
+                    "the server closed the keep-alive connection; a streamed body is not resent"
+                )
+                raise httpx.RemoteProtocolError(message, request=request) from None
+        # The server closed the reused connection before reading anything: safe to send again.
+        connection = await self._pool.acquire_new(origin, timeouts, request)
+        try:
+            return await _exchange(connection, request, head, body, keep_alive, timeouts)
+        except StaleConnection:  # only a reused connection can be stale; kept for completeness
+            message = "server disconnected without sending a response"
+            raise httpx.RemoteProtocolError(message, request=request) from None
+
+    async def aclose(self) -> None:
+        self._pool.close()
+        if self._tls is not None:
+            await self._tls.aclose()
+        await asyncio.sleep(0)  # let the aborted sockets' connection_lost callbacks run
+
+    async def _delegate(
+        self, request: httpx.Request, timeouts: Mapping[str, Any]
+    ) -> httpx.Response:
+        if request.url.scheme != "https":
+            raise httpx.UnsupportedProtocol(
+                f"unsupported URL scheme {request.url.scheme!r}", request=request
+            )
+        if self._tls is None:  # built lazily: creating an SSL context costs milliseconds
+            self._tls = httpx.AsyncHTTPTransport(limits=self._limits)
+        request.extensions.setdefault("timeout", dict(timeouts))
+        return await self._tls.handle_async_request(request)
+
+
+async def _exchange(
+    connection: Connection,
+    request: httpx.Request,
+    head: bytes,
+    body: bytes | None,
+    keep_alive: bool,
+    timeouts: Mapping[str, float | None],
+) -> httpx.Response:
+    exchange = connection.start(request, timeouts.get("read"), keep_alive)
+    try:
+        await _send(connection, request, head, body, timeouts.get("write"))
+        exchange.sent()
+        await exchange.wait_headers()
+    except BaseException:
+        exchange.abort()  # cancelled or failed mid-exchange: nobody else will close it
+        raise
+    return httpx.Response(
+        exchange.status_code,
+        headers=exchange.headers,
+        stream=exchange,
+        extensions={"http_version": exchange.http_version, "reason_phrase": exchange.reason},
+    )
+
+
+async def _send(
+    connection: Connection,
+    request: httpx.Request,
+    head: bytes,
+    body: bytes | None,
+    timeout_s: float | None,
+) -> None:
+    if body is not None:
+        if len(body) < _COALESCE_BYTES:
+            connection.write(head + body)
+        else:
+            connection.write(head)
+            connection.write(body)
+        await connection.drain(timeout_s, request)
+        return
+    stream = request.stream
+    if not isinstance(stream, httpx.AsyncByteStream):
+        raise TypeError("PooledTransport needs an async request body stream")
+    chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+    connection.write(head)
+    async for chunk in stream:
+        if chunk:
+            connection.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            await connection.drain(timeout_s, request)
+    if chunked:
+        connection.write(b"0\r\n\r\n")
+    await connection.drain(timeout_s, request)
+
+
+def _encode_head(request: httpx.Request) -> tuple[bytes, bytes | None, bool]:
+    """The request line and headers; the body if it is in memory; whether keep-alive is allowed."""
+    raw = request.headers.raw
+    parts = [request.method.encode("ascii"), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
+    keep_alive = True
+    for name, value in raw:
+        parts += (name, b": ", value, b"\r\n")
+        if len(name) == 10 and name.lower() == b"connection":
+            keep_alive = value.lower() != b"close"
+    parts.append(b"\r\n")
+    head = b"".join(parts)
+    lines = len(raw) + 2
+    if head.count(b"\n") != lines or head.count(b"\r") != lines:
+        raise httpx.LocalProtocolError("line break in a request header", request=request)
+    try:
+        body: bytes | None = request.content
+    except httpx.RequestNotRead:
+        body = None
+    return head, body, keep_alive
