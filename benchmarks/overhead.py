@@ -1,0 +1,344 @@
+"""Gateway overhead: the same load direct to the simulated backend and through tokenweir, one run.
+
+    python benchmarks/overhead.py [--repeats 3] [--levels 1,16,64,256] [--tokens 256] [--tps 750]
+
+Starts `tokenweir mock-backend` (paced) and a second, unpaced one for non-stream saturation,
+`tokenweir serve` (one process, access log on) in front of each, and drives them with
+`tokenweir bench`. For every level it alternates direct and gateway runs, reads the gateway's CPU
+time from /proc around each gateway run, and reports medians over the repeats. Nothing is pinned:
+the gateway shares the machine's cores with the load generator and the backend, as the issue asks.
+Results: benchmarks/results/overhead.json and overhead.md (copied into docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.policy.units import hash_key
+
+RESULTS = Path(__file__).parent / "results"
+KEY = "bench-key"
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Process:
+    popen: subprocess.Popen[bytes]
+    url: str
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+    def memory_mb(self) -> dict[str, float]:
+        status = Path(f"/proc/{self.popen.pid}/status").read_text().splitlines()
+        values = {line.split(":")[0]: line.split()[1] for line in status if line.startswith("Vm")}
+        return {"rss_mb": int(values["VmRSS"]) / 1024, "peak_rss_mb": int(values["VmHWM"]) / 1024}
+
+
+@contextmanager
+def started(args: list[str], probe: str, log: Path) -> Iterator[Process]:
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", *args, "--port", str(port)]
+    with log.open("wb") as out:
+        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + probe, headers={"authorization": f"Bearer {KEY}"}).is_success:
+                break
+        except httpx.TransportError:
+            pass
+        if popen.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{' '.join(args)} did not start; see {log}")
+        time.sleep(0.1)
+    try:
+        yield Process(popen, url)
+    finally:
+        popen.terminate()
+        popen.wait(timeout=30)
+
+
+def policy_for(backend_url: str, directory: Path) -> Path:
+    path = directory / f"policy-{backend_url.rsplit(':', 1)[1]}.yaml"
+    path.write_text(
+        f"""
+backends:
+  - {{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}
+models:
+  mock-llm: {{price: {{input_per_1m: 0.1, output_per_1m: 0.4}}}}
+tenants:
+  bench: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}
+"""
+    )
+    return path
+
+
+def bench_command(
+    base_url: str, concurrency: int, requests: int, *, stream: bool, tokens: int, out: str
+) -> list[str]:
+    return [
+        sys.executable, "-m", "proxy", "bench", "--base-url", base_url + "/v1",
+        "--api-key", KEY, "--model", "mock-llm", "--concurrency", str(concurrency),
+        "--requests", str(requests), "--max-tokens", str(tokens), "--input-tokens", "64",
+        "--stream" if stream else "--no-stream", "--json", out,
+        "--extra-body", json.dumps({"mock_completion_tokens": tokens}),
+    ]  # fmt: skip
+
+
+def bench(
+    base_url: str, concurrency: int, requests: int, *, stream: bool, tokens: int
+) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = bench_command(
+            base_url, concurrency, requests, stream=stream, tokens=tokens, out=out.name
+        )
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench failed: {done.stderr[-2000:]}")
+        level: dict[str, Any] = json.loads(Path(out.name).read_text())["levels"][0]
+        return level
+
+
+@dataclass
+class Samples:
+    values: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, name: str, value: float | None) -> None:
+        if value is not None:
+            self.values.setdefault(name, []).append(value)
+
+    def median(self, name: str) -> float | None:
+        found = self.values.get(name)
+        return statistics.median(found) if found else None
+
+
+def stream_level(
+    mock: Process, gateway: Process, concurrency: int, repeats: int, tokens: int
+) -> dict[str, float | None]:
+    requests = max(16, 4 * concurrency) if concurrency < 256 else 2 * concurrency
+    samples = Samples()
+    for _ in range(repeats):
+        direct = bench(mock.url, concurrency, requests, stream=True, tokens=tokens)
+        cpu_before = gateway.cpu_s()
+        through = bench(gateway.url, concurrency, requests, stream=True, tokens=tokens)
+        cpu_s = gateway.cpu_s() - cpu_before
+        for name, level in (("direct", direct), ("gateway", through)):
+            samples.add(f"{name}_ttft_p50", level["ttft_s"]["p50"])
+            samples.add(f"{name}_ttft_p99", level["ttft_s"]["p99"])
+            samples.add(f"{name}_stream_tps", level["stream_tokens_per_s"]["p50"])
+            samples.add(f"{name}_aggregate_tps", level["aggregate_tokens_per_s"])
+            samples.add(f"{name}_client_cpu", level["client_cpu_fraction"])
+            samples.add(f"{name}_errors", float(sum(level["errors"].values())))
+        samples.add("added_ttft_p50", _diff(through["ttft_s"]["p50"], direct["ttft_s"]["p50"]))
+        samples.add("added_ttft_p99", _diff(through["ttft_s"]["p99"], direct["ttft_s"]["p99"]))
+        samples.add(
+            "stream_tps_ratio",
+            _ratio(through["stream_tokens_per_s"]["p50"], direct["stream_tokens_per_s"]["p50"]),
+        )
+        samples.add(
+            "aggregate_ratio",
+            _ratio(through["aggregate_tokens_per_s"], direct["aggregate_tokens_per_s"]),
+        )
+        if through["output_tokens"]:
+            samples.add("gateway_cpu_us_per_token", cpu_s / through["output_tokens"] * 1e6)
+    result = {name: samples.median(name) for name in samples.values}
+    result.update(gateway.memory_mb())
+    return result
+
+
+def warm_up(*targets: Process) -> None:
+    """One small request per target first: imports, connections and caches warm, as in service."""
+    for target in targets:
+        bench(target.url, 4, 8, stream=True, tokens=8)
+
+
+def open_streams_memory(gateway: Process, streams: int, tokens: int) -> dict[str, float]:
+    """The gateway's RSS while `streams` slow streams are open through it at once."""
+    before = gateway.memory_mb()["rss_mb"]
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = bench_command(
+            gateway.url, streams, streams, stream=True, tokens=tokens, out=out.name
+        )
+        load = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        peak = before
+        while load.poll() is None:
+            peak = max(peak, gateway.memory_mb()["rss_mb"])
+            time.sleep(0.25)
+        level = json.loads(Path(out.name).read_text())["levels"][0]
+    return {
+        "streams": streams,
+        "ok": level["ok"],
+        "rss_before_mb": before,
+        "rss_with_streams_open_mb": peak,
+        "per_stream_kb": (peak - before) * 1024 / streams,
+    }
+
+
+def non_stream_level(mock: Process, gateway: Process, repeats: int) -> dict[str, float | None]:
+    samples = Samples()
+    for _ in range(repeats):
+        direct = bench(mock.url, 64, 3000, stream=False, tokens=16)
+        cpu_before = gateway.cpu_s()
+        through = bench(gateway.url, 64, 3000, stream=False, tokens=16)
+        cpu_s = gateway.cpu_s() - cpu_before
+        samples.add("direct_rps", direct["requests_per_s"])
+        samples.add("gateway_rps", through["requests_per_s"])
+        samples.add("rps_ratio", _ratio(through["requests_per_s"], direct["requests_per_s"]))
+        samples.add("gateway_cpu_us_per_request", cpu_s / max(1, through["ok"]) * 1e6)
+        samples.add("gateway_client_cpu", through["client_cpu_fraction"])
+        samples.add("errors", float(sum(through["errors"].values())))
+    result = {name: samples.median(name) for name in samples.values}
+    result.update(gateway.memory_mb())
+    return result
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+STREAM_COLUMNS = (
+    ("streams", None, 0),
+    ("added TTFT p50 ms", "added_ttft_p50", -2),
+    ("added TTFT p99 ms", "added_ttft_p99", -2),
+    ("per-stream tok/s direct", "direct_stream_tps", 0),
+    ("via gateway", "gateway_stream_tps", 0),
+    ("ratio", "stream_tps_ratio", 3),
+    ("aggregate tok/s direct", "direct_aggregate_tps", 0),
+    ("via gateway", "gateway_aggregate_tps", 0),
+    ("gateway CPU µs/token", "gateway_cpu_us_per_token", 1),
+    ("bench CPU direct", "direct_client_cpu", 2),
+    ("bench CPU via gateway", "gateway_client_cpu", 2),
+    ("gateway RSS MB", "rss_mb", 0),
+)
+NON_STREAM_COLUMNS = (
+    ("direct req/s", "direct_rps", 0),
+    ("via gateway req/s", "gateway_rps", 0),
+    ("ratio", "rps_ratio", 3),
+    ("gateway CPU µs/request", "gateway_cpu_us_per_request", 0),
+    ("bench CPU via gateway", "gateway_client_cpu", 2),
+    ("gateway peak RSS MB", "peak_rss_mb", 0),
+    ("errors", "errors", 0),
+)
+
+
+def cell(value: float | None, digits: int) -> str:
+    """Negative `digits`: seconds shown as milliseconds with that many decimals."""
+    if value is None:
+        return "n/a"
+    if digits < 0:
+        return f"{value * 1000:.{-digits}f}"
+    return f"{value:,.{digits}f}"
+
+
+def table(columns: tuple[tuple[str, str | None, int], ...], rows: list[list[str]]) -> list[str]:
+    head = "| " + " | ".join(title for title, _, _ in columns) + " |"
+    rule = "|" + "|".join("---:" for _ in columns) + "|"
+    return [head, rule, *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = [
+        [str(level), *(cell(row.get(key), digits) for _, key, digits in STREAM_COLUMNS[1:] if key)]
+        for level, row in report["stream"].items()
+    ]
+    ns = report["non_stream"]
+    lines = [
+        f"Run {report['when']} on {report['machine']}; {report['repeats']} repeats, medians; "
+        f"{report['tokens']} tokens per stream at {report['tps']} tokens/s per stream.",
+        "",
+        *table(STREAM_COLUMNS, rows),
+        "",
+        "Non-stream, 64 concurrent requests of 16 tokens, unpaced backend:",
+        "",
+        *table(
+            NON_STREAM_COLUMNS, [[cell(ns.get(key), d) for _, key, d in NON_STREAM_COLUMNS if key]]
+        ),
+    ]
+    memory = report["memory"]
+    lines += [
+        "",
+        f"Memory: {memory['streams']} streams open at once through the gateway "
+        f"({memory['ok']} completed): RSS {memory['rss_before_mb']:.0f} MB before, "
+        f"{memory['rss_with_streams_open_mb']:.0f} MB with them open "
+        f"({memory['per_stream_kb']:.0f} KB per open stream).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--levels", default="1,16,64,256")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--tps", type=float, default=750.0)
+    parser.add_argument("--open-streams", type=int, default=1000)
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    report: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
+        "repeats": args.repeats, "tokens": args.tokens, "tps": args.tps, "stream": {},
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        paced = ["mock-backend", "--tokens-per-second", str(args.tps)]
+        with started(paced, "/v1/models", work / "mock.log") as mock:
+            serve = ["serve", "--config", str(policy_for(mock.url, work))]
+            with started(serve, "/healthz", work / "gateway.log") as gateway:
+                warm_up(mock, gateway)
+                for level in (int(x) for x in args.levels.split(",")):
+                    print(f"streams: {level} ...", file=sys.stderr, flush=True)
+                    report["stream"][level] = stream_level(
+                        mock, gateway, level, args.repeats, args.tokens
+                    )
+        unpaced = ["mock-backend", "--tokens-per-second", "inf"]
+        with started(unpaced, "/v1/models", work / "mock2.log") as mock:
+            serve = ["serve", "--config", str(policy_for(mock.url, work))]
+            with started(serve, "/healthz", work / "gateway2.log") as gateway:
+                print("non-stream saturation ...", file=sys.stderr, flush=True)
+                warm_up(mock, gateway)
+                report["non_stream"] = non_stream_level(mock, gateway, args.repeats)
+        slow = ["mock-backend", "--tokens-per-second", "20"]
+        with started(slow, "/v1/models", work / "mock3.log") as mock:
+            serve = ["serve", "--config", str(policy_for(mock.url, work))]
+            with started(serve, "/healthz", work / "gateway3.log") as gateway:
+                print(f"{args.open_streams} open streams ...", file=sys.stderr, flush=True)
+                warm_up(gateway)
+                report["memory"] = open_streams_memory(gateway, args.open_streams, tokens=100)
+    (RESULTS / "overhead.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (RESULTS / "overhead.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
