@@ -1,0 +1,68 @@
+"""The storage contract: quota counters with leased reservations, atomic in every implementation.
+
+A quota counter holds `used` (settled) and `reserved` (held by requests in flight). A request
+reserves on several counters at once or on none; its reservation is a lease that expires if the
+replica holding it dies, so a crash never leaks quota for longer than the lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Counter", "QuotaStore", "Refusal", "StorageError"]
+
+
+class StorageError(Exception):
+    """The storage could not be reached or answered wrongly; callers apply their failure policy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """A quota counter: `key` (with the tenant's hash tag) names it; `limit` caps used+reserved."""
+
+    key: str
+    limit: int
+    expires_at: float  # wall seconds after which the counter's period is over and it may go
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a reservation was refused: the first counter that could not hold it, as it stood."""
+
+    index: int
+    used: int
+    reserved: int
+
+
+class QuotaStore(Protocol):
+    async def reserve(
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        amounts: Sequence[int],
+        *,
+        lease_until: float,
+        now: float,
+    ) -> Refusal | None:
+        """Hold `amounts` on all `counters` or on none; None when held. Expired leases in
+        `scope` (the tenant's key prefix) are released first."""
+
+    async def renew(self, scope: str, lease_id: str, *, lease_until: float) -> bool:
+        """Extend a held lease; False if it had already expired and been released."""
+
+    async def settle(
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        used: Sequence[int],
+    ) -> None:
+        """Release the lease's reservation and add the actual `used` amounts, atomically."""
+
+    async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
+        """(used, reserved) of each counter."""
+
+    async def aclose(self) -> None: ...

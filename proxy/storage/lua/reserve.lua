@@ -1,0 +1,30 @@
+-- Reserve amounts on every counter or on none.
+-- KEYS: 1 lease zset, 2 lease holdings hash, 3.. counter hashes {used, reserved}
+-- ARGV: 1 lease id, 2 lease until, 3 now, then per counter: limit, amount, expire-at (unix s)
+-- Returns false when held, else {index (0-based), used, reserved} of the first refusing counter.
+local now = tonumber(ARGV[3])
+for _, expired in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  release(expired)
+end
+local count = #KEYS - 2
+for i = 1, count do
+  local key = KEYS[i + 2]
+  local limit = tonumber(ARGV[1 + i * 3])
+  local amount = tonumber(ARGV[2 + i * 3])
+  local used = tonumber(redis.call('HGET', key, 'used') or '0')
+  local reserved = tonumber(redis.call('HGET', key, 'reserved') or '0')
+  if used + reserved + amount > limit then
+    return {i - 1, used, reserved}
+  end
+end
+local held = {}
+for i = 1, count do
+  local key = KEYS[i + 2]
+  local amount = tonumber(ARGV[2 + i * 3])
+  redis.call('HINCRBY', key, 'reserved', amount)
+  redis.call('EXPIREAT', key, ARGV[3 + i * 3])
+  held[key] = (held[key] or 0) + amount
+end
+redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(held))
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return false

@@ -1,0 +1,96 @@
+"""Quota counters in process memory: the embedded default for one gateway process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from proxy.storage.base import Counter, Refusal
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass(slots=True)
+class _Slot:
+    used: int = 0
+    reserved: int = 0
+    expires_at: float = 0.0
+
+
+@dataclass(slots=True)
+class _Lease:
+    until: float
+    held: dict[str, int] = field(default_factory=dict)
+
+
+class MemoryStore:
+    """Atomic by construction: no method awaits between reading and writing state."""
+
+    def __init__(self) -> None:
+        self._slots: dict[str, _Slot] = {}
+        self._leases: dict[str, dict[str, _Lease]] = {}
+
+    async def reserve(
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        amounts: Sequence[int],
+        *,
+        lease_until: float,
+        now: float,
+    ) -> Refusal | None:
+        self._expire(scope, now)
+        slots = [self._slot(c, now) for c in counters]
+        for index, (counter, slot, amount) in enumerate(zip(counters, slots, amounts, strict=True)):
+            if slot.used + slot.reserved + amount > counter.limit:
+                return Refusal(index, slot.used, slot.reserved)
+        lease = _Lease(lease_until)
+        for counter, slot, amount in zip(counters, slots, amounts, strict=True):
+            slot.reserved += amount
+            lease.held[counter.key] = lease.held.get(counter.key, 0) + amount
+        self._leases.setdefault(scope, {})[lease_id] = lease
+        return None
+
+    async def renew(self, scope: str, lease_id: str, *, lease_until: float) -> bool:
+        lease = self._leases.get(scope, {}).get(lease_id)
+        if lease is None:
+            return False
+        lease.until = lease_until
+        return True
+
+    async def settle(
+        self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
+    ) -> None:
+        lease = self._leases.get(scope, {}).pop(lease_id, None)
+        if lease is not None:
+            self._release(lease)
+        for counter, amount in zip(counters, used, strict=True):
+            slot = self._slots.setdefault(counter.key, _Slot(expires_at=counter.expires_at))
+            slot.used += amount
+
+    async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
+        found = [self._slots.get(c.key) for c in counters]
+        return [(s.used, s.reserved) if s else (0, 0) for s in found]
+
+    async def aclose(self) -> None:
+        return None
+
+    def _slot(self, counter: Counter, now: float) -> _Slot:
+        slot = self._slots.get(counter.key)
+        if slot is None or slot.expires_at <= now:
+            slot = self._slots[counter.key] = _Slot(expires_at=counter.expires_at)
+        return slot
+
+    def _expire(self, scope: str, now: float) -> None:
+        leases = self._leases.get(scope)
+        if not leases:
+            return
+        for lease_id in [i for i, lease in leases.items() if lease.until <= now]:
+            self._release(leases.pop(lease_id))
+
+    def _release(self, lease: _Lease) -> None:
+        for key, amount in lease.held.items():
+            slot = self._slots.get(key)
+            if slot is not None:
+                slot.reserved = max(0, slot.reserved - amount)

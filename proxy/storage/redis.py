@@ -1,0 +1,96 @@
+"""Quota counters on Redis, shared by every replica; each operation is one Lua script call.
+
+Keys carry the tenant's hash tag (`tw:{tenant}:...`), so one tenant's keys share a Redis Cluster
+slot and a script may touch them together. redis-py errors become StorageError here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from proxy.storage.base import Counter, Refusal, StorageError
+
+__all__ = ["RedisStore"]
+
+
+def _script(name: str, *, prelude: bool = False) -> str:
+    lua = resources.files("proxy.storage") / "lua"
+    body = (lua / name).read_text(encoding="utf-8")
+    return (lua / "release_expired.lua").read_text(encoding="utf-8") + body if prelude else body
+
+
+class RedisStore:
+    def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
+        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self._reserve = self._redis.register_script(_script("reserve.lua", prelude=True))
+        self._settle = self._redis.register_script(_script("settle.lua", prelude=True))
+        self._renew = self._redis.register_script(_script("renew.lua"))
+
+    async def reserve(
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        amounts: Sequence[int],
+        *,
+        lease_until: float,
+        now: float,
+    ) -> Refusal | None:
+        args: list[Any] = [lease_id, lease_until, now]
+        for counter, amount in zip(counters, amounts, strict=True):
+            args += [counter.limit, amount, math.ceil(counter.expires_at)]
+        with _translated():
+            answer = await self._reserve(keys=_keys(scope, counters), args=args)
+        if not answer:
+            return None
+        index, used, reserved = (int(x) for x in answer)
+        return Refusal(index, used, reserved)
+
+    async def renew(self, scope: str, lease_id: str, *, lease_until: float) -> bool:
+        with _translated():
+            return bool(await self._renew(keys=[scope + ":leases"], args=[lease_id, lease_until]))
+
+    async def settle(
+        self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
+    ) -> None:
+        args: list[Any] = [lease_id]
+        for counter, amount in zip(counters, used, strict=True):
+            args += [amount, math.ceil(counter.expires_at)]
+        with _translated():
+            await self._settle(keys=_keys(scope, counters), args=args)
+
+    async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
+        with _translated():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for counter in counters:
+                    pipe.hmget(counter.key, "used", "reserved")
+                rows = await pipe.execute()
+        return [(int(used or 0), int(reserved or 0)) for used, reserved in rows]
+
+    async def ping(self) -> None:
+        with _translated():
+            await self._redis.ping()
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+def _keys(scope: str, counters: Sequence[Counter]) -> list[str]:
+    return [scope + ":leases", scope + ":lease_holdings", *(c.key for c in counters)]
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise StorageError(f"redis: {exc}") from exc

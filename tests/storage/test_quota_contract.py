@@ -1,0 +1,90 @@
+"""One contract, every storage: all-or-nothing reservations, expiring leases, exact settling."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+
+from proxy.storage import Counter, MemoryStore, QuotaStore, RedisStore, Refusal
+from tests.redis_server import private_redis
+
+SCOPE = "tw:{acme}"
+DAY = Counter("tw:{acme}:q:tokens:d:20261129", limit=1000, expires_at=2_000_000_000)
+MONTH = Counter("tw:{acme}:q:tokens:m:202611", limit=1500, expires_at=2_000_000_000)
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with private_redis() as url:
+        yield url
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[QuotaStore]:
+    chosen: QuotaStore
+    if request.param == "memory":
+        chosen = MemoryStore()
+    else:
+        with redis.Redis.from_url(redis_url) as admin:
+            admin.flushdb()
+        chosen = RedisStore(redis_url)
+    yield chosen
+    await chosen.aclose()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+pytestmark = pytest.mark.anyio
+
+
+async def reserve(
+    store: QuotaStore, lease: str, amounts: list[int], until: float = NOW + 60
+) -> Refusal | None:
+    return await store.reserve(SCOPE, lease, [DAY, MONTH], amounts, lease_until=until, now=NOW)
+
+
+async def test_reserve_holds_on_all_counters_and_settle_makes_it_used(store: QuotaStore) -> None:
+    assert await reserve(store, "r1", [300, 300]) is None
+    assert await store.read([DAY, MONTH]) == [(0, 300), (0, 300)]
+    await store.settle(SCOPE, "r1", [DAY, MONTH], [120, 120])
+    assert await store.read([DAY, MONTH]) == [(120, 0), (120, 0)]
+
+
+async def test_a_reservation_over_any_limit_holds_nothing(store: QuotaStore) -> None:
+    assert await reserve(store, "r1", [900, 900]) is None
+    refusal = await reserve(store, "r2", [50, 700])
+    assert refusal is not None
+    assert (refusal.index, refusal.used, refusal.reserved) == (1, 0, 900)
+    assert await store.read([DAY, MONTH]) == [(0, 900), (0, 900)]
+
+
+async def test_expired_leases_are_released_by_the_next_reservation(store: QuotaStore) -> None:
+    assert await reserve(store, "crashed", [1000, 1000], until=NOW - 1) is None
+    assert await reserve(store, "next", [600, 600]) is None
+    assert await store.read([DAY, MONTH]) == [(0, 600), (0, 600)]
+
+
+async def test_renew_keeps_a_lease_and_settling_an_expired_one_still_counts_use(
+    store: QuotaStore,
+) -> None:
+    assert await reserve(store, "long", [400, 400], until=NOW + 1) is None
+    assert await store.renew(SCOPE, "long", lease_until=NOW + 100)
+    assert await reserve(store, "other", [100, 100]) is None
+    assert await store.read([DAY]) == [(0, 500)]
+    assert not await store.renew(SCOPE, "never-held", lease_until=NOW + 100)
+    await store.settle(SCOPE, "never-held", [DAY, MONTH], [7, 7])
+    assert await store.read([DAY]) == [(7, 500)]
+
+
+async def test_concurrent_reservations_never_exceed_the_limit(store: QuotaStore) -> None:
+    results = await asyncio.gather(*(reserve(store, f"r{i}", [30, 30]) for i in range(100)))
+    held = sum(1 for r in results if r is None)
+    assert held == 33  # 33 * 30 = 990 <= 1000 < 34 * 30
+    assert await store.read([DAY]) == [(0, 990)]
