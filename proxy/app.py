@@ -61,7 +61,7 @@ class Gateway:
         upstream = UpstreamClient(policy.upstream, transport)
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants),
-            stages=[Parse(), RouteStage(policy)],
+            stages=[Parse(policy.models), RouteStage(policy)],
             forward=Forward(upstream, clock),
             account=Account(clock),
             max_body_bytes=policy.server.max_body_bytes,

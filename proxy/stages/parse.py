@@ -1,13 +1,17 @@
-"""Parse and check the body as OpenAI would. Writes body, model, stream, client_wants_usage."""
+"""Parse and check the body as OpenAI would, and that the tenant may use the model.
+
+Writes body, model, stream, client_wants_usage.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import orjson
 
 from proxy.context import RequestContext
-from proxy.errors import BadRequest, InvalidJSON
+from proxy.errors import BadRequest, InvalidJSON, ModelNotFound, PermissionDenied
 
 __all__ = ["MAX_TOKENS_CAP", "Parse"]
 
@@ -18,10 +22,14 @@ _TYPE_NAMES = {int: "an integer", bool: "a boolean", float: "a number", str: "a 
 
 
 class Parse:
+    def __init__(self, models: Collection[str]) -> None:
+        self._models = frozenset(models)
+
     async def __call__(self, ctx: RequestContext) -> None:
         body = _load(ctx.raw_body)
         ctx.body = body
         ctx.model = _model(body)
+        self._check_access(ctx)
         if ctx.operation == "chat":
             _check_messages(body)
         elif ctx.operation == "text_completion":
@@ -37,6 +45,17 @@ class Parse:
         _check_int(body, "n", 1, 128)
         _check_number(body, "temperature", 0.0, 2.0)
         _check_number(body, "top_p", 0.0, 1.0)
+
+    def _check_access(self, ctx: RequestContext) -> None:
+        if ctx.model not in self._models:
+            raise ModelNotFound(
+                f"The model `{ctx.model}` does not exist or you do not have access to it.",
+                param="model",
+            )
+        if ctx.tenant is None or ctx.model not in ctx.tenant.models:
+            raise PermissionDenied(
+                f"Your API key may not use the model `{ctx.model}`.", param="model"
+            )
 
 
 def _load(raw: bytes) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Which backend serves the request: model known, tenant allowed, backends in weighted rotation.
+"""Which backend serves the request: the model's backends take turns, by weight.
 
 Writes backend. Health-aware balancing and failover replace the plain rotation later.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 
 from proxy.context import RequestContext
-from proxy.errors import ModelNotFound, PermissionDenied
 from proxy.policy.model import Backend, Policy
 
 __all__ = ["Route"]
@@ -24,17 +23,5 @@ class Route:
             self._turns[model] = itertools.count()
 
     async def __call__(self, ctx: RequestContext) -> None:
-        tenant = ctx.tenant
-        if tenant is None:
-            raise RuntimeError("auth must run before route")
-        pool = self._pools.get(ctx.model)
-        if pool is None:
-            raise ModelNotFound(
-                f"The model `{ctx.model}` does not exist or you do not have access to it.",
-                param="model",
-            )
-        if ctx.model not in tenant.models:
-            raise PermissionDenied(
-                f"Your API key may not use the model `{ctx.model}`.", param="model"
-            )
+        pool = self._pools[ctx.model]  # parse has checked that the model exists
         ctx.backend = pool[next(self._turns[ctx.model]) % len(pool)]
