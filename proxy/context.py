@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from proxy.policy.model import Backend, Tenant
 from proxy.upstream.meter import StreamMeter
+
+if TYPE_CHECKING:
+    from proxy.stages.budget import Reservation
 
 __all__ = ["Operation", "RequestContext"]
 
@@ -35,6 +38,9 @@ class RequestContext:
     cache: str = "bypass"
     shaped: list[str] = field(default_factory=list)
     degraded: list[str] = field(default_factory=list)
+    counted_input_tokens: int | None = None
+    output_allowance: int | None = None
+    reservation: Reservation | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
     usage_from_backend: bool = False
@@ -45,6 +51,15 @@ class RequestContext:
     @property
     def upstream_path(self) -> str:
         return _UPSTREAM_PATHS[self.operation]
+
+    def gateway_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers the gateway adds to every answer for this request."""
+        headers = [(b"x-tokenweir-cache", self.cache.encode())]
+        if self.shaped:
+            headers.append((b"x-tokenweir-shaped", ",".join(self.shaped).encode()))
+        if self.degraded:
+            headers.append((b"x-tokenweir-degraded", ",".join(self.degraded).encode()))
+        return headers
 
 
 _UPSTREAM_PATHS: dict[str, str] = {

@@ -10,6 +10,8 @@ GatewayError                      500 api_error (never raised bare; the base)
 |   +-- ModelNotFound             404 invalid_request_error / model_not_found
 +-- BodyTooLarge                  413 invalid_request_error / request_too_large
 +-- RateLimited                   429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
++-- InsufficientQuota             429 insufficient_quota / insufficient_quota (+ Retry-After)
++-- StorageUnavailable            503 api_error / storage_unavailable (+ Retry-After)
 +-- UpstreamError                 502 api_error / upstream_error
 |   +-- UpstreamUnavailable       503 api_error / upstream_unavailable (+ Retry-After)
 |   +-- UpstreamTimeout           504 api_error / upstream_timeout
@@ -26,12 +28,14 @@ __all__ = [
     "BodyTooLarge",
     "ContextLengthExceeded",
     "GatewayError",
+    "InsufficientQuota",
     "InternalError",
     "InvalidJSON",
     "ModelNotFound",
     "NotFound",
     "PermissionDenied",
     "RateLimited",
+    "StorageUnavailable",
     "UpstreamError",
     "UpstreamTimeout",
     "UpstreamUnavailable",
@@ -124,6 +128,18 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class InsufficientQuota(GatewayError):
+    status = 429
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
+class StorageUnavailable(GatewayError):
+    status = 503
+    type = "api_error"
+    code = "storage_unavailable"
 
 
 class UpstreamError(GatewayError):

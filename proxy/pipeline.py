@@ -55,7 +55,7 @@ class Pipeline:
             if not ctx.status:
                 ctx.status = exc.status
                 ctx.answered = True
-                await send_error(send, exc, [(b"x-tokenweir-cache", ctx.cache.encode())])
+                await send_error(send, exc, ctx.gateway_headers())
         except ClientGone:
             ctx.client_disconnected = True
         finally:

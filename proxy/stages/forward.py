@@ -103,7 +103,7 @@ class Forward:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [*headers, (b"x-tokenweir-cache", ctx.cache.encode())],
+                "headers": [*headers, *ctx.gateway_headers()],
             }
         )
 

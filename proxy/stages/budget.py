@@ -1,0 +1,181 @@
+"""Quotas: reserve input + allowed output before the call, settle to real usage after it.
+
+Writes reservation, and a `max_tokens` bound when a quota needs one the client did not give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from proxy.clock import Clock
+from proxy.context import RequestContext
+from proxy.cost import PriceTable
+from proxy.errors import InsufficientQuota, StorageUnavailable
+from proxy.policy.model import Budget, Tenant
+from proxy.storage.base import Counter, QuotaStore, StorageError
+
+__all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "Reservation"]
+
+# Without a bound on output a reservation could be overspent; this is the bound a quota'd
+# request gets when neither the client nor `max_output_tokens` set one.
+DEFAULT_OUTPUT_BOUND = 4096
+_NUSD_PER_USD = 1_000_000_000
+_log = logging.getLogger("tokenweir.budget")
+
+
+@dataclass(frozen=True, slots=True)
+class _Quota:
+    name: str  # the policy key, e.g. "tokens_per_day"
+    in_usd: bool
+    counter: Counter
+
+
+@dataclass(slots=True)
+class Reservation:
+    scope: str
+    lease_id: str
+    quotas: tuple[_Quota, ...]
+    renewer: asyncio.Task[None] | None = None
+
+
+class Budgets:
+    def __init__(
+        self, store: QuotaStore, prices: PriceTable, clock: Clock, *, lease_s: float = 60.0
+    ) -> None:
+        self._store = store
+        self._prices = prices
+        self._clock = clock
+        self._lease_s = lease_s
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        if ctx.tenant is None or ctx.tenant_name is None:
+            raise RuntimeError("auth must run before budgets")
+        now = self._clock.wall()
+        quotas = _quotas(ctx.tenant_name, ctx.tenant.budget, now)
+        if not quotas:
+            return
+        input_tokens = ctx.counted_input_tokens or 0
+        output_tokens = self._output_bound(ctx)
+        amounts = [
+            self._prices.cost_nusd(ctx.model, input_tokens, output_tokens)
+            if q.in_usd
+            else input_tokens + output_tokens
+            for q in quotas
+        ]
+        reservation = Reservation(_scope(ctx.tenant_name), uuid.uuid4().hex, quotas)
+        counters = [q.counter for q in quotas]
+        try:
+            refusal = await self._store.reserve(
+                reservation.scope, reservation.lease_id, counters, amounts,
+                lease_until=now + self._lease_s, now=now,
+            )  # fmt: skip
+        except StorageError as exc:
+            self._storage_failed(ctx.tenant, exc)
+            return
+        if refusal is not None:
+            quota = quotas[refusal.index]
+            raise _refused(quota, refusal.used, refusal.reserved, amounts[refusal.index], now)
+        reservation.renewer = asyncio.create_task(self._keep_leased(reservation))
+        ctx.reservation = reservation
+
+    async def settle(self, ctx: RequestContext) -> None:
+        """Release the reservation and book what was really used; runs once, in `finally`."""
+        reservation, ctx.reservation = ctx.reservation, None
+        if reservation is None:
+            return
+        if reservation.renewer is not None:
+            reservation.renewer.cancel()
+        input_tokens = (
+            ctx.input_tokens if ctx.input_tokens is not None else ctx.counted_input_tokens
+        )
+        used_in, used_out = input_tokens or 0, ctx.output_tokens or 0
+        used = [
+            self._prices.cost_nusd(ctx.model, used_in, used_out) if q.in_usd else used_in + used_out
+            for q in reservation.quotas
+        ]
+        counters = [q.counter for q in reservation.quotas]
+        try:
+            await self._store.settle(reservation.scope, reservation.lease_id, counters, used)
+        except StorageError as exc:
+            # The lease expires on its own; the use is lost from the quota but not from the ledger.
+            _log.warning("could not settle quota for %s: %s", ctx.tenant_name, exc)
+
+    def _output_bound(self, ctx: RequestContext) -> int:
+        if ctx.operation == "embeddings":
+            return 0
+        if ctx.output_allowance is None:
+            ctx.body["max_tokens"] = ctx.output_allowance = DEFAULT_OUTPUT_BOUND
+            ctx.shaped.append("max_tokens")
+        return ctx.output_allowance
+
+    async def _keep_leased(self, reservation: Reservation) -> None:
+        """Renew the lease while the request runs (a long stream outlives one lease)."""
+        while True:
+            await asyncio.sleep(self._lease_s / 3)
+            try:
+                until = self._clock.wall() + self._lease_s
+                await self._store.renew(reservation.scope, reservation.lease_id, lease_until=until)
+            except StorageError as exc:
+                _log.warning("could not renew a quota lease: %s", exc)
+
+    def _storage_failed(self, tenant: Tenant, exc: StorageError) -> None:
+        if tenant.limits.on_storage_error == "closed":
+            raise StorageUnavailable(
+                "Quota storage is unreachable; try again shortly.", retry_after_s=1
+            ) from exc
+        _log.warning("quota storage unreachable, admitting without a reservation: %s", exc)
+
+
+def _scope(tenant: str) -> str:
+    # The hash tag keeps one tenant's keys in one Redis Cluster slot.
+    return f"tw:{{{tenant}}}"
+
+
+def _quotas(tenant: str, budget: Budget, now: float) -> tuple[_Quota, ...]:
+    day, month = time.gmtime(now), time.gmtime(now)
+    day_end = calendar.timegm((day.tm_year, day.tm_mon, day.tm_mday + 1, 0, 0, 0))
+    next_month = (month.tm_year + month.tm_mon // 12, month.tm_mon % 12 + 1, 1, 0, 0, 0)
+    month_end = calendar.timegm(next_month)
+    day_tag, month_tag = time.strftime("%Y%m%d", day), time.strftime("%Y%m", month)
+    scope = _scope(tenant)
+    wanted = (
+        ("tokens_per_day", False, budget.tokens_per_day, f"tokens:d:{day_tag}", day_end),
+        ("tokens_per_month", False, budget.tokens_per_month, f"tokens:m:{month_tag}", month_end),
+        ("usd_per_day", True, budget.usd_per_day, f"usd:d:{day_tag}", day_end),
+        ("usd_per_month", True, budget.usd_per_month, f"usd:m:{month_tag}", month_end),
+    )
+    return tuple(
+        _Quota(name, in_usd, Counter(f"{scope}:q:{key}", _limit(limit, in_usd), end + 86400))
+        for name, in_usd, limit, key, end in wanted
+        if limit is not None
+    )
+
+
+def _limit(limit: float, in_usd: bool) -> int:
+    return round(limit * _NUSD_PER_USD) if in_usd else int(limit)
+
+
+def _refused(quota: _Quota, used: int, reserved: int, needed: int, now: float) -> InsufficientQuota:
+    reset_at = quota.counter.expires_at - 86400
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(reset_at))
+    if quota.in_usd:
+        unit = "USD"
+        limit, used_s, reserved_s, needed_s = (
+            f"{v / _NUSD_PER_USD:.6f}" for v in (quota.counter.limit, used, reserved, needed)
+        )
+    else:
+        unit = "tokens"
+        limit, used_s, reserved_s, needed_s = (
+            str(v) for v in (quota.counter.limit, used, reserved, needed)
+        )
+    return InsufficientQuota(
+        f"You exceeded your current quota: {quota.name} is {limit} {unit}; {used_s} used and "
+        f"{reserved_s} held by requests in flight, and this request needs up to {needed_s}. "
+        f"It resets at {when}.",
+        retry_after_s=max(1.0, reset_at - now),
+    )

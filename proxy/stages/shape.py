@@ -1,0 +1,171 @@
+"""Shape a request to its tenant's budget card: system prompt, history, input and output limits,
+temperature. Counts the input once. Writes body, shaped, counted_input_tokens, output_allowance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from proxy.context import RequestContext
+from proxy.errors import ContextLengthExceeded
+from proxy.policy.model import Budget
+
+__all__ = ["InputCounter", "Shape"]
+
+Message = Mapping[str, Any]
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+class InputCounter(Protocol):
+    """What shaping needs of the token counters: prompt tokens as the backend will bill them."""
+
+    async def count_chat(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int: ...
+
+    async def count_prompt(self, model: str, prompt: Any) -> int: ...
+
+
+class Shape:
+    def __init__(self, counter: InputCounter) -> None:
+        self._counter = counter
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        if ctx.tenant is None:
+            raise RuntimeError("auth must run before shape")
+        budget, body = ctx.tenant.budget, ctx.body
+        if ctx.operation == "chat":
+            await self._shape_chat(ctx, budget)
+        else:
+            field = "prompt" if ctx.operation == "text_completion" else "input"
+            count = await self._counter.count_prompt(ctx.model, body[field])
+            if budget.max_input_tokens is not None and count > budget.max_input_tokens:
+                raise _too_long(count, budget.max_input_tokens)
+            ctx.counted_input_tokens = count
+        if ctx.operation != "embeddings":
+            _clamp_output(body, budget.max_output_tokens, ctx.shaped)
+            _temperature(body, budget, ctx.shaped)
+            ctx.output_allowance = _output_allowance(body)
+
+    async def _shape_chat(self, ctx: RequestContext, budget: Budget) -> None:
+        messages: list[Message] = list(ctx.body["messages"])
+        if budget.system_prompt is not None and not _starts_with(messages, budget.system_prompt):
+            messages.insert(0, {"role": "system", "content": budget.system_prompt})
+            ctx.shaped.append("system_prompt")
+        if budget.history_limit is not None:
+            kept = _last_turns(messages, budget.history_limit)
+            if len(kept) < len(messages):
+                messages = kept
+                ctx.shaped.append("history")
+        tools = ctx.body.get("tools")
+        count = await self._counter.count_chat(ctx.model, messages, tools)
+        limit = budget.max_input_tokens
+        if limit is not None and count > limit:
+            if budget.on_input_overflow == "reject":
+                raise _too_long(count, limit)
+            messages, count = await self._trim(ctx.model, messages, tools, limit)
+            ctx.shaped.append("input")
+        if "system_prompt" in ctx.shaped or "history" in ctx.shaped or "input" in ctx.shaped:
+            ctx.body["messages"] = messages
+        ctx.counted_input_tokens = count
+
+    async def _trim(
+        self, model: str, messages: list[Message], tools: Any, limit: int
+    ) -> tuple[list[Message], int]:
+        """Drop the oldest turns until the rest fits: the fewest drops, found by bisection."""
+        head, turns = _split_system(messages)
+        cuts = _turn_starts(turns)
+        low, high = 0, len(cuts) - 1  # cuts[-1] keeps only the newest turn
+        best: tuple[list[Message], int] | None = None
+        while low <= high:
+            middle = (low + high) // 2
+            candidate = head + turns[cuts[middle] :]
+            count = await self._counter.count_chat(model, candidate, tools)
+            if count <= limit:
+                best, high = (candidate, count), middle - 1
+            else:
+                low = middle + 1
+        if best is None:
+            newest = await self._counter.count_chat(model, head + turns[cuts[-1] :], tools)
+            raise _too_long(newest, limit)
+        return best
+
+
+def _starts_with(messages: Sequence[Message], system_prompt: str) -> bool:
+    first = messages[0] if messages else None
+    return (
+        first is not None
+        and first.get("role") == "system"
+        and first.get("content") == system_prompt
+    )
+
+
+def _split_system(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:
+    """The system messages (moved to the front) and the conversation turns, in order."""
+    head = [m for m in messages if m.get("role") in _SYSTEM_ROLES]
+    return head, [m for m in messages if m.get("role") not in _SYSTEM_ROLES]
+
+
+def _turn_starts(turns: Sequence[Message]) -> list[int]:
+    """Where the kept history may begin: at a user message (so no reply or tool result is left
+    without its question), and always at the newest message as the last resort."""
+    starts = [i for i, m in enumerate(turns) if m.get("role") == "user"]
+    last = len(turns) - 1
+    return [i for i in starts if i < last] + [last] if turns else [0]
+
+
+def _last_turns(messages: Sequence[Message], limit: int) -> list[Message]:
+    """The system messages and the last `limit` other messages (at least the newest one),
+    starting at a user message where possible."""
+    head, turns = _split_system(messages)
+    keep_from = max(0, len(turns) - max(1, limit))
+    starts = [i for i in _turn_starts(turns) if i >= keep_from]
+    return head + turns[starts[0] :] if starts else head + turns[keep_from:]
+
+
+def _clamp_output(body: dict[str, Any], limit: int | None, shaped: list[str]) -> None:
+    if limit is None:
+        return
+    fields = [f for f in ("max_completion_tokens", "max_tokens") if f in body]
+    if not fields:
+        body["max_tokens"] = limit
+        shaped.append("max_tokens")
+        return
+    if any(body[f] > limit for f in fields):
+        for field in fields:
+            body[field] = min(body[field], limit)
+        shaped.append("max_tokens")
+
+
+def _temperature(body: dict[str, Any], budget: Budget, shaped: list[str]) -> None:
+    wanted = body.get("temperature")
+    if budget.temperature is not None:
+        chosen: float | None = budget.temperature
+    elif budget.temperature_max is not None:
+        # An omitted temperature means 1.0 to OpenAI-compatible servers.
+        effective = 1.0 if wanted is None else wanted
+        if effective <= budget.temperature_max:
+            return
+        chosen = budget.temperature_max
+    else:
+        return
+    if chosen != wanted:
+        body["temperature"] = chosen
+        shaped.append("temperature")
+
+
+def _output_allowance(body: Mapping[str, Any]) -> int | None:
+    values = [body[f] for f in ("max_completion_tokens", "max_tokens") if body.get(f) is not None]
+    return min(values) if values else None
+
+
+def _too_long(count: int, limit: int) -> ContextLengthExceeded:
+    return ContextLengthExceeded(
+        f"This request's input is {count} tokens, over this key's limit of {limit} input tokens. "
+        "Please shorten the messages.",
+        param="messages",
+    )

@@ -1,0 +1,150 @@
+"""Quotas: reserve before, settle after; refusals are OpenAI's insufficient_quota, with reset."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from proxy.clock import FakeClock
+from proxy.context import RequestContext
+from proxy.cost import PriceTable
+from proxy.errors import InsufficientQuota, StorageUnavailable
+from proxy.policy import Policy, parse_policy
+from proxy.policy.model import Budget, Limits, Tenant
+from proxy.policy.units import hash_key
+from proxy.stages.budget import DEFAULT_OUTPUT_BOUND, Budgets
+from proxy.storage import Counter, MemoryStore, StorageError
+from proxy.upstream.meter import StreamMeter
+
+# 2027-01-15 12:00 UTC
+NOON = 1_800_000_000.0 - (1_800_000_000 % 86400) + 43200
+
+POLICY: Policy = parse_policy(
+    """
+backends: [{name: b, url: "http://127.0.0.1:9/v1", models: [m]}]
+models: {m: {price: {input_per_1m: 1.0, output_per_1m: 2.0}}}
+tenants: {}
+""",
+    environ={},
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def request(
+    budget: Budget, *, counted: int = 100, allowance: int | None = 50, limits: Limits | None = None
+) -> RequestContext:
+    tenant = Tenant(
+        api_keys=(hash_key("k"),), models=("m",), budget=budget, limits=limits or Limits()
+    )
+    return RequestContext(
+        request_id="r",
+        operation="chat",
+        received_s=0.0,
+        received_wall=NOON,
+        meter=StreamMeter(0.0),
+        tenant=tenant,
+        tenant_name="acme",
+        model="m",
+        body={"model": "m", "messages": []},
+        counted_input_tokens=counted,
+        output_allowance=allowance,
+    )
+
+
+def budgets(store: Any = None) -> tuple[Budgets, Any]:
+    clock = FakeClock(start_wall=NOON)
+    chosen = store or MemoryStore()
+    return Budgets(chosen, PriceTable(POLICY), clock), chosen
+
+
+async def test_no_quota_no_reservation() -> None:
+    stage, _ = budgets()
+    ctx = request(Budget(max_output_tokens=10))
+    await stage(ctx)
+    assert ctx.reservation is None
+
+
+async def test_reserve_then_settle_to_actual_usage() -> None:
+    stage, store = budgets()
+    ctx = request(Budget(tokens_per_day=1000, usd_per_month=1.0))
+    await stage(ctx)
+    assert ctx.reservation is not None
+    day, month = (q.counter for q in ctx.reservation.quotas)
+    assert day.key == "tw:{acme}:q:tokens:d:20270115"
+    assert month.key == "tw:{acme}:q:usd:m:202701"
+    # 100 in + 50 out reserved: 150 tokens; 100 * 1 USD/M + 50 * 2 USD/M = 200 µUSD
+    assert await store.read([day, month]) == [(0, 150), (0, 200_000)]
+    ctx.input_tokens, ctx.output_tokens = 90, 20
+    await stage.settle(ctx)
+    assert await store.read([day, month]) == [(110, 0), (130_000, 0)]
+    await stage.settle(ctx)  # settling twice books nothing twice
+    assert await store.read([day]) == [(110, 0)]
+
+
+async def test_refusal_is_insufficient_quota_with_reset_time() -> None:
+    stage, _ = budgets()
+    first = request(Budget(tokens_per_day=200))
+    await stage(first)
+    with pytest.raises(InsufficientQuota) as caught:
+        await stage(request(Budget(tokens_per_day=200)))
+    error = caught.value
+    assert (error.status, error.type, error.code) == (
+        429,
+        "insufficient_quota",
+        "insufficient_quota",
+    )
+    assert "tokens_per_day is 200 tokens; 0 used and 150 held" in error.message
+    assert "resets at 2027-01-16 00:00 UTC" in error.message
+    assert error.headers() == {"retry-after": str(12 * 3600)}
+
+
+async def test_unbounded_output_gets_the_default_bound() -> None:
+    stage, store = budgets()
+    ctx = request(Budget(tokens_per_month=100_000), allowance=None)
+    await stage(ctx)
+    assert ctx.body["max_tokens"] == DEFAULT_OUTPUT_BOUND
+    assert ctx.shaped == ["max_tokens"]
+    assert ctx.reservation is not None
+    assert await store.read([ctx.reservation.quotas[0].counter]) == [
+        (0, 100 + DEFAULT_OUTPUT_BOUND)
+    ]
+
+
+async def test_many_concurrent_requests_never_overspend() -> None:
+    stage, store = budgets()
+    contexts = [request(Budget(tokens_per_day=7_500)) for _ in range(200)]
+    results = await asyncio.gather(*(stage(c) for c in contexts), return_exceptions=True)
+    admitted = [c for c, r in zip(contexts, results, strict=True) if r is None]
+    assert len(admitted) == 50  # 50 * 150 = 7,500
+    for ctx in admitted:
+        ctx.input_tokens, ctx.output_tokens = 100, 50
+        await stage.settle(ctx)
+    assert admitted[0].reservation is None
+    counter = Counter("tw:{acme}:q:tokens:d:20270115", 7_500, 0)
+    assert await store.read([counter]) == [(7_500, 0)]
+
+
+class Unreachable:
+    async def reserve(self, *args: Any, **kwargs: Any) -> None:
+        raise StorageError("connection refused")
+
+    async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
+        raise StorageError("connection refused")
+
+
+async def test_storage_failure_follows_the_tenants_policy() -> None:
+    stage, _ = budgets(Unreachable())
+    admitted = request(Budget(tokens_per_day=10))
+    await stage(admitted)
+    assert admitted.reservation is None
+    with pytest.raises(StorageUnavailable):
+        await stage(request(Budget(tokens_per_day=10), limits=Limits(on_storage_error="closed")))
