@@ -1,0 +1,136 @@
+"""The token-counting contract: the `TokenCounter` protocol, its errors, and the content rules
+every adapter shares (text parts, the fixed media estimate, completion prompts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeAlias
+
+__all__ = [
+    "MEDIA_TOKENS",
+    "MEDIA_TOKENS_LOW",
+    "ChatRenderer",
+    "ChatTemplateError",
+    "Messages",
+    "Prompt",
+    "TokenCounter",
+    "TokenizerError",
+    "Tools",
+    "chat_chars",
+    "media_tokens",
+    "prompt_chars",
+    "prompt_tokens",
+    "split_content",
+]
+
+Messages: TypeAlias = Sequence[Mapping[str, Any]]
+Tools: TypeAlias = Sequence[Mapping[str, Any]] | None
+Prompt: TypeAlias = str | list[str] | list[int] | list[list[int]]
+# Renders normalised messages (string content, parsed tool-call arguments) to prompt text.
+ChatRenderer: TypeAlias = Callable[[list[dict[str, Any]], Tools], str]
+
+# A fixed estimate per non-text content part (image, audio, file): counting real media tokens
+# needs the media. 765 is OpenAI's price of a 1024x1024 image at high detail, 85 at low detail.
+MEDIA_TOKENS = 765
+MEDIA_TOKENS_LOW = 85
+
+
+class TokenizerError(Exception):
+    """A tokenizer that cannot be loaded (bad spec, missing file, missing extra)."""
+
+
+class ChatTemplateError(TokenizerError):
+    """The model's chat template rejected the conversation (the backend would reject it too)."""
+
+
+class TokenCounter(Protocol):
+    """Counts what a backend reports as `usage.prompt_tokens`, before the request is sent."""
+
+    name: str
+    exact: bool
+
+    def count_text(self, text: str) -> int:
+        """Tokens of `text` alone: nothing added (no BOS, no chat format); special-token strings
+        in it count as the backend counts them (one token each for open-weights models).
+        """
+        ...
+
+    def count_chat(self, messages: Messages, tools: Tools = None) -> int:
+        """Prompt tokens of a chat request: content plus the chat format's overhead."""
+        ...
+
+    def count_prompt(self, prompt: Prompt) -> int:
+        """Prompt tokens of a /v1/completions request (text, texts, token ids or id lists)."""
+        ...
+
+
+def media_tokens(part: Mapping[str, Any]) -> int:
+    """The fixed estimate for one non-text part; OpenAI's `detail: low` images cost less."""
+    image = part.get("image_url")
+    if isinstance(image, Mapping) and image.get("detail") == "low":
+        return MEDIA_TOKENS_LOW
+    return MEDIA_TOKENS
+
+
+def split_content(content: object) -> tuple[list[str], int]:
+    """A message's text pieces and the estimated tokens of its media parts.
+
+    `content` is a string, None, or a list of parts: text parts ({"type": "text", "text": ...},
+    also "refusal") count as text; every other part counts `media_tokens`.
+    """
+    if isinstance(content, str):
+        return [content], 0
+    if not isinstance(content, Sequence):
+        return [], 0
+    texts: list[str] = []
+    media = 0
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, Mapping):
+            text = part.get("text", part.get("refusal"))
+            if isinstance(text, str):
+                texts.append(text)
+            else:
+                media += media_tokens(part)
+    return texts, media
+
+
+def chat_chars(messages: Messages, tools: Tools = None) -> int:
+    """A cheap size of a chat request in characters, to decide where to count it."""
+    total = 0
+    for message in messages:
+        for key, value in message.items():
+            if isinstance(value, str):
+                total += len(value)
+            elif key == "content":
+                total += sum(len(text) for text in split_content(value)[0])
+            elif value is not None:
+                total += len(repr(value))
+    for tool in tools or ():
+        total += len(repr(tool))
+    return total
+
+
+def prompt_chars(prompt: Prompt) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(item) if isinstance(item, str | list) else 1 for item in prompt)
+
+
+def prompt_tokens(prompt: Prompt, count_text: Callable[[str], int], added_per_text: int) -> int:
+    """Tokens of a completions prompt: texts are tokenized (plus the tokens the backend adds to
+    each, e.g. Llama's BOS); token ids are already tokens and are counted as given.
+    """
+    if isinstance(prompt, str):
+        return count_text(prompt) + added_per_text
+    total = 0
+    for item in prompt:
+        if isinstance(item, str):
+            total += count_text(item) + added_per_text
+        elif isinstance(item, list):
+            total += len(item)
+        else:
+            total += 1
+    return total

@@ -1,0 +1,76 @@
+"""The fallback counter for models without a tokenizer: a labelled estimate (`exact=False`)
+by character class, so Chinese is not undercounted the way chars/4 undercounts it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from proxy.tokens.base import Messages, Prompt, Tools, prompt_tokens, split_content
+
+__all__ = ["EstimateCounter", "estimate_tokens"]
+
+_CJK = re.compile("[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\U00020000-\U0003134f]")
+_PICTOGRAPH = re.compile("[\u2600-\u27bf\ufe00-\ufe0f\u200d\U0001f000-\U0001faff]")
+_PER_MESSAGE = 4
+_PER_NAME = 1
+_REPLY_PRIMING = 3
+
+
+def estimate_tokens(text: str) -> int:
+    """The estimated token count of `text`.
+
+    Per character class, measured against Qwen2.5, Llama 3, o200k and cl100k on prose and code:
+    ASCII 1 token per 4 characters; CJK (Han, kana, Hangul, full-width forms) 2 per 3, where
+    chars/4 would undercount Chinese 2-2.5-fold; emoji and pictographs 1.5 each; any other
+    character (Cyrillic, Arabic, accented Latin...) 1 per 2.
+    """
+    if not text:
+        return 0
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    if ascii_chars == len(text):
+        return math.ceil(ascii_chars / 4)
+    cjk = _CJK.subn("", text)[1]
+    pictographs = _PICTOGRAPH.subn("", text)[1]
+    other = len(text) - ascii_chars - cjk - pictographs
+    return math.ceil(ascii_chars / 4 + cjk * 2 / 3 + pictographs * 1.5 + other / 2)
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+class EstimateCounter:
+    """Counts without a tokenizer. A chat adds OpenAI's 3 tokens per message, 1 for the role,
+    1 per name and 3 to prime the reply; tools count as their JSON text.
+    """
+
+    __slots__ = ("exact", "name")
+
+    def __init__(self) -> None:
+        self.name = "estimate"
+        self.exact = False
+
+    def count_text(self, text: str) -> int:
+        return estimate_tokens(text)
+
+    def count_chat(self, messages: Messages, tools: Tools = None) -> int:
+        total = _REPLY_PRIMING
+        for message in messages:
+            total += _PER_MESSAGE
+            for key, value in message.items():
+                if key == "content":
+                    texts, media = split_content(value)
+                    total += media + sum(estimate_tokens(text) for text in texts)
+                elif key == "name":
+                    total += _PER_NAME + estimate_tokens(str(value))
+                elif key != "role" and value is not None:
+                    total += estimate_tokens(value if isinstance(value, str) else _json(value))
+        if tools:
+            total += estimate_tokens(_json(list(tools)))
+        return total
+
+    def count_prompt(self, prompt: Prompt) -> int:
+        return prompt_tokens(prompt, estimate_tokens, 0)

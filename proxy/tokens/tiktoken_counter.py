@@ -1,0 +1,102 @@
+"""tiktoken adapters: OpenAI encodings by name (found in tiktoken's cache, else downloaded),
+and tiktoken-format ranks files: OpenAI's, Qwen's qwen.tiktoken, Llama 3's tokenizer.model.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import unicodedata
+from pathlib import Path
+
+import tiktoken
+
+from proxy.tokens.base import TokenCounter, TokenizerError
+from proxy.tokens.builtin_templates import builtin_template
+from proxy.tokens.chat import TemplatedCounter, TextEncoder
+from proxy.tokens.families import Family, family_for
+from proxy.tokens.openai_chat import GPT4_RULE, GPT4O_RULE, OpenAIChatRule, RuleCounter
+
+__all__ = ["encoding_from_file", "load_encoding", "load_file", "read_ranks"]
+
+
+def _openai(name: str, encoding: tiktoken.Encoding, encoding_name: str) -> TokenCounter:
+    """OpenAI's chat rule; special-token text counts as plain text, as OpenAI treats content."""
+    rule: OpenAIChatRule = GPT4O_RULE if encoding_name.startswith("o200k") else GPT4_RULE
+    return RuleCounter(name, lambda text: len(encoding.encode_ordinary(text)), rule)
+
+
+def load_encoding(name: str) -> TokenCounter:
+    """`tiktoken:NAME`: tiktoken reads `$TIKTOKEN_CACHE_DIR/<sha1 of its URL>` or downloads."""
+    if name not in tiktoken.list_encoding_names():
+        known = ", ".join(sorted(tiktoken.list_encoding_names()))
+        raise TokenizerError(f"unknown tiktoken encoding {name!r}; known: {known}")
+    try:
+        encoding = tiktoken.get_encoding(name)
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(
+            f"cannot load tiktoken encoding {name!r} ({exc.__class__.__name__}: {exc}); tiktoken"
+            " downloads it on first use: offline, put the file in TIKTOKEN_CACHE_DIR under its"
+            " cache name, or give the .tiktoken file's path instead"
+        ) from exc
+    return _openai(f"tiktoken:{name}", encoding, name)
+
+
+def read_ranks(path: Path) -> dict[bytes, int]:
+    """A tiktoken ranks file: one `base64(token) rank` per line.
+
+    Read here rather than with tiktoken.load, which would also copy the file into its cache.
+    """
+    try:
+        lines = path.read_bytes().splitlines()
+        return {
+            base64.b64decode(token): int(rank)
+            for token, rank in map(bytes.split, filter(None, lines))
+        }
+    except OSError as exc:
+        raise TokenizerError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (ValueError, binascii.Error):
+        raise TokenizerError(
+            f"{path} is not a tiktoken ranks file (lines of 'base64 rank'); a SentencePiece"
+            " .model file (Llama 2, Mistral) needs its tokenizer.json instead"
+        ) from None
+
+
+def encoding_from_file(path: Path, family_name: str | None) -> tuple[tiktoken.Encoding, Family]:
+    """A tiktoken-format file of a built-in family (recognised by its size, or named)."""
+    ranks = read_ranks(path)
+    family = family_for(len(ranks), family_name)
+    encoding = tiktoken.Encoding(
+        name=family.name,
+        pat_str=family.pattern,
+        mergeable_ranks=ranks,
+        special_tokens=dict(family.special_tokens),
+    )
+    return encoding, family
+
+
+def load_file(path: Path, family_name: str | None) -> TokenCounter:
+    encoding, family = encoding_from_file(path, family_name)
+    name = f"tiktoken:{path}#{family.name}"
+    if family.chat_format == "openai":
+        return _openai(name, encoding, family.name)
+    return TemplatedCounter(
+        name,
+        _special_encoder(encoding, family),
+        builtin_template(family.chat_format),
+        chat_format=f"builtin:{family.chat_format}",
+        added_per_text=family.added_per_text,
+    )
+
+
+def _special_encoder(encoding: tiktoken.Encoding, family: Family) -> TextEncoder:
+    """Counts with every special token recognised, as Hugging Face tokenizers do."""
+    if not family.nfc:
+        return lambda text: len(encoding.encode(text, allowed_special="all"))
+
+    def count(text: str) -> int:
+        if not unicodedata.is_normalized("NFC", text):
+            text = unicodedata.normalize("NFC", text)
+        return len(encoding.encode(text, allowed_special="all"))
+
+    return count

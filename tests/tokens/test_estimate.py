@@ -1,0 +1,57 @@
+"""The estimate: labelled as such, and close to real tokenizers where chars/4 is far off."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from proxy.tokens import MEDIA_TOKENS, EstimateCounter, estimate_tokens, load_counter
+from tests.shared import tokenizer_file
+
+CHINESE = (
+    "人工智能是计算机科学的一个分支，它企图了解智能的实质，并生产出一种新的能以人类智能相似的方式"
+    "做出反应的智能机器。该领域的研究包括机器人、语言识别、图像识别、自然语言处理和专家系统等。"
+    "今天下午三点，我们在会议室讨论了下个季度的预算。财务部门建议削减百分之十的开支，但市场部认为"
+    "应该增加广告投入。最后大家同意先做一个详细的分析报告，下周再做决定。"
+)
+
+
+def test_it_is_labelled_an_estimate() -> None:
+    counter = load_counter(None, model="m")
+    assert isinstance(counter, EstimateCounter)
+    assert (counter.name, counter.exact) == ("estimate", False)
+    assert load_counter("estimate", model="m").name == "estimate"
+
+
+def test_chinese_is_close_to_qwen_where_chars_over_4_is_not() -> None:
+    qwen = load_counter(str(tokenizer_file("qwen2.5/qwen.tiktoken")), model="qwen")
+    exact = qwen.count_text(CHINESE)
+    assert abs(estimate_tokens(CHINESE) - exact) <= 0.3 * exact
+    assert math.ceil(len(CHINESE) / 4) < 0.5 * exact
+
+
+@pytest.mark.parametrize(
+    ("text", "low", "high"),
+    [
+        ("The quick brown fox jumps over the lazy dog.", 10, 12),
+        ("Быстрая коричневая лиса прыгает через ленивую собаку.", 20, 30),
+        ("😀🎉👍", 4, 6),
+        ("", 0, 0),
+    ],
+)
+def test_other_scripts(text: str, low: int, high: int) -> None:
+    assert low <= estimate_tokens(text) <= high
+
+
+def test_chat_overhead_media_and_prompts() -> None:
+    counter = EstimateCounter()
+    text = "hello there, how are you?"
+    assert counter.count_chat([{"role": "user", "content": text}]) == 3 + 4 + estimate_tokens(text)
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    with_image = [{"role": "user", "content": [{"type": "text", "text": text}, image]}]
+    assert counter.count_chat(with_image) == 3 + 4 + estimate_tokens(text) + MEDIA_TOKENS
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "Find things"}}]
+    assert counter.count_chat([], tools) > 3 + 10
+    assert counter.count_prompt([[1, 2, 3], [4]]) == 4
+    assert counter.count_prompt("abcdefgh") == 2
