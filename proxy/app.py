@@ -23,14 +23,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.clock import Clock, SystemClock
+from proxy.cost import PriceTable
 from proxy.errors import GatewayError, InternalError, NotFound
 from proxy.pipeline import Pipeline
 from proxy.policy import Policy, load_policy
 from proxy.stages.account import Account
 from proxy.stages.auth import Authenticate, Keyring
+from proxy.stages.budget import Budgets
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
 from proxy.stages.route import Route as RouteStage
+from proxy.stages.shape import Shape
+from proxy.storage import QuotaStore, open_store
+from proxy.tokens import TokenCounters
 from proxy.upstream.client import UpstreamClient
 from proxy.web.openai import ModelList, OpenAIEndpoint
 from proxy.web.ops import Health, Ready
@@ -50,26 +55,39 @@ class Gateway:
     clock: Clock
     keyring: Keyring
     upstream: UpstreamClient
+    store: QuotaStore
     pipeline: Pipeline
     started_wall: float
 
     @classmethod
     def build(
-        cls, policy: Policy, clock: Clock, transport: httpx.AsyncBaseTransport | None = None
+        cls,
+        policy: Policy,
+        clock: Clock,
+        transport: httpx.AsyncBaseTransport | None = None,
+        store: QuotaStore | None = None,
     ) -> Gateway:
         keyring = Keyring(policy)
         upstream = UpstreamClient(policy.upstream, transport)
+        store = store or open_store(policy.storage)
+        budgets = Budgets(store, PriceTable(policy), clock)
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants),
-            stages=[Parse(policy.models), RouteStage(policy)],
+            stages=[
+                Parse(policy.models),
+                Shape(TokenCounters(policy)),
+                budgets,
+                RouteStage(policy),
+            ],
             forward=Forward(upstream, clock),
-            account=Account(clock),
+            account=Account(clock, budgets),
             max_body_bytes=policy.server.max_body_bytes,
         )
-        return cls(policy, clock, keyring, upstream, pipeline, clock.wall())
+        return cls(policy, clock, keyring, upstream, store, pipeline, clock.wall())
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
+        await self.store.aclose()
 
 
 def create_app(
@@ -77,13 +95,15 @@ def create_app(
     *,
     clock: Clock | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    store: QuotaStore | None = None,
 ) -> Starlette:
+    """The gateway app; `clock`, `transport` and `store` replace the real ones (for tests)."""
     resolved = policy or load_policy(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
     chosen_clock = clock or SystemClock()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        gateway = Gateway.build(resolved, chosen_clock, transport)
+        gateway = Gateway.build(resolved, chosen_clock, transport, store)
         try:
             yield {"gateway": gateway}
         finally:

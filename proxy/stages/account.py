@@ -12,6 +12,7 @@ import orjson
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
+from proxy.stages.budget import Budgets
 
 __all__ = ["ACCESS_LOGGER", "Account"]
 
@@ -19,13 +20,19 @@ ACCESS_LOGGER = "tokenweir.access"
 
 
 class Account:
-    def __init__(self, clock: Clock, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self, clock: Clock, budgets: Budgets, logger: logging.Logger | None = None
+    ) -> None:
         self._clock = clock
+        self._budgets = budgets
         self._log = logger or logging.getLogger(ACCESS_LOGGER)
 
     async def __call__(self, ctx: RequestContext) -> None:
         if ctx.output_tokens is None and ctx.operation != "embeddings":
             ctx.output_tokens = ctx.meter.token_events
+        if ctx.input_tokens is None:
+            ctx.input_tokens = ctx.counted_input_tokens
+        await self._budgets.settle(ctx)
         if self._log.isEnabledFor(logging.INFO):
             self._log.info(orjson.dumps(self.record(ctx)).decode())
 
@@ -46,6 +53,7 @@ class Account:
             "input_tokens": ctx.input_tokens,
             "output_tokens": ctx.output_tokens,
             "usage": "backend" if ctx.usage_from_backend else "counted",
+            "shaped": ctx.shaped or None,
             "ttft_ms": _ms(meter.ttft_s),
             "upstream_ttft_ms": _ms(meter.upstream_ttft_s),
             "itl_p50_ms": _ms(meter.gaps.quantile_s(0.5)),

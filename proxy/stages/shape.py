@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from proxy.context import RequestContext
-from proxy.errors import ContextLengthExceeded
+from proxy.errors import BadRequest, ContextLengthExceeded
 from proxy.policy.model import Budget
+from proxy.tokens import TokenizerError
 
 __all__ = ["InputCounter", "Shape"]
 
@@ -32,7 +33,7 @@ class InputCounter(Protocol):
 
 class Shape:
     def __init__(self, counter: InputCounter) -> None:
-        self._counter = counter
+        self._counter = _Checked(counter)
 
     async def __call__(self, ctx: RequestContext) -> None:
         if ctx.tenant is None:
@@ -93,6 +94,29 @@ class Shape:
             newest = await self._counter.count_chat(model, head + turns[cuts[-1] :], tools)
             raise _too_long(newest, limit)
         return best
+
+
+class _Checked:
+    """A counter whose refusals (a chat template rejecting the conversation) are 400s."""
+
+    def __init__(self, counter: InputCounter) -> None:
+        self._counter = counter
+
+    async def count_chat(self, model: str, messages: Sequence[Message], tools: Any = None) -> int:
+        try:
+            return await self._counter.count_chat(model, messages, tools)
+        except TokenizerError as exc:
+            raise BadRequest(
+                f"The messages do not fit the model's chat format: {exc}",
+                param="messages",
+                code="invalid_value",
+            ) from exc
+
+    async def count_prompt(self, model: str, prompt: Any) -> int:
+        try:
+            return await self._counter.count_prompt(model, prompt)
+        except TokenizerError as exc:
+            raise BadRequest(f"The input cannot be counted: {exc}", code="invalid_value") from exc
 
 
 def _starts_with(messages: Sequence[Message], system_prompt: str) -> bool:

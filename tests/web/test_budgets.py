@@ -1,0 +1,163 @@
+"""Budgets through the real gateway: shaping the backend sees, quotas that hold under a race."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import Policy, parse_policy
+from proxy.policy.units import hash_key
+from proxy.storage import Counter, MemoryStore
+from tests.servers import serve
+
+KEY = "tw-budget-key"
+
+
+def budget_policy_text(backend_url: str, budget: str, storage: str = "memory") -> str:
+    return f"""
+storage: {storage}
+backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
+models: {{mock-llm: {{price: {{input_per_1m: 1.0, output_per_1m: 2.0}}}}}}
+tenants:
+  support-bot:
+    api_keys: [{hash_key(KEY)}]
+    models: [mock-llm]
+    budget: {budget}
+"""
+
+
+def budget_policy(backend_url: str, budget: str) -> Policy:
+    return parse_policy(budget_policy_text(backend_url, budget), environ={})
+
+
+def day_counter() -> Counter:
+    day = time.strftime("%Y%m%d", time.gmtime())
+    return Counter(f"tw:{{support-bot}}:q:tokens:d:{day}", 0, 0)
+
+
+def test_shaping_reaches_the_backend_and_is_announced(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    budget = "{system_prompt: 你是智能客服助手, max_output_tokens: 8, "
+    budget += "history_limit: 1, temperature: 0.2}"
+    with serve(create_app(budget_policy(backend_url, budget))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        raw = sdk.chat.completions.with_raw_response.create(
+            model="mock-llm",
+            messages=[
+                {"role": "user", "content": "old question"},
+                {"role": "assistant", "content": "old answer"},
+                {"role": "user", "content": "new question"},
+            ],
+            max_tokens=500,
+        )
+        reply = raw.parse()
+    assert raw.headers["x-tokenweir-shaped"] == "system_prompt,history,max_tokens,temperature"
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 8
+    sent = backend.get("/mock/stats").json()["last_request"]
+    assert sent["messages"] == [
+        {"role": "system", "content": "你是智能客服助手"},
+        {"role": "user", "content": "new question"},
+    ]
+    assert (sent["max_tokens"], sent["temperature"]) == (8, 0.2)
+
+
+def test_input_over_the_limit_is_context_length_exceeded(backend_url: str) -> None:
+    with serve(create_app(budget_policy(backend_url, "{max_input_tokens: 20}"))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk.chat.completions.create(
+                model="mock-llm", messages=[{"role": "user", "content": "word " * 200}]
+            )
+    assert caught.value.code == "context_length_exceeded"
+
+
+def test_quota_refuses_with_insufficient_quota_once_spent(backend_url: str) -> None:
+    with serve(create_app(budget_policy(backend_url, "{tokens_per_day: 100}"))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        ask = {
+            "model": "mock-llm",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 40,
+        }
+        sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
+        sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
+        with pytest.raises(openai.RateLimitError) as caught:
+            sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
+    assert caught.value.code == "insufficient_quota"
+    assert int(caught.value.response.headers["retry-after"]) > 0
+
+
+async def stream_once(http: httpx.AsyncClient, body: dict[str, object]) -> int:
+    async with http.stream("POST", "/v1/chat/completions", json=body) as answer:
+        async for _ in answer.aiter_bytes():
+            pass
+        return answer.status_code
+
+
+def test_200_racing_streams_never_overspend_the_quota(backend_url: str) -> None:
+    # Each request reserves its counted input + 40 output tokens; the quota holds about 50.
+    store = MemoryStore()
+    quota = 50 * 60
+    policy = budget_policy(backend_url, f"{{tokens_per_day: {quota}, max_output_tokens: 40}}")
+    body = {
+        "model": "mock-llm",
+        "stream": True,
+        "messages": [{"role": "user", "content": "supercalifragilistic"}],
+    }
+    with serve(create_app(policy, store=store)) as url:
+
+        async def race() -> list[int]:
+            limits = httpx.Limits(max_connections=200)
+            headers = {"authorization": f"Bearer {KEY}"}
+            async with httpx.AsyncClient(
+                base_url=url, headers=headers, limits=limits, timeout=30
+            ) as http:
+                return await asyncio.gather(*(stream_once(http, body) for _ in range(200)))
+
+        statuses = asyncio.run(race())
+        [(used, reserved)] = asyncio.run(store.read([day_counter()]))
+    admitted = statuses.count(200)
+    assert statuses.count(429) == 200 - admitted
+    assert 40 <= admitted <= 60
+    assert reserved == 0
+    assert used <= quota
+
+
+def test_disconnect_mid_stream_bills_what_was_sent(backend_url: str, backend: httpx.Client) -> None:
+    store = MemoryStore()
+    policy = budget_policy(backend_url, "{tokens_per_day: 1000000, max_output_tokens: 5000}")
+    body = {
+        "model": "mock-llm",
+        "stream": True,
+        "max_tokens": 5000,
+        "mock_completion_tokens": 5000,
+        "messages": [{"role": "user", "content": "tell me everything"}],
+    }
+    headers = {"authorization": f"Bearer {KEY}"}
+    with (
+        serve(create_app(policy, store=store)) as url,
+        httpx.Client(base_url=url, headers=headers) as http,
+    ):
+        with http.stream("POST", "/v1/chat/completions", json=body) as answer:
+            lines = answer.iter_lines()
+            for _ in range(40):
+                next(lines)
+            answer.close()
+        deadline = time.monotonic() + 5
+        while True:
+            [(used, reserved)] = asyncio.run(store.read([day_counter()]))
+            if reserved == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    sent = backend.get("/mock/stats").json()["tokens_sent"]
+    assert reserved == 0
+    # Billed: the counted input plus the tokens relayed before the client left, not 5,000.
+    assert 10 < used < 200
+    assert used <= sent + 20
