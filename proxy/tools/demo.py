@@ -102,6 +102,7 @@ def _send(client: httpx.Client, call: _Call) -> str:
                 usage = orjson.loads(response.content).get("usage") or {}
         elapsed_s = time.perf_counter() - started
         status, request_id = response.status_code, response.headers.get("x-request-id", "")
+        shaped = response.headers.get("x-tokenweir-shaped")
         error = "" if status == 200 else orjson.loads(response.content)["error"]["code"]
     line = f"  {call.tenant:<12} {call.what:<24} -> {status} {error}"
     if status == 200:
@@ -112,6 +113,8 @@ def _send(client: httpx.Client, call: _Call) -> str:
             line += f", tokens in {usage.get('prompt_tokens')}"
             if "completion_tokens" in usage:
                 line += f" out {usage['completion_tokens']}"
+    if shaped:
+        line += f" (shaped: {shaped})"
     return f"{line}  [{request_id}]"
 
 

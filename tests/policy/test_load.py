@@ -120,7 +120,7 @@ def test_missing_file_is_a_policy_error(tmp_path: Path) -> None:
         load_policy(tmp_path / "absent.yaml")
 
 
-@pytest.mark.parametrize("name", ["default.yaml", "demo.yaml"])
+@pytest.mark.parametrize("name", ["default.yaml", "demo.yaml", "budgets.example.yaml"])
 def test_shipped_policies_are_valid(name: str) -> None:
     policy = load_policy(DEFAULT_POLICY.with_name(name), environ={"TOKENWEIR_API_KEY": "k"})
     assert policy.tenants
