@@ -1,5 +1,6 @@
 """Shape a request to its tenant's budget card: system prompt, history, input and output limits,
-temperature. Counts the input once. Writes body, shaped, counted_input_tokens, output_allowance.
+temperature. Counts the input once, and only when an input limit or a quota needs the count.
+Writes body, shaped, counted_input_tokens, output_allowance.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Shape:
         budget, body = ctx.tenant.budget, ctx.body
         if ctx.operation == "chat":
             await self._shape_chat(ctx, budget)
-        else:
+        elif _needs_count(budget):
             field = "prompt" if ctx.operation == "text_completion" else "input"
             count = await self._counter.count_prompt(ctx.model, body[field])
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
@@ -62,17 +63,18 @@ class Shape:
             if len(kept) < len(messages):
                 messages = kept
                 ctx.shaped.append("history")
-        tools = ctx.body.get("tools")
-        count = await self._counter.count_chat(ctx.model, messages, tools)
-        limit = budget.max_input_tokens
-        if limit is not None and count > limit:
-            if budget.on_input_overflow == "reject":
-                raise _too_long(count, limit)
-            messages, count = await self._trim(ctx.model, messages, tools, limit)
-            ctx.shaped.append("input")
+        if _needs_count(budget):
+            tools = ctx.body.get("tools")
+            count = await self._counter.count_chat(ctx.model, messages, tools)
+            limit = budget.max_input_tokens
+            if limit is not None and count > limit:
+                if budget.on_input_overflow == "reject":
+                    raise _too_long(count, limit)
+                messages, count = await self._trim(ctx.model, messages, tools, limit)
+                ctx.shaped.append("input")
+            ctx.counted_input_tokens = count
         if "system_prompt" in ctx.shaped or "history" in ctx.shaped or "input" in ctx.shaped:
             ctx.body["messages"] = messages
-        ctx.counted_input_tokens = count
 
     async def _trim(
         self, model: str, messages: list[Message], tools: Any, limit: int
@@ -117,6 +119,18 @@ class _Checked:
             return await self._counter.count_prompt(model, prompt)
         except TokenizerError as exc:
             raise BadRequest(f"The input cannot be counted: {exc}", code="invalid_value") from exc
+
+
+def _needs_count(budget: Budget) -> bool:
+    return budget.max_input_tokens is not None or any(
+        limit is not None
+        for limit in (
+            budget.tokens_per_day,
+            budget.tokens_per_month,
+            budget.usd_per_day,
+            budget.usd_per_month,
+        )
+    )
 
 
 def _starts_with(messages: Sequence[Message], system_prompt: str) -> bool:

@@ -65,12 +65,21 @@ def anyio_backend() -> str:
 
 async def test_untouched_request_is_counted_once_and_not_shaped() -> None:
     counter = WordCounter()
-    ctx = context(Budget(), chat(("user", "one two three")))
+    ctx = context(Budget(tokens_per_day=1000), chat(("user", "one two three")))
     await Shape(counter)(ctx)
     assert ctx.shaped == []
     assert ctx.counted_input_tokens == 7
     assert counter.calls == 1
     assert ctx.output_allowance is None
+
+
+async def test_nothing_is_counted_when_no_limit_needs_the_count() -> None:
+    counter = WordCounter()
+    ctx = context(Budget(system_prompt="s", max_output_tokens=5), chat(("user", "a b")))
+    await Shape(counter)(ctx)
+    assert counter.calls == 0
+    assert ctx.counted_input_tokens is None
+    assert ctx.shaped == ["system_prompt", "max_tokens"]
 
 
 async def test_system_prompt_is_enforced_first_and_not_doubled() -> None:
@@ -164,6 +173,12 @@ async def test_temperature(
 
 
 async def test_completions_and_embeddings_are_counted_and_limited() -> None:
+    ctx = context(Budget(max_input_tokens=3), {"model": "m", "prompt": "a b"}, "text_completion")
+    await Shape(WordCounter())(ctx)
+    assert ctx.counted_input_tokens == 2
+    ctx = context(Budget(), {"model": "m", "prompt": "a b"}, "text_completion")
+    await Shape(WordCounter())(ctx)
+    assert ctx.counted_input_tokens is None
     ctx = context(Budget(max_input_tokens=3), {"model": "m", "prompt": "a b"}, "text_completion")
     await Shape(WordCounter())(ctx)
     assert ctx.counted_input_tokens == 2
