@@ -1,0 +1,154 @@
+"""The benchmark suite's plumbing: start tokenweir processes, drive `tokenweir bench`, tabulate."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.policy.units import hash_key
+
+RESULTS = Path(__file__).parent / "results"
+KEY = "bench-key"
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Process:
+    popen: subprocess.Popen[bytes]
+    url: str
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+    def memory_mb(self) -> dict[str, float]:
+        status = Path(f"/proc/{self.popen.pid}/status").read_text().splitlines()
+        values = {line.split(":")[0]: line.split()[1] for line in status if line.startswith("Vm")}
+        return {"rss_mb": int(values["VmRSS"]) / 1024, "peak_rss_mb": int(values["VmHWM"]) / 1024}
+
+
+@contextmanager
+def started(args: list[str], probe: str, log: Path) -> Iterator[Process]:
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", *args, "--port", str(port)]
+    with log.open("wb") as out:
+        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + probe, headers={"authorization": f"Bearer {KEY}"}).is_success:
+                break
+        except httpx.TransportError:
+            pass
+        if popen.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{' '.join(args)} did not start; see {log}")
+        time.sleep(0.1)
+    try:
+        yield Process(popen, url)
+    finally:
+        popen.terminate()
+        popen.wait(timeout=30)
+
+
+def policy_for(
+    backend_url: str,
+    directory: Path,
+    *,
+    name: str = "plain",
+    tokenizer: str | None = None,
+    budget: str = "{}",
+) -> Path:
+    """A one-tenant policy (key KEY) on `backend_url`; optionally a tokenizer and a budget."""
+    path = directory / f"policy-{name}-{backend_url.rsplit(':', 1)[1]}.yaml"
+    counting = f", tokenizer: {json.dumps(tokenizer)}" if tokenizer else ""
+    path.write_text(
+        f"""
+backends:
+  - {{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}
+models:
+  mock-llm: {{price: {{input_per_1m: 0.1, output_per_1m: 0.4}}{counting}}}
+tenants:
+  bench: {{api_keys: [{hash_key(KEY)}], models: [mock-llm], budget: {budget}}}
+"""
+    )
+    return path
+
+
+def bench_command(
+    base_url: str, concurrency: int, requests: int, *, stream: bool, tokens: int, out: str
+) -> list[str]:
+    return [
+        sys.executable, "-m", "proxy", "bench", "--base-url", base_url + "/v1",
+        "--api-key", KEY, "--model", "mock-llm", "--concurrency", str(concurrency),
+        "--requests", str(requests), "--max-tokens", str(tokens), "--input-tokens", "64",
+        "--stream" if stream else "--no-stream", "--json", out,
+        "--extra-body", json.dumps({"mock_completion_tokens": tokens}),
+    ]  # fmt: skip
+
+
+def bench(
+    base_url: str, concurrency: int, requests: int, *, stream: bool, tokens: int
+) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = bench_command(
+            base_url, concurrency, requests, stream=stream, tokens=tokens, out=out.name
+        )
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench failed: {done.stderr[-2000:]}")
+        level: dict[str, Any] = json.loads(Path(out.name).read_text())["levels"][0]
+        return level
+
+
+@dataclass
+class Samples:
+    values: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, name: str, value: float | None) -> None:
+        if value is not None:
+            self.values.setdefault(name, []).append(value)
+
+    def median(self, name: str) -> float | None:
+        found = self.values.get(name)
+        return statistics.median(found) if found else None
+
+
+def warm_up(*targets: Process) -> None:
+    """One small request per target first: imports, connections and caches warm, as in service."""
+    for target in targets:
+        bench(target.url, 4, 8, stream=True, tokens=8)
+
+
+def cell(value: float | None, digits: int) -> str:
+    """Negative `digits`: seconds shown as milliseconds with that many decimals."""
+    if value is None:
+        return "n/a"
+    if digits < 0:
+        return f"{value * 1000:.{-digits}f}"
+    return f"{value:,.{digits}f}"
+
+
+def table(columns: tuple[tuple[str, str | None, int], ...], rows: list[list[str]]) -> list[str]:
+    head = "| " + " | ".join(title for title, _, _ in columns) + " |"
+    rule = "|" + "|".join("---:" for _ in columns) + "|"
+    return [head, rule, *("| " + " | ".join(row) + " |" for row in rows)]
