@@ -95,24 +95,39 @@ tenants:
 
 
 def bench_command(
-    base_url: str, concurrency: int, requests: int, *, stream: bool, tokens: int, out: str
+    base_url: str,
+    concurrency: int,
+    requests: int,
+    *,
+    stream: bool,
+    tokens: int,
+    out: str,
+    input_tokens: int = 64,
 ) -> list[str]:
     return [
         sys.executable, "-m", "proxy", "bench", "--base-url", base_url + "/v1",
         "--api-key", KEY, "--model", "mock-llm", "--concurrency", str(concurrency),
-        "--requests", str(requests), "--max-tokens", str(tokens), "--input-tokens", "64",
+        "--requests", str(requests), "--max-tokens", str(tokens),
+        "--input-tokens", str(input_tokens),
         "--stream" if stream else "--no-stream", "--json", out,
         "--extra-body", json.dumps({"mock_completion_tokens": tokens}),
     ]  # fmt: skip
 
 
 def bench(
-    base_url: str, concurrency: int, requests: int, *, stream: bool, tokens: int
+    base_url: str,
+    concurrency: int,
+    requests: int,
+    *,
+    stream: bool,
+    tokens: int,
+    input_tokens: int = 64,
 ) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = bench_command(
-            base_url, concurrency, requests, stream=stream, tokens=tokens, out=out.name
-        )
+            base_url, concurrency, requests, stream=stream, tokens=tokens, out=out.name,
+            input_tokens=input_tokens,
+        )  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"bench failed: {done.stderr[-2000:]}")
