@@ -1,0 +1,61 @@
+"""The usage ledger: one record per request, appended off the request path, queried as totals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from proxy.ledger.base import (
+    Bucket,
+    GroupBy,
+    Ledger,
+    LedgerError,
+    LedgerStats,
+    UsageQuery,
+    UsageRecord,
+    UsageRow,
+)
+from proxy.ledger.redis import RedisLedger
+from proxy.ledger.sqlite import SqliteLedger
+
+__all__ = [
+    "Bucket",
+    "GroupBy",
+    "Ledger",
+    "LedgerError",
+    "LedgerStats",
+    "RedisLedger",
+    "SqliteLedger",
+    "UsageQuery",
+    "UsageRecord",
+    "UsageRow",
+    "open_ledger",
+]
+
+
+def open_ledger(url: str, *, storage_url: str | None = None, read_only: bool = False) -> Ledger:
+    """The ledger named by a policy's `ledger:` value; call `start()` on it before use.
+
+    `sqlite:///relative.db` or `sqlite:////absolute/path.db`; `redis://host:port/db`; or `redis`,
+    meaning the policy's Redis `storage:` URL, passed as `storage_url`. `read_only` ledgers only
+    answer queries and never create anything.
+    """
+    if url == "redis":
+        if storage_url is None or not storage_url.startswith(("redis://", "rediss://")):
+            raise ValueError(
+                "ledger: redis means the Redis named by storage:, but storage is "
+                f"{storage_url or 'not set'}; use a redis:// URL or a sqlite:/// path"
+            )
+        url = storage_url
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisLedger(url, read_only=read_only)
+    if url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        if not path or path == ":memory:":
+            raise ValueError(
+                f"a sqlite ledger needs a file path, as in sqlite:///tokenweir.db: {url}"
+            )
+        return SqliteLedger(Path(path), read_only=read_only)
+    raise ValueError(
+        f"unknown ledger {url!r}: use sqlite:///relative/path.db, sqlite:////absolute/path.db, "
+        "redis://host:port/db, or redis (the storage: Redis)"
+    )

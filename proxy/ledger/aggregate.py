@@ -1,0 +1,145 @@
+"""Totals per (tenant, period, model, backend): folded from records at write time, summed at query.
+
+Periods are UTC hours and UTC days; both are maintained so that a month is ~30 rows per model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from proxy.ledger import histogram
+from proxy.ledger.base import UsageRecord
+
+__all__ = [
+    "COUNTERS",
+    "DAY_S",
+    "HOUR_S",
+    "Cell",
+    "CellKey",
+    "Granularity",
+    "Tally",
+    "fold",
+    "period_start",
+]
+
+Granularity = Literal["hour", "day"]
+HOUR_S = 3600
+DAY_S = 86400
+PERIOD_S: dict[Granularity, int] = {"hour": HOUR_S, "day": DAY_S}
+
+COUNTERS = (
+    "requests",
+    "errors",
+    "rate_limited",
+    "degraded",
+    "shaped",
+    "client_disconnects",
+    "input_tokens",
+    "output_tokens",
+    "cost_nusd",
+    "cache_hits",
+    "cache_semantic_hits",
+    "cache_misses",
+    "duration_ms_total",
+)
+"""The integer totals of a Tally, in storage order (column order, Redis field names)."""
+
+CellKey = tuple[str | None, int, str | None, str | None]
+"""(tenant, period start in epoch seconds, model, backend)."""
+
+
+@dataclass(slots=True)
+class Tally:
+    requests: int = 0
+    errors: int = 0
+    rate_limited: int = 0
+    degraded: int = 0
+    shaped: int = 0
+    client_disconnects: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_nusd: int = 0
+    cache_hits: int = 0
+    cache_semantic_hits: int = 0
+    cache_misses: int = 0
+    duration_ms_total: int = 0
+    ttft_ms: histogram.Histogram = field(default_factory=dict)
+    tokens_per_s: histogram.Histogram = field(default_factory=dict)
+
+    def add(self, record: UsageRecord) -> None:
+        self.requests += 1
+        self.errors += record.status >= 400
+        self.rate_limited += record.status == 429
+        self.degraded += bool(record.degraded)
+        self.shaped += bool(record.shaped)
+        self.client_disconnects += record.client_disconnected
+        self.input_tokens += record.input_tokens
+        self.output_tokens += record.output_tokens
+        self.cost_nusd += record.cost_nusd
+        self.cache_hits += record.cache == "hit"
+        self.cache_semantic_hits += record.cache == "semantic-hit"
+        self.cache_misses += record.cache == "miss"
+        self.duration_ms_total += round(record.duration_ms)
+        if record.ttft_ms is not None:
+            _bump(self.ttft_ms, histogram.TTFT_MS.index(record.ttft_ms))
+        if record.tokens_per_s is not None:
+            _bump(self.tokens_per_s, histogram.TOKENS_PER_S.index(record.tokens_per_s))
+
+    def merge(self, other: Tally) -> None:
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        histogram.merge_into(self.ttft_ms, other.ttft_ms.items())
+        histogram.merge_into(self.tokens_per_s, other.tokens_per_s.items())
+
+    def counters(self) -> tuple[int, ...]:
+        return tuple(getattr(self, name) for name in COUNTERS)
+
+    @classmethod
+    def from_counters(
+        cls,
+        values: Iterable[int],
+        ttft_ms: histogram.Histogram,
+        tokens_per_s: histogram.Histogram,
+    ) -> Tally:
+        tally = cls(ttft_ms=ttft_ms, tokens_per_s=tokens_per_s)
+        for name, value in zip(COUNTERS, values, strict=True):
+            setattr(tally, name, value)
+        return tally
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One stored aggregate row as read back: its key and its totals."""
+
+    key: CellKey
+    tally: Tally
+
+
+def period_start(ts: float, granularity: Granularity) -> int:
+    size = PERIOD_S[granularity]
+    return int(ts // size) * size
+
+
+def fold(records: Iterable[UsageRecord]) -> tuple[dict[CellKey, Tally], dict[CellKey, Tally]]:
+    """A batch's increments to the hour cells and to the day cells."""
+    hours: dict[CellKey, Tally] = {}
+    for record in records:
+        key = (record.tenant, period_start(record.ts, "hour"), record.model, record.backend)
+        tally = hours.get(key)
+        if tally is None:
+            tally = hours[key] = Tally()
+        tally.add(record)
+    days: dict[CellKey, Tally] = {}
+    for (tenant, hour, model, backend), tally in hours.items():
+        day_key = (tenant, period_start(hour, "day"), model, backend)
+        day = days.get(day_key)
+        if day is None:
+            day = days[day_key] = Tally()
+        day.merge(tally)
+    return hours, days
+
+
+def _bump(counts: histogram.Histogram, index: int) -> None:
+    counts[index] = counts.get(index, 0) + 1

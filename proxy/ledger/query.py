@@ -1,0 +1,109 @@
+"""Answer a UsageQuery from stored cells: which periods to read, then how to sum them into rows.
+
+Whole UTC days inside the window are read from day cells, the hours at either edge from hour
+cells, so a month costs ~30 rows per (tenant, model, backend) whatever the request volume.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from proxy.ledger import histogram
+from proxy.ledger.aggregate import DAY_S, HOUR_S, Cell, Granularity, Tally
+from proxy.ledger.base import UsageQuery, UsageRow
+
+__all__ = ["Span", "plan", "rows", "window"]
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Read cells of `granularity` whose period starts in [start, end)."""
+
+    granularity: Granularity
+    start: int
+    end: int
+
+
+def window(q: UsageQuery) -> tuple[int, int]:
+    """The query's window widened to whole hours: what the answer actually covers."""
+    start = math.floor(q.since / HOUR_S) * HOUR_S
+    end = math.ceil(q.until / HOUR_S) * HOUR_S
+    return start, max(end, start + HOUR_S)
+
+
+def plan(q: UsageQuery) -> list[Span]:
+    start, end = window(q)
+    if q.bucket == "hour":
+        return [Span("hour", start, end)]
+    first_day = math.ceil(start / DAY_S) * DAY_S
+    last_day = math.floor(end / DAY_S) * DAY_S
+    if first_day >= last_day:
+        return [Span("hour", start, end)]
+    spans = [Span("hour", start, first_day), Span("day", first_day, last_day)]
+    spans.append(Span("hour", last_day, end))
+    return [span for span in spans if span.start < span.end]
+
+
+_RowKey = tuple[str | None, int | None, str | None]
+
+
+def rows(q: UsageQuery, found: Iterable[Cell]) -> list[UsageRow]:
+    """Sum cells into one row per (tenant, bucket, key), sorted; unauthenticated last."""
+    sums: dict[_RowKey, Tally] = {}
+    for cell in found:
+        tenant, start, model, backend = cell.key
+        row_key = (tenant, _bucket(q, start), _group(q, model, backend))
+        total = sums.get(row_key)
+        if total is None:
+            total = sums[row_key] = Tally()
+        total.merge(cell.tally)
+    ordered = sorted(sums.items(), key=lambda item: _order(item[0]))
+    return [_row(key, tally) for key, tally in ordered]
+
+
+def _bucket(q: UsageQuery, start: int) -> int | None:
+    if q.bucket == "hour":
+        return start
+    if q.bucket == "day":
+        return start - start % DAY_S
+    return None
+
+
+def _group(q: UsageQuery, model: str | None, backend: str | None) -> str | None:
+    if q.group_by == "model":
+        return model
+    if q.group_by == "backend":
+        return backend
+    return None
+
+
+def _order(key: _RowKey) -> tuple[bool, str, int, bool, str]:
+    tenant, bucket, group = key
+    return (tenant is None, tenant or "", bucket or 0, group is None, group or "")
+
+
+def _row(key: _RowKey, tally: Tally) -> UsageRow:
+    tenant, bucket, group = key
+    return UsageRow(
+        tenant=tenant,
+        bucket_start=None if bucket is None else float(bucket),
+        key=group,
+        requests=tally.requests,
+        errors=tally.errors,
+        rate_limited=tally.rate_limited,
+        degraded=tally.degraded,
+        shaped=tally.shaped,
+        client_disconnects=tally.client_disconnects,
+        input_tokens=tally.input_tokens,
+        output_tokens=tally.output_tokens,
+        cost_nusd=tally.cost_nusd,
+        cache_hits=tally.cache_hits,
+        cache_semantic_hits=tally.cache_semantic_hits,
+        cache_misses=tally.cache_misses,
+        duration_ms_total=tally.duration_ms_total,
+        ttft_ms_p50=histogram.quantile(tally.ttft_ms, 0.50, histogram.TTFT_MS),
+        ttft_ms_p95=histogram.quantile(tally.ttft_ms, 0.95, histogram.TTFT_MS),
+        tokens_per_s_p50=histogram.quantile(tally.tokens_per_s, 0.50, histogram.TOKENS_PER_S),
+    )

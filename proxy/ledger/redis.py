@@ -1,0 +1,237 @@
+"""The Redis ledger: appends buffered in memory, written by one asyncio task through a Lua script.
+
+Per tenant, a capped stream keeps raw records and hashes keep hour and day totals, all under the
+tenant's hash tag. While Redis is unreachable records stay buffered (bounded) and are retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from importlib import resources
+
+import orjson
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from proxy.ledger import query as planner
+from proxy.ledger import rediskeys as keys
+from proxy.ledger.aggregate import Cell
+from proxy.ledger.base import LedgerError, LedgerStats, UsageQuery, UsageRecord, UsageRow
+from proxy.ledger.buffer import Batch, RecordBuffer
+
+__all__ = ["RedisLedger"]
+
+_DAY_S = 86400
+
+
+@dataclass(frozen=True, slots=True)
+class _Connection:
+    client: Redis
+    append: AsyncScript
+    sum: AsyncScript
+
+
+class RedisLedger:
+    """`append` is a deque append; the task writes every `interval_s` or `batch_records`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        read_only: bool = False,
+        batch_records: int = 500,
+        interval_s: float = 0.05,
+        buffer_records: int = 100_000,
+        flush_timeout_s: float = 10.0,
+        stream_records: int = 100_000,
+        retention_s: int = 400 * _DAY_S,
+        socket_timeout_s: float = 5.0,
+    ) -> None:
+        self.url = url
+        self._read_only = read_only
+        self._batch_records = batch_records
+        self._interval_s = interval_s
+        self._flush_timeout_s = flush_timeout_s
+        self._stream_records = stream_records
+        self._retention_s = retention_s
+        self._socket_timeout_s = socket_timeout_s
+        self._buffer = RecordBuffer(max_records=buffer_records)
+        self._writer_id = uuid.uuid4().hex
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._connection: _Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def append(self, record: UsageRecord) -> None:
+        if self._read_only:
+            raise LedgerError("this ledger was opened read-only")
+        if self._buffer.put(record) == self._batch_records:  # crossing, not every append
+            self._wake.set()
+
+    async def start(self) -> None:
+        timeout_s = self._socket_timeout_s
+        client = Redis.from_url(
+            self.url,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+        )
+        append, total = (client.register_script(_lua(f)) for f in ("append.lua", "sum.lua"))
+        self._connection = _Connection(client, append, total)
+        if not self._read_only:
+            self._task = asyncio.create_task(self._run(), name="tokenweir-ledger")
+
+    async def flush(self) -> None:
+        durable = self._buffer.wait_durable()
+        if durable.done():
+            return
+        if self._task is None or self._task.done():
+            durable.cancel()
+            raise LedgerError(f"{self._buffer.buffered} ledger records wait for a writer")
+        self._wake.set()
+        try:
+            async with asyncio.timeout(self._flush_timeout_s):
+                await durable
+        except TimeoutError:
+            raise LedgerError(
+                f"{self._buffer.buffered} ledger records not yet written to Redis after "
+                f"{self._flush_timeout_s:g}s: {self._buffer.stats().last_error}"
+            ) from None
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(LedgerError):  # whatever stays unwritten is logged below
+            await self.flush()
+        self._buffer.close()  # the writer's last drain takes what came in during the flush
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        self._buffer.report_unwritten()
+        if self._connection is not None:
+            await self._connection.client.aclose()
+
+    async def query(self, q: UsageQuery) -> list[UsageRow]:
+        try:
+            cells = await self._read_cells(q)
+        except RedisError as exc:
+            raise LedgerError(f"cannot read the ledger from Redis: {exc}") from exc
+        return planner.rows(q, cells)
+
+    async def latest(self, tenant: str | None, limit: int) -> list[UsageRecord]:
+        client = self._connected().client
+        try:
+            tags = [keys.tag(tenant)] if tenant is not None else await self._tags()
+            async with client.pipeline(transaction=False) as pipe:
+                for tenant_tag in tags:
+                    pipe.xrevrange(keys.stream_key(tenant_tag), count=limit)
+                streams = await pipe.execute()
+        except RedisError as exc:
+            raise LedgerError(f"cannot read the ledger from Redis: {exc}") from exc
+        records = [
+            keys.decode_record(fields[keys.RECORD_FIELD])
+            for entries in streams
+            for _, fields in entries
+            if keys.RECORD_FIELD in fields
+        ]
+        records.sort(key=lambda r: r.ts, reverse=True)
+        return records[:limit]
+
+    def stats(self) -> LedgerStats:
+        return self._buffer.stats()
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await self._drain()
+        await self._drain()  # anything appended after the last flush
+
+    async def _drain(self) -> None:
+        attempt = 0
+        while (batch := self._buffer.next_batch(self._batch_records)) is not None:
+            try:
+                await self._write(batch)
+            except (RedisError, OSError) as exc:
+                delay_s = self._buffer.failed(exc, attempt)
+                attempt += 1
+                if self._stopping:
+                    return
+                try:
+                    async with asyncio.timeout(delay_s):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                self._wake.clear()
+            except Exception as exc:  # a bug in encoding: drop this batch, keep the ledger going
+                self._buffer.discard(exc)
+            else:
+                self._buffer.succeeded()
+                attempt = 0
+
+    async def _write(self, batch: Batch) -> None:
+        """One round trip: each tenant's share of the batch is one atomic, idempotent script."""
+        connection = self._connected()
+        by_tenant: defaultdict[str, list[UsageRecord]] = defaultdict(list)
+        for record in batch.records:
+            by_tenant[keys.tag(record.tenant)].append(record)
+        async with connection.client.pipeline(transaction=False) as pipe:
+            pipe.sadd(keys.TENANTS_KEY, *by_tenant)
+            for tenant_tag, records in by_tenant.items():
+                script_keys, script_args = keys.script_call(
+                    tenant_tag,
+                    self._writer_id,
+                    batch.seq,
+                    records,
+                    stream_records=self._stream_records,
+                    ttl_s=self._retention_s,
+                    marker_ttl_s=_DAY_S,
+                )
+                await connection.append(keys=script_keys, args=script_args, client=pipe)
+            await pipe.execute()
+
+    async def _read_cells(self, q: UsageQuery) -> list[Cell]:
+        """Summed in Redis by lua/sum.lua: one small reply per tenant, span and group."""
+        connection = self._connected()
+        tags = [keys.tag(q.tenant)] if q.tenant is not None else await self._tags()
+        spans = planner.plan(q)
+        bucket_s = {"hour": 3600, "day": _DAY_S, None: 0}[q.bucket]
+        async with connection.client.pipeline(transaction=False) as pipe:
+            for tenant_tag in tags:
+                for span in spans:
+                    index = keys.index_key(tenant_tag, span.granularity)
+                    prefix = keys.agg_key(tenant_tag, span.granularity, "")
+                    args: list[str | int] = [span.start, span.end - 1, prefix, bucket_s]
+                    args.append(q.group_by or "")
+                    await connection.sum(keys=[index], args=args, client=pipe)
+            replies = iter(await pipe.execute())
+        return [
+            keys.decode_cell(keys.tenant_of(tenant_tag), group, totals)
+            for tenant_tag in tags
+            for _ in spans
+            for group, totals in orjson.loads(next(replies))
+        ]
+
+    async def _tags(self) -> list[str]:
+        return sorted(map(str, await self._connected().client.smembers(keys.TENANTS_KEY)))
+
+    def _connected(self) -> _Connection:
+        if self._connection is None:
+            raise LedgerError("the ledger is not started")
+        return self._connection
+
+
+def _lua(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", name).read_text("utf-8")

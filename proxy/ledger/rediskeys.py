@@ -1,0 +1,164 @@
+"""The Redis ledger's key names and encodings: pure functions, so they are testable offline.
+
+Every key of one tenant carries the hash tag `{<tenant>}` and so lives in one Redis Cluster slot,
+which is what lets one Lua script update a tenant's records and aggregates atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote, unquote
+
+import orjson
+
+from proxy.ledger import histogram
+from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally, fold
+from proxy.ledger.base import UsageRecord
+
+__all__ = [
+    "TENANTS_KEY",
+    "agg_key",
+    "decode_cell",
+    "decode_record",
+    "index_key",
+    "script_call",
+    "stream_key",
+    "tag",
+    "tenant_of",
+]
+
+TENANTS_KEY = "tw:ledger:tenants"
+"""Set of the tags of every tenant with records: how a query over all tenants finds them."""
+
+RECORD_FIELD = "v1"
+"""The stream field holding a record: a new layout gets a new name, old entries stay legible."""
+
+_ANONYMOUS = "%anon"  # never produced by quote(): it leaves no '%' without two hex digits
+_TTFT = "ttft:"
+_SPEED = "tps:"
+
+
+def tag(tenant: str | None) -> str:
+    """The tenant as it appears in keys: percent-encoded, so `{`, `}` and `:` cannot leak."""
+    return _ANONYMOUS if tenant is None else quote(tenant, safe="")
+
+
+def tenant_of(tenant_tag: str) -> str | None:
+    return None if tenant_tag == _ANONYMOUS else unquote(tenant_tag)
+
+
+def stream_key(tenant_tag: str) -> str:
+    return f"tw:{{{tenant_tag}}}:ledger:records"
+
+
+def index_key(tenant_tag: str, granularity: Granularity) -> str:
+    return f"tw:{{{tenant_tag}}}:ledger:{granularity}s"
+
+
+def agg_key(tenant_tag: str, granularity: Granularity, member: str) -> str:
+    return f"tw:{{{tenant_tag}}}:ledger:{granularity}:{member}"
+
+
+def marker_key(tenant_tag: str, writer_id: str) -> str:
+    return f"tw:{{{tenant_tag}}}:ledger:writer:{writer_id}"
+
+
+def member(start: int, model: str | None, backend: str | None) -> str:
+    """An aggregate's name in its index: JSON, so any model or backend name round-trips."""
+    return orjson.dumps([start, model, backend]).decode()
+
+
+def encode_record(record: UsageRecord) -> bytes:
+    """A JSON array in UsageRecord's field order (stream field RECORD_FIELD names the layout)."""
+    r = record
+    return orjson.dumps(
+        [
+            r.ts,
+            r.request_id,
+            r.tenant,
+            r.model,
+            r.backend,
+            r.operation,
+            r.stream,
+            r.status,
+            r.error,
+            r.input_tokens,
+            r.output_tokens,
+            r.cost_nusd,
+            r.cache,
+            r.ttft_ms,
+            r.tokens_per_s,
+            r.duration_ms,
+            r.shaped,
+            r.degraded,
+            r.client_disconnected,
+        ]
+    )
+
+
+def decode_record(raw: str | bytes) -> UsageRecord:
+    values = orjson.loads(raw)
+    values[16] = tuple(values[16])
+    values[17] = tuple(values[17])
+    return UsageRecord(*values)
+
+
+def script_call(
+    tenant_tag: str,
+    writer_id: str,
+    seq: int,
+    records: Sequence[UsageRecord],
+    *,
+    stream_records: int,
+    ttl_s: int,
+    marker_ttl_s: int,
+) -> tuple[list[str], list[str | int | bytes]]:
+    """KEYS and ARGV for lua/append.lua: one tenant's records and their hour and day totals."""
+    keys = [
+        marker_key(tenant_tag, writer_id),
+        stream_key(tenant_tag),
+        index_key(tenant_tag, "hour"),
+        index_key(tenant_tag, "day"),
+    ]
+    cutoff = int(max(r.ts for r in records)) - ttl_s
+    args: list[str | int | bytes] = [seq, stream_records, ttl_s, marker_ttl_s, cutoff]
+    args.append(len(records))
+    args.extend(encode_record(r) for r in records)
+    hours, days = fold(records)
+    levels: tuple[tuple[int, Granularity, dict[CellKey, Tally]], ...] = (
+        (3, "hour", hours),
+        (4, "day", days),
+    )
+    for slot, granularity, tallies in levels:
+        for (_, start, model, backend), tally in tallies.items():
+            name = member(start, model, backend)
+            keys.append(agg_key(tenant_tag, granularity, name))
+            fields = _fields(tally)
+            args += [slot, name, start, len(fields) // 2, *fields]
+    return keys, args
+
+
+def _fields(tally: Tally) -> list[str | int]:
+    fields: list[str | int] = []
+    for name, value in zip(COUNTERS, tally.counters(), strict=True):
+        if value:
+            fields += [name, value]
+    for prefix, counts in ((_TTFT, tally.ttft_ms), (_SPEED, tally.tokens_per_s)):
+        for index, count in counts.items():
+            fields += [f"{prefix}{index}", count]
+    return fields
+
+
+def decode_cell(tenant: str | None, group: list[Any], fields: Mapping[str, int]) -> Cell:
+    """A cell as lua/sum.lua replies: `group` is [period or bucket start, model, backend]."""
+    start, model, backend = group
+    ttft: histogram.Histogram = {}
+    speed: histogram.Histogram = {}
+    for name, value in fields.items():
+        if name.startswith(_TTFT):
+            ttft[int(name[len(_TTFT) :])] = value
+        elif name.startswith(_SPEED):
+            speed[int(name[len(_SPEED) :])] = value
+    counters = (fields.get(name, 0) for name in COUNTERS)
+    return Cell((tenant, start, model, backend), Tally.from_counters(counters, ttft, speed))

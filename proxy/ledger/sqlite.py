@@ -1,0 +1,184 @@
+"""The SQLite ledger: appends buffered in memory, written by one thread in batched transactions.
+
+sqlite3 blocks, so the event loop never touches it: the writer thread owns the write connection
+and each query opens a read-only connection in `asyncio.to_thread` (WAL lets both run at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+from pathlib import Path
+
+from proxy.ledger import query as planner
+from proxy.ledger import sqlschema
+from proxy.ledger.aggregate import Cell
+from proxy.ledger.base import LedgerError, LedgerStats, UsageQuery, UsageRecord, UsageRow
+from proxy.ledger.buffer import RecordBuffer
+
+__all__ = ["SqliteLedger"]
+
+
+class SqliteLedger:
+    """`append` is a deque append; the thread commits every `interval_s` or `batch_records`.
+
+    A backlog (after a burst or an outage) is written `transaction_records` at a time: bigger
+    transactions fold more records into each aggregate row, so the writer catches up faster.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        read_only: bool = False,
+        batch_records: int = 500,
+        transaction_records: int = 5000,
+        interval_s: float = 0.05,
+        buffer_records: int = 100_000,
+        flush_timeout_s: float = 10.0,
+        busy_timeout_s: float = 5.0,
+    ) -> None:
+        self.path = path
+        self._read_only = read_only
+        self._batch_records = batch_records
+        self._transaction_records = transaction_records
+        self._interval_s = interval_s
+        self._flush_timeout_s = flush_timeout_s
+        self._busy_timeout_s = busy_timeout_s
+        self._buffer = RecordBuffer(max_records=buffer_records)
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def append(self, record: UsageRecord) -> None:
+        if self._read_only:
+            raise LedgerError("this ledger was opened read-only")
+        if self._buffer.put(record) == self._batch_records:  # crossing, not every append
+            self._wake.set()
+
+    async def start(self) -> None:
+        if self._read_only:
+            await asyncio.to_thread(self._check_readable)
+            return
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="tokenweir-ledger", daemon=True
+        )
+        self._thread.start()
+        await ready
+
+    async def flush(self) -> None:
+        durable = self._buffer.wait_durable()
+        if durable.done():
+            return
+        if self._thread is None or not self._thread.is_alive():
+            durable.cancel()
+            raise LedgerError(f"{self._buffer.buffered} ledger records wait for a writer")
+        self._wake.set()
+        try:
+            async with asyncio.timeout(self._flush_timeout_s):
+                await durable
+        except TimeoutError:
+            raise LedgerError(
+                f"{self._buffer.buffered} ledger records not yet written to {self.path} "
+                f"after {self._flush_timeout_s:g}s: {self._buffer.stats().last_error}"
+            ) from None
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(LedgerError):  # whatever stays unwritten is logged below
+            await self.flush()
+        self._buffer.close()  # the writer's last drain takes what came in during the flush
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        self._buffer.report_unwritten()
+
+    async def query(self, q: UsageQuery) -> list[UsageRow]:
+        cells = await asyncio.to_thread(self._read_cells, q)
+        return planner.rows(q, cells)
+
+    async def latest(self, tenant: str | None, limit: int) -> list[UsageRecord]:
+        return await asyncio.to_thread(self._read_latest, tenant, limit)
+
+    def stats(self) -> LedgerStats:
+        return self._buffer.stats()
+
+    def _run(self, ready: asyncio.Future[None]) -> None:
+        loop = ready.get_loop()
+        try:
+            conn = sqlschema.connect(self.path, busy_timeout_s=self._busy_timeout_s, writer=True)
+        except LedgerError as exc:
+            loop.call_soon_threadsafe(_settle, ready, exc)
+            return
+        loop.call_soon_threadsafe(_settle, ready, None)
+        try:
+            while not self._stopping:
+                self._wake.wait(self._interval_s)
+                self._wake.clear()
+                self._drain(conn)
+            self._drain(conn)  # anything appended after the last flush
+        finally:
+            conn.close()
+
+    def _drain(self, conn: sqlite3.Connection) -> None:
+        """Write until the buffer is empty; on failure wait (interruptibly) and try again."""
+        attempt = 0
+        while (batch := self._buffer.next_batch(self._transaction_records)) is not None:
+            try:
+                sqlschema.write_batch(conn, batch.records)
+            except sqlite3.Error as exc:
+                delay_s = self._buffer.failed(exc, attempt)
+                attempt += 1
+                if self._stopping:
+                    return
+                self._wake.wait(delay_s)
+                self._wake.clear()
+            except Exception as exc:  # a bug in encoding: drop this batch, keep the ledger going
+                self._buffer.discard(exc)
+            else:
+                self._buffer.succeeded()
+                attempt = 0
+
+    def _check_readable(self) -> None:
+        if not self.path.is_file():
+            raise LedgerError(f"there is no ledger database at {self.path}")
+        sqlschema.connect(self.path, busy_timeout_s=self._busy_timeout_s, writer=False).close()
+
+    def _read_cells(self, q: UsageQuery) -> list[Cell]:
+        conn = self._reader()
+        try:
+            return [
+                cell for span in planner.plan(q) for cell in sqlschema.read_cells(conn, span, q)
+            ]
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot read the ledger database {self.path}: {exc}") from exc
+        finally:
+            conn.close()
+
+    def _read_latest(self, tenant: str | None, limit: int) -> list[UsageRecord]:
+        conn = self._reader()
+        try:
+            return sqlschema.read_latest(conn, tenant, limit)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot read the ledger database {self.path}: {exc}") from exc
+        finally:
+            conn.close()
+
+    def _reader(self) -> sqlite3.Connection:
+        return sqlschema.connect(self.path, busy_timeout_s=self._busy_timeout_s, writer=False)
+
+
+def _settle(future: asyncio.Future[None], error: LedgerError | None) -> None:
+    if future.done():  # start() was cancelled
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -1,0 +1,257 @@
+"""The SQLite ledger's tables, their versioned migration, and the statements run on a connection.
+
+Blocking calls only: the ledger runs them on its writer thread or in `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.ledger import histogram
+from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally, fold
+from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord
+from proxy.ledger.query import Span
+
+__all__ = [
+    "APPLICATION_ID",
+    "SCHEMA_VERSION",
+    "connect",
+    "read_cells",
+    "read_latest",
+    "write_batch",
+]
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x74776C67  # "twlg": marks the file as a tokenweir ledger
+
+_RECORD_COLUMNS = (
+    "ts, request_id, tenant, model, backend, operation, stream, status, error, input_tokens, "
+    "output_tokens, cost_nusd, cache, ttft_ms, tokens_per_s, duration_ms, shaped, degraded, "
+    "client_disconnected"
+)
+_CELL_KEY = "tenant, period_start, model, backend"
+_CELL_COLUMNS = f"{_CELL_KEY}, {', '.join(COUNTERS)}, ttft_ms_hist, tokens_per_s_hist"
+_TABLES: dict[Granularity, str] = {"hour": "usage_hour", "day": "usage_day"}
+
+
+def _cell_table_ddl(table: str) -> list[str]:
+    counters = ", ".join(f"{name} INTEGER NOT NULL" for name in COUNTERS)
+    return [
+        f"CREATE TABLE {table} (tenant TEXT NOT NULL, period_start INTEGER NOT NULL, "
+        f"model TEXT NOT NULL, backend TEXT NOT NULL, {counters}, "
+        "ttft_ms_hist BLOB NOT NULL, tokens_per_s_hist BLOB NOT NULL, "
+        f"PRIMARY KEY ({_CELL_KEY})) WITHOUT ROWID",
+        f"CREATE INDEX {table}_period ON {table} (period_start)",
+    ]
+
+
+# Version n+1 is reached by running _MIGRATIONS[n]. Never edit a released entry: append one.
+_MIGRATIONS: tuple[list[str], ...] = (
+    [
+        "CREATE TABLE usage_records (id INTEGER PRIMARY KEY, ts REAL NOT NULL, "
+        "request_id TEXT NOT NULL, tenant TEXT, model TEXT, backend TEXT, operation TEXT NOT NULL, "
+        "stream INTEGER NOT NULL, status INTEGER NOT NULL, error TEXT, "
+        "input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, "
+        "cost_nusd INTEGER NOT NULL, cache TEXT NOT NULL, ttft_ms REAL, tokens_per_s REAL, "
+        "duration_ms REAL NOT NULL, shaped TEXT NOT NULL, degraded TEXT NOT NULL, "
+        "client_disconnected INTEGER NOT NULL)",
+        "CREATE INDEX usage_records_tenant ON usage_records (tenant)",
+        *_cell_table_ddl("usage_hour"),
+        *_cell_table_ddl("usage_day"),
+    ],
+)
+assert len(_MIGRATIONS) == SCHEMA_VERSION  # noqa: S101 - a release-time invariant
+
+
+def _upsert_sql(table: str) -> str:
+    updates = ", ".join(f"{name} = {name} + excluded.{name}" for name in COUNTERS)
+    placeholders = ", ".join("?" * (4 + len(COUNTERS) + 2))
+    return (
+        f"INSERT INTO {table} ({_CELL_COLUMNS}) VALUES ({placeholders}) "  # noqa: S608
+        f"ON CONFLICT ({_CELL_KEY}) DO UPDATE SET {updates}, "
+        "ttft_ms_hist = tw_hist_add(ttft_ms_hist, excluded.ttft_ms_hist), "
+        "tokens_per_s_hist = tw_hist_add(tokens_per_s_hist, excluded.tokens_per_s_hist)"
+    )
+
+
+_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 19)})"  # noqa: S608
+_UPSERT = {granularity: _upsert_sql(table) for granularity, table in _TABLES.items()}
+
+
+def connect(path: Path, *, busy_timeout_s: float, writer: bool) -> sqlite3.Connection:
+    """The writer's connection (WAL, schema migrated) or a read-only one (schema checked)."""
+    try:
+        if writer:
+            conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+        else:
+            uri = path.resolve().as_uri() + "?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise LedgerError(f"cannot open the ledger database {path}: {exc}") from exc
+    try:
+        if writer:
+            # WAL: readers never block the writer. NORMAL: a commit survives a crash of this
+            # process; an OS crash or power cut may roll back the last commits, never corrupt.
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.create_function("tw_hist_add", 2, _hist_add, deterministic=True)
+            _migrate(conn, path)
+        else:
+            # typeshed admits only int-valued aggregates; SQLite takes blobs just the same
+            conn.create_aggregate("tw_hist_sum", 1, histogram.BlobSum)  # type: ignore[arg-type]
+            _check_version(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    try:
+        conn.execute("BEGIN IMMEDIATE")  # one migrator at a time across processes
+        version = _check_version(conn, path, allow_older=True)
+        for step in _MIGRATIONS[version:]:
+            for statement in step:
+                conn.execute(statement)
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        _rollback(conn)
+        raise LedgerError(f"cannot prepare the ledger database {path}: {exc}") from exc
+
+
+def _check_version(conn: sqlite3.Connection, path: Path, *, allow_older: bool = False) -> int:
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    except sqlite3.Error as exc:
+        raise LedgerError(f"cannot read the ledger database {path}: {exc}") from exc
+    if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables):
+        raise LedgerError(f"{path} is not a tokenweir ledger database")
+    if version > SCHEMA_VERSION:
+        raise LedgerError(
+            f"{path} has ledger schema v{version}; this tokenweir reads up to v{SCHEMA_VERSION}"
+        )
+    if version < SCHEMA_VERSION and not allow_older:
+        raise LedgerError(
+            f"{path} has ledger schema v{version} (current v{SCHEMA_VERSION}): "
+            "start the gateway once to migrate it"
+        )
+    return int(version)
+
+
+def write_batch(conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> None:
+    """Raw records and their hour and day totals, in one transaction."""
+    hours, days = fold(records)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(_INSERT_RECORD, map(_record_row, records))
+        conn.executemany(_UPSERT["hour"], map(_cell_row, hours.items()))
+        conn.executemany(_UPSERT["day"], map(_cell_row, days.items()))
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+_BUCKET_SQL = {"hour": "period_start", "day": "period_start - period_start % 86400", None: "0"}
+_SUMS_SQL = ", ".join(f"SUM({name})" for name in COUNTERS)
+
+
+def read_cells(conn: sqlite3.Connection, span: Span, q: UsageQuery) -> list[Cell]:
+    """The span's cells, already summed in SQL per (tenant, bucket, model or backend).
+
+    A summed cell's period is its bucket's start, and the column not grouped by is blank.
+    """
+    model = "model" if q.group_by == "model" else "''"
+    backend = "backend" if q.group_by == "backend" else "''"
+    sql = (
+        f"SELECT tenant, {_BUCKET_SQL[q.bucket]}, {model}, {backend}, {_SUMS_SQL}, "  # noqa: S608
+        "tw_hist_sum(ttft_ms_hist), tw_hist_sum(tokens_per_s_hist) "
+        f"FROM {_TABLES[span.granularity]} WHERE period_start >= ? AND period_start < ?"
+    )
+    params: tuple[object, ...] = (span.start, span.end)
+    if q.tenant is not None:
+        sql += " AND tenant = ?"
+        params += (q.tenant,)
+    return [_cell(row) for row in conn.execute(sql + " GROUP BY 1, 2, 3, 4", params)]
+
+
+def read_latest(conn: sqlite3.Connection, tenant: str | None, limit: int) -> list[UsageRecord]:
+    where = "" if tenant is None else "WHERE tenant = ? "
+    params: tuple[object, ...] = (limit,) if tenant is None else (tenant, limit)
+    sql = f"SELECT {_RECORD_COLUMNS} FROM usage_records {where}ORDER BY id DESC LIMIT ?"  # noqa: S608
+    return [_record(row) for row in conn.execute(sql, params)]
+
+
+def _record_row(r: UsageRecord) -> tuple[object, ...]:
+    return (
+        r.ts,
+        r.request_id,
+        r.tenant,
+        r.model,
+        r.backend,
+        r.operation,
+        r.stream,
+        r.status,
+        r.error,
+        r.input_tokens,
+        r.output_tokens,
+        r.cost_nusd,
+        r.cache,
+        r.ttft_ms,
+        r.tokens_per_s,
+        r.duration_ms,
+        orjson.dumps(r.shaped).decode(),
+        orjson.dumps(r.degraded).decode(),
+        r.client_disconnected,
+    )
+
+
+def _record(row: tuple[Any, ...]) -> UsageRecord:
+    values = list(row)
+    for flag in (6, 18):
+        values[flag] = bool(values[flag])
+    for names in (16, 17):
+        values[names] = tuple(orjson.loads(values[names]))
+    return UsageRecord(*values)
+
+
+def _cell_row(item: tuple[CellKey, Tally]) -> tuple[object, ...]:
+    (tenant, start, model, backend), tally = item
+    return (
+        tenant or "",
+        start,
+        model or "",
+        backend or "",
+        *tally.counters(),
+        histogram.encode(tally.ttft_ms),
+        histogram.encode(tally.tokens_per_s),
+    )
+
+
+def _cell(row: tuple[Any, ...]) -> Cell:
+    tenant, start, model, backend = row[:4]
+    ttft, speed = row[4 + len(COUNTERS) :]
+    tally = Tally.from_counters(
+        row[4 : 4 + len(COUNTERS)], histogram.decode(ttft), histogram.decode(speed)
+    )
+    return Cell((tenant or None, start, model or None, backend or None), tally)
+
+
+def _hist_add(left: bytes | None, right: bytes | None) -> bytes:
+    merged = histogram.decode(left)
+    histogram.merge_into(merged, histogram.decode(right).items())
+    return histogram.encode(merged)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")

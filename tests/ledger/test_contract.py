@@ -1,0 +1,227 @@
+"""The ledger contract, run against every store: SQLite and a real Redis."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from proxy.ledger import Bucket, Ledger, UsageQuery, UsageRecord, open_ledger
+from tests.ledger.factory import DAY_S, HOUR_S, T0, record
+
+pytestmark = pytest.mark.anyio
+
+BUCKETS: list[Bucket | None] = [None, "hour", "day"]
+EVERYTHING = UsageQuery(None, T0 - 30 * DAY_S, T0 + 30 * DAY_S)
+
+
+@asynccontextmanager
+async def opened(url: str) -> AsyncIterator[Ledger]:
+    ledger = open_ledger(url)
+    await ledger.start()
+    try:
+        yield ledger
+    finally:
+        await ledger.aclose()
+
+
+async def write(url: str, records: list[UsageRecord]) -> None:
+    async with opened(url) as ledger:
+        for r in records:
+            ledger.append(r)
+
+
+async def test_records_read_back_exactly_as_appended(ledger_url: str) -> None:
+    records = [
+        record(1),
+        record(2, tenant=None, model=None, backend=None, status=401, error="invalid_api_key"),
+        record(3, tenant="客服机器人", model="qwen2.5:7b", shaped=("history", "max_tokens")),
+        record(4, ttft_ms=None, tokens_per_s=None, cache="hit", degraded=("shorten-under-load",)),
+        record(5, operation="embeddings", stream=False, client_disconnected=True, cost_nusd=7),
+    ]
+    async with opened(ledger_url) as ledger:
+        for r in records:
+            ledger.append(r)
+        await ledger.flush()
+        assert await ledger.latest(None, 10) == records[::-1]
+        assert await ledger.latest("客服机器人", 10) == [records[2]]
+        assert await ledger.latest(None, 2) == [records[4], records[3]]
+
+
+async def test_totals_per_tenant_unauthenticated_last(ledger_url: str) -> None:
+    await write(
+        ledger_url,
+        [
+            record(1, tenant="beta", input_tokens=10, output_tokens=1, cost_nusd=5),
+            record(2, tenant="alpha", input_tokens=20, output_tokens=2, cost_nusd=7),
+            record(3, tenant=None, status=401, input_tokens=0, output_tokens=0, cost_nusd=0),
+            record(4, tenant="beta", input_tokens=30, output_tokens=3, cost_nusd=11),
+        ],
+    )
+    async with opened(ledger_url) as ledger:
+        rows = await ledger.query(EVERYTHING)
+    summary = [(r.tenant, r.requests, r.input_tokens, r.output_tokens, r.cost_nusd) for r in rows]
+    assert summary == [("alpha", 1, 20, 2, 7), ("beta", 2, 40, 4, 16), (None, 1, 0, 0, 0)]
+    assert rows[2].errors == 1
+
+
+async def test_one_tenant_sees_only_its_own_usage(ledger_url: str) -> None:
+    await write(ledger_url, [record(1, tenant="alpha"), record(2, tenant="beta")])
+    async with opened(ledger_url) as ledger:
+        rows = await ledger.query(UsageQuery("beta", T0 - DAY_S, T0 + DAY_S))
+        assert [(r.tenant, r.requests) for r in rows] == [("beta", 1)]
+        assert await ledger.query(UsageQuery("gamma", T0 - DAY_S, T0 + DAY_S)) == []
+
+
+async def test_outcomes_are_counted(ledger_url: str) -> None:
+    await write(
+        ledger_url,
+        [
+            record(1, status=429, error="rate_limit_exceeded", cache="bypass"),
+            record(2, status=502, error="upstream_error", degraded=("spill",), cache="bypass"),
+            record(3, cache="hit", shaped=("history",)),
+            record(4, cache="semantic-hit", client_disconnected=True),
+            record(5, cache="miss", duration_ms=1000.4),
+        ],
+    )
+    async with opened(ledger_url) as ledger:
+        (row,) = await ledger.query(EVERYTHING)
+    assert (row.requests, row.errors, row.rate_limited) == (5, 2, 1)
+    assert (row.degraded, row.shaped, row.client_disconnects) == (1, 1, 1)
+    assert (row.cache_hits, row.cache_semantic_hits, row.cache_misses) == (1, 1, 1)
+    assert row.cache_hit_rate == pytest.approx(2 / 3)
+    assert row.duration_ms_total == 4 * 750 + 1000
+
+
+async def test_group_by_model_and_by_backend(ledger_url: str) -> None:
+    await write(
+        ledger_url,
+        [
+            record(1, model="big", backend="a"),
+            record(2, model="big", backend="b"),
+            record(3, model="small", backend="b"),
+            record(4, model=None, backend=None, status=404),
+        ],
+    )
+    async with opened(ledger_url) as ledger:
+        by_model = await ledger.query(UsageQuery(None, T0, T0 + 1, group_by="model"))
+        by_backend = await ledger.query(UsageQuery(None, T0, T0 + 1, group_by="backend"))
+    assert [(r.key, r.requests) for r in by_model] == [("big", 2), ("small", 1), (None, 1)]
+    assert [(r.key, r.requests) for r in by_backend] == [("a", 1), ("b", 2), (None, 1)]
+
+
+async def test_hour_and_day_buckets(ledger_url: str) -> None:
+    day0 = T0 - T0 % DAY_S
+    times = [day0 + 5, day0 + HOUR_S + 5, day0 + HOUR_S + 6, day0 + DAY_S + 7]
+    await write(ledger_url, [record(i, ts=ts) for i, ts in enumerate(times)])
+    async with opened(ledger_url) as ledger:
+        hours = await ledger.query(UsageQuery("alpha", day0, day0 + 2 * DAY_S, bucket="hour"))
+        days = await ledger.query(UsageQuery("alpha", day0, day0 + 2 * DAY_S, bucket="day"))
+    assert [(r.bucket_start, r.requests) for r in hours] == [
+        (day0, 1),
+        (day0 + HOUR_S, 2),
+        (day0 + DAY_S, 1),
+    ]
+    assert [(r.bucket_start, r.requests) for r in days] == [(day0, 3), (day0 + DAY_S, 1)]
+
+
+async def test_window_is_widened_to_whole_hours(ledger_url: str) -> None:
+    times = [T0 - 1, T0 + 1, T0 + 1800, T0 + HOUR_S - 1, T0 + HOUR_S]
+    await write(ledger_url, [record(i, ts=ts) for i, ts in enumerate(times)])
+    async with opened(ledger_url) as ledger:
+        (row,) = await ledger.query(UsageQuery("alpha", T0 + 600, T0 + 1200))
+    assert row.requests == 3
+
+
+async def test_any_window_matches_a_sum_over_raw_records(ledger_url: str) -> None:
+    """Day totals in the middle, hour totals at the edges: no record counted twice or missed."""
+    rng = random.Random(7)  # noqa: S311 (reproducible records and windows)
+    start = T0 - 4 * DAY_S
+    records = [
+        record(i, ts=start + rng.uniform(0, 8 * DAY_S), tenant=rng.choice(["a", "b"]))
+        for i in range(600)
+    ]
+    records.sort(key=lambda r: r.ts)
+    await write(ledger_url, records)
+    async with opened(ledger_url) as ledger:
+        for _ in range(12):
+            since = start + rng.uniform(-DAY_S, 8 * DAY_S)
+            until = since + rng.choice([600.0, HOUR_S * 5, DAY_S, DAY_S * 2.5, DAY_S * 6])
+            bucket = rng.choice(BUCKETS)
+            rows = await ledger.query(UsageQuery(None, since, until, bucket=bucket))
+            low = math.floor(since / HOUR_S) * HOUR_S
+            high = math.ceil(until / HOUR_S) * HOUR_S
+            expected = Counter(r.tenant for r in records if low <= r.ts < high)
+            got: Counter[str | None] = Counter()
+            for row in rows:
+                got[row.tenant] += row.requests
+            assert got == expected, (since, until, bucket)
+
+
+async def test_percentiles_are_within_the_documented_precision(ledger_url: str) -> None:
+    rng = random.Random(3)  # noqa: S311 (reproducible samples)
+    ttfts = [rng.lognormvariate(math.log(200), 0.8) for _ in range(2000)]
+    speeds = [rng.uniform(20, 120) for _ in range(2000)]
+    await write(
+        ledger_url,
+        [
+            record(i, ttft_ms=t, tokens_per_s=s)
+            for i, (t, s) in enumerate(zip(ttfts, speeds, strict=True))
+        ],
+    )
+    async with opened(ledger_url) as ledger:
+        (row,) = await ledger.query(EVERYTHING)
+
+    def exact(values: list[float], q: float) -> float:
+        return sorted(values)[math.ceil(q * len(values)) - 1]
+
+    assert row.ttft_ms_p50 == pytest.approx(exact(ttfts, 0.5), rel=0.091)
+    assert row.ttft_ms_p95 == pytest.approx(exact(ttfts, 0.95), rel=0.091)
+    assert row.tokens_per_s_p50 == pytest.approx(exact(speeds, 0.5), rel=0.091)
+
+
+async def test_closing_makes_every_appended_record_durable(ledger_url: str) -> None:
+    records = [record(i, tenant=f"t{i % 3}") for i in range(2345)]  # several batches
+    async with opened(ledger_url) as ledger:
+        for r in records:
+            ledger.append(r)
+        # no flush: aclose alone must write everything
+    async with opened(ledger_url) as reopened:
+        rows = await reopened.query(EVERYTHING)
+        latest = await reopened.latest(None, 5000)
+        stats = reopened.stats()
+    assert sum(r.requests for r in rows) == 2345
+    assert sorted(r.request_id for r in latest) == sorted(r.request_id for r in records)
+    assert stats.appended == 0
+
+
+async def test_stats_count_what_was_appended_and_written(ledger_url: str) -> None:
+    async with opened(ledger_url) as ledger:
+        for i in range(10):
+            ledger.append(record(i))
+        await ledger.flush()
+        stats = ledger.stats()
+    assert (stats.appended, stats.written, stats.dropped, stats.buffered) == (10, 10, 0, 0)
+    assert (stats.write_failures, stats.last_error) == (0, None)
+
+
+async def test_flush_with_nothing_appended_returns_at_once(ledger_url: str) -> None:
+    async with opened(ledger_url) as ledger:
+        await ledger.flush()
+        assert await ledger.query(EVERYTHING) == []
+        assert await ledger.latest(None, 10) == []
+
+
+async def test_appends_after_close_are_counted_as_dropped(
+    ledger_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = open_ledger(ledger_url)
+    await ledger.start()
+    await ledger.aclose()
+    ledger.append(record(1))
+    assert ledger.stats().dropped == 1
+    assert "dropping records appended after aclose()" in caplog.text

@@ -1,0 +1,192 @@
+"""Redis specifics: one cluster slot per tenant, outages buffered, lost replies not billed twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import redis.asyncio
+from redis.crc import key_slot
+
+from proxy.ledger import LedgerError, RedisLedger, UsageQuery, open_ledger
+from proxy.ledger import rediskeys as keys
+from tests.ledger.factory import DAY_S, T0, record
+from tests.ledger.redisproc import RedisProcess, free_port
+
+pytestmark = pytest.mark.anyio
+
+EVERYTHING = UsageQuery(None, T0 - DAY_S, T0 + DAY_S)
+
+
+async def total_requests(ledger: RedisLedger) -> int:
+    return sum(row.requests for row in await ledger.query(EVERYTHING))
+
+
+@pytest.mark.parametrize("tenant", ["alpha", "客服", "a{b}c", "x}:ledger:{y", None])
+async def test_each_tenants_keys_share_one_cluster_slot(redis_url: str, tenant: str | None) -> None:
+    ledger = RedisLedger(redis_url)
+    await ledger.start()
+    ledger.append(record(1, tenant=tenant))
+    ledger.append(record(2, tenant=tenant, ts=T0 + 2 * DAY_S, model="other"))
+    await ledger.aclose()
+    async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as client:
+        names = [name async for name in client.scan_iter("tw:*")]
+        assert await client.smembers(keys.TENANTS_KEY) == {keys.tag(tenant)}
+    tenant_keys = [name for name in names if name != keys.TENANTS_KEY]
+    assert len(tenant_keys) == 1 + 1 + 2 + 2 * 2  # marker, stream, 2 indexes, 2 hours + 2 days
+    assert len({key_slot(name.encode()) for name in tenant_keys}) == 1
+    assert all(name.startswith(f"tw:{{{keys.tag(tenant)}}}:ledger:") for name in tenant_keys)
+
+
+def test_tags_cannot_collide() -> None:
+    assert keys.tag(None) != keys.tag("%anon")
+    assert keys.tenant_of(keys.tag("%anon")) == "%anon"
+    assert keys.tenant_of(keys.tag(None)) is None
+    assert keys.tenant_of(keys.tag("客服")) == "客服"
+
+
+async def test_ledger_redis_means_the_storage_url(redis_url: str) -> None:
+    ledger = open_ledger("redis", storage_url=redis_url)
+    assert isinstance(ledger, RedisLedger)
+    assert ledger.url == redis_url
+    with pytest.raises(ValueError, match="ledger: redis means the Redis named by storage:"):
+        open_ledger("redis", storage_url="memory")
+
+
+async def test_unreachable_redis_buffers_then_writes_when_it_comes_up() -> None:
+    port = free_port()
+    ledger = RedisLedger(f"redis://127.0.0.1:{port}/0", socket_timeout_s=0.5, flush_timeout_s=5)
+    await ledger.start()  # does not need Redis yet
+    for i in range(20):
+        ledger.append(record(i))
+    for _ in range(200):
+        if ledger.stats().write_failures:
+            break
+        await asyncio.sleep(0.01)
+    stats = ledger.stats()
+    assert (stats.written, stats.buffered, stats.dropped) == (0, 20, 0)
+    assert stats.write_failures >= 1
+    server = await asyncio.to_thread(RedisProcess(port).start)
+    try:
+        await ledger.flush()
+        assert await total_requests(ledger) == 20
+        assert len(await ledger.latest("alpha", 100)) == 20
+    finally:
+        await ledger.aclose()
+        await asyncio.to_thread(server.stop)
+
+
+async def test_buffer_bound_drops_are_counted_not_silent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger = RedisLedger(
+        f"redis://127.0.0.1:{free_port()}/0", buffer_records=5, flush_timeout_s=0.2
+    )
+    await ledger.start()
+    for i in range(8):
+        ledger.append(record(i))
+    with pytest.raises(LedgerError, match="5 ledger records not yet written to Redis"):
+        await ledger.flush()
+    assert ledger.stats().dropped == 3
+    await ledger.aclose()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("buffer full (5 records)" in m for m in messages)
+    assert any("ledger closed with 5 records not written (lost)" in m for m in messages)
+
+
+class LossyProxy:
+    """A TCP proxy to Redis that, when armed, loses the reply to the next script call."""
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self.armed = False
+        self.lost_replies = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return f"redis://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/0"
+
+    async def aclose(self) -> None:
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", self._port)
+        self._writers += [client_w, server_w]
+        sent_script = asyncio.Event()
+        for coro in (
+            self._pump(client_r, server_w, sent_script, forward=True),
+            self._pump(server_r, client_w, sent_script, forward=False),
+        ):
+            task = asyncio.create_task(coro)
+            self._tasks.add(task)
+
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        sent_script: asyncio.Event,
+        *,
+        forward: bool,
+    ) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if forward and b"EVALSHA" in data.upper():
+                    sent_script.set()
+                if not forward and self.armed and sent_script.is_set():
+                    self.armed = False
+                    self.lost_replies += 1
+                    for peer in self._writers:
+                        peer.close()
+                    return
+                writer.write(data)
+                await writer.drain()
+
+
+async def test_a_batch_whose_reply_was_lost_is_not_counted_twice(redis_url: str) -> None:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy = LossyProxy(port)
+    ledger = RedisLedger(await proxy.start())
+    await ledger.start()
+    try:
+        ledger.append(record(0, tenant="warmup"))
+        await ledger.flush()
+        proxy.armed = True  # Redis runs the next script, but the gateway never hears back
+        for i in range(1, 101):
+            ledger.append(record(i, tenant="alpha" if i % 2 else "beta"))
+        await ledger.flush()
+        assert proxy.lost_replies == 1
+        assert ledger.stats().write_failures >= 1
+        rows = await ledger.query(EVERYTHING)
+        assert [(r.tenant, r.requests) for r in rows] == [
+            ("alpha", 50),
+            ("beta", 50),
+            ("warmup", 1),
+        ]
+        assert len(await ledger.latest(None, 1000)) == 101
+    finally:
+        await ledger.aclose()
+        await proxy.aclose()
+
+
+async def test_raw_records_are_capped_totals_are_not(redis_url: str) -> None:
+    ledger = RedisLedger(redis_url, stream_records=100)
+    await ledger.start()
+    for i in range(1000):
+        ledger.append(record(i))
+    await ledger.aclose()
+    async with redis.asyncio.Redis.from_url(redis_url) as client:
+        length = await client.xlen(keys.stream_key("alpha"))
+    assert 100 <= length < 1000
+    reader = RedisLedger(redis_url, read_only=True)
+    await reader.start()
+    assert await total_requests(reader) == 1000
+    await reader.aclose()

@@ -1,0 +1,149 @@
+"""SQLite specifics: WAL, the versioned schema, locked or shared files, the bounded buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from proxy.ledger import LedgerError, SqliteLedger, UsageQuery, open_ledger
+from proxy.ledger.sqlschema import APPLICATION_ID, SCHEMA_VERSION
+from tests.ledger.factory import DAY_S, T0, record
+
+pytestmark = pytest.mark.anyio
+
+EVERYTHING = UsageQuery(None, T0 - DAY_S, T0 + DAY_S)
+
+
+async def test_file_is_a_versioned_wal_database(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    ledger = SqliteLedger(path)
+    await ledger.start()
+    await ledger.aclose()
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert conn.execute("PRAGMA application_id").fetchone() == (APPLICATION_ID,)
+
+
+async def test_relative_and_absolute_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = open_ledger("sqlite:///data.db")
+    absolute = open_ledger(f"sqlite:///{tmp_path}/abs.db")
+    assert isinstance(relative, SqliteLedger)
+    assert isinstance(absolute, SqliteLedger)
+    assert (relative.path, absolute.path) == (Path("data.db"), tmp_path / "abs.db")
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(LedgerError, match="schema v99; this tokenweir reads up to v1"):
+        await SqliteLedger(path).start()
+
+
+async def test_another_applications_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER)")
+    with pytest.raises(LedgerError, match="not a tokenweir ledger"):
+        await SqliteLedger(path).start()
+
+
+async def test_unwritable_location_fails_at_start(tmp_path: Path) -> None:
+    with pytest.raises(LedgerError, match="cannot open the ledger database"):
+        await SqliteLedger(tmp_path / "missing-dir" / "ledger.db").start()
+
+
+async def test_read_only_never_creates_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with pytest.raises(LedgerError, match="there is no ledger database"):
+        await open_ledger(f"sqlite:///{path}", read_only=True).start()
+    assert not path.exists()
+
+
+async def test_read_only_reads_what_a_writer_wrote(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    writer = open_ledger(url)
+    await writer.start()
+    writer.append(record(1))
+    await writer.flush()
+    reader = open_ledger(url, read_only=True)
+    await reader.start()
+    assert [r.requests for r in await reader.query(EVERYTHING)] == [1]
+    with pytest.raises(LedgerError, match="read-only"):
+        reader.append(record(2))
+    await reader.aclose()
+    await writer.aclose()
+
+
+async def test_locked_database_keeps_records_and_retries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "ledger.db"
+    ledger = SqliteLedger(path, busy_timeout_s=0.02, flush_timeout_s=0.3, buffer_records=10)
+    await ledger.start()
+    with closing(sqlite3.connect(path, isolation_level=None)) as blocker:
+        blocker.execute("BEGIN IMMEDIATE")  # another process holding the write lock
+        for i in range(15):
+            ledger.append(record(i))
+        with pytest.raises(LedgerError, match="10 ledger records not yet written"):
+            await ledger.flush()
+        stats = ledger.stats()
+        assert (stats.appended, stats.written, stats.dropped, stats.buffered) == (10, 0, 5, 10)
+        assert stats.write_failures >= 1
+        assert stats.last_error is not None
+        assert "database is locked" in stats.last_error
+        blocker.execute("ROLLBACK")
+    await ledger.flush()
+    assert ledger.stats().written == 10
+    assert sum(r.requests for r in await ledger.query(EVERYTHING)) == 10
+    await ledger.aclose()
+    messages = [r.getMessage() for r in caplog.records if r.name == "tokenweir.ledger"]
+    assert any("ledger write failed, 10 records kept and retried" in m for m in messages)
+    assert any("buffer full" in m for m in messages)
+    assert any("dropped 5 records" in m for m in messages)
+    assert any("recovered" in m for m in messages)
+
+
+async def test_records_still_unwritable_at_close_are_logged_as_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "ledger.db"
+    ledger = SqliteLedger(path, busy_timeout_s=0.02, flush_timeout_s=0.2)
+    await ledger.start()
+    with closing(sqlite3.connect(path, isolation_level=None)) as blocker:
+        blocker.execute("BEGIN IMMEDIATE")
+        ledger.append(record(1))
+        with caplog.at_level(logging.ERROR, "tokenweir.ledger"):
+            await ledger.aclose()
+        blocker.execute("ROLLBACK")
+    assert any(
+        "ledger closed with 1 records not written (lost): OperationalError: database is locked"
+        in r.getMessage()
+        for r in caplog.records
+    )
+
+
+async def test_two_processes_can_share_one_file(tmp_path: Path) -> None:
+    """`tokenweir serve --workers 2`: two writers, one file, no record lost or counted twice."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    first, second = open_ledger(url), open_ledger(url)
+    await asyncio.gather(first.start(), second.start())
+    for i in range(3000):
+        (first if i % 2 else second).append(record(i, tenant=f"t{i % 5}"))
+        if i % 100 == 0:
+            await asyncio.sleep(0)
+    await asyncio.gather(first.aclose(), second.aclose())
+    reader = open_ledger(url, read_only=True)
+    await reader.start()
+    rows = await reader.query(EVERYTHING)
+    assert [(r.tenant, r.requests) for r in rows] == [(f"t{i}", 600) for i in range(5)]
+    assert len(await reader.latest(None, 10_000)) == 3000
+    await reader.aclose()

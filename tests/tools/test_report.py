@@ -1,0 +1,212 @@
+"""`tokenweir report` on a real SQLite ledger: table, CSV, JSON, and errors a user can act on."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import re
+from pathlib import Path
+
+import orjson
+import pytest
+
+from proxy.clock import FakeClock
+from proxy.ledger import open_ledger
+from proxy.tools.report import (
+    ReportError,
+    _ledger_location,
+    add_arguments,
+    format_usd,
+    main,
+    parse_time,
+    text_width,
+)
+from tests.ledger.factory import DAY_S, HOUR_S, T0, record
+
+NOW = T0 + 2 * HOUR_S + 60
+POLICY = """
+backends: [{{name: b, url: "http://127.0.0.1:1/v1", models: [mock-llm]}}]
+models: {{mock-llm: {{}}}}
+tenants: {{alpha: {{api_keys: ["sha256:{key}"], models: [mock-llm]}}}}
+{extra}
+"""
+
+
+@pytest.fixture
+def ledger_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    records = [
+        record(1, tenant="support-bot", input_tokens=1000, output_tokens=200, cost_nusd=180_000),
+        record(2, tenant="support-bot", status=429, input_tokens=0, output_tokens=0, cost_nusd=0),
+        record(3, tenant="客服机器人", model="mock-small", cache="hit", cost_nusd=1_234_567_890),
+        record(4, tenant=None, model=None, backend=None, status=401, cost_nusd=0),
+        record(5, tenant="support-bot", ts=T0 - 10 * DAY_S),  # outside the default 7 days
+    ]
+
+    async def write() -> None:
+        ledger = open_ledger(url)
+        await ledger.start()
+        for r in records:
+            ledger.append(r)
+        await ledger.aclose()
+
+    asyncio.run(write())
+    return url
+
+
+def run(*argv: str) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = io.StringIO()
+    status = main(parser.parse_args(argv), clock=FakeClock(NOW), out=out)
+    return status, out.getvalue()
+
+
+def write_policy(tmp_path: Path, extra: str) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY.format(key="0" * 64, extra=extra), encoding="utf-8")
+    return path
+
+
+def test_table_aligns_chinese_tenant_names(ledger_url: str) -> None:
+    status, out = run("--ledger", ledger_url)
+    assert status == 0
+    title, header, *lines = out.splitlines()
+    assert title == f"Usage 2027-01-08 10:00 to 2027-01-15 11:00 UTC, ledger {ledger_url}"
+    assert header == (
+        "tenant             requests  errors  input tokens  output tokens  cost (USD)  cache hits"
+    )
+    assert [line.split()[0] for line in lines] == [
+        "support-bot",
+        "客服机器人",
+        "(unauthenticated)",
+        "total",
+    ]
+    assert len({text_width(line) for line in [header, *lines]}) == 1  # numbers right-aligned
+    assert lines[0].split()[1:] == ["2", "1", "1,000", "200", "0.000180", "0"]
+    assert lines[1].split()[1:] == ["1", "0", "100", "50", "1.234568", "1"]
+    assert lines[3].split()[1:] == ["4", "2", "1,200", "300", "1.234748", "1"]
+    assert len({tuple(cell_ends(line)[-6:]) for line in [header, *lines]}) == 1
+
+
+def cell_ends(line: str) -> list[int]:
+    """The display column where each cell ends (cells are separated by two or more spaces)."""
+    return [text_width(line[: m.end()]) for m in re.finditer(r"\S+(?: \S+)*", line)]
+
+
+def test_csv_has_one_row_per_tenant_with_exact_cost(ledger_url: str) -> None:
+    status, out = run("--ledger", ledger_url, "--format", "csv")
+    assert status == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["tenant"] for r in rows] == ["support-bot", "客服机器人", ""]
+    assert rows[0]["requests"] == "2"
+    assert rows[0]["rate_limited"] == "1"
+    assert rows[1]["cost_usd"] == "1.234568"
+    assert rows[1]["cost_nusd"] == "1234567890"
+    assert rows[1]["cache_hit_rate"] == "1.0"
+    assert rows[2]["ttft_ms_p50"] != ""
+
+
+def test_json_by_model(ledger_url: str) -> None:
+    status, out = run("--ledger", ledger_url, "--format", "json", "--by", "model")
+    assert status == 0
+    document = orjson.loads(out)
+    assert document["since"] == "2027-01-08T10:00:00+00:00"
+    assert document["until"] == "2027-01-15T11:00:00+00:00"
+    first, second, third = document["rows"]
+    assert (first["tenant"], first["model"], first["requests"]) == ("support-bot", "mock-llm", 2)
+    assert (second["tenant"], second["model"], second["cost_usd"]) == (
+        "客服机器人",
+        "mock-small",
+        1.234568,
+    )
+    assert (third["tenant"], third["model"], third["errors"]) == (None, None, 1)
+
+
+def test_tenant_and_window_flags(ledger_url: str) -> None:
+    status, out = run("--ledger", ledger_url, "--tenant", "support-bot", "--since", "30d")
+    assert status == 0
+    (line,) = out.splitlines()[2:]
+    assert line.split()[:2] == ["support-bot", "3"]
+    status, out = run("--ledger", ledger_url, "--since", "2027-01-15T09:00", "--until", "1h")
+    assert "No usage recorded in this window." in out
+
+
+def test_missing_ledger_is_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "nope.db"
+    assert run("--ledger", f"sqlite:///{path}")[0] == 1
+    assert f"there is no ledger database at {path}" in capsys.readouterr().err
+    assert not path.exists()
+
+
+def test_policy_names_the_ledger(tmp_path: Path, ledger_url: str) -> None:
+    policy = write_policy(tmp_path, f"ledger: {ledger_url}")
+    status, out = run("--config", str(policy), "--format", "csv")
+    assert status == 0
+    assert len(out.splitlines()) == 4
+
+
+def test_policy_without_ledger_says_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("--config", str(write_policy(tmp_path, "")))[0] == 1
+    err = capsys.readouterr().err
+    assert "has no ledger: key" in err
+    assert "--ledger URL" in err
+
+
+def test_default_policy_that_cannot_load_is_reported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TOKENWEIR_API_KEY", raising=False)
+    assert run()[0] == 1
+    err = capsys.readouterr().err
+    assert "cannot read the ledger setting from the policy" in err
+    assert "TOKENWEIR_API_KEY" in err
+    assert "pass --ledger URL" in err
+
+
+def test_ledger_redis_means_the_policys_storage(tmp_path: Path) -> None:
+    extra = "storage: redis://127.0.0.1:6379/0\nledger: redis"
+    location = _ledger_location(None, write_policy(tmp_path, extra))
+    assert location == ("redis", "redis://127.0.0.1:6379/0")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--since", "1h", "--until", "2h"], "must be before --until"),
+        (["--since", "yesterday"], "--since: expected a duration like 7d"),
+        (["--ledger", "postgres://x"], "unknown ledger 'postgres://x'"),
+    ],
+)
+def test_bad_flags_are_explained(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(*argv)[0] == 1
+    assert message in capsys.readouterr().err
+
+
+def test_format_usd_rounds_half_up_exactly() -> None:
+    assert format_usd(0) == "0.000000"
+    assert format_usd(499) == "0.000000"
+    assert format_usd(500) == "0.000001"
+    assert format_usd(1_234_567_890) == "1.234568"
+    assert format_usd(50 * 10**9) == "50.000000"
+
+
+def test_parse_time_accepts_durations_and_dates() -> None:
+    assert parse_time("7d", NOW, flag="--since") == NOW - 7 * DAY_S
+    assert parse_time("2027-01-15", NOW, flag="--since") == T0 - 8 * HOUR_S
+    assert parse_time("2027-01-15T16:00+08:00", NOW, flag="--since") == T0
+    with pytest.raises(ReportError, match="--until: expected"):
+        parse_time("soon", NOW, flag="--until")
+
+
+def test_text_width_counts_wide_characters_twice() -> None:
+    assert text_width("support-bot") == 11
+    assert text_width("客服机器人") == 10
+    assert text_width("ｆｕｌｌ") == 8
+    assert text_width("e\u0301") == 1
