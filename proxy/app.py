@@ -25,6 +25,7 @@ from starlette.routing import Route
 from proxy.clock import Clock, SystemClock
 from proxy.cost import PriceTable
 from proxy.errors import GatewayError, InternalError, NotFound
+from proxy.ledger import Ledger, open_ledger
 from proxy.pipeline import Pipeline
 from proxy.policy import Policy, load_policy
 from proxy.stages.account import Account
@@ -56,6 +57,7 @@ class Gateway:
     keyring: Keyring
     upstream: UpstreamClient
     store: QuotaStore
+    ledger: Ledger | None
     pipeline: Pipeline
     started_wall: float
 
@@ -70,7 +72,9 @@ class Gateway:
         keyring = Keyring(policy)
         upstream = UpstreamClient(policy.upstream, transport)
         store = store or open_store(policy.storage)
-        budgets = Budgets(store, PriceTable(policy), clock)
+        prices = PriceTable(policy)
+        budgets = Budgets(store, prices, clock)
+        ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants),
             stages=[
@@ -80,14 +84,23 @@ class Gateway:
                 RouteStage(policy),
             ],
             forward=Forward(upstream, clock),
-            account=Account(clock, budgets),
+            account=Account(clock, budgets, prices, ledger),
             max_body_bytes=policy.server.max_body_bytes,
         )
-        return cls(policy, clock, keyring, upstream, store, pipeline, clock.wall())
+        return cls(policy, clock, keyring, upstream, store, ledger, pipeline, clock.wall())
+
+    async def start(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.start()
 
     async def aclose(self) -> None:
-        await self.upstream.aclose()
-        await self.store.aclose()
+        """Close in dependency order; the ledger last, so every settled request is flushed."""
+        try:
+            await self.upstream.aclose()
+            await self.store.aclose()
+        finally:
+            if self.ledger is not None:
+                await self.ledger.aclose()
 
 
 def create_app(
@@ -104,6 +117,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         gateway = Gateway.build(resolved, chosen_clock, transport, store)
+        await gateway.start()
         try:
             yield {"gateway": gateway}
         finally:

@@ -16,7 +16,7 @@ from proxy.app import DEFAULT_POLICY
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.telemetry.logs import log_config
-from proxy.tools import bench, mockbackend
+from proxy.tools import bench, mockbackend, report
 from proxy.tools.demo import run_demo
 
 __all__ = ["main"]
@@ -62,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="measure any OpenAI-compatible endpoint")
     _add_bench_arguments(bench)
+
+    report_parser = commands.add_parser("report", help="per-tenant usage and cost from the ledger")
+    report.add_arguments(report_parser)
+    report_parser.set_defaults(run=report.main)
 
     policy = commands.add_parser("policy", help="policy file tools")
     policy_commands = policy.add_subparsers(title="policy commands", metavar="COMMAND")

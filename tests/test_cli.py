@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from proxy.app import DEFAULT_POLICY
 from proxy.cli import main
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, policy_text
+from tests.servers import free_port, wait_healthy
 
 
 def tokenweir(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -26,12 +24,6 @@ def tokenweir(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[
         timeout=timeout_s,
         check=False,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_policy_check_accepts_the_shipped_demo() -> None:
@@ -72,16 +64,7 @@ def test_serve_with_two_workers_answers_the_sdk(tmp_path: Path, backend_url: str
     server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         base_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base_url + "/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None, server.stderr.read() if server.stderr else ""
-            assert time.monotonic() < deadline, "tokenweir serve did not come up"
-            time.sleep(0.1)
+        wait_healthy(base_url, server)
         with openai.OpenAI(base_url=base_url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
             for _ in range(4):
                 reply = sdk.chat.completions.create(

@@ -128,6 +128,8 @@ def _problem(file: str, lines: dict[KeyPath, int], error: ErrorDetails) -> Probl
 
 def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
     found: list[tuple[KeyPath, str]] = []
+    if policy.ledger == "redis" and not policy.storage.startswith(("redis://", "rediss://")):
+        found.append((("ledger",), "ledger: redis needs a redis:// storage"))
     served = {m for b in policy.backends for m in b.models}
     names: set[str] = set()
     for i, backend in enumerate(policy.backends):

@@ -83,6 +83,15 @@ PositiveInt = Annotated[int, Field(gt=0)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 
 
+def _ledger_url(url: str) -> str:
+    if url == "redis" or url.startswith(("sqlite:///", "redis://", "rediss://")):
+        return url
+    raise ValueError(
+        "a ledger is sqlite:///relative.db, sqlite:////absolute.db, redis://host:port/db, "
+        "or redis (the storage's Redis)"
+    )
+
+
 def _strip_slash(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise ValueError(
@@ -196,7 +205,7 @@ class UpstreamSpec(_Frozen):
 class Policy(_Frozen):
     storage: str = "memory"
     admin_keys: tuple[ClientKey, ...] = ()
-    ledger: str | None = None
+    ledger: Annotated[str, AfterValidator(_ledger_url)] | None = None
     server: ServerSpec = ServerSpec()
     upstream: UpstreamSpec = UpstreamSpec()
     backends: tuple[Backend, ...] = Field(min_length=1)

@@ -1,6 +1,6 @@
-"""Settle a finished request once: usage (backend's, else counted events) and the access log line.
+"""Settle a finished request once: usage (backend's, else counted), quota, ledger, access log.
 
-Writes output_tokens when the backend sent no usage. Never records prompts or keys.
+Writes input_tokens and output_tokens when the backend sent no usage. Never records prompts or keys.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import orjson
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
+from proxy.cost import PriceTable
+from proxy.ledger import Ledger, UsageRecord
 from proxy.stages.budget import Budgets
 
 __all__ = ["ACCESS_LOGGER", "Account"]
@@ -21,10 +23,17 @@ ACCESS_LOGGER = "tokenweir.access"
 
 class Account:
     def __init__(
-        self, clock: Clock, budgets: Budgets, logger: logging.Logger | None = None
+        self,
+        clock: Clock,
+        budgets: Budgets,
+        prices: PriceTable,
+        ledger: Ledger | None,
+        logger: logging.Logger | None = None,
     ) -> None:
         self._clock = clock
         self._budgets = budgets
+        self._prices = prices
+        self._ledger = ledger
         self._log = logger or logging.getLogger(ACCESS_LOGGER)
 
     async def __call__(self, ctx: RequestContext) -> None:
@@ -33,37 +42,65 @@ class Account:
         if ctx.input_tokens is None:
             ctx.input_tokens = ctx.counted_input_tokens
         await self._budgets.settle(ctx)
+        usage = self.usage_record(ctx)
+        if self._ledger is not None:
+            self._ledger.append(usage)
         if self._log.isEnabledFor(logging.INFO):
-            self._log.info(orjson.dumps(self.record(ctx)).decode())
+            self._log.info(orjson.dumps(self._access_line(ctx, usage)).decode())
 
-    def record(self, ctx: RequestContext) -> dict[str, object]:
+    def usage_record(self, ctx: RequestContext) -> UsageRecord:
         meter = ctx.meter
-        output = ctx.output_tokens or 0
+        input_tokens, output_tokens = ctx.input_tokens or 0, ctx.output_tokens or 0
+        return UsageRecord(
+            ts=ctx.received_wall,
+            request_id=ctx.request_id,
+            tenant=ctx.tenant_name,
+            model=ctx.model or None,
+            backend=ctx.backend.name if ctx.backend else None,
+            operation=ctx.operation,
+            stream=ctx.stream,
+            status=ctx.status,
+            error=ctx.error_code,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cost_nusd=self._prices.cost_nusd(ctx.model, input_tokens, output_tokens),
+            cache=ctx.cache,
+            ttft_ms=_ms(meter.ttft_s),
+            tokens_per_s=_round(meter.tokens_per_s(output_tokens)),
+            duration_ms=_ms(self._clock.monotonic() - ctx.received_s) or 0.0,
+            shaped=tuple(ctx.shaped),
+            degraded=tuple(ctx.degraded),
+            client_disconnected=ctx.client_disconnected,
+        )
+
+    def _access_line(self, ctx: RequestContext, usage: UsageRecord) -> dict[str, object]:
+        meter = ctx.meter
         return {
-            "ts": datetime.fromtimestamp(ctx.received_wall, UTC).isoformat(timespec="milliseconds"),
-            "request_id": ctx.request_id,
-            "tenant": ctx.tenant_name,
-            "operation": ctx.operation,
-            "model": ctx.model or None,
-            "backend": ctx.backend.name if ctx.backend else None,
-            "stream": ctx.stream,
-            "status": ctx.status,
-            "error": ctx.error_code,
-            "cache": ctx.cache,
+            "ts": datetime.fromtimestamp(usage.ts, UTC).isoformat(timespec="milliseconds"),
+            "request_id": usage.request_id,
+            "tenant": usage.tenant,
+            "operation": usage.operation,
+            "model": usage.model,
+            "backend": usage.backend,
+            "stream": usage.stream,
+            "status": usage.status,
+            "error": usage.error,
+            "cache": usage.cache,
             "input_tokens": ctx.input_tokens,
             "output_tokens": ctx.output_tokens,
             "usage": "backend" if ctx.usage_from_backend else "counted",
+            "cost_usd": usage.cost_nusd / 1e9,
             "shaped": ctx.shaped or None,
-            "ttft_ms": _ms(meter.ttft_s),
+            "ttft_ms": usage.ttft_ms,
             "upstream_ttft_ms": _ms(meter.upstream_ttft_s),
             "itl_p50_ms": _ms(meter.gaps.quantile_s(0.5)),
             "itl_p99_ms": _ms(meter.gaps.quantile_s(0.99)),
             "itl_max_ms": _ms(meter.gaps.max_s if meter.gaps.count else None),
-            "tokens_per_s": _round(meter.tokens_per_s(output)),
-            "duration_ms": _ms(self._clock.monotonic() - ctx.received_s),
+            "tokens_per_s": usage.tokens_per_s,
+            "duration_ms": usage.duration_ms,
             "gateway_ms": _ms(meter.gateway_s),
             "completed": ctx.upstream_completed,
-            "client_disconnected": ctx.client_disconnected,
+            "client_disconnected": usage.client_disconnected,
         }
 
 

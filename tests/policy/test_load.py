@@ -115,6 +115,16 @@ def test_duplicate_keys_and_broken_yaml() -> None:
     assert problems("- just\n- a list\n") == ["p.yaml:1: the policy file must be a YAML mapping"]
 
 
+def test_ledger_urls_are_checked() -> None:
+    assert problems(GOOD.replace("storage: memory", "storage: memory\nledger: postgres://x")) == [
+        "p.yaml:2: ledger: a ledger is sqlite:///relative.db, sqlite:////absolute.db, "
+        "redis://host:port/db, or redis (the storage's Redis)"
+    ]
+    assert problems(GOOD.replace("storage: memory", "storage: memory\nledger: redis")) == [
+        "p.yaml:2: ledger: ledger: redis needs a redis:// storage"
+    ]
+
+
 def test_missing_file_is_a_policy_error(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="cannot read the file"):
         load_policy(tmp_path / "absent.yaml")

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import orjson
 import pytest
 
-from tests.conftest import ALPHA_KEY
+from proxy.app import create_app
+from proxy.ledger import UsageRecord, open_ledger
+from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, make_policy, policy_text
+from tests.servers import free_port, serve, wait_healthy
 
 SECRET_PROMPT = "my-confidential-prompt-7731"
 
@@ -77,3 +87,94 @@ def test_rejected_requests_are_logged_too(
     assert record["error"] == "invalid_api_key"
     assert record["tenant"] is None
     assert "nope" not in caplog.records[-1].getMessage()
+
+
+def ledger_records(path: Path) -> list[UsageRecord]:
+    async def read() -> list[UsageRecord]:
+        ledger = open_ledger(f"sqlite:///{path}", read_only=True)
+        await ledger.start()
+        try:
+            return await ledger.latest(None, 100)
+        finally:
+            await ledger.aclose()
+
+    return asyncio.run(read())
+
+
+def test_every_request_reaches_the_ledger_and_report_agrees(
+    backend_url: str, tmp_path: Path
+) -> None:
+    db = tmp_path / "usage.db"
+    policy = make_policy(backend_url).model_copy(update={"ledger": f"sqlite:///{db}"})
+    with serve(create_app(policy)) as url:
+        with openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+            sdk.chat.completions.create(
+                model="mock-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=10
+            )
+            list(sdk.chat.completions.create(
+                model="mock-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                stream=True,
+            ))  # fmt: skip
+        httpx.post(url + "/v1/chat/completions", json={}, headers={"authorization": "Bearer no"})
+    records = sorted(ledger_records(db), key=lambda r: r.ts)
+    assert [(r.tenant, r.status, r.stream) for r in records] == [
+        ("alpha", 200, False),
+        ("alpha", 200, True),
+        (None, 401, False),
+    ]
+    assert [r.output_tokens for r in records] == [10, 5, 0]
+    # mock-llm costs 0.1 USD per 1M input and 0.4 per 1M output tokens: 4 nano-USD per output.
+    assert records[0].cost_nusd == records[0].input_tokens * 100 + 10 * 400
+    report = subprocess.run(
+        [sys.executable, "-m", "proxy", "report", "--ledger", f"sqlite:///{db}",
+         "--format", "json"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    rows = {row["tenant"]: row for row in orjson.loads(report.stdout)["rows"]}
+    assert rows["alpha"]["requests"] == 2
+    assert rows["alpha"]["output_tokens"] == 15
+
+
+def test_sigterm_during_streams_loses_no_ledger_record(backend_url: str, tmp_path: Path) -> None:
+    db = tmp_path / "usage.db"
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url) + f"\nledger: sqlite:///{db}\n")
+    port = free_port()
+    env = {**os.environ, "BACKEND_KEY": BACKEND_KEY, "BETA_KEY": BETA_KEY}
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, server)
+        started = threading.Barrier(9)
+
+        def stream() -> None:
+            body = {"model": "mock-llm", "stream": True, "max_tokens": 1500,
+                    "mock_completion_tokens": 1500,
+                    "messages": [{"role": "user", "content": "long"}]}  # fmt: skip
+            headers = {"authorization": f"Bearer {ALPHA_KEY}"}
+            with httpx.stream(
+                "POST", url + "/v1/chat/completions", json=body, headers=headers
+            ) as r:
+                lines = r.iter_lines()
+                next(lines)
+                started.wait(timeout=10)
+                for _ in lines:
+                    pass
+
+        threads = [threading.Thread(target=stream) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        started.wait(timeout=10)
+        server.send_signal(signal.SIGTERM)  # while all eight streams are mid-way
+        for thread in threads:
+            thread.join(timeout=30)
+        # uvicorn drains, shuts the lifespan down, then re-raises the signal it caught.
+        assert server.wait(timeout=30) in (0, -signal.SIGTERM)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.communicate(timeout=30)  # closes the pipe
+    records = ledger_records(db)
+    assert len(records) == 8
+    assert all(r.status == 200 and r.output_tokens > 0 for r in records)

@@ -125,7 +125,8 @@ def test_200_racing_streams_never_overspend_the_quota(backend_url: str) -> None:
         [(used, reserved)] = asyncio.run(store.read([day_counter()]))
     admitted = statuses.count(200)
     assert statuses.count(429) == 200 - admitted
-    assert 40 <= admitted <= 60
+    # Early finishers settle at their real use (45 tokens), below their reservation.
+    assert 40 <= admitted <= quota // 45
     assert reserved == 0
     assert used <= quota
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,15 +14,10 @@ import pytest
 import redis
 
 from tests.redis_server import private_redis
+from tests.servers import free_port, wait_healthy
 from tests.web.test_budgets import KEY, budget_policy_text, day_counter
 
 REPLICAS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -41,17 +34,8 @@ def start_replicas(config: Path, count: int) -> tuple[list[subprocess.Popen[byte
         command += ["--port", str(port), "--no-access-log"]
         processes.append(subprocess.Popen(command, env=os.environ.copy()))
         urls.append(f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 30
     for process, url in zip(processes, urls, strict=True):
-        while True:
-            try:
-                if httpx.get(url + "/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, "a replica exited"
-            assert time.monotonic() < deadline, "replicas did not start"
-            time.sleep(0.05)
+        wait_healthy(url, process)
     return processes, urls
 
 
@@ -102,6 +86,7 @@ def test_quota_holds_across_three_replicas(
         used, reserved = (int(v or 0) for v in admin.hmget(day_counter().key, "used", "reserved"))
     admitted = statuses.count(200)
     assert statuses.count(429) == 200 - admitted
-    assert 40 <= admitted <= 60
+    # Early finishers settle at their real use (45 tokens), below their reservation.
+    assert 40 <= admitted <= quota // 45
     assert reserved == 0
     assert used <= quota
