@@ -132,6 +132,7 @@ class Budget(_Frozen):
     temperature_max: Annotated[float, Field(ge=0, le=2)] | None = None
     history_limit: Annotated[int, Field(ge=0)] | None = None
     on_input_overflow: Literal["trim", "reject"] = "trim"
+    stop_stream_at_budget: bool = False
     tokens_per_day: PositiveInt | None = None
     tokens_per_month: PositiveInt | None = None
     usd_per_day: Annotated[float, Field(gt=0)] | None = None

@@ -1,6 +1,7 @@
 """Quotas: reserve input + allowed output before the call, settle to real usage after it.
 
-Writes reservation, and a `max_tokens` bound when a quota needs one the client did not give.
+Writes reservation, and a `max_tokens` bound when a quota needs one the client did not give or,
+with `stop_stream_at_budget`, when only a shorter answer fits what is left of a quota.
 """
 
 from __future__ import annotations
@@ -59,29 +60,50 @@ class Budgets:
         quotas = _quotas(ctx.tenant_name, ctx.tenant.budget, now)
         if not quotas:
             return
+        reservation = Reservation(_scope(ctx.tenant_name), uuid.uuid4().hex, quotas)
+        try:
+            await self._reserve(ctx, reservation, now)
+        except StorageError as exc:
+            self._storage_failed(ctx.tenant, exc)
+            return
+        reservation.renewer = asyncio.create_task(self._keep_leased(reservation))
+        ctx.reservation = reservation
+
+    async def _reserve(self, ctx: RequestContext, reservation: Reservation, now: float) -> None:
+        """Reserve input + output; with `stop_stream_at_budget`, shrink the output to what fits."""
         input_tokens = ctx.counted_input_tokens or 0
         output_tokens = self._output_bound(ctx)
-        amounts = [
-            self._prices.cost_nusd(ctx.model, input_tokens, output_tokens)
-            if q.in_usd
-            else input_tokens + output_tokens
-            for q in quotas
-        ]
-        reservation = Reservation(_scope(ctx.tenant_name), uuid.uuid4().hex, quotas)
-        counters = [q.counter for q in quotas]
-        try:
+        counters = [q.counter for q in reservation.quotas]
+        for _ in range(len(counters) + 1):
+            amounts = [
+                self._amount(ctx.model, q, input_tokens, output_tokens) for q in reservation.quotas
+            ]
             refusal = await self._store.reserve(
                 reservation.scope, reservation.lease_id, counters, amounts,
                 lease_until=now + self._lease_s, now=now,
             )  # fmt: skip
-        except StorageError as exc:
-            self._storage_failed(ctx.tenant, exc)
-            return
-        if refusal is not None:
-            quota = quotas[refusal.index]
-            raise _refused(quota, refusal.used, refusal.reserved, amounts[refusal.index], now)
-        reservation.renewer = asyncio.create_task(self._keep_leased(reservation))
-        ctx.reservation = reservation
+            if refusal is None:
+                return
+            quota = reservation.quotas[refusal.index]
+            left = refusal.used + refusal.reserved
+            fits = self._output_that_fits(ctx.model, quota, left, input_tokens)
+            if not _may_shorten(ctx) or not 1 <= fits < output_tokens:
+                raise _refused(quota, refusal.used, refusal.reserved, amounts[refusal.index], now)
+            output_tokens = _shorten(ctx, fits)
+        raise RuntimeError("quota reservation did not settle on an amount")
+
+    def _amount(self, model: str, quota: _Quota, input_tokens: int, output_tokens: int) -> int:
+        if quota.in_usd:
+            return self._prices.cost_nusd(model, input_tokens, output_tokens)
+        return input_tokens + output_tokens
+
+    def _output_that_fits(self, model: str, quota: _Quota, taken: int, input_tokens: int) -> int:
+        """The most output tokens this quota still holds beside the input (may be < 1)."""
+        room = quota.counter.limit - taken - self._amount(model, quota, input_tokens, 0)
+        if not quota.in_usd:
+            return room
+        per_million = self._prices.cost_nusd(model, 0, 1_000_000)
+        return room * 1_000_000 // per_million if per_million else DEFAULT_OUTPUT_BOUND
 
     async def settle(self, ctx: RequestContext) -> None:
         """Release the reservation and book what was really used; runs once, in `finally`."""
@@ -129,6 +151,24 @@ class Budgets:
                 "Quota storage is unreachable; try again shortly.", retry_after_s=1
             ) from exc
         _log.warning("quota storage unreachable, admitting without a reservation: %s", exc)
+
+
+def _may_shorten(ctx: RequestContext) -> bool:
+    tenant = ctx.tenant
+    return (
+        tenant is not None and tenant.budget.stop_stream_at_budget and ctx.operation != "embeddings"
+    )
+
+
+def _shorten(ctx: RequestContext, output_tokens: int) -> int:
+    """Bound the answer to `output_tokens`: the backend then ends it with finish_reason length."""
+    ctx.body["max_tokens"] = output_tokens
+    if "max_completion_tokens" in ctx.body:
+        ctx.body["max_completion_tokens"] = output_tokens
+    ctx.output_allowance = output_tokens
+    if "budget" not in ctx.shaped:
+        ctx.shaped.append("budget")
+    return output_tokens
 
 
 def _scope(tenant: str) -> str:

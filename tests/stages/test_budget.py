@@ -133,6 +133,28 @@ async def test_many_concurrent_requests_never_overspend() -> None:
     assert await store.read([counter]) == [(7_500, 0)]
 
 
+async def test_stop_stream_at_budget_shortens_the_answer_to_what_is_left() -> None:
+    stage, store = budgets()
+    await stage(request(Budget(tokens_per_day=260)))  # holds 150
+    ctx = request(Budget(tokens_per_day=260, stop_stream_at_budget=True))
+    await stage(ctx)
+    assert ctx.body["max_tokens"] == 10  # 260 - 150 held - 100 input
+    assert ctx.shaped == ["budget"]
+    assert ctx.reservation is not None
+    assert await store.read([ctx.reservation.quotas[0].counter]) == [(0, 260)]
+    with pytest.raises(InsufficientQuota):  # nothing left for any output
+        await stage(request(Budget(tokens_per_day=260, stop_stream_at_budget=True)))
+
+
+async def test_stop_stream_at_budget_with_a_usd_quota() -> None:
+    stage, _ = budgets()
+    # 100 input tokens cost 100 µUSD at 1 USD/M; 40 µUSD left buys 20 output tokens at 2 USD/M.
+    ctx = request(Budget(usd_per_day=0.00014, stop_stream_at_budget=True))
+    await stage(ctx)
+    assert ctx.body["max_tokens"] == 20
+    assert ctx.output_allowance == 20
+
+
 class Unreachable:
     async def reserve(self, *args: Any, **kwargs: Any) -> None:
         raise StorageError("connection refused")

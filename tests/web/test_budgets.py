@@ -162,3 +162,24 @@ def test_disconnect_mid_stream_bills_what_was_sent(backend_url: str, backend: ht
     # Billed: the counted input plus the tokens relayed before the client left, not 5,000.
     assert 10 < used < 200
     assert used <= sent + 20
+
+
+def test_stop_stream_at_budget_ends_the_stream_cleanly_at_what_is_left(backend_url: str) -> None:
+    budget = "{tokens_per_day: 100, stop_stream_at_budget: true}"
+    with serve(create_app(budget_policy(backend_url, budget))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        ask = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]}
+        first = sdk.chat.completions.create(**ask, max_tokens=60)  # type: ignore[call-overload]
+        spent = first.usage.total_tokens
+        raw = sdk.chat.completions.with_raw_response.create(
+            **ask, max_tokens=60, stream=True, stream_options={"include_usage": True}
+        )  # type: ignore[call-overload]
+        chunks = list(raw.parse())
+    assert raw.headers["x-tokenweir-shaped"] == "budget"
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finish == ["length"]
+    assert chunks[-1].usage is not None
+    assert spent + chunks[-1].usage.total_tokens <= 100
+    assert 0 < chunks[-1].usage.completion_tokens < 60
