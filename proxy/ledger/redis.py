@@ -7,7 +7,6 @@ tenant's hash tag. While Redis is unreachable records stay buffered (bounded) an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -21,8 +20,9 @@ from redis.exceptions import RedisError
 from proxy.ledger import query as planner
 from proxy.ledger import rediskeys as keys
 from proxy.ledger.aggregate import Cell
-from proxy.ledger.base import LedgerError, LedgerStats, UsageQuery, UsageRecord, UsageRow
-from proxy.ledger.buffer import Batch, RecordBuffer
+from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
+from proxy.ledger.buffer import Batch
+from proxy.ledger.writer import BufferedLedger
 
 __all__ = ["RedisLedger"]
 
@@ -36,7 +36,7 @@ class _Connection:
     sum: AsyncScript
 
 
-class RedisLedger:
+class RedisLedger(BufferedLedger):
     """`append` is a deque append; the task writes every `interval_s` or `batch_records`."""
 
     def __init__(
@@ -52,27 +52,33 @@ class RedisLedger:
         retention_s: int = 400 * _DAY_S,
         socket_timeout_s: float = 5.0,
     ) -> None:
+        self._wake = asyncio.Event()
+        super().__init__(
+            read_only=read_only, batch_records=batch_records, buffer_records=buffer_records,
+            flush_timeout_s=flush_timeout_s, wake=self._wake,
+        )  # fmt: skip
         self.url = url
-        self._read_only = read_only
-        self._batch_records = batch_records
         self._interval_s = interval_s
-        self._flush_timeout_s = flush_timeout_s
         self._stream_records = stream_records
         self._retention_s = retention_s
         self._socket_timeout_s = socket_timeout_s
-        self._buffer = RecordBuffer(max_records=buffer_records)
         self._writer_id = uuid.uuid4().hex
-        self._wake = asyncio.Event()
-        self._stopping = False
         self._connection: _Connection | None = None
         self._task: asyncio.Task[None] | None = None
-        self._closed = False
 
-    def append(self, record: UsageRecord) -> None:
-        if self._read_only:
-            raise LedgerError("this ledger was opened read-only")
-        if self._buffer.put(record) == self._batch_records:  # crossing, not every append
-            self._wake.set()
+    def _writer_running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def _where(self) -> str:
+        return "Redis"
+
+    async def _join_writer(self) -> None:
+        if self._task is not None:
+            await self._task
+
+    async def _release(self) -> None:
+        if self._connection is not None:
+            await self._connection.client.aclose()
 
     async def start(self) -> None:
         timeout_s = self._socket_timeout_s
@@ -86,38 +92,6 @@ class RedisLedger:
         self._connection = _Connection(client, append, total)
         if not self._read_only:
             self._task = asyncio.create_task(self._run(), name="tokenweir-ledger")
-
-    async def flush(self) -> None:
-        durable = self._buffer.wait_durable()
-        if durable.done():
-            return
-        if self._task is None or self._task.done():
-            durable.cancel()
-            raise LedgerError(f"{self._buffer.buffered} ledger records wait for a writer")
-        self._wake.set()
-        try:
-            async with asyncio.timeout(self._flush_timeout_s):
-                await durable
-        except TimeoutError:
-            raise LedgerError(
-                f"{self._buffer.buffered} ledger records not yet written to Redis after "
-                f"{self._flush_timeout_s:g}s: {self._buffer.stats().last_error}"
-            ) from None
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(LedgerError):  # whatever stays unwritten is logged below
-            await self.flush()
-        self._buffer.close()  # the writer's last drain takes what came in during the flush
-        self._stopping = True
-        self._wake.set()
-        if self._task is not None:
-            await self._task
-        self._buffer.report_unwritten()
-        if self._connection is not None:
-            await self._connection.client.aclose()
 
     async def query(self, q: UsageQuery) -> list[UsageRow]:
         try:
@@ -144,9 +118,6 @@ class RedisLedger:
         ]
         records.sort(key=lambda r: r.ts, reverse=True)
         return records[:limit]
-
-    def stats(self) -> LedgerStats:
-        return self._buffer.stats()
 
     async def _run(self) -> None:
         while not self._stopping:

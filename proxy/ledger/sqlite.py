@@ -7,7 +7,6 @@ and each query opens a read-only connection in `asyncio.to_thread` (WAL lets bot
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
 import threading
 from pathlib import Path
@@ -15,13 +14,13 @@ from pathlib import Path
 from proxy.ledger import query as planner
 from proxy.ledger import sqlschema
 from proxy.ledger.aggregate import Cell
-from proxy.ledger.base import LedgerError, LedgerStats, UsageQuery, UsageRecord, UsageRow
-from proxy.ledger.buffer import RecordBuffer
+from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
+from proxy.ledger.writer import BufferedLedger
 
 __all__ = ["SqliteLedger"]
 
 
-class SqliteLedger:
+class SqliteLedger(BufferedLedger):
     """`append` is a deque append; the thread commits every `interval_s` or `batch_records`.
 
     A backlog (after a burst or an outage) is written `transaction_records` at a time: bigger
@@ -40,24 +39,26 @@ class SqliteLedger:
         flush_timeout_s: float = 10.0,
         busy_timeout_s: float = 5.0,
     ) -> None:
+        self._wake = threading.Event()
+        super().__init__(
+            read_only=read_only, batch_records=batch_records, buffer_records=buffer_records,
+            flush_timeout_s=flush_timeout_s, wake=self._wake,
+        )  # fmt: skip
         self.path = path
-        self._read_only = read_only
-        self._batch_records = batch_records
         self._transaction_records = transaction_records
         self._interval_s = interval_s
-        self._flush_timeout_s = flush_timeout_s
         self._busy_timeout_s = busy_timeout_s
-        self._buffer = RecordBuffer(max_records=buffer_records)
-        self._wake = threading.Event()
-        self._stopping = False
         self._thread: threading.Thread | None = None
-        self._closed = False
 
-    def append(self, record: UsageRecord) -> None:
-        if self._read_only:
-            raise LedgerError("this ledger was opened read-only")
-        if self._buffer.put(record) == self._batch_records:  # crossing, not every append
-            self._wake.set()
+    def _writer_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _where(self) -> str:
+        return str(self.path)
+
+    async def _join_writer(self) -> None:
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
 
     async def start(self) -> None:
         if self._read_only:
@@ -70,45 +71,12 @@ class SqliteLedger:
         self._thread.start()
         await ready
 
-    async def flush(self) -> None:
-        durable = self._buffer.wait_durable()
-        if durable.done():
-            return
-        if self._thread is None or not self._thread.is_alive():
-            durable.cancel()
-            raise LedgerError(f"{self._buffer.buffered} ledger records wait for a writer")
-        self._wake.set()
-        try:
-            async with asyncio.timeout(self._flush_timeout_s):
-                await durable
-        except TimeoutError:
-            raise LedgerError(
-                f"{self._buffer.buffered} ledger records not yet written to {self.path} "
-                f"after {self._flush_timeout_s:g}s: {self._buffer.stats().last_error}"
-            ) from None
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(LedgerError):  # whatever stays unwritten is logged below
-            await self.flush()
-        self._buffer.close()  # the writer's last drain takes what came in during the flush
-        self._stopping = True
-        self._wake.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
-        self._buffer.report_unwritten()
-
     async def query(self, q: UsageQuery) -> list[UsageRow]:
         cells = await asyncio.to_thread(self._read_cells, q)
         return planner.rows(q, cells)
 
     async def latest(self, tenant: str | None, limit: int) -> list[UsageRecord]:
         return await asyncio.to_thread(self._read_latest, tenant, limit)
-
-    def stats(self) -> LedgerStats:
-        return self._buffer.stats()
 
     def _run(self, ready: asyncio.Future[None]) -> None:
         loop = ready.get_loop()
