@@ -27,10 +27,18 @@ def _script(name: str, *, prelude: bool = False) -> str:
 
 
 class RedisStore:
-    def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+    """A burst beyond `max_connections` waits up to `timeout_s` for a connection instead of
+    failing (redis-py's default pool raises at its 100th concurrent command)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64) -> None:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
         )
+        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self._reserve = self._redis.register_script(_script("reserve.lua", prelude=True))
         self._settle = self._redis.register_script(_script("settle.lua", prelude=True))
         self._renew = self._redis.register_script(_script("renew.lua"))
