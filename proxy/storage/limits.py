@@ -1,0 +1,188 @@
+"""The rate-limit contract: token buckets and leased concurrency slots, admitted all-or-nothing.
+
+The verdict (who refused, how long to wait, what the headers say) is computed here, once, from
+the numbers each implementation reads atomically; implementations only read, check and apply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "SLOT_RETRY_S",
+    "Admission",
+    "Bucket",
+    "BucketState",
+    "LimitStore",
+    "SlotPool",
+    "bucket_state",
+    "check_scope",
+    "judge",
+    "refilled",
+]
+
+SLOT_RETRY_S = 1.0  # a full slot pool frees when some generation ends: no time can be computed
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """A token bucket: holds up to `capacity` (the burst), refills `refill_per_s` continuously."""
+
+    key: str  # e.g. "tw:{tenant}:rl:rpm": the tenant's hash tag keeps a request's keys together
+    capacity: int  # the per-minute limit
+    refill_per_s: float  # capacity / 60 normally
+
+    def __post_init__(self) -> None:
+        if self.capacity < 0 or not self.refill_per_s > 0:
+            raise ValueError(f"bucket {self.key}: capacity >= 0 and refill_per_s > 0 required")
+
+
+@dataclass(frozen=True, slots=True)
+class SlotPool:
+    """At most `size` leases (in-flight generations) at once."""
+
+    key: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    """One bucket as OpenAI's x-ratelimit-* headers show it."""
+
+    limit: int
+    remaining: int  # whole units left after this admission (>= 0)
+    reset_s: float  # seconds until the bucket is full again
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The verdict on one request.
+
+    `refused` indexes buckets then slot pools; a limit the request can never fit (a cost above
+    a bucket's capacity, a pool of size 0) takes precedence over the first limit that refused,
+    and makes `retry_after_s` infinite. Otherwise `retry_after_s` is the wait until every
+    refusing limit could admit (the longest one), or SLOT_RETRY_S when only a pool is full.
+    """
+
+    admitted: bool
+    refused: int | None
+    retry_after_s: float  # 0 when admitted; math.inf when the request can never be admitted
+    buckets: tuple[BucketState, ...]
+
+    @property
+    def never(self) -> bool:
+        """True when retrying is pointless: the request is larger than a limit."""
+        return math.isinf(self.retry_after_s)
+
+
+class LimitStore(Protocol):
+    """Rate-limit state shared by the gateway's replicas.
+
+    `now` is the caller's wall clock (seconds), never the store's: one clock for every decision
+    keeps tests on a fake clock and Redis scripts deterministic. The cost is clock skew between
+    replicas: a bucket never refills backwards (its timestamp only moves forward), so a replica
+    whose clock runs d seconds ahead grants at most d * refill_per_s tokens early, and purges
+    other replicas' slot leases up to d seconds early; keep lease TTLs well above the skew.
+    Every key must start with `scope` (the tenant's prefix with its hash tag).
+    """
+
+    async def admit(
+        self,
+        scope: str,
+        buckets: Sequence[Bucket],
+        costs: Sequence[int],
+        slots: Sequence[SlotPool],
+        *,
+        lease_id: str,
+        lease_until: float,
+        now: float,
+    ) -> Admission:
+        """Charge every bucket its cost and take a slot (leased until `lease_until`) in every
+        pool, or change nothing. Expired leases in the pools are released first."""
+
+    async def settle(self, scope: str, bucket: Bucket, delta: int, *, now: float) -> None:
+        """Charge `delta` more tokens (may go negative: later requests wait) or refund them
+        (delta < 0; never above capacity)."""
+
+    async def release(self, scope: str, slots: Sequence[SlotPool], *, lease_id: str) -> None:
+        """Give the lease's slots back; releasing an unknown or expired lease does nothing."""
+
+    async def renew(
+        self, scope: str, slots: Sequence[SlotPool], *, lease_id: str, lease_until: float
+    ) -> bool:
+        """Extend the lease in every pool; False (and nothing changes) if any pool has already
+        released it (it expired and a later admission purged it, or was released)."""
+
+    async def peek(
+        self, scope: str, buckets: Sequence[Bucket], *, now: float
+    ) -> tuple[BucketState, ...]:
+        """The buckets as they stand at `now`, charging nothing."""
+
+    async def aclose(self) -> None: ...
+
+
+def refilled(bucket: Bucket, tokens: float, ts: float, now: float) -> tuple[float, float]:
+    """(tokens, timestamp) at `now`; a clock behind `ts` adds nothing and keeps `ts`.
+
+    The Lua scripts do the same arithmetic in the same order, so both stores agree exactly.
+    """
+    if now > ts:
+        tokens += (now - ts) * bucket.refill_per_s
+        ts = now
+    return min(float(bucket.capacity), tokens), ts
+
+
+def bucket_state(bucket: Bucket, tokens: float) -> BucketState:
+    reset_s = max(0.0, (bucket.capacity - tokens) / bucket.refill_per_s)
+    return BucketState(bucket.capacity, max(0, math.floor(tokens)), reset_s)
+
+
+def judge(
+    buckets: Sequence[Bucket],
+    costs: Sequence[int],
+    tokens: Sequence[float],
+    slots: Sequence[SlotPool],
+    held: Sequence[int],
+) -> Admission:
+    """The verdict on refilled `tokens` per bucket and live leases `held` per pool.
+
+    Admitted iff tokens >= cost for every bucket and held < size for every pool (the same
+    check the stores apply).
+    """
+    waits = [_bucket_wait(b, c, t) for b, c, t in zip(buckets, costs, tokens, strict=True)]
+    waits += [_slot_wait(pool, n) for pool, n in zip(slots, held, strict=True)]
+    longest = max(waits, default=0.0)
+    if longest == 0.0:
+        after = zip(buckets, costs, tokens, strict=True)
+        return Admission(True, None, 0.0, tuple(bucket_state(b, t - c) for b, c, t in after))
+    refused = waits.index(longest) if math.isinf(longest) else _first_positive(waits)
+    states = tuple(bucket_state(b, t) for b, t in zip(buckets, tokens, strict=True))
+    return Admission(False, refused, longest, states)
+
+
+def check_scope(scope: str, keys: Iterable[str]) -> None:
+    """Refuse keys outside `scope`: in Redis Cluster one script may only touch one slot."""
+    for key in keys:
+        if not key.startswith(scope):
+            raise ValueError(f"key {key!r} is outside scope {scope!r}")
+
+
+def _bucket_wait(bucket: Bucket, cost: int, tokens: float) -> float:
+    if tokens >= cost:
+        return 0.0
+    if cost > bucket.capacity:
+        return math.inf
+    return (cost - tokens) / bucket.refill_per_s
+
+
+def _first_positive(waits: list[float]) -> int:
+    return next(index for index, wait in enumerate(waits) if wait > 0)
+
+
+def _slot_wait(pool: SlotPool, held: int) -> float:
+    if held < pool.size:
+        return 0.0
+    return math.inf if pool.size <= 0 else SLOT_RETRY_S

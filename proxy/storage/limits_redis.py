@@ -1,0 +1,129 @@
+"""Rate-limit state on Redis, shared by every replica; each operation is one Lua script call.
+
+Buckets are hashes {tokens, ts} that expire once they would be full again; slot pools are
+sorted sets (lease id -> lease expiry) that expire after their latest lease. redis-py errors
+become StorageError here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from proxy.storage.base import StorageError
+from proxy.storage.limits import (
+    Admission,
+    Bucket,
+    BucketState,
+    SlotPool,
+    bucket_state,
+    check_scope,
+    judge,
+)
+
+__all__ = ["RedisLimitStore"]
+
+
+def _script(name: str, *, bucket_prelude: bool = False) -> str:
+    lua = resources.files("proxy.storage") / "lua"
+    body = (lua / name).read_text(encoding="utf-8")
+    if not bucket_prelude:
+        return body
+    return (lua / "limits_bucket.lua").read_text(encoding="utf-8") + body
+
+
+class RedisLimitStore:
+    """A burst of admissions beyond `max_connections` waits up to `timeout_s` for a connection
+    instead of failing (redis-py's default pool raises at its 100th concurrent command)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64) -> None:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+        )
+        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        self._admit = self._redis.register_script(_script("admit.lua", bucket_prelude=True))
+        self._settle = self._redis.register_script(
+            _script("limits_settle.lua", bucket_prelude=True)
+        )
+        self._peek = self._redis.register_script(_script("limits_peek.lua", bucket_prelude=True))
+        self._release = self._redis.register_script(_script("limits_release.lua"))
+        self._renew = self._redis.register_script(_script("limits_renew.lua"))
+
+    async def admit(
+        self,
+        scope: str,
+        buckets: Sequence[Bucket],
+        costs: Sequence[int],
+        slots: Sequence[SlotPool],
+        *,
+        lease_id: str,
+        lease_until: float,
+        now: float,
+    ) -> Admission:
+        keys = [*(b.key for b in buckets), *(p.key for p in slots)]
+        check_scope(scope, keys)
+        args: list[Any] = [now, lease_id, lease_until, len(buckets)]
+        for bucket, cost in zip(buckets, costs, strict=True):
+            args += [bucket.capacity, bucket.refill_per_s, cost]
+        args += [pool.size for pool in slots]
+        with _translated():
+            reply = await self._admit(keys=keys, args=args)
+        tokens = [float(t) for t in reply[1 : len(buckets) + 1]]
+        held = [int(n) for n in reply[len(buckets) + 1 :]]
+        return judge(buckets, costs, tokens, slots, held)
+
+    async def settle(self, scope: str, bucket: Bucket, delta: int, *, now: float) -> None:
+        check_scope(scope, [bucket.key])
+        args = [bucket.capacity, bucket.refill_per_s, delta, now]
+        with _translated():
+            await self._settle(keys=[bucket.key], args=args)
+
+    async def release(self, scope: str, slots: Sequence[SlotPool], *, lease_id: str) -> None:
+        keys = [pool.key for pool in slots]
+        check_scope(scope, keys)
+        with _translated():
+            await self._release(keys=keys, args=[lease_id])
+
+    async def renew(
+        self, scope: str, slots: Sequence[SlotPool], *, lease_id: str, lease_until: float
+    ) -> bool:
+        keys = [pool.key for pool in slots]
+        check_scope(scope, keys)
+        with _translated():
+            return bool(await self._renew(keys=keys, args=[lease_id, lease_until]))
+
+    async def peek(
+        self, scope: str, buckets: Sequence[Bucket], *, now: float
+    ) -> tuple[BucketState, ...]:
+        keys = [bucket.key for bucket in buckets]
+        check_scope(scope, keys)
+        args: list[Any] = [now]
+        for bucket in buckets:
+            args += [bucket.capacity, bucket.refill_per_s]
+        with _translated():
+            reply = await self._peek(keys=keys, args=args)
+        return tuple(bucket_state(b, float(t)) for b, t in zip(buckets, reply, strict=True))
+
+    async def ping(self) -> None:
+        with _translated():
+            await self._redis.ping()
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise StorageError(f"redis: {exc}") from exc
