@@ -33,9 +33,10 @@ from proxy.stages.auth import Authenticate, Keyring
 from proxy.stages.budget import Budgets
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
+from proxy.stages.ratelimit import RateLimits
 from proxy.stages.route import Route as RouteStage
 from proxy.stages.shape import Shape
-from proxy.storage import QuotaStore, open_store
+from proxy.storage import LimitStore, QuotaStore, open_limit_store, open_store
 from proxy.tokens import TokenCounters
 from proxy.upstream.client import UpstreamClient
 from proxy.web.openai import ModelList, OpenAIEndpoint
@@ -57,6 +58,7 @@ class Gateway:
     keyring: Keyring
     upstream: UpstreamClient
     store: QuotaStore
+    limit_store: LimitStore
     ledger: Ledger | None
     pipeline: Pipeline
     started_wall: float
@@ -74,6 +76,8 @@ class Gateway:
         store = store or open_store(policy.storage)
         prices = PriceTable(policy)
         budgets = Budgets(store, prices, clock)
+        limit_store = open_limit_store(policy.storage)
+        rate_limits = RateLimits(limit_store, clock)
         ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants),
@@ -81,13 +85,16 @@ class Gateway:
                 Parse(policy.models),
                 Shape(TokenCounters(policy)),
                 budgets,
+                rate_limits,
                 RouteStage(policy),
             ],
             forward=Forward(upstream, clock),
-            account=Account(clock, budgets, prices, ledger),
+            account=Account(clock, [rate_limits, budgets], prices, ledger),
             max_body_bytes=policy.server.max_body_bytes,
         )
-        return cls(policy, clock, keyring, upstream, store, ledger, pipeline, clock.wall())
+        return cls(
+            policy, clock, keyring, upstream, store, limit_store, ledger, pipeline, clock.wall()
+        )
 
     async def start(self) -> None:
         if self.ledger is not None:
@@ -98,6 +105,7 @@ class Gateway:
         try:
             await self.upstream.aclose()
             await self.store.aclose()
+            await self.limit_store.aclose()
         finally:
             if self.ledger is not None:
                 await self.ledger.aclose()

@@ -11,6 +11,7 @@ from proxy.upstream.meter import StreamMeter
 
 if TYPE_CHECKING:
     from proxy.stages.budget import Reservation
+    from proxy.stages.ratelimit import RateLimitHold
 
 __all__ = ["Operation", "RequestContext"]
 
@@ -41,6 +42,8 @@ class RequestContext:
     counted_input_tokens: int | None = None
     output_allowance: int | None = None
     reservation: Reservation | None = None
+    rate_limit: RateLimitHold | None = None
+    rate_limit_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     input_tokens: int | None = None
     output_tokens: int | None = None
     usage_from_backend: bool = False
@@ -54,7 +57,7 @@ class RequestContext:
 
     def gateway_headers(self) -> list[tuple[bytes, bytes]]:
         """The headers the gateway adds to every answer for this request."""
-        headers = [(b"x-tokenweir-cache", self.cache.encode())]
+        headers = [(b"x-tokenweir-cache", self.cache.encode()), *self.rate_limit_headers]
         if self.shaped:
             headers.append((b"x-tokenweir-shaped", ",".join(self.shaped).encode()))
         if self.degraded:

@@ -145,6 +145,8 @@ class Limits(_Frozen):
     max_concurrent: PositiveInt | None = None
     queue_timeout: Seconds | None = None
     on_storage_error: Literal["open", "closed"] = "open"
+    # How long a dead replica's concurrency slots outlive it; renewed every third of it.
+    lease_ttl: Annotated[float, BeforeValidator(parse_duration_s), Field(ge=1.0)] = 60.0
 
 
 class CacheSpec(_Frozen):

@@ -6,7 +6,9 @@ Writes input_tokens and output_tokens when the backend sent no usage. Never reco
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 import orjson
 
@@ -14,24 +16,29 @@ from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
-from proxy.stages.budget import Budgets
 
-__all__ = ["ACCESS_LOGGER", "Account"]
+__all__ = ["ACCESS_LOGGER", "Account", "Settler"]
 
 ACCESS_LOGGER = "tokenweir.access"
+
+
+class Settler(Protocol):
+    """A stage that holds something for a request (a slot, a reservation) until it ends."""
+
+    async def settle(self, ctx: RequestContext) -> None: ...
 
 
 class Account:
     def __init__(
         self,
         clock: Clock,
-        budgets: Budgets,
+        holds: Sequence[Settler],
         prices: PriceTable,
         ledger: Ledger | None,
         logger: logging.Logger | None = None,
     ) -> None:
         self._clock = clock
-        self._budgets = budgets
+        self._holds = tuple(holds)
         self._prices = prices
         self._ledger = ledger
         self._log = logger or logging.getLogger(ACCESS_LOGGER)
@@ -41,7 +48,8 @@ class Account:
             ctx.output_tokens = ctx.meter.token_events
         if ctx.input_tokens is None:
             ctx.input_tokens = ctx.counted_input_tokens
-        await self._budgets.settle(ctx)
+        for hold in self._holds:
+            await hold.settle(ctx)
         usage = self.usage_record(ctx)
         if self._ledger is not None:
             self._ledger.append(usage)

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from proxy.context import RequestContext
 from proxy.errors import BadRequest, ContextLengthExceeded
-from proxy.policy.model import Budget
+from proxy.policy.model import Budget, Tenant
 from proxy.tokens import TokenizerError
 
 __all__ = ["InputCounter", "Shape"]
@@ -39,10 +39,11 @@ class Shape:
     async def __call__(self, ctx: RequestContext) -> None:
         if ctx.tenant is None:
             raise RuntimeError("auth must run before shape")
-        budget, body = ctx.tenant.budget, ctx.body
+        tenant, body = ctx.tenant, ctx.body
+        budget = tenant.budget
         if ctx.operation == "chat":
-            await self._shape_chat(ctx, budget)
-        elif _needs_count(budget):
+            await self._shape_chat(ctx, tenant)
+        elif _needs_count(tenant):
             field = "prompt" if ctx.operation == "text_completion" else "input"
             count = await self._counter.count_prompt(ctx.model, body[field])
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
@@ -53,7 +54,8 @@ class Shape:
             _temperature(body, budget, ctx.shaped)
             ctx.output_allowance = _output_allowance(body)
 
-    async def _shape_chat(self, ctx: RequestContext, budget: Budget) -> None:
+    async def _shape_chat(self, ctx: RequestContext, tenant: Tenant) -> None:
+        budget = tenant.budget
         messages: list[Message] = list(ctx.body["messages"])
         if budget.system_prompt is not None and not _starts_with(messages, budget.system_prompt):
             messages.insert(0, {"role": "system", "content": budget.system_prompt})
@@ -63,7 +65,7 @@ class Shape:
             if len(kept) < len(messages):
                 messages = kept
                 ctx.shaped.append("history")
-        if _needs_count(budget):
+        if _needs_count(tenant):
             tools = ctx.body.get("tools")
             count = await self._counter.count_chat(ctx.model, messages, tools)
             limit = budget.max_input_tokens
@@ -121,7 +123,8 @@ class _Checked:
             raise BadRequest(f"The input cannot be counted: {exc}", code="invalid_value") from exc
 
 
-def _needs_count(budget: Budget) -> bool:
+def _needs_count(tenant: Tenant) -> bool:
+    budget = tenant.budget
     return budget.max_input_tokens is not None or any(
         limit is not None
         for limit in (
@@ -129,6 +132,7 @@ def _needs_count(budget: Budget) -> bool:
             budget.tokens_per_month,
             budget.usd_per_day,
             budget.usd_per_month,
+            tenant.limits.tokens_per_minute,
         )
     )
 

@@ -1,0 +1,235 @@
+"""Rate limits: requests and tokens per minute as token buckets, max_concurrent as leased slots.
+
+Writes rate_limit (what was charged and held, for settling) and the x-ratelimit-* headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+from proxy.clock import Clock
+from proxy.context import RequestContext
+from proxy.errors import RateLimited, StorageUnavailable
+from proxy.policy.model import Limits
+from proxy.storage.base import StorageError
+from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
+
+__all__ = ["RateLimitHold", "RateLimits", "format_reset"]
+
+_log = logging.getLogger("tokenweir.ratelimit")
+_QUEUE_POLL_S = 0.05
+
+
+@dataclass(slots=True)
+class RateLimitHold:
+    """What an admitted request holds until it is settled."""
+
+    scope: str
+    lease_id: str
+    lease_s: float
+    slots: tuple[SlotPool, ...]
+    token_bucket: Bucket | None
+    tokens_charged: int
+    renewer: asyncio.Task[None] | None = None
+
+
+class RateLimits:
+    def __init__(self, store: LimitStore, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        self._queues: dict[str, deque[asyncio.Future[None]]] = {}
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        if ctx.tenant is None or ctx.tenant_name is None:
+            raise RuntimeError("auth must run before rate limits")
+        limits = ctx.tenant.limits
+        scope = f"tw:{{{ctx.tenant_name}}}"
+        buckets, costs = _buckets(scope, limits, _token_cost(ctx))
+        slots = (
+            (SlotPool(f"{scope}:rl:slots", limits.max_concurrent),) if limits.max_concurrent else ()
+        )
+        if not buckets and not slots:
+            return
+        hold = RateLimitHold(scope, uuid.uuid4().hex, limits.lease_ttl, slots, None, 0)
+        try:
+            admission = await self._admit(ctx, hold, buckets, costs, limits)
+        except StorageError as exc:
+            _storage_failed(limits, exc)
+            return
+        ctx.rate_limit_headers = _headers(buckets, admission.buckets)
+        if not admission.admitted:
+            raise _refused(buckets, slots, costs, admission)
+        if limits.tokens_per_minute:
+            hold.token_bucket, hold.tokens_charged = buckets[-1], costs[-1]
+        if slots:
+            hold.renewer = asyncio.create_task(self._keep_leased(hold))
+        ctx.rate_limit = hold
+
+    async def settle(self, ctx: RequestContext) -> None:
+        """Free the slot and true the token bucket up to real usage; runs once, in `finally`."""
+        hold, ctx.rate_limit = ctx.rate_limit, None
+        if hold is None:
+            return
+        if hold.renewer is not None:
+            hold.renewer.cancel()
+        try:
+            if hold.slots:
+                await self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
+                self._wake_next(hold.scope)
+            if hold.token_bucket is not None:
+                used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
+                delta = used - hold.tokens_charged
+                if delta:
+                    now = self._clock.wall()
+                    await self._store.settle(hold.scope, hold.token_bucket, delta, now=now)
+        except StorageError as exc:
+            _log.warning("could not settle rate limits for %s: %s", ctx.tenant_name, exc)
+
+    async def _admit(
+        self,
+        ctx: RequestContext,
+        hold: RateLimitHold,
+        buckets: list[Bucket],
+        costs: list[int],
+        limits: Limits,
+    ) -> Admission:
+        """Admit now, or with `queue_timeout`, wait in this tenant's FIFO line for a slot."""
+        admission = await self._try(hold, buckets, costs)
+        if (
+            admission.admitted
+            or limits.queue_timeout is None
+            or not _slot_refused(admission, buckets)
+        ):
+            return admission
+        deadline = self._clock.monotonic() + limits.queue_timeout
+        line = self._queues.setdefault(hold.scope, deque())
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        line.append(turn)
+        try:
+            while True:
+                left_s = deadline - self._clock.monotonic()
+                if left_s <= 0:
+                    return admission
+                if line[0] is turn:
+                    admission = await self._try(hold, buckets, costs)
+                    if admission.admitted or not _slot_refused(admission, buckets):
+                        return admission
+                # Woken by a release in this process, or poll for releases by other replicas.
+                await asyncio.wait([turn], timeout=min(left_s, _QUEUE_POLL_S))
+                if turn.done():
+                    turn = asyncio.get_running_loop().create_future()
+                    line[0] = turn
+        finally:
+            line.remove(turn)
+            if not line:
+                self._queues.pop(hold.scope, None)
+            self._wake_next(hold.scope)
+
+    async def _try(self, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]) -> Admission:
+        now = self._clock.wall()
+        return await self._store.admit(
+            hold.scope, buckets, costs, hold.slots,
+            lease_id=hold.lease_id, lease_until=now + hold.lease_s, now=now,
+        )  # fmt: skip
+
+    def _wake_next(self, scope: str) -> None:
+        line = self._queues.get(scope)
+        if line and not line[0].done():
+            line[0].set_result(None)
+
+    async def _keep_leased(self, hold: RateLimitHold) -> None:
+        while True:
+            await asyncio.sleep(hold.lease_s / 3)
+            try:
+                until = self._clock.wall() + hold.lease_s
+                await self._store.renew(
+                    hold.scope, hold.slots, lease_id=hold.lease_id, lease_until=until
+                )
+            except StorageError as exc:
+                _log.warning("could not renew a concurrency lease: %s", exc)
+
+
+def _token_cost(ctx: RequestContext) -> int:
+    return (ctx.counted_input_tokens or 0) + (ctx.output_allowance or 0)
+
+
+def _buckets(scope: str, limits: Limits, tokens: int) -> tuple[list[Bucket], list[int]]:
+    buckets: list[Bucket] = []
+    costs: list[int] = []
+    if limits.requests_per_minute:
+        rpm = limits.requests_per_minute
+        buckets.append(Bucket(f"{scope}:rl:rpm", rpm, rpm / 60.0))
+        costs.append(1)
+    if limits.tokens_per_minute:
+        tpm = limits.tokens_per_minute
+        buckets.append(Bucket(f"{scope}:rl:tpm", tpm, tpm / 60.0))
+        costs.append(tokens)
+    return buckets, costs
+
+
+def _slot_refused(admission: Admission, buckets: list[Bucket]) -> bool:
+    return admission.refused is not None and admission.refused >= len(buckets)
+
+
+def _headers(buckets: list[Bucket], states: tuple[BucketState, ...]) -> list[tuple[bytes, bytes]]:
+    headers: list[tuple[bytes, bytes]] = []
+    for bucket, state in zip(buckets, states, strict=True):
+        kind = b"requests" if bucket.key.endswith(":rpm") else b"tokens"
+        headers += [
+            (b"x-ratelimit-limit-" + kind, str(state.limit).encode()),
+            (b"x-ratelimit-remaining-" + kind, str(state.remaining).encode()),
+            (b"x-ratelimit-reset-" + kind, format_reset(state.reset_s).encode()),
+        ]
+    return headers
+
+
+def format_reset(seconds: float) -> str:
+    """A duration as OpenAI writes its reset headers: `20ms`, `1s`, `6m0s`, `1h2m3s`."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    whole = math.ceil(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def _refused(
+    buckets: list[Bucket], slots: tuple[SlotPool, ...], costs: list[int], admission: Admission
+) -> RateLimited:
+    index = admission.refused if admission.refused is not None else 0
+    retry_s = admission.retry_after_s
+    if index >= len(buckets):
+        what = f"max_concurrent: {slots[index - len(buckets)].size} requests in flight"
+    else:
+        bucket, kind = (
+            buckets[index],
+            "requests" if buckets[index].key.endswith(":rpm") else "tokens",
+        )
+        what = f"{kind}_per_minute: limit {bucket.capacity}, this request needs {costs[index]}"
+        if costs[index] > bucket.capacity:
+            return RateLimited(
+                f"Rate limit exceeded: {what}; it is larger than the per-minute limit and can "
+                "never be admitted. Lower max_tokens or shorten the input.",
+            )
+    wait = format_reset(retry_s)
+    return RateLimited(
+        f"Rate limit reached for this key ({what}). Please try again in {wait}.",
+        retry_after_s=retry_s,
+    )
+
+
+def _storage_failed(limits: Limits, exc: StorageError) -> None:
+    if limits.on_storage_error == "closed":
+        raise StorageUnavailable(
+            "Rate-limit storage is unreachable; try again shortly.", retry_after_s=1
+        ) from exc
+    _log.warning("rate-limit storage unreachable, admitting without limits: %s", exc)
