@@ -1,0 +1,113 @@
+"""Rate limits through the real gateway, as the openai SDK and a burst of clients see them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import Policy, parse_policy
+from proxy.policy.units import hash_key
+from tests.servers import serve
+
+KEY = "tw-limits-key"
+CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def limits_policy_text(backend_url: str, limits: str, storage: str = "memory") -> str:
+    return f"""
+storage: {storage}
+backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
+models: {{mock-llm: {{}}}}
+tenants:
+  app:
+    api_keys: [{hash_key(KEY)}]
+    models: [mock-llm]
+    limits: {limits}
+"""
+
+
+def limits_policy(backend_url: str, limits: str) -> Policy:
+    return parse_policy(limits_policy_text(backend_url, limits), environ={})
+
+
+def test_every_answer_carries_openai_rate_limit_headers(backend_url: str) -> None:
+    policy = limits_policy(backend_url, "{requests_per_minute: 2, tokens_per_minute: 1000}")
+    headers = {"authorization": f"Bearer {KEY}"}
+    with serve(create_app(policy)) as url, httpx.Client(base_url=url, headers=headers) as http:
+        first = http.post("/v1/chat/completions", json=CHAT)
+        http.post("/v1/chat/completions", json=CHAT)
+        refused = http.post("/v1/chat/completions", json=CHAT)
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-limit-requests"] == "2"
+    assert first.headers["x-ratelimit-remaining-requests"] == "1"
+    assert first.headers["x-ratelimit-reset-requests"] == "30s"
+    assert first.headers["x-ratelimit-limit-tokens"] == "1000"
+    assert first.headers["x-ratelimit-reset-tokens"].endswith(("ms", "s"))
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert "requests_per_minute: limit 2" in refused.json()["error"]["message"]
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert 25 <= int(refused.headers["retry-after"]) <= 30
+
+
+def test_sdk_retries_after_retry_after_and_succeeds(backend_url: str) -> None:
+    # 60 requests per minute: a burst of 60, then one more every second.
+    with serve(create_app(limits_policy(backend_url, "{requests_per_minute: 60}"))) as url:
+        patient = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=3)
+        hasty = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        for _ in range(60):
+            hasty.chat.completions.create(**CHAT)  # type: ignore[call-overload]
+        with pytest.raises(openai.RateLimitError):
+            hasty.chat.completions.create(**CHAT)  # type: ignore[call-overload]
+        began = time.monotonic()
+        reply = patient.chat.completions.create(**CHAT)  # type: ignore[call-overload]
+        waited_s = time.monotonic() - began
+    assert reply.choices[0].message.content
+    assert 0.5 <= waited_s < 5
+
+
+async def stream(http: httpx.AsyncClient) -> int:
+    body = {**CHAT, "stream": True, "max_tokens": 400, "mock_completion_tokens": 400}
+    async with http.stream("POST", "/v1/chat/completions", json=body) as answer:
+        async for _ in answer.aiter_bytes():
+            pass
+        return answer.status_code
+
+
+def most_in_flight(backend: httpx.Client, stop: threading.Event, seen: list[int]) -> None:
+    while not stop.is_set():
+        seen.append(backend.get("/mock/stats").json()["inflight"])
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize(
+    ("limits", "ok"),
+    [("{max_concurrent: 2}", 2), ("{max_concurrent: 2, queue_timeout: 10s}", 6)],
+)
+def test_max_concurrent_holds_with_streams(
+    backend_url: str, backend: httpx.Client, limits: str, ok: int
+) -> None:
+    stop, seen = threading.Event(), [0]
+    watcher = threading.Thread(target=most_in_flight, args=(backend, stop, seen))
+    with serve(create_app(limits_policy(backend_url, limits))) as url:
+
+        async def burst() -> list[int]:
+            headers = {"authorization": f"Bearer {KEY}"}
+            async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+                return await asyncio.gather(*(stream(http) for _ in range(6)))
+
+        watcher.start()
+        try:
+            statuses = asyncio.run(burst())
+        finally:
+            stop.set()
+            watcher.join()
+    assert statuses.count(200) == ok
+    assert statuses.count(429) == 6 - ok
+    assert max(seen) <= 2
