@@ -147,6 +147,10 @@ def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
         for j, model in enumerate(tenant.models):
             if model not in policy.models:
                 found.append((("tenants", tenant_name, "models", j), _unknown_model(model)))
+        for model in tenant.limits.per_model:
+            if model not in tenant.models:
+                where: KeyPath = ("tenants", tenant_name, "limits", "per_model", model)
+                found.append((where, f"the tenant may not use model {model!r}"))
         for k, rule in enumerate(tenant.degrade):
             if rule.then.model is not None and rule.then.model not in policy.models:
                 path: KeyPath = ("tenants", tenant_name, "degrade", k, "then", "model")

@@ -139,10 +139,19 @@ class Budget(_Frozen):
     usd_per_month: Annotated[float, Field(gt=0)] | None = None
 
 
+class ModelLimits(_Frozen):
+    """A tenant's limits on one model, on top of its overall limits."""
+
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    max_concurrent: PositiveInt | None = None
+
+
 class Limits(_Frozen):
     requests_per_minute: PositiveInt | None = None
     tokens_per_minute: PositiveInt | None = None
     max_concurrent: PositiveInt | None = None
+    per_model: dict[Name, ModelLimits] = Field(default_factory=dict)
     queue_timeout: Seconds | None = None
     on_storage_error: Literal["open", "closed"] = "open"
     # How long a dead replica's concurrency slots outlive it; renewed every third of it.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, StorageUnavailable
-from proxy.policy.model import Limits
+from proxy.policy.model import Limits, ModelLimits
 from proxy.storage.base import StorageError
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
 
@@ -33,8 +33,7 @@ class RateLimitHold:
     lease_id: str
     lease_s: float
     slots: tuple[SlotPool, ...]
-    token_bucket: Bucket | None
-    tokens_charged: int
+    token_buckets: tuple[tuple[Bucket, int], ...] = ()
     renewer: asyncio.Task[None] | None = None
 
 
@@ -49,13 +48,10 @@ class RateLimits:
             raise RuntimeError("auth must run before rate limits")
         limits = ctx.tenant.limits
         scope = f"tw:{{{ctx.tenant_name}}}"
-        buckets, costs = _buckets(scope, limits, _token_cost(ctx))
-        slots = (
-            (SlotPool(f"{scope}:rl:slots", limits.max_concurrent),) if limits.max_concurrent else ()
-        )
+        buckets, costs, slots = _limits_for(scope, limits, ctx.model, _token_cost(ctx))
         if not buckets and not slots:
             return
-        hold = RateLimitHold(scope, uuid.uuid4().hex, limits.lease_ttl, slots, None, 0)
+        hold = RateLimitHold(scope, uuid.uuid4().hex, limits.lease_ttl, slots)
         try:
             admission = await self._admit(ctx, hold, buckets, costs, limits)
         except StorageError as exc:
@@ -64,8 +60,9 @@ class RateLimits:
         ctx.rate_limit_headers = _headers(buckets, admission.buckets)
         if not admission.admitted:
             raise _refused(buckets, slots, costs, admission)
-        if limits.tokens_per_minute:
-            hold.token_bucket, hold.tokens_charged = buckets[-1], costs[-1]
+        hold.token_buckets = tuple(
+            (b, cost) for b, cost in zip(buckets, costs, strict=True) if b.key.endswith(":tpm")
+        )
         if slots:
             hold.renewer = asyncio.create_task(self._keep_leased(hold))
         ctx.rate_limit = hold
@@ -81,12 +78,11 @@ class RateLimits:
             if hold.slots:
                 await self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
                 self._wake_next(hold.scope)
-            if hold.token_bucket is not None:
-                used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
-                delta = used - hold.tokens_charged
-                if delta:
+            used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
+            for bucket, charged in hold.token_buckets:
+                if used != charged:
                     now = self._clock.wall()
-                    await self._store.settle(hold.scope, hold.token_bucket, delta, now=now)
+                    await self._store.settle(hold.scope, bucket, used - charged, now=now)
         except StorageError as exc:
             _log.warning("could not settle rate limits for %s: %s", ctx.tenant_name, exc)
 
@@ -158,18 +154,28 @@ def _token_cost(ctx: RequestContext) -> int:
     return (ctx.counted_input_tokens or 0) + (ctx.output_allowance or 0)
 
 
-def _buckets(scope: str, limits: Limits, tokens: int) -> tuple[list[Bucket], list[int]]:
+def _limits_for(
+    scope: str, limits: Limits, model: str, tokens: int
+) -> tuple[list[Bucket], list[int], tuple[SlotPool, ...]]:
+    """The tenant's buckets and slot pools, then those of its limits on this model."""
     buckets: list[Bucket] = []
     costs: list[int] = []
-    if limits.requests_per_minute:
-        rpm = limits.requests_per_minute
-        buckets.append(Bucket(f"{scope}:rl:rpm", rpm, rpm / 60.0))
-        costs.append(1)
-    if limits.tokens_per_minute:
-        tpm = limits.tokens_per_minute
-        buckets.append(Bucket(f"{scope}:rl:tpm", tpm, tpm / 60.0))
-        costs.append(tokens)
-    return buckets, costs
+    slots: list[SlotPool] = []
+    levels: list[tuple[str, Limits | ModelLimits]] = [(f"{scope}:rl", limits)]
+    if model in limits.per_model:
+        levels.append((f"{scope}:rl:m:{model}", limits.per_model[model]))
+    for prefix, level in levels:
+        if level.requests_per_minute:
+            rpm = level.requests_per_minute
+            buckets.append(Bucket(f"{prefix}:rpm", rpm, rpm / 60.0))
+            costs.append(1)
+        if level.tokens_per_minute:
+            tpm = level.tokens_per_minute
+            buckets.append(Bucket(f"{prefix}:tpm", tpm, tpm / 60.0))
+            costs.append(tokens)
+        if level.max_concurrent:
+            slots.append(SlotPool(f"{prefix}:slots", level.max_concurrent))
+    return buckets, costs, tuple(slots)
 
 
 def _slot_refused(admission: Admission, buckets: list[Bucket]) -> bool:
@@ -177,9 +183,14 @@ def _slot_refused(admission: Admission, buckets: list[Bucket]) -> bool:
 
 
 def _headers(buckets: list[Bucket], states: tuple[BucketState, ...]) -> list[tuple[bytes, bytes]]:
-    headers: list[tuple[bytes, bytes]] = []
+    """OpenAI's six headers; with a per-model limit too, the tighter of each kind is shown."""
+    tightest: dict[bytes, BucketState] = {}
     for bucket, state in zip(buckets, states, strict=True):
         kind = b"requests" if bucket.key.endswith(":rpm") else b"tokens"
+        if kind not in tightest or state.remaining < tightest[kind].remaining:
+            tightest[kind] = state
+    headers: list[tuple[bytes, bytes]] = []
+    for kind, state in tightest.items():
         headers += [
             (b"x-ratelimit-limit-" + kind, str(state.limit).encode()),
             (b"x-ratelimit-remaining-" + kind, str(state.remaining).encode()),
@@ -208,13 +219,17 @@ def _refused(
     index = admission.refused if admission.refused is not None else 0
     retry_s = admission.retry_after_s
     if index >= len(buckets):
-        what = f"max_concurrent: {slots[index - len(buckets)].size} requests in flight"
+        pool = slots[index - len(buckets)]
+        what = f"max_concurrent{_on_model(pool.key)}: {pool.size} requests in flight"
     else:
         bucket, kind = (
             buckets[index],
             "requests" if buckets[index].key.endswith(":rpm") else "tokens",
         )
-        what = f"{kind}_per_minute: limit {bucket.capacity}, this request needs {costs[index]}"
+        what = (
+            f"{kind}_per_minute{_on_model(bucket.key)}: limit {bucket.capacity}, "
+            f"this request needs {costs[index]}"
+        )
         if costs[index] > bucket.capacity:
             return RateLimited(
                 f"Rate limit exceeded: {what}; it is larger than the per-minute limit and can "
@@ -225,6 +240,12 @@ def _refused(
         f"Rate limit reached for this key ({what}). Please try again in {wait}.",
         retry_after_s=retry_s,
     )
+
+
+def _on_model(key: str) -> str:
+    """` on model NAME` for a per-model limit's key (`...:rl:m:NAME:rpm`), else nothing."""
+    _, marker, rest = key.partition(":rl:m:")
+    return f" on model {rest.rsplit(':', 1)[0]}" if marker else ""
 
 
 def _storage_failed(limits: Limits, exc: StorageError) -> None:

@@ -115,6 +115,16 @@ def test_duplicate_keys_and_broken_yaml() -> None:
     assert problems("- just\n- a list\n") == ["p.yaml:1: the policy file must be a YAML mapping"]
 
 
+def test_per_model_limits_must_name_the_tenants_models() -> None:
+    text = GOOD.replace(
+        "limits: {requests_per_minute: 600, queue_timeout: 2s}",
+        "limits: {requests_per_minute: 600, per_model: {m2: {max_concurrent: 2}}}",
+    )
+    assert problems(text) == [
+        "p.yaml:24: tenants.support-bot.limits.per_model.m2: the tenant may not use model 'm2'"
+    ]
+
+
 def test_ledger_urls_are_checked() -> None:
     assert problems(GOOD.replace("storage: memory", "storage: memory\nledger: postgres://x")) == [
         "p.yaml:2: ledger: a ledger is sqlite:///relative.db, sqlite:////absolute.db, "

@@ -10,7 +10,7 @@ import pytest
 from proxy.clock import FakeClock
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, StorageUnavailable
-from proxy.policy.model import Limits, Tenant
+from proxy.policy.model import Limits, ModelLimits, Tenant
 from proxy.policy.units import hash_key
 from proxy.stages.ratelimit import RateLimits, format_reset
 from proxy.storage import MemoryLimitStore, StorageError
@@ -122,6 +122,35 @@ async def test_queue_gives_up_at_its_timeout() -> None:
     clock.advance(2.5)
     with pytest.raises(RateLimited):
         await asyncio.wait_for(waiting, timeout=2)
+
+
+async def test_per_model_limits_apply_on_top_of_the_tenants() -> None:
+    stage = RateLimits(MemoryLimitStore(), FakeClock(start_wall=1000.0))
+    limits = Limits(requests_per_minute=10, per_model={"m": ModelLimits(requests_per_minute=1)})
+    ctx = request(limits)
+    await stage(ctx)
+    assert headers(ctx)["x-ratelimit-remaining-requests"] == "0"  # the tighter of the two
+    with pytest.raises(RateLimited, match="requests_per_minute on model m: limit 1"):
+        await stage(request(limits))
+    other = request(limits)
+    other.model = "n"
+    await stage(other)
+    assert headers(other)["x-ratelimit-remaining-requests"] == "8"
+
+
+async def test_one_tenants_line_never_delays_another_tenant() -> None:
+    stage = RateLimits(MemoryLimitStore(), FakeClock())
+    limits = Limits(max_concurrent=1, queue_timeout=30.0)
+    await stage(request(limits))
+    stuck = [asyncio.create_task(stage(request(limits))) for _ in range(20)]
+    await asyncio.sleep(0.01)
+    other = request(limits)
+    other.tenant_name = "globex"
+    await asyncio.wait_for(stage(other), timeout=1)  # admitted at once, past acme's line
+    assert other.rate_limit is not None
+    for task in stuck:
+        task.cancel()
+    await asyncio.gather(*stuck, return_exceptions=True)
 
 
 class Unreachable:
