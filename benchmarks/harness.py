@@ -20,6 +20,9 @@ import httpx
 
 from proxy.policy.units import hash_key
 
+# Benchmarks run from a checkout; they may use the tests' helpers (e.g. a private Redis).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 RESULTS = Path(__file__).parent / "results"
 KEY = "bench-key"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -77,18 +80,21 @@ def policy_for(
     name: str = "plain",
     tokenizer: str | None = None,
     budget: str = "{}",
+    limits: str = "{}",
+    storage: str = "memory",
 ) -> Path:
-    """A one-tenant policy (key KEY) on `backend_url`; optionally a tokenizer and a budget."""
+    """A one-tenant policy (key KEY) on `backend_url`; optionally tokenizer, budget, limits."""
     path = directory / f"policy-{name}-{backend_url.rsplit(':', 1)[1]}.yaml"
     counting = f", tokenizer: {json.dumps(tokenizer)}" if tokenizer else ""
     path.write_text(
         f"""
+storage: {storage}
 backends:
   - {{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}
 models:
   mock-llm: {{price: {{input_per_1m: 0.1, output_per_1m: 0.4}}{counting}}}
 tenants:
-  bench: {{api_keys: [{hash_key(KEY)}], models: [mock-llm], budget: {budget}}}
+  bench: {{api_keys: [{hash_key(KEY)}], models: [mock-llm], budget: {budget}, limits: {limits}}}
 """
     )
     return path
