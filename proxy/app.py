@@ -33,7 +33,7 @@ from proxy.stages.auth import Authenticate, Keyring
 from proxy.stages.budget import Budgets
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
-from proxy.stages.ratelimit import RateLimits
+from proxy.stages.ratelimit import BackendLimits, RateLimits
 from proxy.stages.route import Route as RouteStage
 from proxy.stages.shape import Shape
 from proxy.storage import LimitStore, QuotaStore, open_limit_store, open_store
@@ -87,6 +87,7 @@ class Gateway:
                 budgets,
                 rate_limits,
                 RouteStage(policy),
+                BackendLimits(rate_limits),
             ],
             forward=Forward(upstream, clock),
             account=Account(clock, [rate_limits, budgets], prices, ledger),

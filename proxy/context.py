@@ -42,7 +42,7 @@ class RequestContext:
     counted_input_tokens: int | None = None
     output_allowance: int | None = None
     reservation: Reservation | None = None
-    rate_limit: RateLimitHold | None = None
+    rate_limits: list[RateLimitHold] = field(default_factory=list)
     rate_limit_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     input_tokens: int | None = None
     output_tokens: int | None = None

@@ -116,12 +116,21 @@ class ModelSpec(_Frozen):
     price: Price = Price()
 
 
+class LimitSet(_Frozen):
+    """Limits on one model for a tenant (on top of its own), or on a backend for everyone."""
+
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    max_concurrent: PositiveInt | None = None
+
+
 class Backend(_Frozen):
     name: Name
     url: Annotated[str, AfterValidator(_strip_slash)]
     api_key: UpstreamKey | None = None
     models: tuple[Name, ...] = Field(min_length=1)
     weight: PositiveInt = 1
+    limits: LimitSet = LimitSet()
 
 
 class Budget(_Frozen):
@@ -139,19 +148,11 @@ class Budget(_Frozen):
     usd_per_month: Annotated[float, Field(gt=0)] | None = None
 
 
-class ModelLimits(_Frozen):
-    """A tenant's limits on one model, on top of its overall limits."""
-
-    requests_per_minute: PositiveInt | None = None
-    tokens_per_minute: PositiveInt | None = None
-    max_concurrent: PositiveInt | None = None
-
-
 class Limits(_Frozen):
     requests_per_minute: PositiveInt | None = None
     tokens_per_minute: PositiveInt | None = None
     max_concurrent: PositiveInt | None = None
-    per_model: dict[Name, ModelLimits] = Field(default_factory=dict)
+    per_model: dict[Name, LimitSet] = Field(default_factory=dict)
     queue_timeout: Seconds | None = None
     on_storage_error: Literal["open", "closed"] = "open"
     # How long a dead replica's concurrency slots outlive it; renewed every third of it.

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
-from proxy.errors import RateLimited, StorageUnavailable
-from proxy.policy.model import Limits, ModelLimits
+from proxy.errors import RateLimited, StorageUnavailable, UpstreamUnavailable
+from proxy.policy.model import Limits, LimitSet
 from proxy.storage.base import StorageError
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
 
-__all__ = ["RateLimitHold", "RateLimits", "format_reset"]
+__all__ = ["BackendLimits", "RateLimitHold", "RateLimits", "format_reset"]
 
 _log = logging.getLogger("tokenweir.ratelimit")
 _QUEUE_POLL_S = 0.05
@@ -60,18 +60,48 @@ class RateLimits:
         ctx.rate_limit_headers = _headers(buckets, admission.buckets)
         if not admission.admitted:
             raise _refused(buckets, slots, costs, admission)
+        self._hold(ctx, hold, buckets, costs)
+
+    async def admit_backend(self, ctx: RequestContext) -> None:
+        """The chosen backend's own limits, shared by every tenant: a full backend is a 503."""
+        backend, tenant = ctx.backend, ctx.tenant
+        if backend is None or tenant is None:
+            raise RuntimeError("route must run before backend limits")
+        scope = f"tw:{{backend:{backend.name}}}"
+        buckets, costs, slots = _limits_for(scope, backend.limits, "", _token_cost(ctx))
+        if not buckets and not slots:
+            return
+        hold = RateLimitHold(scope, uuid.uuid4().hex, tenant.limits.lease_ttl, slots)
+        try:
+            admission = await self._try(hold, buckets, costs)
+        except StorageError as exc:
+            _storage_failed(tenant.limits, exc)
+            return
+        if not admission.admitted:
+            refusal = _refused(buckets, slots, costs, admission)
+            raise UpstreamUnavailable(
+                f"Backend {backend.name!r} is at capacity: {refusal.message}",
+                retry_after_s=refusal.retry_after_s or 1.0,
+            )
+        self._hold(ctx, hold, buckets, costs)
+
+    def _hold(
+        self, ctx: RequestContext, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]
+    ) -> None:
         hold.token_buckets = tuple(
             (b, cost) for b, cost in zip(buckets, costs, strict=True) if b.key.endswith(":tpm")
         )
-        if slots:
+        if hold.slots:
             hold.renewer = asyncio.create_task(self._keep_leased(hold))
-        ctx.rate_limit = hold
+        ctx.rate_limits.append(hold)
 
     async def settle(self, ctx: RequestContext) -> None:
-        """Free the slot and true the token bucket up to real usage; runs once, in `finally`."""
-        hold, ctx.rate_limit = ctx.rate_limit, None
-        if hold is None:
-            return
+        """Free the slots and true the token buckets up to real usage; runs once, in `finally`."""
+        holds, ctx.rate_limits = ctx.rate_limits, []
+        for hold in holds:
+            await self._settle(ctx, hold)
+
+    async def _settle(self, ctx: RequestContext, hold: RateLimitHold) -> None:
         if hold.renewer is not None:
             hold.renewer.cancel()
         try:
@@ -155,14 +185,14 @@ def _token_cost(ctx: RequestContext) -> int:
 
 
 def _limits_for(
-    scope: str, limits: Limits, model: str, tokens: int
+    scope: str, limits: Limits | LimitSet, model: str, tokens: int
 ) -> tuple[list[Bucket], list[int], tuple[SlotPool, ...]]:
-    """The tenant's buckets and slot pools, then those of its limits on this model."""
+    """The buckets and slot pools of `limits`, then those of its limits on this model."""
     buckets: list[Bucket] = []
     costs: list[int] = []
     slots: list[SlotPool] = []
-    levels: list[tuple[str, Limits | ModelLimits]] = [(f"{scope}:rl", limits)]
-    if model in limits.per_model:
+    levels: list[tuple[str, Limits | LimitSet]] = [(f"{scope}:rl", limits)]
+    if isinstance(limits, Limits) and model in limits.per_model:
         levels.append((f"{scope}:rl:m:{model}", limits.per_model[model]))
     for prefix, level in levels:
         if level.requests_per_minute:
@@ -254,3 +284,13 @@ def _storage_failed(limits: Limits, exc: StorageError) -> None:
             "Rate-limit storage is unreachable; try again shortly.", retry_after_s=1
         ) from exc
     _log.warning("rate-limit storage unreachable, admitting without limits: %s", exc)
+
+
+class BackendLimits:
+    """The stage after routing: the chosen backend's limits (settled by `RateLimits.settle`)."""
+
+    def __init__(self, limits: RateLimits) -> None:
+        self._limits = limits
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        await self._limits.admit_backend(ctx)

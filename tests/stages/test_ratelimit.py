@@ -10,7 +10,7 @@ import pytest
 from proxy.clock import FakeClock
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, StorageUnavailable
-from proxy.policy.model import Limits, ModelLimits, Tenant
+from proxy.policy.model import Limits, LimitSet, Tenant
 from proxy.policy.units import hash_key
 from proxy.stages.ratelimit import RateLimits, format_reset
 from proxy.storage import MemoryLimitStore, StorageError
@@ -126,7 +126,7 @@ async def test_queue_gives_up_at_its_timeout() -> None:
 
 async def test_per_model_limits_apply_on_top_of_the_tenants() -> None:
     stage = RateLimits(MemoryLimitStore(), FakeClock(start_wall=1000.0))
-    limits = Limits(requests_per_minute=10, per_model={"m": ModelLimits(requests_per_minute=1)})
+    limits = Limits(requests_per_minute=10, per_model={"m": LimitSet(requests_per_minute=1)})
     ctx = request(limits)
     await stage(ctx)
     assert headers(ctx)["x-ratelimit-remaining-requests"] == "0"  # the tighter of the two
@@ -147,7 +147,7 @@ async def test_one_tenants_line_never_delays_another_tenant() -> None:
     other = request(limits)
     other.tenant_name = "globex"
     await asyncio.wait_for(stage(other), timeout=1)  # admitted at once, past acme's line
-    assert other.rate_limit is not None
+    assert other.rate_limits
     for task in stuck:
         task.cancel()
     await asyncio.gather(*stuck, return_exceptions=True)
@@ -162,7 +162,7 @@ async def test_storage_failure_follows_the_tenants_policy() -> None:
     stage = RateLimits(Unreachable(), FakeClock())  # type: ignore[arg-type]
     admitted = request(Limits(requests_per_minute=1))
     await stage(admitted)
-    assert admitted.rate_limit is None
+    assert admitted.rate_limits == []
     closed = Limits(requests_per_minute=1, on_storage_error="closed")
     with pytest.raises(StorageUnavailable):
         await stage(request(closed))

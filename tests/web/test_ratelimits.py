@@ -111,3 +111,45 @@ def test_max_concurrent_holds_with_streams(
     assert statuses.count(200) == ok
     assert statuses.count(429) == 6 - ok
     assert max(seen) <= 2
+
+
+def test_a_backends_own_limit_is_shared_by_every_tenant(backend_url: str) -> None:
+    other_key = "tw-limits-other"
+    policy = parse_policy(
+        f"""
+backends:
+  - {{name: small-gpu, url: "{backend_url}/v1", models: [mock-llm], limits: {{max_concurrent: 2}}}}
+models: {{mock-llm: {{}}}}
+tenants:
+  app: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}
+  other: {{api_keys: [{hash_key(other_key)}], models: [mock-llm]}}
+""",
+        environ={},
+    )
+    body = {**CHAT, "stream": True, "max_tokens": 5000, "mock_completion_tokens": 5000}
+    with serve(create_app(policy)) as url:
+        with (
+            httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                         headers={"authorization": f"Bearer {KEY}"}) as first,
+            httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                         headers={"authorization": f"Bearer {KEY}"}) as second,
+        ):  # fmt: skip
+            # Keep the line iterators: a discarded one closes its response (a disconnect).
+            streams = [first.iter_lines(), second.iter_lines()]
+            for lines in streams:
+                next(lines)
+            full = httpx.post(
+                url + "/v1/chat/completions", json=CHAT,
+                headers={"authorization": f"Bearer {other_key}"},
+            )  # fmt: skip
+        after = httpx.post(
+            url + "/v1/chat/completions",
+            json=CHAT,
+            headers={"authorization": f"Bearer {other_key}"},
+        )
+    assert full.status_code == 503
+    assert full.json()["error"]["code"] == "upstream_unavailable"
+    assert "'small-gpu' is at capacity: " in full.json()["error"]["message"]
+    assert "max_concurrent: 2 requests in flight" in full.json()["error"]["message"]
+    assert int(full.headers["retry-after"]) >= 1
+    assert after.status_code == 200

@@ -89,7 +89,8 @@ def test_a_killed_replicas_slots_expire_with_their_lease(backend_url: str, tmp_p
             with httpx.stream(
                 "POST", doomed_url + "/v1/chat/completions", json=body, headers=AUTH
             ) as answer:
-                next(answer.iter_lines())
+                lines = answer.iter_lines()  # kept: a discarded iterator closes the response
+                next(lines)
                 doomed.send_signal(signal.SIGKILL)  # mid-stream: no chance to release the slot
             assert (
                 httpx.post(other_url + "/v1/chat/completions", json=CHAT, headers=AUTH).status_code
