@@ -36,6 +36,7 @@ from proxy.stages.parse import Parse
 from proxy.stages.ratelimit import BackendLimits, RateLimits
 from proxy.stages.route import Route as RouteStage
 from proxy.stages.shape import Shape
+from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import LimitStore, QuotaStore, open_limit_store, open_store
 from proxy.tokens import TokenCounters
 from proxy.upstream.client import UpstreamClient
@@ -61,6 +62,7 @@ class Gateway:
     limit_store: LimitStore
     ledger: Ledger | None
     pipeline: Pipeline
+    storage_failures: StorageFailures
     started_wall: float
 
     @classmethod
@@ -75,9 +77,10 @@ class Gateway:
         upstream = UpstreamClient(policy.upstream, transport)
         store = store or open_store(policy.storage)
         prices = PriceTable(policy)
-        budgets = Budgets(store, prices, clock)
+        failures = StorageFailures()
+        budgets = Budgets(store, prices, clock, failures)
         limit_store = open_limit_store(policy.storage)
-        rate_limits = RateLimits(limit_store, clock)
+        rate_limits = RateLimits(limit_store, clock, failures)
         ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants),
@@ -94,8 +97,9 @@ class Gateway:
             max_body_bytes=policy.server.max_body_bytes,
         )
         return cls(
-            policy, clock, keyring, upstream, store, limit_store, ledger, pipeline, clock.wall()
-        )
+            policy, clock, keyring, upstream, store, limit_store, ledger, pipeline, failures,
+            clock.wall(),
+        )  # fmt: skip
 
     async def start(self) -> None:
         if self.ledger is not None:

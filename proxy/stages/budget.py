@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.cost import PriceTable
-from proxy.errors import InsufficientQuota, StorageUnavailable
-from proxy.policy.model import Budget, Tenant
+from proxy.errors import InsufficientQuota
+from proxy.policy.model import Budget
+from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.base import Counter, QuotaStore, StorageError
 
 __all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "Reservation"]
@@ -46,9 +47,16 @@ class Reservation:
 
 class Budgets:
     def __init__(
-        self, store: QuotaStore, prices: PriceTable, clock: Clock, *, lease_s: float = 60.0
+        self,
+        store: QuotaStore,
+        prices: PriceTable,
+        clock: Clock,
+        failures: StorageFailures,
+        *,
+        lease_s: float = 60.0,
     ) -> None:
         self._store = store
+        self._failures = failures
         self._prices = prices
         self._clock = clock
         self._lease_s = lease_s
@@ -64,7 +72,7 @@ class Budgets:
         try:
             await self._reserve(ctx, reservation, now)
         except StorageError as exc:
-            self._storage_failed(ctx.tenant, exc)
+            self._failures.decide("quota", ctx.tenant.limits, exc)
             return
         reservation.renewer = asyncio.create_task(self._keep_leased(reservation))
         ctx.reservation = reservation
@@ -144,13 +152,6 @@ class Budgets:
                 await self._store.renew(reservation.scope, reservation.lease_id, lease_until=until)
             except StorageError as exc:
                 _log.warning("could not renew a quota lease: %s", exc)
-
-    def _storage_failed(self, tenant: Tenant, exc: StorageError) -> None:
-        if tenant.limits.on_storage_error == "closed":
-            raise StorageUnavailable(
-                "Quota storage is unreachable; try again shortly.", retry_after_s=1
-            ) from exc
-        _log.warning("quota storage unreachable, admitting without a reservation: %s", exc)
 
 
 def _may_shorten(ctx: RequestContext) -> bool:

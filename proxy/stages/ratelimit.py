@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
-from proxy.errors import RateLimited, StorageUnavailable, UpstreamUnavailable
+from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.policy.model import Limits, LimitSet
+from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.base import StorageError
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
 
@@ -38,8 +39,9 @@ class RateLimitHold:
 
 
 class RateLimits:
-    def __init__(self, store: LimitStore, clock: Clock) -> None:
+    def __init__(self, store: LimitStore, clock: Clock, failures: StorageFailures) -> None:
         self._store = store
+        self._failures = failures
         self._clock = clock
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
 
@@ -55,7 +57,7 @@ class RateLimits:
         try:
             admission = await self._admit(ctx, hold, buckets, costs, limits)
         except StorageError as exc:
-            _storage_failed(limits, exc)
+            self._failures.decide("rate_limit", limits, exc)
             return
         ctx.rate_limit_headers = _headers(buckets, admission.buckets)
         if not admission.admitted:
@@ -75,7 +77,7 @@ class RateLimits:
         try:
             admission = await self._try(hold, buckets, costs)
         except StorageError as exc:
-            _storage_failed(tenant.limits, exc)
+            self._failures.decide("rate_limit", tenant.limits, exc)
             return
         if not admission.admitted:
             refusal = _refused(buckets, slots, costs, admission)
@@ -276,14 +278,6 @@ def _on_model(key: str) -> str:
     """` on model NAME` for a per-model limit's key (`...:rl:m:NAME:rpm`), else nothing."""
     _, marker, rest = key.partition(":rl:m:")
     return f" on model {rest.rsplit(':', 1)[0]}" if marker else ""
-
-
-def _storage_failed(limits: Limits, exc: StorageError) -> None:
-    if limits.on_storage_error == "closed":
-        raise StorageUnavailable(
-            "Rate-limit storage is unreachable; try again shortly.", retry_after_s=1
-        ) from exc
-    _log.warning("rate-limit storage unreachable, admitting without limits: %s", exc)
 
 
 class BackendLimits:

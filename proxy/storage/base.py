@@ -65,4 +65,7 @@ class QuotaStore(Protocol):
     async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
         """(used, reserved) of each counter."""
 
+    async def ping(self) -> None:
+        """Return when the storage answers; StorageError when it does not."""
+
     async def aclose(self) -> None: ...

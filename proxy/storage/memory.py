@@ -73,6 +73,9 @@ class MemoryStore:
         found = [self._slots.get(c.key) for c in counters]
         return [(s.used, s.reserved) if s else (0, 0) for s in found]
 
+    async def ping(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 

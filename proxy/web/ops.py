@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from proxy.storage import StorageError
 from proxy.web.respond import send_json
 
 if TYPE_CHECKING:
@@ -26,13 +27,15 @@ class Health:
 
 
 class Ready:
-    """`GET /readyz`: 200 when every model has at least one backend answering `GET /models`."""
+    """`GET /readyz`: 200 when every model has a backend answering `GET /models` and the shared
+    storage answers; the body also counts what was decided while storage was failing."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
         backends = gateway.policy.backends
-        results = await asyncio.gather(
-            *(gateway.upstream.probe(b, _PROBE_TIMEOUT_S) for b in backends)
+        storage, *results = await asyncio.gather(
+            _storage_problem(gateway),
+            *(gateway.upstream.probe(b, _PROBE_TIMEOUT_S) for b in backends),
         )
         problems = {b.name: r for b, r in zip(backends, results, strict=True) if r is not None}
         unserved = [
@@ -40,9 +43,21 @@ class Ready:
             for model in gateway.policy.models
             if all(b.name in problems for b in gateway.policy.backends_for(model))
         ]
+        ready = not unserved and storage is None
         body = {
-            "status": "not ready" if unserved else "ready",
+            "status": "ready" if ready else "not ready",
             "backends": {b.name: problems.get(b.name, "ok") for b in backends},
             "models_without_backend": unserved,
+            "storage": storage or "ok",
+            "storage_failure_decisions": dict(gateway.storage_failures.counts),
         }
-        await send_json(send, 503 if unserved else 200, orjson.dumps(body))
+        await send_json(send, 200 if ready else 503, orjson.dumps(body))
+
+
+async def _storage_problem(gateway: Gateway) -> str | None:
+    try:
+        async with asyncio.timeout(_PROBE_TIMEOUT_S):
+            await gateway.store.ping()
+    except (StorageError, TimeoutError) as exc:
+        return str(exc) or type(exc).__name__
+    return None

@@ -16,6 +16,7 @@ from proxy.policy import Policy, parse_policy
 from proxy.policy.model import Budget, Limits, Tenant
 from proxy.policy.units import hash_key
 from proxy.stages.budget import DEFAULT_OUTPUT_BOUND, Budgets
+from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import Counter, MemoryStore, StorageError
 from proxy.upstream.meter import StreamMeter
 
@@ -63,7 +64,7 @@ def request(
 def budgets(store: Any = None) -> tuple[Budgets, Any]:
     clock = FakeClock(start_wall=NOON)
     chosen = store or MemoryStore()
-    return Budgets(chosen, PriceTable(POLICY), clock), chosen
+    return Budgets(chosen, PriceTable(POLICY), clock, StorageFailures()), chosen
 
 
 async def test_no_quota_no_reservation() -> None:

@@ -13,6 +13,7 @@ from proxy.errors import RateLimited, StorageUnavailable
 from proxy.policy.model import Limits, LimitSet, Tenant
 from proxy.policy.units import hash_key
 from proxy.stages.ratelimit import RateLimits, format_reset
+from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import MemoryLimitStore, StorageError
 from proxy.upstream.meter import StreamMeter
 
@@ -47,7 +48,7 @@ def test_reset_durations_are_written_as_openai_does(seconds: float, text: str) -
 
 async def test_requests_per_minute_bursts_then_refuses_with_retry_after() -> None:
     clock = FakeClock(start_wall=1000.0)
-    stage = RateLimits(MemoryLimitStore(), clock)
+    stage = RateLimits(MemoryLimitStore(), clock, StorageFailures())
     limits = Limits(requests_per_minute=3)
     for remaining in (2, 1, 0):
         ctx = request(limits)
@@ -69,7 +70,7 @@ async def test_requests_per_minute_bursts_then_refuses_with_retry_after() -> Non
 
 async def test_tokens_per_minute_settles_to_actual_usage() -> None:
     clock = FakeClock(start_wall=1000.0)
-    stage = RateLimits(MemoryLimitStore(), clock)
+    stage = RateLimits(MemoryLimitStore(), clock, StorageFailures())
     limits = Limits(tokens_per_minute=300)
     ctx = request(limits)  # charged 100 input + 50 output
     await stage(ctx)
@@ -84,7 +85,7 @@ async def test_tokens_per_minute_settles_to_actual_usage() -> None:
 
 
 async def test_max_concurrent_slots_are_released_when_settled() -> None:
-    stage = RateLimits(MemoryLimitStore(), FakeClock())
+    stage = RateLimits(MemoryLimitStore(), FakeClock(), StorageFailures())
     limits = Limits(max_concurrent=2)
     first, second = request(limits), request(limits)
     await stage(first)
@@ -97,7 +98,7 @@ async def test_max_concurrent_slots_are_released_when_settled() -> None:
 
 
 async def test_queue_timeout_waits_in_line_for_a_slot() -> None:
-    stage = RateLimits(MemoryLimitStore(), FakeClock())
+    stage = RateLimits(MemoryLimitStore(), FakeClock(), StorageFailures())
     limits = Limits(max_concurrent=1, queue_timeout=5.0)
     holder = request(limits)
     await stage(holder)
@@ -114,7 +115,7 @@ async def test_queue_timeout_waits_in_line_for_a_slot() -> None:
 
 async def test_queue_gives_up_at_its_timeout() -> None:
     clock = FakeClock()
-    stage = RateLimits(MemoryLimitStore(), clock)
+    stage = RateLimits(MemoryLimitStore(), clock, StorageFailures())
     limits = Limits(max_concurrent=1, queue_timeout=2.0)
     await stage(request(limits))
     waiting = asyncio.create_task(stage(request(limits)))
@@ -125,7 +126,7 @@ async def test_queue_gives_up_at_its_timeout() -> None:
 
 
 async def test_per_model_limits_apply_on_top_of_the_tenants() -> None:
-    stage = RateLimits(MemoryLimitStore(), FakeClock(start_wall=1000.0))
+    stage = RateLimits(MemoryLimitStore(), FakeClock(start_wall=1000.0), StorageFailures())
     limits = Limits(requests_per_minute=10, per_model={"m": LimitSet(requests_per_minute=1)})
     ctx = request(limits)
     await stage(ctx)
@@ -139,7 +140,7 @@ async def test_per_model_limits_apply_on_top_of_the_tenants() -> None:
 
 
 async def test_one_tenants_line_never_delays_another_tenant() -> None:
-    stage = RateLimits(MemoryLimitStore(), FakeClock())
+    stage = RateLimits(MemoryLimitStore(), FakeClock(), StorageFailures())
     limits = Limits(max_concurrent=1, queue_timeout=30.0)
     await stage(request(limits))
     stuck = [asyncio.create_task(stage(request(limits))) for _ in range(20)]
@@ -158,11 +159,14 @@ class Unreachable:
         raise StorageError("connection refused")
 
 
-async def test_storage_failure_follows_the_tenants_policy() -> None:
-    stage = RateLimits(Unreachable(), FakeClock())  # type: ignore[arg-type]
+async def test_storage_failure_follows_the_tenants_policy_and_is_counted() -> None:
+    failures = StorageFailures()
+    stage = RateLimits(Unreachable(), FakeClock(), failures)  # type: ignore[arg-type]
     admitted = request(Limits(requests_per_minute=1))
     await stage(admitted)
     assert admitted.rate_limits == []
     closed = Limits(requests_per_minute=1, on_storage_error="closed")
     with pytest.raises(StorageUnavailable):
         await stage(request(closed))
+    assert failures.counts == {"rate_limit:open": 1, "rate_limit:closed": 1}
+    assert failures.last_error == "connection refused"

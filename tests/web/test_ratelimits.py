@@ -153,3 +153,21 @@ tenants:
     assert "max_concurrent: 2 requests in flight" in full.json()["error"]["message"]
     assert int(full.headers["retry-after"]) >= 1
     assert after.status_code == 200
+
+
+def test_a_client_that_leaves_frees_its_slot_at_once(backend_url: str) -> None:
+    policy = limits_policy(backend_url, "{max_concurrent: 1}")
+    body = {**CHAT, "stream": True, "max_tokens": 20000, "mock_completion_tokens": 20000}
+    with (
+        serve(create_app(policy)) as url,
+        httpx.Client(base_url=url, headers={"authorization": f"Bearer {KEY}"}) as http,
+    ):
+        with http.stream("POST", "/v1/chat/completions", json=body) as answer:
+            lines = answer.iter_lines()
+            next(lines)
+            assert http.post("/v1/chat/completions", json=CHAT).status_code == 429
+            answer.close()  # the client leaves mid-stream
+        deadline = time.monotonic() + 1
+        while (status := http.post("/v1/chat/completions", json=CHAT).status_code) != 200:
+            assert time.monotonic() < deadline, status
+            time.sleep(0.01)

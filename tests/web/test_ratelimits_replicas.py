@@ -123,8 +123,51 @@ def test_redis_outage_follows_the_policy_then_limits_recover(
             assert down.status_code == while_down
             if while_down == 503:
                 assert down.json()["error"]["code"] == "storage_unavailable"
+            ready = http.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["storage_failure_decisions"] == {f"rate_limit:{policy}": 1}
             server.start()  # an empty Redis: the bucket starts full again
             statuses = [http.post("/v1/chat/completions", json=CHAT).status_code for _ in range(3)]
             assert statuses == [200, 200, 429]
     finally:
         server.close()
+
+
+def test_max_concurrent_is_never_exceeded_across_replicas(
+    backend_url: str, backend: httpx.Client, tmp_path: Path
+) -> None:
+    with private_redis() as redis_url:
+        config = tmp_path / "policy.yaml"
+        config.write_text(limits_policy_text(backend_url, "{max_concurrent: 3}", redis_url))
+        with replicas(config, 3) as gateways:
+            body = {**CHAT, "stream": True, "max_tokens": 1500, "mock_completion_tokens": 1500}
+
+            async def one(url: str) -> int:
+                async with (
+                    httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as http,
+                    http.stream("POST", "/v1/chat/completions", json=body) as answer,
+                ):
+                    async for _ in answer.aiter_bytes():
+                        pass
+                    return answer.status_code
+
+            async def burst() -> tuple[list[int], int]:
+                most = 0
+
+                async def watch() -> None:
+                    nonlocal most
+                    async with httpx.AsyncClient(base_url=backend_url) as raw:
+                        while True:
+                            stats = (await raw.get("/mock/stats")).json()
+                            most = max(most, stats["inflight"])
+                            await asyncio.sleep(0.005)
+
+                watcher = asyncio.create_task(watch())
+                statuses = await asyncio.gather(*(one(gateways[i % 3][1]) for i in range(12)))
+                watcher.cancel()
+                return list(statuses), most
+
+            statuses, most = asyncio.run(burst())
+    assert statuses.count(200) == 3
+    assert statuses.count(429) == 9
+    assert most <= 3

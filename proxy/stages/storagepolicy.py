@@ -1,0 +1,34 @@
+"""When shared storage fails: the tenant's open or closed policy, each decision counted."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from proxy.errors import StorageUnavailable
+from proxy.policy.model import Limits
+from proxy.storage.base import StorageError
+
+__all__ = ["StorageFailures"]
+
+_log = logging.getLogger("tokenweir.storage")
+
+
+class StorageFailures:
+    """Counts each decision (`quota:open`, `rate_limit:closed`, ...) for /readyz and metrics."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.last_error: str | None = None
+
+    def decide(self, what: str, limits: Limits, exc: StorageError) -> None:
+        """Refuse with 503 if the tenant's policy is `closed`; else log and let the request in."""
+        self.last_error = str(exc)
+        if limits.on_storage_error == "closed":
+            self.counts[f"{what}:closed"] += 1
+            raise StorageUnavailable(
+                f"The {what.replace('_', ' ')} storage is unreachable; try again shortly.",
+                retry_after_s=1,
+            ) from exc
+        self.counts[f"{what}:open"] += 1
+        _log.warning("%s storage unreachable, admitting (on_storage_error: open): %s", what, exc)
