@@ -38,7 +38,8 @@ QWEN = (
 )
 FULL_BUDGET = (
     "{system_prompt: You are a helpful assistant., max_input_tokens: 1000000, "
-    "max_output_tokens: 512, temperature: 0.3, tokens_per_day: 1000000000, usd_per_day: 100000}"
+    "max_output_tokens: 4096, temperature: 0.3, tokens_per_day: 100000000000, "
+    "usd_per_day: 10000000}"
 )
 
 

@@ -82,6 +82,7 @@ def policy_for(
     budget: str = "{}",
     limits: str = "{}",
     storage: str = "memory",
+    ledger: str | None = None,
 ) -> Path:
     """A one-tenant policy (key KEY) on `backend_url`; optionally tokenizer, budget, limits."""
     path = directory / f"policy-{name}-{backend_url.rsplit(':', 1)[1]}.yaml"
@@ -89,6 +90,7 @@ def policy_for(
     path.write_text(
         f"""
 storage: {storage}
+{f"ledger: {ledger}" if ledger else ""}
 backends:
   - {{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}
 models:
