@@ -7,11 +7,13 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import redis
 
 from proxy.app import create_app
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.tools import mockbackend
+from tests.redis_server import RedisProcess
 from tests.servers import serve
 
 ALPHA_KEY = "tw-test-alpha"
@@ -68,6 +70,31 @@ def gateway_url(backend_url: str) -> Iterator[str]:
 def client(gateway_url: str) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=gateway_url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
         yield sdk
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio, as the gateway does."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[str]:
+    """One private redis-server for the session (tests fail, never skip, without redis-server)."""
+    server = RedisProcess()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> str:
+    """The session's Redis, emptied for this test."""
+    with redis.Redis.from_url(redis_server) as admin:
+        admin.flushdb()
+    return redis_server
 
 
 @pytest.fixture

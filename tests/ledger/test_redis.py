@@ -12,7 +12,8 @@ from redis.crc import key_slot
 from proxy.ledger import LedgerError, RedisLedger, UsageQuery, open_ledger
 from proxy.ledger import rediskeys as keys
 from tests.ledger.factory import DAY_S, T0, record
-from tests.ledger.redisproc import RedisProcess, free_port
+from tests.redis_server import RedisProcess
+from tests.servers import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -55,8 +56,8 @@ async def test_ledger_redis_means_the_storage_url(redis_url: str) -> None:
 
 
 async def test_unreachable_redis_buffers_then_writes_when_it_comes_up() -> None:
-    port = free_port()
-    ledger = RedisLedger(f"redis://127.0.0.1:{port}/0", socket_timeout_s=0.5, flush_timeout_s=5)
+    server = RedisProcess()  # not started yet: the ledger starts against a Redis that is down
+    ledger = RedisLedger(server.url, socket_timeout_s=0.5, flush_timeout_s=5)
     await ledger.start()  # does not need Redis yet
     for i in range(20):
         ledger.append(record(i))
@@ -67,14 +68,14 @@ async def test_unreachable_redis_buffers_then_writes_when_it_comes_up() -> None:
     stats = ledger.stats()
     assert (stats.written, stats.buffered, stats.dropped) == (0, 20, 0)
     assert stats.write_failures >= 1
-    server = await asyncio.to_thread(RedisProcess(port).start)
+    await asyncio.to_thread(server.start)
     try:
         await ledger.flush()
         assert await total_requests(ledger) == 20
         assert len(await ledger.latest("alpha", 100)) == 20
     finally:
         await ledger.aclose()
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.close)
 
 
 async def test_buffer_bound_drops_are_counted_not_silent(

@@ -35,11 +35,6 @@ tenants: {}
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def request(
     budget: Budget, *, counted: int = 100, allowance: int | None = 50, limits: Limits | None = None
 ) -> RequestContext:

@@ -20,11 +20,6 @@ from proxy.upstream.meter import StreamMeter
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def request(limits: Limits, *, counted: int = 100, allowance: int = 50) -> RequestContext:
     tenant = Tenant(api_keys=(hash_key("k"),), models=("m",), limits=limits)
     return RequestContext(

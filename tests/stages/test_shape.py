@@ -58,11 +58,6 @@ def chat(*pairs: tuple[str, str], **extra: Any) -> dict[str, Any]:
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_untouched_request_is_counted_once_and_not_shaped() -> None:
     counter = WordCounter()
     ctx = context(Budget(tokens_per_day=1000), chat(("user", "one two three")))

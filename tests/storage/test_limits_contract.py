@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 import redis
@@ -14,7 +14,6 @@ from proxy.storage.base import StorageError
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
 from proxy.storage.limits_memory import MemoryLimitStore
 from proxy.storage.limits_redis import RedisLimitStore
-from tests.redis_server import private_redis
 
 SCOPE = "tw:{acme}"
 RPM = Bucket("tw:{acme}:rl:rpm", capacity=60, refill_per_s=1.0)
@@ -24,28 +23,15 @@ NOW = 1_800_000_000.0
 LEASE_S = 60.0
 
 
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with private_redis() as url:
-        yield url
-
-
 @pytest.fixture(params=["memory", "redis"])
 async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[LimitStore]:
     chosen: LimitStore
     if request.param == "memory":
         chosen = MemoryLimitStore()
     else:
-        with redis.Redis.from_url(redis_url) as admin:
-            admin.flushdb()
         chosen = RedisLimitStore(redis_url)
     yield chosen
     await chosen.aclose()
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 pytestmark = pytest.mark.anyio

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
-import redis
 
 from proxy.storage import Counter, MemoryStore, QuotaStore, RedisStore, Refusal
-from tests.redis_server import private_redis
 
 SCOPE = "tw:{acme}"
 DAY = Counter("tw:{acme}:q:tokens:d:20261129", limit=1000, expires_at=2_000_000_000)
 MONTH = Counter("tw:{acme}:q:tokens:m:202611", limit=1500, expires_at=2_000_000_000)
 NOW = 1_800_000_000.0
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with private_redis() as url:
-        yield url
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -29,16 +21,9 @@ async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator
     if request.param == "memory":
         chosen = MemoryStore()
     else:
-        with redis.Redis.from_url(redis_url) as admin:
-            admin.flushdb()
         chosen = RedisStore(redis_url)
     yield chosen
     await chosen.aclose()
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 pytestmark = pytest.mark.anyio

@@ -20,11 +20,6 @@ from tests.tokens import CORPUS
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def tiktoken_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with offline_tiktoken(tmp_path_factory.mktemp("tiktoken")) as cache_dir:
