@@ -52,6 +52,9 @@ def test_demo_runs_on_a_fresh_machine() -> None:
     assert sum(" -> 200 " in line for line in lines) == 5
     assert any(" -> 403 model_not_allowed" in line for line in lines)
     assert "curl -N" in done.stdout
+    # The ledger saw the traffic: six requests, one of them refused.
+    total = next(line for line in lines if line.startswith("total"))
+    assert total.split()[1:3] == ["6", "1"]
 
 
 def test_serve_with_two_workers_answers_the_sdk(tmp_path: Path, backend_url: str) -> None:

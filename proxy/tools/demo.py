@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
 from proxy.app import DEFAULT_POLICY, create_app
+from proxy.ledger import LedgerError, open_ledger
 from proxy.policy import load_policy
-from proxy.tools import mockbackend
+from proxy.tools import mockbackend, report
 from proxy.tools.background import BackgroundServer
 
 __all__ = ["DEMO_KEYS", "DEMO_POLICY", "run_demo"]
@@ -61,18 +66,20 @@ def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
     """Start everything, send the demo traffic, print what happened; serve on until Ctrl-C."""
     backend = BackgroundServer(mockbackend.create_app(ttft_ms=120, tokens_per_second=150))
     backend_url = backend.start()
+    workdir = tempfile.TemporaryDirectory(prefix="tokenweir-demo-")
+    ledger = f"sqlite:///{Path(workdir.name) / 'ledger.db'}"
     policy = load_policy(DEFAULT_POLICY.with_name(DEMO_POLICY), environ={})
     backends = tuple(b.model_copy(update={"url": backend_url + "/v1"}) for b in policy.backends)
-    gateway = BackgroundServer(
-        create_app(policy.model_copy(update={"backends": backends})), port=port
-    )
+    demo_policy = policy.model_copy(update={"backends": backends, "ledger": ledger})
+    gateway = BackgroundServer(create_app(demo_policy), port=port)
     try:
         base_url = gateway.start()
         print(f"tokenweir demo: simulated backend on {backend_url}, gateway on {base_url}\n")
         with httpx.Client(base_url=base_url, timeout=30) as client:
             for call in _CALLS:
                 print(_send(client, call))
-        _print_next_steps(base_url)
+        _print_usage(ledger, len(_CALLS))
+        _print_next_steps(base_url, ledger)
         if keep_serving:
             print("\nServing until Ctrl-C.")
             threading.Event().wait()
@@ -81,6 +88,7 @@ def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
     finally:
         gateway.stop()
         backend.stop()
+        workdir.cleanup()
     return 0
 
 
@@ -118,7 +126,33 @@ def _send(client: httpx.Client, call: _Call) -> str:
     return f"{line}  [{request_id}]"
 
 
-def _print_next_steps(base_url: str) -> None:
+def _print_usage(ledger: str, requests: int) -> None:
+    """What `tokenweir report` shows for the traffic above, once the ledger has written it."""
+    deadline = time.monotonic() + 5
+    while _recorded(ledger) < requests and time.monotonic() < deadline:
+        time.sleep(0.05)  # the ledger's writer commits every 50 ms
+    print("\nUsage and cost, from the ledger (tokenweir report):\n")
+    args = argparse.Namespace(
+        tenant=None, since="1d", until=None, by="model", format="table", ledger=ledger, config=None
+    )
+    report.main(args)
+
+
+def _recorded(ledger: str) -> int:
+    async def count() -> int:
+        reader = open_ledger(ledger, read_only=True)
+        try:
+            await reader.start()
+            return len(await reader.latest(None, 1000))
+        except LedgerError:
+            return 0  # not created yet
+        finally:
+            await reader.aclose()
+
+    return asyncio.run(count())
+
+
+def _print_next_steps(base_url: str, ledger: str) -> None:
     key = DEMO_KEYS["research"]
     print(
         f"""
@@ -127,6 +161,7 @@ Try it yourself (the research tenant's key is {key}):
        -H 'Content-Type: application/json' \\
        -d '{{"model":"mock-llm","stream":true,"messages":[{{"role":"user","content":"hi"}}]}}'
   OpenAI SDK:  OpenAI(base_url="{base_url}/v1", api_key="{key}")
-  Models:      {base_url}/v1/models   Health: {base_url}/healthz   Ready: {base_url}/readyz""",
+  Models:      {base_url}/v1/models   Health: {base_url}/healthz   Ready: {base_url}/readyz
+  Usage:       tokenweir report --ledger {ledger} (while the demo runs)""",
         file=sys.stdout,
     )
