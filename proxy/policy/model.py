@@ -83,6 +83,15 @@ PositiveInt = Annotated[int, Field(gt=0)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 
 
+def _no_braces(name: str) -> str:
+    if "{" in name or "}" in name:
+        raise ValueError("names may not contain { or }: they become Redis hash tags (tw:{name})")
+    return name
+
+
+TagName = Annotated[Name, AfterValidator(_no_braces)]
+
+
 def _ledger_url(url: str) -> str:
     if url == "redis" or url.startswith(("sqlite:///", "redis://", "rediss://")):
         return url
@@ -125,7 +134,7 @@ class LimitSet(_Frozen):
 
 
 class Backend(_Frozen):
-    name: Name
+    name: TagName
     url: Annotated[str, AfterValidator(_strip_slash)]
     api_key: UpstreamKey | None = None
     models: tuple[Name, ...] = Field(min_length=1)
@@ -223,7 +232,7 @@ class Policy(_Frozen):
     upstream: UpstreamSpec = UpstreamSpec()
     backends: tuple[Backend, ...] = Field(min_length=1)
     models: dict[Name, ModelSpec]
-    tenants: dict[Name, Tenant]
+    tenants: dict[TagName, Tenant]
 
     def backends_for(self, model: str) -> tuple[Backend, ...]:
         return tuple(b for b in self.backends if model in b.models)

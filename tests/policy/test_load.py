@@ -125,6 +125,15 @@ def test_per_model_limits_must_name_the_tenants_models() -> None:
     ]
 
 
+def test_names_that_would_break_redis_hash_tags_are_refused() -> None:
+    found = problems(GOOD.replace("support-bot:", "support{bot}:"))
+    assert len(found) == 1
+    assert found[0] == (
+        "p.yaml:17: tenants.support{bot}: names may not contain { or }: "
+        "they become Redis hash tags (tw:{name})"
+    )
+
+
 def test_ledger_urls_are_checked() -> None:
     assert problems(GOOD.replace("storage: memory", "storage: memory\nledger: postgres://x")) == [
         "p.yaml:2: ledger: a ledger is sqlite:///relative.db, sqlite:////absolute.db, "
