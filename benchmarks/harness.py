@@ -175,3 +175,16 @@ def table(columns: tuple[tuple[str, str | None, int], ...], rows: list[list[str]
     head = "| " + " | ".join(title for title, _, _ in columns) + " |"
     rule = "|" + "|".join("---:" for _ in columns) + "|"
     return [head, rule, *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+@contextmanager
+def redis_for(url: str | None) -> Iterator[str]:
+    """The Redis at `url` if one is given, else a private redis-server for this run."""
+    if url:
+        yield url
+        return
+    # Imported here: the repo root joins sys.path only after this module's own imports.
+    from tests.redis_server import private_redis
+
+    with private_redis() as private:
+        yield private

@@ -16,17 +16,14 @@ import argparse
 import asyncio
 import gc
 import random
-import shutil
-import socket
 import statistics
-import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import redis
+from harness import redis_for
 
 from proxy.ledger import Ledger, RedisLedger, SqliteLedger, UsageQuery, UsageRecord
 
@@ -168,41 +165,11 @@ async def query_benchmark(writer: Ledger, reader: Ledger, count: int) -> None:
     await reader.aclose()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextmanager
-def redis_server(url: str | None) -> Iterator[str]:
-    if url or not shutil.which("redis-server"):
-        yield url or "redis://127.0.0.1:6379/15"
-        return
-    port = free_port()
-    command = ["redis-server", "--bind", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(
-        [*command, "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
-    )
-    try:
-        with redis.Redis(port=port) as client:
-            for _ in range(500):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.01)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
-
 async def main(args: argparse.Namespace) -> None:
     now = time.time()
     records = make_records(args.appends, now=now, days=1)
     print(f"building a UsageRecord (the caller's side): {build_cost_us(records[0]):.2f} µs")
-    with tempfile.TemporaryDirectory() as tmp, redis_server(args.redis_url) as redis_url:
+    with tempfile.TemporaryDirectory() as tmp, redis_for(args.redis_url) as redis_url:
         big = args.appends + 1
         stores: dict[str, Callable[[], Ledger]] = {
             "sqlite": lambda: SqliteLedger(Path(tmp) / f"{time.time_ns()}.db", buffer_records=big),

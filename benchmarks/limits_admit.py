@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import statistics
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import redis
-from harness import free_port
+from harness import redis_for
 
 from proxy.storage.limits import Bucket, LimitStore, SlotPool
 from proxy.storage.limits_memory import MemoryLimitStore
@@ -60,35 +56,10 @@ def summary(latencies: list[float]) -> str:
     return f"p50 {cuts[49]:7.1f} µs   p99 {cuts[98]:7.1f} µs   ({len(latencies):,} admits)"
 
 
-@contextmanager
-def redis_server(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed; pass --redis-url")
-    port = free_port()
-    command = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
-    server = subprocess.Popen([*command, "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    try:
-        with redis.Redis(port=port) as client:
-            for _ in range(500):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.01)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
-
 async def main(args: argparse.Namespace) -> None:
     memory = await admit_latencies_us(MemoryLimitStore(), args.requests, args.tenants)
     print(f"memory: admit {summary(memory)}")
-    with redis_server(args.redis_url) as url:
+    with redis_for(args.redis_url) as url:
         with redis.Redis.from_url(url) as admin:
             admin.flushdb()
         await admit_latencies_us(RedisLimitStore(url), 200, args.tenants)  # load the scripts
