@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Protocol
 
 __all__ = [
+    "RECORD_FIELDS",
     "Bucket",
     "GroupBy",
     "Ledger",
@@ -14,6 +15,7 @@ __all__ = [
     "UsageQuery",
     "UsageRecord",
     "UsageRow",
+    "record_values",
 ]
 
 Bucket = Literal["hour", "day"]
@@ -47,6 +49,15 @@ class UsageRecord:
     shaped: tuple[str, ...]
     degraded: tuple[str, ...]
     client_disconnected: bool
+
+
+RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))
+
+
+def record_values(record: UsageRecord) -> tuple[Any, ...]:
+    """A record's fields in declaration order: how both ledgers store it, `UsageRecord(*values)`
+    reads it back."""
+    return tuple(getattr(record, name) for name in RECORD_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import orjson
 
 from proxy.ledger import histogram
 from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally, fold
-from proxy.ledger.base import UsageRecord
+from proxy.ledger.base import UsageRecord, record_values
 
 __all__ = [
     "TENANTS_KEY",
@@ -71,30 +71,7 @@ def member(start: int, model: str | None, backend: str | None) -> str:
 
 def encode_record(record: UsageRecord) -> bytes:
     """A JSON array in UsageRecord's field order (stream field RECORD_FIELD names the layout)."""
-    r = record
-    return orjson.dumps(
-        [
-            r.ts,
-            r.request_id,
-            r.tenant,
-            r.model,
-            r.backend,
-            r.operation,
-            r.stream,
-            r.status,
-            r.error,
-            r.input_tokens,
-            r.output_tokens,
-            r.cost_nusd,
-            r.cache,
-            r.ttft_ms,
-            r.tokens_per_s,
-            r.duration_ms,
-            r.shaped,
-            r.degraded,
-            r.client_disconnected,
-        ]
-    )
+    return orjson.dumps(record_values(record))
 
 
 def decode_record(raw: str | bytes) -> UsageRecord:

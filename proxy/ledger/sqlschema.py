@@ -14,7 +14,7 @@ import orjson
 
 from proxy.ledger import histogram
 from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally, fold
-from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord
+from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, record_values
 from proxy.ledger.query import Span
 
 __all__ = [
@@ -192,27 +192,8 @@ def read_latest(conn: sqlite3.Connection, tenant: str | None, limit: int) -> lis
 
 
 def _record_row(r: UsageRecord) -> tuple[object, ...]:
-    return (
-        r.ts,
-        r.request_id,
-        r.tenant,
-        r.model,
-        r.backend,
-        r.operation,
-        r.stream,
-        r.status,
-        r.error,
-        r.input_tokens,
-        r.output_tokens,
-        r.cost_nusd,
-        r.cache,
-        r.ttft_ms,
-        r.tokens_per_s,
-        r.duration_ms,
-        orjson.dumps(r.shaped).decode(),
-        orjson.dumps(r.degraded).decode(),
-        r.client_disconnected,
-    )
+    # The tuple columns (shaped, degraded) are stored as JSON text.
+    return tuple(orjson.dumps(v).decode() if isinstance(v, tuple) else v for v in record_values(r))
 
 
 def _record(row: tuple[Any, ...]) -> UsageRecord:
