@@ -12,6 +12,8 @@ __all__ = [
     "MEDIA_TOKENS_LOW",
     "ChatRenderer",
     "ChatTemplateError",
+    "CountText",
+    "EncodedCounter",
     "Messages",
     "Prompt",
     "TokenCounter",
@@ -27,6 +29,8 @@ __all__ = [
 Messages: TypeAlias = Sequence[Mapping[str, Any]]
 Tools: TypeAlias = Sequence[Mapping[str, Any]] | None
 Prompt: TypeAlias = str | list[str] | list[int] | list[list[int]]
+# Tokens in a text, special tokens recognised as the adapter decides.
+CountText: TypeAlias = Callable[[str], int]
 # Renders normalised messages (string content, parsed tool-call arguments) to prompt text.
 ChatRenderer: TypeAlias = Callable[[list[dict[str, Any]], Tools], str]
 
@@ -134,3 +138,25 @@ def prompt_tokens(prompt: Prompt, count_text: Callable[[str], int], added_per_te
         else:
             total += 1
     return total
+
+
+class EncodedCounter:
+    """What every exact counter shares: its tokenizer for text and prompts. Subclasses say how
+    a chat is counted (a rendered template, or OpenAI's rule)."""
+
+    __slots__ = ("_added_per_text", "_encode", "chat_format", "exact", "name")
+
+    def __init__(
+        self, name: str, encode: CountText, *, chat_format: str, added_per_text: int = 0
+    ) -> None:
+        self.name = name
+        self.exact = True
+        self.chat_format = chat_format
+        self._encode = encode
+        self._added_per_text = added_per_text
+
+    def count_text(self, text: str) -> int:
+        return self._encode(text)
+
+    def count_prompt(self, prompt: Prompt) -> int:
+        return prompt_tokens(prompt, self._encode, self._added_per_text)

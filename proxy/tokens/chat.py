@@ -5,22 +5,19 @@ with the generation prompt, then tokenize the rendering with special tokens reco
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from proxy.tokens.base import (
     ChatRenderer,
+    CountText,
+    EncodedCounter,
     Messages,
-    Prompt,
     Tools,
-    prompt_tokens,
     split_content,
 )
 
-__all__ = ["TemplatedCounter", "TextEncoder", "normalise_messages"]
-
-# Tokens of a text, special-token strings such as <|im_start|> counted as one token each.
-TextEncoder = Callable[[str], int]
+__all__ = ["TemplatedCounter", "normalise_messages"]
 
 
 def normalise_messages(messages: Messages) -> tuple[list[dict[str, Any]], int]:
@@ -56,29 +53,22 @@ def _parse_arguments(call: object) -> object:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
-class TemplatedCounter:
+class TemplatedCounter(EncodedCounter):
     """A tokenizer plus a chat format: exact for text, exact for chats the format describes."""
 
-    __slots__ = ("_added_per_text", "_encode", "_render", "chat_format", "exact", "name")
+    __slots__ = ("_render",)
 
     def __init__(
         self,
         name: str,
-        encode: TextEncoder,
+        encode: CountText,
         render: ChatRenderer,
         *,
         chat_format: str,
         added_per_text: int = 0,
     ) -> None:
-        self.name = name
-        self.exact = True
-        self.chat_format = chat_format
-        self._encode = encode
+        super().__init__(name, encode, chat_format=chat_format, added_per_text=added_per_text)
         self._render = render
-        self._added_per_text = added_per_text
-
-    def count_text(self, text: str) -> int:
-        return self._encode(text)
 
     def count_chat(self, messages: Messages, tools: Tools = None) -> int:
         normalised, media = normalise_messages(messages)
@@ -87,6 +77,3 @@ class TemplatedCounter:
     def render(self, messages: list[dict[str, Any]], tools: Tools = None) -> str:
         """The prompt text the backend will tokenize (messages already normalised)."""
         return self._render(messages, list(tools) if tools else None)
-
-    def count_prompt(self, prompt: Prompt) -> int:
-        return prompt_tokens(prompt, self._encode, self._added_per_text)

@@ -11,9 +11,9 @@ from typing import Any
 
 import tokenizers
 
-from proxy.tokens.base import ChatRenderer, TokenCounter, TokenizerError
+from proxy.tokens.base import ChatRenderer, CountText, TokenCounter, TokenizerError
 from proxy.tokens.builtin_templates import builtin_template
-from proxy.tokens.chat import TemplatedCounter, TextEncoder
+from proxy.tokens.chat import TemplatedCounter
 from proxy.tokens.hf_template import HFTemplate
 from proxy.tokens.openai_chat import GPT4_RULE, RuleCounter
 
@@ -171,7 +171,7 @@ def _family(tokenizer: tokenizers.Tokenizer) -> str | None:
     return None
 
 
-def _encoder(tokenizer: tokenizers.Tokenizer) -> TextEncoder:
+def _encoder(tokenizer: tokenizers.Tokenizer) -> CountText:
     # The batch call releases the GIL while it encodes, so a long count in a worker thread
     # does not stall the event loop; `encode` holds it throughout.
     return lambda text: len(tokenizer.encode_batch_fast([text], add_special_tokens=False)[0])

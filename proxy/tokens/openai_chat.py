@@ -6,15 +6,13 @@ cookbook's per-function/property/enum constants (approximate: OpenAI's tool form
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.tokens.base import Messages, Prompt, Tools, prompt_tokens, split_content
+from proxy.tokens.base import CountText, EncodedCounter, Messages, Tools, split_content
 
 __all__ = ["GPT4O_RULE", "GPT4_RULE", "OpenAIChatRule", "RuleCounter"]
-
-CountText = Callable[[str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +110,12 @@ GPT4O_RULE = OpenAIChatRule(func_init=7)  # gpt-4o, gpt-4o-mini and later (o200k
 GPT4_RULE = OpenAIChatRule(func_init=10)  # gpt-3.5-turbo, gpt-4 (cl100k_base)
 
 
-class RuleCounter:
+class RuleCounter(EncodedCounter):
     """A tokenizer with OpenAI's chat rule: OpenAI encodings, and the generic chat format of
     a Hugging Face tokenizer that has no chat template.
     """
 
-    __slots__ = ("_added_per_text", "_encode", "_rule", "chat_format", "exact", "name")
+    __slots__ = ("_rule",)
 
     def __init__(
         self,
@@ -128,18 +126,8 @@ class RuleCounter:
         chat_format: str = "openai",
         added_per_text: int = 0,
     ) -> None:
-        self.name = name
-        self.exact = True
-        self.chat_format = chat_format
-        self._encode = encode
+        super().__init__(name, encode, chat_format=chat_format, added_per_text=added_per_text)
         self._rule = rule
-        self._added_per_text = added_per_text
-
-    def count_text(self, text: str) -> int:
-        return self._encode(text)
 
     def count_chat(self, messages: Messages, tools: Tools = None) -> int:
         return self._rule.count(messages, tools, self._encode)
-
-    def count_prompt(self, prompt: Prompt) -> int:
-        return prompt_tokens(prompt, self._encode, self._added_per_text)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import tiktoken
 
-from proxy.tokens.base import TokenCounter, TokenizerError
+from proxy.tokens.base import CountText, TokenCounter, TokenizerError
 from proxy.tokens.builtin_templates import builtin_template
-from proxy.tokens.chat import TemplatedCounter, TextEncoder
+from proxy.tokens.chat import TemplatedCounter
 from proxy.tokens.families import Family, family_for
 from proxy.tokens.openai_chat import GPT4_RULE, GPT4O_RULE, OpenAIChatRule, RuleCounter
 
@@ -89,7 +89,7 @@ def load_file(path: Path, family_name: str | None) -> TokenCounter:
     )
 
 
-def _special_encoder(encoding: tiktoken.Encoding, family: Family) -> TextEncoder:
+def _special_encoder(encoding: tiktoken.Encoding, family: Family) -> CountText:
     """Counts with every special token recognised, as Hugging Face tokenizers do."""
     if not family.nfc:
         return lambda text: len(encoding.encode(text, allowed_special="all"))
