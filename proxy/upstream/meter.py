@@ -63,12 +63,10 @@ class StreamMeter:
 
     __slots__ = (
         "_read_s",
-        "chunks",
         "first_token_s",
         "gaps",
         "gateway_s",
         "last_token_s",
-        "last_written_s",
         "received_s",
         "token_events",
         "upstream_first_byte_s",
@@ -81,8 +79,6 @@ class StreamMeter:
         self.upstream_first_byte_s: float | None = None
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
-        self.last_written_s: float | None = None
-        self.chunks = 0
         self.token_events = 0
         self.gateway_s = 0.0
         self.gaps = GapHistogram()
@@ -99,9 +95,7 @@ class StreamMeter:
 
     def wrote(self, now: float, token_events: int) -> None:
         """A chunk holding `token_events` events with generated text has reached the client."""
-        self.chunks += 1
         self.gateway_s += now - self._read_s
-        self.last_written_s = now
         if token_events <= 0:
             return
         if self.last_token_s is None:
