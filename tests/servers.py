@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 from starlette.types import ASGIApp
@@ -45,3 +47,25 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"{url} did not become healthy")
         time.sleep(0.05)
+
+
+@contextmanager
+def replicas(config: Path, count: int) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
+    """`count` `tokenweir serve` processes on one policy file, healthy; (process, URL) each."""
+    started: list[tuple[subprocess.Popen[bytes], str]] = []
+    try:
+        for _ in range(count):
+            port = free_port()
+            command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+            command += ["--port", str(port), "--no-access-log"]
+            process = subprocess.Popen(command, stderr=subprocess.PIPE)
+            started.append((process, f"http://127.0.0.1:{port}"))
+        for process, url in started:
+            wait_healthy(url, process)
+        yield started
+    finally:
+        for process, _ in started:
+            if process.poll() is None:
+                process.terminate()
+        for process, _ in started:
+            process.communicate(timeout=30)

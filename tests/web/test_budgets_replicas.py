@@ -3,40 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 import redis
 
-from tests.redis_server import private_redis
-from tests.servers import free_port, wait_healthy
+from tests.servers import replicas
 from tests.web.test_budgets import KEY, budget_policy_text, day_counter
 
 REPLICAS = 3
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    with private_redis() as url:
-        yield url
-
-
-def start_replicas(config: Path, count: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
-    processes, urls = [], []
-    for _ in range(count):
-        port = free_port()
-        command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
-        command += ["--port", str(port), "--no-access-log"]
-        processes.append(subprocess.Popen(command, env=os.environ.copy()))
-        urls.append(f"http://127.0.0.1:{port}")
-    for process, url in zip(processes, urls, strict=True):
-        wait_healthy(url, process)
-    return processes, urls
 
 
 def test_quota_holds_across_three_replicas(
@@ -46,13 +21,13 @@ def test_quota_holds_across_three_replicas(
     budget = f"{{tokens_per_day: {quota}, max_output_tokens: 40}}"
     config = tmp_path / "policy.yaml"
     config.write_text(budget_policy_text(backend_url, budget, storage=redis_url))
-    processes, urls = start_replicas(config, REPLICAS)
     body = {
         "model": "mock-llm",
         "stream": True,
         "messages": [{"role": "user", "content": "supercalifragilistic"}],
     }
-    try:
+    with replicas(config, REPLICAS) as started:
+        urls = [url for _, url in started]
 
         async def race() -> list[int]:
             clients = [
@@ -77,11 +52,6 @@ def test_quota_holds_across_three_replicas(
                     await client.aclose()
 
         statuses = asyncio.run(race())
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
     with redis.Redis.from_url(redis_url) as admin:
         used, reserved = (int(v or 0) for v in admin.hmget(day_counter().key, "used", "reserved"))
     admitted = statuses.count(200)

@@ -5,42 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.redis_server import RedisProcess, private_redis
-from tests.servers import free_port, wait_healthy
+from tests.servers import replicas
 from tests.web.test_ratelimits import CHAT, KEY, limits_policy_text
 
 AUTH = {"authorization": f"Bearer {KEY}"}
-
-
-@contextmanager
-def replicas(config: Path, count: int) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
-    started: list[tuple[subprocess.Popen[bytes], str]] = []
-    try:
-        for _ in range(count):
-            port = free_port()
-            command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
-            command += ["--port", str(port), "--no-access-log"]
-            process = subprocess.Popen(command, stderr=subprocess.PIPE)
-            started.append((process, f"http://127.0.0.1:{port}"))
-        for process, url in started:
-            wait_healthy(url, process)
-        yield started
-    finally:
-        for process, _ in started:
-            if process.poll() is None:
-                process.terminate()
-        for process, _ in started:
-            process.communicate(timeout=30)
 
 
 def test_requests_per_minute_within_one_percent_across_three_replicas(
