@@ -21,9 +21,9 @@ import orjson
 from proxy.app import DEFAULT_POLICY
 from proxy.clock import Clock, SystemClock
 from proxy.ledger import LedgerError, UsageQuery, UsageRow, open_ledger
+from proxy.ledger.present import format_usd, parse_moment
 from proxy.ledger.query import window
 from proxy.policy import PolicyError, load_policy
-from proxy.policy.units import parse_duration_s
 
 __all__ = ["ReportError", "add_arguments", "format_usd", "main", "parse_time", "text_width"]
 
@@ -84,18 +84,9 @@ def main(args: argparse.Namespace, *, clock: Clock | None = None, out: TextIO | 
 def parse_time(value: str, now: float, *, flag: str) -> float:
     """`7d` (that long before `now`) or an ISO date or time, UTC unless it names an offset."""
     try:
-        return now - parse_duration_s(value)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise ReportError(
-            f"{flag}: expected a duration like 7d or a date like 2025-01-31, got {value!r}"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+        return parse_moment(value, now)
+    except ValueError as exc:
+        raise ReportError(f"{flag}: {exc}") from None
 
 
 def _ledger_location(ledger: str | None, config: Path | None) -> tuple[str, str | None]:
@@ -130,12 +121,6 @@ async def _fetch(url: str, storage: str | None, query: UsageQuery) -> list[Usage
         raise ReportError(str(exc)) from None
     finally:
         await ledger.aclose()
-
-
-def format_usd(cost_nusd: int) -> str:
-    """Nano-USD as dollars with 6 decimals, rounded half up, computed exactly in integers."""
-    micro = (cost_nusd + 500) // 1000
-    return f"{micro // 1_000_000}.{micro % 1_000_000:06d}"
 
 
 _MACHINE_FIELDS = (
