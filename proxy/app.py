@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -40,13 +41,18 @@ from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import LimitStore, QuotaStore, open_limit_store, open_store
 from proxy.tokens import TokenCounters
 from proxy.upstream.client import UpstreamClient
+from proxy.web.dashboard import DashboardPages
 from proxy.web.openai import ModelList, OpenAIEndpoint
 from proxy.web.ops import Health, Ready
 from proxy.web.requestid import RequestId
+from proxy.web.session import Sessions
+from proxy.web.usage import UsageApi
 
-__all__ = ["DEFAULT_POLICY", "Gateway", "create_app"]
+__all__ = ["DEFAULT_POLICY", "SESSION_SECRET_ENV", "Gateway", "create_app"]
 
 DEFAULT_POLICY = Path(__file__).parent / "policies" / "default.yaml"
+SESSION_SECRET_ENV = "TOKENWEIR_SESSION_SECRET"  # noqa: S105 - a variable name, not a secret
+SESSION_TTL_S = 12 * 3600.0
 _log = logging.getLogger("tokenweir")
 
 
@@ -126,6 +132,10 @@ def create_app(
     """The gateway app; `clock`, `transport` and `store` replace the real ones (for tests)."""
     resolved = policy or load_policy(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
     chosen_clock = clock or SystemClock()
+    # Workers and replicas that share the secret accept each other's dashboard logins.
+    secret = os.environ.get(SESSION_SECRET_ENV, "").encode() or secrets.token_bytes(32)
+    sessions = Sessions(resolved, Keyring(resolved), secret, SESSION_TTL_S)
+    pages = DashboardPages(sessions)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -144,6 +154,13 @@ def create_app(
             Route("/v1/models", ModelList(), methods=["GET"]),
             Route("/healthz", Health(), methods=["GET"]),
             Route("/readyz", Ready(), methods=["GET"]),
+            Route("/api/usage", UsageApi(sessions), methods=["GET"]),
+            Route("/dashboard", pages.route("overview"), methods=["GET"]),
+            Route("/dashboard/tenants/{name:path}", pages.route("tenant"), methods=["GET"]),
+            Route("/dashboard/login", pages.route("login_form"), methods=["GET"]),
+            Route("/dashboard/login", pages.route("login"), methods=["POST"]),
+            Route("/dashboard/logout", pages.route("logout"), methods=["POST"]),
+            Route("/dashboard/static/dashboard.css", pages.route("stylesheet"), methods=["GET"]),
         ],
         middleware=[Middleware(RequestId)],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},

@@ -1,0 +1,193 @@
+"""`GET /dashboard`: server-rendered cost pages (overview, one tenant), its login and its CSS.
+
+Pages are Jinja2 templates shipped in the package, charts inline SVG, no script: the
+Content-Security-Policy allows only this gateway's own stylesheet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, quote, urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from proxy.errors import AuthenticationFailed, BadRequest, GatewayError, StorageUnavailable
+from proxy.ledger import LedgerError
+from proxy.ledger.present import day_start, iso_utc
+from proxy.web import pagefmt
+from proxy.web.dashview import Window, load_overview, load_tenant_page
+from proxy.web.session import COOKIE_NAME, Sessions, Viewer
+from proxy.web.usage import ledger_of, parse_window
+
+if TYPE_CHECKING:
+    from proxy.app import Gateway
+
+__all__ = ["DashboardPages"]
+
+_HEADERS = {
+    "content-security-policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+_MAX_FORM_BYTES = 4096
+_AUTO_HOURS_S = 2 * 86400  # windows up to two days get hour buckets by default
+
+
+class DashboardPages:
+    """The dashboard's endpoints; `route(name)` is the ASGI app for one of them."""
+
+    def __init__(self, sessions: Sessions) -> None:
+        self._sessions = sessions
+        self._templates = Environment(
+            loader=PackageLoader("proxy.web", "templates"),
+            autoescape=select_autoescape(default=True),
+        )
+        pagefmt.install(self._templates)
+        self._css = resources.files("proxy.web").joinpath("static", "dashboard.css").read_bytes()
+        self._css_etag = '"' + hashlib.sha256(self._css).hexdigest()[:16] + '"'
+
+    def route(self, name: str) -> _Endpoint:
+        handler: _Handler = getattr(self, name)
+        return _Endpoint(self, handler)
+
+    async def overview(self, request: Request) -> Response:
+        gateway, viewer, now = self._context(request)
+        window = self._window(request, now, default_since=iso_utc(day_start(now)))
+        ledger = ledger_of(gateway)
+        data = await load_overview(ledger, gateway.policy, viewer.tenant, window, now)
+        links = _links(request, window, now)
+        return self._page("overview.html", viewer, overview=data, links=links)
+
+    async def tenant(self, request: Request) -> Response:
+        gateway, viewer, now = self._context(request)
+        name = str(request.path_params["name"])
+        viewer.check(name)
+        window = self._window(request, now, default_since="24h")
+        data = await load_tenant_page(ledger_of(gateway), gateway.policy, name, window, now)
+        links = _links(request, window, now, tenant=name)
+        return self._page("tenant.html", viewer, page=data, links=links)
+
+    async def login_form(self, request: Request) -> Response:
+        return self._page("login.html", None, next=_safe_next(request.query_params.get("next")))
+
+    async def login(self, request: Request) -> Response:
+        body = await _read_form(request)
+        key = (body.get("key") or [""])[0].strip()
+        target = _safe_next((body.get("next") or [""])[0])
+        gateway: Gateway = request.state.gateway
+        try:
+            self._sessions.authenticate(f"Bearer {key}")
+        except AuthenticationFailed:
+            return self._page("login.html", None, next=target, failed=True, status=401)
+        cookie = self._sessions.issue(key, gateway.clock.wall())
+        response = RedirectResponse(target, status_code=303, headers=_HEADERS)
+        response.set_cookie(
+            COOKIE_NAME, cookie, max_age=int(self._sessions.ttl_s), path="/",
+            secure=request.url.scheme == "https", httponly=True, samesite="strict",
+        )  # fmt: skip
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        response = RedirectResponse("/dashboard/login", status_code=303, headers=_HEADERS)
+        response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
+        return response
+
+    async def stylesheet(self, request: Request) -> Response:
+        headers = {"cache-control": "public, max-age=3600", "etag": self._css_etag}
+        if request.headers.get("if-none-match") == self._css_etag:
+            return Response(status_code=304, headers=headers)
+        return Response(self._css, media_type="text/css", headers=headers)
+
+    def _context(self, request: Request) -> tuple[Gateway, Viewer, float]:
+        gateway: Gateway = request.state.gateway
+        now = gateway.clock.wall()
+        viewer = self._sessions.resolve(request.headers, request.cookies, now)
+        return gateway, viewer, now
+
+    def _window(self, request: Request, now: float, *, default_since: str) -> Window:
+        since, until, bucket = parse_window(request.query_params, now, default_since=default_since)
+        chosen = bucket or ("hour" if until - since <= _AUTO_HOURS_S else "day")
+        return Window(since, until, chosen)
+
+    def _page(
+        self, template: str, viewer: Viewer | None, status: int = 200, **values: object
+    ) -> Response:
+        html = self._templates.get_template(template).render(viewer=viewer, **values)
+        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+    def error_page(self, request: Request, error: GatewayError) -> Response:
+        """Missing or expired login: to the form. Anything else: an error page with its status."""
+        if isinstance(error, AuthenticationFailed) and "authorization" not in request.headers:
+            target = quote(
+                request.url.path + ("?" + request.url.query if request.url.query else "")
+            )
+            return RedirectResponse(f"/dashboard/login?next={target}", 303, headers=_HEADERS)
+        page = self._page("error.html", None, status=error.status, error=error)
+        page.headers.update(error.headers())
+        return page
+
+
+_Handler = Callable[[Request], Awaitable[Response]]
+
+
+class _Endpoint:
+    """An ASGI app around one page method: gateway errors become pages (or a redirect)."""
+
+    def __init__(self, pages: DashboardPages, handler: _Handler) -> None:
+        self._pages = pages
+        self._handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            response = await self._handler(request)
+        except GatewayError as exc:
+            response = self._pages.error_page(request, exc)
+        except LedgerError as exc:
+            error = StorageUnavailable(f"The usage ledger cannot be read: {exc}", retry_after_s=5)
+            response = self._pages.error_page(request, error)
+        await response(scope, receive, send)
+
+
+def _links(
+    request: Request, window: Window, now: float, tenant: str | None = None
+) -> dict[str, str]:
+    """This view's JSON and CSV twins on /api/usage (same window), and the range presets."""
+    exact = {"since": iso_utc(window.start), "until": iso_utc(window.end)}
+    if tenant is not None:
+        exact["tenant"] = tenant
+    api = {"json": "/api/usage?" + urlencode(exact)}
+    api["csv"] = api["json"] + "&format=csv"
+    if tenant is not None:
+        api["series"] = api["json"] + f"&bucket={window.bucket}"
+        api["by_model"] = api["json"] + "&group_by=model"
+    today = request.url.path + "?" + urlencode({"since": iso_utc(day_start(now))})
+    return api | {"self": request.url.path, "today": today}
+
+
+def _safe_next(target: str | None) -> str:
+    """Only dashboard pages: a login never redirects elsewhere (no open redirect)."""
+    if target and target.startswith("/dashboard") and "//" not in target and "\\" not in target:
+        return target
+    return "/dashboard"
+
+
+async def _read_form(request: Request) -> dict[str, list[str]]:
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _MAX_FORM_BYTES:
+            raise BadRequest("The login form is too large.")
+    try:
+        return parse_qs(body.decode(), max_num_fields=8)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest("The login form could not be read.") from exc

@@ -1,0 +1,213 @@
+"""What the dashboard shows, read from the ledger's hour and day totals: no raw-record scans.
+
+The overview is three ledger queries (today, this month, the chosen window); a tenant page adds
+the window by bucket and by model, and error kinds from a bounded sample of its newest records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from proxy.ledger import Bucket, GroupBy, Ledger, UsageQuery, UsageRow
+from proxy.ledger import query as planner
+from proxy.ledger.aggregate import DAY_S, HOUR_S, Cell, Tally
+from proxy.ledger.present import day_start, month_start
+from proxy.policy.model import Budget, Policy
+
+__all__ = [
+    "ERROR_SAMPLE",
+    "Overview",
+    "Quota",
+    "TenantPage",
+    "TenantSummary",
+    "Window",
+    "load_overview",
+    "load_tenant_page",
+]
+
+ERROR_SAMPLE = 2000
+"""Error kinds are counted among this many of a tenant's newest records (totals stay exact)."""
+
+_WARN_RATIO = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """[since, until) as asked; `start`/`end` the whole hours the ledger answers for."""
+
+    since: float
+    until: float
+    bucket: Bucket
+
+    @property
+    def start(self) -> float:
+        return float(planner.window(UsageQuery(None, self.since, self.until))[0])
+
+    @property
+    def end(self) -> float:
+        return float(planner.window(UsageQuery(None, self.since, self.until))[1])
+
+    def query(
+        self, tenant: str | None, *, bucket: Bucket | None = None, group_by: GroupBy | None = None
+    ) -> UsageQuery:
+        return UsageQuery(tenant, self.since, self.until, bucket, group_by)
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """One budget quota against what the ledger recorded in its period."""
+
+    name: str
+    used: float
+    limit: float
+
+    @property
+    def ratio(self) -> float:
+        return self.used / self.limit
+
+    @property
+    def level(self) -> str:
+        """`ok`, `warn` past 80%, `over` at or past the limit: the bar's colour."""
+        if self.ratio >= 1.0:
+            return "over"
+        return "warn" if self.ratio >= _WARN_RATIO else "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSummary:
+    tenant: str | None
+    today: UsageRow
+    month: UsageRow
+    window: UsageRow
+    quotas: tuple[Quota, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    window: Window
+    tenants: tuple[TenantSummary, ...]
+    total: UsageRow
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPage:
+    summary: TenantSummary
+    window: Window
+    series: tuple[UsageRow, ...]
+    by_model: tuple[UsageRow, ...]
+    error_kinds: tuple[tuple[str, int], ...]
+    errors_sampled: int
+
+
+def empty_row(tenant: str | None, start: int = 0, bucket: Bucket | None = None) -> UsageRow:
+    """A row of zeros: a tenant with no usage in a window (or in the bucket at `start`)."""
+    q = UsageQuery(tenant, start, start + 1.0, bucket)
+    return planner.rows(q, [Cell((tenant, start, None, None), Tally())])[0]
+
+
+def quotas(budget: Budget | None, today: UsageRow, month: UsageRow) -> tuple[Quota, ...]:
+    """The tenant's token and USD quotas, each with what it used in its UTC day or month."""
+    if budget is None:
+        return ()
+    found: list[Quota] = []
+    for name, limit, row, usd in (
+        ("usd_per_day", budget.usd_per_day, today, True),
+        ("usd_per_month", budget.usd_per_month, month, True),
+        ("tokens_per_day", budget.tokens_per_day, today, False),
+        ("tokens_per_month", budget.tokens_per_month, month, False),
+    ):
+        if limit is None:
+            continue
+        used = row.cost_nusd / 1e9 if usd else float(row.input_tokens + row.output_tokens)
+        found.append(Quota(name, used, float(limit)))
+    return tuple(found)
+
+
+async def load_overview(
+    ledger: Ledger, policy: Policy, tenant: str | None, window: Window, now: float
+) -> Overview:
+    """Every tenant (`tenant` None) or one: today, this month and the window, one query each."""
+    today, month, chosen = await asyncio.gather(
+        ledger.query(UsageQuery(tenant, day_start(now), now)),
+        ledger.query(UsageQuery(tenant, month_start(now), now)),
+        ledger.query(window.query(tenant)),
+    )
+    by_tenant = [{row.tenant: row for row in rows} for rows in (today, month, chosen)]
+    if tenant is None:
+        names = set(policy.tenants).union(*(found.keys() for found in by_tenant))
+        ordered = sorted(names, key=lambda name: (name is None, name or ""))
+    else:
+        ordered = [tenant]
+    summaries = tuple(_summary(policy, name, *by_tenant) for name in ordered)
+    return Overview(window, summaries, total_of(chosen))
+
+
+async def load_tenant_page(
+    ledger: Ledger, policy: Policy, tenant: str, window: Window, now: float
+) -> TenantPage:
+    overview, series, by_model, latest = await asyncio.gather(
+        load_overview(ledger, policy, tenant, window, now),
+        ledger.query(window.query(tenant, bucket=window.bucket)),
+        ledger.query(window.query(tenant, group_by="model")),
+        ledger.latest(tenant, ERROR_SAMPLE),
+    )
+    kinds = Counter(
+        record.error or f"http_{record.status}"
+        for record in latest
+        if record.status >= 400 and window.start <= record.ts < window.end
+    )
+    return TenantPage(
+        summary=overview.tenants[0],
+        window=window,
+        series=tuple(fill_buckets(series, window, tenant)),
+        by_model=tuple(sorted(by_model, key=lambda row: -row.cost_nusd)),
+        error_kinds=tuple(kinds.most_common(8)),
+        errors_sampled=len(latest),
+    )
+
+
+def fill_buckets(rows: list[UsageRow], window: Window, tenant: str | None) -> list[UsageRow]:
+    """One row per bucket of the window, zeros where nothing happened (charts need no gaps)."""
+    size = HOUR_S if window.bucket == "hour" else DAY_S
+    first = int(window.start) - int(window.start) % size
+    found = {int(row.bucket_start or 0): row for row in rows}
+    filled = []
+    for start in range(first, int(window.end), size):
+        filled.append(found.get(start) or empty_row(tenant, start, window.bucket))
+    return filled
+
+
+_SUMMED = (
+    "requests", "errors", "rate_limited", "degraded", "shaped", "client_disconnects",
+    "input_tokens", "output_tokens", "cost_nusd", "cache_hits", "cache_semantic_hits",
+    "cache_misses", "saved_cost_nusd", "duration_ms_total",
+)  # fmt: skip
+
+
+def total_of(rows: list[UsageRow]) -> UsageRow:
+    """The counters summed over tenants. Percentiles cannot be summed from rows: left empty."""
+    sums = {name: sum(getattr(row, name) for row in rows) for name in _SUMMED}
+    none = dict.fromkeys(("ttft_ms_p50", "ttft_ms_p95", "tokens_per_s_p50"))
+    return replace(empty_row(None), **sums, **none)  # type: ignore[arg-type]
+
+
+def _summary(
+    policy: Policy,
+    name: str | None,
+    today: dict[str | None, UsageRow],
+    month: dict[str | None, UsageRow],
+    chosen: dict[str | None, UsageRow],
+) -> TenantSummary:
+    day_row = today.get(name) or empty_row(name)
+    month_row = month.get(name) or empty_row(name)
+    spec = policy.tenants.get(name) if name is not None else None
+    budget = spec.budget if spec is not None else None
+    return TenantSummary(
+        tenant=name,
+        today=day_row,
+        month=month_row,
+        window=chosen.get(name) or empty_row(name),
+        quotas=quotas(budget, day_row, month_row),
+    )
