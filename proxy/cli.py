@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from proxy import __version__
-from proxy.app import DEFAULT_POLICY
+from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.telemetry.logs import log_config
@@ -86,6 +87,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"tokenweir: the policy cannot be used:\n{exc}", file=sys.stderr)
         return 1
     os.environ["TOKENWEIR_CONFIG"] = str(config)
+    # One dashboard-login secret for all workers, so a login holds whichever worker answers.
+    os.environ.setdefault(SESSION_SECRET_ENV, secrets.token_hex(32))
     uvicorn.run(
         "proxy.app:create_app",
         factory=True,
