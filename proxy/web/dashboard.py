@@ -61,7 +61,7 @@ class DashboardPages:
 
     async def overview(self, request: Request) -> Response:
         gateway, viewer, now = self._context(request)
-        window = self._window(request, now, default_since=iso_utc(day_start(now)))
+        window = self._window(request, now, default_since="24h")
         ledger = ledger_of(gateway)
         data = await load_overview(ledger, gateway.policy, viewer.tenant, window, now)
         links = _links(request, window, now)

@@ -118,7 +118,11 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
+    """Decode, accepting only the one canonical spelling of the bytes."""
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (ValueError, TypeError) as exc:
         raise ValueError("not base64") from exc
+    if _b64(data) != text:
+        raise ValueError("not canonical base64")
+    return data

@@ -1,0 +1,178 @@
+"""The dashboard pages and their access rules, as a browser without script would see them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_KEY, ALPHA_KEY, BETA_KEY
+from tests.web.usage_ledger import CN_KEY, CN_TENANT, usage_gateway
+
+COOKIE = "tokenweir_session"
+
+
+@pytest.fixture(scope="module")
+def gateway(backend_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with usage_gateway(backend_url, tmp_path_factory.mktemp("dashboard")) as url:
+        yield url
+
+
+@contextmanager
+def logged_in(gateway: str, key: str) -> Iterator[httpx.Client]:
+    """A client holding the session cookie that logging in with `key` set."""
+    with httpx.Client(base_url=gateway) as client:
+        answer = client.post("/dashboard/login", data={"key": key, "next": "/dashboard"})
+        assert answer.status_code == 303, answer.text
+        yield client
+
+
+def cell(html: str, tenant: str, field: str) -> str:
+    row = re.search(rf'<tr data-tenant="{re.escape(tenant)}">(.*?)</tr>', html, re.S)
+    assert row is not None, tenant
+    found = re.search(rf'data-k="{field}">([^<]*)<', row.group(1))
+    assert found is not None, field
+    return found.group(1)
+
+
+def test_the_login_cookie_is_signed_httponly_strict_and_holds_no_key(gateway: str) -> None:
+    with httpx.Client(base_url=gateway) as client:
+        answer = client.post("/dashboard/login", data={"key": ADMIN_KEY})
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/dashboard"
+    header = answer.headers["set-cookie"]
+    assert "HttpOnly" in header
+    assert "SameSite=strict" in header
+    assert "Secure" not in header  # plain http here; https answers add it
+    assert ADMIN_KEY not in header
+
+
+def test_the_cookie_is_secure_behind_https(gateway: str) -> None:
+    answer = httpx.post(
+        gateway + "/dashboard/login",
+        data={"key": ADMIN_KEY},
+        headers={"x-forwarded-proto": "https"},  # uvicorn trusts it from 127.0.0.1
+    )
+    assert "Secure" in answer.headers["set-cookie"]
+
+
+def test_a_wrong_key_is_refused_at_login(gateway: str) -> None:
+    answer = httpx.post(gateway + "/dashboard/login", data={"key": "guess"})
+    assert answer.status_code == 401
+    assert "set-cookie" not in answer.headers
+    assert "not known" in answer.text
+
+
+def test_admin_overview_lists_every_tenant_with_budget_colours(gateway: str) -> None:
+    with logged_in(gateway, ADMIN_KEY) as client:
+        html = client.get("/dashboard").text
+    assert CN_TENANT in html
+    assert f'href="/dashboard/tenants/{quote(CN_TENANT, safe="")}"' in html
+    assert cell(html, "alpha", "requests") == "10"
+    assert cell(html, "alpha", "cost_usd") == "$0.000220"
+    assert cell(html, CN_TENANT, "cache_hit_rate") == "40.0%"
+    assert cell(html, "", "errors") == "2"  # the unauthenticated row
+    assert 'data-quota="usd_per_day" data-level="over"' in html  # the Chinese tenant: 125%
+    assert 'data-quota="usd_per_month" data-level="warn"' in html  # alpha: 88%
+
+
+def test_a_tenant_sees_only_itself_on_the_overview(gateway: str) -> None:
+    with logged_in(gateway, ALPHA_KEY) as client:
+        html = client.get("/dashboard").text
+    assert 'data-tenant="alpha"' in html
+    for other in (CN_TENANT, "beta", 'data-tenant=""', "data-total"):
+        assert other not in html
+
+
+def test_tenant_page_shows_models_errors_and_buckets(gateway: str) -> None:
+    with logged_in(gateway, ALPHA_KEY) as client:
+        html = client.get("/dashboard/tenants/alpha", params={"since": "1d"}).text
+    assert 'data-model="mock-llm"' in html
+    assert "rate_limit_exceeded</th><td>2<" in html
+    assert "upstream_timeout</th><td>1<" in html
+    assert html.count('<svg class="chart"') == 5
+    assert "<script" not in html
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/dashboard/tenants/beta",
+        f"/dashboard/tenants/{quote(CN_TENANT)}",
+        "/dashboard/tenants/ALPHA",
+        "/dashboard/tenants/alpha%20",
+        "/dashboard/tenants/alpha/../beta",
+        "/dashboard/tenants/beta?tenant=alpha",
+        "/dashboard/tenants/nobody",
+        "/dashboard/tenants/%2e%2e%2fbeta",
+    ],
+)
+def test_a_tenant_cannot_open_another_tenants_page(gateway: str, path: str) -> None:
+    with logged_in(gateway, ALPHA_KEY) as client:
+        answer = client.get(path)
+    assert answer.status_code in (403, 404)
+    assert "beta" not in answer.text.replace(path, "") or answer.status_code == 404
+    assert 'data-k="cost_usd"' not in answer.text
+
+
+def test_a_bearer_key_works_on_pages_too(gateway: str) -> None:
+    page = f"/dashboard/tenants/{quote(CN_TENANT)}"
+    own = httpx.get(gateway + page, headers={"authorization": f"Bearer {CN_KEY}"})
+    assert own.status_code == 200
+    other = httpx.get(gateway + page, headers={"authorization": f"Bearer {BETA_KEY}"})
+    assert other.status_code == 403
+
+
+@pytest.mark.parametrize("cookie", ["", "x", "a.b", "AAAA.AAAA"])
+def test_no_or_forged_cookie_goes_to_the_login_form(gateway: str, cookie: str) -> None:
+    answer = httpx.get(gateway + "/dashboard/tenants/alpha", cookies={COOKIE: cookie})
+    assert answer.status_code == 303
+    assert answer.headers["location"].startswith("/dashboard/login?next=/dashboard/tenants/alpha")
+
+
+def test_a_tampered_cookie_is_worthless(gateway: str) -> None:
+    with logged_in(gateway, ALPHA_KEY) as client:
+        value = client.cookies[COOKIE]
+    body, mac = value.split(".")
+    flip = {"A": "B"}
+    for forged in (
+        body[:5] + flip.get(body[5], "A") + body[6:] + "." + mac,
+        body + "." + mac[:5] + flip.get(mac[5], "A") + mac[6:],
+        body + "." + mac[:-1] + flip.get(mac[-1], "A"),  # same bytes, another spelling
+    ):
+        answer = httpx.get(gateway + "/api/usage", cookies={COOKIE: forged})
+        assert answer.status_code == 401
+
+
+def test_logout_ends_the_session_in_the_browser(gateway: str) -> None:
+    with logged_in(gateway, ALPHA_KEY) as client:
+        answer = client.post("/dashboard/logout")
+        assert answer.status_code == 303
+        assert client.get("/dashboard").status_code == 303
+
+
+def test_login_never_redirects_off_the_dashboard(gateway: str) -> None:
+    for target in ("https://evil.example/", "//evil.example", "/v1/models", "/dashboard\\@x"):
+        answer = httpx.post(gateway + "/dashboard/login", data={"key": ALPHA_KEY, "next": target})
+        assert answer.headers["location"] == "/dashboard"
+
+
+def test_pages_forbid_framing_and_foreign_content(gateway: str) -> None:
+    answer = httpx.get(gateway + "/dashboard/login")
+    policy = answer.headers["content-security-policy"]
+    assert "default-src 'none'" in policy
+    assert "frame-ancestors 'none'" in policy
+    assert answer.headers["cache-control"] == "no-store"
+    css = httpx.get(gateway + "/dashboard/static/dashboard.css")
+    assert css.headers["content-type"].startswith("text/css")
+
+
+def test_without_a_ledger_the_page_says_so(gateway_url: str, tmp_path: Path) -> None:
+    answer = httpx.get(gateway_url + "/dashboard", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    assert answer.status_code == 404
+    assert "no usage ledger" in answer.text
