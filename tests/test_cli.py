@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ def tokenweir(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[
 def test_policy_check_accepts_the_shipped_demo() -> None:
     done = tokenweir("policy", "check", str(DEFAULT_POLICY.with_name("demo.yaml")))
     assert done.returncode == 0, done.stderr
-    assert "ok (2 tenants" in done.stdout
+    assert "ok (3 tenants" in done.stdout
 
 
 def test_policy_check_names_file_line_and_key(tmp_path: Path) -> None:
@@ -52,6 +53,7 @@ def test_demo_runs_on_a_fresh_machine() -> None:
     assert sum(" -> 200 " in line for line in lines) == 5
     assert any(" -> 403 model_not_allowed" in line for line in lines)
     assert "curl -N" in done.stdout
+    assert re.search(r"Dashboard: http://127.0.0.1:\d+/dashboard", done.stdout)
     # The ledger saw the traffic: six requests, one of them refused.
     total = next(line for line in lines if line.startswith("total"))
     assert total.split()[1:3] == ["6", "1"]

@@ -1,4 +1,5 @@
-"""`tokenweir demo`: a simulated backend, the gateway on demo.yaml, and traffic from two tenants."""
+"""`tokenweir demo`: a simulated backend, the gateway on demo.yaml, a simulated day in its ledger
+and live traffic from two tenants; the dashboard URL to look at it all."""
 
 from __future__ import annotations
 
@@ -17,14 +18,20 @@ import orjson
 
 from proxy.app import DEFAULT_POLICY, create_app
 from proxy.ledger import LedgerError, open_ledger
+from proxy.ledger.present import iso_utc
 from proxy.policy import load_policy
-from proxy.tools import mockbackend, report
+from proxy.tools import demotraffic, mockbackend, report
 from proxy.tools.background import BackgroundServer
 
-__all__ = ["DEMO_KEYS", "DEMO_POLICY", "run_demo"]
+__all__ = ["DEMO_ADMIN_KEY", "DEMO_KEYS", "DEMO_POLICY", "run_demo"]
 
 DEMO_POLICY = "demo.yaml"
-DEMO_KEYS = {"support-bot": "tw-demo-support", "research": "tw-demo-research"}
+DEMO_KEYS = {
+    "support-bot": "tw-demo-support",
+    "research": "tw-demo-research",
+    "翻译助手": "tw-demo-translate",
+}
+DEMO_ADMIN_KEY = "tw-demo-admin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,18 +74,27 @@ def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
     backend = BackgroundServer(mockbackend.create_app(ttft_ms=120, tokens_per_second=150))
     backend_url = backend.start()
     workdir = tempfile.TemporaryDirectory(prefix="tokenweir-demo-")
-    ledger = f"sqlite:///{Path(workdir.name) / 'ledger.db'}"
+    ledger_path = Path(workdir.name) / "ledger.db"
+    ledger = f"sqlite:///{ledger_path}"
     policy = load_policy(DEFAULT_POLICY.with_name(DEMO_POLICY), environ={})
     backends = tuple(b.model_copy(update={"url": backend_url + "/v1"}) for b in policy.backends)
     demo_policy = policy.model_copy(update={"backends": backends, "ledger": ledger})
+    live_start = time.time()
+    # The simulated day ends where this hour begins, so the live traffic's report stands apart.
+    day = demotraffic.simulated_day(demo_policy, live_start - live_start % 3600)
+    demotraffic.fill_ledger(ledger_path, day)
     gateway = BackgroundServer(create_app(demo_policy), port=port)
     try:
         base_url = gateway.start()
-        print(f"tokenweir demo: simulated backend on {backend_url}, gateway on {base_url}\n")
+        print(f"tokenweir demo: simulated backend on {backend_url}, gateway on {base_url}")
+        print(
+            f"The ledger holds a simulated day before this hour: {len(day):,} requests from "
+            f"{len(demotraffic.TENANT_PROFILES)} tenants (written to it directly, not sent).\n"
+        )
         with httpx.Client(base_url=base_url, timeout=30) as client:
             for call in _CALLS:
                 print(_send(client, call))
-        _print_usage(ledger, len(_CALLS))
+        _print_usage(ledger, len(_CALLS), live_start)
         _print_next_steps(base_url, ledger)
         if keep_serving:
             print("\nServing until Ctrl-C.")
@@ -126,24 +142,25 @@ def _send(client: httpx.Client, call: _Call) -> str:
     return f"{line}  [{request_id}]"
 
 
-def _print_usage(ledger: str, requests: int) -> None:
+def _print_usage(ledger: str, requests: int, since: float) -> None:
     """What `tokenweir report` shows for the traffic above, once the ledger has written it."""
     deadline = time.monotonic() + 5
-    while _recorded(ledger) < requests and time.monotonic() < deadline:
+    while _recorded(ledger, since) < requests and time.monotonic() < deadline:
         time.sleep(0.05)  # the ledger's writer commits every 50 ms
-    print("\nUsage and cost, from the ledger (tokenweir report):\n")
+    print("\nUsage and cost of these requests, from the ledger (tokenweir report):\n")
     args = argparse.Namespace(
-        tenant=None, since="1d", until=None, by="model", format="table", ledger=ledger, config=None
-    )
+        tenant=None, since=iso_utc(since), until=None, by="model", format="table",
+        ledger=ledger, config=None,
+    )  # fmt: skip
     report.main(args)
 
 
-def _recorded(ledger: str) -> int:
+def _recorded(ledger: str, since: float) -> int:
     async def count() -> int:
         reader = open_ledger(ledger, read_only=True)
         try:
             await reader.start()
-            return len(await reader.latest(None, 1000))
+            return sum(record.ts >= since for record in await reader.latest(None, 1000))
         except LedgerError:
             return 0  # not created yet
         finally:
@@ -162,6 +179,11 @@ Try it yourself (the research tenant's key is {key}):
        -d '{{"model":"mock-llm","stream":true,"messages":[{{"role":"user","content":"hi"}}]}}'
   OpenAI SDK:  OpenAI(base_url="{base_url}/v1", api_key="{key}")
   Models:      {base_url}/v1/models   Health: {base_url}/healthz   Ready: {base_url}/readyz
-  Usage:       tokenweir report --ledger {ledger} (while the demo runs)""",
+  Usage:       tokenweir report --ledger {ledger} (while the demo runs)
+               curl -H 'Authorization: Bearer {DEMO_ADMIN_KEY}' '{base_url}/api/usage?since=1d'
+
+Dashboard: {base_url}/dashboard
+  log in with {DEMO_ADMIN_KEY} (admin: every tenant) or a tenant's key (only that tenant),
+  e.g. {DEMO_KEYS["support-bot"]}""",
         file=sys.stdout,
     )
