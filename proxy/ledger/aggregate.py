@@ -43,6 +43,9 @@ COUNTERS = (
     "cache_semantic_hits",
     "cache_misses",
     "duration_ms_total",
+    "saved_input_tokens",
+    "saved_output_tokens",
+    "saved_cost_nusd",
 )
 """The integer totals of a Tally, in storage order (column order, Redis field names)."""
 
@@ -65,6 +68,9 @@ class Tally:
     cache_semantic_hits: int = 0
     cache_misses: int = 0
     duration_ms_total: int = 0
+    saved_input_tokens: int = 0
+    saved_output_tokens: int = 0
+    saved_cost_nusd: int = 0
     ttft_ms: histogram.Histogram = field(default_factory=dict)
     tokens_per_s: histogram.Histogram = field(default_factory=dict)
 
@@ -82,6 +88,9 @@ class Tally:
         self.cache_semantic_hits += record.cache == "semantic-hit"
         self.cache_misses += record.cache == "miss"
         self.duration_ms_total += round(record.duration_ms)
+        self.saved_input_tokens += record.saved_input_tokens
+        self.saved_output_tokens += record.saved_output_tokens
+        self.saved_cost_nusd += record.saved_cost_nusd
         if record.ttft_ms is not None:
             _bump(self.ttft_ms, histogram.TTFT_MS.index(record.ttft_ms))
         if record.tokens_per_s is not None:

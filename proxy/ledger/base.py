@@ -49,6 +49,10 @@ class UsageRecord:
     shaped: tuple[str, ...]
     degraded: tuple[str, ...]
     client_disconnected: bool
+    # What a cache hit saved: the backend tokens and money the original answer cost.
+    saved_input_tokens: int = 0
+    saved_output_tokens: int = 0
+    saved_cost_nusd: int = 0
 
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))
@@ -107,6 +111,9 @@ class UsageRow:
     cache_hits: int
     cache_semantic_hits: int
     cache_misses: int
+    saved_input_tokens: int
+    saved_output_tokens: int
+    saved_cost_nusd: int
     duration_ms_total: int
     ttft_ms_p50: float | None
     ttft_ms_p95: float | None

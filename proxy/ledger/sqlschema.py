@@ -26,21 +26,26 @@ __all__ = [
     "write_batch",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x74776C67  # "twlg": marks the file as a tokenweir ledger
 
 _RECORD_COLUMNS = (
     "ts, request_id, tenant, model, backend, operation, stream, status, error, input_tokens, "
     "output_tokens, cost_nusd, cache, ttft_ms, tokens_per_s, duration_ms, shaped, degraded, "
-    "client_disconnected"
+    "client_disconnected, saved_input_tokens, saved_output_tokens, saved_cost_nusd"
 )
 _CELL_KEY = "tenant, period_start, model, backend"
 _CELL_COLUMNS = f"{_CELL_KEY}, {', '.join(COUNTERS)}, ttft_ms_hist, tokens_per_s_hist"
 _TABLES: dict[Granularity, str] = {"hour": "usage_hour", "day": "usage_day"}
 
 
+_SAVED = ("saved_input_tokens", "saved_output_tokens", "saved_cost_nusd")
+# Schema v1 had the counters before the cache's savings; its DDL must not change with COUNTERS.
+_V1_COUNTERS = tuple(name for name in COUNTERS if name not in _SAVED)
+
+
 def _cell_table_ddl(table: str) -> list[str]:
-    counters = ", ".join(f"{name} INTEGER NOT NULL" for name in COUNTERS)
+    counters = ", ".join(f"{name} INTEGER NOT NULL" for name in _V1_COUNTERS)
     return [
         f"CREATE TABLE {table} (tenant TEXT NOT NULL, period_start INTEGER NOT NULL, "
         f"model TEXT NOT NULL, backend TEXT NOT NULL, {counters}, "
@@ -64,6 +69,11 @@ _MIGRATIONS: tuple[list[str], ...] = (
         *_cell_table_ddl("usage_hour"),
         *_cell_table_ddl("usage_day"),
     ],
+    [
+        f"ALTER TABLE {table} ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0"
+        for table in ("usage_records", "usage_hour", "usage_day")
+        for name in _SAVED
+    ],
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION  # noqa: S101 - a release-time invariant
 
@@ -79,7 +89,7 @@ def _upsert_sql(table: str) -> str:
     )
 
 
-_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 19)})"  # noqa: S608
+_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 22)})"  # noqa: S608
 _UPSERT = {granularity: _upsert_sql(table) for granularity, table in _TABLES.items()}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proxy.ledger import LedgerError, SqliteLedger, UsageQuery, open_ledger
-from proxy.ledger.sqlschema import APPLICATION_ID, SCHEMA_VERSION
+from proxy.ledger.sqlschema import _MIGRATIONS, APPLICATION_ID, SCHEMA_VERSION
 from tests.ledger.factory import DAY_S, T0, record
 
 pytestmark = pytest.mark.anyio
@@ -44,8 +44,40 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     with closing(sqlite3.connect(path)) as conn:
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute("PRAGMA user_version = 99")
-    with pytest.raises(LedgerError, match="schema v99; this tokenweir reads up to v1"):
+    newest = f"schema v99; this tokenweir reads up to v{SCHEMA_VERSION}"
+    with pytest.raises(LedgerError, match=newest):
         await SqliteLedger(path).start()
+
+
+async def test_a_v1_file_is_migrated_and_keeps_its_records(tmp_path: Path) -> None:
+    """A ledger written before the cache's savings existed reads back with zero savings."""
+    path = tmp_path / "ledger.db"
+    with closing(sqlite3.connect(path)) as conn:
+        for statement in _MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO usage_records (ts, request_id, tenant, model, backend, operation, stream, "
+            "status, error, input_tokens, output_tokens, cost_nusd, cache, ttft_ms, tokens_per_s, "
+            "duration_ms, shaped, degraded, client_disconnected) VALUES "
+            "(?, 'old', 'alpha', 'm', 'b', 'chat', 0, 200, NULL, 5, 7, 9, 'miss', NULL, NULL, 1.0, "
+            "'[]', '[]', 0)",
+            (T0,),
+        )
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute("PRAGMA user_version = 1")
+        conn.commit()
+    ledger = SqliteLedger(path)
+    await ledger.start()
+    ledger.append(record(1, saved_cost_nusd=1234))
+    await ledger.aclose()
+    reader = SqliteLedger(path, read_only=True)
+    await reader.start()
+    try:
+        old, new = sorted(await reader.latest(None, 10), key=lambda r: r.request_id != "old")
+    finally:
+        await reader.aclose()
+    assert (old.input_tokens, old.output_tokens, old.saved_cost_nusd) == (5, 7, 0)
+    assert new.saved_cost_nusd == 1234
 
 
 async def test_another_applications_database_is_refused(tmp_path: Path) -> None:
