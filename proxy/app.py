@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -39,16 +41,24 @@ from proxy.stages.route import Route as RouteStage
 from proxy.stages.shape import Shape
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import LimitStore, QuotaStore, open_limit_store, open_store
+from proxy.telemetry.metrics import GatewayMetrics
+from proxy.telemetry.otelenv import otel_wanted
+from proxy.telemetry.otelmetrics import OtelMetrics
+from proxy.telemetry.recorder import Telemetry
+from proxy.telemetry.tracing import Tracing
 from proxy.tokens import TokenCounters
 from proxy.upstream.client import UpstreamClient
 from proxy.web.dashboard import DashboardPages
 from proxy.web.openai import ModelList, OpenAIEndpoint
-from proxy.web.ops import Health, Ready
+from proxy.web.ops import Health, Metrics, Ready
 from proxy.web.requestid import RequestId
 from proxy.web.session import Sessions
 from proxy.web.usage import UsageApi
 
-__all__ = ["DEFAULT_POLICY", "SESSION_SECRET_ENV", "Gateway", "create_app"]
+if TYPE_CHECKING:
+    from proxy.telemetry.sdk import OtelSdk
+
+__all__ = ["DEFAULT_POLICY", "SESSION_SECRET_ENV", "Gateway", "OtelProviders", "create_app"]
 
 DEFAULT_POLICY = Path(__file__).parent / "policies" / "default.yaml"
 SESSION_SECRET_ENV = "TOKENWEIR_SESSION_SECRET"  # noqa: S105 - a variable name, not a secret
@@ -70,6 +80,7 @@ class Gateway:
     pipeline: Pipeline
     storage_failures: StorageFailures
     started_wall: float
+    telemetry: Telemetry
 
     @classmethod
     def build(
@@ -78,6 +89,7 @@ class Gateway:
         clock: Clock,
         transport: httpx.AsyncBaseTransport | None = None,
         store: QuotaStore | None = None,
+        otel: OtelProviders | None = None,
     ) -> Gateway:
         keyring = Keyring(policy)
         upstream = UpstreamClient(policy.upstream, transport)
@@ -88,6 +100,7 @@ class Gateway:
         limit_store = open_limit_store(policy.storage)
         rate_limits = RateLimits(limit_store, clock, failures)
         ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
+        telemetry = _telemetry(policy, clock, otel)
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants),
             stages=[
@@ -98,13 +111,14 @@ class Gateway:
                 RouteStage(policy),
                 BackendLimits(rate_limits),
             ],
-            forward=Forward(upstream, clock),
-            account=Account(clock, [rate_limits, budgets], prices, ledger),
+            forward=Forward(upstream, clock, telemetry),
+            account=Account(clock, [rate_limits, budgets], prices, ledger, telemetry),
             max_body_bytes=policy.server.max_body_bytes,
+            telemetry=telemetry,
         )
         return cls(
             policy, clock, keyring, upstream, store, limit_store, ledger, pipeline, failures,
-            clock.wall(),
+            clock.wall(), telemetry,
         )  # fmt: skip
 
     async def start(self) -> None:
@@ -128,8 +142,12 @@ def create_app(
     clock: Clock | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     store: QuotaStore | None = None,
+    otel: OtelProviders | None = None,
 ) -> Starlette:
-    """The gateway app; `clock`, `transport` and `store` replace the real ones (for tests)."""
+    """The gateway app; `clock`, `transport` and `store` replace the real ones (for tests).
+
+    `otel` gives tracer/meter providers; without it, the OTEL_* environment may configure the
+    SDK here, in the process (each uvicorn worker) that serves the app."""
     resolved = policy or load_policy(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
     chosen_clock = clock or SystemClock()
     # Workers and replicas that share the secret accept each other's dashboard logins.
@@ -139,12 +157,17 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        gateway = Gateway.build(resolved, chosen_clock, transport, store)
+        sdk = _start_otel_sdk() if otel is None else None
+        gateway = Gateway.build(resolved, chosen_clock, transport, store, otel or sdk)
         await gateway.start()
         try:
             yield {"gateway": gateway}
         finally:
-            await gateway.aclose()
+            try:
+                await gateway.aclose()
+            finally:
+                if sdk is not None:
+                    sdk.shutdown()
 
     return Starlette(
         routes=[
@@ -154,6 +177,7 @@ def create_app(
             Route("/v1/models", ModelList(), methods=["GET"]),
             Route("/healthz", Health(), methods=["GET"]),
             Route("/readyz", Ready(), methods=["GET"]),
+            Route("/metrics", Metrics(), methods=["GET"]),
             Route("/api/usage", UsageApi(sessions), methods=["GET"]),
             Route("/dashboard", pages.route("overview"), methods=["GET"]),
             Route("/dashboard/tenants/{name:path}", pages.route("tenant"), methods=["GET"]),
@@ -166,6 +190,41 @@ def create_app(
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
     )
+
+
+class OtelProviders(Protocol):
+    """OpenTelemetry providers for the gateway; either may be None (that signal is off)."""
+
+    @property
+    def tracer_provider(self) -> TracerProvider | None: ...
+
+    @property
+    def meter_provider(self) -> MeterProvider | None: ...
+
+
+def _telemetry(policy: Policy, clock: Clock, otel: OtelProviders | None) -> Telemetry:
+    tracer_provider = otel.tracer_provider if otel else None
+    meter_provider = otel.meter_provider if otel else None
+    return Telemetry(
+        policy,
+        clock,
+        GatewayMetrics(),
+        tracing=Tracing(tracer_provider) if tracer_provider else None,
+        otel_metrics=OtelMetrics(meter_provider) if meter_provider else None,
+    )
+
+
+def _start_otel_sdk() -> OtelSdk | None:
+    """The SDK, if OTEL_* asks for it: imported only then, since it is the optional `otel` extra."""
+    if not otel_wanted(os.environ):
+        return None
+    try:
+        from proxy.telemetry.sdk import start_sdk
+    except ImportError as exc:
+        raise RuntimeError(
+            "OTEL_* asks for OpenTelemetry export: pip install 'tokenweir[otel]'"
+        ) from exc
+    return start_sdk(os.environ)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -12,6 +12,7 @@ from proxy.upstream.meter import StreamMeter
 if TYPE_CHECKING:
     from proxy.stages.budget import Reservation
     from proxy.stages.ratelimit import RateLimitHold
+    from proxy.telemetry.tracing import RequestTrace
 
 __all__ = ["Operation", "RequestContext"]
 
@@ -50,6 +51,9 @@ class RequestContext:
     client_disconnected: bool = False
     answered: bool = False
     upstream_completed: bool = False
+    trace: RequestTrace | None = None  # None unless tracing is configured
+    response_tail: bytes = b""  # the answer's last bytes: response model, finish reasons
+    completion_chunks: list[bytes] | None = None  # the answer as relayed, with `log_content`
 
     @property
     def upstream_path(self) -> str:

@@ -13,6 +13,7 @@ from proxy.errors import GatewayError
 from proxy.stages import Stage
 from proxy.stages.account import Account
 from proxy.stages.forward import Forward
+from proxy.telemetry.recorder import Telemetry
 from proxy.web.body import ClientGone, read_body, watch_disconnect
 from proxy.web.respond import send_error
 
@@ -30,15 +31,18 @@ class Pipeline:
         account: Account,
         *,
         max_body_bytes: int,
+        telemetry: Telemetry,
     ) -> None:
         self._auth = auth
         self._stages = tuple(stages)
         self._forward = forward
         self._account = account
         self._max_body_bytes = max_body_bytes
+        self._telemetry = telemetry
 
     async def run(self, ctx: RequestContext, receive: Receive, send: Send) -> None:
         """Answer the request on `send`; errors, disconnects and successes are all settled."""
+        self._telemetry.begin(ctx)
         try:
             await self._auth(ctx)
             ctx.raw_body = await read_body(receive, ctx.headers, self._max_body_bytes)
@@ -46,7 +50,10 @@ class Pipeline:
                 watcher = asyncio.create_task(watch_disconnect(receive, ctx, scope))
                 try:
                     for stage in self._stages:
-                        await stage(ctx)
+                        if ctx.trace is None:
+                            await stage(ctx)
+                        else:
+                            await self._telemetry.traced(ctx, stage)
                     await self._forward(ctx, send)
                 finally:
                     watcher.cancel()

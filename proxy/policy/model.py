@@ -228,6 +228,8 @@ class Policy(_Frozen):
     storage: str = "memory"
     admin_keys: tuple[ClientKey, ...] = ()
     ledger: Annotated[str, AfterValidator(_ledger_url)] | None = None
+    # Access-log lines carry the prompt and completion text (never keys); off by default.
+    log_content: bool = False
     server: ServerSpec = ServerSpec()
     upstream: UpstreamSpec = UpstreamSpec()
     backends: tuple[Backend, ...] = Field(min_length=1)

@@ -1,6 +1,8 @@
-"""Settle a finished request once: usage (backend's, else counted), quota, ledger, access log.
+"""Settle a finished request once: usage (backend's, else counted), quota, ledger, access log,
+metrics and trace.
 
-Writes input_tokens and output_tokens when the backend sent no usage. Never records prompts or keys.
+Writes input_tokens and output_tokens when the backend sent no usage. Never records keys, nor
+prompts and answers unless the policy says `log_content: true`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
+from proxy.telemetry.recorder import Telemetry
 
 __all__ = ["ACCESS_LOGGER", "Account", "Settler"]
 
@@ -35,12 +38,14 @@ class Account:
         holds: Sequence[Settler],
         prices: PriceTable,
         ledger: Ledger | None,
+        telemetry: Telemetry,
         logger: logging.Logger | None = None,
     ) -> None:
         self._clock = clock
         self._holds = tuple(holds)
         self._prices = prices
         self._ledger = ledger
+        self._telemetry = telemetry
         self._log = logger or logging.getLogger(ACCESS_LOGGER)
 
     async def __call__(self, ctx: RequestContext) -> None:
@@ -48,13 +53,18 @@ class Account:
             ctx.output_tokens = ctx.meter.token_events
         if ctx.input_tokens is None:
             ctx.input_tokens = ctx.counted_input_tokens
+        settling_s = self._clock.monotonic()
         for hold in self._holds:
             await hold.settle(ctx)
+        self._telemetry.settle_ran(ctx, settling_s)
         usage = self.usage_record(ctx)
         if self._ledger is not None:
             self._ledger.append(usage)
+        self._telemetry.finish(ctx, usage)
         if self._log.isEnabledFor(logging.INFO):
-            self._log.info(orjson.dumps(self._access_line(ctx, usage)).decode())
+            line = self._access_line(ctx, usage)
+            line.update(self._telemetry.log_fields(ctx))
+            self._log.info(orjson.dumps(line).decode())
 
     def usage_record(self, ctx: RequestContext) -> UsageRecord:
         meter = ctx.meter

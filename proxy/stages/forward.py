@@ -14,8 +14,9 @@ from starlette.types import Send
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
-from proxy.errors import UpstreamError
+from proxy.errors import GatewayError, UpstreamError
 from proxy.policy.model import Backend
+from proxy.telemetry.recorder import Telemetry
 from proxy.upstream.client import UpstreamClient, translate
 from proxy.upstream.sse import SSEForwarder
 
@@ -29,14 +30,20 @@ _SSE_HEADERS = [
 
 
 class Forward:
-    def __init__(self, upstream: UpstreamClient, clock: Clock) -> None:
+    def __init__(self, upstream: UpstreamClient, clock: Clock, telemetry: Telemetry) -> None:
         self._upstream = upstream
         self._clock = clock
+        self._telemetry = telemetry
 
     async def __call__(self, ctx: RequestContext, send: Send) -> None:
         body = _asking_for_usage(ctx.body) if ctx.stream else ctx.body
         ctx.meter.sending_upstream(self._clock.monotonic())
-        backend, response = await self._upstream.open(ctx, body)
+        trace_headers = self._telemetry.upstream_started(ctx)
+        try:
+            backend, response = await self._upstream.open(ctx, body, trace_headers)
+        except GatewayError as exc:
+            self._telemetry.upstream_ended(ctx, None, exc.code or exc.type)
+            raise
         try:
             if ctx.stream:
                 await self._relay_stream(ctx, backend, response, send)
@@ -46,6 +53,8 @@ class Forward:
             # Closing a half-read response drops its connection, which stops the backend.
             with anyio.CancelScope(shield=True):
                 await response.aclose()
+            error = None if ctx.upstream_completed else ctx.error_code or "incomplete"
+            self._telemetry.upstream_ended(ctx, response.status_code, error)
 
     async def _relay_stream(
         self, ctx: RequestContext, backend: Backend, response: httpx.Response, send: Send
@@ -53,7 +62,8 @@ class Forward:
         monotonic = self._clock.monotonic
         meter = ctx.meter
         sse = SSEForwarder(keep_usage=ctx.client_wants_usage)
-        ending = b""
+        ending = before_last = last = b""
+        capture = ctx.completion_chunks
         try:
             with translate(backend):
                 async for raw in response.aiter_raw():
@@ -64,6 +74,9 @@ class Forward:
                             await self._start(ctx, send, _SSE_HEADERS)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         meter.wrote(monotonic(), token_events)
+                        before_last, last = last, out
+                        if capture is not None:
+                            capture.append(out)
             ending = sse.finish()
             ctx.upstream_completed = True
         except UpstreamError as exc:
@@ -76,6 +89,7 @@ class Forward:
             await self._start(ctx, send, _SSE_HEADERS)
         ctx.answered = True
         await send({"type": "http.response.body", "body": ending, "more_body": False})
+        ctx.response_tail = before_last + last + ending
         _settle(ctx, sse.usage)
 
     async def _relay_whole(
@@ -85,6 +99,7 @@ class Forward:
             raw = await response.aread()
         ctx.meter.read(self._clock.monotonic())
         ctx.upstream_completed = True
+        ctx.response_tail = raw
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(raw)).encode()),

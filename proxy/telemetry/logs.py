@@ -1,10 +1,15 @@
-"""Logging setup for `tokenweir serve`: JSON access lines on stdout, everything else on stderr."""
+"""Logging for `tokenweir serve`: JSON access lines on stdout, everything else on stderr; and
+the prompt and completion text an access line carries when the policy says `log_content: true`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["log_config"]
+import orjson
+
+from proxy.context import RequestContext
+
+__all__ = ["content_fields", "log_config"]
 
 
 def log_config(level: str = "info", *, access_log: bool = True) -> dict[str, Any]:
@@ -40,3 +45,52 @@ def log_config(level: str = "info", *, access_log: bool = True) -> dict[str, Any
             "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
         },
     }
+
+
+def content_fields(ctx: RequestContext) -> dict[str, object]:
+    """`prompt` (as sent to the backend) and `completion` text, for `log_content: true` only."""
+    body = ctx.body
+    prompt = body.get("messages", body.get("prompt", body.get("input")))
+    if ctx.stream:
+        completion = _streamed_text(ctx.completion_chunks or [])
+    else:
+        completion = _whole_text(ctx.response_tail)
+    return {"prompt": prompt, "completion": completion}
+
+
+def _streamed_text(chunks: list[bytes]) -> str | None:
+    parts: list[str] = []
+    for line in b"".join(chunks).splitlines():
+        if not line.startswith(b"data:") or line.endswith(b"[DONE]"):
+            continue
+        try:
+            event = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            continue
+        choices = event.get("choices") if isinstance(event, dict) else None
+        parts.extend(_texts(choices, "delta"))
+    return "".join(parts) if parts else None
+
+
+def _whole_text(raw: bytes) -> str | None:
+    try:
+        answer = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return None
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    parts = _texts(choices, "message")
+    return "".join(parts) if parts else None
+
+
+def _texts(choices: object, field: str) -> list[str]:
+    """The text of each choice: `{field}.content` (chat) or `text` (completions)."""
+    texts: list[str] = []
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get(field)
+        text = message.get("content") if isinstance(message, dict) else None
+        text = text if isinstance(text, str) else choice.get("text")
+        if isinstance(text, str):
+            texts.append(text)
+    return texts

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -62,17 +62,22 @@ class UpstreamClient:
         await self._client.aclose()
 
     async def open(
-        self, ctx: RequestContext, body: dict[str, Any]
+        self, ctx: RequestContext, body: dict[str, Any], extra_headers: Mapping[str, str] = {}
     ) -> tuple[Backend, httpx.Response]:
-        """Start the upstream call; the caller must `aclose()` the response. Non-2xx raise."""
+        """Start the upstream call; the caller must `aclose()` the response. Non-2xx raise.
+
+        `extra_headers` (the trace context, `traceparent`) go to the backend as they are."""
         backend = ctx.backend
         if backend is None:
             raise RuntimeError("route must run before the upstream call")
+        headers = _headers(backend, ctx.request_id)
+        if extra_headers:
+            headers.update(extra_headers)
         request = httpx.Request(
             "POST",
             backend.url + ctx.upstream_path,
             content=orjson.dumps(body),
-            headers=_headers(backend, ctx.request_id),
+            headers=headers,
             extensions={"timeout": self._timeout},
         )
         with translate(backend):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["GapHistogram", "StreamMeter"]
+__all__ = ["GapHistogram", "StreamMeter", "gap_bucket_mid_s"]
 
 # Log-spaced gap buckets from 50 µs to ~100 s: quantiles within ~12% without keeping every gap.
 _BUCKET_BASE_S = 50e-6
@@ -44,11 +44,12 @@ class GapHistogram:
         for index, n in enumerate(self.counts):
             seen += n
             if seen >= rank:
-                return min(_bucket_mid_s(index), self.max_s)
+                return min(gap_bucket_mid_s(index), self.max_s)
         return self.max_s
 
 
-def _bucket_mid_s(index: int) -> float:
+def gap_bucket_mid_s(index: int) -> float:
+    """The geometric middle of gap bucket `index` (for re-bucketing into other histograms)."""
     if index == 0:
         return _BUCKET_BASE_S
     return float(_BUCKET_BASE_S * 2.0 ** ((index - 0.5) / _BUCKETS_PER_DOUBLING))
@@ -62,10 +63,10 @@ class StreamMeter:
     """
 
     __slots__ = (
-        "_read_s",
         "first_token_s",
         "gaps",
         "gateway_s",
+        "last_read_s",
         "last_token_s",
         "received_s",
         "token_events",
@@ -82,7 +83,7 @@ class StreamMeter:
         self.token_events = 0
         self.gateway_s = 0.0
         self.gaps = GapHistogram()
-        self._read_s = 0.0
+        self.last_read_s = 0.0  # meaningful once upstream_first_byte_s is set
 
     def sending_upstream(self, now: float) -> None:
         self.upstream_sent_s = now
@@ -91,11 +92,11 @@ class StreamMeter:
     def read(self, now: float) -> None:
         if self.upstream_first_byte_s is None:
             self.upstream_first_byte_s = now
-        self._read_s = now
+        self.last_read_s = now
 
     def wrote(self, now: float, token_events: int) -> None:
         """A chunk holding `token_events` events with generated text has reached the client."""
-        self.gateway_s += now - self._read_s
+        self.gateway_s += now - self.last_read_s
         if token_events <= 0:
             return
         if self.last_token_s is None:

@@ -1,4 +1,4 @@
-"""Operations routes: liveness and readiness."""
+"""Operations routes: liveness, readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -6,15 +6,17 @@ import asyncio
 from typing import TYPE_CHECKING
 
 import orjson
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import Receive, Scope, Send
 
 from proxy.storage import StorageError
+from proxy.telemetry.budgets import budgets_left
 from proxy.web.respond import send_json
 
 if TYPE_CHECKING:
     from proxy.app import Gateway
 
-__all__ = ["Health", "Ready"]
+__all__ = ["Health", "Metrics", "Ready"]
 
 _PROBE_TIMEOUT_S = 2.0
 
@@ -52,6 +54,27 @@ class Ready:
             "storage_failure_decisions": dict(gateway.storage_failures.counts),
         }
         await send_json(send, 200 if ready else 503, orjson.dumps(body))
+
+
+class Metrics:
+    """`GET /metrics`: this process's metrics in the Prometheus text format (no key needed;
+    the labels are tenant, model, backend and status class, never users or request ids)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway: Gateway = scope["state"]["gateway"]
+        budgets = await budgets_left(gateway.policy, gateway.store, gateway.clock.wall())
+        body = gateway.telemetry.metrics.render(budgets)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", CONTENT_TYPE_LATEST.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _storage_problem(gateway: Gateway) -> str | None:

@@ -1,0 +1,90 @@
+"""The request path's one seam to telemetry: the pipeline, Forward and Account call these hooks.
+
+Metrics are always on (Prometheus, plus OTLP when configured); tracing only when a tracer
+provider was configured, and then `ctx.trace` is set. Everything is recorded exactly once per
+request, in `finish`, which Account calls from the pipeline's `finally`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from proxy.clock import Clock
+from proxy.context import RequestContext
+from proxy.ledger import UsageRecord
+from proxy.policy import Policy
+from proxy.telemetry.logs import content_fields
+from proxy.telemetry.metrics import GatewayMetrics
+from proxy.telemetry.otelmetrics import OtelMetrics
+from proxy.telemetry.sample import model_label, sample_of
+from proxy.telemetry.tracing import Tracing, span_attributes
+
+__all__ = ["Telemetry"]
+
+
+class Telemetry:
+    def __init__(
+        self,
+        policy: Policy,
+        clock: Clock,
+        metrics: GatewayMetrics,
+        *,
+        tracing: Tracing | None = None,
+        otel_metrics: OtelMetrics | None = None,
+    ) -> None:
+        self._policy = policy
+        self._clock = clock
+        self._tracing = tracing
+        self._otel = otel_metrics
+        self._log_content = policy.log_content
+        self.metrics = metrics
+
+    def begin(self, ctx: RequestContext) -> None:
+        """A request arrived (before auth)."""
+        if self._tracing is not None:
+            ctx.trace = self._tracing.begin(ctx)
+        if self._log_content:
+            ctx.completion_chunks = []
+
+    async def traced(
+        self, ctx: RequestContext, stage: Callable[[RequestContext], Awaitable[None]]
+    ) -> None:
+        """Run a stage, noting its times for the trace (only called when `ctx.trace` is set)."""
+        started_s = self._clock.monotonic()
+        try:
+            await stage(ctx)
+        finally:
+            if ctx.trace is not None:
+                ctx.trace.stage_ran(type(stage).__name__, started_s, self._clock.monotonic())
+
+    def upstream_started(self, ctx: RequestContext) -> dict[str, str]:
+        """The backend call begins; returns headers for it (W3C `traceparent` when tracing)."""
+        if ctx.stream:
+            self.metrics.stream_started(ctx.tenant_name or "", model_label(ctx, self._policy))
+        if ctx.trace is None:
+            return {}
+        return ctx.trace.upstream_started(ctx, self._clock.monotonic())
+
+    def upstream_ended(self, ctx: RequestContext, status: int | None, error: str | None) -> None:
+        if ctx.trace is not None:
+            ctx.trace.upstream_ended(self._clock.monotonic(), status, error)
+
+    def settle_ran(self, ctx: RequestContext, started_s: float) -> None:
+        if ctx.trace is not None:
+            ctx.trace.stage_ran("settle", started_s, self._clock.monotonic())
+
+    def finish(self, ctx: RequestContext, usage: UsageRecord) -> None:
+        """Record the settled request: metrics, then the trace's end."""
+        if ctx.stream and ctx.meter.upstream_sent_s is not None:
+            self.metrics.stream_ended(ctx.tenant_name or "", model_label(ctx, self._policy))
+        sample = sample_of(ctx, self._policy, usage.cost_nusd, usage.duration_ms / 1000.0)
+        self.metrics.record(sample)
+        if self._otel is not None:
+            self._otel.record(sample)
+        if ctx.trace is not None:
+            attributes = span_attributes(ctx, usage.tokens_per_s, sample.cost_usd)
+            ctx.trace.finish(ctx, self._clock.monotonic(), attributes)
+
+    def log_fields(self, ctx: RequestContext) -> dict[str, object]:
+        """Extra access-log fields: prompt and completion text with `log_content: true`."""
+        return content_fields(ctx) if self._log_content else {}

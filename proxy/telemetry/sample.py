@@ -1,0 +1,85 @@
+"""What one finished request contributes to the metrics, with every label bounded by the policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.context import RequestContext
+from proxy.policy import Policy
+from proxy.telemetry.semconv import status_class
+from proxy.upstream.meter import GapHistogram
+
+__all__ = ["CACHE_RESULTS", "Labels", "RequestSample", "model_label", "sample_of"]
+
+CACHE_RESULTS = frozenset({"hit", "semantic-hit", "miss", "bypass"})
+_REJECTIONS = {"rate_limit_exceeded": "rate_limit", "insufficient_quota": "budget"}
+
+Labels = tuple[str, str, str, str, str]
+"""(tenant, operation, model, backend, status class): the one label set of per-request series."""
+
+
+@dataclass(slots=True)
+class RequestSample:
+    labels: Labels
+    input_tokens: int | None
+    output_tokens: int | None
+    cost_usd: float
+    duration_s: float
+    gateway_s: float
+    upstream_s: float | None  # request sent -> last byte read from the backend
+    upstream_ttft_s: float | None  # streams only: request sent -> first byte back
+    ttft_s: float | None  # streams only: request received -> first token written
+    time_per_token_s: float | None  # after the first token
+    gaps: GapHistogram | None  # streams only: every inter-token gap
+    cache: str
+    rejected: str | None  # "rate_limit" | "budget" | None
+    degraded: tuple[str, ...]
+    error_type: str | None
+
+
+def sample_of(
+    ctx: RequestContext, policy: Policy, cost_nusd: int, duration_s: float
+) -> RequestSample:
+    """The request's figures; a model or rule name the policy does not know becomes `other`."""
+    meter = ctx.meter
+    labels = (
+        ctx.tenant_name or "",
+        ctx.operation,
+        model_label(ctx, policy),
+        ctx.backend.name if ctx.backend else "",
+        status_class(ctx.status),
+    )
+    upstream_s = None
+    if meter.upstream_sent_s is not None and meter.upstream_first_byte_s is not None:
+        upstream_s = meter.last_read_s - meter.upstream_sent_s
+    streamed = ctx.stream and ctx.status == 200
+    tokens_per_s = meter.tokens_per_s(ctx.output_tokens or 0)
+    rules = _rule_names(ctx)
+    return RequestSample(
+        labels=labels,
+        input_tokens=ctx.input_tokens,
+        output_tokens=ctx.output_tokens,
+        cost_usd=cost_nusd / 1e9,
+        duration_s=duration_s,
+        gateway_s=meter.gateway_s,
+        upstream_s=upstream_s,
+        upstream_ttft_s=meter.upstream_ttft_s if ctx.stream else None,
+        ttft_s=meter.ttft_s if streamed else None,
+        time_per_token_s=1.0 / tokens_per_s if tokens_per_s else None,
+        gaps=meter.gaps if streamed and meter.gaps.count else None,
+        cache=ctx.cache if ctx.cache in CACHE_RESULTS else "other",
+        rejected=_REJECTIONS.get(ctx.error_code or "") if ctx.status == 429 else None,
+        degraded=tuple(rule if rule in rules else "other" for rule in ctx.degraded),
+        error_type=ctx.error_code if ctx.status != 200 or ctx.error_code else None,
+    )
+
+
+def model_label(ctx: RequestContext, policy: Policy) -> str:
+    """The model as a label: a name the policy does not know (a client's typo) is `other`."""
+    return ctx.model if not ctx.model or ctx.model in policy.models else "other"
+
+
+def _rule_names(ctx: RequestContext) -> frozenset[str]:
+    if not ctx.degraded or ctx.tenant is None:
+        return frozenset()
+    return frozenset(rule.name for rule in ctx.tenant.degrade)

@@ -1,0 +1,56 @@
+"""`log_content: true` adds prompt and completion text to the access line; keys never."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from proxy.app import create_app
+from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
+from tests.servers import serve
+from tests.stages.test_account import records
+
+PROMPT = "tell me about weirs"
+
+
+@pytest.fixture(scope="module")
+def logging_gateway(backend_url: str) -> Iterator[str]:
+    with serve(create_app(make_policy(backend_url, extra="log_content: true\n"))) as url:
+        yield url
+
+
+def test_prompt_and_completion_are_logged_when_asked(
+    logging_gateway: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    messages = [{"role": "user", "content": PROMPT}]
+    with openai.OpenAI(base_url=logging_gateway + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+        streamed = "".join(
+            chunk.choices[0].delta.content or ""
+            for chunk in sdk.chat.completions.create(
+                model="mock-llm", messages=messages, max_tokens=8, stream=True
+            )
+            if chunk.choices
+        )
+        whole = sdk.chat.completions.create(model="mock-llm", messages=messages, max_tokens=8)
+    stream_line, whole_line = records(caplog, 2)
+    assert stream_line["prompt"] == messages
+    assert stream_line["completion"] == streamed
+    assert whole_line["completion"] == whole.choices[0].message.content
+    for record in caplog.records:
+        assert ALPHA_KEY not in record.getMessage()
+        assert BACKEND_KEY not in record.getMessage()
+
+
+def test_no_content_by_default(client: openai.OpenAI, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    client.chat.completions.create(
+        model="mock-llm", messages=[{"role": "user", "content": PROMPT}], max_tokens=4
+    )
+    [line] = records(caplog, 1)
+    assert "prompt" not in line
+    assert "completion" not in line
+    assert PROMPT not in caplog.records[-1].getMessage()

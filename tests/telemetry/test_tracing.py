@@ -1,0 +1,175 @@
+"""One GenAI span per request, child spans for its I/O, trace context carried to the backend."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
+
+from tests.conftest import ALPHA_KEY
+from tests.telemetry.conftest import GAMMA_KEY, Traced
+
+SECRET_PROMPT = "my-confidential-prompt-4412"
+MESSAGES = [{"role": "user", "content": SECRET_PROMPT}]
+
+
+def by_name(spans: list[ReadableSpan]) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in spans}
+
+
+def assert_nothing_secret(spans: list[ReadableSpan]) -> None:
+    for span in spans:
+        text = repr(dict(span.attributes or {}))
+        assert SECRET_PROMPT not in text
+        assert ALPHA_KEY not in text
+        assert GAMMA_KEY not in text
+        assert "backend-secret-key" not in text
+
+
+def sdk(traced: Traced, key: str = ALPHA_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=traced.url + "/v1", api_key=key, max_retries=0)
+
+
+def test_stream_span_with_genai_attributes_and_upstream_child(traced: Traced) -> None:
+    with sdk(traced) as client:
+        list(client.chat.completions.create(
+            model="mock-llm", messages=MESSAGES, max_tokens=20, stream=True,
+        ))  # fmt: skip
+    spans = by_name(traced.spans(2))
+    request, upstream = spans["chat mock-llm"], spans["POST /chat/completions"]
+    assert request.kind is SpanKind.SERVER
+    assert upstream.kind is SpanKind.CLIENT
+    assert upstream.parent is not None
+    assert upstream.parent.span_id == request.context.span_id
+    attributes = dict(request.attributes or {})
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["gen_ai.request.model"] == "mock-llm"
+    assert attributes["gen_ai.response.model"] == "mock-llm"
+    assert attributes["gen_ai.request.max_tokens"] == 20
+    assert attributes["gen_ai.request.stream"] is True
+    assert attributes["gen_ai.usage.output_tokens"] == 20
+    assert isinstance(attributes["gen_ai.usage.input_tokens"], int)
+    assert attributes["gen_ai.response.finish_reasons"] == ("length",)
+    assert attributes["server.address"] == "127.0.0.1"
+    assert isinstance(attributes["server.port"], int)
+    assert attributes["tokenweir.tenant"] == "alpha"
+    assert attributes["tokenweir.backend"] == "mock-a"
+    assert attributes["tokenweir.cache"] == "bypass"
+    for timing in ("gen_ai.response.time_to_first_chunk", "tokenweir.ttft_s",
+                   "tokenweir.tokens_per_second", "tokenweir.gateway_s"):  # fmt: skip
+        assert isinstance(attributes[timing], float), timing
+    assert "error.type" not in attributes
+    assert request.status.status_code is StatusCode.UNSET
+    assert request.end_time is not None
+    assert upstream.end_time is not None
+    assert request.start_time is not None
+    assert upstream.start_time is not None
+    assert request.start_time <= upstream.start_time <= upstream.end_time <= request.end_time
+    # The backend got the upstream span's context as W3C traceparent.
+    [headers] = traced.backend.seen
+    trace_id, span_id = f"{request.context.trace_id:032x}", f"{upstream.context.span_id:016x}"
+    assert headers["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
+    assert_nothing_secret(list(spans.values()))
+
+
+def test_non_stream_span(traced: Traced) -> None:
+    with sdk(traced) as client:
+        client.completions.create(model="mock-llm", prompt=SECRET_PROMPT, max_tokens=7)
+    spans = by_name(traced.spans(2))
+    attributes = dict(spans["text_completion mock-llm"].attributes or {})
+    assert attributes["gen_ai.operation.name"] == "text_completion"
+    assert attributes["gen_ai.request.stream"] is False
+    assert attributes["gen_ai.usage.output_tokens"] == 7
+    assert attributes["gen_ai.response.finish_reasons"] == ("length",)
+    assert "gen_ai.response.time_to_first_chunk" not in attributes
+    assert spans["POST /completions"].attributes["http.response.status_code"] == 200  # type: ignore[index]
+    assert_nothing_secret(list(spans.values()))
+
+
+def test_rejected_request_has_an_error_span_and_no_upstream(traced: Traced) -> None:
+    body = {"model": "mock-llm", "messages": MESSAGES}
+    headers = {"authorization": "Bearer wrong-key"}
+    assert (
+        httpx.post(traced.url + "/v1/chat/completions", json=body, headers=headers).status_code
+        == 401
+    )
+    [span] = traced.spans(1)
+    assert span.name == "chat"
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == "invalid_api_key"
+    assert span.attributes["http.response.status_code"] == 401
+    assert span.status.status_code is StatusCode.ERROR
+    assert "wrong-key" not in repr(dict(span.attributes))
+    assert traced.backend.seen == []
+
+
+def test_backend_error_marks_both_spans(traced: Traced) -> None:
+    with sdk(traced) as client, pytest.raises(openai.APIStatusError) as failed:
+        client.chat.completions.create(
+            model="mock-llm", messages=MESSAGES, extra_body={"mock_fail": 500}
+        )
+    assert failed.value.status_code == 502
+    spans = by_name(traced.spans(2))
+    request, upstream = spans["chat mock-llm"], spans["POST /chat/completions"]
+    assert request.status.status_code is StatusCode.ERROR
+    assert upstream.status.status_code is StatusCode.ERROR
+    assert request.attributes is not None
+    assert request.attributes["error.type"] == "upstream_error"
+
+
+def test_stream_that_dies_mid_way_is_an_error(traced: Traced) -> None:
+    body = {"model": "mock-llm", "messages": MESSAGES, "stream": True, "max_tokens": 50,
+            "mock_fail_after_tokens": 5}  # fmt: skip
+    headers = {"authorization": f"Bearer {ALPHA_KEY}"}
+    with httpx.stream("POST", traced.url + "/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        r.read()
+    spans = by_name(traced.spans(2))
+    request, upstream = spans["chat mock-llm"], spans["POST /chat/completions"]
+    assert request.status.status_code is StatusCode.ERROR
+    assert upstream.status.status_code is StatusCode.ERROR
+    assert request.attributes is not None
+    assert request.attributes["gen_ai.usage.output_tokens"] == 5
+
+
+def test_disconnected_stream_still_ends_its_span(traced: Traced) -> None:
+    body = {"model": "mock-llm", "messages": MESSAGES, "stream": True, "max_tokens": 20_000,
+            "mock_completion_tokens": 20_000}  # fmt: skip
+    headers = {"authorization": f"Bearer {ALPHA_KEY}"}
+    with httpx.stream("POST", traced.url + "/v1/chat/completions", json=body, headers=headers) as r:
+        lines = r.iter_lines()
+        for _ in range(10):
+            next(lines)
+    spans = by_name(traced.spans(2))
+    request, upstream = spans["chat mock-llm"], spans["POST /chat/completions"]
+    assert request.attributes is not None
+    assert request.attributes["tokenweir.client_disconnected"] is True
+    assert 0 < request.attributes["gen_ai.usage.output_tokens"] < 20_000  # type: ignore[operator]
+    assert upstream.status.status_code is StatusCode.ERROR
+
+
+def test_client_trace_context_is_continued(traced: Traced) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {"authorization": f"Bearer {ALPHA_KEY}",
+               "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}  # fmt: skip
+    body = {"model": "mock-llm", "messages": MESSAGES, "max_tokens": 3}
+    httpx.post(traced.url + "/v1/chat/completions", json=body, headers=headers).raise_for_status()
+    spans = traced.spans(2)
+    assert {f"{span.context.trace_id:032x}" for span in spans} == {trace_id}
+    assert traced.backend.seen[0]["traceparent"].split("-")[1] == trace_id
+
+
+def test_storage_stages_get_child_spans(traced: Traced) -> None:
+    with sdk(traced, GAMMA_KEY) as client:
+        client.chat.completions.create(model="mock-llm", messages=MESSAGES, max_tokens=3)
+    spans = by_name(traced.spans(5))
+    request = spans["chat mock-llm"]
+    for name in ("tokenweir.budget.reserve", "tokenweir.rate_limit.admit", "tokenweir.settle"):
+        child = spans[name]
+        assert child.parent is not None
+        assert child.parent.span_id == request.context.span_id
+    assert request.attributes is not None
+    assert request.attributes["tokenweir.tenant"] == "gamma"

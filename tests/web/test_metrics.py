@@ -1,0 +1,117 @@
+"""`GET /metrics`: the GenAI histograms and gateway counters, parsed as Prometheus parses them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from proxy.app import create_app
+from tests.conftest import ALPHA_KEY, make_policy
+from tests.servers import serve
+from tests.telemetry.conftest import extra_tenant
+
+LIMITED_KEY = "tw-test-limited"
+EXTRA = extra_tenant(
+    "limited", LIMITED_KEY, budget="{tokens_per_day: 100000}", limits="{requests_per_minute: 1}"
+)
+
+
+@pytest.fixture(scope="module")
+def gateway(backend_url: str) -> Iterator[str]:
+    with serve(create_app(make_policy(backend_url, extra=EXTRA))) as url:
+        yield url
+
+
+def scrape(url: str) -> dict[str, list[Sample]]:
+    answer = httpx.get(url + "/metrics")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/plain")
+    samples: dict[str, list[Sample]] = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def value(samples: dict[str, list[Sample]], name: str, **labels: str) -> float:
+    found = [s.value for s in samples.get(name, []) if labels.items() <= s.labels.items()]
+    return sum(found)
+
+
+def test_requests_land_in_genai_histograms(gateway: str) -> None:
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=ALPHA_KEY, max_retries=0) as client:
+        list(client.chat.completions.create(
+            model="mock-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+            stream=True,
+        ))  # fmt: skip
+        client.chat.completions.create(
+            model="mock-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+        )
+    httpx.post(gateway + "/v1/chat/completions", json={}, headers={"authorization": "Bearer x"})
+    samples = scrape(gateway)
+    ok = {"tenant": "alpha", "gen_ai_request_model": "mock-llm", "status_class": "2xx"}
+    assert value(samples, "tokenweir_requests_total", **ok) == 2
+    assert value(samples, "tokenweir_requests_total", tenant="", status_class="4xx") == 1
+    output = {**ok, "gen_ai_token_type": "output"}
+    assert value(samples, "gen_ai_client_token_usage_count", **output) == 2
+    assert value(samples, "gen_ai_client_token_usage_sum", **output) == 17
+    # Streams only: one TTFT each, and a gap per chunk after the first (12 tokens may arrive
+    # in fewer than 12 chunks at 2,000 tokens/s).
+    assert value(samples, "gen_ai_server_time_to_first_token_seconds_count", **ok) == 1
+    assert value(samples, "gen_ai_client_operation_time_to_first_chunk_seconds_count", **ok) == 1
+    chunk_gaps = "gen_ai_client_operation_time_per_output_chunk_seconds_count"
+    assert 1 <= value(samples, chunk_gaps, **ok) <= 11
+    assert value(samples, "gen_ai_server_time_per_output_token_seconds_count", **ok) >= 1
+    assert value(samples, "gen_ai_client_operation_duration_seconds_count", **ok) == 2
+    assert value(samples, "gen_ai_server_request_duration_seconds_count", **ok) == 2
+    assert value(samples, "tokenweir_gateway_overhead_seconds_count", **ok) == 2
+    assert value(samples, "tokenweir_cost_usd_total", **ok) > 0
+    assert value(samples, "tokenweir_cache_requests_total", tenant="alpha", result="bypass") == 2
+    assert value(samples, "tokenweir_inflight_streams", tenant="alpha") == 0
+
+
+def test_histograms_use_the_specs_bucket_boundaries(gateway: str) -> None:
+    httpx.post(
+        gateway + "/v1/chat/completions",
+        json={"model": "mock-llm", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+        headers={"authorization": f"Bearer {ALPHA_KEY}"},
+    ).raise_for_status()
+    samples = scrape(gateway)
+
+    def bounds(name: str) -> set[float]:
+        return {float(s.labels["le"]) for s in samples[name + "_bucket"]}
+
+    assert bounds("gen_ai_client_token_usage") >= {1, 4, 16, 64, 256, 1024, 67108864}
+    assert bounds("gen_ai_client_operation_duration_seconds") >= {0.01, 0.02, 0.04, 81.92}
+    assert bounds("gen_ai_server_request_duration_seconds") >= {0.01, 0.02, 0.04, 81.92}
+
+
+def test_rate_limited_requests_and_budget_left(gateway: str) -> None:
+    headers = {"authorization": f"Bearer {LIMITED_KEY}"}
+    body = {"model": "mock-llm", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+    statuses = [
+        httpx.post(gateway + "/v1/chat/completions", json=body, headers=headers).status_code
+        for _ in range(2)
+    ]
+    assert statuses == [200, 429]
+    samples = scrape(gateway)
+    assert value(samples, "tokenweir_rejected_requests_total", tenant="limited") == 1
+    assert value(samples, "tokenweir_rejected_requests_total", reason="rate_limit") == 1
+    left = value(samples, "tokenweir_budget_remaining_tokens", tenant="limited")
+    assert 0 < left < 100000
+
+
+def test_unknown_model_names_do_not_become_labels(gateway: str) -> None:
+    body = {"model": "no-such-model-a81f", "messages": [{"role": "user", "content": "x"}]}
+    httpx.post(
+        gateway + "/v1/chat/completions", json=body,
+        headers={"authorization": f"Bearer {ALPHA_KEY}"},
+    )  # fmt: skip
+    text = httpx.get(gateway + "/metrics").text
+    assert "no-such-model-a81f" not in text
+    assert 'gen_ai_request_model="other"' in text
