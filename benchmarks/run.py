@@ -1,7 +1,7 @@
 """The whole benchmark suite, one command: run every benchmark, then write its tables into
 docs/benchmarks.md (between `<!-- results: NAME -->` and `<!-- /results: NAME -->` markers).
 
-    python benchmarks/run.py [--repeats 3] [--only overhead,overhead-all,budgets,ratelimits]
+    python benchmarks/run.py [--repeats 3] [--only overhead,...,dashboard]
 
 About 20 minutes on 2 cores. Each benchmark compares the same load direct and through tokenweir
 (or without and with a feature) in one run; see docs/benchmarks.md for what each measures.
@@ -22,6 +22,7 @@ SUITE: dict[str, list[str]] = {
     "overhead-all": ["overhead.py", "--features", "all"],
     "budgets": ["budgets.py"],
     "ratelimits": ["ratelimits.py"],
+    "dashboard": ["dashboard.py"],
 }
 
 
