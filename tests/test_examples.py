@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import DEFAULT_POLICY, create_app
 from proxy.policy import load_policy
@@ -50,3 +55,30 @@ def test_curl_example(demo_gateway: str) -> None:
     assert '"object":"chat.completion"' in done.stdout
     assert "data: [DONE]" in done.stdout
     assert '"code":"invalid_api_key"' in done.stdout
+
+
+def test_grafana_example_parses_and_queries_metrics_the_gateway_exports(
+    demo_gateway: str,
+) -> None:
+    grafana = EXAMPLES / "grafana"
+    compose = yaml.safe_load((grafana / "docker-compose.yml").read_text())
+    assert {"tokenweir", "redis", "prometheus", "grafana"} <= set(compose["services"])
+    for mounted in ("./prometheus.yml", "./provisioning", "./tokenweir-dashboard.json"):
+        assert (grafana / mounted).exists(), mounted
+    scrape = yaml.safe_load((grafana / "prometheus.yml").read_text())["scrape_configs"][0]
+    assert scrape["static_configs"][0]["targets"] == ["tokenweir:8080"]
+    for provisioning in (grafana / "provisioning").rglob("*.yml"):
+        assert yaml.safe_load(provisioning.read_text())["apiVersion"] == 1
+    load_policy(grafana / "policy.yaml", environ={"TOKENWEIR_API_KEY": "demo-key"})
+    dashboard = json.loads((grafana / "tokenweir-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {m.removesuffix("_bucket") for e in exprs for m in re.findall(r"\b[a-z_]+(?={)", e)}
+    httpx.post(demo_gateway + "/v1/chat/completions", json={})  # a 401, so series exist
+    exported = {
+        family.name for family in text_string_to_metric_families(
+            httpx.get(demo_gateway + "/metrics").text
+        )
+    }  # fmt: skip
+    exported |= {name + "_total" for name in exported}
+    exported |= {f"{name}_{part}" for name in exported for part in ("sum", "count")}
+    assert used - {"histogram_quantile", "label_values"} <= exported
