@@ -109,6 +109,7 @@ class Account:
             "usage": "backend" if ctx.usage_from_backend else "counted",
             "cost_usd": usage.cost_nusd / 1e9,
             "shaped": ctx.shaped or None,
+            "degraded": ctx.degraded or None,
             "ttft_ms": usage.ttft_ms,
             "upstream_ttft_ms": _ms(meter.upstream_ttft_s),
             "itl_p50_ms": _ms(meter.gaps.quantile_s(0.5)),
