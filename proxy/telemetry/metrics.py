@@ -43,12 +43,12 @@ class _Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
-    def add_gaps(self, gaps: GapHistogram, index_map: Sequence[int]) -> None:
-        """Every gap of a request at once: the meter's fine buckets folded into ours."""
-        counts = self.counts
-        for gap_index, n in enumerate(gaps.counts):
-            if n:
-                counts[index_map[gap_index]] += n
+    def add_gaps(self, gaps: GapHistogram, spans: Sequence[tuple[int, int]]) -> None:
+        """Every gap of a request at once: the meter's fine buckets folded into ours, each of
+        ours taking the run of fine buckets `spans[i]` whose middles fall in it."""
+        counts, fine = self.counts, gaps.counts
+        for i, (start, stop) in enumerate(spans):
+            counts[i] += sum(fine[start:stop])
         self.sum += gaps.total_s
 
     def buckets(self) -> list[tuple[str, float]]:
@@ -119,8 +119,7 @@ class GatewayMetrics(Collector):
         self._degraded: dict[tuple[str, str], int] = {}
         self._inflight: dict[tuple[str, str], int] = {}
         self._budgets: Sequence[BudgetLeft] = ()
-        gap_buckets = range(len(GapHistogram().counts))
-        self._gap_index = [bisect_left(semconv.CHUNK_S, gap_bucket_mid_s(i)) for i in gap_buckets]
+        self._gap_spans = _gap_spans(semconv.CHUNK_S)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         ProcessCollector(registry=self.registry)
@@ -153,7 +152,7 @@ class GatewayMetrics(Collector):
         if sample.time_per_token_s is not None:
             series.server_tpot.observe(sample.time_per_token_s)
         if sample.gaps is not None:
-            series.client_tpoc.add_gaps(sample.gaps, self._gap_index)
+            series.client_tpoc.add_gaps(sample.gaps, self._gap_spans)
         self._count_outcomes(sample)
 
     def _count_outcomes(self, sample: RequestSample) -> None:
@@ -231,6 +230,15 @@ class GatewayMetrics(Collector):
                 if left.quota.startswith(unit):
                     gauge.add_metric((left.tenant, left.quota), left.left)
             yield gauge
+
+
+def _gap_spans(bounds: Sequence[float]) -> list[tuple[int, int]]:
+    """For each bucket of `bounds` (and +Inf), the run of the meter's gap buckets it takes."""
+    owner = [bisect_left(bounds, gap_bucket_mid_s(i)) for i in range(len(GapHistogram().counts))]
+    return [
+        (bisect_left(owner, bucket), bisect_left(owner, bucket + 1))
+        for bucket in range(len(bounds) + 1)
+    ]
 
 
 def _counter(
