@@ -1,7 +1,7 @@
 """Gateway overhead: the same load direct to the simulated backend and through tokenweir, one run.
 
     python benchmarks/overhead.py [--repeats 3] [--levels 1,16,64,256] [--tokens 256] [--tps 750]
-                                  [--features off|all]
+                                  [--features off|all|telemetry]
 
 Starts `tokenweir mock-backend` (paced) and a second, unpaced one for non-stream saturation,
 `tokenweir serve` (one process, access log on) in front of each, and drives them with
@@ -10,10 +10,11 @@ time from /proc around each gateway run, and reports medians over the repeats. N
 the gateway shares the machine's cores with the load generator and the backend, as the issue asks.
 `--features all` turns on everything built so far in the gateway: a real tokenizer (Qwen2.5,
 from ../shared), the whole budget card with daily token and USD quotas, requests/tokens per
-minute and max_concurrent, all on a private Redis, and a SQLite ledger. (The cache and tracing
-join this set when they exist.)
-Results: benchmarks/results/overhead[-all].{json,md}, which benchmarks/run.py puts into
-docs/benchmarks.md.
+minute and max_concurrent, all on a private Redis, and a SQLite ledger. (The cache joins this
+set when it exists.) `--features telemetry` is the plain gateway with tracing and OTLP metrics
+exported (OTLP/HTTP to a stand-in collector in this process) and `/metrics` scraped every 5 s.
+Results: benchmarks/results/overhead[-all|-telemetry].{json,md}, which benchmarks/run.py puts
+into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -43,8 +44,16 @@ from harness import (
     table,
     warm_up,
 )
+from otelsink import otlp_sink, scraping
 
 from tests.redis_server import private_redis
+
+# Traces and metrics both exported; the SDK's defaults otherwise (batching, sampling: all).
+TELEMETRY_ENV = {
+    "OTEL_TRACES_EXPORTER": "otlp",
+    "OTEL_METRICS_EXPORTER": "otlp",
+    "OTEL_METRIC_EXPORT_INTERVAL": "5000",
+}
 
 # Generous enough never to refuse the benchmark's load: the cost of checking is what is measured.
 ALL_LIMITS = (
@@ -196,12 +205,17 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--tps", type=float, default=750.0)
     parser.add_argument("--open-streams", type=int, default=1000)
-    parser.add_argument("--features", choices=["off", "all"], default="off")
+    parser.add_argument("--features", choices=["off", "all", "telemetry"], default="off")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         redis_url = stack.enter_context(private_redis()) if args.features == "all" else None
+        if args.features == "telemetry":
+            endpoint, sink = stack.enter_context(otlp_sink())
+            os.environ.update(TELEMETRY_ENV, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
         report = run_suite(args, redis_url)
-    suffix = "" if args.features == "off" else "-all"
+        if args.features == "telemetry":
+            report["otlp_exports_received"] = sink.received  # type: ignore[attr-defined]
+    suffix = "" if args.features == "off" else f"-{args.features}"
     (RESULTS / f"overhead{suffix}.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
     (RESULTS / f"overhead{suffix}.md").write_text(table)
@@ -232,7 +246,10 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
         paced = ["mock-backend", "--tokens-per-second", str(args.tps)]
         with started(paced, "/v1/models", work / "mock.log") as mock:
             serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url))]
-            with started(serve, "/healthz", work / "gateway.log") as gateway:
+            with (
+                started(serve, "/healthz", work / "gateway.log") as gateway,
+                scraping(gateway.url, args.features == "telemetry"),
+            ):
                 warm_up(mock, gateway)
                 for level in (int(x) for x in args.levels.split(",")):
                     print(f"streams: {level} ...", file=sys.stderr, flush=True)
@@ -242,7 +259,10 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
         unpaced = ["mock-backend", "--tokens-per-second", "inf"]
         with started(unpaced, "/v1/models", work / "mock2.log") as mock:
             serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url))]
-            with started(serve, "/healthz", work / "gateway2.log") as gateway:
+            with (
+                started(serve, "/healthz", work / "gateway2.log") as gateway,
+                scraping(gateway.url, args.features == "telemetry"),
+            ):
                 print("non-stream saturation ...", file=sys.stderr, flush=True)
                 warm_up(mock, gateway)
                 report["non_stream"] = non_stream_level(mock, gateway, args.repeats)

@@ -1,7 +1,8 @@
 """The whole benchmark suite, one command: run every benchmark, then write its tables into
 docs/benchmarks.md (between `<!-- results: NAME -->` and `<!-- /results: NAME -->` markers).
 
-    python benchmarks/run.py [--repeats 3] [--only overhead,...,dashboard]
+    python benchmarks/run.py [--repeats 3]
+        [--only overhead,overhead-all,overhead-telemetry,budgets,ratelimits]
 
 About 20 minutes on 2 cores. Each benchmark compares the same load direct and through tokenweir
 (or without and with a feature) in one run; see docs/benchmarks.md for what each measures.
@@ -20,6 +21,7 @@ DOC = HERE.parent / "docs" / "benchmarks.md"
 SUITE: dict[str, list[str]] = {
     "overhead": ["overhead.py"],
     "overhead-all": ["overhead.py", "--features", "all"],
+    "overhead-telemetry": ["overhead.py", "--features", "telemetry"],
     "budgets": ["budgets.py"],
     "ratelimits": ["ratelimits.py"],
     "dashboard": ["dashboard.py"],
