@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from proxy.storage.base import StorageError
@@ -25,6 +24,7 @@ from proxy.storage.limits import (
     check_scope,
     judge,
 )
+from proxy.storage.redisconn import connect
 
 __all__ = ["RedisLimitStore"]
 
@@ -42,14 +42,7 @@ class RedisLimitStore:
     instead of failing (redis-py's default pool raises at its 100th concurrent command)."""
 
     def __init__(self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64) -> None:
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=timeout_s,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-        )
-        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        self._redis = connect(url, timeout_s=timeout_s, max_connections=max_connections)
         self._admit = self._redis.register_script(_script("admit.lua", bucket_prelude=True))
         self._settle = self._redis.register_script(
             _script("limits_settle.lua", bucket_prelude=True)

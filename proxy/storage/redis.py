@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from proxy.storage.base import Counter, Refusal, StorageError
+from proxy.storage.redisconn import connect
 
 __all__ = ["RedisStore"]
 
@@ -31,14 +31,7 @@ class RedisStore:
     failing (redis-py's default pool raises at its 100th concurrent command)."""
 
     def __init__(self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64) -> None:
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=timeout_s,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-        )
-        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        self._redis = connect(url, timeout_s=timeout_s, max_connections=max_connections)
         self._reserve = self._redis.register_script(_script("reserve.lua", prelude=True))
         self._settle = self._redis.register_script(_script("settle.lua", prelude=True))
         self._renew = self._redis.register_script(_script("renew.lua"))
