@@ -1,6 +1,9 @@
 """Where shared state lives: one contract per concern, a memory and a Redis implementation."""
 
 from proxy.storage.base import Counter, QuotaStore, Refusal, StorageError
+from proxy.storage.cache import CacheEntry, CacheStore
+from proxy.storage.cache_memory import MemoryCacheStore
+from proxy.storage.cache_redis import RedisCacheStore
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
 from proxy.storage.limits_memory import MemoryLimitStore
 from proxy.storage.limits_redis import RedisLimitStore
@@ -11,16 +14,21 @@ __all__ = [
     "Admission",
     "Bucket",
     "BucketState",
+    "CacheEntry",
+    "CacheStore",
     "Counter",
     "LimitStore",
+    "MemoryCacheStore",
     "MemoryLimitStore",
     "MemoryStore",
     "QuotaStore",
+    "RedisCacheStore",
     "RedisLimitStore",
     "RedisStore",
     "Refusal",
     "SlotPool",
     "StorageError",
+    "open_cache_store",
     "open_limit_store",
     "open_store",
 ]
@@ -30,17 +38,22 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 def open_store(url: str) -> QuotaStore:
     """Quota counters on `memory` or `redis://host:port/db` (the policy's `storage:` key)."""
-    if url == "memory":
-        return MemoryStore()
-    if url.startswith(_REDIS_SCHEMES):
-        return RedisStore(url)
-    raise ValueError(f"unknown storage {url!r}: use memory or redis://host:port/db")
+    return MemoryStore() if _is_memory(url) else RedisStore(url)
 
 
 def open_limit_store(url: str) -> LimitStore:
     """Rate-limit buckets and concurrency slots on the same storage as the quotas."""
+    return MemoryLimitStore() if _is_memory(url) else RedisLimitStore(url)
+
+
+def open_cache_store(url: str) -> CacheStore:
+    """The response cache on the same storage: in this process, or shared on Redis."""
+    return MemoryCacheStore() if _is_memory(url) else RedisCacheStore(url)
+
+
+def _is_memory(url: str) -> bool:
     if url == "memory":
-        return MemoryLimitStore()
+        return True
     if url.startswith(_REDIS_SCHEMES):
-        return RedisLimitStore(url)
+        return False
     raise ValueError(f"unknown storage {url!r}: use memory or redis://host:port/db")

@@ -1,0 +1,103 @@
+"""The response cache on Redis, shared by every replica: answers, per-tenant LRU, vector streams.
+
+All of a tenant's keys start `tw:{tenant}:cache:` (the tenant is the hash tag), so one script
+touches only one tenant's slot and no key of one tenant can name another's. Vectors live in a
+Redis stream per partition; replicas read what is new since their cursor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from proxy.storage.base import StorageError
+from proxy.storage.cache import CacheEntry, VectorRows
+from proxy.storage.redisconn import connect
+
+__all__ = ["RedisCacheStore"]
+
+# Bookkeeping (LRU set, vector streams) outlives the last write by this many TTLs.
+_KEEP_TTLS = 2
+_MAX_VECTORS_PER_READ = 50_000
+
+
+def _script(name: str) -> str:
+    lua = resources.files("proxy.storage") / "lua"
+    prelude = (lua / "cache_drop.lua").read_text(encoding="utf-8")
+    return prelude + (lua / name).read_text(encoding="utf-8")
+
+
+class RedisCacheStore:
+    def __init__(self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64) -> None:
+        self._redis = connect(url, timeout_s=timeout_s, max_connections=max_connections)
+        self._get = self._redis.register_script(_script("cache_get.lua"))
+        self._put = self._redis.register_script(_script("cache_put.lua"))
+        self._forget = self._redis.register_script(_script("cache_forget.lua"))
+
+    async def get(self, tenant: str, key: str, *, now: float) -> bytes | None:
+        prefix = _prefix(tenant)
+        with _translated():
+            value = await self._get(keys=[f"{prefix}x:{key}", f"{prefix}lru"], args=[now, key])
+        return value if isinstance(value, bytes) else None
+
+    async def put(self, entry: CacheEntry) -> None:
+        prefix = _prefix(entry.tenant)
+        partition = entry.partition if entry.vector is not None else None
+        ttl_ms = max(1, math.ceil(entry.ttl_s * 1000))
+        keys = [
+            f"{prefix}x:{entry.key}",
+            f"{prefix}lru",
+            f"{prefix}vec",
+            f"{prefix}v:{partition or '-'}",
+        ]
+        args: list[str | bytes | float] = [
+            entry.key, entry.value, ttl_ms, entry.now, entry.now - entry.ttl_s,
+            entry.max_entries, prefix, partition or "", entry.vector or b"", ttl_ms * _KEEP_TTLS,
+        ]  # fmt: skip
+        with _translated():
+            await self._put(keys=keys, args=args)
+
+    async def vectors(self, tenant: str, partition: str, after: str) -> tuple[VectorRows, str]:
+        stream = f"{_prefix(tenant)}v:{partition}"
+        with _translated():
+            found: list[Any] | None = await self._redis.xrange(
+                stream, min=f"({after}", max="+", count=_MAX_VECTORS_PER_READ
+            )
+        if not found:
+            return [], after
+        rows = [(_text(fields[b"k"]), bytes(fields[b"v"])) for _, fields in found]
+        return rows, _text(found[-1][0])
+
+    async def forget(self, tenant: str, key: str) -> None:
+        prefix = _prefix(tenant)
+        keys = [f"{prefix}x:{key}", f"{prefix}lru", f"{prefix}vec"]
+        with _translated():
+            await self._forget(keys=keys, args=[prefix, key])
+
+    async def ping(self) -> None:
+        with _translated():
+            await self._redis.ping()
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _prefix(tenant: str) -> str:
+    return f"tw:{{{tenant}}}:cache:"
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except RedisError as exc:
+        raise StorageError(f"cache storage: {exc}") from exc

@@ -1,0 +1,28 @@
+-- Store one answer (and its vector), then evict the tenant's stale and least recently used ones.
+--
+-- KEYS[1] entry   KEYS[2] LRU zset (score: last use)   KEYS[3] vector locations   KEYS[4] the
+-- partition's vector stream (unused without a vector)
+-- ARGV: key, value, ttl_ms, now, stale_before, max_entries, prefix, partition ('' = no vector),
+--       vector, keep_ms (how long the tenant's bookkeeping outlives its last write)
+local prefix = ARGV[7]
+drop(prefix, ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+-- An entry last used before stale_before has outlived its TTL; bounded work per call.
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5], 'LIMIT', 0, 64)) do
+  drop(prefix, member)
+end
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[6])
+if over > 0 then
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, over - 1)) do
+    drop(prefix, member)
+  end
+end
+if ARGV[8] ~= '' then
+  local id = redis.call('XADD', KEYS[4], '*', 'k', ARGV[1], 'v', ARGV[9])
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[8] .. ' ' .. id)
+  redis.call('PEXPIRE', KEYS[4], ARGV[10])
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[10])
+redis.call('PEXPIRE', KEYS[3], ARGV[10])
+return 1
