@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.cache import open_embedder
 from proxy.clock import Clock, SystemClock
 from proxy.cost import PriceTable
 from proxy.errors import GatewayError, InternalError, NotFound
@@ -34,13 +35,20 @@ from proxy.policy import Policy, load_policy
 from proxy.stages.account import Account
 from proxy.stages.auth import Authenticate, Keyring
 from proxy.stages.budget import Budgets
+from proxy.stages.cache import ResponseCache
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
 from proxy.stages.ratelimit import BackendLimits, RateLimits
 from proxy.stages.route import Route as RouteStage
 from proxy.stages.shape import Shape
 from proxy.stages.storagepolicy import StorageFailures
-from proxy.storage import LimitStore, QuotaStore, open_limit_store, open_store
+from proxy.storage import (
+    LimitStore,
+    QuotaStore,
+    open_cache_store,
+    open_limit_store,
+    open_store,
+)
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.otelenv import otel_wanted
 from proxy.telemetry.otelmetrics import OtelMetrics
@@ -81,6 +89,7 @@ class Gateway:
     storage_failures: StorageFailures
     started_wall: float
     telemetry: Telemetry
+    cache: ResponseCache
 
     @classmethod
     def build(
@@ -101,6 +110,7 @@ class Gateway:
         rate_limits = RateLimits(limit_store, clock, failures)
         ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
         telemetry = _telemetry(policy, clock, otel)
+        cache = _response_cache(policy, clock)
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants),
             stages=[
@@ -108,17 +118,19 @@ class Gateway:
                 Shape(TokenCounters(policy)),
                 budgets,
                 rate_limits,
+                cache,
                 RouteStage(policy),
                 BackendLimits(rate_limits),
             ],
             forward=Forward(upstream, clock, telemetry),
-            account=Account(clock, [rate_limits, budgets], prices, ledger, telemetry),
+            account=Account(clock, [rate_limits, budgets, cache], prices, ledger, telemetry),
             max_body_bytes=policy.server.max_body_bytes,
             telemetry=telemetry,
+            replay=cache.replay,
         )
         return cls(
             policy, clock, keyring, upstream, store, limit_store, ledger, pipeline, failures,
-            clock.wall(), telemetry,
+            clock.wall(), telemetry, cache,
         )  # fmt: skip
 
     async def start(self) -> None:
@@ -131,9 +143,23 @@ class Gateway:
             await self.upstream.aclose()
             await self.store.aclose()
             await self.limit_store.aclose()
+            await self.cache.aclose()
         finally:
             if self.ledger is not None:
                 await self.ledger.aclose()
+
+
+def _response_cache(policy: Policy, clock: Clock) -> ResponseCache:
+    semantic = [name for name, t in policy.tenants.items() if t.cache.mode == "semantic"]
+    if semantic and policy.embedder is None:
+        _log.warning(
+            "tenants %s ask for the semantic cache but the policy has no embedder: section; "
+            "they get the exact cache only",
+            ", ".join(semantic),
+        )
+    timeout_s = policy.embedder.timeout if policy.embedder else 0.0
+    store = open_cache_store(policy.storage)
+    return ResponseCache(store, clock, open_embedder(policy), embed_timeout_s=timeout_s)
 
 
 def create_app(

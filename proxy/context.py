@@ -10,6 +10,8 @@ from proxy.policy.model import Backend, Tenant
 from proxy.upstream.meter import StreamMeter
 
 if TYPE_CHECKING:
+    from proxy.cache.answer import Answer
+    from proxy.cache.capture import CachePlan
     from proxy.stages.budget import Reservation
     from proxy.stages.ratelimit import RateLimitHold
     from proxy.telemetry.tracing import RequestTrace
@@ -38,6 +40,12 @@ class RequestContext:
     status: int = 0
     error_code: str | None = None
     cache: str = "bypass"
+    cache_plan: CachePlan | None = None
+    cached: Answer | None = None
+    cache_similarity: float | None = None
+    saved_input_tokens: int = 0
+    saved_output_tokens: int = 0
+    upstream_usage: dict[str, Any] | None = None
     shaped: list[str] = field(default_factory=list)
     degraded: list[str] = field(default_factory=list)
     counted_input_tokens: int | None = None
@@ -62,6 +70,9 @@ class RequestContext:
     def gateway_headers(self) -> list[tuple[bytes, bytes]]:
         """The headers the gateway adds to every answer for this request."""
         headers = [(b"x-tokenweir-cache", self.cache.encode()), *self.rate_limit_headers]
+        if self.cache_similarity is not None:
+            similarity = f"{self.cache_similarity:.4f}".encode()
+            headers.append((b"x-tokenweir-cache-similarity", similarity))
         if self.shaped:
             headers.append((b"x-tokenweir-shaped", ",".join(self.shaped).encode()))
         if self.degraded:

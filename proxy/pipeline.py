@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 from starlette.types import Receive, Send
@@ -17,7 +17,10 @@ from proxy.telemetry.recorder import Telemetry
 from proxy.web.body import ClientGone, read_body, watch_disconnect
 from proxy.web.respond import send_error
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "Replay"]
+
+Replay = Callable[[RequestContext, Send], Awaitable[None]]
+"""Answers a request from `ctx.cached` instead of the backend."""
 
 
 class Pipeline:
@@ -32,6 +35,7 @@ class Pipeline:
         *,
         max_body_bytes: int,
         telemetry: Telemetry,
+        replay: Replay | None = None,
     ) -> None:
         self._auth = auth
         self._stages = tuple(stages)
@@ -39,6 +43,7 @@ class Pipeline:
         self._account = account
         self._max_body_bytes = max_body_bytes
         self._telemetry = telemetry
+        self._replay = replay
 
     async def run(self, ctx: RequestContext, receive: Receive, send: Send) -> None:
         """Answer the request on `send`; errors, disconnects and successes are all settled."""
@@ -54,7 +59,12 @@ class Pipeline:
                             await stage(ctx)
                         else:
                             await self._telemetry.traced(ctx, stage)
-                    await self._forward(ctx, send)
+                        if ctx.cached is not None:
+                            break
+                    if ctx.cached is not None and self._replay is not None:
+                        await self._replay(ctx, send)
+                    else:
+                        await self._forward(ctx, send)
                 finally:
                     watcher.cancel()
         except GatewayError as exc:

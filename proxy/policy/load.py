@@ -142,6 +142,7 @@ def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
     for model in policy.models:
         if model not in served:
             found.append((("models", model), f"model {model!r} has no backend serving it"))
+    found += _embedder_problems(policy, served)
     owners: dict[str, str] = {}
     for tenant_name, tenant in policy.tenants.items():
         for j, model in enumerate(tenant.models):
@@ -160,6 +161,14 @@ def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
             if other != tenant_name:
                 path = ("tenants", tenant_name, "api_keys", j)
                 found.append((path, f"this key also belongs to tenant {other!r}"))
+    return found
+
+
+def _embedder_problems(policy: Policy, served: set[str]) -> list[tuple[KeyPath, str]]:
+    found: list[tuple[KeyPath, str]] = []
+    embedder = policy.embedder
+    if embedder is not None and embedder.model is not None and embedder.model not in served:
+        found.append((("embedder", "model"), f"no backend serves model {embedder.model!r}"))
     return found
 
 

@@ -14,6 +14,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationInfo,
+    model_validator,
 )
 
 from proxy.policy.units import hash_key, parse_bytes, parse_duration_s
@@ -23,6 +24,7 @@ __all__ = [
     "Budget",
     "CacheSpec",
     "DegradeRule",
+    "EmbedderSpec",
     "Limits",
     "ModelSpec",
     "Policy",
@@ -151,6 +153,9 @@ class Budget(_Frozen):
     history_limit: Annotated[int, Field(ge=0)] | None = None
     on_input_overflow: Literal["trim", "reject"] = "trim"
     stop_stream_at_budget: bool = False
+    # A cache hit is charged to the quotas as if the backend had answered (the ledger still
+    # records it as a hit, with what it saved).
+    charge_cache_hits: bool = False
     tokens_per_day: PositiveInt | None = None
     tokens_per_month: PositiveInt | None = None
     usd_per_day: Annotated[float, Field(gt=0)] | None = None
@@ -173,6 +178,22 @@ class CacheSpec(_Frozen):
     similarity: Ratio = 0.92
     ttl: Seconds = 3600.0
     max_entry_bytes: Bytes = 256 * 1024
+    # Least recently used entries beyond this many (per tenant) are evicted.
+    max_entries: PositiveInt = 10_000
+
+
+class EmbedderSpec(_Frozen):
+    """Where the semantic cache's vectors come from: exactly one of `model` or `local`."""
+
+    model: Name | None = None
+    local: Literal["all-MiniLM-L6-v2"] | None = None
+    timeout: Seconds = 2.0
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EmbedderSpec:
+        if (self.model is None) == (self.local is None):
+            raise ValueError("set exactly one of embedder.model or embedder.local")
+        return self
 
 
 class DegradeWhen(_Frozen):
@@ -232,6 +253,7 @@ class Policy(_Frozen):
     log_content: bool = False
     server: ServerSpec = ServerSpec()
     upstream: UpstreamSpec = UpstreamSpec()
+    embedder: EmbedderSpec | None = None
     backends: tuple[Backend, ...] = Field(min_length=1)
     models: dict[Name, ModelSpec]
     tenants: dict[TagName, Tenant]

@@ -89,6 +89,11 @@ class Account:
             shaped=tuple(ctx.shaped),
             degraded=tuple(ctx.degraded),
             client_disconnected=ctx.client_disconnected,
+            saved_input_tokens=ctx.saved_input_tokens,
+            saved_output_tokens=ctx.saved_output_tokens,
+            saved_cost_nusd=self._prices.cost_nusd(
+                ctx.model, ctx.saved_input_tokens, ctx.saved_output_tokens
+            ),
         )
 
     def _access_line(self, ctx: RequestContext, usage: UsageRecord) -> dict[str, object]:

@@ -20,9 +20,9 @@ from proxy.telemetry.recorder import Telemetry
 from proxy.upstream.client import UpstreamClient, translate
 from proxy.upstream.sse import SSEForwarder
 
-__all__ = ["Forward"]
+__all__ = ["SSE_HEADERS", "Forward"]
 
-_SSE_HEADERS = [
+SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
@@ -62,6 +62,7 @@ class Forward:
         monotonic = self._clock.monotonic
         meter = ctx.meter
         sse = SSEForwarder(keep_usage=ctx.client_wants_usage)
+        cache_tap = ctx.cache_plan.capture if ctx.cache_plan is not None else None
         ending = before_last = last = b""
         capture = ctx.completion_chunks
         try:
@@ -70,14 +71,18 @@ class Forward:
                     meter.read(monotonic())
                     out, token_events = sse.feed(raw)
                     if out:
+                        if cache_tap is not None:
+                            cache_tap.add(out)
                         if not ctx.status:
-                            await self._start(ctx, send, _SSE_HEADERS)
+                            await self._start(ctx, send, SSE_HEADERS)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         meter.wrote(monotonic(), token_events)
                         before_last, last = last, out
                         if capture is not None:
                             capture.append(out)
             ending = sse.finish()
+            if cache_tap is not None:
+                cache_tap.add(ending)
             ctx.upstream_completed = True
         except UpstreamError as exc:
             if not ctx.status:
@@ -86,7 +91,7 @@ class Forward:
             # An OpenAI-shaped error event, and no [DONE]: the client must not take it as complete.
             ending = b"data: " + exc.to_json() + b"\n\n"
         if not ctx.status:
-            await self._start(ctx, send, _SSE_HEADERS)
+            await self._start(ctx, send, SSE_HEADERS)
         ctx.answered = True
         await send({"type": "http.response.body", "body": ending, "more_body": False})
         ctx.response_tail = before_last + last + ending
@@ -99,6 +104,8 @@ class Forward:
             raw = await response.aread()
         ctx.meter.read(self._clock.monotonic())
         ctx.upstream_completed = True
+        if ctx.cache_plan is not None:
+            ctx.cache_plan.capture.add(raw)
         ctx.response_tail = raw
         headers = [
             (b"content-type", b"application/json"),
@@ -143,6 +150,7 @@ def _usage_of(raw: bytes) -> dict[str, Any] | None:
 def _settle(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
     if usage is None:
         return
+    ctx.upstream_usage = usage
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens", 0)
     if isinstance(prompt, int) and isinstance(completion, int):

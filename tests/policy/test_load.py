@@ -144,6 +144,20 @@ def test_ledger_urls_are_checked() -> None:
     ]
 
 
+def test_the_embedder_is_one_model_a_backend_serves_or_the_local_one() -> None:
+    with_embedder = GOOD.replace("storage: memory", "storage: memory\nembedder: {model: m2}")
+    assert parse_policy(with_embedder, file="p.yaml", environ={"UPSTREAM": "s"}).embedder
+    both = "embedder: {model: m2, local: all-MiniLM-L6-v2}"
+    assert problems(GOOD.replace("storage: memory", f"storage: memory\n{both}")) == [
+        "p.yaml:2: embedder: set exactly one of embedder.model or embedder.local"
+    ]
+    unserved = GOOD.replace("storage: memory", "storage: memory\nembedder: {model: m3}")
+    assert problems(unserved.replace("  m2: {}", "  m2: {}\n  m3: {}")) == [
+        "p.yaml:17: models.m3: model 'm3' has no backend serving it",
+        "p.yaml:2: embedder.model: no backend serves model 'm3'",
+    ]
+
+
 def test_missing_file_is_a_policy_error(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="cannot read the file"):
         load_policy(tmp_path / "absent.yaml")

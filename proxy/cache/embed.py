@@ -1,0 +1,85 @@
+"""Where question vectors come from: an OpenAI-compatible `/v1/embeddings` backend or a local model.
+
+Every embedder returns unit-length float32 vectors and raises EmbedderUnavailable when it cannot;
+the cache then steps aside and the request is served as if there were no cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Protocol
+
+import httpx
+import numpy as np
+import orjson
+
+from proxy.cache.vectors import Vector
+from proxy.policy.model import Backend
+
+__all__ = ["BackendEmbedder", "Embedder", "EmbedderUnavailable", "normalise"]
+
+
+class EmbedderUnavailable(Exception):
+    """The embedder failed or timed out; the cache is skipped for this request."""
+
+
+class Embedder(Protocol):
+    @property
+    def name(self) -> str:
+        """Identifies the vector space: vectors of two embedders are never compared."""
+
+    async def embed(self, text: str) -> Vector: ...
+
+    async def aclose(self) -> None: ...
+
+
+def normalise(question: str) -> str:
+    """Case and spacing do not change a question's meaning (nor its cache partition's answer)."""
+    return " ".join(question.split()).casefold()
+
+
+class BackendEmbedder:
+    """POSTs to `{backend}/embeddings` for `model`, over the backends that serve it in turn."""
+
+    def __init__(self, backends: Sequence[Backend], model: str, *, timeout_s: float) -> None:
+        if not backends:
+            raise ValueError(f"no backend serves the embedding model {model!r}")
+        self._model = model
+        self._backends = itertools.cycle(backends)
+        self._client = httpx.AsyncClient(timeout=timeout_s, trust_env=False)
+
+    @property
+    def name(self) -> str:
+        return f"model:{self._model}"
+
+    async def embed(self, text: str) -> Vector:
+        backend = next(self._backends)
+        headers = {"content-type": "application/json"}
+        if backend.api_key is not None:
+            headers["authorization"] = "Bearer " + backend.api_key.get_secret_value()
+        body = orjson.dumps({"model": self._model, "input": text})
+        try:
+            response = await self._client.post(
+                backend.url + "/embeddings", content=body, headers=headers
+            )
+        except httpx.HTTPError as exc:
+            raise EmbedderUnavailable(f"{backend.name}: {type(exc).__name__}") from exc
+        if response.status_code != 200:
+            raise EmbedderUnavailable(f"{backend.name}: HTTP {response.status_code}")
+        return _first_vector(response.content, backend.name)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _first_vector(raw: bytes, backend: str) -> Vector:
+    try:
+        values = orjson.loads(raw)["data"][0]["embedding"]
+        vector = np.asarray(values, dtype=np.float32)
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:
+        raise EmbedderUnavailable(f"{backend}: not an embeddings answer") from exc
+    norm = float(np.linalg.norm(vector))
+    if vector.ndim != 1 or not norm:
+        raise EmbedderUnavailable(f"{backend}: an empty or malformed vector")
+    return vector / norm

@@ -1,0 +1,109 @@
+"""What a request's cache identity is: its exact key, its semantic partition, and its question.
+
+The tenant is a hard, length-prefixed part of every digest (and of every Redis key name), never a
+similarity signal, so no two tenants can ever share an entry, whatever their names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.policy.model import CacheSpec
+
+__all__ = ["CacheKey", "cache_key"]
+
+# Fields that change how the answer is delivered or attributed, never what it says.
+_DELIVERY_ONLY = frozenset(
+    {
+        "stream",
+        "stream_options",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+    }
+)
+_QUESTION_SLOT = "\0tw-question\0"
+
+
+@dataclass(frozen=True, slots=True)
+class CacheKey:
+    """`partition` and `question` are set only when the request may be answered semantically."""
+
+    tenant: str
+    exact: str
+    partition: str | None = None
+    question: str | None = None
+
+
+def cache_key(
+    tenant: str, model: str, operation: str, body: dict[str, Any], spec: CacheSpec
+) -> CacheKey | None:
+    """The request's identity, or None when its answer must not come from (or go to) the cache."""
+    if operation == "embeddings" or spec.mode == "off" or not _single_plain_answer(body):
+        return None
+    deterministic = _temperature(body) == 0
+    if not deterministic and body.get("seed") is None and spec.mode != "always":
+        return None
+    canonical = _canonical(body)
+    exact = _digest(tenant, model, operation, canonical)
+    question = _question(body) if operation == "chat" else None
+    if spec.mode != "semantic" or not deterministic or question is None:
+        return CacheKey(tenant, exact)
+    messages = list(body["messages"])
+    messages[-1] = {**messages[-1], "content": _QUESTION_SLOT}
+    partition = _digest(tenant, model, operation, _canonical({**body, "messages": messages}))
+    return CacheKey(tenant, exact, partition, question)
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    """An omitted temperature means 1, as at OpenAI."""
+    value = body.get("temperature")
+    return float(value) if isinstance(value, int | float) else 1.0
+
+
+def _single_plain_answer(body: dict[str, Any]) -> bool:
+    """One choice, no log-probabilities: what a stored answer can faithfully reproduce."""
+    n = body.get("n")
+    return (n is None or n == 1) and not body.get("logprobs") and not body.get("top_logprobs")
+
+
+def _question(body: dict[str, Any]) -> str | None:
+    """The last message's text, when it is the user's; None otherwise."""
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return None
+    content = last.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        if parts and all(p.get("type") == "text" for p in content if isinstance(p, dict)):
+            return "\n".join(p for p in parts if isinstance(p, str))
+    return None
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    """The body with delivery-only fields gone, keys sorted and 0.0 written as 0."""
+    kept = {
+        name: (int(value) if isinstance(value, float) and value.is_integer() else value)
+        for name, value in body.items()
+        if name not in _DELIVERY_ONLY and name != "model"
+    }
+    return orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+
+
+def _digest(tenant: str, model: str, operation: str, canonical: bytes) -> str:
+    hasher = hashlib.sha256(b"tw-cache-v1\0")
+    for part in (tenant.encode(), model.encode(), operation.encode()):
+        hasher.update(len(part).to_bytes(4, "big"))
+        hasher.update(part)
+    hasher.update(canonical)
+    return hasher.hexdigest()[:40]

@@ -1,0 +1,103 @@
+"""A stored answer sent back the way the backend would: a whole response, or SSE chunks.
+
+Each hit gets a new id and created time. A stream replay is role chunk, text chunks of a few
+words each, tool calls, finish chunk, usage chunk when asked, `[DONE]`, all in one write.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import orjson
+
+from proxy.cache.answer import Answer
+
+__all__ = ["replay_response", "replay_stream"]
+
+# Text is cut into pieces of about this many characters, on a space where there is one.
+_PIECE_CHARS = 48
+_OBJECTS = {
+    "chat": ("chat.completion", "chat.completion.chunk", "chatcmpl-"),
+    "text_completion": ("text_completion", "text_completion", "cmpl-"),
+}
+
+
+def replay_response(answer: Answer, created: int) -> bytes:
+    whole, _, prefix = _OBJECTS[answer.operation]
+    choice: dict[str, Any] = {"index": 0, "finish_reason": answer.finish_reason, "logprobs": None}
+    if answer.operation == "chat":
+        choice["message"] = answer.message
+    else:
+        choice["text"] = answer.text
+    return orjson.dumps(
+        {
+            "id": prefix + secrets.token_hex(12),
+            "object": whole,
+            "created": created,
+            "model": answer.model,
+            "system_fingerprint": answer.system_fingerprint,
+            "choices": [choice],
+            "usage": answer.usage,
+        }
+    )
+
+
+def replay_stream(answer: Answer, created: int, *, include_usage: bool) -> bytes:
+    _, chunk_object, prefix = _OBJECTS[answer.operation]
+    head = {
+        "id": prefix + secrets.token_hex(12),
+        "object": chunk_object,
+        "created": created,
+        "model": answer.model,
+        "system_fingerprint": answer.system_fingerprint,
+    }
+    chat = answer.operation == "chat"
+    frames = [_frame(head, _choice(chat, {"role": "assistant", "content": ""}))] if chat else []
+    for name, text in _texts(answer):
+        for piece in _pieces(text):
+            delta = {name: piece} if chat else piece
+            frames.append(_frame(head, _choice(chat, delta)))
+    for index, call in enumerate((answer.message or {}).get("tool_calls") or []):
+        frames.append(_frame(head, _choice(chat, {"tool_calls": [{"index": index, **call}]})))
+    frames.append(_frame(head, _choice(chat, {} if chat else "", answer.finish_reason)))
+    if include_usage:
+        frames.append(_frame({**head, "choices": [], "usage": answer.usage}))
+    frames.append(b"data: [DONE]\n\n")
+    return b"".join(frames)
+
+
+def _texts(answer: Answer) -> list[tuple[str, str]]:
+    if answer.operation != "chat":
+        return [("text", answer.text or "")]
+    message = answer.message or {}
+    return [
+        (name, message[name])
+        for name in ("reasoning_content", "content", "refusal")
+        if isinstance(message.get(name), str) and message[name]
+    ]
+
+
+def _choice(chat: bool, delta: Any, finish: str | None = None) -> dict[str, Any]:
+    if chat:
+        return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    return {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None}
+
+
+def _frame(head: dict[str, Any], choice: dict[str, Any] | None = None) -> bytes:
+    chunk = head if choice is None else {**head, "choices": [choice]}
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _pieces(text: str) -> list[str]:
+    """`text` cut after a space near every _PIECE_CHARS characters; joined back it is `text`."""
+    pieces: list[str] = []
+    start = 0
+    while len(text) - start > _PIECE_CHARS:
+        cut = text.rfind(" ", start + 1, start + _PIECE_CHARS)
+        end = cut + 1 if cut > start else start + _PIECE_CHARS
+        pieces.append(text[start:end])
+        start = end
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces

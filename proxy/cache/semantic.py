@@ -1,0 +1,114 @@
+"""Find an earlier question with the same meaning in the same partition, and check it may answer.
+
+The store (memory or Redis) holds the vectors; each process keeps a mirror per partition that it
+brings up to date from the store's cursor before every search.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import anyio.to_thread
+import numpy as np
+
+from proxy.cache.guards import compatible
+from proxy.cache.vectors import FLAT_MAX, FlatIndex, HnswIndex, Vector, VectorIndex, unpack
+from proxy.storage.cache import START, CacheStore
+
+__all__ = ["Match", "SemanticIndex"]
+
+# Rows decoded on the event loop per sync; a bigger catch-up runs in a worker thread.
+_INLINE_ROWS = 256
+_CANDIDATES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    key: str
+    similarity: float
+
+
+@dataclass(slots=True)
+class _Partition:
+    cursor: str = START
+    index: VectorIndex | None = None
+    keys: list[str | None] = field(default_factory=list)
+    questions: list[str] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class SemanticIndex:
+    """Mirrors are kept for the most recently searched partitions, up to `max_rows` in all."""
+
+    def __init__(self, store: CacheStore, *, max_rows: int = 1_000_000) -> None:
+        self._store = store
+        self._max_rows = max_rows
+        self._partitions: OrderedDict[tuple[str, str], _Partition] = OrderedDict()
+
+    async def nearest(
+        self, tenant: str, partition: str, query: Vector, question: str, threshold: float
+    ) -> Match | None:
+        """The most similar earlier question at or above `threshold` that passes the guards.
+
+        A partition that is still loading (another request is catching it up) answers None.
+        """
+        mirror = self._mirror(tenant, partition)
+        if mirror.lock.locked():
+            return None
+        async with mirror.lock:
+            await self._catch_up(tenant, partition, mirror)
+        if mirror.index is None:
+            return None
+        for row, similarity in mirror.index.top(query, _CANDIDATES):
+            key = mirror.keys[row]
+            if similarity < threshold:
+                break
+            if key is not None and compatible(question, mirror.questions[row]):
+                return Match(key, similarity)
+        return None
+
+    def forget(self, tenant: str, partition: str, key: str) -> None:
+        """Stop offering `key` (its answer is gone from the store)."""
+        mirror = self._partitions.get((tenant, partition))
+        if mirror is not None:
+            mirror.keys = [None if k == key else k for k in mirror.keys]
+
+    def _mirror(self, tenant: str, partition: str) -> _Partition:
+        name = (tenant, partition)
+        mirror = self._partitions.get(name)
+        if mirror is None:
+            mirror = self._partitions[name] = _Partition()
+            self._trim()
+        self._partitions.move_to_end(name)
+        return mirror
+
+    def _trim(self) -> None:
+        rows = sum(len(p.keys) for p in self._partitions.values())
+        while rows > self._max_rows and len(self._partitions) > 1:
+            _, oldest = self._partitions.popitem(last=False)
+            rows -= len(oldest.keys)
+
+    async def _catch_up(self, tenant: str, partition: str, mirror: _Partition) -> None:
+        rows, cursor = await self._store.vectors(tenant, partition, mirror.cursor)
+        if not rows:
+            return
+        crosses = len(mirror.keys) <= FLAT_MAX < len(mirror.keys) + len(rows)
+        if len(rows) > _INLINE_ROWS or crosses:
+            await anyio.to_thread.run_sync(_extend, mirror, rows)
+        else:
+            _extend(mirror, rows)
+        mirror.cursor = cursor
+
+
+def _extend(mirror: _Partition, rows: list[tuple[str, bytes]]) -> None:
+    decoded = [unpack(raw) for _, raw in rows]
+    vectors = np.stack([vector for vector, _ in decoded])
+    if mirror.index is None:
+        mirror.index = FlatIndex(vectors.shape[1])
+    if isinstance(mirror.index, FlatIndex) and len(mirror.index) + len(vectors) > FLAT_MAX:
+        mirror.index = HnswIndex(vectors.shape[1], mirror.index.matrix)
+    mirror.index.add(vectors)
+    mirror.keys.extend(key for key, _ in rows)
+    mirror.questions.extend(question for _, question in decoded)

@@ -1,0 +1,196 @@
+"""Answer repeats from the tenant's cache, exactly or by meaning; keep complete new answers.
+
+Writes cache, cached (the answer to replay), cache_plan (on a miss), cache_similarity, and on a
+hit input_tokens, output_tokens and saved_input_tokens / saved_output_tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import replace
+
+import anyio
+from starlette.types import Send
+
+from proxy.cache.answer import Answer, from_response, from_stream
+from proxy.cache.capture import CachePlan, Capture
+from proxy.cache.embed import Embedder, EmbedderUnavailable, normalise
+from proxy.cache.key import CacheKey, cache_key
+from proxy.cache.replay import replay_response, replay_stream
+from proxy.cache.semantic import SemanticIndex
+from proxy.cache.vectors import pack
+from proxy.clock import Clock
+from proxy.context import RequestContext
+from proxy.policy.model import CacheSpec
+from proxy.stages.forward import SSE_HEADERS
+from proxy.storage.base import StorageError
+from proxy.storage.cache import CacheEntry, CacheStore
+
+__all__ = ["ResponseCache"]
+
+_log = logging.getLogger("tokenweir.cache")
+# A stream's SSE framing is several times its text; its capture may be this much larger.
+_SSE_OVERHEAD = 16
+
+
+class ResponseCache:
+    """The lookup runs as a stage; `settle` stores a miss's answer once the request is over."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        clock: Clock,
+        embedder: Embedder | None = None,
+        *,
+        embed_timeout_s: float = 2.0,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._embedder = embedder
+        self._embed_timeout_s = embed_timeout_s
+        self._index = SemanticIndex(store) if embedder is not None else None
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        tenant = ctx.tenant
+        if tenant is None or tenant.cache.mode == "off" or ctx.tenant_name is None:
+            return
+        if ctx.headers.get("x-tokenweir-cache", "").lower() == "bypass":
+            return
+        key = cache_key(ctx.tenant_name, ctx.model, ctx.operation, ctx.body, tenant.cache)
+        if key is None:
+            return
+        spec = tenant.cache
+        plan = CachePlan(key, Capture(spec.max_entry_bytes * _SSE_OVERHEAD))
+        try:
+            answer = await self._exact(key)
+            if answer is None and key.partition is not None:
+                answer = await self._semantic(ctx, key, spec, plan)
+        except StorageError as exc:
+            _log.warning("cache storage failed, serving without the cache: %s", exc)
+            return
+        if answer is None:
+            ctx.cache, ctx.cache_plan = "miss", plan
+            return
+        ctx.cache = "hit" if ctx.cache_similarity is None else "semantic-hit"
+        ctx.cached = answer
+        ctx.saved_input_tokens = answer.prompt_tokens
+        ctx.saved_output_tokens = answer.completion_tokens
+        charged = tenant.budget.charge_cache_hits
+        ctx.input_tokens = answer.prompt_tokens if charged else 0
+        ctx.output_tokens = answer.completion_tokens if charged else 0
+
+    async def settle(self, ctx: RequestContext) -> None:
+        """Store a miss's answer if it is complete; a failed or cut-off one never is."""
+        plan, ctx.cache_plan = ctx.cache_plan, None
+        tenant = ctx.tenant
+        if plan is None or tenant is None or not _complete(ctx):
+            return
+        answer = self._answer_of(ctx, plan, tenant.cache)
+        if answer is None:
+            return
+        value = answer.encode()
+        if len(value) > tenant.cache.max_entry_bytes:
+            return
+        vector = None
+        if plan.vector is not None and plan.key.question is not None:
+            vector = pack(plan.vector, plan.key.question)
+        entry = CacheEntry(
+            plan.key.tenant, plan.key.exact, value, self._clock.wall(), tenant.cache.ttl,
+            tenant.cache.max_entries, plan.partition, vector,
+        )  # fmt: skip
+        try:
+            await self._store.put(entry)
+        except StorageError as exc:
+            _log.warning("could not store an answer in the cache: %s", exc)
+
+    async def replay(self, ctx: RequestContext, send: Send) -> None:
+        """Send the hit the way the backend would have: one whole body, or SSE chunks."""
+        answer = ctx.cached
+        if answer is None:
+            raise RuntimeError("replay needs a cache hit")
+        created = int(self._clock.wall())
+        if ctx.stream:
+            body = replay_stream(answer, created, include_usage=ctx.client_wants_usage)
+            headers = list(SSE_HEADERS)
+        else:
+            body = replay_response(answer, created)
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ]
+        ctx.status = 200
+        start = {"type": "http.response.start", "status": 200}
+        await send({**start, "headers": [*headers, *ctx.gateway_headers()]})
+        ctx.answered = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        ctx.meter.wrote(self._clock.monotonic(), 1)
+
+    async def aclose(self) -> None:
+        if self._embedder is not None:
+            await self._embedder.aclose()
+        await self._store.aclose()
+
+    async def _exact(self, key: CacheKey) -> Answer | None:
+        raw = await self._store.get(key.tenant, key.exact, now=self._clock.wall())
+        return self._fresh(raw)
+
+    async def _semantic(
+        self, ctx: RequestContext, key: CacheKey, spec: CacheSpec, plan: CachePlan
+    ) -> Answer | None:
+        if self._embedder is None or self._index is None or key.question is None:
+            return None
+        try:
+            with anyio.fail_after(self._embed_timeout_s):
+                plan.vector = await self._embedder.embed(normalise(key.question))
+        except (EmbedderUnavailable, TimeoutError) as exc:
+            _log.warning("embedder unavailable, semantic cache skipped: %s", exc)
+            return None
+        plan.partition = _scoped(self._embedder.name, key.partition or "")
+        match = await self._index.nearest(
+            key.tenant, plan.partition, plan.vector, key.question, spec.similarity
+        )
+        if match is None:
+            return None
+        answer = self._fresh(await self._store.get(key.tenant, match.key, now=self._clock.wall()))
+        if answer is None:
+            self._index.forget(key.tenant, plan.partition, match.key)
+            return None
+        ctx.cache_similarity = match.similarity
+        return answer
+
+    def _fresh(self, raw: bytes | None) -> Answer | None:
+        if raw is None:
+            return None
+        answer = Answer.decode(raw)
+        return answer if answer.expires_wall > self._clock.wall() else None
+
+    def _answer_of(self, ctx: RequestContext, plan: CachePlan, spec: CacheSpec) -> Answer | None:
+        raw = plan.capture.take()
+        if raw is None:
+            return None
+        usage = ctx.upstream_usage or {
+            "prompt_tokens": ctx.input_tokens or 0,
+            "completion_tokens": ctx.output_tokens or 0,
+            "total_tokens": (ctx.input_tokens or 0) + (ctx.output_tokens or 0),
+        }
+        build = from_stream if ctx.stream else from_response
+        answer = build(ctx.operation, raw, usage)
+        if answer is None:
+            return None
+        return replace(answer, expires_wall=self._clock.wall() + spec.ttl)
+
+
+def _complete(ctx: RequestContext) -> bool:
+    return (
+        ctx.cache == "miss"
+        and ctx.status == 200
+        and ctx.upstream_completed
+        and ctx.error_code is None
+        and not ctx.client_disconnected
+    )
+
+
+def _scoped(embedder: str, partition: str) -> str:
+    """Vectors of two embedders never meet: the embedder is part of the partition's name."""
+    return hashlib.sha256(f"{embedder}\0{partition}".encode()).hexdigest()[:40]
