@@ -1,0 +1,58 @@
+"""Vector search: the flat and HNSW indexes agree; the semantic index applies guards and cursors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from proxy.cache.semantic import SemanticIndex
+from proxy.cache.vectors import FlatIndex, HnswIndex, pack, unpack
+from proxy.storage import CacheEntry, MemoryCacheStore
+
+pytestmark = pytest.mark.anyio
+
+
+def unit_rows(n: int, dim: int = 32, seed: int = 1) -> np.ndarray:
+    rows = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_flat_and_hnsw_find_the_same_nearest_row() -> None:
+    rows = unit_rows(2000)
+    flat, hnsw = FlatIndex(32), HnswIndex(32, rows[:1000])
+    flat.add(rows)
+    hnsw.add(rows[1000:])
+    queries = rows[::97] + 0.05 * unit_rows(len(rows[::97]), seed=2)
+    agree = sum(flat.top(q, 1)[0][0] == hnsw.top(q, 1)[0][0] for q in queries)
+    assert agree >= 0.95 * len(queries)
+    row, similarity = flat.top(rows[5], 1)[0]
+    assert row == 5
+    assert similarity == pytest.approx(1.0, abs=1e-5)
+
+
+def test_packed_vectors_keep_direction_and_question() -> None:
+    vector = unit_rows(1)[0]
+    back, question = unpack(pack(vector, "你好?"))
+    assert question == "你好?"
+    assert float(back @ vector) > 0.999
+
+
+async def test_nearest_respects_threshold_guards_and_new_rows() -> None:
+    store = MemoryCacheStore()
+    index = SemanticIndex(store)
+    rows = unit_rows(3)
+    questions = ["flights in 2023", "cheap hotels", "museum hours"]
+    for n, (row, question) in enumerate(zip(rows, questions, strict=True)):
+        entry = CacheEntry("t", f"k{n}", b"v", 0.0, 60.0, 10, "p", pack(row, question))
+        await store.put(entry)
+    found = await index.nearest("t", "p", rows[1], "cheap hotels", 0.9)
+    assert found is not None
+    assert found.key == "k1"
+    assert await index.nearest("t", "p", rows[0], "flights in 2024", 0.9) is None  # numbers
+    assert await index.nearest("t", "q", rows[1], "cheap hotels", 0.9) is None  # partition
+    assert await index.nearest("u", "p", rows[1], "cheap hotels", 0.9) is None  # tenant
+    later = unit_rows(1, seed=9)[0]
+    await store.put(CacheEntry("t", "k9", b"v", 0.0, 60.0, 10, "p", pack(later, "new one")))
+    found = await index.nearest("t", "p", later, "new one", 0.9)
+    assert found is not None
+    assert found.key == "k9"
