@@ -83,6 +83,7 @@ def policy_for(
     limits: str = "{}",
     storage: str = "memory",
     ledger: str | None = None,
+    cache: str = "{}",
 ) -> Path:
     """A one-tenant policy (key KEY) on `backend_url`; optionally tokenizer, budget, limits."""
     path = directory / f"policy-{name}-{backend_url.rsplit(':', 1)[1]}.yaml"
@@ -96,7 +97,8 @@ backends:
 models:
   mock-llm: {{price: {{input_per_1m: 0.1, output_per_1m: 0.4}}{counting}}}
 tenants:
-  bench: {{api_keys: [{hash_key(KEY)}], models: [mock-llm], budget: {budget}, limits: {limits}}}
+  bench: {{api_keys: [{hash_key(KEY)}], models: [mock-llm], budget: {budget}, limits: {limits},
+          cache: {cache}}}
 """
     )
     return path

@@ -25,6 +25,7 @@ SUITE: dict[str, list[str]] = {
     "budgets": ["budgets.py"],
     "ratelimits": ["ratelimits.py"],
     "dashboard": ["dashboard.py"],
+    "cache-speed": ["cache_speed.py"],
 }
 
 
