@@ -50,13 +50,14 @@ def test_demo_runs_on_a_fresh_machine() -> None:
     done = tokenweir("demo", "--exit", "--port", "0")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert sum(" -> 200 " in line for line in lines) == 5
+    assert sum(" -> 200 " in line for line in lines) == 6
+    assert any("the same, again" in line and "(cache: hit)" in line for line in lines)
     assert any(" -> 403 model_not_allowed" in line for line in lines)
     assert "curl -N" in done.stdout
     assert re.search(r"Dashboard: http://127.0.0.1:\d+/dashboard", done.stdout)
-    # The ledger saw the traffic: six requests, one of them refused.
+    # The ledger saw the traffic: seven requests, one of them refused.
     total = next(line for line in lines if line.startswith("total"))
-    assert total.split()[1:3] == ["6", "1"]
+    assert total.split()[1:3] == ["7", "1"]
 
 
 def test_serve_with_two_workers_answers_the_sdk(tmp_path: Path, backend_url: str) -> None:

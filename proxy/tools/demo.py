@@ -64,7 +64,10 @@ _CALLS = (
         "messages": [{"role": "user", "content": "Summarise the history of the transistor."}],
     }),
     _Call("research", "text completion", "/v1/completions", {
-        "model": "mock-llm", "prompt": "Once upon a time", "max_tokens": 24,
+        "model": "mock-llm", "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
+    }),
+    _Call("research", "the same, again", "/v1/completions", {
+        "model": "mock-llm", "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
     }),
 )  # fmt: skip
 
@@ -127,6 +130,7 @@ def _send(client: httpx.Client, call: _Call) -> str:
         elapsed_s = time.perf_counter() - started
         status, request_id = response.status_code, response.headers.get("x-request-id", "")
         shaped = response.headers.get("x-tokenweir-shaped")
+        cache = response.headers.get("x-tokenweir-cache", "bypass")
         error = "" if status == 200 else orjson.loads(response.content)["error"]["code"]
     line = f"  {call.tenant:<12} {call.what:<24} -> {status} {error}"
     if status == 200:
@@ -139,6 +143,8 @@ def _send(client: httpx.Client, call: _Call) -> str:
                 line += f" out {usage['completion_tokens']}"
     if shaped:
         line += f" (shaped: {shaped})"
+    if cache != "bypass":
+        line += f" (cache: {cache})"
     return f"{line}  [{request_id}]"
 
 
