@@ -306,3 +306,18 @@ async def test_a_hit_is_in_the_ledger_with_what_it_saved(
         assert billed == (usage["prompt_tokens"], usage["completion_tokens"], saved.saved_cost_nusd)
     else:
         assert billed == (0, 0, 0)
+
+
+def test_replicas_on_one_redis_share_the_cache(backend_url: str, redis_url: str) -> None:
+    spec = "{mode: semantic, similarity: 0.95}"
+    with (
+        gateway(backend_url, redis_url, spec, embedder=EMBED) as one,
+        gateway(backend_url, redis_url, spec, embedder=EMBED) as two,
+    ):
+        ask(one)
+        exact = ask(two)
+        reworded = ask(
+            two, messages=[{"role": "user", "content": "WHAT is the capital of France?"}]
+        )
+    assert exact.headers["x-tokenweir-cache"] == "hit"
+    assert reworded.headers["x-tokenweir-cache"] == "semantic-hit"
