@@ -1,0 +1,85 @@
+"""The semantic cache's guards: which near-twin questions may share an answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.cache.guards import GUARDS, compatible, guarded_by, names, numbers, opposites
+from tests.shared import shared_data
+
+# (query, cached): the same question in other words; a hit is right.
+SAME = [
+    ("How do I improve at drawing?", "How can I improve my drawing?"),
+    ("What are the best books to learn C++?", "What are the best C++ books in 2016?"),
+    ("Can I make 70,000 a month playing poker?", "Can I make 70000 a month playing poker?"),
+    ("What are my chances of getting a call from IIMs?", "What are my chances at the IIM?"),
+    ("Why did Indians want independence from Britain?", "Why did Indians want Independence?"),
+    ("Can I store datasets in any cloud in a Pythonic way?", "Can Python store datasets?"),
+    ("What is an IterableDataset?", "What is an iterable dataset?"),
+    ("怎么申请退款？", "如何申请退款？"),
+]
+# (query, cached): near twins whose answers differ; a hit is wrong.
+DIFFERENT = [
+    ("Which college can I get with a NEET score of 191?", "... with a NEET score of 184?"),
+    ("How should a 22-year-old invest?", "How should a 26-year-old invest?"),
+    (
+        "Is there a rehab center in Lumpkin County GA?",
+        "Is there a rehab center in Rabun County GA?",
+    ),
+    (
+        "How much does radio advertising cost in Pune?",
+        "How much does radio advertising cost in Mumbai?",
+    ),
+    ("Are there ways to increase nose size?", "Are there ways to reduce nose size?"),
+    (
+        "What are the advantages of extended families?",
+        "What are the disadvantages of extended families?",
+    ),
+    ("2023年的航班有哪些？", "2024年的航班有哪些？"),
+]
+
+
+@pytest.mark.parametrize(("query", "cached"), SAME)
+def test_the_same_question_in_other_words_may_share_an_answer(query: str, cached: str) -> None:
+    assert compatible(query, cached)
+    assert compatible(cached, query)
+
+
+@pytest.mark.parametrize(("query", "cached"), DIFFERENT)
+def test_near_twins_that_ask_different_things_do_not(query: str, cached: str) -> None:
+    assert not compatible(query, cached)
+    assert not compatible(cached, query)
+
+
+def test_each_guard_vetoes_its_own_kind_of_difference() -> None:
+    assert not numbers("flights in 2023", "flights in 2024")
+    assert numbers("flights in 2023", "flights")
+    assert not names("Is it cold in Oslo?", "Is it cold in Rome?")
+    assert names("Is it cold in Oslo, Norway?", "Is it cold in Oslo?")
+    assert not opposites("Why do girls like funny guys?", "Why do girls hate funny guys?")
+    assert opposites("Do you like or hate jazz?", "Do you hate jazz?")
+
+
+def test_names_ignore_sentence_starts_and_reworded_lists() -> None:
+    assert names("Paris is lovely. Where should I stay?", "Where should I stay in lovely paris?")
+    listed = "It covers Tutorials, How-to guides, Audio, Vision and Text."
+    reworded = "It has Get started, Tutorials, Guides, Sound, Images, Text."
+    assert names(listed, reworded)
+
+
+def test_guarded_by_checks_only_the_chosen_guards() -> None:
+    assert guarded_by([])("flights in 2023", "flights in 2024")
+    assert not guarded_by(["numbers"])("flights in 2023", "flights in 2024")
+    assert set(GUARDS) == {"numbers", "names", "opposites"}
+
+
+def test_on_labelled_pairs_each_guard_vetoes_mostly_non_duplicates() -> None:
+    """qqp_dev has 2.2 non-duplicate pairs per duplicate; a guard must veto far more of those."""
+    path = shared_data() / "semcache" / "qqp_dev.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    for name, guard in GUARDS.items():
+        vetoed = [row["label"] for row in rows if not guard(row["text_b"], row["text_a"])]
+        duplicates = sum(vetoed)
+        assert len(vetoed) - duplicates >= 5 * max(duplicates, 1), (name, vetoed)
