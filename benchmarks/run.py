@@ -26,6 +26,7 @@ SUITE: dict[str, list[str]] = {
     "ratelimits": ["ratelimits.py"],
     "dashboard": ["dashboard.py"],
     "cache-speed": ["cache_speed.py"],
+    "semantic_cache": ["semantic_cache.py"],
 }
 
 
