@@ -63,7 +63,7 @@ _OPPOSITES = (
 
 
 def numbers(query: str, cached: str) -> bool:
-    """When both questions hold numbers, the same ones: "NEET score 191" is not "score 184".
+    """When both questions hold numbers, the same ones: "SAT score 1310" is not "1270".
 
     A number on one side only (often a year or a detail added to the same question) passes:
     on the dev pairs that rule vetoed 4 duplicates per 17 non-duplicates, the strict one 1 to 1.
@@ -73,7 +73,7 @@ def numbers(query: str, cached: str) -> bool:
 
 
 def names(query: str, cached: str) -> bool:
-    """No name swapped for another: "rehab in Lumpkin County" is not "rehab in Rabun County".
+    """No name swapped for another: "dog parks in Travis County" is not "in Hays County".
 
     A name only one side has (an added detail) passes; each side naming one or two things the
     other never mentions, in any case or spelling run together, fails. Only Latin capitals
@@ -84,7 +84,7 @@ def names(query: str, cached: str) -> bool:
 
 
 def opposites(query: str, cached: str) -> bool:
-    """No word swapped for its opposite: "increase nose size" is not "reduce nose size"."""
+    """No word swapped for its opposite: "increase my credit limit" is not "reduce" it."""
     mine, theirs = _words(query), _words(cached)
     for one, other in _OPPOSITES:
         if _swapped(one, other, mine, theirs) or _swapped(other, one, mine, theirs):

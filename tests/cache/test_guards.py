@@ -11,32 +11,23 @@ from tests.shared import shared_data
 
 # (query, cached): the same question in other words; a hit is right.
 SAME = [
-    ("How do I improve at drawing?", "How can I improve my drawing?"),
-    ("What are the best books to learn C++?", "What are the best C++ books in 2016?"),
-    ("Can I make 70,000 a month playing poker?", "Can I make 70000 a month playing poker?"),
-    ("What are my chances of getting a call from IIMs?", "What are my chances at the IIM?"),
-    ("Why did Indians want independence from Britain?", "Why did Indians want Independence?"),
+    ("How do I get better at chess?", "How can I improve my chess?"),
+    ("Which books teach Rust best?", "What are the best Rust books in 2024?"),
+    ("Can I live on 40,000 a year in Lyon?", "Can I live on 40000 a year in Lyon?"),
+    ("How hard is it to get into the IITs?", "How hard is getting into an IIT?"),
+    ("Why did Norway leave Sweden?", "Why did Norway want Independence from Sweden?"),
     ("Can I store datasets in any cloud in a Pythonic way?", "Can Python store datasets?"),
     ("What is an IterableDataset?", "What is an iterable dataset?"),
     ("怎么申请退款？", "如何申请退款？"),
 ]
 # (query, cached): near twins whose answers differ; a hit is wrong.
 DIFFERENT = [
-    ("Which college can I get with a NEET score of 191?", "... with a NEET score of 184?"),
-    ("How should a 22-year-old invest?", "How should a 26-year-old invest?"),
-    (
-        "Is there a rehab center in Lumpkin County GA?",
-        "Is there a rehab center in Rabun County GA?",
-    ),
-    (
-        "How much does radio advertising cost in Pune?",
-        "How much does radio advertising cost in Mumbai?",
-    ),
-    ("Are there ways to increase nose size?", "Are there ways to reduce nose size?"),
-    (
-        "What are the advantages of extended families?",
-        "What are the disadvantages of extended families?",
-    ),
+    ("Which university takes an SAT score of 1310?", "... an SAT score of 1270?"),
+    ("How should a 30-year-old save?", "How should a 45-year-old save?"),
+    ("Is there a dog park in Travis County TX?", "Is there a dog park in Hays County TX?"),
+    ("What does a taxi to the airport cost in Lisbon?", "What does it cost in Porto?"),
+    ("How can I increase my credit limit?", "How can I reduce my credit limit?"),
+    ("What are the advantages of remote work?", "What are the disadvantages of remote work?"),
     ("2023年的航班有哪些？", "2024年的航班有哪些？"),
 ]
 
