@@ -175,7 +175,7 @@ class Limits(_Frozen):
 
 class CacheSpec(_Frozen):
     mode: Literal["off", "exact", "semantic", "always"] = "off"
-    similarity: Ratio = 0.92
+    similarity: Ratio = 0.96  # measured: see docs/benchmarks.md, "semantic cache precision"
     ttl: Seconds = 3600.0
     max_entry_bytes: Bytes = 256 * 1024
     # Least recently used entries beyond this many (per tenant) are evicted.
