@@ -10,9 +10,11 @@ time from /proc around each gateway run, and reports medians over the repeats. N
 the gateway shares the machine's cores with the load generator and the backend, as the issue asks.
 `--features all` turns on everything built so far in the gateway: a real tokenizer (Qwen2.5,
 from ../shared), the whole budget card with daily token and USD quotas, requests/tokens per
-minute and max_concurrent, all on a private Redis, and a SQLite ledger. (The cache joins this
-set when it exists.) `--features telemetry` is the plain gateway with tracing and OTLP metrics
-exported (OTLP/HTTP to a stand-in collector in this process) and `/metrics` scraped every 5 s.
+minute and max_concurrent, all on a private Redis, a SQLite ledger, the exact response cache on
+the same Redis (temperature 0, so every request is looked up and stored; bench's prompts differ,
+so all miss), and the telemetry of `--features telemetry`: the plain gateway with tracing and
+OTLP metrics exported (OTLP/HTTP to a stand-in collector in this process) and `/metrics` scraped
+every 5 s.
 Results: benchmarks/results/overhead[-all|-telemetry].{json,md}, which benchmarks/run.py puts
 into docs/benchmarks.md.
 """
@@ -209,11 +211,11 @@ def main() -> int:
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         redis_url = stack.enter_context(private_redis()) if args.features == "all" else None
-        if args.features == "telemetry":
+        if args.features in ("telemetry", "all"):
             endpoint, sink = stack.enter_context(otlp_sink())
             os.environ.update(TELEMETRY_ENV, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
         report = run_suite(args, redis_url)
-        if args.features == "telemetry":
+        if args.features in ("telemetry", "all"):
             report["otlp_exports_received"] = sink.received  # type: ignore[attr-defined]
     suffix = "" if args.features == "off" else f"-{args.features}"
     (RESULTS / f"overhead{suffix}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -227,9 +229,12 @@ def gateway_config(mock_url: str, work: Path, redis_url: str | None) -> Path:
     """The plain gateway, or (with Redis) every feature built so far."""
     if redis_url is None:
         return policy_for(mock_url, work)
+    # Temperature 0 makes every request cacheable: each one is looked up and its answer stored
+    # (bench's prompts are all different, so every lookup misses: the cost, not the savings).
+    deterministic = FULL_BUDGET.replace("temperature: 0.3", "temperature: 0")
     return policy_for(
-        mock_url, work, name="all", tokenizer=str(QWEN), budget=FULL_BUDGET, limits=ALL_LIMITS,
-        storage=redis_url, ledger=f"sqlite:///{work / 'ledger.db'}",
+        mock_url, work, name="all", tokenizer=str(QWEN), budget=deterministic, limits=ALL_LIMITS,
+        storage=redis_url, ledger=f"sqlite:///{work / 'ledger.db'}", cache="{mode: exact}",
     )  # fmt: skip
 
 
@@ -248,7 +253,7 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
             serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url))]
             with (
                 started(serve, "/healthz", work / "gateway.log") as gateway,
-                scraping(gateway.url, args.features == "telemetry"),
+                scraping(gateway.url, args.features in ("telemetry", "all")),
             ):
                 warm_up(mock, gateway)
                 for level in (int(x) for x in args.levels.split(",")):
@@ -261,7 +266,7 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
             serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url))]
             with (
                 started(serve, "/healthz", work / "gateway2.log") as gateway,
-                scraping(gateway.url, args.features == "telemetry"),
+                scraping(gateway.url, args.features in ("telemetry", "all")),
             ):
                 print("non-stream saturation ...", file=sys.stderr, flush=True)
                 warm_up(mock, gateway)
