@@ -124,7 +124,10 @@ async def semantic_lookups(
     near = rows[picks] + noise
     near /= np.linalg.norm(near, axis=1, keepdims=True)
     load_started = time.perf_counter()
-    await index.nearest(tenant, "p", near[0], "question", 0.5)  # loads the partition's mirror
+    for _ in range(100_000):  # a big partition loads in the background; lookups miss meanwhile
+        if await index.nearest(tenant, "p", near[0], f"question {picks[0]}", 0.5) is not None:
+            break
+        await asyncio.sleep(0.05)
     load_s = time.perf_counter() - load_started
     samples, found = [], 0
     for n, query in enumerate(near):

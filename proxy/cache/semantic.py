@@ -7,6 +7,7 @@ brings up to date from the store's cursor before every search.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -15,10 +16,12 @@ import numpy as np
 
 from proxy.cache.guards import compatible
 from proxy.cache.vectors import FLAT_MAX, FlatIndex, HnswIndex, Vector, VectorIndex, unpack
-from proxy.storage.cache import START, CacheStore
+from proxy.storage.base import StorageError
+from proxy.storage.cache import START, VECTOR_PAGE, CacheStore
 
 __all__ = ["Match", "SemanticIndex"]
 
+_log = logging.getLogger("tokenweir.cache")
 # Rows decoded on the event loop per sync; a bigger catch-up runs in a worker thread.
 _INLINE_ROWS = 256
 _CANDIDATES = 4
@@ -46,6 +49,7 @@ class SemanticIndex:
         self._store = store
         self._max_rows = max_rows
         self._partitions: OrderedDict[tuple[str, str], _Partition] = OrderedDict()
+        self._loading: set[asyncio.Task[None]] = set()
 
     async def nearest(
         self, tenant: str, partition: str, query: Vector, question: str, threshold: float
@@ -58,7 +62,12 @@ class SemanticIndex:
         if mirror.lock.locked():
             return None
         async with mirror.lock:
-            await self._catch_up(tenant, partition, mirror)
+            caught_up = await self._catch_up(tenant, partition, mirror, pages=1)
+        if not caught_up:  # a big partition: load the rest in the background, miss meanwhile
+            task = asyncio.create_task(self._load(tenant, partition, mirror))
+            self._loading.add(task)
+            task.add_done_callback(self._loading.discard)
+            return None
         if mirror.index is None:
             return None
         for row, similarity in mirror.index.top(query, _CANDIDATES):
@@ -90,8 +99,36 @@ class SemanticIndex:
             _, oldest = self._partitions.popitem(last=False)
             rows -= len(oldest.keys)
 
-    async def _catch_up(self, tenant: str, partition: str, mirror: _Partition) -> None:
-        rows, cursor = await self._store.vectors(tenant, partition, mirror.cursor)
+    async def aclose(self) -> None:
+        for task in list(self._loading):
+            task.cancel()
+        await asyncio.gather(*self._loading, return_exceptions=True)
+
+    async def _load(self, tenant: str, partition: str, mirror: _Partition) -> None:
+        try:
+            async with mirror.lock:
+                await self._catch_up(tenant, partition, mirror, pages=None)
+        except StorageError as exc:
+            _log.warning("could not load a semantic cache partition: %s", exc)
+
+    async def _catch_up(
+        self, tenant: str, partition: str, mirror: _Partition, *, pages: int | None
+    ) -> bool:
+        """Read up to `pages` pages of vectors added since the mirror's cursor (None: all).
+
+        True when the mirror has caught up with the store."""
+        read = 0
+        while pages is None or read < pages:
+            rows, cursor = await self._store.vectors(tenant, partition, mirror.cursor)
+            read += 1
+            await self._extend(mirror, rows)
+            mirror.cursor = cursor
+            if len(rows) < VECTOR_PAGE:
+                return True
+        return False
+
+    @staticmethod
+    async def _extend(mirror: _Partition, rows: list[tuple[str, bytes]]) -> None:
         if not rows:
             return
         crosses = len(mirror.keys) <= FLAT_MAX < len(mirror.keys) + len(rows)
@@ -99,7 +136,6 @@ class SemanticIndex:
             await anyio.to_thread.run_sync(_extend, mirror, rows)
         else:
             _extend(mirror, rows)
-        mirror.cursor = cursor
 
 
 def _extend(mirror: _Partition, rows: list[tuple[str, bytes]]) -> None:

@@ -127,6 +127,8 @@ class ResponseCache:
         ctx.meter.wrote(self._clock.monotonic(), 1)
 
     async def aclose(self) -> None:
+        if self._index is not None:
+            await self._index.aclose()
         if self._embedder is not None:
             await self._embedder.aclose()
         await self._store.aclose()

@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["START", "CacheEntry", "CacheStore", "VectorRows"]
+__all__ = ["START", "VECTOR_PAGE", "CacheEntry", "CacheStore", "VectorRows"]
 
 START = "0-0"
 """The cursor before a partition's first vector."""
+
+VECTOR_PAGE = 2_000
+"""At most this many vectors per `vectors()` call (about 1.6 MB); fewer means none are left."""
 
 VectorRows = list[tuple[str, bytes]]
 """(entry key, packed vector) in insertion order."""
@@ -43,7 +46,7 @@ class CacheStore(Protocol):
         """Store the entry, evicting expired and least recently used ones beyond the limit."""
 
     async def vectors(self, tenant: str, partition: str, after: str) -> tuple[VectorRows, str]:
-        """The partition's vectors added after cursor `after`, and the new cursor."""
+        """Up to VECTOR_PAGE of the partition's vectors added after `after`, and the new cursor."""
 
     async def forget(self, tenant: str, key: str) -> None:
         """Drop an entry and its vector (a lookup found it stale)."""

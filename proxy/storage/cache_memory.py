@@ -6,7 +6,7 @@ import bisect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from proxy.storage.cache import CacheEntry, VectorRows
+from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorRows
 
 __all__ = ["MemoryCacheStore"]
 
@@ -62,9 +62,10 @@ class MemoryCacheStore:
         rows = space.partitions.get(partition, []) if space else []
         seen = int(after.partition("-")[2])
         start = bisect.bisect_right(rows, seen, key=lambda row: row[0])
-        if start == len(rows):
+        page = rows[start : start + VECTOR_PAGE]
+        if not page:
             return [], after
-        return [(key, vector) for _, key, vector in rows[start:]], f"0-{rows[-1][0]}"
+        return [(key, vector) for _, key, vector in page], f"0-{page[-1][0]}"
 
     async def forget(self, tenant: str, key: str) -> None:
         space = self._tenants.get(tenant)

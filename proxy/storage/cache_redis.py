@@ -16,14 +16,13 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from proxy.storage.base import StorageError
-from proxy.storage.cache import CacheEntry, VectorRows
+from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorRows
 from proxy.storage.redisconn import connect
 
 __all__ = ["RedisCacheStore"]
 
 # Bookkeeping (LRU set, vector streams) outlives the last write by this many TTLs.
 _KEEP_TTLS = 2
-_MAX_VECTORS_PER_READ = 50_000
 
 
 def _script(name: str) -> str:
@@ -66,7 +65,7 @@ class RedisCacheStore:
         stream = f"{_prefix(tenant)}v:{partition}"
         with _translated():
             found: list[Any] | None = await self._redis.xrange(
-                stream, min=f"({after}", max="+", count=_MAX_VECTORS_PER_READ
+                stream, min=f"({after}", max="+", count=VECTOR_PAGE
             )
         if not found:
             return [], after

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import FlatIndex, HnswIndex, pack, unpack
 from proxy.storage import CacheEntry, MemoryCacheStore
+from proxy.storage.cache import VECTOR_PAGE
 
 pytestmark = pytest.mark.anyio
 
@@ -56,3 +59,21 @@ async def test_nearest_respects_threshold_guards_and_new_rows() -> None:
     found = await index.nearest("t", "p", later, "new one", 0.9)
     assert found is not None
     assert found.key == "k9"
+
+
+async def test_a_big_partition_loads_in_the_background_and_misses_meanwhile() -> None:
+    store = MemoryCacheStore()
+    rows = unit_rows(VECTOR_PAGE + 500)
+    for n, row in enumerate(rows):
+        await store.put(CacheEntry("t", f"k{n}", b"v", 0.0, 60.0, 10**6, "p", pack(row, "q")))
+    index = SemanticIndex(store)
+    assert await index.nearest("t", "p", rows[-1], "q", 0.9) is None  # still loading
+    found = None
+    for _ in range(500):
+        await asyncio.sleep(0.01)
+        found = await index.nearest("t", "p", rows[-1], "q", 0.9)
+        if found is not None:
+            break
+    assert found is not None
+    assert found.key == f"k{len(rows) - 1}"
+    await index.aclose()
