@@ -65,7 +65,7 @@ _IO_STAGES: dict[str, tuple[str, Callable[[RequestContext], bool]]] = {
     "Budgets": ("tokenweir.budget.reserve", _has_quota),
     "RateLimits": ("tokenweir.rate_limit.admit", _has_limits),
     "BackendLimits": ("tokenweir.backend_limit.admit", _has_backend_limits),
-    "CacheLookup": ("tokenweir.cache.lookup", lambda ctx: ctx.cache != "bypass"),
+    "ResponseCache": ("tokenweir.cache.lookup", lambda ctx: ctx.cache != "bypass"),
     "settle": (
         "tokenweir.settle",
         lambda ctx: _has_quota(ctx) or _has_limits(ctx) or _has_backend_limits(ctx),
