@@ -32,10 +32,12 @@ from proxy.errors import GatewayError, InternalError, NotFound
 from proxy.ledger import Ledger, open_ledger
 from proxy.pipeline import Pipeline
 from proxy.policy import Policy, load_policy
+from proxy.routing import Pools, Prober
 from proxy.stages.account import Account
 from proxy.stages.auth import Authenticate, Keyring
 from proxy.stages.budget import Budgets
 from proxy.stages.cache import ResponseCache
+from proxy.stages.degrade import Degrade
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
 from proxy.stages.ratelimit import BackendLimits, RateLimits
@@ -90,6 +92,8 @@ class Gateway:
     started_wall: float
     telemetry: Telemetry
     cache: ResponseCache
+    pools: Pools
+    prober: Prober
 
     @classmethod
     def build(
@@ -104,13 +108,15 @@ class Gateway:
         upstream = UpstreamClient(policy.upstream, transport)
         store = store or open_store(policy.storage)
         prices = PriceTable(policy)
-        failures = StorageFailures()
+        failures = StorageFailures(clock)
         budgets = Budgets(store, prices, clock, failures)
         limit_store = open_limit_store(policy.storage)
         rate_limits = RateLimits(limit_store, clock, failures)
         ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
         telemetry = _telemetry(policy, clock, otel)
         cache = _response_cache(policy, clock)
+        pools = Pools(policy, clock)
+        route = RouteStage(pools, upstream, clock, rate_limits.admit_backend)
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants),
             stages=[
@@ -119,27 +125,31 @@ class Gateway:
                 budgets,
                 rate_limits,
                 cache,
-                RouteStage(policy),
+                Degrade(pools, clock, store, failures, cache),
+                route,
                 BackendLimits(rate_limits),
             ],
-            forward=Forward(upstream, clock, telemetry),
-            account=Account(clock, [rate_limits, budgets, cache], prices, ledger, telemetry),
+            forward=Forward(route, clock, telemetry),
+            account=Account(clock, [route, rate_limits, budgets, cache], prices, ledger, telemetry),
             max_body_bytes=policy.server.max_body_bytes,
             telemetry=telemetry,
             replay=cache.replay,
         )
         return cls(
             policy, clock, keyring, upstream, store, limit_store, ledger, pipeline, failures,
-            clock.wall(), telemetry, cache,
+            clock.wall(), telemetry, cache, pools,
+            Prober(pools, upstream, policy.upstream.probe_interval),
         )  # fmt: skip
 
     async def start(self) -> None:
         if self.ledger is not None:
             await self.ledger.start()
+        self.prober.start()
 
     async def aclose(self) -> None:
         """Close in dependency order; the ledger last, so every settled request is flushed."""
         try:
+            await self.prober.aclose()
             await self.upstream.aclose()
             await self.store.aclose()
             await self.limit_store.aclose()

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from proxy.cache.capture import CachePlan
     from proxy.stages.budget import Reservation
     from proxy.stages.ratelimit import RateLimitHold
+    from proxy.stages.route import Routed
     from proxy.telemetry.tracing import RequestTrace
 
 __all__ = ["Operation", "RequestContext"]
@@ -43,11 +44,16 @@ class RequestContext:
     cache_plan: CachePlan | None = None
     cached: Answer | None = None
     cache_similarity: float | None = None
+    # Set by a degradation rule for the cache's second lookup: a looser bar, or stale answers.
+    cache_min_similarity: float | None = None
+    cache_serve_stale: bool = False
     saved_input_tokens: int = 0
     saved_output_tokens: int = 0
     upstream_usage: dict[str, Any] | None = None
     shaped: list[str] = field(default_factory=list)
     degraded: list[str] = field(default_factory=list)
+    degraded_shadow: list[str] = field(default_factory=list)  # rules that would have fired
+    route: Routed | None = None
     counted_input_tokens: int | None = None
     output_allowance: int | None = None
     reservation: Reservation | None = None
@@ -77,6 +83,9 @@ class RequestContext:
             headers.append((b"x-tokenweir-shaped", ",".join(self.shaped).encode()))
         if self.degraded:
             headers.append((b"x-tokenweir-degraded", ",".join(self.degraded).encode()))
+        if self.degraded_shadow:
+            shadow = ",".join(self.degraded_shadow).encode()
+            headers.append((b"x-tokenweir-degraded-shadow", shadow))
         return headers
 
 

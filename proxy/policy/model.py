@@ -23,12 +23,14 @@ __all__ = [
     "Backend",
     "Budget",
     "CacheSpec",
+    "CircuitSpec",
     "DegradeRule",
     "EmbedderSpec",
     "Limits",
     "ModelSpec",
     "Policy",
     "Price",
+    "Routing",
     "ServerSpec",
     "Tenant",
     "UpstreamSpec",
@@ -122,9 +124,20 @@ class Price(_Frozen):
     output_per_1m: Annotated[float, Field(ge=0)] = 0.0
 
 
+Routing = Literal["least_inflight", "weighted", "prefix_affinity"]
+
+
 class ModelSpec(_Frozen):
     tokenizer: str | None = None
     price: Price = Price()
+    # How requests are spread over the model's backends; see README, "Routing and failover".
+    routing: Routing = "least_inflight"
+    # With prefix_affinity: a replica takes at most this factor times the mean in-flight load.
+    affinity_load_factor: Annotated[float, Field(ge=1.0, le=10.0)] = 2.0
+    # Backends tried for one request (the first included) when they fail before the first byte.
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+    # Models to serve the request, in order, when none of this model's backends is available.
+    fallback_models: tuple[Name, ...] = ()
 
 
 class LimitSet(_Frozen):
@@ -211,6 +224,7 @@ class DegradeThen(_Frozen):
     cache: Literal["serve_stale"] | None = None
     similarity: Ratio | None = None
     reject: Literal[429, 503] | None = None
+    retry_after: Seconds = 1.0  # with reject: the Retry-After the client is told
     priority: Literal["low", "normal", "high"] | None = None
 
 
@@ -218,6 +232,8 @@ class DegradeRule(_Frozen):
     name: Name
     when: DegradeWhen
     then: DegradeThen
+    # Evaluate and record (x-tokenweir-degraded-shadow, the access log), change nothing.
+    shadow: bool = False
 
 
 class Tenant(_Frozen):
@@ -228,12 +244,23 @@ class Tenant(_Frozen):
     cache: CacheSpec = CacheSpec()
     degrade: tuple[DegradeRule, ...] = ()
     priority: Literal["low", "normal", "high"] = "normal"
+    # Every degrade rule and priority shedding of this tenant in shadow mode (see DegradeRule).
+    shadow: bool = False
 
 
 class ServerSpec(_Frozen):
     """How the gateway treats its own clients."""
 
     max_body_bytes: Bytes = 4 * 1024 * 1024
+
+
+class CircuitSpec(_Frozen):
+    """Passive health: `failures` in a row open a backend's circuit for `open_for`, doubled on
+    each failed trial up to `max_open_for`; one successful trial closes it."""
+
+    failures: PositiveInt = 3
+    open_for: Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0.0)] = 2.0
+    max_open_for: Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0.0)] = 60.0
 
 
 class UpstreamSpec(_Frozen):
@@ -243,6 +270,9 @@ class UpstreamSpec(_Frozen):
     read_timeout: Seconds = 300.0
     pool_timeout: Seconds = 5.0
     max_connections: PositiveInt = 2048
+    # Active health checks: `GET {url}/models` on every backend this often; 0 turns them off.
+    probe_interval: Annotated[float, BeforeValidator(parse_duration_s), Field(ge=0.0)] = 10.0
+    circuit: CircuitSpec = CircuitSpec()
 
 
 class Policy(_Frozen):
@@ -257,6 +287,23 @@ class Policy(_Frozen):
     backends: tuple[Backend, ...] = Field(min_length=1)
     models: dict[Name, ModelSpec]
     tenants: dict[TagName, Tenant]
+
+    @model_validator(mode="after")
+    def _models_named_exist(self) -> Policy:
+        for name, spec in self.models.items():
+            for fallback in spec.fallback_models:
+                if fallback not in self.models or fallback == name:
+                    raise ValueError(
+                        f"models.{name}.fallback_models: {fallback!r} is not another model here"
+                    )
+        for tenant_name, tenant in self.tenants.items():
+            for rule in tenant.degrade:
+                if rule.then.model is not None and rule.then.model not in self.models:
+                    raise ValueError(
+                        f"tenants.{tenant_name}.degrade {rule.name!r}: model "
+                        f"{rule.then.model!r} is not in models"
+                    )
+        return self
 
     def backends_for(self, model: str) -> tuple[Backend, ...]:
         return tuple(b for b in self.backends if model in b.models)

@@ -63,7 +63,7 @@ class ResponseCache:
         spec = tenant.cache
         plan = CachePlan(key, Capture(spec.max_entry_bytes * _SSE_OVERHEAD))
         try:
-            answer = await self._exact(key)
+            answer = await self._exact(key, ctx.cache_serve_stale)
             if answer is None and key.partition is not None:
                 answer = await self._semantic(ctx, key, spec, plan)
         except StorageError as exc:
@@ -95,8 +95,11 @@ class ResponseCache:
         vector = None
         if plan.vector is not None and plan.key.question is not None:
             vector = pack(plan.vector, plan.key.question)
+        # A tenant with a `cache: serve_stale` rule keeps answers one more ttl, to serve stale.
+        stale = any(rule.then.cache == "serve_stale" for rule in tenant.degrade)
         entry = CacheEntry(
-            plan.key.tenant, plan.key.exact, value, self._clock.wall(), tenant.cache.ttl,
+            plan.key.tenant, plan.key.exact, value, self._clock.wall(),
+            tenant.cache.ttl * 2 if stale else tenant.cache.ttl,
             tenant.cache.max_entries, plan.partition, vector,
         )  # fmt: skip
         try:
@@ -133,9 +136,9 @@ class ResponseCache:
             await self._embedder.aclose()
         await self._store.aclose()
 
-    async def _exact(self, key: CacheKey) -> Answer | None:
+    async def _exact(self, key: CacheKey, stale_ok: bool) -> Answer | None:
         raw = await self._store.get(key.tenant, key.exact, now=self._clock.wall())
-        return self._fresh(raw)
+        return self._fresh(raw, stale_ok)
 
     async def _semantic(
         self, ctx: RequestContext, key: CacheKey, spec: CacheSpec, plan: CachePlan
@@ -149,23 +152,26 @@ class ResponseCache:
             _log.warning("embedder unavailable, semantic cache skipped: %s", exc)
             return None
         plan.partition = _scoped(self._embedder.name, key.partition or "")
+        # A degradation rule may lower the bar for this request (never raise it).
+        bar = min(spec.similarity, ctx.cache_min_similarity or spec.similarity)
         match = await self._index.nearest(
-            key.tenant, plan.partition, plan.vector, key.question, spec.similarity
+            key.tenant, plan.partition, plan.vector, key.question, bar
         )
         if match is None:
             return None
-        answer = self._fresh(await self._store.get(key.tenant, match.key, now=self._clock.wall()))
+        raw = await self._store.get(key.tenant, match.key, now=self._clock.wall())
+        answer = self._fresh(raw, ctx.cache_serve_stale)
         if answer is None:
             self._index.forget(key.tenant, plan.partition, match.key)
             return None
         ctx.cache_similarity = match.similarity
         return answer
 
-    def _fresh(self, raw: bytes | None) -> Answer | None:
+    def _fresh(self, raw: bytes | None, stale_ok: bool = False) -> Answer | None:
         if raw is None:
             return None
         answer = Answer.decode(raw)
-        return answer if answer.expires_wall > self._clock.wall() else None
+        return answer if stale_ok or answer.expires_wall > self._clock.wall() else None
 
     def _answer_of(self, ctx: RequestContext, plan: CachePlan, spec: CacheSpec) -> Answer | None:
         raw = plan.capture.take()

@@ -17,7 +17,7 @@ from proxy.context import RequestContext
 from proxy.errors import GatewayError, UpstreamError
 from proxy.policy.model import Backend
 from proxy.telemetry.recorder import Telemetry
-from proxy.upstream.client import UpstreamClient, translate
+from proxy.upstream.client import UpstreamOpener, translate
 from proxy.upstream.sse import SSEForwarder
 
 __all__ = ["SSE_HEADERS", "Forward"]
@@ -30,7 +30,7 @@ SSE_HEADERS = [
 
 
 class Forward:
-    def __init__(self, upstream: UpstreamClient, clock: Clock, telemetry: Telemetry) -> None:
+    def __init__(self, upstream: UpstreamOpener, clock: Clock, telemetry: Telemetry) -> None:
         self._upstream = upstream
         self._clock = clock
         self._telemetry = telemetry

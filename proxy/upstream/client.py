@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -14,7 +14,15 @@ from proxy.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamU
 from proxy.policy.model import Backend, UpstreamSpec
 from proxy.upstream.transport import PooledTransport
 
-__all__ = ["UpstreamClient", "UpstreamRejected", "translate"]
+__all__ = [
+    "CONNECT_TIMEOUT_CODE",
+    "UpstreamClient",
+    "UpstreamOpener",
+    "UpstreamRejected",
+    "translate",
+]
+
+CONNECT_TIMEOUT_CODE = "upstream_connect_timeout"
 
 _MAX_ERROR_BODY_BYTES = 64 * 1024
 
@@ -31,6 +39,15 @@ class UpstreamRejected(GatewayError):
         )
         self.status = status
         self.type = str(backend_error.get("type") or "invalid_request_error")
+
+
+class UpstreamOpener(Protocol):
+    """What Forward calls to start the upstream call: the client itself, or the route stage,
+    which fails over to another backend before the first byte."""
+
+    async def open(
+        self, ctx: RequestContext, body: dict[str, Any], extra_headers: Mapping[str, str] = {}
+    ) -> tuple[Backend, httpx.Response]: ...
 
 
 class UpstreamClient:
@@ -114,7 +131,9 @@ def translate(backend: Backend) -> Iterator[None]:
             f"all connections to backend {name!r} are busy", retry_after_s=1
         ) from exc
     except httpx.ConnectTimeout as exc:
-        raise UpstreamTimeout(f"backend {name!r} did not accept the connection in time") from exc
+        raise UpstreamTimeout(
+            f"backend {name!r} did not accept the connection in time", code=CONNECT_TIMEOUT_CODE
+        ) from exc
     except httpx.TimeoutException as exc:
         raise UpstreamTimeout(f"backend {name!r} sent nothing within the read timeout") from exc
     except httpx.ConnectError as exc:

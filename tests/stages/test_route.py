@@ -1,4 +1,5 @@
-"""Several backends for one model take turns, by weight; each request reaches exactly one."""
+"""`routing: weighted`: several backends for one model take turns, by weight; each request
+reaches exactly one."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_backends_take_turns_by_weight() -> None:
 backends:
   - {{name: one, url: "{urls[0]}/v1", models: [m]}}
   - {{name: two, url: "{urls[1]}/v1", models: [m], weight: 2}}
-models: {{m: {{}}}}
+models: {{m: {{routing: weighted}}}}
 tenants:
   t: {{api_keys: [{hash_key("k")}], models: [m]}}
 """,

@@ -1,0 +1,86 @@
+"""What the gateway knows about one backend: circuit, probe result, requests in flight, and
+rolling TTFT, tokens/s and outcomes over the last minute."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import TYPE_CHECKING
+
+from proxy.policy.model import Backend, CircuitSpec
+from proxy.routing.circuit import Circuit
+
+if TYPE_CHECKING:
+    from proxy.context import RequestContext
+
+__all__ = ["WINDOW_S", "BackendHealth", "Window"]
+
+WINDOW_S = 60.0
+_MAX_SAMPLES = 256
+
+
+class Window:
+    """The last samples (at most `_MAX_SAMPLES`, none older than `WINDOW_S`) of one signal."""
+
+    __slots__ = ("_samples",)
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=_MAX_SAMPLES)
+
+    def add(self, now_s: float, value: float) -> None:
+        self._samples.append((now_s, value))
+
+    def recent(self, now_s: float) -> list[float]:
+        samples = self._samples
+        while samples and samples[0][0] < now_s - WINDOW_S:
+            samples.popleft()
+        return [value for _, value in samples]
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """The nearest-rank quantile `q` of `values`, None if there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+class BackendHealth:
+    """One per backend, shared by every model it serves; the route stage keeps it current."""
+
+    __slots__ = ("active", "backend", "circuit", "outcomes", "probe_error", "tokens_per_s", "ttft")
+
+    def __init__(self, backend: Backend, spec: CircuitSpec) -> None:
+        self.backend = backend
+        self.circuit = Circuit(spec)
+        self.probe_error: str | None = None  # what the last active probe found wrong
+        self.active: set[RequestContext] = set()  # requests in flight on this backend
+        self.ttft = Window()
+        self.tokens_per_s = Window()
+        self.outcomes = Window()  # 1.0 for a failure, 0.0 for a success
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def inflight(self) -> int:
+        return len(self.active)
+
+    def available(self, now_s: float) -> bool:
+        return self.probe_error is None and self.circuit.available(now_s)
+
+    def waiting(self) -> int:
+        """Requests in flight that have had no token yet: queued or prefilling at the backend."""
+        return sum(1 for ctx in self.active if ctx.meter.first_token_s is None)
+
+    def failed(self, now_s: float) -> None:
+        self.circuit.failed(now_s)
+        self.outcomes.add(now_s, 1.0)
+
+    def served(self, now_s: float, ttft_s: float | None, tokens_per_s: float | None) -> None:
+        self.outcomes.add(now_s, 0.0)
+        if ttft_s is not None:
+            self.ttft.add(now_s, ttft_s)
+        if tokens_per_s is not None:
+            self.tokens_per_s.add(now_s, tokens_per_s)

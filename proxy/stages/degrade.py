@@ -1,0 +1,192 @@
+"""Degradation: the tenant's first matching `degrade:` rule changes the request, and under
+overload the lowest priorities are shed first.
+
+Writes degraded, degraded_shadow, and per the rule's `then`: body max_tokens, output_allowance,
+model, cache_min_similarity / cache_serve_stale (and the cache's second lookup), or an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from proxy.clock import Clock
+from proxy.context import RequestContext
+from proxy.errors import GatewayError, RateLimited, UpstreamUnavailable
+from proxy.policy.model import DegradeRule, DegradeThen, DegradeWhen, Tenant
+from proxy.routing.pool import Pools, PoolSignals
+from proxy.stages import Stage
+from proxy.stages.storagepolicy import StorageFailures
+from proxy.storage.base import QuotaStore, StorageError
+
+__all__ = ["SHED_AT", "STORAGE_WINDOW_S", "Degrade"]
+
+Priority = Literal["low", "normal", "high"]
+# Shed a request of this priority when the model's backends are this full (in flight over
+# their max_concurrent); high priority is never shed here, only by the backends' own limits.
+SHED_AT: dict[str, float] = {"low": 0.8, "normal": 0.95}
+STORAGE_WINDOW_S = 10.0  # `storage_unavailable`: shared storage failed this recently
+SHED_RULE = "priority-shed"  # the name a shed request records in shadow mode
+_log = logging.getLogger("tokenweir.degrade")
+
+
+class _Signals:
+    """The request's signals, each read at most once and only if a rule asks for it."""
+
+    def __init__(self, stage: Degrade, ctx: RequestContext) -> None:
+        self._stage = stage
+        self._ctx = ctx
+        self._pool: PoolSignals | None = None
+        self._budget: float | None = None
+        self._budget_read = False
+
+    def pool(self) -> PoolSignals:
+        if self._pool is None:
+            pool = self._stage.pools.pool(self._ctx.model)
+            self._pool = pool.signals(self._stage.clock.monotonic())
+        return self._pool
+
+    async def budget_used(self) -> float | None:
+        if not self._budget_read:
+            self._budget_read = True
+            self._budget = await self._stage.budget_used(self._ctx)
+        return self._budget
+
+
+class Degrade:
+    def __init__(
+        self,
+        pools: Pools,
+        clock: Clock,
+        store: QuotaStore,
+        failures: StorageFailures,
+        cache: Stage | None = None,
+    ) -> None:
+        self.pools = pools
+        self.clock = clock
+        self._store = store
+        self._failures = failures
+        self._cache = cache
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        tenant = ctx.tenant
+        if tenant is None:
+            raise RuntimeError("auth must run before degradation")
+        signals = _Signals(self, ctx)
+        live, shadow = await self._first_matches(tenant, signals)
+        if shadow is not None:
+            ctx.degraded_shadow.append(shadow.name)
+        priority: Priority = tenant.priority
+        if live is not None:
+            ctx.degraded.append(live.name)
+            priority = await self._apply(ctx, live)
+        if ctx.cached is None:
+            self._shed(ctx, priority, shadow=tenant.shadow)
+
+    async def _first_matches(
+        self, tenant: Tenant, signals: _Signals
+    ) -> tuple[DegradeRule | None, DegradeRule | None]:
+        """The first matching enforced rule, and the first matching rule of all if it is a
+        shadow one (what would have happened had the shadow rules been live)."""
+        live: DegradeRule | None = None
+        shadow: DegradeRule | None = None
+        first = True
+        for rule in tenant.degrade:
+            in_shadow = rule.shadow or tenant.shadow
+            if (in_shadow and not first) or not await self._matches(rule.when, signals):
+                continue
+            if first and in_shadow:
+                shadow = rule
+            first = False
+            if not in_shadow:
+                live = rule
+                break
+        return live, shadow
+
+    async def _matches(self, when: DegradeWhen, signals: _Signals) -> bool:
+        """Every condition the rule sets holds (a rule with none always matches)."""
+        if when.storage_unavailable is not None:
+            failing = self._failures.failed_within(STORAGE_WINDOW_S)
+            if failing != when.storage_unavailable:
+                return False
+        checks = (
+            (when.inflight_ratio_above, lambda: signals.pool().inflight_ratio),
+            (when.queue_depth_above, lambda: signals.pool().queue_depth),
+            (when.backend_ttft_p95_above, lambda: signals.pool().ttft_p95_s),
+            (when.backend_error_rate_above, lambda: signals.pool().error_rate),
+        )
+        for threshold, read in checks:
+            if threshold is not None:
+                value = read()
+                if value is None or value <= threshold:
+                    return False
+        if when.budget_used_above is not None:
+            used = await signals.budget_used()
+            if used is None or used <= when.budget_used_above:
+                return False
+        return True
+
+    async def budget_used(self, ctx: RequestContext) -> float | None:
+        """The largest settled fraction of the tenant's quotas (None: no quotas, or unreadable)."""
+        reservation = ctx.reservation
+        if reservation is None:
+            return None
+        counters = [quota.counter for quota in reservation.quotas]
+        try:
+            readings = await self._store.read(counters)
+        except StorageError as exc:
+            _log.warning("could not read quotas for budget_used_above: %s", exc)
+            return None
+        return max(used / c.limit for c, (used, _) in zip(counters, readings, strict=True))
+
+    async def _apply(self, ctx: RequestContext, rule: DegradeRule) -> Priority:
+        then = rule.then
+        if then.reject is not None:
+            raise _rejection(rule.name, then)
+        if then.max_output_tokens is not None and ctx.operation != "embeddings":
+            _clamp_output(ctx, then.max_output_tokens)
+        if then.model is not None and then.model != ctx.model:
+            ctx.model = ctx.body["model"] = then.model
+        if then.cache is not None or then.similarity is not None:
+            ctx.cache_serve_stale = then.cache == "serve_stale"
+            ctx.cache_min_similarity = then.similarity
+            if ctx.cache == "miss" and self._cache is not None:
+                await self._cache(ctx)  # look again, at the looser bar
+        priority: Priority = then.priority or (ctx.tenant.priority if ctx.tenant else "normal")
+        return priority
+
+    def _shed(self, ctx: RequestContext, priority: Priority, *, shadow: bool) -> None:
+        """Refuse the request if its priority is shed at the model's current load."""
+        shed_at = SHED_AT.get(priority)
+        if shed_at is None:
+            return
+        ratio = self.pools.pool(ctx.model).inflight_ratio()
+        if ratio is None or ratio < shed_at:
+            return
+        if shadow:
+            ctx.degraded_shadow.append(SHED_RULE)
+            return
+        raise UpstreamUnavailable(
+            f"The model {ctx.model!r} is overloaded and {priority}-priority requests are shed "
+            "first; try again shortly.",
+            code="overloaded",
+            retry_after_s=1.0,
+        )
+
+
+def _clamp_output(ctx: RequestContext, limit: int) -> None:
+    body = ctx.body
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and value > limit:
+            body[key] = limit
+    if "max_tokens" not in body and "max_completion_tokens" not in body:
+        body["max_tokens"] = limit
+    ctx.output_allowance = min(ctx.output_allowance or limit, limit)
+
+
+def _rejection(name: str, then: DegradeThen) -> GatewayError:
+    message = f"Request refused by the degradation rule {name!r}; try again in a moment."
+    if then.reject == 429:
+        return RateLimited(message, retry_after_s=then.retry_after)
+    return UpstreamUnavailable(message, code="degraded", retry_after_s=then.retry_after)
