@@ -59,6 +59,21 @@ def _parser() -> argparse.ArgumentParser:
     mock.add_argument("--port", type=int, default=8000)
     mock.add_argument("--ttft-ms", type=float, default=0.0)
     mock.add_argument("--tokens-per-second", type=float, default=750.0)
+    mock.add_argument(
+        "--load-ttft-ms", type=float, default=0.0, help="extra TTFT per other request in flight"
+    )
+    mock.add_argument(
+        "--prefill-ms-per-1k-tokens",
+        type=float,
+        default=0.0,
+        help="extra TTFT per 1,000 prompt tokens not in the simulated prefix cache",
+    )
+    mock.add_argument(
+        "--prefix-cache",
+        type=int,
+        default=0,
+        help="prompt prefixes (leading system messages) the simulated KV cache holds, LRU",
+    )
     mock.set_defaults(run=_mock_backend)
 
     bench = commands.add_parser("bench", help="measure any OpenAI-compatible endpoint")
@@ -115,6 +130,9 @@ def _mock_backend(args: argparse.Namespace) -> int:
         port=args.port,
         ttft_ms=args.ttft_ms,
         tokens_per_second=args.tokens_per_second,
+        load_ttft_ms=args.load_ttft_ms,
+        prefill_ms_per_1k_tokens=args.prefill_ms_per_1k_tokens,
+        prefix_cache=args.prefix_cache,
     )
     return 0
 

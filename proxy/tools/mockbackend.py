@@ -14,10 +14,17 @@ Testing knobs, as extra fields in the request body:
   mock_delay_ms: N              wait N ms before the first byte (the headers) of any answer
   mock_completion_tokens: N     the answer's natural length (default 256, finish_reason "stop")
 
+Simulations (create_app arguments and `tokenweir mock-backend` flags): `load_ttft_ms` adds that
+much TTFT per other request in flight; `prefill_ms_per_1k_tokens` adds prefill time for prompt
+tokens not in the simulated KV prefix cache, an LRU of `prefix_cache` leading-system-message
+prefixes (see mocksim.py). `fail_status` and `fail_after_tokens` apply the knobs of the same
+name to every request that does not set them (a backend that always fails, or always dies).
+
 GET /mock/stats: streams_started, streams_completed (sent [DONE]), streams_cancelled (client left
 mid-stream), streams_aborted (mock_fail_after_tokens), requests_total (/v1 requests),
-requests_cancelled (client left before the answer began), tokens_sent, inflight, and the last /v1
-request's parsed JSON body (`last_request`) and Authorization header (`last_authorization`).
+requests_cancelled (client left before the answer began), tokens_sent, inflight, prefix_hits and
+prefix_misses (the simulated prefix cache), and the last /v1 request's parsed JSON body
+(`last_request`) and Authorization header (`last_authorization`).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from proxy.tools.mockrequest import (
     parse_json,
     parse_knobs,
 )
+from proxy.tools.mocksim import Faults, LoadModel
 from proxy.tools.mockstream import Outcome, Schedule, SseFormat, StreamRun, Ticker
 from proxy.tools.mocktext import TokenSource, embedding_bytes, embedding_floats
 
@@ -77,6 +85,8 @@ class MockStats:
     requests_cancelled: int = 0
     tokens_sent: int = 0
     inflight: int = 0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
     last_request: Any = None
     last_authorization: str | None = None
 
@@ -103,9 +113,18 @@ class MockBackend:
     """The ASGI app; per-process state (stats, ticker) lives on the instance."""
 
     def __init__(
-        self, *, ttft_s: float, interval_s: float, models: Sequence[str], clock: Clock
+        self,
+        *,
+        ttft_s: float,
+        interval_s: float,
+        models: Sequence[str],
+        clock: Clock,
+        load: LoadModel | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.stats = MockStats()
+        self._load = load
+        self._faults = faults or Faults()
         self._ttft_s = ttft_s
         self._interval_s = interval_s
         self._models = tuple(models)
@@ -190,14 +209,17 @@ class MockBackend:
     async def _completion(self, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         arrival_s = self._clock.monotonic()
         body = await self._json_body(receive)
-        knobs = parse_knobs(body)
+        knobs = self._faults.apply(parse_knobs(body))
         request = parse_completion(body, endpoint)
         async with self._inflight(receive) as watcher:
             if await self._left_during_delay(watcher, knobs, arrival_s):
                 return
             n_tokens, finish_reason = request.plan(knobs)
             schedule = Schedule(
-                first_due_s=arrival_s + knobs.delay_s + self._ttft_s,
+                first_due_s=arrival_s
+                + knobs.delay_s
+                + self._ttft_s
+                + self._extra_ttft_s(body, request.prompt_tokens),
                 interval_s=self._interval_s,
                 n_tokens=n_tokens,
             )
@@ -205,6 +227,14 @@ class MockBackend:
                 await self._stream(send, watcher, request, knobs, schedule, finish_reason)
             else:
                 await self._complete(send, watcher, request, schedule, finish_reason)
+
+    def _extra_ttft_s(self, body: dict[str, Any], prompt_tokens: int) -> float:
+        load = self._load
+        if load is None:
+            return 0.0
+        extra_s = load.extra_ttft_s(body, prompt_tokens, self.stats.inflight - 1)
+        self.stats.prefix_hits, self.stats.prefix_misses = load.prefix_hits, load.prefix_misses
+        return extra_s
 
     def _base(self, request: CompletionRequest, *, stream: bool) -> dict[str, Any]:
         """The fields every answer and chunk of one completion share."""
@@ -322,8 +352,15 @@ def create_app(
     tokens_per_second: float = 750.0,
     models: Sequence[str] = ("mock-llm", "mock-embed"),
     clock: Clock | None = None,
+    load_ttft_ms: float = 0.0,
+    prefill_ms_per_1k_tokens: float = 0.0,
+    prefix_cache: int = 0,
+    fail_status: int | None = None,
+    fail_after_tokens: int | None = None,
 ) -> ASGIApp:
-    """The mock backend as an ASGI app; `tokens_per_second` may be `math.inf` (unpaced)."""
+    """The mock backend as an ASGI app; `tokens_per_second` may be `math.inf` (unpaced).
+
+    The simulations and faults are described in the module docstring."""
     if ttft_ms < 0:
         raise ValueError(f"ttft_ms must be >= 0, got {ttft_ms}")
     if not tokens_per_second > 0:
@@ -333,6 +370,14 @@ def create_app(
         interval_s=1.0 / tokens_per_second,
         models=models,
         clock=clock or SystemClock(),
+        load=LoadModel(
+            load_ttft_s=load_ttft_ms / 1000.0,
+            prefill_s_per_token=prefill_ms_per_1k_tokens / 1e6,
+            prefix_cache_size=prefix_cache,
+        )
+        if load_ttft_ms or prefill_ms_per_1k_tokens
+        else None,
+        faults=Faults(fail_status, fail_after_tokens),
     )
 
 
@@ -369,7 +414,16 @@ def run(
     port: int = 8000,
     ttft_ms: float = 0.0,
     tokens_per_second: float = 750.0,
+    load_ttft_ms: float = 0.0,
+    prefill_ms_per_1k_tokens: float = 0.0,
+    prefix_cache: int = 0,
 ) -> None:
     """Serve the mock in the foreground on uvloop and httptools until interrupted."""
-    app = create_app(ttft_ms=ttft_ms, tokens_per_second=tokens_per_second)
+    app = create_app(
+        ttft_ms=ttft_ms,
+        tokens_per_second=tokens_per_second,
+        load_ttft_ms=load_ttft_ms,
+        prefill_ms_per_1k_tokens=prefill_ms_per_1k_tokens,
+        prefix_cache=prefix_cache,
+    )
     uvicorn.Server(_config(app, host, port)).run()

@@ -1,0 +1,48 @@
+"""The mock's simulated replica: TTFT grows with load, drops when the prompt prefix is cached."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from proxy.tools import mockbackend
+from proxy.tools.mocksim import LoadModel
+from tests.servers import serve
+
+
+def _body(system: str) -> dict[str, object]:
+    return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "q"}]}
+
+
+def test_a_cached_prefix_prefills_only_the_rest_of_the_prompt() -> None:
+    model = LoadModel(load_ttft_s=0.0, prefill_s_per_token=0.001, prefix_cache_size=1)
+    system = " ".join(["word"] * 96)  # 96 words + 4 per message = 100 cached tokens
+    assert model.extra_ttft_s(_body(system), 120, 0) == 0.12
+    assert abs(model.extra_ttft_s(_body(system), 120, 0) - 0.02) < 1e-9
+    model.extra_ttft_s(_body("another prompt"), 120, 0)  # evicts the first (LRU of one)
+    assert model.extra_ttft_s(_body(system), 120, 0) == 0.12
+    assert (model.prefix_hits, model.prefix_misses) == (1, 3)
+
+
+def test_ttft_grows_with_requests_in_flight() -> None:
+    model = LoadModel(load_ttft_s=0.01, prefill_s_per_token=0.0, prefix_cache_size=0)
+    assert model.extra_ttft_s(_body("s"), 10, 0) == 0.0
+    assert abs(model.extra_ttft_s(_body("s"), 10, 3) - 0.03) < 1e-9
+
+
+def test_the_served_mock_reports_prefix_hits() -> None:
+    app = mockbackend.create_app(prefill_ms_per_1k_tokens=2000, prefix_cache=4)
+    system = " ".join(["long"] * 500)
+    body = {"model": "mock-llm", "max_tokens": 1, **_body(system)}
+    with serve(app) as url:
+        began = time.monotonic()
+        httpx.post(url + "/v1/chat/completions", json=body).raise_for_status()
+        cold_s = time.monotonic() - began
+        began = time.monotonic()
+        httpx.post(url + "/v1/chat/completions", json=body).raise_for_status()
+        warm_s = time.monotonic() - began
+        stats = httpx.get(url + "/mock/stats").json()
+    assert (stats["prefix_hits"], stats["prefix_misses"]) == (1, 1)
+    assert cold_s > 0.9
+    assert warm_s < cold_s / 2
