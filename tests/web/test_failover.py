@@ -1,0 +1,171 @@
+"""Failover with real mock backends: one refusing connections, one answering 500, one slow,
+one dying mid-stream; circuits open and close on an injected clock; fallback models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.clock import FakeClock
+from proxy.policy import Policy, parse_policy
+from proxy.policy.units import hash_key
+from proxy.routing import Pools, Prober
+from proxy.tools import mockbackend
+from proxy.upstream.client import UpstreamClient
+from tests.servers import free_port, serve
+
+KEY = "tw-failover"
+AUTH = {"authorization": f"Bearer {KEY}"}
+CHAT = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _policy(
+    backends: list[tuple[str, str, str]],
+    *,
+    models: str = "m: {routing: weighted}",
+    tenant_models: str = "[m]",
+) -> Policy:
+    """`backends`: (name, url, models as YAML flow list); probes off, circuits after 2 failures."""
+    listed = "\n".join(
+        f'  - {{name: {name}, url: "{url}/v1", models: {served}}}' for name, url, served in backends
+    )
+    text = f"""
+upstream: {{connect_timeout: 1s, read_timeout: 5s, probe_interval: 0,
+           circuit: {{failures: 2, open_for: 10s, max_open_for: 60s}}}}
+backends:
+{listed}
+models: {{{models}}}
+tenants:
+  t: {{api_keys: [{hash_key(KEY)}], models: {tenant_models}}}
+"""
+    return parse_policy(text, environ={})
+
+
+@contextmanager
+def _mocks(**faults: dict[str, Any]) -> Iterator[dict[str, str]]:
+    """Mock backends by name with create_app arguments; `refusing` gets a port nobody serves."""
+    with ExitStack() as stack:
+        urls = {
+            name: stack.enter_context(serve(mockbackend.create_app(**kwargs)))
+            for name, kwargs in faults.items()
+        }
+        urls["refusing"] = f"http://127.0.0.1:{free_port()}"
+        yield urls
+
+
+def _served(url: str) -> int:
+    return int(httpx.get(url + "/mock/stats").json()["requests_total"])
+
+
+def test_connect_errors_and_500s_fail_over_to_a_healthy_backend() -> None:
+    with _mocks(failing={"fail_status": 500}, good={}) as urls:
+        policy = _policy([
+            ("refusing", urls["refusing"], "[m]"),
+            ("failing", urls["failing"], "[m]"),
+            ("good", urls["good"], "[m]"),
+        ])  # fmt: skip
+        with serve(create_app(policy)) as gateway:
+            answers = [
+                httpx.post(gateway + "/v1/chat/completions", json=CHAT, headers=AUTH)
+                for _ in range(6)
+            ]
+        assert [a.status_code for a in answers] == [200] * 6
+        assert _served(urls["good"]) == 6
+        # Each bad backend failed twice, then its circuit opened and it got no more requests.
+        assert _served(urls["failing"]) == 2
+
+
+def test_attempts_are_bounded_and_the_last_error_is_returned() -> None:
+    with _mocks(failing={"fail_status": 500}, good={}) as urls:
+        policy = _policy(
+            [("refusing", urls["refusing"], "[m]"), ("failing", urls["failing"], "[m]"),
+             ("good", urls["good"], "[m]")],
+            models="m: {routing: weighted, max_attempts: 2}",
+        )  # fmt: skip
+        with serve(create_app(policy)) as gateway:
+            first = httpx.post(gateway + "/v1/chat/completions", json=CHAT, headers=AUTH)
+        assert first.status_code == 502
+        assert _served(urls["good"]) == 0
+
+
+def test_no_retry_after_the_first_byte() -> None:
+    with _mocks(dying={"fail_after_tokens": 3}, good={}) as urls:
+        policy = _policy([("dying", urls["dying"], "[m]"), ("good", urls["good"], "[m]")])
+        with serve(create_app(policy)) as gateway:
+            body = {**CHAT, "stream": True, "max_tokens": 50}
+            with httpx.stream(
+                "POST", gateway + "/v1/chat/completions", json=body, headers=AUTH
+            ) as answer:
+                text = answer.read().decode()
+        assert answer.status_code == 200
+        assert '"error"' in text
+        assert "[DONE]" not in text
+        assert _served(urls["good"]) == 0
+
+
+def test_a_slow_backend_is_not_retried_but_answers() -> None:
+    with _mocks(slow={"ttft_ms": 2000}, good={}) as urls:
+        policy = _policy([("slow", urls["slow"], "[m]"), ("good", urls["good"], "[m]")])
+        with serve(create_app(policy)) as gateway:
+            answer = httpx.post(
+                gateway + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10
+            )
+        assert answer.status_code == 200
+        assert (_served(urls["slow"]), _served(urls["good"])) == (1, 0)
+
+
+def test_circuit_opens_then_a_trial_closes_it_on_the_injected_clock() -> None:
+    clock = FakeClock()
+    with _mocks(good={}) as urls:
+        policy = _policy([("only", urls["good"], "[m]")])
+        with serve(create_app(policy, clock=clock)) as gateway:
+            post = lambda body: httpx.post(  # noqa: E731
+                gateway + "/v1/chat/completions", json=body, headers=AUTH
+            )
+            failing = {**CHAT, "mock_fail": 500}
+            assert [post(failing).status_code for _ in range(2)] == [502, 502]
+            shut = post(CHAT)
+            assert shut.status_code == 503
+            assert shut.headers["retry-after"] == "10"
+            assert _served(urls["good"]) == 2, "an open circuit sends nothing to the backend"
+            clock.advance(10)
+            assert post(failing).status_code == 502, "the trial failed: open for 20 s now"
+            clock.advance(10)
+            assert post(CHAT).status_code == 503
+            clock.advance(10)
+            assert post(CHAT).status_code == 200, "a good trial closes the circuit"
+            assert post(CHAT).status_code == 200
+
+
+def test_fallback_models_serve_when_every_backend_of_the_model_is_down() -> None:
+    with _mocks(small={}) as urls:
+        policy = _policy(
+            [("big", urls["refusing"], "[m]"), ("small", urls["small"], "[s]")],
+            models="m: {fallback_models: [s]}, s: {}",
+        )
+        with serve(create_app(policy)) as gateway:
+            answer = httpx.post(gateway + "/v1/chat/completions", json=CHAT, headers=AUTH)
+        assert answer.status_code == 200
+        assert answer.json()["model"] == "s"
+        assert _served(urls["small"]) == 1
+
+
+@pytest.mark.anyio
+async def test_a_backend_failing_its_probe_is_out_of_rotation() -> None:
+    with _mocks(good={}) as urls:
+        policy = _policy([("dead", urls["refusing"], "[m]"), ("good", urls["good"], "[m]")])
+        pools = Pools(policy, FakeClock())
+        upstream = UpstreamClient(policy.upstream)
+        prober = Prober(pools, upstream, 5.0)
+        try:
+            await prober.probe_once()
+            assert pools.health["dead"].probe_error is not None
+            assert pools.health["good"].probe_error is None
+            assert [h.name for h in pools.pool("m").available(0.0)] == ["good"]
+        finally:
+            await upstream.aclose()
