@@ -115,6 +115,7 @@ class Account:
             "cost_usd": usage.cost_nusd / 1e9,
             "shaped": ctx.shaped or None,
             "degraded": ctx.degraded or None,
+            "degraded_shadow": ctx.degraded_shadow or None,
             "ttft_ms": usage.ttft_ms,
             "upstream_ttft_ms": _ms(meter.upstream_ttft_s),
             "itl_p50_ms": _ms(meter.gaps.quantile_s(0.5)),
