@@ -2,7 +2,7 @@
 docs/benchmarks.md (between `<!-- results: NAME -->` and `<!-- /results: NAME -->` markers).
 
     python benchmarks/run.py [--repeats 3]
-        [--only overhead,overhead-all,overhead-telemetry,budgets,ratelimits,dashboard]
+        [--only overhead,overhead-all,overhead-telemetry,budgets,ratelimits,dashboard,routing]
 
 About 20 minutes on 2 cores. Each benchmark compares the same load direct and through tokenweir
 (or without and with a feature) in one run; see docs/benchmarks.md for what each measures.
@@ -27,6 +27,7 @@ SUITE: dict[str, list[str]] = {
     "dashboard": ["dashboard.py"],
     "cache-speed": ["cache_speed.py"],
     "semantic_cache": ["semantic_cache.py"],
+    "routing": ["routing.py"],
 }
 
 
