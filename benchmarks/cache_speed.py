@@ -40,11 +40,11 @@ DIM = 384
 TOKENS = 256
 
 
-def raw_request(port: int, *, stream: bool) -> bytes:
+def raw_request(port: int, *, stream: bool, run: int) -> bytes:
     body = json.dumps(
         {
             "model": "mock-llm",
-            "messages": [{"role": "user", "content": f"Capital of France? ({stream=})"}],
+            "messages": [{"role": "user", "content": f"Capital of France? ({stream=}, {run=})"}],
             "temperature": 0,
             "max_tokens": TOKENS,
             "mock_completion_tokens": TOKENS,
@@ -77,9 +77,10 @@ def exchange(sock: socket.socket, request: bytes, *, stream: bool) -> tuple[floa
     return time.perf_counter() - started_s, head
 
 
-def exact_hits(gateway: Process, requests: int, *, stream: bool) -> dict[str, float]:
+def exact_hits(gateway: Process, requests: int, *, stream: bool, run: int) -> dict[str, float]:
+    """A miss (a question new to the cache), then `requests` hits of the same question."""
     port = int(gateway.url.rsplit(":", 1)[1])
-    request = raw_request(port, stream=stream)
+    request = raw_request(port, stream=stream, run=run)
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         miss_s, head = exchange(sock, request, stream=stream)
@@ -188,8 +189,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 with started(serve, "/healthz", work / f"gateway-{name}.log") as gateway:
                     for stream in (False, True):
                         runs = [
-                            exact_hits(gateway, args.requests, stream=stream)
-                            for _ in range(args.repeats)
+                            exact_hits(gateway, args.requests, stream=stream, run=run)
+                            for run in range(args.repeats)
                         ]
                         key = f"{name}-{'stream' if stream else 'whole'}"
                         report["exact"][key] = {
