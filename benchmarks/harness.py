@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -114,13 +115,16 @@ def bench_command(
     out: str,
     input_tokens: int = 64,
 ) -> list[str]:
+    # A fresh prompt seed per run: a gateway with the response cache must not answer a later
+    # run's prompts from an earlier run's (the overhead measured is the lookup, not the hit).
+    seed = secrets.randbelow(1 << 30)
     return [
         sys.executable, "-m", "proxy", "bench", "--base-url", base_url + "/v1",
         "--api-key", KEY, "--model", "mock-llm", "--concurrency", str(concurrency),
         "--requests", str(requests), "--max-tokens", str(tokens),
         "--input-tokens", str(input_tokens),
         "--stream" if stream else "--no-stream", "--json", out,
-        "--extra-body", json.dumps({"mock_completion_tokens": tokens}),
+        "--extra-body", json.dumps({"mock_completion_tokens": tokens}), "--seed", str(seed),
     ]  # fmt: skip
 
 
