@@ -115,6 +115,8 @@ class GatewayMetrics(Collector):
     def __init__(self) -> None:
         self._series: dict[Labels, _Series] = {}
         self._cache: dict[tuple[str, str, str], int] = {}
+        self._saved_tokens: dict[tuple[str, str, str], int] = {}
+        self._saved_usd: dict[tuple[str, str], float] = {}
         self._rejected: dict[tuple[str, str, str], int] = {}
         self._degraded: dict[tuple[str, str], int] = {}
         self._inflight: dict[tuple[str, str], int] = {}
@@ -159,6 +161,13 @@ class GatewayMetrics(Collector):
         tenant, _, model, _, _ = sample.labels
         key = (tenant, model, sample.cache)
         self._cache[key] = self._cache.get(key, 0) + 1
+        if sample.saved_tokens != (0, 0):
+            for kind, tokens in zip(("input", "output"), sample.saved_tokens, strict=True):
+                saved = (tenant, model, kind)
+                self._saved_tokens[saved] = self._saved_tokens.get(saved, 0) + tokens
+            self._saved_usd[(tenant, model)] = self._saved_usd.get((tenant, model), 0.0) + (
+                sample.saved_usd
+            )
         if sample.rejected is not None:
             key = (tenant, model, sample.rejected)
             self._rejected[key] = self._rejected.get(key, 0) + 1
@@ -183,6 +192,14 @@ class GatewayMetrics(Collector):
         yield _counter(
             "tokenweir_cache_requests", "Requests by cache result: hit, semantic-hit, miss, bypass",
             ("tenant", "gen_ai_request_model", "result"), self._cache.items(),
+        )  # fmt: skip
+        yield _counter(
+            "tokenweir_cache_saved_tokens", "Backend tokens cache hits spared, input and output.",
+            ("tenant", "gen_ai_request_model", "gen_ai_token_type"), self._saved_tokens.items(),
+        )  # fmt: skip
+        yield _counter(
+            "tokenweir_cache_saved_usd", "What cache hits spared, USD by the model prices.",
+            ("tenant", "gen_ai_request_model"), self._saved_usd.items(),
         )  # fmt: skip
         yield _counter(
             "tokenweir_rejected_requests", "429s by reason: rate_limit or budget.",

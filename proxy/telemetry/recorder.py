@@ -77,7 +77,9 @@ class Telemetry:
         """Record the settled request: metrics, then the trace's end."""
         if ctx.stream and ctx.meter.upstream_sent_s is not None:
             self.metrics.stream_ended(ctx.tenant_name or "", model_label(ctx, self._policy))
-        sample = sample_of(ctx, self._policy, usage.cost_nusd, usage.duration_ms / 1000.0)
+        sample = sample_of(
+            ctx, self._policy, usage.cost_nusd, usage.duration_ms / 1000.0, usage.saved_cost_nusd
+        )
         self.metrics.record(sample)
         if self._otel is not None:
             self._otel.record(sample)

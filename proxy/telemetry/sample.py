@@ -32,13 +32,19 @@ class RequestSample:
     time_per_token_s: float | None  # after the first token
     gaps: GapHistogram | None  # streams only: every inter-token gap
     cache: str
+    saved_tokens: tuple[int, int]  # a cache hit's input and output tokens the backend was spared
+    saved_usd: float
     rejected: str | None  # "rate_limit" | "budget" | None
     degraded: tuple[str, ...]
     error_type: str | None
 
 
 def sample_of(
-    ctx: RequestContext, policy: Policy, cost_nusd: int, duration_s: float
+    ctx: RequestContext,
+    policy: Policy,
+    cost_nusd: int,
+    duration_s: float,
+    saved_cost_nusd: int = 0,
 ) -> RequestSample:
     """The request's figures; a model or rule name the policy does not know becomes `other`."""
     meter = ctx.meter
@@ -68,6 +74,8 @@ def sample_of(
         time_per_token_s=1.0 / tokens_per_s if tokens_per_s else None,
         gaps=meter.gaps if streamed and meter.gaps.count else None,
         cache=ctx.cache if ctx.cache in CACHE_RESULTS else "other",
+        saved_tokens=(ctx.saved_input_tokens, ctx.saved_output_tokens),
+        saved_usd=saved_cost_nusd / 1e9,
         rejected=_REJECTIONS.get(ctx.error_code or "") if ctx.status == 429 else None,
         degraded=tuple(rule if rule in rules else "other" for rule in ctx.degraded),
         error_type=ctx.error_code if ctx.status != 200 or ctx.error_code else None,

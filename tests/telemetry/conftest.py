@@ -20,6 +20,7 @@ from tests.conftest import make_policy
 from tests.servers import serve
 
 GAMMA_KEY = "tw-test-gamma"
+CACHED_KEY = "tw-test-cached"
 
 
 def extra_tenant(name: str, key: str, *, budget: str, limits: str) -> str:
@@ -74,7 +75,13 @@ def traced_gateway() -> Iterator[Traced]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     backend = HeaderRecorder(mockbackend.create_app(ttft_ms=0, tokens_per_second=2000))
     with serve(backend) as backend_url:
-        policy = make_policy(backend_url, extra=GAMMA)
+        cached = f"""
+  cached:
+    api_keys: [{hash_key(CACHED_KEY)}]
+    models: [mock-llm]
+    cache: {{mode: exact}}
+"""
+        policy = make_policy(backend_url, extra=GAMMA + cached)
         with serve(create_app(policy, otel=OtelSdk(provider, None))) as url:
             yield Traced(url, exporter, backend)
     provider.shutdown()

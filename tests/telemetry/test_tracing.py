@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.conftest import ALPHA_KEY
-from tests.telemetry.conftest import GAMMA_KEY, Traced
+from tests.telemetry.conftest import CACHED_KEY, GAMMA_KEY, Traced
 
 SECRET_PROMPT = "my-confidential-prompt-4412"
 MESSAGES = [{"role": "user", "content": SECRET_PROMPT}]
@@ -173,3 +173,21 @@ def test_storage_stages_get_child_spans(traced: Traced) -> None:
         assert child.parent.span_id == request.context.span_id
     assert request.attributes is not None
     assert request.attributes["tokenweir.tenant"] == "gamma"
+
+
+def test_a_cache_hit_has_a_lookup_span_and_no_backend_call(traced: Traced) -> None:
+    with sdk(traced, CACHED_KEY) as client:
+        for _ in range(2):
+            client.chat.completions.create(
+                model="mock-llm", messages=MESSAGES, max_tokens=3, temperature=0
+            )
+    spans = traced.spans(6)
+    requests = [s for s in spans if s.name == "chat mock-llm"]
+    assert [r.attributes["tokenweir.cache"] for r in requests] == ["miss", "hit"]  # type: ignore[index]
+    hit = requests[1]
+    children = [
+        s for s in spans if s.parent is not None and s.parent.span_id == hit.context.span_id
+    ]
+    assert [c.name for c in children] == ["tokenweir.cache.lookup"]
+    assert len(traced.backend.seen) == 1
+    assert_nothing_secret(spans)

@@ -11,13 +11,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from proxy.app import create_app
+from proxy.policy.units import hash_key
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
 from tests.telemetry.conftest import extra_tenant
 
 LIMITED_KEY = "tw-test-limited"
-EXTRA = extra_tenant(
-    "limited", LIMITED_KEY, budget="{tokens_per_day: 100000}", limits="{requests_per_minute: 1}"
+CACHED_KEY = "tw-test-cached"
+EXTRA = (
+    extra_tenant(
+        "limited", LIMITED_KEY, budget="{tokens_per_day: 100000}", limits="{requests_per_minute: 1}"
+    )
+    + f"""
+  cached:
+    api_keys: [{hash_key(CACHED_KEY)}]
+    models: [mock-llm]
+    cache: {{mode: exact}}
+"""
 )
 
 
@@ -115,3 +125,24 @@ def test_unknown_model_names_do_not_become_labels(gateway: str) -> None:
     text = httpx.get(gateway + "/metrics").text
     assert "no-such-model-a81f" not in text
     assert 'gen_ai_request_model="other"' in text
+
+
+def test_cache_hits_misses_and_what_hits_saved(gateway: str) -> None:
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=CACHED_KEY, max_retries=0) as client:
+        answers = [
+            client.chat.completions.create(
+                model="mock-llm", messages=[{"role": "user", "content": "cache me"}],
+                max_tokens=9, temperature=0,
+            )
+            for _ in range(3)
+        ]  # fmt: skip
+    usage = answers[0].usage
+    assert usage is not None
+    samples = scrape(gateway)
+    cached = {"tenant": "cached", "gen_ai_request_model": "mock-llm"}
+    assert value(samples, "tokenweir_cache_requests_total", **cached, result="miss") == 1
+    assert value(samples, "tokenweir_cache_requests_total", **cached, result="hit") == 2
+    saved = "tokenweir_cache_saved_tokens_total"
+    assert value(samples, saved, **cached, gen_ai_token_type="input") == 2 * usage.prompt_tokens
+    assert value(samples, saved, **cached, gen_ai_token_type="output") == 2 * 9
+    assert value(samples, "tokenweir_cache_saved_usd_total", **cached) > 0
