@@ -59,6 +59,7 @@ from proxy.telemetry.tracing import Tracing
 from proxy.tokens import TokenCounters
 from proxy.upstream.client import UpstreamClient
 from proxy.web.dashboard import DashboardPages
+from proxy.web.drain import Drain
 from proxy.web.openai import ModelList, OpenAIEndpoint
 from proxy.web.ops import Health, Metrics, Ready
 from proxy.web.requestid import RequestId
@@ -134,6 +135,8 @@ class Gateway:
             max_body_bytes=policy.server.max_body_bytes,
             telemetry=telemetry,
             replay=cache.replay,
+            body_timeout_s=policy.server.body_timeout,
+            drain=Drain(policy.server.drain_timeout),
         )
         return cls(
             policy, clock, keyring, upstream, store, limit_store, ledger, pipeline, failures,
@@ -145,9 +148,11 @@ class Gateway:
         if self.ledger is not None:
             await self.ledger.start()
         self.prober.start()
+        self.pipeline.drain.install()
 
     async def aclose(self) -> None:
         """Close in dependency order; the ledger last, so every settled request is flushed."""
+        self.pipeline.drain.uninstall()
         try:
             await self.prober.aclose()
             await self.upstream.aclose()

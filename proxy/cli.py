@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import math
 import os
 import secrets
 import sys
@@ -19,6 +20,7 @@ from proxy.policy.units import hash_key
 from proxy.telemetry.logs import log_config
 from proxy.tools import bench, mockbackend, report
 from proxy.tools.demo import run_demo
+from proxy.web.slowclient import protocol_with_header_timeout
 
 __all__ = ["main"]
 
@@ -97,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     config = (args.config or DEFAULT_POLICY).resolve()
     try:
-        load_policy(config)  # fail here, readably, rather than in every worker
+        server = load_policy(config).server  # fail here, readably, rather than in every worker
     except PolicyError as exc:
         print(f"tokenweir: the policy cannot be used:\n{exc}", file=sys.stderr)
         return 1
@@ -111,11 +113,13 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         loop="uvloop",
-        http="httptools",
+        http=protocol_with_header_timeout(server.header_timeout),
         ws="none",
         access_log=False,
         log_config=log_config(args.log_level, access_log=not args.no_access_log),
-        timeout_graceful_shutdown=30,
+        timeout_keep_alive=math.ceil(server.keep_alive_timeout),
+        # Longer than the drain: the gateway ends the requests it cut itself, then uvicorn exits.
+        timeout_graceful_shutdown=math.ceil(server.drain_timeout) + 5,
     )
     return 0
 

@@ -8,10 +8,12 @@ GatewayError                      500 api_error (never raised bare; the base)
 +-- PermissionDenied              403 permission_error / model_not_allowed
 +-- NotFound                      404 invalid_request_error / not_found
 |   +-- ModelNotFound             404 invalid_request_error / model_not_found
++-- RequestTimeout                408 invalid_request_error / request_timeout
 +-- BodyTooLarge                  413 invalid_request_error / request_too_large
 +-- RateLimited                   429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
 +-- InsufficientQuota             429 insufficient_quota / insufficient_quota (+ Retry-After)
 +-- StorageUnavailable            503 api_error / storage_unavailable (+ Retry-After)
++-- ShuttingDown                  503 api_error / server_shutting_down (+ Retry-After)
 +-- UpstreamError                 502 api_error / upstream_error
 |   +-- UpstreamUnavailable       503 api_error / upstream_unavailable (+ Retry-After)
 |   +-- UpstreamTimeout           504 api_error / upstream_timeout
@@ -35,6 +37,8 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "RateLimited",
+    "RequestTimeout",
+    "ShuttingDown",
     "StorageUnavailable",
     "UpstreamError",
     "UpstreamTimeout",
@@ -118,6 +122,12 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class BodyTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
@@ -140,6 +150,12 @@ class StorageUnavailable(GatewayError):
     status = 503
     type = "api_error"
     code = "storage_unavailable"
+
+
+class ShuttingDown(GatewayError):
+    status = 503
+    type = "api_error"
+    code = "server_shutting_down"
 
 
 class UpstreamError(GatewayError):

@@ -9,12 +9,13 @@ import anyio
 from starlette.types import Receive, Send
 
 from proxy.context import RequestContext
-from proxy.errors import GatewayError
+from proxy.errors import GatewayError, ShuttingDown
 from proxy.stages import Stage
 from proxy.stages.account import Account
 from proxy.stages.forward import Forward
 from proxy.telemetry.recorder import Telemetry
 from proxy.web.body import ClientGone, read_body, watch_disconnect
+from proxy.web.drain import Drain
 from proxy.web.respond import send_error
 
 __all__ = ["Pipeline", "Replay"]
@@ -36,6 +37,8 @@ class Pipeline:
         max_body_bytes: int,
         telemetry: Telemetry,
         replay: Replay | None = None,
+        body_timeout_s: float | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self._auth = auth
         self._stages = tuple(stages)
@@ -44,14 +47,18 @@ class Pipeline:
         self._max_body_bytes = max_body_bytes
         self._telemetry = telemetry
         self._replay = replay
+        self._body_timeout_s = body_timeout_s
+        self.drain = drain or Drain(0.0)
 
     async def run(self, ctx: RequestContext, receive: Receive, send: Send) -> None:
         """Answer the request on `send`; errors, disconnects and successes are all settled."""
         self._telemetry.begin(ctx)
         try:
             await self._auth(ctx)
-            ctx.raw_body = await read_body(receive, ctx.headers, self._max_body_bytes)
-            with anyio.CancelScope() as scope:
+            ctx.raw_body = await read_body(
+                receive, ctx.headers, self._max_body_bytes, self._body_timeout_s
+            )
+            with anyio.CancelScope() as scope, self.drain.track(scope):
                 watcher = asyncio.create_task(watch_disconnect(receive, ctx, scope))
                 try:
                     for stage in self._stages:
@@ -67,6 +74,8 @@ class Pipeline:
                         await self._forward(ctx, send)
                 finally:
                     watcher.cancel()
+            if self.drain.was_cut(scope):
+                await _end_cut(ctx, send)
         except GatewayError as exc:
             ctx.error_code = exc.code or exc.type
             if not ctx.status:
@@ -78,3 +87,17 @@ class Pipeline:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._account(ctx)
+
+
+async def _end_cut(ctx: RequestContext, send: Send) -> None:
+    """The drain timeout ended this request: a 503 if nothing was sent yet, else (on a stream)
+    an OpenAI-shaped error event and no [DONE], so the client cannot take it as complete."""
+    error = ShuttingDown("The gateway is shutting down; retry the request.", retry_after_s=1)
+    if ctx.answered:
+        return
+    if not ctx.status:
+        raise error
+    ctx.error_code = error.code
+    ctx.answered = True
+    ending = b"data: " + error.to_json() + b"\n\n" if ctx.stream else b""
+    await send({"type": "http.response.body", "body": ending, "more_body": False})

@@ -84,6 +84,7 @@ ClientKey = Annotated[str, BeforeValidator(_client_key)]
 UpstreamKey = Annotated[SecretStr, BeforeValidator(_upstream_key)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 PositiveInt = Annotated[int, Field(gt=0)]
+PositiveSeconds = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0.0)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 
 
@@ -249,9 +250,17 @@ class Tenant(_Frozen):
 
 
 class ServerSpec(_Frozen):
-    """How the gateway treats its own clients."""
+    """How the gateway treats its own clients; the timeouts end slow or stalled clients."""
 
     max_body_bytes: Bytes = 4 * 1024 * 1024
+    # The request line and headers must arrive within this (`tokenweir serve`); else 408, closed.
+    header_timeout: PositiveSeconds = 10.0
+    # The whole request body must arrive within this; else 408 `request_timeout`.
+    body_timeout: PositiveSeconds = 60.0
+    # An idle keep-alive connection is closed after this (`tokenweir serve`).
+    keep_alive_timeout: PositiveSeconds = 5.0
+    # On SIGTERM: requests in flight may finish within this; then they are ended with an error.
+    drain_timeout: Annotated[float, BeforeValidator(parse_duration_s), Field(ge=0.0)] = 30.0
 
 
 class CircuitSpec(_Frozen):

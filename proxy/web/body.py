@@ -1,4 +1,4 @@
-"""Reading a request body within the size cap, and noticing when the client goes away."""
+"""Reading a request body within the size cap and time limit; noticing when the client goes away."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import anyio
 from starlette.types import Receive
 
 from proxy.context import RequestContext
-from proxy.errors import BadRequest, BodyTooLarge
+from proxy.errors import BadRequest, BodyTooLarge, RequestTimeout
 
 __all__ = ["ClientGone", "read_body", "watch_disconnect"]
 
@@ -17,13 +17,22 @@ class ClientGone(Exception):
     """The client hung up before the request body arrived."""
 
 
-async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
+async def read_body(
+    receive: Receive, headers: Mapping[str, str], limit: int, timeout_s: float | None = None
+) -> bytes:
+    """The whole body; 413 past `limit` bytes, 408 if it has not all arrived within `timeout_s`."""
     declared = headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
             raise BadRequest("Invalid Content-Length header.")
         if int(declared) > limit:
             raise _too_large(limit)
+    with anyio.move_on_after(timeout_s):
+        return await _receive_all(receive, limit)
+    raise RequestTimeout(f"The request body did not arrive within {timeout_s} s.")
+
+
+async def _receive_all(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:

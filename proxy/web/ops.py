@@ -30,7 +30,8 @@ class Health:
 
 class Ready:
     """`GET /readyz`: 200 when every model has a backend answering `GET /models` and the shared
-    storage answers; the body also counts what was decided while storage was failing."""
+    storage answers, and not while shutting down; the body also counts what was decided while
+    storage was failing."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
@@ -45,13 +46,15 @@ class Ready:
             for model in gateway.policy.models
             if all(b.name in problems for b in gateway.policy.backends_for(model))
         ]
-        ready = not unserved and storage is None
+        draining = gateway.pipeline.drain.draining
+        ready = not unserved and storage is None and not draining
         body = {
             "status": "ready" if ready else "not ready",
             "backends": {b.name: problems.get(b.name, "ok") for b in backends},
             "models_without_backend": unserved,
             "storage": storage or "ok",
             "storage_failure_decisions": dict(gateway.storage_failures.counts),
+            "draining": draining,
         }
         await send_json(send, 200 if ready else 503, orjson.dumps(body))
 

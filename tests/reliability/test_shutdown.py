@@ -1,0 +1,86 @@
+"""SIGTERM on a real `tokenweir serve`: streams in flight finish or are ended cleanly, and the
+slots, reservations and ledger records on real Redis are all settled before the process exits."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from tests.redis_server import private_redis
+from tests.reliability.state import (
+    AUTH,
+    ledger_records,
+    policy_text,
+    slots_held,
+    tokens_reserved,
+)
+from tests.servers import replicas
+
+CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+SHORT = {**CHAT, "mock_completion_tokens": 1500}  # 0.75 s at the mock's 2,000 tokens/s
+LONG = {**CHAT, "mock_completion_tokens": 20000}  # 10 s: longer than the drain
+
+
+async def _stream_lines(http: httpx.AsyncClient, body: dict[str, object], started: asyncio.Event,
+                        lines: list[str]) -> None:  # fmt: skip
+    async with http.stream("POST", "/v1/chat/completions", json=body) as answer:
+        assert answer.status_code == 200
+        async for line in answer.aiter_lines():
+            if line:
+                lines.append(line)
+                started.set()
+
+
+async def _sigterm_mid_stream(process: subprocess.Popen[bytes], url: str) -> tuple[
+    list[str], list[str], float]:  # fmt: skip
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as http:
+        short, long = [], []  # type: tuple[list[str], list[str]]
+        short_started, long_started = asyncio.Event(), asyncio.Event()
+        tasks = [
+            asyncio.create_task(_stream_lines(http, SHORT, short_started, short)),
+            asyncio.create_task(_stream_lines(http, LONG, long_started, long)),
+        ]
+        await asyncio.wait_for(asyncio.gather(short_started.wait(), long_started.wait()), 10)
+        process.send_signal(signal.SIGTERM)
+        began = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        return short, long, time.monotonic() - began
+
+
+def test_sigterm_drains_streams_then_settles_everything(backend_url: str, tmp_path: Path) -> None:
+    with private_redis() as redis_url:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, redis_url, server="{drain_timeout: 2s}"))
+        with replicas(config, 1) as [(process, url)]:
+            short, long, took_s = asyncio.run(_sigterm_mid_stream(process, url))
+            assert process.wait(timeout=15) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+
+        assert short[-1] == "data: [DONE]"  # finished within the drain
+        assert "data: [DONE]" not in long
+        error = orjson.loads(long[-1].removeprefix("data: "))["error"]
+        assert error["code"] == "server_shutting_down"
+        assert error["type"] == "api_error"
+        assert 1.9 <= took_s < 5.0  # cut at the drain timeout, not at uvicorn's
+        assert slots_held(redis_url) == 0
+        assert tokens_reserved(redis_url) == 0
+        assert ledger_records(redis_url) == 2  # the cut stream is billed too
+
+
+def test_sigterm_without_requests_in_flight_exits_at_once(backend_url: str, tmp_path: Path) -> None:
+    with private_redis() as redis_url:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, redis_url, server="{drain_timeout: 30s}"))
+        with replicas(config, 1) as [(process, url)]:
+            assert httpx.post(url + "/v1/chat/completions", json={**CHAT, "stream": False},
+                              headers=AUTH).status_code == 200  # fmt: skip
+            began = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=15) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+            assert time.monotonic() - began < 5
+        assert ledger_records(redis_url) == 1

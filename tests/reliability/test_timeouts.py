@@ -1,0 +1,138 @@
+"""Slow clients and slow backends, over raw sockets: each gets an OpenAI-shaped 408 or 504 in
+time, and a stalled connection is closed rather than held."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from proxy.policy import PolicyError, parse_policy
+from tests.reliability.state import KEY, policy_text
+from tests.servers import replicas
+
+SERVER = "{header_timeout: 1s, body_timeout: 1s, keep_alive_timeout: 1s}"
+
+
+@pytest.fixture(scope="module")
+def gateway(backend_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A real `tokenweir serve` with one-second client timeouts; yields its port."""
+    config = tmp_path_factory.mktemp("timeouts") / "policy.yaml"
+    upstream = "{read_timeout: 1s}"
+    config.write_text(policy_text(backend_url, "memory", server=SERVER, upstream=upstream))
+    with replicas(config, 1) as [(_, url)]:
+        yield int(url.rsplit(":", 1)[1])
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes the connection (fails the test after 5 s)."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One response with a content-length, however many packets it comes in."""
+    received = b""
+    while b"\r\n\r\n" not in received or len(received.partition(b"\r\n\r\n")[2]) < int(
+        received.lower().split(b"content-length: ")[1].split(b"\r\n")[0]
+    ):
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole response: {received!r}"
+        received += chunk
+    return received
+
+
+def _status_and_error(raw: bytes) -> tuple[int, dict[str, object]]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, orjson.loads(body)["error"]
+
+
+def test_a_client_that_never_sends_headers_gets_408_and_is_closed(gateway: int) -> None:
+    with _connect(gateway) as sock:
+        began = time.monotonic()
+        status, error = _status_and_error(_read_all(sock))
+    assert status == 408
+    assert error["code"] == "request_timeout"
+    assert 0.9 <= time.monotonic() - began < 3
+
+
+def test_slowloris_dribbling_headers_is_cut_at_the_header_timeout(gateway: int) -> None:
+    with _connect(gateway) as sock:
+        began = time.monotonic()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        answer = b""
+        for i in range(100):  # a header every 0.1 s would go on for 10 s
+            try:
+                sock.sendall(b"x-slow-%d: 1\r\n" % i)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.1)
+            sock.setblocking(False)
+            try:
+                answer += sock.recv(65536)
+            except BlockingIOError:
+                pass
+            sock.setblocking(True)
+        assert time.monotonic() - began < 3
+    assert answer.startswith(b"HTTP/1.1 408")
+
+
+def test_a_body_that_does_not_arrive_in_time_gets_408(gateway: int) -> None:
+    with _connect(gateway) as sock:
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {KEY}\r\ncontent-length: 1000\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"model": ')
+        began = time.monotonic()
+        status, error = _status_and_error(_read_response(sock))
+    assert status == 408
+    assert error["code"] == "request_timeout"
+    assert error["type"] == "invalid_request_error"
+    assert 0.9 <= time.monotonic() - began < 3
+
+
+def test_an_idle_keep_alive_connection_is_closed(gateway: int) -> None:
+    with _connect(gateway) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert _read_response(sock).startswith(b"HTTP/1.1 200")
+        began = time.monotonic()
+        assert sock.recv(65536) == b""  # closed by the gateway, not by the test
+        assert 0.9 <= time.monotonic() - began < 3
+
+
+def test_a_backend_silent_before_its_first_byte_gets_504(gateway: int) -> None:
+    body = orjson.dumps(
+        {"model": "mock-llm", "messages": [{"role": "user", "content": "x"}], "stream": True,
+         "mock_delay_ms": 3000}
+    )  # fmt: skip
+    with _connect(gateway) as sock:
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {KEY}\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n"
+        )
+        began = time.monotonic()
+        sock.sendall(head.encode() + body)
+        status, error = _status_and_error(_read_all(sock))
+    assert status == 504
+    assert error["code"] == "upstream_timeout"
+    assert time.monotonic() - began < 2.5
+
+
+def test_the_timeouts_are_policy_keys(tmp_path: Path, backend_url: str) -> None:
+    """The keys above are part of the policy file; a bad value names the key."""
+    text = policy_text(backend_url, "memory", server="{body_timeout: 0s}")
+    with pytest.raises(PolicyError, match=r"server\.body_timeout"):
+        parse_policy(text, environ={})
