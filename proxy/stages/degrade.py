@@ -23,9 +23,9 @@ __all__ = ["SHED_AT", "STORAGE_WINDOW_S", "Degrade"]
 
 Priority = Literal["low", "normal", "high"]
 # Shed a request of this priority when the model's backends are this full (in flight over
-# their max_concurrent), keeping the rest for the others; normal and high priority are refused
-# only by the backends' own limits, when they are full.
-SHED_AT: dict[str, float] = {"low": 0.8}
+# their max_concurrent), keeping the rest for higher priorities: low goes first at 80%, normal
+# at 95%; high is refused only by the backends' own limits, when they are full.
+SHED_AT: dict[str, float] = {"low": 0.8, "normal": 0.95}
 STORAGE_WINDOW_S = 10.0  # `storage_unavailable`: shared storage failed this recently
 SHED_RULE = "priority-shed"  # the name a shed request records in shadow mode
 _log = logging.getLogger("tokenweir.degrade")

@@ -164,11 +164,16 @@ async def test_tenant_priority_decides_who_is_shed() -> None:
         f"[{hash_key('b')}], models: [m], priority: low}}\n",
     )
     setup = Setup(parse_policy(text, environ={}))
-    await setup.signal("inflight", 10)  # full
+    await setup.signal("inflight", 9)  # 90% full: low is shed, normal and high are not
     await setup.stage(setup.ctx("vip"))
-    await setup.stage(setup.ctx("t"))  # normal: the backends' own limits decide
+    await setup.stage(setup.ctx("t"))
     with pytest.raises(UpstreamUnavailable):
         await setup.stage(setup.ctx("batch"))
+    await setup.signal("inflight", 10)  # full: normal is shed too; high meets the backend's limit
+    await setup.stage(setup.ctx("vip"))
+    with pytest.raises(UpstreamUnavailable) as raised:
+        await setup.stage(setup.ctx("t"))
+    assert raised.value.code == "overloaded"
 
 
 @pytest.mark.parametrize("where", ["rule", "tenant"])

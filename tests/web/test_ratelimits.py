@@ -121,8 +121,8 @@ backends:
   - {{name: small-gpu, url: "{backend_url}/v1", models: [mock-llm], limits: {{max_concurrent: 2}}}}
 models: {{mock-llm: {{}}}}
 tenants:
-  app: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}
-  other: {{api_keys: [{hash_key(other_key)}], models: [mock-llm]}}
+  app: {{api_keys: [{hash_key(KEY)}], models: [mock-llm], priority: high}}
+  other: {{api_keys: [{hash_key(other_key)}], models: [mock-llm], priority: high}}
 """,
         environ={},
     )
