@@ -1,0 +1,72 @@
+"""No key leaves the gateway: not the tenants', the admin's nor the backend's, in any answer,
+header, access-log line or server log, whatever the request did."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from proxy.policy.units import hash_key
+from tests.servers import free_port, wait_healthy
+
+TENANT_KEY = "tw-secret-tenant-key-1f2e3d"
+ADMIN_KEY = "tw-secret-admin-key-4c5b6a"
+BACKEND_KEY = "sk-secret-backend-key-9z8y7x"
+WRONG_KEY = "tw-secret-wrong-key-0a0b0c"
+CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+def _requests(http: httpx.Client) -> list[httpx.Response]:
+    tenant = {"authorization": f"Bearer {TENANT_KEY}"}
+    return [
+        http.post("/v1/chat/completions", json=CHAT, headers=tenant),
+        http.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=tenant),
+        http.post("/v1/chat/completions", json={**CHAT, "mock_fail": 500}, headers=tenant),
+        http.post("/v1/chat/completions", json={**CHAT, "mock_fail": 401}, headers=tenant),
+        http.post("/v1/chat/completions", json={**CHAT, "mock_fail": 400}, headers=tenant),
+        http.post("/v1/chat/completions", content=b"{", headers=tenant),
+        http.post("/v1/chat/completions", json=CHAT, headers={"authorization": WRONG_KEY}),
+        http.post("/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {WRONG_KEY}"}),
+        http.get("/v1/models", headers={"authorization": f"Bearer {WRONG_KEY}"}),
+        http.get("/api/usage", headers={"authorization": f"Bearer {ADMIN_KEY}"}),
+        http.get("/api/usage", headers={"authorization": f"Bearer {WRONG_KEY}"}),
+        http.post("/dashboard/login", data={"key": WRONG_KEY}),
+        http.post("/dashboard/login", data={"key": ADMIN_KEY}),
+    ]  # fmt: skip
+
+
+def test_no_key_in_answers_or_logs(backend_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(f"""
+admin_keys: [{hash_key(ADMIN_KEY)}]
+ledger: sqlite:///{tmp_path / "ledger.db"}
+backends: [{{name: mock, url: "{backend_url}/v1", api_key: "${{SECRET_BACKEND_KEY}}",
+            models: [mock-llm]}}]
+models: {{mock-llm: {{}}}}
+tenants:
+  app: {{api_keys: [{hash_key(TENANT_KEY)}], models: [mock-llm]}}
+""")  # fmt: skip
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--log-level", "debug"]
+    env = {**os.environ, "SECRET_BACKEND_KEY": BACKEND_KEY}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, process)
+        with httpx.Client(base_url=url, timeout=10) as http:
+            answers = _requests(http)
+    finally:
+        process.terminate()
+        stdout, stderr = process.communicate(timeout=30)
+    seen = [str(a.headers) + a.text for a in answers] + [stdout.decode(), stderr.decode()]
+    assert [a.status_code for a in answers][:3] == [200, 200, 502]
+    assert stdout.count(b"\n") >= 8  # the access log did log the /v1 requests
+    for text in seen:
+        for key in (TENANT_KEY, ADMIN_KEY, BACKEND_KEY, WRONG_KEY):
+            assert key not in text
+            assert hash_key(key) not in text
