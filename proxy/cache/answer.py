@@ -80,25 +80,28 @@ def from_response(operation: str, raw: bytes, usage: dict[str, Any]) -> Answer |
 
 
 def from_stream(operation: str, events: bytes, usage: dict[str, Any]) -> Answer | None:
-    """The answer a complete SSE stream carried, merged from its deltas; None if incomplete."""
+    """The answer a complete SSE stream carried, merged from its deltas; None if incomplete.
+
+    Runs once per stored miss over every chunk: all payloads are parsed in one orjson call, and
+    the usual chunk (one choice, a text delta and nothing else) takes a short path. An event
+    split over several `data:` lines is not JSON on its own and makes the stream unstorable.
+    """
+    payloads = [line[5:].strip() for line in events.splitlines() if line.startswith(b"data:")]
+    if not payloads or payloads[-1].rstrip() != b"[DONE]":
+        return None
+    try:
+        chunks = orjson.loads(b"[" + b",".join(payloads[:-1]) + b"]")
+    except orjson.JSONDecodeError:
+        return None
     merged = _Deltas()
-    done = False
-    for event in events.replace(b"\r\n", b"\n").split(b"\n\n"):
-        payload = b"".join(
-            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
-        )
-        if not payload:
-            continue
-        if payload == b"[DONE]":
-            done = True
-            continue
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
+    for chunk in chunks:
+        if not isinstance(chunk, dict):
             return None
-        if not isinstance(chunk, dict) or "error" in chunk or not merged.add(chunk):
+        if merged.add_text(chunk):
+            continue
+        if "error" in chunk or not merged.add(chunk):
             return None
-    if not done or merged.finish_reason is None:
+    if merged.finish_reason is None:
         return None
     return merged.answer(operation, usage)
 
@@ -112,6 +115,27 @@ class _Deltas:
         self.finish_reason: str | None = None
         self.texts: dict[str, list[str]] = {}
         self.tools: dict[int, dict[str, Any]] = {}
+
+    def add_text(self, chunk: dict[str, Any]) -> bool:
+        """Fold in a chunk that only carries text for choice 0; False for any other chunk."""
+        choices = chunk.get("choices")
+        if not choices or len(choices) != 1:
+            return False
+        choice = choices[0]
+        delta = choice.get("delta")
+        if choice.get("finish_reason") is not None or choice.get("index", 0) != 0:
+            return False
+        if delta is None:  # a text completion's chunk
+            piece, name = choice.get("text"), "text"
+        elif len(delta) == 1 and "content" in delta:
+            piece, name = delta["content"], "content"
+        else:
+            return False
+        if not isinstance(piece, str):
+            return False
+        self.texts.setdefault(name, []).append(piece)
+        self.model = self.model or chunk.get("model") or ""
+        return True
 
     def add(self, chunk: dict[str, Any]) -> bool:
         """Fold one chunk in; False if it is not a one-choice answer's chunk."""
