@@ -22,6 +22,7 @@ CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "m
 
 def _requests(http: httpx.Client) -> list[httpx.Response]:
     tenant = {"authorization": f"Bearer {TENANT_KEY}"}
+    wrong = {"authorization": f"Bearer {WRONG_KEY}"}
     return [
         http.post("/v1/chat/completions", json=CHAT, headers=tenant),
         http.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=tenant),
@@ -30,10 +31,10 @@ def _requests(http: httpx.Client) -> list[httpx.Response]:
         http.post("/v1/chat/completions", json={**CHAT, "mock_fail": 400}, headers=tenant),
         http.post("/v1/chat/completions", content=b"{", headers=tenant),
         http.post("/v1/chat/completions", json=CHAT, headers={"authorization": WRONG_KEY}),
-        http.post("/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {WRONG_KEY}"}),
-        http.get("/v1/models", headers={"authorization": f"Bearer {WRONG_KEY}"}),
+        http.post("/v1/chat/completions", json=CHAT, headers=wrong),
+        http.get("/v1/models", headers=wrong),
         http.get("/api/usage", headers={"authorization": f"Bearer {ADMIN_KEY}"}),
-        http.get("/api/usage", headers={"authorization": f"Bearer {WRONG_KEY}"}),
+        http.get("/api/usage", headers=wrong),
         http.post("/dashboard/login", data={"key": WRONG_KEY}),
         http.post("/dashboard/login", data={"key": ADMIN_KEY}),
     ]  # fmt: skip
