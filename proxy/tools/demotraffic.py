@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from proxy.cost import PriceTable
@@ -31,6 +31,7 @@ class _Profile:
     output_tokens: tuple[int, int]
     errors: tuple[tuple[int, str, float], ...]  # status, error code, share of requests
     shaped: float  # share of requests whose max_tokens the budget clamped
+    cache_hits: float | None = None  # with the response cache on: share of answers it served
 
 
 TENANT_PROFILES: dict[str, _Profile] = {
@@ -40,7 +41,7 @@ TENANT_PROFILES: dict[str, _Profile] = {
     ),
     "research": _Profile(
         450, (("mock-llm", 0.8), ("mock-llm-small", 0.2)), (800, 6000), (150, 900),
-        ((429, "rate_limit_exceeded", 0.04), (504, "upstream_timeout", 0.006)), 0.0,
+        ((429, "rate_limit_exceeded", 0.04), (504, "upstream_timeout", 0.006)), 0.0, 0.3,
     ),
     "翻译助手": _Profile(
         1700, (("mock-llm", 1.0),), (900, 2100), (500, 1300),
@@ -102,7 +103,7 @@ def _record(
         ttft = rng.lognormvariate(math.log(_TTFT_MS[model] * (0.8 + 0.6 * busy)), 0.35)
         tokens_per_s = max(5.0, rng.gauss(_TOKENS_PER_S[model] / (0.9 + 0.3 * busy), 8.0))
     duration_ms = (ttft or 20.0) + (output_tokens / tokens_per_s * 1000 if tokens_per_s else 0.0)
-    return UsageRecord(
+    record = UsageRecord(
         ts=ts, request_id=request_id, tenant=tenant, model=model, backend="mock",
         operation="embeddings" if embed else "chat", stream=not embed and rng.random() < 0.7,
         status=status, error=error, input_tokens=input_tokens, output_tokens=output_tokens,
@@ -110,6 +111,16 @@ def _record(
         ttft_ms=ttft, tokens_per_s=tokens_per_s, duration_ms=duration_ms,
         shaped=("max_tokens",) if rng.random() < profile.shaped else (), degraded=(),
         client_disconnected=status == 200 and rng.random() < 0.01,
+    )  # fmt: skip
+    if profile.cache_hits is None or embed or status != 200:
+        return record
+    if rng.random() >= profile.cache_hits:
+        return replace(record, cache="miss")
+    return replace(  # answered from the cache: no backend tokens, in about a millisecond
+        record, cache="hit", input_tokens=0, output_tokens=0, cost_nusd=0,
+        ttft_ms=rng.uniform(0.6, 1.4), tokens_per_s=None, duration_ms=rng.uniform(0.8, 2.0),
+        saved_input_tokens=input_tokens, saved_output_tokens=output_tokens,
+        saved_cost_nusd=record.cost_nusd,
     )  # fmt: skip
 
 
