@@ -85,6 +85,10 @@ class SqliteLedger(BufferedLedger):
         except LedgerError as exc:
             loop.call_soon_threadsafe(_settle, ready, exc)
             return
+        except BaseException as exc:  # start() must never wait for a thread that died
+            failed = LedgerError(f"the ledger writer failed to start: {exc!r}")
+            loop.call_soon_threadsafe(_settle, ready, failed)
+            raise
         loop.call_soon_threadsafe(_settle, ready, None)
         try:
             while not self._stopping:

@@ -6,6 +6,7 @@ Blocking calls only: the ledger runs them on its writer thread or in `asyncio.to
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def connect(path: Path, *, busy_timeout_s: float, writer: bool) -> sqlite3.Conne
         if writer:
             # WAL: readers never block the writer. NORMAL: a commit survives a crash of this
             # process; an OS crash or power cut may roll back the last commits, never corrupt.
-            conn.execute("PRAGMA journal_mode = WAL")
+            _set_wal(conn, busy_timeout_s)
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.create_function("tw_hist_add", 2, _hist_add, deterministic=True)
             _migrate(conn, path)
@@ -115,10 +116,27 @@ def connect(path: Path, *, busy_timeout_s: float, writer: bool) -> sqlite3.Conne
             # typeshed admits only int-valued aggregates; SQLite takes blobs just the same
             conn.create_aggregate("tw_hist_sum", 1, histogram.BlobSum)  # type: ignore[arg-type]
             _check_version(conn, path)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise LedgerError(f"cannot prepare the ledger database {path}: {exc}") from exc
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Switch to WAL, waiting out another writer that is creating or migrating the file: SQLite
+    answers "database is locked" at once here, without its busy handler."""
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() >= deadline_s:
+                raise
+            time.sleep(0.01)
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:

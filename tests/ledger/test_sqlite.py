@@ -179,3 +179,16 @@ async def test_two_processes_can_share_one_file(tmp_path: Path) -> None:
     assert [(r.tenant, r.requests) for r in rows] == [(f"t{i}", 600) for i in range(5)]
     assert len(await reader.latest(None, 10_000)) == 3000
     await reader.aclose()
+
+
+async def test_writers_starting_together_on_a_new_file_both_start(tmp_path: Path) -> None:
+    """Two workers creating one file at once: one migrates, the other waits, neither hangs.
+
+    (SQLite refuses `PRAGMA journal_mode = WAL` at once while the other holds the migration's
+    lock; the writer thread used to die there and leave `start()` waiting forever.)"""
+    for attempt in range(25):
+        url = f"sqlite:///{tmp_path / f'ledger-{attempt}.db'}"
+        first, second = open_ledger(url), open_ledger(url)
+        async with asyncio.timeout(10):
+            await asyncio.gather(first.start(), second.start())
+        await asyncio.gather(first.aclose(), second.aclose())
