@@ -34,7 +34,6 @@ import base64
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import orjson
@@ -62,6 +61,7 @@ from proxy.tools.mockrequest import (
     parse_knobs,
 )
 from proxy.tools.mocksim import Faults, LoadModel
+from proxy.tools.mockstats import MockStats
 from proxy.tools.mockstream import Outcome, Schedule, SseFormat, StreamRun, Ticker
 from proxy.tools.mocktext import TokenSource, embedding_bytes, embedding_floats
 
@@ -73,40 +73,6 @@ _SSE_HEADERS: Final = [
 ]
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-@dataclass(slots=True)
-class MockStats:
-    streams_started: int = 0
-    streams_completed: int = 0
-    streams_cancelled: int = 0
-    streams_aborted: int = 0
-    requests_total: int = 0
-    requests_cancelled: int = 0
-    tokens_sent: int = 0
-    inflight: int = 0
-    prefix_hits: int = 0
-    prefix_misses: int = 0
-    last_request: Any = None
-    last_authorization: str | None = None
-
-    def reset(self) -> None:
-        """Zero the counters; `inflight` keeps describing requests still running."""
-        inflight = self.inflight
-        for name, value in asdict(MockStats()).items():
-            setattr(self, name, value)
-        self.inflight = inflight
-
-    def count_outcome(self, outcome: Outcome) -> None:
-        if outcome is Outcome.COMPLETED:
-            self.streams_completed += 1
-        elif outcome is Outcome.CANCELLED:
-            self.streams_cancelled += 1
-        else:
-            self.streams_aborted += 1
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
 
 
 class MockBackend:
