@@ -11,11 +11,12 @@ from proxy.upstream.meter import StreamMeter
 
 if TYPE_CHECKING:
     from proxy.cache.answer import Answer
-    from proxy.cache.capture import CachePlan
+    from proxy.cache.plan import CachePlan
     from proxy.stages.budget import Reservation
     from proxy.stages.ratelimit import RateLimitHold
     from proxy.stages.route import Routed
     from proxy.telemetry.tracing import RequestTrace
+    from proxy.upstream.capture import Capture
 
 __all__ = ["Operation", "RequestContext"]
 
@@ -67,7 +68,7 @@ class RequestContext:
     upstream_completed: bool = False
     trace: RequestTrace | None = None  # None unless tracing is configured
     response_tail: bytes = b""  # the answer's last bytes: response model, finish reasons
-    completion_chunks: list[bytes] | None = None  # the answer as relayed, with `log_content`
+    capture: Capture | None = None  # the answer as relayed, for the cache and `log_content`
 
     @property
     def upstream_path(self) -> str:

@@ -14,9 +14,9 @@ import anyio
 from starlette.types import Send
 
 from proxy.cache.answer import Answer, from_response, from_stream
-from proxy.cache.capture import CachePlan, Capture
 from proxy.cache.embed import Embedder, EmbedderUnavailable, normalise
 from proxy.cache.key import CacheKey, cache_key
+from proxy.cache.plan import CachePlan
 from proxy.cache.replay import replay_response, replay_stream
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
@@ -26,6 +26,7 @@ from proxy.policy.model import CacheSpec
 from proxy.stages.forward import SSE_HEADERS
 from proxy.storage.base import StorageError
 from proxy.storage.cache import CacheEntry, CacheStore
+from proxy.upstream.capture import Capture
 
 __all__ = ["ResponseCache"]
 
@@ -61,7 +62,8 @@ class ResponseCache:
         if key is None:
             return
         spec = tenant.cache
-        plan = CachePlan(key, Capture(spec.max_entry_bytes * _SSE_OVERHEAD))
+        # A second lookup in this request (a degradation rule's looser bar) reuses the vector.
+        plan = ctx.cache_plan if ctx.cache_plan is not None else CachePlan(key)
         try:
             answer = await self._exact(key, ctx.cache_serve_stale)
             if answer is None and key.partition is not None:
@@ -71,6 +73,11 @@ class ResponseCache:
             return
         if answer is None:
             ctx.cache, ctx.cache_plan = "miss", plan
+            limit = spec.max_entry_bytes * _SSE_OVERHEAD
+            if ctx.capture is None:
+                ctx.capture = Capture(limit)
+            else:
+                ctx.capture.widen(limit)
             return
         ctx.cache = "hit" if ctx.cache_similarity is None else "semantic-hit"
         ctx.cached = answer
@@ -145,12 +152,13 @@ class ResponseCache:
     ) -> Answer | None:
         if self._embedder is None or self._index is None or key.question is None:
             return None
-        try:
-            with anyio.fail_after(self._embed_timeout_s):
-                plan.vector = await self._embedder.embed(normalise(key.question))
-        except (EmbedderUnavailable, TimeoutError) as exc:
-            _log.warning("embedder unavailable, semantic cache skipped: %s", exc)
-            return None
+        if plan.vector is None:
+            try:
+                with anyio.fail_after(self._embed_timeout_s):
+                    plan.vector = await self._embedder.embed(normalise(key.question))
+            except (EmbedderUnavailable, TimeoutError) as exc:
+                _log.warning("embedder unavailable, semantic cache skipped: %s", exc)
+                return None
         plan.partition = _scoped(self._embedder.name, key.partition or "")
         # A degradation rule may lower the bar for this request (never raise it).
         bar = min(spec.similarity, ctx.cache_min_similarity or spec.similarity)
@@ -174,7 +182,7 @@ class ResponseCache:
         return answer if stale_ok or answer.expires_wall > self._clock.wall() else None
 
     def _answer_of(self, ctx: RequestContext, plan: CachePlan, spec: CacheSpec) -> Answer | None:
-        raw = plan.capture.take()
+        raw = ctx.capture.data() if ctx.capture is not None else None
         if raw is None:
             return None
         usage = ctx.upstream_usage or {

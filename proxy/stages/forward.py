@@ -62,27 +62,24 @@ class Forward:
         monotonic = self._clock.monotonic
         meter = ctx.meter
         sse = SSEForwarder(keep_usage=ctx.client_wants_usage)
-        cache_tap = ctx.cache_plan.capture if ctx.cache_plan is not None else None
         ending = before_last = last = b""
-        capture = ctx.completion_chunks
+        capture = ctx.capture
         try:
             with translate(backend):
                 async for raw in response.aiter_raw():
                     meter.read(monotonic())
                     out, token_events = sse.feed(raw)
                     if out:
-                        if cache_tap is not None:
-                            cache_tap.add(out)
                         if not ctx.status:
                             await self._start(ctx, send, SSE_HEADERS)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         meter.wrote(monotonic(), token_events)
                         before_last, last = last, out
                         if capture is not None:
-                            capture.append(out)
+                            capture.add(out)
             ending = sse.finish()
-            if cache_tap is not None:
-                cache_tap.add(ending)
+            if capture is not None:
+                capture.add(ending)
             ctx.upstream_completed = True
         except UpstreamError as exc:
             if not ctx.status:
@@ -104,8 +101,8 @@ class Forward:
             raw = await response.aread()
         ctx.meter.read(self._clock.monotonic())
         ctx.upstream_completed = True
-        if ctx.cache_plan is not None:
-            ctx.cache_plan.capture.add(raw)
+        if ctx.capture is not None:
+            ctx.capture.add(raw)
         ctx.response_tail = raw
         headers = [
             (b"content-type", b"application/json"),

@@ -52,15 +52,16 @@ def content_fields(ctx: RequestContext) -> dict[str, object]:
     body = ctx.body
     prompt = body.get("messages", body.get("prompt", body.get("input")))
     if ctx.stream:
-        completion = _streamed_text(ctx.completion_chunks or [])
+        relayed = ctx.capture.data() if ctx.capture is not None else None
+        completion = _streamed_text(relayed or b"")
     else:
         completion = _whole_text(ctx.response_tail)
     return {"prompt": prompt, "completion": completion}
 
 
-def _streamed_text(chunks: list[bytes]) -> str | None:
+def _streamed_text(relayed: bytes) -> str | None:
     parts: list[str] = []
-    for line in b"".join(chunks).splitlines():
+    for line in relayed.splitlines():
         if not line.startswith(b"data:") or line.endswith(b"[DONE]"):
             continue
         try:

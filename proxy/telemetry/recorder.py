@@ -18,8 +18,12 @@ from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.otelmetrics import OtelMetrics
 from proxy.telemetry.sample import model_label, sample_of
 from proxy.telemetry.tracing import Tracing, span_attributes
+from proxy.upstream.capture import Capture
 
 __all__ = ["Telemetry"]
+
+# `log_content` keeps a stream's relayed bytes to log its text; a longer answer logs none.
+_LOGGED_BYTES = 16 * 1024 * 1024
 
 
 class Telemetry:
@@ -44,7 +48,7 @@ class Telemetry:
         if self._tracing is not None:
             ctx.trace = self._tracing.begin(ctx)
         if self._log_content:
-            ctx.completion_chunks = []
+            ctx.capture = Capture(_LOGGED_BYTES)
 
     async def traced(
         self, ctx: RequestContext, stage: Callable[[RequestContext], Awaitable[None]]

@@ -42,3 +42,31 @@ tenants:
     assert "x-tokenweir-degraded" not in shadow.headers
     assert shadow.headers["x-tokenweir-degraded-shadow"] == "short"
     assert shadow.json()["usage"]["completion_tokens"] == 50
+
+
+def test_a_looser_cache_bar_looks_again_without_embedding_again(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    loose = "{name: loose, when: {}, then: {similarity: 0.5}}"
+    policy = parse_policy(
+        f"""
+embedder: {{model: mock-embed}}
+backends: [{{name: a, url: "{backend_url}/v1", models: [mock-llm, mock-embed]}}]
+models: {{mock-llm: {{}}, mock-embed: {{}}}}
+tenants:
+  live:
+    api_keys: [{hash_key(KEY)}]
+    models: [mock-llm]
+    cache: {{mode: semantic}}
+    degrade: [{loose}]
+""",
+        environ={},
+    )
+    body = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    with serve(create_app(policy)) as url:
+        answer = httpx.post(
+            url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"}
+        )
+    assert answer.headers["x-tokenweir-cache"] == "miss"
+    assert answer.headers["x-tokenweir-degraded"] == "loose"
+    assert backend.get("/mock/stats").json()["requests_total"] == 2  # one embedding, one answer

@@ -1,0 +1,19 @@
+"""What the cache stage leaves for its settle on a miss: the key, and the question's vector."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.cache.key import CacheKey
+from proxy.cache.vectors import Vector
+
+__all__ = ["CachePlan"]
+
+
+@dataclass(slots=True)
+class CachePlan:
+    """A cache miss that may be stored once the backend's answer is complete."""
+
+    key: CacheKey
+    partition: str | None = None
+    vector: Vector | None = None

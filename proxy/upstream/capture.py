@@ -1,0 +1,34 @@
+"""The answer's bytes as relayed, kept for whoever reads them after it (the response cache, the
+access log's `log_content`): one tap per request, however many readers."""
+
+from __future__ import annotations
+
+__all__ = ["Capture"]
+
+
+class Capture:
+    """Keeps relayed bytes up to `limit`; past it, keeps nothing at all (a cut answer is no use)."""
+
+    __slots__ = ("_chunks", "_limit", "_size")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._size = 0
+        self._chunks: list[bytes] | None = []
+
+    def widen(self, limit: int) -> None:
+        """A second reader that needs more room raises the limit (before the answer starts)."""
+        self._limit = max(self._limit, limit)
+
+    def add(self, data: bytes) -> None:
+        if self._chunks is None:
+            return
+        self._size += len(data)
+        if self._size > self._limit:
+            self._chunks = None
+        else:
+            self._chunks.append(data)
+
+    def data(self) -> bytes | None:
+        """Everything kept, or None if the answer outgrew the limit."""
+        return None if self._chunks is None else b"".join(self._chunks)
