@@ -7,6 +7,7 @@ brings up to date from the store's cursor before every search.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -81,8 +82,10 @@ class SemanticIndex:
     def forget(self, tenant: str, partition: str, key: str) -> None:
         """Stop offering `key` (its answer is gone from the store)."""
         mirror = self._partitions.get((tenant, partition))
-        if mirror is not None:
-            mirror.keys = [None if k == key else k for k in mirror.keys]
+        if mirror is None:
+            return
+        with contextlib.suppress(ValueError):  # already forgotten
+            mirror.keys[mirror.keys.index(key)] = None
 
     def _mirror(self, tenant: str, partition: str) -> _Partition:
         name = (tenant, partition)

@@ -91,10 +91,14 @@ class Account:
             client_disconnected=ctx.client_disconnected,
             saved_input_tokens=ctx.saved_input_tokens,
             saved_output_tokens=ctx.saved_output_tokens,
-            saved_cost_nusd=self._prices.cost_nusd(
-                ctx.model, ctx.saved_input_tokens, ctx.saved_output_tokens
-            ),
+            saved_cost_nusd=self._saved_cost_nusd(ctx),
         )
+
+    def _saved_cost_nusd(self, ctx: RequestContext) -> int:
+        """What a cache hit spared; nothing to price for every other request."""
+        if not (ctx.saved_input_tokens or ctx.saved_output_tokens):
+            return 0
+        return self._prices.cost_nusd(ctx.model, ctx.saved_input_tokens, ctx.saved_output_tokens)
 
     def _access_line(self, ctx: RequestContext, usage: UsageRecord) -> dict[str, object]:
         meter = ctx.meter
