@@ -77,3 +77,14 @@ async def test_a_big_partition_loads_in_the_background_and_misses_meanwhile() ->
     assert found is not None
     assert found.key == f"k{len(rows) - 1}"
     await index.aclose()
+
+
+async def test_a_forgotten_entry_is_no_longer_offered() -> None:
+    store = MemoryCacheStore()
+    index = SemanticIndex(store)
+    row = unit_rows(1)[0]
+    await store.put(CacheEntry("t", "k", b"v", 0.0, 60.0, 10, "p", pack(row, "q")))
+    assert await index.nearest("t", "p", row, "q", 0.9) is not None
+    index.forget("t", "p", "k")
+    index.forget("t", "p", "k")  # twice is harmless
+    assert await index.nearest("t", "p", row, "q", 0.9) is None
