@@ -321,3 +321,12 @@ def test_replicas_on_one_redis_share_the_cache(backend_url: str, redis_url: str)
         )
     assert exact.headers["x-tokenweir-cache"] == "hit"
     assert reworded.headers["x-tokenweir-cache"] == "semantic-hit"
+
+
+def test_cache_storage_that_is_down_only_skips_the_cache(backend_url: str) -> None:
+    dead_redis = f"redis://127.0.0.1:{free_port()}/0"
+    with gateway(backend_url, dead_redis) as url:
+        first, second = ask(url), ask(url)
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert [a.headers["x-tokenweir-cache"] for a in (first, second)] == ["bypass", "bypass"]
+    assert second.json()["choices"][0]["message"]["content"]
