@@ -65,6 +65,7 @@ class RequestContext:
     usage_from_backend: bool = False
     client_disconnected: bool = False
     answered: bool = False
+    released: bool = False
     upstream_completed: bool = False
     trace: RequestTrace | None = None  # None unless tracing is configured
     response_tail: bytes = b""  # the answer's last bytes: response model, finish reasons

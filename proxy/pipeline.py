@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
-from starlette.types import Receive, Send
+from starlette.types import Message, Receive, Send
 
 from proxy.context import RequestContext
 from proxy.errors import GatewayError, ShuttingDown
@@ -53,6 +53,7 @@ class Pipeline:
     async def run(self, ctx: RequestContext, receive: Receive, send: Send) -> None:
         """Answer the request on `send`; errors, disconnects and successes are all settled."""
         self._telemetry.begin(ctx)
+        send = self._releasing_before_the_end(ctx, send)
         try:
             await self._auth(ctx)
             ctx.raw_body = await read_body(
@@ -87,6 +88,18 @@ class Pipeline:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._account(ctx)
+
+    def _releasing_before_the_end(self, ctx: RequestContext, send: Send) -> Send:
+        """`send`, but the request's holds are settled before its answer's last byte goes out."""
+        release = self._account.release
+
+        async def releasing(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                with anyio.CancelScope(shield=True):
+                    await release(ctx)
+            await send(message)
+
+        return releasing
 
 
 async def _end_cut(ctx: RequestContext, send: Send) -> None:

@@ -48,7 +48,15 @@ class Account:
         self._telemetry = telemetry
         self._log = logger or logging.getLogger(ACCESS_LOGGER)
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def release(self, ctx: RequestContext) -> None:
+        """Settle what the request holds (slots, reservations, its cache entry), once.
+
+        The pipeline calls this just before the last byte of an answer, so a client that sends
+        its next request as soon as this one ends finds its slot free and its answer cached.
+        """
+        if ctx.released:
+            return
+        ctx.released = True
         if ctx.output_tokens is None and ctx.operation != "embeddings":
             ctx.output_tokens = ctx.meter.token_events
         if ctx.input_tokens is None:
@@ -57,6 +65,9 @@ class Account:
         for hold in self._holds:
             await hold.settle(ctx)
         self._telemetry.settle_ran(ctx, settling_s)
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        await self.release(ctx)
         usage = self.usage_record(ctx)
         if self._ledger is not None:
             self._ledger.append(usage)

@@ -90,9 +90,9 @@ class Forward:
         if not ctx.status:
             await self._start(ctx, send, SSE_HEADERS)
         ctx.answered = True
-        await send({"type": "http.response.body", "body": ending, "more_body": False})
         ctx.response_tail = before_last + last + ending
-        _settle(ctx, sse.usage)
+        _take_usage(ctx, sse.usage)
+        await send({"type": "http.response.body", "body": ending, "more_body": False})
 
     async def _relay_whole(
         self, ctx: RequestContext, backend: Backend, response: httpx.Response, send: Send
@@ -110,9 +110,9 @@ class Forward:
         ]
         await self._start(ctx, send, headers)
         ctx.answered = True
+        _take_usage(ctx, _usage_of(raw))
         await send({"type": "http.response.body", "body": raw, "more_body": False})
         ctx.meter.wrote(self._clock.monotonic(), 1)
-        _settle(ctx, _usage_of(raw))
 
     async def _start(
         self, ctx: RequestContext, send: Send, headers: list[tuple[bytes, bytes]]
@@ -144,7 +144,7 @@ def _usage_of(raw: bytes) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-def _settle(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
+def _take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
     if usage is None:
         return
     ctx.upstream_usage = usage
