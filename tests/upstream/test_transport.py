@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from types import TracebackType
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import httpx
@@ -19,8 +17,8 @@ from proxy.tools import mockbackend
 from proxy.tools.mockasgi import read_body, respond, run_lifespan
 from proxy.upstream.transport import PooledTransport
 from tests.servers import serve
+from tests.upstream.rawserver import Handler, RawServer, read_request
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TEXT = ((b"content-type", b"text/plain"),)
 OK_HELLO = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
 
@@ -72,60 +70,6 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
 def app_url() -> Iterator[str]:
     with serve(app) as url:
         yield url
-
-
-class RawServer:
-    """An asyncio server on 127.0.0.1 running `handler` per connection; counts connections."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.connections = 0
-        self.url = ""
-        self._handler = handler
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> RawServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.transport.abort()  # handlers waiting to read see the end and return
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=2)
-        await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        self._writers.append(writer)
-        try:
-            await self._handler(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-            self._tasks.discard(task)
-
-
-async def read_request(reader: asyncio.StreamReader) -> bytes:
-    """One request's head, its Content-Length body consumed."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    for line in head.lower().split(b"\r\n"):
-        if line.startswith(b"content-length:"):
-            await reader.readexactly(int(line.split(b":")[1]))
-    return head
 
 
 async def answer_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
