@@ -156,6 +156,8 @@ class Backend(_Frozen):
     models: tuple[Name, ...] = Field(min_length=1)
     weight: PositiveInt = 1
     limits: LimitSet = LimitSet()
+    # Overrides upstream.first_byte_timeout for this backend (a slow-prefill server, say).
+    first_byte_timeout: PositiveSeconds | None = None
 
 
 class Budget(_Frozen):
@@ -277,6 +279,9 @@ class UpstreamSpec(_Frozen):
 
     connect_timeout: Seconds = 5.0
     read_timeout: Seconds = 300.0
+    # The longest wait from sending a request to the first byte of the answer's body; unset,
+    # read_timeout covers that wait too.
+    first_byte_timeout: PositiveSeconds | None = None
     pool_timeout: Seconds = 5.0
     max_connections: PositiveInt = 2048
     # Active health checks: `GET {url}/models` on every backend this often; 0 turns them off.

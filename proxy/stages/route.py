@@ -144,5 +144,6 @@ class Route:
 
 
 def _retryable(exc: UpstreamError) -> bool:
-    """Connect errors and 5xx; a read timeout is not retried (the backend may be generating)."""
+    """Connect errors and 5xx; a read or first-byte timeout is not retried (the backend may be
+    generating, and a retry would double its work)."""
     return not isinstance(exc, UpstreamTimeout) or exc.code == CONNECT_TIMEOUT_CODE

@@ -12,6 +12,7 @@ import orjson
 from proxy.context import RequestContext
 from proxy.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.model import Backend, UpstreamSpec
+from proxy.upstream.deadline import FirstByteTimeout
 from proxy.upstream.transport import PooledTransport
 
 __all__ = [
@@ -67,9 +68,13 @@ class UpstreamClient:
                 write_timeout_s=spec.read_timeout,
                 pool_timeout_s=spec.pool_timeout,
                 max_connections=spec.max_connections,
+                first_byte_timeout_s=spec.first_byte_timeout,
             )
         self._transport = transport
-        self._timeout = timeout.as_dict()
+        self._timeout: dict[str, float | None] = timeout.as_dict()
+        self._timeout["first_byte"] = spec.first_byte_timeout
+        # A backend's own first_byte_timeout: its requests carry a timeout dict of their own.
+        self._backend_timeouts: dict[str, dict[str, float | None]] = {}
         # For the rare calls that want the client's conveniences (readiness probes); the request
         # path goes to the transport directly: cookies, redirects and auth hooks cost ~12% per
         # request there and a gateway needs none of them.
@@ -95,7 +100,7 @@ class UpstreamClient:
             backend.url + ctx.upstream_path,
             content=orjson.dumps(body),
             headers=headers,
-            extensions={"timeout": self._timeout},
+            extensions={"timeout": self._timeouts(backend)},
         )
         with translate(backend):
             response = await self._transport.handle_async_request(request)
@@ -108,6 +113,15 @@ class UpstreamClient:
                 await response.aclose()
             raise _status_error(backend, response, raw)
         return backend, response
+
+    def _timeouts(self, backend: Backend) -> dict[str, float | None]:
+        if backend.first_byte_timeout is None:
+            return self._timeout
+        timeouts = self._backend_timeouts.get(backend.name)
+        if timeouts is None:
+            timeouts = {**self._timeout, "first_byte": backend.first_byte_timeout}
+            self._backend_timeouts[backend.name] = timeouts
+        return timeouts
 
     async def probe(self, backend: Backend, timeout_s: float) -> str | None:
         """None if `GET {url}/models` answers 200 within the timeout, else what went wrong."""
@@ -133,6 +147,10 @@ def translate(backend: Backend) -> Iterator[None]:
     except httpx.ConnectTimeout as exc:
         raise UpstreamTimeout(
             f"backend {name!r} did not accept the connection in time", code=CONNECT_TIMEOUT_CODE
+        ) from exc
+    except FirstByteTimeout as exc:
+        raise UpstreamTimeout(
+            f"backend {name!r} sent no byte of its answer within the first-byte timeout"
         ) from exc
     except httpx.TimeoutException as exc:
         raise UpstreamTimeout(f"backend {name!r} sent nothing within the read timeout") from exc

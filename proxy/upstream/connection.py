@@ -13,6 +13,8 @@ from typing import Final, Protocol, cast
 import httptools
 import httpx
 
+from proxy.upstream.deadline import FirstByteTimeout, ReadDeadline
+
 __all__ = ["Connection", "Exchange", "Origin", "Owner", "StaleConnection"]
 
 Origin = tuple[str, int]
@@ -101,12 +103,16 @@ class Connection(asyncio.BufferedProtocol):
         self._wake_writer()
 
     def start(
-        self, request: httpx.Request, read_timeout_s: float | None, keep_alive: bool
+        self,
+        request: httpx.Request,
+        read_timeout_s: float | None,
+        keep_alive: bool,
+        first_byte_timeout_s: float | None = None,
     ) -> Exchange:
         """Attach a new exchange; the caller writes the request next."""
         if self.is_closed:
             raise StaleConnection
-        exchange = Exchange(self, request, read_timeout_s, keep_alive)
+        exchange = Exchange(self, request, read_timeout_s, keep_alive, first_byte_timeout_s)
         self._exchange = exchange
         return exchange
 
@@ -179,6 +185,7 @@ class Exchange(httpx.AsyncByteStream):
         request: httpx.Request,
         read_timeout_s: float | None,
         keep_alive: bool,
+        first_byte_timeout_s: float | None = None,
     ) -> None:
         self.request = request
         self.status_code = 0
@@ -200,10 +207,10 @@ class Exchange(httpx.AsyncByteStream):
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
-        self._timeout_s = read_timeout_s
-        self._deadline_s = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at_s = 0.0
+        self._first_byte_s = first_byte_timeout_s
+        self._deadline = ReadDeadline(
+            self._loop, read_timeout_s, first_byte_timeout_s, self._timed_out
+        )
 
     # httptools callbacks
 
@@ -233,6 +240,7 @@ class Exchange(httpx.AsyncByteStream):
             self._done = True
 
     def on_body(self, body: bytes) -> None:
+        self._deadline.answered()
         self._chunks.append(body)
         self._buffered += len(body)
 
@@ -242,6 +250,7 @@ class Exchange(httpx.AsyncByteStream):
             return
         self._keep_alive = self._keep_alive and self._parser.should_keep_alive()
         self._done = True
+        self._deadline.answered()
 
     # fed by the connection
 
@@ -274,7 +283,7 @@ class Exchange(httpx.AsyncByteStream):
         """The connection closed under this exchange."""
         if self._done or self._error is not None:
             return
-        self._cancel_timer()
+        self._deadline.cancel()
         if self.headers_done and exc is None and _delimited_by_close(self):
             self._done = True
         else:
@@ -338,7 +347,7 @@ class Exchange(httpx.AsyncByteStream):
             self._fail(httpx.ReadError("the response was closed early", request=self.request))
 
     def _finish(self) -> None:
-        self._cancel_timer()
+        self._deadline.cancel()
         if self._head_only:
             self._chunks.clear()
         self._conn.detach(self, self._keep_alive and not self.writing)
@@ -346,45 +355,34 @@ class Exchange(httpx.AsyncByteStream):
     def _fail(self, error: Exception) -> None:
         if self._error is None:
             self._error = error
-        self._cancel_timer()
+        self._deadline.cancel()
         self._conn.detach(self, reusable=False)
         self._wake()
 
     async def _wait(self) -> None:
-        """Sleep until the connection delivers something; at most the read timeout."""
+        """Sleep until the connection delivers something; at most the read deadline."""
         waiter = self._loop.create_future()
         self._waiter = waiter
-        if self._timeout_s is not None:
-            self._deadline_s = self._loop.time() + self._timeout_s
-            if self._timer is None:
-                # One timer serves many waits: it re-arms itself while data keeps coming.
-                self._timer_at_s = self._deadline_s
-                self._timer = self._loop.call_at(self._deadline_s, self._on_timer)
+        self._deadline.waiting()
         try:
             await waiter
         finally:
             self._waiter = None
 
-    def _on_timer(self) -> None:
-        self._timer = None
+    def _timed_out(self, first_byte: bool) -> None:
         waiter = self._waiter
         if waiter is None or waiter.done():
-            return
-        if self._deadline_s > self._timer_at_s:
-            self._timer_at_s = self._deadline_s
-            self._timer = self._loop.call_at(self._deadline_s, self._on_timer)
-            return
-        self._fail(httpx.ReadTimeout("timed out waiting for the backend", request=self.request))
+            return  # nobody is waiting (the reader is busy): its next wait starts a new deadline
+        if first_byte:
+            message = f"no byte of the answer within {self._first_byte_s:g} s"
+            self._fail(FirstByteTimeout(message, request=self.request))
+        else:
+            self._fail(httpx.ReadTimeout("timed out waiting for the backend", request=self.request))
 
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
 
 def _delimited_by_close(exchange: Exchange) -> bool:

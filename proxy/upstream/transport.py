@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Final
 
 import httpx
 
 from proxy.upstream.connection import Connection, Origin, StaleConnection
+from proxy.upstream.deadline import FirstByteTimeout
 
 __all__ = ["PooledTransport"]
 
@@ -181,6 +183,8 @@ class PooledTransport(httpx.AsyncBaseTransport):
 
     Timeouts come from each request's ``timeout`` extension, which `httpx.AsyncClient` always
     sets (its own `timeout=`, default 5 s); the constructor's apply to requests without one.
+    Besides httpx's four keys it may hold ``first_byte``: the longest wait, from sending the
+    request, for the first byte of the answer's body (see `proxy.upstream.deadline`).
     Request bodies given as an async stream are sent as they come (chunked if the request says
     so) but are not replayed: only `bytes` bodies are retried after a keep-alive race.
     """
@@ -194,12 +198,14 @@ class PooledTransport(httpx.AsyncBaseTransport):
         pool_timeout_s: float,
         max_connections: int,
         keepalive_expiry_s: float = 30.0,
+        first_byte_timeout_s: float | None = None,
     ) -> None:
         self._timeouts: dict[str, float | None] = {
             "connect": connect_timeout_s,
             "read": read_timeout_s,
             "write": write_timeout_s,
             "pool": pool_timeout_s,
+            "first_byte": first_byte_timeout_s,
         }
         self._pool = _Pool(max_connections, keepalive_expiry_s)
         self._limits = httpx.Limits(
@@ -249,7 +255,51 @@ class PooledTransport(httpx.AsyncBaseTransport):
         if self._tls is None:  # built lazily: creating an SSL context costs milliseconds
             self._tls = httpx.AsyncHTTPTransport(limits=self._limits)
         request.extensions.setdefault("timeout", dict(timeouts))
-        return await self._tls.handle_async_request(request)
+        first_byte_s = timeouts.get("first_byte")
+        if first_byte_s is None:
+            return await self._tls.handle_async_request(request)
+        deadline_s = asyncio.get_running_loop().time() + first_byte_s
+        with _first_byte_within(first_byte_s, request):
+            async with asyncio.timeout_at(deadline_s):
+                response = await self._tls.handle_async_request(request)
+        response.stream = _FirstByteStream(response.stream, deadline_s, first_byte_s, request)
+        return response
+
+
+class _FirstByteStream(httpx.AsyncByteStream):
+    """httpx's own response stream, whose first chunk must come by the first-byte deadline."""
+
+    def __init__(
+        self, inner: object, deadline_s: float, first_byte_s: float, request: httpx.Request
+    ) -> None:
+        if not isinstance(inner, httpx.AsyncByteStream):
+            raise TypeError("an async transport answers with an async byte stream")
+        self._inner = inner
+        self._deadline_s = deadline_s
+        self._first_byte_s = first_byte_s
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = aiter(self._inner)
+        with _first_byte_within(self._first_byte_s, self._request):
+            async with asyncio.timeout_at(self._deadline_s):
+                first = await anext(chunks, b"")
+        if first:
+            yield first
+            async for chunk in chunks:
+                yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@contextmanager
+def _first_byte_within(first_byte_s: float, request: httpx.Request) -> Iterator[None]:
+    try:
+        yield
+    except TimeoutError:
+        message = f"no byte of the answer within {first_byte_s:g} s"
+        raise FirstByteTimeout(message, request=request) from None
 
 
 async def _exchange(
@@ -260,7 +310,9 @@ async def _exchange(
     keep_alive: bool,
     timeouts: Mapping[str, float | None],
 ) -> httpx.Response:
-    exchange = connection.start(request, timeouts.get("read"), keep_alive)
+    exchange = connection.start(
+        request, timeouts.get("read"), keep_alive, timeouts.get("first_byte")
+    )
     try:
         await _send(connection, request, head, body, timeouts.get("write"))
         exchange.sent()

@@ -1,19 +1,22 @@
-"""Slow clients and slow backends, over raw sockets: each gets an OpenAI-shaped 408 or 504 in
-time, and a stalled connection is closed rather than held."""
+"""Slow clients and slow backends, over raw sockets and HTTP: each gets an OpenAI-shaped 408 or 504
+in time, and a stalled connection is closed rather than held."""
 
 from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
 from proxy.policy import PolicyError, parse_policy
-from tests.reliability.state import KEY, policy_text
-from tests.servers import replicas
+from proxy.policy.units import hash_key
+from proxy.tools import mockbackend
+from tests.reliability.state import AUTH, KEY, policy_text
+from tests.servers import replicas, serve
 
 SERVER = "{header_timeout: 1s, body_timeout: 1s, keep_alive_timeout: 1s}"
 
@@ -136,3 +139,97 @@ def test_the_timeouts_are_policy_keys(tmp_path: Path, backend_url: str) -> None:
     text = policy_text(backend_url, "memory", server="{body_timeout: 0s}")
     with pytest.raises(PolicyError, match=r"server\.body_timeout"):
         parse_policy(text, environ={})
+    text = policy_text(backend_url, "memory", upstream="{first_byte_timeout: 0s}")
+    with pytest.raises(PolicyError, match=r"upstream\.first_byte_timeout"):
+        parse_policy(text, environ={})
+
+
+@pytest.fixture(scope="module")
+def first_byte_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """A `tokenweir serve` with `first_byte_timeout: 500ms` and `read_timeout: 30s` in front of
+    two mock backends: one with a 2 s TTFT (twice, as slow-a and slow-b, for mock-llm; once as
+    patient, whose own first_byte_timeout is 5 s, for mock-patient) and one whose first token
+    comes after 0.1 s and each next one 0.625 s later (mock-steady). Yields the three URLs."""
+    slow_app = mockbackend.create_app(ttft_ms=2000, tokens_per_second=2000)
+    steady_app = mockbackend.create_app(ttft_ms=100, tokens_per_second=1.6)
+    with serve(slow_app) as slow, serve(steady_app) as steady:
+        config = tmp_path_factory.mktemp("first-byte") / "policy.yaml"
+        config.write_text(f"""
+storage: memory
+upstream: {{read_timeout: 30s, first_byte_timeout: 500ms, circuit: {{failures: 100}}}}
+backends:
+  - {{name: slow-a, url: "{slow}/v1", models: [mock-llm]}}
+  - {{name: slow-b, url: "{slow}/v1", models: [mock-llm]}}
+  - {{name: patient, url: "{slow}/v1", models: [mock-patient], first_byte_timeout: 5s}}
+  - {{name: steady, url: "{steady}/v1", models: [mock-steady]}}
+models: {{mock-llm: {{}}, mock-patient: {{}}, mock-steady: {{}}}}
+tenants:
+  app: {{api_keys: [{hash_key(KEY)}], models: [mock-llm, mock-patient, mock-steady]}}
+""")
+        with replicas(config, 1) as [(_, url)]:
+            yield url, slow, steady
+
+
+def _chat(model: str, *, stream: bool, tokens: int = 3) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "x"}], "stream": stream,
+            "max_tokens": tokens, "mock_completion_tokens": tokens}  # fmt: skip
+
+
+def _wait_for(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_first_token_later_than_first_byte_timeout_gets_504_and_stops_the_backend(
+    first_byte_gateway: tuple[str, str, str], stream: bool
+) -> None:
+    """Not after the 30 s read timeout, and not retried on slow-b: the backend may be generating."""
+    gateway, slow, _ = first_byte_gateway
+    with httpx.Client(base_url=slow) as mock:
+        mock.post("/mock/stats/reset").raise_for_status()
+        began = time.monotonic()
+        answer = httpx.post(
+            gateway + "/v1/chat/completions", json=_chat("mock-llm", stream=stream), headers=AUTH
+        )
+        elapsed_s = time.monotonic() - began
+        assert answer.status_code == 504
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("api_error", "upstream_timeout")
+        assert "first-byte timeout" in error["message"]
+        assert 0.45 <= elapsed_s < 1.5
+        # The gateway closed the backend's connection: the mock saw its client leave.
+        gone = "streams_cancelled" if stream else "requests_cancelled"
+        _wait_for(lambda: mock.get("/mock/stats").json()[gone] == 1)
+        assert mock.get("/mock/stats").json()["requests_total"] == 1
+
+
+def test_a_slow_but_steady_stream_is_not_cut(first_byte_gateway: tuple[str, str, str]) -> None:
+    """Its first token comes in time; the gaps after it (0.625 s) exceed first_byte_timeout."""
+    gateway, _, _ = first_byte_gateway
+    began = time.monotonic()
+    body = _chat("mock-steady", stream=True)
+    with httpx.stream(
+        "POST", gateway + "/v1/chat/completions", json=body, headers=AUTH, timeout=10
+    ) as answer:
+        assert answer.status_code == 200
+        events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert sum('"content"' in event for event in events) >= 3
+    assert time.monotonic() - began > 1.2
+
+
+def test_a_backends_own_first_byte_timeout_overrides_the_shared_one(
+    first_byte_gateway: tuple[str, str, str],
+) -> None:
+    gateway, _, _ = first_byte_gateway
+    answer = httpx.post(
+        gateway + "/v1/chat/completions",
+        json=_chat("mock-patient", stream=False),
+        headers=AUTH,
+        timeout=10,
+    )
+    assert answer.status_code == 200
+    assert answer.json()["usage"]["completion_tokens"] == 3
