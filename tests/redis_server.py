@@ -6,8 +6,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import pytest
@@ -21,9 +22,10 @@ def _free_port() -> int:
 
 
 class RedisProcess:
-    """A redis-server (no persistence) that a test may stop and start again on the same port."""
+    """A redis-server (no persistence) that a test may stop and start again on the same port;
+    `args` are more redis-server options (`--replicaof`, say)."""
 
-    def __init__(self) -> None:
+    def __init__(self, args: Sequence[str] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail(
@@ -32,16 +34,26 @@ class RedisProcess:
         self._binary = binary
         self.port = _free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._args = list(args)
         self._workdir = tempfile.TemporaryDirectory()
         self._server: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        # DEBUG SLEEP, from 127.0.0.1 only, lets a test make this Redis slow.
         self._server = subprocess.Popen(
             [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._workdir.name],
+             "--appendonly", "no", "--dir", self._workdir.name,
+             "--enable-debug-command", "local", *self._args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self._wait_ready()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, as when a host dies."""
+        if self._server is not None:
+            self._server.kill()
+            self._server.wait(timeout=10)
+            self._server = None
 
     def stop(self) -> None:
         if self._server is not None:
@@ -76,3 +88,31 @@ def private_redis() -> Iterator[str]:
         yield server.url
     finally:
         server.close()
+
+
+@contextmanager
+def frozen(url: str, seconds: int) -> Iterator[None]:
+    """Redis busy for `seconds` (`DEBUG SLEEP`, as under a slow script): it accepts connections
+    but answers nothing. Yields once it is frozen; returns once it answers again."""
+    with redis.Redis.from_url(url, socket_timeout=seconds + 10) as sleeper:
+        sleeping = threading.Thread(
+            target=sleeper.execute_command, args=("DEBUG", "SLEEP", seconds)
+        )
+        sleeping.start()
+        try:
+            _wait_frozen(url)
+            yield
+        finally:
+            sleeping.join()
+
+
+def _wait_frozen(url: str) -> None:
+    deadline = time.monotonic() + 5
+    with redis.Redis.from_url(url, socket_timeout=0.1) as probe:
+        while time.monotonic() < deadline:
+            try:
+                probe.ping()
+            except redis.TimeoutError:
+                return
+            time.sleep(0.01)
+    raise AssertionError("redis did not freeze")

@@ -1,9 +1,10 @@
-"""Redis down at start, killed mid-stream and restarted, under a real `tokenweir serve`: the
-tenant's open/closed policy holds, the ledger buffers and loses no record, and the gateway
-recovers by itself."""
+"""Redis down at start, killed mid-stream, restarted and slow, under a real `tokenweir serve`: the
+tenant's open/closed policy holds, a slow Redis costs at most the storage timeout per call, the
+ledger buffers and loses no record, and the gateway recovers by itself."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,11 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.redis_server import RedisProcess
+from tests.redis_server import RedisProcess, frozen
 from tests.reliability.state import AUTH, ledger_records, policy_text, slots_held
 from tests.servers import replicas
 
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+# What each Redis call of the limit and quota stores may take (RedisStore, RedisLimitStore
+# `timeout_s`): not a policy key.
+STORAGE_TIMEOUT_S = 1.0
 
 
 def _wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -77,3 +81,85 @@ def test_redis_killed_mid_stream_and_restarted_loses_no_ledger_record(
             assert slots_held(redis.url) == 0
     finally:
         redis.close()
+
+
+@pytest.mark.parametrize(("policy", "while_slow"), [("open", 200), ("closed", 503)])
+def test_slow_redis_costs_at_most_the_storage_timeout_per_call_then_recovers(
+    backend_url: str, tmp_path: Path, policy: str, while_slow: int
+) -> None:
+    redis = RedisProcess()
+    redis.start()
+    try:
+        config = tmp_path / "policy.yaml"
+        extra = f", on_storage_error: {policy}, lease_ttl: 1s"
+        config.write_text(policy_text(backend_url, redis.url, extra=extra))
+        with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
+            assert _admitted(http)
+            with frozen(redis.url, 5):
+                not_ready = http.get("/readyz")
+                began = time.monotonic()
+                slow = http.post("/v1/chat/completions", json=CHAT)
+                waited_s = time.monotonic() - began
+            assert not_ready.status_code == 503
+            assert "Timeout" in not_ready.json()["storage"]
+            assert slow.status_code == while_slow
+            if policy == "open":  # the quota, then the rate limit: each waits, then admits
+                assert 2 * STORAGE_TIMEOUT_S - 0.1 < waited_s < 2 * STORAGE_TIMEOUT_S + 0.8
+                decisions = {"quota:open": 1, "rate_limit:open": 1}
+            else:  # the quota's call waits, then refuses: nothing else is tried
+                assert slow.json()["error"]["code"] == "storage_unavailable"
+                assert slow.headers["retry-after"] == "1"
+                assert STORAGE_TIMEOUT_S - 0.1 < waited_s < STORAGE_TIMEOUT_S + 0.8
+                decisions = {"quota:closed": 1}
+            # Fast again: the same gateway, no restart, answers at once.
+            began = time.monotonic()
+            assert _admitted(http)
+            assert time.monotonic() - began < 0.5
+            ready = http.get("/readyz")
+            assert ready.status_code == 200
+            assert ready.json()["storage_failure_decisions"] == decisions
+            _wait_for(lambda: ledger_records(redis.url) == 3)
+            # A call that timed out may still run once Redis catches up: the slot it takes is
+            # held by nobody until its lease (lease_ttl) ends and an admission clears it.
+            _wait_for(lambda: slots_held(redis.url) == 0 or not _admitted(http))
+            assert slots_held(redis.url) == 0
+    finally:
+        redis.close()
+
+
+def test_an_answer_settling_while_redis_is_slow_is_whole_and_ends_late(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """Settling runs before an answer's last byte: a slow Redis delays that byte (two calls,
+    quota and slot, each cut at the storage timeout) but not the tokens or [DONE]."""
+    redis = RedisProcess()
+    redis.start()
+    try:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, redis.url, extra=", lease_ttl: 1s"))
+        with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
+            body = {**CHAT, "stream": True, "max_tokens": 500, "mock_completion_tokens": 500}
+            with http.stream("POST", "/v1/chat/completions", json=body, timeout=10) as answer:
+                lines = answer.iter_lines()
+                next(lines)
+                with frozen(redis.url, 4):
+                    events = [line for line in itertools.takewhile(_not_done, lines) if line]
+                    done_s = time.monotonic()
+                    assert not [line for line in lines if line]  # the end of the answer
+                    ended_after_done_s = time.monotonic() - done_s
+            assert len(events) >= 499
+            assert '"finish_reason":"' in events[-1]
+            assert 2 * STORAGE_TIMEOUT_S - 0.1 < ended_after_done_s < 2 * STORAGE_TIMEOUT_S + 0.8
+            _wait_for(lambda: ledger_records(redis.url) == 1)
+            _wait_for(lambda: slots_held(redis.url) == 0 or not _admitted(http))
+            assert slots_held(redis.url) == 0
+    finally:
+        redis.close()
+
+
+def _not_done(line: str) -> bool:
+    return line != "data: [DONE]"
+
+
+def _admitted(http: httpx.Client) -> bool:
+    return http.post("/v1/chat/completions", json=CHAT).status_code == 200
