@@ -3,8 +3,10 @@
 Library code uses only the API; this module, imported only when `otel_wanted()` says the
 environment asks for traces or metrics, needs the `otel` extra. Exporters are OTLP over
 HTTP/protobuf (`OTEL_EXPORTER_OTLP_ENDPOINT`, `..._TRACES_ENDPOINT`, `..._HEADERS`, ...) or
-`console`; the SDK itself reads sampling (`OTEL_TRACES_SAMPLER`), batching (`OTEL_BSP_*`),
-the export interval and `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`.
+`console`. Spans go out through tokenweir's own OTLP exporter (proxy/telemetry/otlpexport.py:
+the same protobuf at a fraction of the SDK exporter's CPU); metrics through the SDK's. The SDK
+itself reads sampling (`OTEL_TRACES_SAMPLER`), batching (`OTEL_BSP_*`), the export interval
+and `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
@@ -27,6 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 
 from proxy import __version__
 from proxy.telemetry.otelenv import exporters_wanted
+from proxy.telemetry.otlpexport import OtlpSpanExporter
 
 __all__ = ["OtelSdk", "start_sdk"]
 
@@ -59,7 +61,7 @@ def start_sdk(environ: Mapping[str, str]) -> OtelSdk:
     tracer_provider = meter_provider = None
     if traces is not None:
         span_exporter: SpanExporter = (
-            ConsoleSpanExporter() if traces == "console" else OTLPSpanExporter()
+            ConsoleSpanExporter() if traces == "console" else OtlpSpanExporter(environ)
         )
         tracer_provider = TracerProvider(resource=resource)
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))

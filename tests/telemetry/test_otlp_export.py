@@ -1,0 +1,138 @@
+"""A real `tokenweir serve` sends its spans over OTLP/HTTP to a collector configured by OTEL_*."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import openai
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from proxy.policy.units import hash_key
+from proxy.telemetry.otlpexport import otlp_settings
+from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, policy_text
+from tests.servers import replicas
+
+
+class Collector(ThreadingHTTPServer):
+    """Records every export; answers 503 to the first `refuse` of them."""
+
+    def __init__(self, refuse: int) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.refuse = refuse
+        self.posts: list[tuple[str, dict[str, str], bytes]] = []
+        self.lock = threading.Lock()
+
+    def spans(self) -> list[tuple[dict[str, str], ExportTraceServiceRequest]]:
+        with self.lock:
+            posts = list(self.posts)
+        taken = []
+        for path, headers, body in posts:
+            assert path == "/v1/traces"
+            if headers.get("content-encoding") == "gzip":
+                body = gzip.decompress(body)
+            taken.append((headers, ExportTraceServiceRequest.FromString(body)))
+        return taken
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Collector
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        with self.server.lock:
+            refused = self.server.refuse > 0
+            self.server.refuse -= 1
+            if not refused:
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                self.server.posts.append((self.path, headers, body))
+        self.send_response(503 if refused else 200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def collector(refuse: int = 0) -> Iterator[Collector]:
+    server = Collector(refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_spans_reach_the_collector_with_headers_gzip_and_a_retry(
+    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url))
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", hash_key(BETA_KEY))
+    with collector(refuse=1) as server:
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-scope=ops,authorization=Bearer%20t0k")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "tw-under-test")
+        with replicas(config, 1) as [(_, url)]:
+            client = openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0)
+            with client:
+                list(client.chat.completions.create(
+                    model="mock-llm", messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=7, stream=True,
+                ))  # fmt: skip
+            deadline = time.monotonic() + 15
+            while not server.spans():
+                assert time.monotonic() < deadline, "no spans reached the collector"
+                time.sleep(0.05)
+    [(headers, request)] = server.spans()[:1]
+    assert headers["x-scope"] == "ops"
+    assert headers["authorization"] == "Bearer t0k"
+    assert headers["content-type"] == "application/x-protobuf"
+    [resource_spans] = request.resource_spans
+    resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+    assert resource["service.name"] == "tw-under-test"
+    spans = {s.name: s for ss in resource_spans.scope_spans for s in ss.spans}
+    chat = spans["chat mock-llm"]
+    attributes = {a.key: a.value for a in chat.attributes}
+    assert attributes["gen_ai.operation.name"].string_value == "chat"
+    assert attributes["gen_ai.usage.output_tokens"].int_value == 7
+    assert attributes["gen_ai.request.stream"].bool_value is True
+    assert spans["POST /chat/completions"].parent_span_id == chat.span_id
+
+
+def test_settings_follow_the_specification() -> None:
+    settings = otlp_settings(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=1, b = x%3Dy ,broken",
+        }
+    )
+    assert settings["endpoint"] == "http://collector:4318/v1/traces"
+    assert settings["timeout_s"] == 2.5
+    assert settings["headers"] == {"a": "1", "b": "x=y"}
+    assert settings["gzip"] is False
+    signal = otlp_settings(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://traces.example:443/custom",
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
+        }
+    )
+    assert signal["endpoint"] == "https://traces.example:443/custom"
+    assert signal["gzip"] is True
+    assert otlp_settings({})["endpoint"] == "http://localhost:4318/v1/traces"
