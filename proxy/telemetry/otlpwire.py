@@ -2,7 +2,7 @@
 
 The SDK's encoder builds a protobuf object per span, attribute and value before serialising
 them: about 25 µs per span of a GenAI request, in the exporter's thread, holding the GIL the
-event loop needs. This writes the same bytes directly (about a quarter of the time), with the
+event loop needs. This writes the same bytes directly in under half the time, with the
 resource and scope encoded once per batch and attribute keys once per process. Tests decode
 the output with the official `opentelemetry-proto` classes and compare it with the SDK's.
 
@@ -34,6 +34,7 @@ _IS_REMOTE = 0x200  # ... and it is.
 _fixed64 = struct.Struct("<Q").pack
 _fixed32 = struct.Struct("<I").pack
 _double = struct.Struct("<d").pack
+_SIZES = [bytes((size,)) for size in range(0x80)]
 
 # Attribute keys repeat across every span: each key's encoded `KeyValue.key` field, once.
 _keys: dict[str, bytes] = {}
@@ -79,18 +80,35 @@ def _any(value: Any) -> bytes:
 
 
 def _attributes(tag: int, attributes: Mapping[str, Any] | None) -> bytes:
-    """Repeated KeyValue under field `tag`."""
+    """Repeated KeyValue under field `tag` (the hot loop: strings inline, sizes under 128 fast)."""
     if not attributes:
         return b""
+    field = bytes((tag,))
     parts = []
-    for key, value in attributes.items():
-        encoded_key = _keys.get(key)
-        if encoded_key is None:
-            encoded_key = _text(0x0A, key)
-            if len(_keys) < 4096:  # bounded, whatever names a caller invents
-                _keys[key] = encoded_key
-        parts.append(_field(tag, encoded_key + _field(0x12, _any(value))))
+    # The SDK's attributes are a read-only view of a MutableMapping whose items() is generic
+    # Python; copy() is its plain dict's C copy.
+    copy = getattr(attributes, "copy", None)
+    plain = copy() if copy is not None else attributes
+    for key, value in plain.items():
+        encoded_key = _keys.get(key) or _key(key)
+        if type(value) is str:
+            text = value.encode()
+            size = len(text)
+            body = (b"\x0a" + _SIZES[size] if size < 0x80 else b"\x0a" + _varint(size)) + text
+        else:
+            body = _any(value)
+        size = len(body)
+        pair = encoded_key + (b"\x12" + _SIZES[size] if size < 0x80 else b"\x12" + _varint(size))
+        size = len(pair) + len(body)
+        parts.append(field + (_SIZES[size] if size < 0x80 else _varint(size)) + pair + body)
     return b"".join(parts)
+
+
+def _key(key: str) -> bytes:
+    encoded = _text(0x0A, key)
+    if len(_keys) < 4096:  # bounded, whatever names a caller invents
+        _keys[key] = encoded
+    return encoded
 
 
 def _flags(parent: SpanContext | None) -> bytes:
@@ -169,12 +187,14 @@ def _scope(scope: InstrumentationScope | None) -> bytes:
 
 def encode_spans(spans: Iterable[ReadableSpan]) -> bytes:
     """The serialised ExportTraceServiceRequest for `spans`, grouped by resource and scope."""
-    grouped: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
+    # Keyed by identity: hashing a Resource serialises its attributes as JSON, per span.
+    grouped: dict[int, tuple[Resource, dict[InstrumentationScope | None, list[bytes]]]] = {}
     for span in spans:
-        scopes = grouped.setdefault(span.resource, {})
+        resource = span.resource
+        _, scopes = grouped.setdefault(id(resource), (resource, {}))
         scopes.setdefault(span.instrumentation_scope or None, []).append(_span(span))
     out = []
-    for resource, scopes in grouped.items():
+    for resource, scopes in grouped.values():
         body = _field(0x0A, _attributes(0x0A, resource.attributes))
         for scope, encoded in scopes.items():
             scope_spans = _scope(scope) + b"".join(encoded)
