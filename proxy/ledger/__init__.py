@@ -16,6 +16,7 @@ from proxy.ledger.base import (
 )
 from proxy.ledger.redis import RedisLedger
 from proxy.ledger.sqlite import SqliteLedger
+from proxy.storage.redisurl import is_redis_url
 
 __all__ = [
     "Bucket",
@@ -35,18 +36,19 @@ __all__ = [
 def open_ledger(url: str, *, storage_url: str | None = None, read_only: bool = False) -> Ledger:
     """The ledger named by a policy's `ledger:` value; call `start()` on it before use.
 
-    `sqlite:///relative.db` or `sqlite:////absolute/path.db`; `redis://host:port/db`; or `redis`,
-    meaning the policy's Redis `storage:` URL, passed as `storage_url`. `read_only` ledgers only
+    `sqlite:///relative.db` or `sqlite:////absolute/path.db`; `redis://host:port/db` (or any
+    Redis URL `storage:` takes); or `redis`, meaning the policy's Redis `storage:` URL, passed
+    as `storage_url`. `read_only` ledgers only
     answer queries and never create anything.
     """
     if url == "redis":
-        if storage_url is None or not storage_url.startswith(("redis://", "rediss://")):
+        if storage_url is None or not is_redis_url(storage_url):
             raise ValueError(
                 "ledger: redis means the Redis named by storage:, but storage is "
                 f"{storage_url or 'not set'}; use a redis:// URL or a sqlite:/// path"
             )
         url = storage_url
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if is_redis_url(url):
         return RedisLedger(url, read_only=read_only)
     if url.startswith("sqlite:///"):
         path = url.removeprefix("sqlite:///")

@@ -23,10 +23,13 @@ from proxy.ledger.aggregate import Cell
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
 from proxy.ledger.buffer import Batch
 from proxy.ledger.writer import BufferedLedger
+from proxy.storage.redisconn import connect
 
 __all__ = ["RedisLedger"]
 
 _DAY_S = 86400
+# The writer task holds one; queries (dashboard, /api/usage) the rest, waiting for a free one.
+_MAX_CONNECTIONS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +84,11 @@ class RedisLedger(BufferedLedger):
             await self._connection.client.aclose()
 
     async def start(self) -> None:
-        timeout_s = self._socket_timeout_s
-        client = Redis.from_url(
+        client = connect(
             self.url,
+            timeout_s=self._socket_timeout_s,
+            max_connections=_MAX_CONNECTIONS,
             decode_responses=True,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
         )
         append, total = (client.register_script(_lua(f)) for f in ("append.lua", "sum.lua"))
         self._connection = _Connection(client, append, total)

@@ -12,6 +12,7 @@ import yaml
 from pydantic_core import ErrorDetails
 
 from proxy.policy.model import Policy
+from proxy.storage.redisurl import is_redis_url
 
 __all__ = ["PolicyError", "Problem", "load_policy", "parse_policy"]
 
@@ -128,8 +129,8 @@ def _problem(file: str, lines: dict[KeyPath, int], error: ErrorDetails) -> Probl
 
 def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
     found: list[tuple[KeyPath, str]] = []
-    if policy.ledger == "redis" and not policy.storage.startswith(("redis://", "rediss://")):
-        found.append((("ledger",), "ledger: redis needs a redis:// storage"))
+    if policy.ledger == "redis" and not is_redis_url(policy.storage):
+        found.append((("ledger",), "ledger: redis needs a Redis storage (redis://...)"))
     served = {m for b in policy.backends for m in b.models}
     names: set[str] = set()
     for i, backend in enumerate(policy.backends):

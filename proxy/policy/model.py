@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from proxy.policy.units import hash_key, parse_bytes, parse_duration_s
+from proxy.storage.redisurl import check_storage_url, is_redis_url
 
 __all__ = [
     "Backend",
@@ -98,8 +99,10 @@ TagName = Annotated[Name, AfterValidator(_no_braces)]
 
 
 def _ledger_url(url: str) -> str:
-    if url == "redis" or url.startswith(("sqlite:///", "redis://", "rediss://")):
+    if url == "redis" or url.startswith("sqlite:///"):
         return url
+    if is_redis_url(url):
+        return check_storage_url(url)
     raise ValueError(
         "a ledger is sqlite:///relative.db, sqlite:////absolute.db, redis://host:port/db, "
         "or redis (the storage's Redis)"
@@ -290,7 +293,7 @@ class UpstreamSpec(_Frozen):
 
 
 class Policy(_Frozen):
-    storage: str = "memory"
+    storage: Annotated[str, AfterValidator(check_storage_url)] = "memory"
     admin_keys: tuple[ClientKey, ...] = ()
     ledger: Annotated[str, AfterValidator(_ledger_url)] | None = None
     # Access-log lines carry the prompt and completion text (never keys); off by default.

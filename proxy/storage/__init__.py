@@ -9,6 +9,7 @@ from proxy.storage.limits_memory import MemoryLimitStore
 from proxy.storage.limits_redis import RedisLimitStore
 from proxy.storage.memory import MemoryStore
 from proxy.storage.redis import RedisStore
+from proxy.storage.redisurl import check_storage_url
 
 __all__ = [
     "Admission",
@@ -33,11 +34,10 @@ __all__ = [
     "open_store",
 ]
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
 
 def open_store(url: str) -> QuotaStore:
-    """Quota counters on `memory` or `redis://host:port/db` (the policy's `storage:` key)."""
+    """Quota counters on `memory`, `redis://host:port/db` or a Sentinel-named primary
+    (`redis+sentinel://host:port/service`): the policy's `storage:` key."""
     return MemoryStore() if _is_memory(url) else RedisStore(url)
 
 
@@ -52,8 +52,4 @@ def open_cache_store(url: str) -> CacheStore:
 
 
 def _is_memory(url: str) -> bool:
-    if url == "memory":
-        return True
-    if url.startswith(_REDIS_SCHEMES):
-        return False
-    raise ValueError(f"unknown storage {url!r}: use memory or redis://host:port/db")
+    return check_storage_url(url) == "memory"

@@ -140,7 +140,21 @@ def test_ledger_urls_are_checked() -> None:
         "redis://host:port/db, or redis (the storage's Redis)"
     ]
     assert problems(GOOD.replace("storage: memory", "storage: memory\nledger: redis")) == [
-        "p.yaml:2: ledger: ledger: redis needs a redis:// storage"
+        "p.yaml:2: ledger: ledger: redis needs a Redis storage (redis://...)"
+    ]
+
+
+def test_storage_urls_are_checked() -> None:
+    sentinel = "storage: redis+sentinel://10.0.0.1:26379,10.0.0.2/tokenweir/2\nledger: redis"
+    policy = parse_policy(GOOD.replace("storage: memory", sentinel), environ={"UPSTREAM": "s"})
+    assert policy.storage == "redis+sentinel://10.0.0.1:26379,10.0.0.2/tokenweir/2"
+    assert problems(GOOD.replace("storage: memory", "storage: mysql://x")) == [
+        "p.yaml:1: storage: storage is memory, redis://host:port/db, rediss://..., unix:///path, "
+        "or redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]"
+    ]
+    assert problems(GOOD.replace("storage: memory", "storage: redis+sentinel://h:1")) == [
+        "p.yaml:1: storage: a Sentinel URL names its service after the hosts: "
+        "redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]"
     ]
 
 

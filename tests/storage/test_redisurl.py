@@ -1,0 +1,52 @@
+"""The Sentinel URL form: every part read as documented, a wrong URL refused with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.storage.redisurl import SentinelURL, check_storage_url, parse_sentinel_url
+
+
+def test_a_sentinel_url_names_its_sentinels_service_database_and_login() -> None:
+    url = "redis+sentinel://app:p%40ss@10.0.0.1:26380,[::1]:26381,sentinel-c/tokenweir/3"
+    assert parse_sentinel_url(url) == SentinelURL(
+        sentinels=(("10.0.0.1", 26380), ("::1", 26381), ("sentinel-c", 26379)),
+        service="tokenweir",
+        db=3,
+        username="app",
+        password="p@ss",
+    )
+
+
+def test_the_database_and_login_are_optional() -> None:
+    assert parse_sentinel_url("redis+sentinel://127.0.0.1:26379/mymaster") == SentinelURL(
+        sentinels=(("127.0.0.1", 26379),), service="mymaster"
+    )
+    with_password = parse_sentinel_url("redis+sentinel://:secret@h/mymaster/")
+    assert (with_password.username, with_password.password) == (None, "secret")
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("redis+sentinel://h:26379", "names its service"),
+        ("redis+sentinel://h:26379/", "names its service"),
+        ("redis+sentinel:///mymaster", "at least one host"),
+        ("redis+sentinel://h1,,h2/mymaster", "at least one host"),
+        ("redis+sentinel://:26379/mymaster", "host is missing"),
+        ("redis+sentinel://h:port/mymaster", "port is a number"),
+        ("redis+sentinel://h:70000/mymaster", "port is a number"),
+        ("redis+sentinel://h/mymaster/zero", "database after the service is a number"),
+        ("redis+sentinel://h/mymaster?ssl=true", "no query"),
+    ],
+)
+def test_a_wrong_sentinel_url_says_what_is_wrong(url: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        check_storage_url(url)
+
+
+def test_other_storage_urls_pass_unparsed() -> None:
+    for url in ("memory", "redis://127.0.0.1:6379/0", "rediss://h:6380/0", "unix:///run/r.sock"):
+        assert check_storage_url(url) == url
+    with pytest.raises(ValueError, match="storage is memory"):
+        check_storage_url("redis-sentinel://h/mymaster")
