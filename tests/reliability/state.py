@@ -13,7 +13,14 @@ TENANT = "app"
 
 
 def policy_text(
-    backend_url: str, storage: str, *, server: str = "{}", upstream: str = "{}", extra: str = ""
+    backend_url: str,
+    storage: str,
+    *,
+    server: str = "{}",
+    upstream: str = "{}",
+    extra: str = "",
+    max_concurrent: int = 64,
+    cache: str = "{}",
 ) -> str:
     """One tenant: slots, a daily budget and a token rate; on Redis, a Redis ledger too."""
     ledger = "ledger: redis" if storage.startswith("redis") else ""
@@ -29,7 +36,8 @@ tenants:
     api_keys: [{hash_key(KEY)}]
     models: [mock-llm]
     budget: {{tokens_per_day: 100000000, max_output_tokens: 30000}}
-    limits: {{max_concurrent: 64, tokens_per_minute: 100000000{extra}}}
+    limits: {{max_concurrent: {max_concurrent}, tokens_per_minute: 100000000{extra}}}
+    cache: {cache}
 """
 
 

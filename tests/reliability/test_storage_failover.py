@@ -1,0 +1,95 @@
+"""Redis Sentinel failover under a real `tokenweir serve` on `storage: redis+sentinel://...`: the
+primary is killed, the sentinel promotes its replica, and the gateway follows by itself: answers
+throughout (`on_storage_error: open`); limits, budgets and the cache work on the new primary; no
+ledger record is lost."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tests.redis_sentinel import sentinel_topology
+from tests.reliability.state import (
+    AUTH,
+    ledger_records,
+    policy_text,
+    slots_held,
+    tokens_reserved,
+)
+from tests.servers import replicas
+
+LONG = {"stream": True, "max_tokens": 4000, "mock_completion_tokens": 4000}
+
+
+def _chat(question: str = "hi") -> dict[str, object]:
+    """Temperature 0: the cache (mode exact) keeps only deterministic answers."""
+    return {"model": "mock-llm", "messages": [{"role": "user", "content": question}],
+            "max_tokens": 5, "temperature": 0}  # fmt: skip
+
+
+def _wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.05)
+
+
+def test_the_gateway_follows_a_sentinel_failover_by_itself(
+    backend_url: str, tmp_path: Path
+) -> None:
+    with sentinel_topology() as topology:
+        config = tmp_path / "policy.yaml"
+        text = policy_text(backend_url, topology.url, max_concurrent=1, cache="{mode: exact}")
+        config.write_text(text)
+        with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
+            sent = 0
+
+            def ask(question: str = "hi") -> httpx.Response:
+                nonlocal sent
+                sent += 1
+                return http.post("/v1/chat/completions", json=_chat(question))
+
+            assert [ask(f"before {i}").status_code for i in range(5)] == [200] * 5
+            old_primary = topology.primary_url()
+            _wait_for(lambda: ledger_records(old_primary) == 5)
+            # Replication is asynchronous: what the killed primary had not passed on is lost.
+            _wait_for(lambda: ledger_records(topology.replica.url) == 5)
+
+            topology.primary.kill()
+            killed_s = time.monotonic()
+            # While the sentinel decides, storage calls fail at once: open admits, no waiting.
+            assert [ask(f"during {i}").status_code for i in range(5)] == [200] * 5
+            assert time.monotonic() - killed_s < 2.5
+            topology.wait_promoted()
+            assert topology.primary_url() == topology.replica.url
+            # The gateway finds the new primary by itself: storage answers again on /readyz.
+            _wait_for(lambda: http.get("/readyz").status_code == 200, timeout_s=5)
+            recovered_s = time.monotonic() - killed_s
+            assert recovered_s < 8
+            decisions = http.get("/readyz").json()["storage_failure_decisions"]
+
+            # The cache on the new primary: a new question is stored, then answered from it.
+            assert ask("after").headers["x-tokenweir-cache"] == "miss"
+            assert ask("after").headers["x-tokenweir-cache"] == "hit"
+            # Limits and budgets on the new primary: a stream holds the only slot and a
+            # reservation; a second request meanwhile is refused.
+            with http.stream("POST", "/v1/chat/completions", json=_chat() | LONG) as stream:
+                lines = stream.iter_lines()  # kept: dropping it would close the stream
+                next(lines)
+                sent += 1
+                assert slots_held(topology.replica.url) == 1
+                assert tokens_reserved(topology.replica.url) > 4000
+                refused = ask()
+            assert refused.status_code == 429
+            assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+            # No storage call failed after the failover.
+            ready = http.get("/readyz").json()
+            assert ready["storage_failure_decisions"] == decisions
+
+            # Every request is in the ledger: those buffered during the failover too.
+            _wait_for(lambda: ledger_records(topology.replica.url) == sent)
+            assert slots_held(topology.replica.url) == 0
+            assert tokens_reserved(topology.replica.url) == 0
