@@ -9,14 +9,13 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
-from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -51,9 +50,9 @@ from proxy.storage import (
     open_limit_store,
     open_store,
 )
-from proxy.telemetry.metrics import GatewayMetrics
+from proxy.telemetry.budgets import budgets_left
+from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
 from proxy.telemetry.otelenv import otel_wanted
-from proxy.telemetry.otelmetrics import OtelMetrics
 from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.tracing import Tracing
 from proxy.tokens import TokenCounters
@@ -95,6 +94,7 @@ class Gateway:
     cache: ResponseCache
     pools: Pools
     prober: Prober
+    metrics_push: MetricsPusher | None = None
 
     @classmethod
     def build(
@@ -142,6 +142,9 @@ class Gateway:
             policy, clock, keyring, upstream, store, limit_store, ledger, pipeline, failures,
             clock.wall(), telemetry, cache, pools,
             Prober(pools, upstream, policy.upstream.probe_interval),
+            otel.metrics_push(
+                telemetry.metrics, lambda: budgets_left(policy, store, clock.wall())
+            ) if otel else None,
         )  # fmt: skip
 
     async def start(self) -> None:
@@ -149,11 +152,15 @@ class Gateway:
             await self.ledger.start()
         self.prober.start()
         self.pipeline.drain.install()
+        if self.metrics_push is not None:
+            self.metrics_push.start()
 
     async def aclose(self) -> None:
         """Close in dependency order; the ledger last, so every settled request is flushed."""
         self.pipeline.drain.uninstall()
         try:
+            if self.metrics_push is not None:  # first: its last export reads budgets
+                await self.metrics_push.aclose()
             await self.prober.aclose()
             await self.upstream.aclose()
             await self.store.aclose()
@@ -233,25 +240,33 @@ def create_app(
     )
 
 
+class MetricsPusher(Protocol):
+    """Exports the gateway's metrics on its own schedule while the gateway runs."""
+
+    def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
 class OtelProviders(Protocol):
-    """OpenTelemetry providers for the gateway; either may be None (that signal is off)."""
+    """OpenTelemetry for the gateway: a tracer provider and a metrics export, either may be
+    None (that signal is off)."""
 
     @property
     def tracer_provider(self) -> TracerProvider | None: ...
 
-    @property
-    def meter_provider(self) -> MeterProvider | None: ...
+    def metrics_push(
+        self, metrics: GatewayMetrics, budgets: Callable[[], Awaitable[Sequence[BudgetLeft]]]
+    ) -> MetricsPusher | None: ...
 
 
 def _telemetry(policy: Policy, clock: Clock, otel: OtelProviders | None) -> Telemetry:
     tracer_provider = otel.tracer_provider if otel else None
-    meter_provider = otel.meter_provider if otel else None
     return Telemetry(
         policy,
         clock,
         GatewayMetrics(),
         tracing=Tracing(tracer_provider) if tracer_provider else None,
-        otel_metrics=OtelMetrics(meter_provider) if meter_provider else None,
     )
 
 

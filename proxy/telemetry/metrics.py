@@ -176,8 +176,12 @@ class GatewayMetrics(Collector):
 
     def render(self, budgets: Sequence[BudgetLeft] = ()) -> bytes:
         """The Prometheus text format; `budgets` are the quotas just read from storage."""
-        self._budgets = budgets
+        self.use_budgets(budgets)
         return generate_latest(self.registry)
+
+    def use_budgets(self, budgets: Sequence[BudgetLeft]) -> None:
+        """The quotas `collect` reports from now on (read from storage by the caller)."""
+        self._budgets = budgets
 
     def collect(self) -> Iterator[Metric]:
         yield from self._histograms()

@@ -1,8 +1,9 @@
 """The request path's one seam to telemetry: the pipeline, Forward and Account call these hooks.
 
-Metrics are always on (Prometheus, plus OTLP when configured); tracing only when a tracer
-provider was configured, and then `ctx.trace` is set. Everything is recorded exactly once per
-request, in `finish`, which Account calls from the pipeline's `finally`.
+Metrics are always on (Prometheus; OTLP, when configured, exports the same aggregates);
+tracing only when a tracer provider was configured, and then `ctx.trace` is set. Everything is
+recorded exactly once per request, in `finish`, which Account calls from the pipeline's
+`finally`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from proxy.ledger import UsageRecord
 from proxy.policy import Policy
 from proxy.telemetry.logs import content_fields
 from proxy.telemetry.metrics import GatewayMetrics
-from proxy.telemetry.otelmetrics import OtelMetrics
 from proxy.telemetry.sample import model_label, sample_of
 from proxy.telemetry.tracing import Tracing, span_attributes
 from proxy.upstream.capture import Capture
@@ -34,12 +34,10 @@ class Telemetry:
         metrics: GatewayMetrics,
         *,
         tracing: Tracing | None = None,
-        otel_metrics: OtelMetrics | None = None,
     ) -> None:
         self._policy = policy
         self._clock = clock
         self._tracing = tracing
-        self._otel = otel_metrics
         self._log_content = policy.log_content
         self.metrics = metrics
 
@@ -85,8 +83,6 @@ class Telemetry:
             ctx, self._policy, usage.cost_nusd, usage.duration_ms / 1000.0, usage.saved_cost_nusd
         )
         self.metrics.record(sample)
-        if self._otel is not None:
-            self._otel.record(sample)
         if ctx.trace is not None:
             attributes = span_attributes(ctx, usage.tokens_per_s, sample.cost_usd)
             ctx.trace.finish(ctx, self._clock.monotonic(), attributes)

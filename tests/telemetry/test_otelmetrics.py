@@ -1,48 +1,105 @@
-"""With a meter provider configured, the same figures go out as OpenTelemetry GenAI metrics."""
+"""With OTLP metrics configured, a real `tokenweir serve` exports the same figures `/metrics`
+shows, under the GenAI names, units and bucket boundaries, to a collector."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
 import openai
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.app import create_app
-from proxy.telemetry.sdk import OtelSdk
-from tests.conftest import ALPHA_KEY, make_policy
-from tests.servers import serve
+from proxy.policy.units import hash_key
+from proxy.telemetry import semconv
+from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, policy_text
+from tests.servers import replicas
+from tests.telemetry.collector import Collector, collector
+
+PAIRS = {  # OpenTelemetry name -> the Prometheus family /metrics shows
+    "gen_ai.server.time_to_first_token": "gen_ai_server_time_to_first_token_seconds",
+    "gen_ai.server.request.duration": "gen_ai_server_request_duration_seconds",
+    "gen_ai.client.operation.duration": "gen_ai_client_operation_duration_seconds",
+    "gen_ai.client.operation.time_per_output_chunk": (
+        "gen_ai_client_operation_time_per_output_chunk_seconds"
+    ),
+}
 
 
-def test_genai_histograms_with_the_specs_boundaries(backend_url: str) -> None:
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    app = create_app(make_policy(backend_url), otel=OtelSdk(None, provider))
-    with serve(app) as url:
-        with openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as client:
-            list(client.chat.completions.create(
-                model="mock-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=9,
-                stream=True,
-            ))  # fmt: skip
-    data = reader.get_metrics_data()
-    provider.shutdown()
-    assert data is not None
-    metrics = {
-        m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-    }
+def value(point: Any) -> float:
+    return float(point.as_int if point.HasField("as_int") else point.as_double)
+
+
+def latest(server: Collector, requests: int) -> dict[str, Any]:
+    """The newest export's metrics by name, once it counts `requests` requests."""
+    deadline = time.monotonic() + 15
+    while True:
+        exports: list[ExportMetricsServiceRequest] = server.metrics()
+        if exports:
+            [resource] = exports[-1].resource_metrics
+            metrics = {m.name: m for sm in resource.scope_metrics for m in sm.metrics}
+            counted = metrics.get("tokenweir.requests")
+            if counted and sum(map(value, counted.sum.data_points)) >= requests:
+                return metrics
+        assert time.monotonic() < deadline, "no metrics export counted the requests"
+        time.sleep(0.05)
+
+
+def test_otlp_metrics_match_the_prometheus_page(
+    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url))
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", hash_key(BETA_KEY))
+    with collector() as server:
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+        with replicas(config, 1) as [(_, url)]:
+            with openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as client:
+                messages = [{"role": "user", "content": "hi"}]
+                list(client.chat.completions.create(
+                    model="mock-llm", messages=messages, max_tokens=9, stream=True,  # type: ignore[arg-type]
+                ))  # fmt: skip
+                client.chat.completions.create(model="mock-llm", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+            page = httpx.get(url + "/metrics").text
+            metrics = latest(server, requests=2)
+    prometheus = {f.name: f for f in text_string_to_metric_families(page)}
+
     usage = metrics["gen_ai.client.token.usage"]
-    points = {p.attributes["gen_ai.token.type"]: p for p in usage.data.data_points}  # type: ignore[index]
-    output = points["output"]
-    assert isinstance(output, HistogramDataPoint)
-    assert output.sum == 9
-    assert output.explicit_bounds[:4] == (1, 4, 16, 64)
-    assert output.attributes is not None
-    assert output.attributes["gen_ai.operation.name"] == "chat"
-    assert output.attributes["gen_ai.request.model"] == "mock-llm"
-    assert output.attributes["tokenweir.tenant"] == "alpha"
-    for name in (
-        "gen_ai.server.time_to_first_token",
-        "gen_ai.client.operation.duration",
-        "gen_ai.client.operation.time_to_first_chunk",
-        "gen_ai.server.request.duration",
-    ):
-        [point] = metrics[name].data.data_points  # type: ignore[union-attr]
-        assert point.count == 1, name  # type: ignore[union-attr]
+    assert usage.unit == "{token}"
+    outputs = [
+        p for p in usage.histogram.data_points
+        if {a.key: a.value.string_value for a in p.attributes}["gen_ai.token.type"] == "output"
+    ]  # fmt: skip
+    assert sorted(p.sum for p in outputs) == [13.0]  # 9 + 4, one label set (chat, mock-llm, 2xx)
+    [output] = outputs
+    assert tuple(output.explicit_bounds) == semconv.TOKENS
+    assert sum(output.bucket_counts) == output.count == 2
+    attributes = {a.key: a.value.string_value for a in output.attributes}
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["gen_ai.request.model"] == "mock-llm"
+    assert attributes["tokenweir.tenant"] == "alpha"
+    assert attributes["tokenweir.status_class"] == "2xx"
+    assert usage.histogram.aggregation_temporality == 2  # cumulative
+
+    for otel_name, prometheus_name in PAIRS.items():
+        otel = metrics[otel_name]
+        assert otel.unit == "s"
+        family = prometheus[prometheus_name]
+        counts = [s.value for s in family.samples if s.name.endswith("_count")]
+        sums = [s.value for s in family.samples if s.name.endswith("_sum")]
+        points = otel.histogram.data_points
+        assert sorted(p.count for p in points) == sorted(counts), otel_name
+        assert sorted(p.sum for p in points) == pytest.approx(sorted(sums)), otel_name
+    cache = metrics["tokenweir.cache.requests"]
+    assert cache.sum.is_monotonic
+    assert sum(map(value, cache.sum.data_points)) == 2

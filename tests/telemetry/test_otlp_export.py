@@ -2,74 +2,17 @@
 
 from __future__ import annotations
 
-import gzip
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import openai
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from proxy.policy.units import hash_key
 from proxy.telemetry.otlpexport import otlp_settings
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, policy_text
 from tests.servers import replicas
-
-
-class Collector(ThreadingHTTPServer):
-    """Records every export; answers 503 to the first `refuse` of them."""
-
-    def __init__(self, refuse: int) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.refuse = refuse
-        self.posts: list[tuple[str, dict[str, str], bytes]] = []
-        self.lock = threading.Lock()
-
-    def spans(self) -> list[tuple[dict[str, str], ExportTraceServiceRequest]]:
-        with self.lock:
-            posts = list(self.posts)
-        taken = []
-        for path, headers, body in posts:
-            assert path == "/v1/traces"
-            if headers.get("content-encoding") == "gzip":
-                body = gzip.decompress(body)
-            taken.append((headers, ExportTraceServiceRequest.FromString(body)))
-        return taken
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Collector
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length", "0")))
-        with self.server.lock:
-            refused = self.server.refuse > 0
-            self.server.refuse -= 1
-            if not refused:
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                self.server.posts.append((self.path, headers, body))
-        self.send_response(503 if refused else 200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@contextmanager
-def collector(refuse: int = 0) -> Iterator[Collector]:
-    server = Collector(refuse)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+from tests.telemetry.collector import collector
 
 
 def test_spans_reach_the_collector_with_headers_gzip_and_a_retry(
