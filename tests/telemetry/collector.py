@@ -7,11 +7,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from proxy.policy.units import hash_key
+from tests.conftest import BACKEND_KEY, BETA_KEY, policy_text
 
 
 class Collector(ThreadingHTTPServer):
@@ -70,3 +75,12 @@ def collector(refuse: int = 0) -> Iterator[Collector]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def policy_file(backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tests' usual policy as a file a `tokenweir serve` process can read."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url))
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", hash_key(BETA_KEY))
+    return config

@@ -15,11 +15,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.policy.units import hash_key
 from proxy.telemetry import semconv
-from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, policy_text
+from tests.conftest import ALPHA_KEY
 from tests.servers import replicas
-from tests.telemetry.collector import Collector, collector
+from tests.telemetry.collector import Collector, collector, policy_file
 
 PAIRS = {  # OpenTelemetry name -> the Prometheus family /metrics shows
     "gen_ai.server.time_to_first_token": "gen_ai_server_time_to_first_token_seconds",
@@ -53,10 +52,7 @@ def latest(server: Collector, requests: int) -> dict[str, Any]:
 def test_otlp_metrics_match_the_prometheus_page(
     backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = tmp_path / "policy.yaml"
-    config.write_text(policy_text(backend_url))
-    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
-    monkeypatch.setenv("BETA_KEY", hash_key(BETA_KEY))
+    config = policy_file(backend_url, tmp_path, monkeypatch)
     with collector() as server:
         monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
         monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")

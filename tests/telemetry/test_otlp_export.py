@@ -8,20 +8,16 @@ from pathlib import Path
 import openai
 import pytest
 
-from proxy.policy.units import hash_key
 from proxy.telemetry.otlpexport import otlp_settings
-from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, policy_text
+from tests.conftest import ALPHA_KEY
 from tests.servers import replicas
-from tests.telemetry.collector import collector
+from tests.telemetry.collector import collector, policy_file
 
 
 def test_spans_reach_the_collector_with_headers_gzip_and_a_retry(
     backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = tmp_path / "policy.yaml"
-    config.write_text(policy_text(backend_url))
-    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
-    monkeypatch.setenv("BETA_KEY", hash_key(BETA_KEY))
+    config = policy_file(backend_url, tmp_path, monkeypatch)
     with collector(refuse=1) as server:
         monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
         monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
