@@ -52,6 +52,11 @@ class SSEForwarder:
         out = data[:cut]
         self._tail = data[cut:]
         self._textless = 0
+        if out.endswith(_DONE + sep):
+            # [DONE] goes out with the response's end (`finish`), after the request is settled:
+            # a client that asks again the moment it reads [DONE] finds its slot free.
+            done = out.rfind(_DATA)
+            out, self._tail = out[:done], out[done:] + self._tail
         if _USAGE_MARK in out:
             out = self._take_usage(out, sep)
         return out, self._token_events(out)
@@ -66,7 +71,8 @@ class SSEForwarder:
         return self._sep
 
     def finish(self) -> bytes:
-        """What is left when the upstream ends: an unterminated last event, forwarded as is."""
+        """What is left when the upstream ends: the [DONE] event, or an unterminated last event,
+        forwarded as is."""
         tail, self._tail = self._tail, b""
         return tail
 

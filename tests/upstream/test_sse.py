@@ -69,8 +69,9 @@ def test_crlf_events_are_cut_at_crlf_boundaries() -> None:
     out, _ = forwarder.feed(crlf[:50])
     assert out == b""
     out2, _ = forwarder.feed(crlf[50:])
-    assert out2.endswith(b"data: [DONE]\r\n\r\n")
+    assert out2.endswith(b'w4"}}]}\r\n\r\n')
     assert b"prompt_tokens" not in out2
+    assert forwarder.finish() == b"data: [DONE]\r\n\r\n"
     assert forwarder.usage is not None
 
 
@@ -78,7 +79,14 @@ def test_role_only_chunk_is_not_a_token() -> None:
     forwarder = SSEForwarder(keep_usage=True)
     assert forwarder.feed(ROLE) == (ROLE, 0)
     assert forwarder.feed(TOKENS[0]) == (TOKENS[0], 1)
-    assert forwarder.feed(DONE) == (DONE, 0)
+    assert forwarder.feed(DONE) == (b"", 0)
+
+
+def test_done_is_held_for_the_end_of_the_response() -> None:
+    # The pipeline settles the request before the last message; [DONE] must be in it.
+    forwarder = SSEForwarder(keep_usage=True)
+    assert forwarder.feed(TOKENS[0] + TOKENS[1] + DONE) == (TOKENS[0] + TOKENS[1], 2)
+    assert forwarder.finish() == DONE
 
 
 def test_unterminated_tail_is_forwarded_at_the_end() -> None:

@@ -48,11 +48,13 @@ class Answer:
 async def ask(
     app: ASGIApp, state: dict[str, Any], body: dict[str, Any], then: Any = None
 ) -> Answer:
-    """One request; `then()` runs inside the send of the answer's last byte."""
+    """One request; `then()` runs inside the send that ends the answer for a client: the one
+    with a stream's [DONE], else the last one."""
     answer = Answer()
     raw = orjson.dumps(body)
     never = asyncio.Event()
     sent = False
+    pending = [then] if then is not None else []
 
     async def receive() -> Message:
         nonlocal sent
@@ -68,8 +70,10 @@ async def ask(
             answer.headers = {k.decode(): v.decode() for k, v in message["headers"]}
         elif message["type"] == "http.response.body":
             answer.body += message.get("body", b"")
-            if not message.get("more_body", False) and then is not None:
-                await then()
+            # A client acts on a stream's [DONE] (the SDK stops reading there), else on the end.
+            ended = b"data: [DONE]" in answer.body or not message.get("more_body", False)
+            if ended and pending:
+                await pending.pop()()
 
     scope = {
         "type": "http",
