@@ -1,7 +1,7 @@
 """Gateway overhead: the same load direct to the simulated backend and through tokenweir, one run.
 
     python benchmarks/overhead.py [--repeats 3] [--levels 1,16,64,256] [--tokens 256] [--tps 750]
-                                  [--features off|all|telemetry]
+                                  [--features off|all|telemetry|telemetry-sampled]
 
 Starts `tokenweir mock-backend` (paced) and a second, unpaced one for non-stream saturation,
 `tokenweir serve` (one process, access log on) in front of each, and drives them with
@@ -14,8 +14,9 @@ minute and max_concurrent, all on a private Redis, a SQLite ledger, the exact re
 the same Redis (temperature 0, so every request is looked up and stored; bench's prompts differ,
 so all miss), and the telemetry of `--features telemetry`: the plain gateway with tracing and
 OTLP metrics exported (OTLP/HTTP to a stand-in collector in this process) and `/metrics` scraped
-every 5 s.
-Results: benchmarks/results/overhead[-all|-telemetry].{json,md}, which benchmarks/run.py puts
+every 5 s. `--features telemetry-sampled` is that with the standard ratio sampler keeping one
+trace in ten (OTLP metrics and /metrics unchanged).
+Results: benchmarks/results/overhead[-all|-telemetry|-telemetry-sampled].{json,md}, which benchmarks/run.py puts
 into docs/benchmarks.md.
 """
 
@@ -55,6 +56,16 @@ TELEMETRY_ENV = {
     "OTEL_TRACES_EXPORTER": "otlp",
     "OTEL_METRICS_EXPORTER": "otlp",
     "OTEL_METRIC_EXPORT_INTERVAL": "5000",
+}
+
+# `--features telemetry-sampled`: the same, with one trace in ten kept (the standard sampler).
+TELEMETRY = {
+    "telemetry": TELEMETRY_ENV,
+    "telemetry-sampled": {
+        **TELEMETRY_ENV,
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.1",
+    },
 }
 
 # Generous enough never to refuse the benchmark's load: the cost of checking is what is measured.
@@ -207,15 +218,16 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--tps", type=float, default=750.0)
     parser.add_argument("--open-streams", type=int, default=1000)
-    parser.add_argument("--features", choices=["off", "all", "telemetry"], default="off")
+    parser.add_argument("--features", choices=["off", "all", *TELEMETRY], default="off")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         redis_url = stack.enter_context(private_redis()) if args.features == "all" else None
-        if args.features in ("telemetry", "all"):
+        if args.features != "off":
             endpoint, sink = stack.enter_context(otlp_sink())
-            os.environ.update(TELEMETRY_ENV, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+            os.environ.update(TELEMETRY.get(args.features, TELEMETRY_ENV))
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
         report = run_suite(args, redis_url)
-        if args.features in ("telemetry", "all"):
+        if args.features != "off":
             report["otlp_exports_received"] = sink.received  # type: ignore[attr-defined]
     suffix = "" if args.features == "off" else f"-{args.features}"
     (RESULTS / f"overhead{suffix}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -253,7 +265,7 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
             serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url))]
             with (
                 started(serve, "/healthz", work / "gateway.log") as gateway,
-                scraping(gateway.url, args.features in ("telemetry", "all")),
+                scraping(gateway.url, args.features != "off"),
             ):
                 warm_up(mock, gateway)
                 for level in (int(x) for x in args.levels.split(",")):
@@ -266,7 +278,7 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
             serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url))]
             with (
                 started(serve, "/healthz", work / "gateway2.log") as gateway,
-                scraping(gateway.url, args.features in ("telemetry", "all")),
+                scraping(gateway.url, args.features != "off"),
             ):
                 print("non-stream saturation ...", file=sys.stderr, flush=True)
                 warm_up(mock, gateway)
