@@ -16,8 +16,8 @@ so all miss), and the telemetry of `--features telemetry`: the plain gateway wit
 OTLP metrics exported (OTLP/HTTP to a stand-in collector in this process) and `/metrics` scraped
 every 5 s. `--features telemetry-sampled` is that with the standard ratio sampler keeping one
 trace in ten (OTLP metrics and /metrics unchanged).
-Results: benchmarks/results/overhead[-all|-telemetry|-telemetry-sampled].{json,md}, which benchmarks/run.py puts
-into docs/benchmarks.md.
+Results: benchmarks/results/overhead[-all|-telemetry|-telemetry-sampled].{json,md}, which
+benchmarks/run.py puts into docs/benchmarks.md.
 """
 
 from __future__ import annotations
