@@ -84,7 +84,10 @@ class Telemetry:
         )
         self.metrics.record(sample)
         if ctx.trace is not None:
-            attributes = span_attributes(ctx, usage.tokens_per_s, sample.cost_usd)
+            recording = ctx.trace.recording
+            attributes = (
+                span_attributes(ctx, usage.tokens_per_s, sample.cost_usd) if recording else {}
+            )
             ctx.trace.finish(ctx, self._clock.monotonic(), attributes)
 
     def log_fields(self, ctx: RequestContext) -> dict[str, object]:

@@ -133,7 +133,12 @@ class RequestTrace:
 
     def upstream_started(self, ctx: RequestContext, now_s: float) -> dict[str, str]:
         """Open the backend call's span; returns the headers that carry it to the backend."""
-        parent = set_span_in_context(self._request_span(ctx))
+        request = self._request_span(ctx)
+        headers: dict[str, str] = {}
+        if not request.is_recording():  # sampled out: pass the decision on, build nothing more
+            self._propagator.inject(headers, set_span_in_context(request))
+            return headers
+        parent = set_span_in_context(request)
         backend = ctx.backend
         attributes: dict[str, str | int] = {"http.request.method": "POST"}
         if backend is not None:
@@ -146,7 +151,6 @@ class RequestTrace:
             attributes=attributes,
             start_time=self._ns(now_s),
         )
-        headers: dict[str, str] = {}
         self._propagator.inject(headers, set_span_in_context(self.upstream))
         return headers
 
@@ -161,9 +165,17 @@ class RequestTrace:
             span.set_status(Status(StatusCode.ERROR))
         span.end(self._ns(now_s))
 
+    @property
+    def recording(self) -> bool:
+        """False when the sampler left this request out (its spans record nothing)."""
+        return self.span is None or self.span.is_recording()
+
     def finish(self, ctx: RequestContext, now_s: float, attributes: Mapping[str, object]) -> None:
         """End the request span with its GenAI attributes; draw the storage stages' spans."""
         span = self._request_span(ctx)
+        if not span.is_recording():
+            span.end(self._ns(now_s))
+            return
         span.update_name(f"{ctx.operation} {ctx.model}".rstrip())
         if self.upstream is not None:  # the relay did not close it: end it with the request
             self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
