@@ -2,7 +2,8 @@
 docs/benchmarks.md (between `<!-- results: NAME -->` and `<!-- /results: NAME -->` markers).
 
     python benchmarks/run.py [--repeats 3]
-        [--only overhead,overhead-all,overhead-telemetry,budgets,ratelimits,dashboard,routing]
+        [--only overhead,overhead-all,overhead-telemetry,overhead-telemetry-sampled,budgets,
+                ratelimits,dashboard,routing]
 
 About 20 minutes on 2 cores. Each benchmark compares the same load direct and through tokenweir
 (or without and with a feature) in one run; see docs/benchmarks.md for what each measures.
@@ -22,6 +23,7 @@ SUITE: dict[str, list[str]] = {
     "overhead": ["overhead.py"],
     "overhead-all": ["overhead.py", "--features", "all"],
     "overhead-telemetry": ["overhead.py", "--features", "telemetry"],
+    "overhead-telemetry-sampled": ["overhead.py", "--features", "telemetry-sampled"],
     "budgets": ["budgets.py"],
     "ratelimits": ["ratelimits.py"],
     "dashboard": ["dashboard.py"],
