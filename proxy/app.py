@@ -161,6 +161,7 @@ class Gateway:
         try:
             if self.metrics_push is not None:  # first: its last export reads budgets
                 await self.metrics_push.aclose()
+            await self.storage_failures.aclose()
             await self.prober.aclose()
             await self.upstream.aclose()
             await self.store.aclose()

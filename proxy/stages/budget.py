@@ -11,6 +11,7 @@ import calendar
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from proxy.clock import Clock
@@ -72,6 +73,17 @@ class Budgets:
         try:
             await self._reserve(ctx, reservation, now)
         except StorageError as exc:
+            # A reservation that timed out may still be made once storage catches up: release
+            # it then (settling nothing used), or it would hold the quota until its lease ends.
+            counters = [q.counter for q in reservation.quotas]
+            nothing = [0] * len(counters)
+
+            def release() -> Awaitable[None]:
+                return self._store.settle(
+                    reservation.scope, reservation.lease_id, counters, nothing
+                )
+
+            self._failures.undo_later(exc, release, self._lease_s)
             self._failures.decide("quota", ctx.tenant.limits, exc)
             return
         reservation.renewer = asyncio.create_task(self._keep_leased(reservation))

@@ -10,6 +10,7 @@ import logging
 import math
 import uuid
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from proxy.clock import Clock
@@ -57,6 +58,7 @@ class RateLimits:
         try:
             admission = await self._admit(ctx, hold, buckets, costs, limits)
         except StorageError as exc:
+            self._undo_later(exc, hold)
             self._failures.decide("rate_limit", limits, exc)
             return
         ctx.rate_limit_headers = _headers(buckets, admission.buckets)
@@ -77,6 +79,7 @@ class RateLimits:
         try:
             admission = await self._try(hold, buckets, costs)
         except StorageError as exc:
+            self._undo_later(exc, hold)
             self._failures.decide("rate_limit", tenant.limits, exc)
             return
         if not admission.admitted:
@@ -86,6 +89,16 @@ class RateLimits:
                 retry_after_s=refusal.retry_after_s or 1.0,
             )
         self._hold(ctx, hold, buckets, costs)
+
+    def _undo_later(self, exc: StorageError, hold: RateLimitHold) -> None:
+        """Free the slots a timed-out admission may still take once storage catches up."""
+        if not hold.slots:
+            return
+
+        def release() -> Awaitable[None]:
+            return self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
+
+        self._failures.undo_later(exc, release, hold.lease_s)
 
     def _hold(
         self, ctx: RequestContext, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]

@@ -1,9 +1,14 @@
-"""When shared storage fails: the tenant's open or closed policy, each decision counted."""
+"""When shared storage fails: the tenant's open or closed policy, each decision counted, and
+the late effect of a call that timed out undone."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import redis.exceptions
 
 from proxy.clock import Clock, SystemClock
 from proxy.errors import StorageUnavailable
@@ -23,6 +28,7 @@ class StorageFailures:
         self.last_error: str | None = None
         self._clock = clock or SystemClock()
         self.last_failure_s: float | None = None  # monotonic; for `storage_unavailable` rules
+        self._undoing: set[asyncio.Task[None]] = set()
 
     def failed_within(self, window_s: float) -> bool:
         """Did shared storage fail in the last `window_s` seconds?"""
@@ -41,3 +47,35 @@ class StorageFailures:
             ) from exc
         self.counts[f"{what}:open"] += 1
         _log.warning("%s storage unreachable, admitting (on_storage_error: open): %s", what, exc)
+
+    def undo_later(
+        self, exc: StorageError, undo: Callable[[], Awaitable[object]], within_s: float
+    ) -> None:
+        """A call that timed out may still run once a slow storage catches up, and take what
+        no request will give back (a slot, a reservation) until its lease ends. `undo` (safe to
+        repeat) is sent once the storage answers again, and once more half a second later for
+        a late call that reaches it after the first; after `within_s` the lease has ended
+        anyway. A refused connection ran nothing, so it needs no undo."""
+        if not isinstance(exc.__cause__, (TimeoutError, redis.exceptions.TimeoutError)):
+            return
+        task = asyncio.create_task(self._undo(undo, within_s))
+        self._undoing.add(task)
+        task.add_done_callback(self._undoing.discard)
+
+    async def _undo(self, undo: Callable[[], Awaitable[object]], within_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + within_s
+        sent, delay_s = 0, 0.1
+        while sent < 2 and loop.time() + delay_s < deadline_s:
+            await asyncio.sleep(delay_s)
+            try:
+                await undo()
+            except StorageError:
+                delay_s = min(delay_s * 2, 2.0)
+                continue
+            sent, delay_s = sent + 1, 0.5
+
+    async def aclose(self) -> None:
+        for task in self._undoing:
+            task.cancel()
+        await asyncio.gather(*self._undoing, return_exceptions=True)
