@@ -10,12 +10,11 @@ import asyncio
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 
 import orjson
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
 from proxy.ledger import query as planner
 from proxy.ledger import rediskeys as keys
@@ -23,7 +22,7 @@ from proxy.ledger.aggregate import Cell
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
 from proxy.ledger.buffer import Batch
 from proxy.ledger.writer import BufferedLedger
-from proxy.storage.redisconn import connect
+from proxy.storage.redisconn import REDIS_ERRORS, Call, RedisClient, connect, send_all
 
 __all__ = ["RedisLedger"]
 
@@ -34,7 +33,7 @@ _MAX_CONNECTIONS = 16
 
 @dataclass(frozen=True, slots=True)
 class _Connection:
-    client: Redis
+    client: RedisClient
     append: AsyncScript
     sum: AsyncScript
 
@@ -98,19 +97,16 @@ class RedisLedger(BufferedLedger):
     async def query(self, q: UsageQuery) -> list[UsageRow]:
         try:
             cells = await self._read_cells(q)
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise LedgerError(f"cannot read the ledger from Redis: {exc}") from exc
         return planner.rows(q, cells)
 
     async def latest(self, tenant: str | None, limit: int) -> list[UsageRecord]:
-        client = self._connected().client
         try:
             tags = [keys.tag(tenant)] if tenant is not None else await self._tags()
-            async with client.pipeline(transaction=False) as pipe:
-                for tenant_tag in tags:
-                    pipe.xrevrange(keys.stream_key(tenant_tag), count=limit)
-                streams = await pipe.execute()
-        except RedisError as exc:
+            newest = [_newest(keys.stream_key(tenant_tag), limit) for tenant_tag in tags]
+            streams = await send_all(self._connected().client, newest)
+        except REDIS_ERRORS as exc:
             raise LedgerError(f"cannot read the ledger from Redis: {exc}") from exc
         records = [
             keys.decode_record(fields[keys.RECORD_FIELD])
@@ -137,7 +133,7 @@ class RedisLedger(BufferedLedger):
         while (batch := self._buffer.next_batch(self._batch_records)) is not None:
             try:
                 await self._write(batch)
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 delay_s = self._buffer.failed(exc, attempt)
                 attempt += 1
                 if self._stopping:
@@ -160,20 +156,21 @@ class RedisLedger(BufferedLedger):
         by_tenant: defaultdict[str, list[UsageRecord]] = defaultdict(list)
         for record in batch.records:
             by_tenant[keys.tag(record.tenant)].append(record)
-        async with connection.client.pipeline(transaction=False) as pipe:
-            pipe.sadd(keys.TENANTS_KEY, *by_tenant)
-            for tenant_tag, records in by_tenant.items():
-                script_keys, script_args = keys.script_call(
-                    tenant_tag,
-                    self._writer_id,
-                    batch.seq,
-                    records,
-                    stream_records=self._stream_records,
-                    ttl_s=self._retention_s,
-                    marker_ttl_s=_DAY_S,
-                )
-                await connection.append(keys=script_keys, args=script_args, client=pipe)
-            await pipe.execute()
+        # TENANTS_KEY has no tenant's hash tag: on a cluster it is a command of its own.
+        calls: list[Call] = [lambda client: client.sadd(keys.TENANTS_KEY, *by_tenant)]
+        for tenant_tag, records in by_tenant.items():
+            script_keys, script_args = keys.script_call(
+                tenant_tag,
+                self._writer_id,
+                batch.seq,
+                records,
+                stream_records=self._stream_records,
+                ttl_s=self._retention_s,
+                marker_ttl_s=_DAY_S,
+            )
+            calls.append(partial(connection.append, script_keys, script_args))
+        # A batch that failed in part is sent again whole: append.lua applies it once per tenant.
+        await send_all(connection.client, calls)
 
     async def _read_cells(self, q: UsageQuery) -> list[Cell]:
         """Summed in Redis by lua/sum.lua: one small reply per tenant, span and group."""
@@ -181,15 +178,15 @@ class RedisLedger(BufferedLedger):
         tags = [keys.tag(q.tenant)] if q.tenant is not None else await self._tags()
         spans = planner.plan(q)
         bucket_s = {"hour": 3600, "day": _DAY_S, None: 0}[q.bucket]
-        async with connection.client.pipeline(transaction=False) as pipe:
-            for tenant_tag in tags:
-                for span in spans:
-                    index = keys.index_key(tenant_tag, span.granularity)
-                    prefix = keys.agg_key(tenant_tag, span.granularity, "")
-                    args: list[str | int] = [span.start, span.end - 1, prefix, bucket_s]
-                    args.append(q.group_by or "")
-                    await connection.sum(keys=[index], args=args, client=pipe)
-            replies = iter(await pipe.execute())
+        calls: list[Call] = []
+        for tenant_tag in tags:  # one tenant per call: each reads only its own cluster slot
+            for span in spans:
+                index = keys.index_key(tenant_tag, span.granularity)
+                prefix = keys.agg_key(tenant_tag, span.granularity, "")
+                args: list[str | int] = [span.start, span.end - 1, prefix, bucket_s]
+                args.append(q.group_by or "")
+                calls.append(partial(connection.sum, [index], args))
+        replies = iter(await send_all(connection.client, calls))
         return [
             keys.decode_cell(keys.tenant_of(tenant_tag), group, totals)
             for tenant_tag in tags
@@ -204,6 +201,10 @@ class RedisLedger(BufferedLedger):
         if self._connection is None:
             raise LedgerError("the ledger is not started")
         return self._connection
+
+
+def _newest(stream: str, limit: int) -> Call:
+    return lambda client: client.xrevrange(stream, count=limit)
 
 
 def _lua(name: str) -> str:

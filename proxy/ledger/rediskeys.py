@@ -29,7 +29,9 @@ __all__ = [
 ]
 
 TENANTS_KEY = "tw:ledger:tenants"
-"""Set of the tags of every tenant with records: how a query over all tenants finds them."""
+"""Set of the tags of every tenant with records: how a query over all tenants finds them. It
+carries no tenant's hash tag, so on a Redis Cluster it has a slot of its own: it is only ever
+read or written by a command of its own, never inside a tenant's script."""
 
 RECORD_FIELD = "v1"
 """The stream field holding a record: a new layout gets a new name, old entries stay legible."""

@@ -36,8 +36,9 @@ __all__ = [
 
 
 def open_store(url: str) -> QuotaStore:
-    """Quota counters on `memory`, `redis://host:port/db` or a Sentinel-named primary
-    (`redis+sentinel://host:port/service`): the policy's `storage:` key."""
+    """Quota counters on `memory`, `redis://host:port/db`, a Sentinel-named primary
+    (`redis+sentinel://host:port/service`) or a Redis Cluster (`redis+cluster://host:port,...`):
+    the policy's `storage:` key."""
     return MemoryStore() if _is_memory(url) else RedisStore(url)
 
 

@@ -8,16 +8,11 @@ Redis stream per partition; replicas read what is new since their cursor.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from proxy.storage.base import StorageError
 from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorRows
-from proxy.storage.redisconn import connect
+from proxy.storage.redisconn import connect, translated
 
 __all__ = ["RedisCacheStore"]
 
@@ -40,7 +35,7 @@ class RedisCacheStore:
 
     async def get(self, tenant: str, key: str, *, now: float) -> bytes | None:
         prefix = _prefix(tenant)
-        with _translated():
+        with translated("cache storage"):
             value = await self._get(keys=[f"{prefix}x:{key}", f"{prefix}lru"], args=[now, key])
         return value if isinstance(value, bytes) else None
 
@@ -58,12 +53,12 @@ class RedisCacheStore:
             entry.key, entry.value, ttl_ms, entry.now, entry.now - entry.ttl_s,
             entry.max_entries, prefix, partition or "", entry.vector or b"", ttl_ms * _KEEP_TTLS,
         ]  # fmt: skip
-        with _translated():
+        with translated("cache storage"):
             await self._put(keys=keys, args=args)
 
     async def vectors(self, tenant: str, partition: str, after: str) -> tuple[VectorRows, str]:
         stream = f"{_prefix(tenant)}v:{partition}"
-        with _translated():
+        with translated("cache storage"):
             found: list[Any] | None = await self._redis.xrange(
                 stream, min=f"({after}", max="+", count=VECTOR_PAGE
             )
@@ -75,11 +70,11 @@ class RedisCacheStore:
     async def forget(self, tenant: str, key: str) -> None:
         prefix = _prefix(tenant)
         keys = [f"{prefix}x:{key}", f"{prefix}lru", f"{prefix}vec"]
-        with _translated():
+        with translated("cache storage"):
             await self._forget(keys=keys, args=[prefix, key])
 
     async def ping(self) -> None:
-        with _translated():
+        with translated("cache storage"):
             await self._redis.ping()
 
     async def aclose(self) -> None:
@@ -92,11 +87,3 @@ def _text(value: Any) -> str:
 
 def _prefix(tenant: str) -> str:
     return f"tw:{{{tenant}}}:cache:"
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    try:
-        yield
-    except RedisError as exc:
-        raise StorageError(f"cache storage: {exc}") from exc

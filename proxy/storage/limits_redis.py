@@ -7,14 +7,10 @@ become StorageError here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from proxy.storage.base import StorageError
 from proxy.storage.limits import (
     Admission,
     Bucket,
@@ -24,7 +20,7 @@ from proxy.storage.limits import (
     check_scope,
     judge,
 )
-from proxy.storage.redisconn import connect
+from proxy.storage.redisconn import connect, translated
 
 __all__ = ["RedisLimitStore"]
 
@@ -68,7 +64,7 @@ class RedisLimitStore:
         for bucket, cost in zip(buckets, costs, strict=True):
             args += [bucket.capacity, bucket.refill_per_s, cost]
         args += [pool.size for pool in slots]
-        with _translated():
+        with translated():
             reply = await self._admit(keys=keys, args=args)
         tokens = [float(t) for t in reply[1 : len(buckets) + 1]]
         held = [int(n) for n in reply[len(buckets) + 1 :]]
@@ -77,13 +73,13 @@ class RedisLimitStore:
     async def settle(self, scope: str, bucket: Bucket, delta: int, *, now: float) -> None:
         check_scope(scope, [bucket.key])
         args = [bucket.capacity, bucket.refill_per_s, delta, now]
-        with _translated():
+        with translated():
             await self._settle(keys=[bucket.key], args=args)
 
     async def release(self, scope: str, slots: Sequence[SlotPool], *, lease_id: str) -> None:
         keys = [pool.key for pool in slots]
         check_scope(scope, keys)
-        with _translated():
+        with translated():
             await self._release(keys=keys, args=[lease_id])
 
     async def renew(
@@ -91,7 +87,7 @@ class RedisLimitStore:
     ) -> bool:
         keys = [pool.key for pool in slots]
         check_scope(scope, keys)
-        with _translated():
+        with translated():
             return bool(await self._renew(keys=keys, args=[lease_id, lease_until]))
 
     async def peek(
@@ -102,21 +98,13 @@ class RedisLimitStore:
         args: list[Any] = [now]
         for bucket in buckets:
             args += [bucket.capacity, bucket.refill_per_s]
-        with _translated():
+        with translated():
             reply = await self._peek(keys=keys, args=args)
         return tuple(bucket_state(b, float(t)) for b, t in zip(buckets, reply, strict=True))
 
     async def ping(self) -> None:
-        with _translated():
+        with translated():
             await self._redis.ping()
 
     async def aclose(self) -> None:
         await self._redis.aclose()
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    try:
-        yield
-    except (RedisError, OSError) as exc:
-        raise StorageError(f"redis: {exc}") from exc

@@ -7,15 +7,12 @@ slot and a script may touch them together. redis-py errors become StorageError h
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from proxy.storage.base import Counter, Refusal, StorageError
-from proxy.storage.redisconn import connect
+from proxy.storage.base import Counter, Refusal
+from proxy.storage.redisconn import Call, connect, send_all, translated
 
 __all__ = ["RedisStore"]
 
@@ -49,7 +46,7 @@ class RedisStore:
         args: list[Any] = [lease_id, lease_until, now]
         for counter, amount in zip(counters, amounts, strict=True):
             args += [counter.limit, amount, math.ceil(counter.expires_at)]
-        with _translated():
+        with translated():
             answer = await self._reserve(keys=_keys(scope, counters), args=args)
         if not answer:
             return None
@@ -57,7 +54,7 @@ class RedisStore:
         return Refusal(index, used, reserved)
 
     async def renew(self, scope: str, lease_id: str, *, lease_until: float) -> bool:
-        with _translated():
+        with translated():
             return bool(await self._renew(keys=[scope + ":leases"], args=[lease_id, lease_until]))
 
     async def settle(
@@ -66,32 +63,25 @@ class RedisStore:
         args: list[Any] = [lease_id]
         for counter, amount in zip(counters, used, strict=True):
             args += [amount, math.ceil(counter.expires_at)]
-        with _translated():
+        with translated():
             await self._settle(keys=_keys(scope, counters), args=args)
 
     async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
-        with _translated():
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for counter in counters:
-                    pipe.hmget(counter.key, "used", "reserved")
-                rows = await pipe.execute()
+        with translated():
+            rows = await send_all(self._redis, [_used_and_reserved(c.key) for c in counters])
         return [(int(used or 0), int(reserved or 0)) for used, reserved in rows]
 
     async def ping(self) -> None:
-        with _translated():
+        with translated():
             await self._redis.ping()
 
     async def aclose(self) -> None:
         await self._redis.aclose()
 
 
+def _used_and_reserved(key: str) -> Call:
+    return lambda client: client.hmget(key, "used", "reserved")
+
+
 def _keys(scope: str, counters: Sequence[Counter]) -> list[str]:
     return [scope + ":leases", scope + ":lease_holdings", *(c.key for c in counters)]
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    try:
-        yield
-    except (RedisError, OSError) as exc:
-        raise StorageError(f"redis: {exc}") from exc

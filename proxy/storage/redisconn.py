@@ -1,21 +1,59 @@
-"""The one way the stores and the ledger connect to Redis: a blocking pool with every I/O bounded
-by a timeout, to one server or to the primary Redis Sentinel names (followed across failovers)."""
+"""The one way the stores and the ledger connect to Redis, and the one place its errors become
+StorageError: a pool with every I/O bounded by a timeout, to one server, to the primary Redis
+Sentinel names (followed across failovers), or to a Redis Cluster (followed across failovers and
+resharding)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Final, TypeAlias
+
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
-from proxy.storage.redisurl import SENTINEL_SCHEME, parse_sentinel_url
+from proxy.storage.base import StorageError
+from proxy.storage.redisurl import (
+    SENTINEL_SCHEME,
+    is_cluster_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+)
 
-__all__ = ["connect"]
+__all__ = ["REDIS_ERRORS", "Call", "RedisClient", "connect", "send_all", "translated"]
+
+RedisClient: TypeAlias = aioredis.Redis | RedisCluster
+Call: TypeAlias = Callable[[Any], Awaitable[Any]]
+"""One command or script call, sent with (or queued on) the client or pipeline it is given."""
+
+REDIS_ERRORS: Final = (RedisError, RedisClusterException, OSError)
+"""What a Redis call may raise when Redis is down, slow or reshaping: redis-py's cluster errors
+(a slot no node serves yet, say) do not derive from RedisError."""
+
+# Connections a cluster node may open beyond the calls in flight: topology refreshes, redirects.
+_SPARE_CONNECTIONS = 4
+# redis-py would send a call again after any connection error, but its script may have run
+# before the reply was lost: reservations and admissions must not be charged twice. Only a call
+# that never reached a node is sent again (_Cluster); MOVED and ASK are still followed.
+_CLUSTER_RETRIES = 0
 
 
 def connect(
     url: str, *, timeout_s: float, max_connections: int, decode_responses: bool = False
-) -> aioredis.Redis:
+) -> RedisClient:
     """A burst beyond `max_connections` waits up to `timeout_s` for a connection instead of
     failing (redis-py's default pool raises at its 100th concurrent command)."""
+    if is_cluster_url(url):
+        return _cluster(
+            url, timeout_s=timeout_s, max_connections=max_connections, decode=decode_responses
+        )
     if url.startswith(SENTINEL_SCHEME):
         return _primary(
             url, timeout_s=timeout_s, max_connections=max_connections, decode=decode_responses
@@ -29,6 +67,31 @@ def connect(
         decode_responses=decode_responses,
     )
     return aioredis.Redis.from_pool(pool)
+
+
+@contextmanager
+def translated(what: str = "redis") -> Iterator[None]:
+    """Redis trouble of any kind, as the StorageError callers apply their failure policy to."""
+    try:
+        yield
+    except REDIS_ERRORS as exc:
+        raise StorageError(f"{what}: {exc}") from exc
+
+
+async def send_all(client: RedisClient, calls: Sequence[Call]) -> list[Any]:
+    """The replies of `calls`, in order; each call is handed what to send itself with.
+
+    One round trip to one server: a pipeline (no transaction), which loads the scripts it runs.
+    On a cluster each call goes at once to its slot's node (redis-py's cluster pipeline refuses
+    scripts); if one fails the others still run, so the calls must be safe to send again.
+    """
+    if isinstance(client, RedisCluster):
+        return list(await asyncio.gather(*(call(client) for call in calls)))
+    async with client.pipeline(transaction=False) as pipe:
+        for call in calls:
+            await call(pipe)
+        replies: list[Any] = await pipe.execute()
+    return replies
 
 
 class _PrimaryPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
@@ -60,3 +123,85 @@ def _primary(url: str, *, timeout_s: float, max_connections: int, decode: bool) 
         socket_connect_timeout=timeout_s,
     )
     return client
+
+
+class _Gate:
+    """At most `calls` at once, each waiting for its turn and answered within `timeout_s` in
+    all: redis-py's cluster nodes raise at once when their connections are all busy, where the
+    one-server BlockingConnectionPool waits."""
+
+    def __init__(self, calls: int, timeout_s: float) -> None:
+        self._free = asyncio.Semaphore(calls)
+        self._timeout_s = timeout_s
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout(self._timeout_s), self._free:
+                yield
+        except TimeoutError as exc:
+            raise RedisTimeoutError(
+                f"no answer from the Redis Cluster within {self._timeout_s} s"
+            ) from exc
+
+
+class _Cluster(RedisCluster):
+    """A Redis Cluster client whose calls go through a _Gate (send_all sends no pipeline to a
+    cluster), and whose ping asks every primary (every slot served), not one node."""
+
+    def __init__(self, gate: _Gate, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._gate = gate
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self._gate.turn():
+            try:
+                return await self._learn_then_call(*args, **kwargs)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if not _never_sent(exc):
+                    raise
+            # redis-py learns the slots again after a node failed: after a failover the call
+            # goes to the promoted replica, during one it fails again.
+            return await self._learn_then_call(*args, **kwargs)
+
+    async def _learn_then_call(self, *args: Any, **kwargs: Any) -> Any:
+        if self._initialize:
+            # Learn the slots before routing: redis-py sends a call that starts while another
+            # learns them to its default node (MOVED, then a topology refresh that drops
+            # connections other calls are using).
+            await self.initialize()
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except AttributeError as exc:
+            # redis-py disconnects a failed node's idle connections in a background task, and
+            # a call that took one meanwhile finds its socket gone (`_writer` is None).
+            raise RedisConnectionError(f"connection lost to the Redis Cluster: {exc}") from exc
+
+    async def ping(self, **kwargs: Any) -> Any:
+        return await super().ping(target_nodes=RedisCluster.PRIMARIES, **kwargs)
+
+
+def _never_sent(exc: RedisError) -> bool:
+    """True when the call failed opening its connection (redis-py: "Error 111 connecting to
+    host:port", "Timeout connecting to server"), before sending anything: safe to send again."""
+    return "connecting to" in str(exc)
+
+
+def _cluster(url: str, *, timeout_s: float, max_connections: int, decode: bool) -> RedisCluster:
+    """Slots are learnt from the URL's nodes on the first call and again after a node fails or
+    answers MOVED; a call to a slot that no reachable node serves fails (StorageError), calls
+    for other slots go on (`require_full_coverage=False`)."""
+    target = parse_cluster_url(url)
+    return _Cluster(
+        _Gate(max_connections, timeout_s),
+        startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+        username=target.username,
+        password=target.password,
+        ssl=target.tls,
+        max_connections=max_connections + _SPARE_CONNECTIONS,
+        require_full_coverage=False,
+        retry=Retry(NoBackoff(), _CLUSTER_RETRIES),
+        decode_responses=decode,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )

@@ -1,5 +1,6 @@
-"""What a `storage:` URL names: this process's memory, one Redis server, or the Redis primary that
-Redis Sentinel points at. Parsed at policy load, so a wrong URL is an error naming the key."""
+"""What a `storage:` URL names: this process's memory, one Redis server, the Redis primary that
+Redis Sentinel points at, or a Redis Cluster. Parsed at policy load, so a wrong URL is an error
+naming the key."""
 
 from __future__ import annotations
 
@@ -8,17 +9,24 @@ from typing import Final
 from urllib.parse import unquote
 
 __all__ = [
+    "CLUSTER_SCHEMES",
     "SENTINEL_SCHEME",
+    "ClusterURL",
     "SentinelURL",
     "check_storage_url",
+    "is_cluster_url",
     "is_redis_url",
+    "parse_cluster_url",
     "parse_sentinel_url",
 ]
 
 SENTINEL_SCHEME: Final = "redis+sentinel://"
-_REDIS_SCHEMES: Final = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
+CLUSTER_SCHEMES: Final = ("redis+cluster://", "rediss+cluster://")
+_REDIS_SCHEMES: Final = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME, *CLUSTER_SCHEMES)
 _SENTINEL_PORT: Final = 26379
+_REDIS_PORT: Final = 6379
 _SENTINEL_FORM: Final = "redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]"
+_CLUSTER_FORM: Final = "redis+cluster://[[user]:password@]host:port[,host:port...][/0]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,18 +41,43 @@ class SentinelURL:
     password: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterURL:
+    """Nodes to discover a Redis Cluster from (any of its nodes; the client learns the rest),
+    how to log in to every node, and whether to speak TLS (`rediss+cluster://`)."""
+
+    nodes: tuple[tuple[str, int], ...]
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    hosts: tuple[tuple[str, int], ...]
+    path: str
+    username: str | None
+    password: str | None
+
+
 def is_redis_url(url: str) -> bool:
     return url.startswith(_REDIS_SCHEMES)
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.startswith(CLUSTER_SCHEMES)
 
 
 def check_storage_url(url: str) -> str:
     """`url` if it is `memory` or a Redis URL this gateway can open, else ValueError."""
     if url.startswith(SENTINEL_SCHEME):
         parse_sentinel_url(url)
+    elif is_cluster_url(url):
+        parse_cluster_url(url)
     elif url != "memory" and not is_redis_url(url):
         raise ValueError(
             "storage is memory, redis://host:port/db, rediss://..., unix:///path, "
-            f"or {_SENTINEL_FORM}"
+            f"{_SENTINEL_FORM}, or {_CLUSTER_FORM} (rediss+cluster:// with TLS)"
         )
     return url
 
@@ -53,9 +86,33 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     """`redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]`."""
     if not url.startswith(SENTINEL_SCHEME):
         raise ValueError(f"a Sentinel URL starts with {SENTINEL_SCHEME}")
-    rest = url.removeprefix(SENTINEL_SCHEME)
+    parts = _split(url.removeprefix(SENTINEL_SCHEME), "Sentinel", _SENTINEL_FORM, _SENTINEL_PORT)
+    service, _, db = parts.path.partition("/")
+    if not service:
+        raise ValueError(f"a Sentinel URL names its service after the hosts: {_SENTINEL_FORM}")
+    db = db.rstrip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"the database after the service is a number, got {db!r}")
+    return SentinelURL(parts.hosts, unquote(service), int(db or 0), parts.username, parts.password)
+
+
+def parse_cluster_url(url: str) -> ClusterURL:
+    """`redis+cluster://[[user]:password@]host[:port][,host[:port]...][/0]`, or
+    `rediss+cluster://...` for TLS; the port defaults to 6379."""
+    scheme = next((s for s in CLUSTER_SCHEMES if url.startswith(s)), None)
+    if scheme is None:
+        raise ValueError(f"a Redis Cluster URL starts with {' or '.join(CLUSTER_SCHEMES)}")
+    parts = _split(url.removeprefix(scheme), "Redis Cluster", _CLUSTER_FORM, _REDIS_PORT)
+    if parts.path.rstrip("/") not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only database 0, got /{parts.path}")
+    tls = scheme.startswith("rediss")
+    return ClusterURL(parts.hosts, tls, parts.username, parts.password)
+
+
+def _split(rest: str, what: str, form: str, default_port: int) -> _Parts:
+    """`[[user]:password@]host[:port][,host[:port]...][/path]`, after the scheme."""
     if "?" in rest or "#" in rest:
-        raise ValueError(f"a Sentinel URL takes no query or fragment: {_SENTINEL_FORM}")
+        raise ValueError(f"a {what} URL takes no query or fragment: {form}")
     netloc, _, path = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
     username = password = None
@@ -63,26 +120,20 @@ def parse_sentinel_url(url: str) -> SentinelURL:
         user, colon, secret = userinfo.partition(":")
         username = unquote(user) or None
         password = unquote(secret) if colon else None
-    sentinels = tuple(_host_port(part) for part in hosts.split(","))
-    service, _, db = path.partition("/")
-    if not service:
-        raise ValueError(f"a Sentinel URL names its service after the hosts: {_SENTINEL_FORM}")
-    db = db.rstrip("/")
-    if db and not db.isdigit():
-        raise ValueError(f"the database after the service is a number, got {db!r}")
-    return SentinelURL(sentinels, unquote(service), int(db or 0), username, password)
+    found = tuple(_host_port(part, what, form, default_port) for part in hosts.split(","))
+    return _Parts(found, path, username, password)
 
 
-def _host_port(part: str) -> tuple[str, int]:
+def _host_port(part: str, what: str, form: str, default_port: int) -> tuple[str, int]:
     if not part:
-        raise ValueError(f"a Sentinel URL lists at least one host: {_SENTINEL_FORM}")
+        raise ValueError(f"a {what} URL lists at least one host: {form}")
     if part.startswith("["):  # [::1]:26379
         host, _, port = part[1:].partition("]")
         port = port.removeprefix(":")
     else:
         host, _, port = part.partition(":")
     if not host:
-        raise ValueError(f"a Sentinel host is missing in {part!r}")
+        raise ValueError(f"a {what} host is missing in {part!r}")
     if port and not (port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"a Sentinel port is a number from 1 to 65535, got {port!r}")
-    return host, int(port) if port else _SENTINEL_PORT
+        raise ValueError(f"a {what} port is a number from 1 to 65535, got {port!r}")
+    return host, int(port) if port else default_port

@@ -150,11 +150,19 @@ def test_storage_urls_are_checked() -> None:
     assert policy.storage == "redis+sentinel://10.0.0.1:26379,10.0.0.2/tokenweir/2"
     assert problems(GOOD.replace("storage: memory", "storage: mysql://x")) == [
         "p.yaml:1: storage: storage is memory, redis://host:port/db, rediss://..., unix:///path, "
-        "or redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]"
+        "redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db], "
+        "or redis+cluster://[[user]:password@]host:port[,host:port...][/0] "
+        "(rediss+cluster:// with TLS)"
     ]
     assert problems(GOOD.replace("storage: memory", "storage: redis+sentinel://h:1")) == [
         "p.yaml:1: storage: a Sentinel URL names its service after the hosts: "
         "redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]"
+    ]
+    cluster = "storage: redis+cluster://10.0.0.1:7000,10.0.0.2:7000\nledger: redis"
+    policy = parse_policy(GOOD.replace("storage: memory", cluster), environ={"UPSTREAM": "s"})
+    assert policy.storage == "redis+cluster://10.0.0.1:7000,10.0.0.2:7000"
+    assert problems(GOOD.replace("storage: memory", "storage: redis+cluster://h:7000/2")) == [
+        "p.yaml:1: storage: a Redis Cluster has only database 0, got /2"
     ]
 
 

@@ -1,10 +1,17 @@
-"""The Sentinel URL form: every part read as documented, a wrong URL refused with the reason."""
+"""The Sentinel and Redis Cluster URL forms: every part read as documented, a wrong URL refused
+with the reason."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.storage.redisurl import SentinelURL, check_storage_url, parse_sentinel_url
+from proxy.storage.redisurl import (
+    ClusterURL,
+    SentinelURL,
+    check_storage_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+)
 
 
 def test_a_sentinel_url_names_its_sentinels_service_database_and_login() -> None:
@@ -50,3 +57,33 @@ def test_other_storage_urls_pass_unparsed() -> None:
         assert check_storage_url(url) == url
     with pytest.raises(ValueError, match="storage is memory"):
         check_storage_url("redis-sentinel://h/mymaster")
+
+
+def test_a_cluster_url_names_its_nodes_login_and_tls() -> None:
+    url = "rediss+cluster://app:p%40ss@10.0.0.1:7000,[::1]:7001,redis-c/0"
+    assert parse_cluster_url(url) == ClusterURL(
+        nodes=(("10.0.0.1", 7000), ("::1", 7001), ("redis-c", 6379)),
+        tls=True,
+        username="app",
+        password="p@ss",
+    )
+    assert parse_cluster_url("redis+cluster://127.0.0.1:7000") == ClusterURL(
+        nodes=(("127.0.0.1", 7000),)
+    )
+    assert parse_cluster_url("redis+cluster://:secret@h/").password == "secret"
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("redis+cluster://", "at least one host"),
+        ("redis+cluster://h1,,h2", "at least one host"),
+        ("redis+cluster://:7000", "host is missing"),
+        ("redis+cluster://h:0", "port is a number"),
+        ("redis+cluster://h:7000/1", "only database 0"),
+        ("redis+cluster://h:7000?ssl_cert_reqs=none", "no query"),
+    ],
+)
+def test_a_wrong_cluster_url_says_what_is_wrong(url: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        check_storage_url(url)
