@@ -13,6 +13,7 @@ from proxy.app import create_app
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.tools import mockbackend
+from tests.redis_cluster import ClusterProcesses, redis_cluster
 from tests.redis_server import RedisProcess
 from tests.servers import serve
 
@@ -95,6 +96,30 @@ def redis_url(redis_server: str) -> str:
     with redis.Redis.from_url(redis_server) as admin:
         admin.flushdb()
     return redis_server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_server() -> Iterator[ClusterProcesses]:
+    """One private Redis Cluster (three primaries, no replicas) for the session."""
+    with redis_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster_server: ClusterProcesses) -> str:
+    """The session's Redis Cluster, emptied for this test: data and scripts, as a new one."""
+    redis_cluster_server.flush()
+    return redis_cluster_server.url
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
+def storage_url(request: pytest.FixtureRequest) -> str:
+    """`memory`, or a real Redis or Redis Cluster emptied for this test: a storage contract
+    test taking it runs once on each."""
+    if request.param == "memory":
+        return "memory"
+    url: str = request.getfixturevalue(f"{request.param.replace('-', '_')}_url")
+    return url
 
 
 @pytest.fixture

@@ -6,15 +6,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.redis_server import RedisProcess
+from tests.redis_server import RedisProcess, wait_until
 from tests.servers import free_port
 
 SERVICE = "tokenweir"
@@ -42,7 +41,7 @@ class SentinelTopology:
     def start(self) -> None:
         self.primary.start()
         self.replica.start()
-        _wait(lambda: _replication(self.replica.url)["master_link_status"] == "up", "replica")
+        wait_until(lambda: _replication(self.replica.url)["master_link_status"] == "up", "replica")
         down_after_ms, failover_timeout_ms = self._timings
         config = Path(self._workdir.name) / "sentinel.conf"  # the sentinel rewrites it
         config.write_text(
@@ -57,7 +56,7 @@ class SentinelTopology:
             stderr=subprocess.DEVNULL,
         )
         # Failover needs a replica the sentinel knows about (it learns them from the primary).
-        _wait(self._knows_the_replica, "sentinel")
+        wait_until(self._knows_the_replica, "sentinel")
 
     def primary_port(self) -> int:
         with self._sentinel_client() as sentinel:
@@ -75,7 +74,7 @@ class SentinelTopology:
                 return False
             return _replication(self.replica.url)["role"] == "master"
 
-        _wait(promoted, "promotion", timeout_s)
+        wait_until(promoted, "promotion", timeout_s)
 
     def close(self) -> None:
         if self._sentinel is not None:
@@ -107,16 +106,3 @@ def sentinel_topology() -> Iterator[SentinelTopology]:
 def _replication(url: str) -> dict[str, object]:
     with redis.Redis.from_url(url, socket_timeout=2, decode_responses=True) as client:
         return dict(client.info("replication"))
-
-
-def _wait(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if check():
-                return
-        except redis.ConnectionError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not ready within {timeout_s} s")
-        time.sleep(0.05)

@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import pytest
@@ -116,3 +116,17 @@ def _wait_frozen(url: str) -> None:
                 return
             time.sleep(0.01)
     raise AssertionError("redis did not freeze")
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Until `check()` holds (a refused connection counts as not yet), or AssertionError."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if check():
+                return
+        except redis.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not ready within {timeout_s} s")
+        time.sleep(0.05)

@@ -13,12 +13,10 @@ pytestmark = pytest.mark.anyio
 NOW = 1_800_000_000.0
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[CacheStore]:
-    if request.param == "memory":
-        chosen: CacheStore = MemoryCacheStore()
-    else:
-        chosen = RedisCacheStore(request.getfixturevalue("redis_url"))
+@pytest.fixture
+async def store(storage_url: str) -> AsyncIterator[CacheStore]:
+    chosen: CacheStore
+    chosen = MemoryCacheStore() if storage_url == "memory" else RedisCacheStore(storage_url)
     yield chosen
     await chosen.aclose()
 

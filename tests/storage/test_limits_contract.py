@@ -23,13 +23,10 @@ NOW = 1_800_000_000.0
 LEASE_S = 60.0
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[LimitStore]:
+@pytest.fixture
+async def store(storage_url: str) -> AsyncIterator[LimitStore]:
     chosen: LimitStore
-    if request.param == "memory":
-        chosen = MemoryLimitStore()
-    else:
-        chosen = RedisLimitStore(redis_url)
+    chosen = MemoryLimitStore() if storage_url == "memory" else RedisLimitStore(storage_url)
     yield chosen
     await chosen.aclose()
 

@@ -15,13 +15,9 @@ MONTH = Counter("tw:{acme}:q:tokens:m:202611", limit=1500, expires_at=2_000_000_
 NOW = 1_800_000_000.0
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[QuotaStore]:
-    chosen: QuotaStore
-    if request.param == "memory":
-        chosen = MemoryStore()
-    else:
-        chosen = RedisStore(redis_url)
+@pytest.fixture
+async def store(storage_url: str) -> AsyncIterator[QuotaStore]:
+    chosen: QuotaStore = MemoryStore() if storage_url == "memory" else RedisStore(storage_url)
     yield chosen
     await chosen.aclose()
 
