@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
@@ -68,7 +69,14 @@ from proxy.web.usage import UsageApi
 if TYPE_CHECKING:
     from proxy.telemetry.sdk import OtelSdk
 
-__all__ = ["DEFAULT_POLICY", "SESSION_SECRET_ENV", "Gateway", "OtelProviders", "create_app"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "SESSION_SECRET_ENV",
+    "Gateway",
+    "OtelProviders",
+    "create_app",
+    "create_served_app",
+]
 
 DEFAULT_POLICY = Path(__file__).parent / "policies" / "default.yaml"
 SESSION_SECRET_ENV = "TOKENWEIR_SESSION_SECRET"  # noqa: S105 - a variable name, not a secret
@@ -192,11 +200,13 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     store: QuotaStore | None = None,
     otel: OtelProviders | None = None,
+    freeze_gc: bool = False,
 ) -> Starlette:
     """The gateway app; `clock`, `transport` and `store` replace the real ones (for tests).
 
     `otel` gives tracer/meter providers; without it, the OTEL_* environment may configure the
-    SDK here, in the process (each uvicorn worker) that serves the app."""
+    SDK here, in the process (each uvicorn worker) that serves the app. `freeze_gc` moves what
+    startup built out of the garbage collector's way (`gc.freeze`), for a serving process."""
     resolved = policy or load_policy(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
     chosen_clock = clock or SystemClock()
     # Workers and replicas that share the secret accept each other's dashboard logins.
@@ -209,6 +219,11 @@ def create_app(
         sdk = _start_otel_sdk() if otel is None else None
         gateway = Gateway.build(resolved, chosen_clock, transport, store, otel or sdk)
         await gateway.start()
+        if freeze_gc:
+            # Everything built so far lives as long as the process: keep it out of the
+            # collector's full passes, which otherwise pause every stream for 35-60 ms.
+            gc.collect()
+            gc.freeze()
         try:
             yield {"gateway": gateway}
         finally:
@@ -239,6 +254,12 @@ def create_app(
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
     )
+
+
+def create_served_app() -> Starlette:
+    """What `tokenweir serve` runs in each worker: the policy from TOKENWEIR_CONFIG, and the
+    startup heap frozen."""
+    return create_app(freeze_gc=True)
 
 
 class MetricsPusher(Protocol):

@@ -107,7 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
     # One dashboard-login secret for all workers, so a login holds whichever worker answers.
     os.environ.setdefault(SESSION_SECRET_ENV, secrets.token_hex(32))
     uvicorn.run(
-        "proxy.app:create_app",
+        "proxy.app:create_served_app",
         factory=True,
         host=args.host,
         port=args.port,
