@@ -1,7 +1,6 @@
-"""The one way the stores and the ledger connect to Redis, and the one place its errors become
-StorageError: a pool with every I/O bounded by a timeout, to one server, to the primary Redis
-Sentinel names (followed across failovers), or to a Redis Cluster (followed across failovers and
-resharding)."""
+"""The one way the stores and the ledger reach Redis, every call bounded by a timeout: one server,
+the primary Redis Sentinel names, or a Redis Cluster (both followed across failovers); and the
+one place redis-py's errors become StorageError."""
 
 from __future__ import annotations
 
