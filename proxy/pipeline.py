@@ -94,7 +94,8 @@ class Pipeline:
         release = self._account.release
 
         async def releasing(message: Message) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
+            # Per chunk, one lookup: a chunk has more_body, the start message has no body.
+            if not message.get("more_body", False) and message["type"] == "http.response.body":
                 with anyio.CancelScope(shield=True):
                     await release(ctx)
             await send(message)

@@ -14,6 +14,8 @@ _TOKEN = re.compile(rb'"(?:content|text|reasoning_content|arguments)":\s*"(?!")'
 _USAGE_MARK = b'"prompt_tokens"'
 _DATA = b"data:"
 _DONE = b"[DONE]"
+# How the [DONE] event ends, by separator: looked up per read, never built.
+_DONE_ENDS = {b"\n\n": _DONE + b"\n\n", b"\r\n\r\n": _DONE + b"\r\n\r\n"}
 # A backend that never ends an event must not make us hold its bytes forever.
 _MAX_HELD_BYTES = 1 << 20
 
@@ -52,7 +54,7 @@ class SSEForwarder:
         out = data[:cut]
         self._tail = data[cut:]
         self._textless = 0
-        if out.endswith(_DONE + sep):
+        if out.endswith(_DONE_ENDS[sep]):
             # [DONE] goes out with the response's end (`finish`), after the request is settled:
             # a client that asks again the moment it reads [DONE] finds its slot free.
             done = out.rfind(_DATA)
@@ -77,7 +79,8 @@ class SSEForwarder:
         return tail
 
     def _token_events(self, out: bytes) -> int:
-        """Events after the first one with text count as tokens, bar [DONE] and a usage-only one."""
+        """Events after the first one with text count as tokens, bar a usage-only one ([DONE]
+        never reaches here: `feed` holds it back)."""
         start = 0
         if not self._saw_token:
             first = _TOKEN.search(out)
@@ -85,10 +88,7 @@ class SSEForwarder:
                 return 0
             self._saw_token = True
             start = out.rfind(_DATA, 0, first.start())
-        events = out.count(_DATA, max(start, 0)) - self._textless
-        if out.endswith(b"[DONE]\n\n") or out.endswith(b"[DONE]\r\n\r\n"):
-            events -= 1
-        return events
+        return out.count(_DATA, max(start, 0)) - self._textless
 
     def _take_usage(self, out: bytes, sep: bytes) -> bytes:
         kept: list[bytes] = []
