@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from urllib.parse import unquote
 
 import httpx
@@ -25,7 +26,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from proxy import __version__
 from proxy.telemetry.otlpwire import encode_spans
 
-__all__ = ["OtlpSpanExporter", "otlp_settings"]
+__all__ = ["OtlpSettings", "OtlpSpanExporter", "otlp_settings"]
 
 _log = logging.getLogger("tokenweir")
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -47,7 +48,17 @@ def _headers(text: str | None) -> dict[str, str]:
     return headers
 
 
-def otlp_settings(environ: Mapping[str, str]) -> dict[str, object]:
+@dataclass(frozen=True, slots=True)
+class OtlpSettings:
+    endpoint: str
+    headers: dict[str, str]
+    timeout_s: float
+    gzip: bool
+    verify: str | bool  # a CA bundle's path, or the system's CAs
+    cert: str | tuple[str, str] | None
+
+
+def otlp_settings(environ: Mapping[str, str]) -> OtlpSettings:
     """Where and how to post spans, from the OTEL_* variables."""
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
     if not endpoint:
@@ -56,14 +67,14 @@ def otlp_settings(environ: Mapping[str, str]) -> dict[str, object]:
     timeout_ms = _setting(environ, "TIMEOUT")
     certificate = _setting(environ, "CLIENT_CERTIFICATE")
     key = _setting(environ, "CLIENT_KEY")
-    return {
-        "endpoint": endpoint,
-        "headers": _headers(_setting(environ, "HEADERS")),
-        "timeout_s": float(timeout_ms) / 1000.0 if timeout_ms else 10.0,
-        "gzip": (_setting(environ, "COMPRESSION") or "none").lower() == "gzip",
-        "verify": _setting(environ, "CERTIFICATE") or True,
-        "cert": (certificate, key) if certificate and key else certificate,
-    }
+    return OtlpSettings(
+        endpoint=endpoint,
+        headers=_headers(_setting(environ, "HEADERS")),
+        timeout_s=float(timeout_ms) / 1000.0 if timeout_ms else 10.0,
+        gzip=(_setting(environ, "COMPRESSION") or "none").lower() == "gzip",
+        verify=_setting(environ, "CERTIFICATE") or True,
+        cert=(certificate, key) if certificate and key else certificate,
+    )
 
 
 class OtlpSpanExporter(SpanExporter):
@@ -71,21 +82,18 @@ class OtlpSpanExporter(SpanExporter):
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         settings = otlp_settings(environ)
-        self.endpoint = str(settings["endpoint"])
-        self._timeout_s = float(settings["timeout_s"])  # type: ignore[arg-type]
-        self._gzip = bool(settings["gzip"])
+        self.endpoint = settings.endpoint
+        self._timeout_s = settings.timeout_s
+        self._gzip = settings.gzip
         headers = {
             "content-type": "application/x-protobuf",
             "user-agent": f"tokenweir/{__version__}",
-            **settings["headers"],  # type: ignore[dict-item]
+            **settings.headers,
         }
         if self._gzip:
             headers["content-encoding"] = "gzip"
         self._client = httpx.Client(
-            headers=headers,
-            timeout=self._timeout_s,
-            verify=settings["verify"],  # type: ignore[arg-type]
-            cert=settings["cert"],  # type: ignore[arg-type]
+            headers=headers, timeout=self._timeout_s, verify=settings.verify, cert=settings.cert
         )
         self._stopped = threading.Event()
 

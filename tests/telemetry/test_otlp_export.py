@@ -61,10 +61,10 @@ def test_settings_follow_the_specification() -> None:
             "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=1, b = x%3Dy ,broken",
         }
     )
-    assert settings["endpoint"] == "http://collector:4318/v1/traces"
-    assert settings["timeout_s"] == 2.5
-    assert settings["headers"] == {"a": "1", "b": "x=y"}
-    assert settings["gzip"] is False
+    assert settings.endpoint == "http://collector:4318/v1/traces"
+    assert settings.timeout_s == 2.5
+    assert settings.headers == {"a": "1", "b": "x=y"}
+    assert settings.gzip is False
     signal = otlp_settings(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
@@ -72,6 +72,6 @@ def test_settings_follow_the_specification() -> None:
             "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
         }
     )
-    assert signal["endpoint"] == "https://traces.example:443/custom"
-    assert signal["gzip"] is True
-    assert otlp_settings({})["endpoint"] == "http://localhost:4318/v1/traces"
+    assert signal.endpoint == "https://traces.example:443/custom"
+    assert signal.gzip is True
+    assert otlp_settings({}).endpoint == "http://localhost:4318/v1/traces"
