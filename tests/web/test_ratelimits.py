@@ -19,7 +19,9 @@ KEY = "tw-limits-key"
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
-def limits_policy_text(backend_url: str, limits: str, storage: str = "memory") -> str:
+def limits_policy_text(
+    backend_url: str, limits: str, storage: str = "memory", cache: str = "{}"
+) -> str:
     return f"""
 storage: {storage}
 backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
@@ -29,6 +31,7 @@ tenants:
     api_keys: [{hash_key(KEY)}]
     models: [mock-llm]
     limits: {limits}
+    cache: {cache}
 """
 
 

@@ -17,25 +17,9 @@ from starlette.types import ASGIApp, Message
 
 from proxy.app import create_app
 from proxy.policy import parse_policy
-from proxy.policy.units import hash_key
-
-KEY = "tw-release-key"
+from tests.web.test_ratelimits import KEY, limits_policy_text
 
 pytestmark = pytest.mark.anyio
-
-
-def policy_text(backend_url: str, storage: str) -> str:
-    return f"""
-storage: {storage}
-backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
-models: {{mock-llm: {{}}}}
-tenants:
-  app:
-    api_keys: [{hash_key(KEY)}]
-    models: [mock-llm]
-    limits: {{max_concurrent: 1}}
-    cache: {{mode: exact}}
-"""
 
 
 class Answer:
@@ -102,7 +86,8 @@ async def ask(
 async def test_the_next_request_finds_the_last_one_settled(
     backend_url: str, redis_url: str, storage: str, stream: bool
 ) -> None:
-    text = policy_text(backend_url, redis_url if storage == "redis" else "memory")
+    storage_url = redis_url if storage == "redis" else "memory"
+    text = limits_policy_text(backend_url, "{max_concurrent: 1}", storage_url, "{mode: exact}")
     app = create_app(parse_policy(text, environ={}))
     question = {
         "model": "mock-llm",
