@@ -21,10 +21,12 @@ prefixes (see mocksim.py). `fail_status` and `fail_after_tokens` apply the knobs
 name to every request that does not set them (a backend that always fails, or always dies).
 
 GET /mock/stats: streams_started, streams_completed (sent [DONE]), streams_cancelled (client left
-mid-stream), streams_aborted (mock_fail_after_tokens), requests_total (/v1 requests),
-requests_cancelled (client left before the answer began), tokens_sent, inflight, prefix_hits and
-prefix_misses (the simulated prefix cache), and the last /v1 request's parsed JSON body
-(`last_request`) and Authorization header (`last_authorization`).
+mid-stream), streams_aborted (mock_fail_after_tokens), requests_total (/v1 requests but the model
+listing), models_listed (GET /v1/models: gateways' health probes send it on their own clock, so it
+is kept out of requests_total), requests_cancelled (client left before the answer began),
+tokens_sent, inflight, prefix_hits and prefix_misses (the simulated prefix cache), and the last
+counted request's parsed JSON body (`last_request`) and Authorization header
+(`last_authorization`).
 """
 
 from __future__ import annotations
@@ -113,7 +115,9 @@ class MockBackend:
         if scope["type"] != "http":
             return
         path: str = scope["path"]
-        if path.startswith("/v1/"):
+        if path == "/v1/models" and scope["method"] == "GET":
+            self.stats.models_listed += 1
+        elif path.startswith("/v1/"):
             self.stats.requests_total += 1
             auth = dict(scope["headers"]).get(b"authorization")
             self.stats.last_authorization = None if auth is None else auth.decode("latin-1")

@@ -19,6 +19,7 @@ class MockStats:
     streams_cancelled: int = 0
     streams_aborted: int = 0
     requests_total: int = 0
+    models_listed: int = 0
     requests_cancelled: int = 0
     tokens_sent: int = 0
     inflight: int = 0

@@ -236,6 +236,17 @@ def test_models_lists_the_configured_models(sdk: openai.OpenAI) -> None:
     assert [model.id for model in sdk.models.list()] == ["mock-llm", "mock-embed"]
 
 
+def test_model_listings_are_counted_apart_from_requests(paced_url: str) -> None:
+    """A gateway's health probes list the models on their own clock; they must not move the
+    request count that tests and benchmarks read."""
+    with httpx.Client(base_url=paced_url) as http:
+        for _ in range(3):
+            http.get("/v1/models").raise_for_status()
+        http.post("/v1/chat/completions", json=CHAT | {"max_tokens": 1}).raise_for_status()
+        stats = http.get("/mock/stats").json()
+    assert (stats["requests_total"], stats["models_listed"]) == (1, 3)
+
+
 def test_errors_are_openai_shaped(fast_url: str) -> None:
     malformed = httpx.post(fast_url + "/v1/chat/completions", content=b"{not json")
     assert malformed.status_code == 400
