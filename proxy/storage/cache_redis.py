@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Any
 
 from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorRows
-from proxy.storage.redisconn import connect, translated
+from proxy.storage.redisconn import close, connect, script_client, translated
 
 __all__ = ["RedisCacheStore"]
 
@@ -27,11 +27,14 @@ def _script(name: str) -> str:
 
 
 class RedisCacheStore:
-    def __init__(self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
+    ) -> None:
         self._redis = connect(url, timeout_s=timeout_s, max_connections=max_connections)
-        self._get = self._redis.register_script(_script("cache_get.lua"))
-        self._put = self._redis.register_script(_script("cache_put.lua"))
-        self._forget = self._redis.register_script(_script("cache_forget.lua"))
+        self._scripts = script_client(url, self._redis, timeout_s=timeout_s, multiplex=multiplex)
+        self._get = self._scripts.register_script(_script("cache_get.lua"))
+        self._put = self._scripts.register_script(_script("cache_put.lua"))
+        self._forget = self._scripts.register_script(_script("cache_forget.lua"))
 
     async def get(self, tenant: str, key: str, *, now: float) -> bytes | None:
         prefix = _prefix(tenant)
@@ -75,10 +78,10 @@ class RedisCacheStore:
 
     async def ping(self) -> None:
         with translated("cache storage"):
-            await self._redis.ping()
+            await self._scripts.ping()
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        await close(self._redis, self._scripts)
 
 
 def _text(value: Any) -> str:

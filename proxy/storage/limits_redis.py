@@ -20,7 +20,7 @@ from proxy.storage.limits import (
     check_scope,
     judge,
 )
-from proxy.storage.redisconn import connect, translated
+from proxy.storage.redisconn import close, connect, script_client, translated
 
 __all__ = ["RedisLimitStore"]
 
@@ -37,15 +37,18 @@ class RedisLimitStore:
     """A burst of admissions beyond `max_connections` waits up to `timeout_s` for a connection
     instead of failing (redis-py's default pool raises at its 100th concurrent command)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
+    ) -> None:
         self._redis = connect(url, timeout_s=timeout_s, max_connections=max_connections)
-        self._admit = self._redis.register_script(_script("admit.lua", bucket_prelude=True))
-        self._settle = self._redis.register_script(
+        self._scripts = script_client(url, self._redis, timeout_s=timeout_s, multiplex=multiplex)
+        self._admit = self._scripts.register_script(_script("admit.lua", bucket_prelude=True))
+        self._settle = self._scripts.register_script(
             _script("limits_settle.lua", bucket_prelude=True)
         )
-        self._peek = self._redis.register_script(_script("limits_peek.lua", bucket_prelude=True))
-        self._release = self._redis.register_script(_script("limits_release.lua"))
-        self._renew = self._redis.register_script(_script("limits_renew.lua"))
+        self._peek = self._scripts.register_script(_script("limits_peek.lua", bucket_prelude=True))
+        self._release = self._scripts.register_script(_script("limits_release.lua"))
+        self._renew = self._scripts.register_script(_script("limits_renew.lua"))
 
     async def admit(
         self,
@@ -104,7 +107,7 @@ class RedisLimitStore:
 
     async def ping(self) -> None:
         with translated():
-            await self._redis.ping()
+            await self._scripts.ping()
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        await close(self._redis, self._scripts)

@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Any
 
 from proxy.storage.base import Counter, Refusal
-from proxy.storage.redisconn import Call, connect, send_all, translated
+from proxy.storage.redisconn import Call, close, connect, script_client, send_all, translated
 
 __all__ = ["RedisStore"]
 
@@ -27,11 +27,14 @@ class RedisStore:
     """A burst beyond `max_connections` waits up to `timeout_s` for a connection instead of
     failing (redis-py's default pool raises at its 100th concurrent command)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
+    ) -> None:
         self._redis = connect(url, timeout_s=timeout_s, max_connections=max_connections)
-        self._reserve = self._redis.register_script(_script("reserve.lua", prelude=True))
-        self._settle = self._redis.register_script(_script("settle.lua", prelude=True))
-        self._renew = self._redis.register_script(_script("renew.lua"))
+        self._scripts = script_client(url, self._redis, timeout_s=timeout_s, multiplex=multiplex)
+        self._reserve = self._scripts.register_script(_script("reserve.lua", prelude=True))
+        self._settle = self._scripts.register_script(_script("settle.lua", prelude=True))
+        self._renew = self._scripts.register_script(_script("renew.lua"))
 
     async def reserve(
         self,
@@ -73,10 +76,10 @@ class RedisStore:
 
     async def ping(self) -> None:
         with translated():
-            await self._redis.ping()
+            await self._scripts.ping()
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        await close(self._redis, self._scripts)
 
 
 def _used_and_reserved(key: str) -> Call:

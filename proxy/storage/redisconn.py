@@ -25,10 +25,23 @@ from proxy.storage.redisurl import (
     parse_cluster_url,
     parse_sentinel_url,
 )
+from proxy.storage.resp import Multiplexed, can_multiplex
 
-__all__ = ["REDIS_ERRORS", "Call", "RedisClient", "connect", "send_all", "translated"]
+__all__ = [
+    "REDIS_ERRORS",
+    "Call",
+    "RedisClient",
+    "ScriptClient",
+    "close",
+    "connect",
+    "script_client",
+    "send_all",
+    "translated",
+]
 
 RedisClient: TypeAlias = aioredis.Redis | RedisCluster
+ScriptClient: TypeAlias = RedisClient | Multiplexed
+"""What runs a store's Lua scripts: `register_script(text)`, then `await script(keys=, args=)`."""
 Call: TypeAlias = Callable[[Any], Awaitable[Any]]
 """One command or script call, sent with (or queued on) the client or pipeline it is given."""
 
@@ -66,6 +79,24 @@ def connect(
         decode_responses=decode_responses,
     )
     return aioredis.Redis.from_pool(pool)
+
+
+def script_client(
+    url: str, client: RedisClient, *, timeout_s: float, multiplex: bool = True
+) -> ScriptClient:
+    """Where the request path's scripts go: one multiplexed connection on a plain redis:// URL
+    (resp.py), else (or with `multiplex=False`) `client`, the store's redis-py client."""
+    if multiplex and can_multiplex(url):
+        return Multiplexed(url, timeout_s=timeout_s)
+    return client
+
+
+async def close(client: RedisClient, scripts: ScriptClient) -> None:
+    try:
+        if scripts is not client:
+            await scripts.aclose()
+    finally:
+        await client.aclose()
 
 
 @contextmanager

@@ -1,0 +1,184 @@
+"""The request path's Redis client: one connection per store, shared by every request.
+
+Redis answers the commands of one connection in the order they came, so a command needs no
+connection of its own: it is written at once and its reply is the next one unclaimed. Requests
+in flight together pipeline without asking to (one write and one read serve many), and a
+rate-limit admission costs about 0.4 of the client CPU it does through redis-py's pool (36
+against 91 µs; benchmarks/redis_calls.py, docs/benchmarks.md).
+
+Used for the stores' Lua scripts on plain `redis://` URLs; TLS, Sentinel and Cluster URLs, and
+every other command, go through redis-py (redisconn.py). Errors are redis-py's exception types,
+so `translated` turns them into StorageError as it does redis-py's own. A call is sent once and
+never again: a reply lost with its connection fails the call (the script may have run), a reply
+later than `timeout_s` fails it with TimeoutError and is dropped when it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import hiredis
+from redis.asyncio.connection import parse_url
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+__all__ = ["Multiplexed", "MultiplexedScript", "can_multiplex"]
+
+_Arg = str | bytes | int | float
+
+
+def can_multiplex(url: str) -> bool:
+    """True for a plain one-server TCP URL without options: redis://[user:password@]host[:port][/db]."""
+    return url.startswith("redis://") and "?" not in url
+
+
+class _Replies(asyncio.Protocol):
+    """One connection: replies parsed as they arrive, each handed to the oldest waiting call."""
+
+    def __init__(self) -> None:
+        self._reader = hiredis.Reader(replyError=ResponseError)
+        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.transport: asyncio.Transport  # from connection_made, before any send
+        self.lost: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        waiting = self.waiting
+        while (reply := self._reader.gets()) is not False:
+            call = waiting.popleft()
+            if call.done():  # timed out or cancelled: its reply is dropped
+                continue
+            if isinstance(reply, ResponseError):
+                call.set_exception(reply)
+            else:
+                call.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = RedisConnectionError(f"connection to Redis lost: {exc or 'closed by Redis'}")
+        while self.waiting:
+            call = self.waiting.popleft()
+            if not call.done():
+                call.set_exception(self.lost)
+
+    def send(self, command: bytes) -> asyncio.Future[Any]:
+        call: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiting.append(call)
+        self.transport.write(command)
+        return call
+
+
+class Multiplexed:
+    """Connects on its first call and again on the first call after losing its connection."""
+
+    def __init__(self, url: str, *, timeout_s: float) -> None:
+        if not can_multiplex(url):
+            raise ValueError(f"not a plain redis:// URL: {url!r}")
+        options = parse_url(url)
+        self._host = str(options.get("host", "localhost"))
+        self._port = int(options.get("port", 6379))
+        self._hello = _hello(options)
+        self._timeout_s = timeout_s
+        self._open: _Replies | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    async def execute(self, *args: _Arg) -> Any:
+        connection = self._open
+        if connection is None or connection.lost is not None:
+            connection = await self._connect()
+        return await self._answer(connection, _pack(args))
+
+    def register_script(self, text: str) -> MultiplexedScript:
+        return MultiplexedScript(self, text)
+
+    async def ping(self) -> None:
+        await self.execute("PING")
+
+    async def aclose(self) -> None:
+        connection, self._open = self._open, None
+        if connection is not None:
+            connection.transport.close()
+
+    async def _answer(self, connection: _Replies, command: bytes) -> Any:
+        call = connection.send(command)
+        expiry = asyncio.get_running_loop().call_later(self._timeout_s, _expire, call, self)
+        try:
+            return await call
+        finally:
+            expiry.cancel()
+
+    async def _connect(self) -> _Replies:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            connection = self._open
+            if connection is not None and connection.lost is None:
+                return connection  # another call connected while this one waited
+            loop = asyncio.get_running_loop()
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    _, connection = await loop.create_connection(_Replies, self._host, self._port)
+            except (OSError, TimeoutError) as exc:
+                raise RedisConnectionError(
+                    f"Error connecting to {self._host}:{self._port}: {exc or 'timed out'}"
+                ) from exc
+            try:
+                for command in self._hello:
+                    await self._answer(connection, command)
+            except BaseException:
+                connection.transport.close()  # refused credentials or database, or no answer
+                raise
+            self._open = connection
+            return connection
+
+    def __str__(self) -> str:
+        return f"{self._host}:{self._port} within {self._timeout_s} s"
+
+
+def _pack(args: Sequence[_Arg]) -> bytes:
+    # hiredis's stub types a command as a one-element tuple: it takes any number of parts.
+    packed: bytes = hiredis.pack_command(cast(Any, tuple(args)))
+    return packed
+
+
+def _hello(options: Mapping[str, object]) -> list[bytes]:
+    """What a new connection sends before any call: AUTH and SELECT, as the URL asks."""
+    commands: list[bytes] = []
+    if options.get("password") is not None:
+        user = options.get("username")
+        password = str(options["password"])
+        auth = ("AUTH", str(user), password) if user else ("AUTH", password)
+        commands.append(_pack(auth))
+    if int(str(options.get("db", 0))):
+        commands.append(_pack(("SELECT", int(str(options["db"])))))
+    return commands
+
+
+def _expire(call: asyncio.Future[Any], where: Multiplexed) -> None:
+    if not call.done():
+        call.set_exception(RedisTimeoutError(f"Timeout: no answer from Redis at {where} in time"))
+
+
+class MultiplexedScript:
+    """A Lua script called as redis-py's registered scripts are: `await script(keys=, args=)`.
+    EVALSHA first; EVAL (which also loads it) when the server does not know it yet."""
+
+    def __init__(self, client: Multiplexed, text: str) -> None:
+        self._client = client
+        self._text = text
+        self._sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+    async def __call__(self, keys: Sequence[_Arg] = (), args: Sequence[_Arg] = ()) -> Any:
+        try:
+            return await self._client.execute("EVALSHA", self._sha, len(keys), *keys, *args)
+        except ResponseError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        return await self._client.execute("EVAL", self._text, len(keys), *keys, *args)
