@@ -15,7 +15,6 @@ Results: benchmarks/results/budgets.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 import httpx
-from harness import KEY, RESULTS, Process, Samples, bench, policy_for, started, warm_up
+from harness import KEY, Process, Samples, bench, policy_for, publish, started, warm_up
 
 QWEN = (
     Path(__file__).resolve().parents[2]
@@ -155,11 +154,7 @@ def main() -> int:
         with gateways("750", Path(tmp)) as (plain, budgeted):
             print("stalls ...", file=sys.stderr, flush=True)
             report["stalls"] = stalls(plain, budgeted, args.repeats)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "budgets.json").write_text(json.dumps(report, indent=2) + "\n")
-    table = markdown(report)
-    (RESULTS / "budgets.md").write_text(table)
-    print(table)
+    publish("budgets", report, markdown(report))
     return 0
 
 

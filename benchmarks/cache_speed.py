@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import KEY, RESULTS, Process, cell, policy_for, redis_for, started, table
+from harness import KEY, Process, cell, policy_for, publish, redis_for, started, table
 
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
@@ -258,12 +258,8 @@ def main() -> int:
     parser.add_argument("--rows", default="10000,100000")
     parser.add_argument("--queries", type=int, default=500)
     args = parser.parse_args()
-    RESULTS.mkdir(exist_ok=True)
     report = run(args)
-    (RESULTS / "cache-speed.json").write_text(json.dumps(report, indent=2) + "\n")
-    text = markdown(report)
-    (RESULTS / "cache-speed.md").write_text(text)
-    print(text)
+    publish("cache-speed", report, markdown(report))
     return 0
 
 

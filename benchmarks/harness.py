@@ -29,6 +29,15 @@ KEY = "bench-key"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
+def publish(name: str, report: dict[str, Any], text: str) -> None:
+    """results/NAME.json (the report) and results/NAME.md (its table, which run.py puts into
+    docs/benchmarks.md), and the table on stdout."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(text, encoding="utf-8")
+    print(text)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -43,6 +43,7 @@ from harness import (
     bench_command,
     cell,
     policy_for,
+    publish,
     started,
     table,
     warm_up,
@@ -230,10 +231,7 @@ def main() -> int:
         if args.features != "off":
             report["otlp_exports_received"] = sink.received  # type: ignore[attr-defined]
     suffix = "" if args.features == "off" else f"-{args.features}"
-    (RESULTS / f"overhead{suffix}.json").write_text(json.dumps(report, indent=2) + "\n")
-    table = markdown(report)
-    (RESULTS / f"overhead{suffix}.md").write_text(table)
-    print(table)
+    publish(f"overhead{suffix}", report, markdown(report))
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from contextlib import AbstractContextManager
@@ -25,7 +24,7 @@ from typing import Any
 
 import httpx
 import redis
-from harness import KEY, RESULTS, Process, Samples, bench, policy_for, started, warm_up
+from harness import KEY, Process, Samples, bench, policy_for, publish, started, warm_up
 
 from tests.redis_server import private_redis
 
@@ -147,11 +146,7 @@ def main() -> int:
                     report["accuracy"].append(accuracy(urls, 300, 10.0, 100.0))
                 with redis.Redis.from_url(redis_url) as admin:
                     admin.flushdb()  # the next run starts with a full bucket
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ratelimits.json").write_text(json.dumps(report, indent=2) + "\n")
-    table = markdown(report)
-    (RESULTS / "ratelimits.md").write_text(table)
-    print(table)
+    publish("ratelimits", report, markdown(report))
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -28,7 +27,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 import httpx
-from harness import KEY, RESULTS, Process, Samples, cell, started, table
+from harness import KEY, Process, Samples, cell, publish, started, table
 
 from proxy.policy.units import hash_key
 
@@ -191,10 +190,7 @@ def main() -> int:
         "replica": REPLICA_ARGS,
     }  # fmt: skip
     report["strategies"] = run(args.repeats, args.requests, args.concurrency)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "routing.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "routing.md").write_text(markdown(report))
-    print(markdown(report))
+    publish("routing", report, markdown(report))
     return 0
 
 
