@@ -1,10 +1,11 @@
 """The request path's Redis client: one connection per store, shared by every request.
 
 Redis answers the commands of one connection in the order they came, so a command needs no
-connection of its own: it is written at once and its reply is the next one unclaimed. Requests
-in flight together pipeline without asking to (one write and one read serve many), and a
-rate-limit admission costs about 0.4 of the client CPU it does through redis-py's pool (36
-against 91 µs; benchmarks/redis_calls.py, docs/benchmarks.md).
+connection of its own: it is written in the same turn of the event loop (with every other
+command of that turn, in one write) and its reply is the next one unclaimed. Requests in flight
+together pipeline without asking to (one write and one read serve many), and a rate-limit
+admission costs about a third of the client CPU it does through redis-py's pool (30 against
+86 µs; benchmarks/redis_calls.py, docs/benchmarks.md).
 
 Used for the stores' Lua scripts on plain `redis://` URLs; TLS, Sentinel and Cluster URLs, and
 every other command, go through redis-py (redisconn.py). Errors are redis-py's exception types,
@@ -45,6 +46,7 @@ class _Replies(asyncio.Protocol):
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.transport: asyncio.Transport  # from connection_made, before any send
         self.lost: BaseException | None = None
+        self._unsent: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -69,10 +71,19 @@ class _Replies(asyncio.Protocol):
                 call.set_exception(self.lost)
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
-        call: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        """Commands sent in one turn of the event loop go out in one write, at its end."""
+        loop = asyncio.get_running_loop()
+        call: asyncio.Future[Any] = loop.create_future()
         self.waiting.append(call)
-        self.transport.write(command)
+        if not self._unsent:
+            loop.call_soon(self._write)
+        self._unsent.append(command)
         return call
+
+    def _write(self) -> None:
+        unsent, self._unsent = self._unsent, []
+        if self.lost is None:  # else connection_lost has failed their calls
+            self.transport.write(b"".join(unsent))
 
 
 class Multiplexed:
