@@ -7,23 +7,28 @@ together pipeline without asking to (one write and one read serve many), and a r
 admission costs about a third of the client CPU it does through redis-py's pool (30 against
 86 µs; benchmarks/redis_calls.py, docs/benchmarks.md).
 
-Used for the stores' Lua scripts on plain `redis://` URLs; TLS, Sentinel and Cluster URLs, and
-every other command, go through redis-py (redisconn.py). Errors are redis-py's exception types,
-so `translated` turns them into StorageError as it does redis-py's own. A call is sent once and
-never again: a reply lost with its connection fails the call (the script may have run), a reply
-later than `timeout_s` fails it with TimeoutError and is dropped when it comes.
+Used for the stores' Lua scripts on one-server `redis://` and `rediss://` URLs (can_multiplex);
+Sentinel and Cluster URLs, and every other command, go through redis-py (redisconn.py). Errors
+are redis-py's exception types, so `translated` turns them into StorageError as it does
+redis-py's own. A call is sent once and never again: a reply lost with its connection fails the
+call (the script may have run); a call with no reply within `timeout_s` fails with TimeoutError
+and closes the connection, failing the calls queued behind it at once (they could not have been
+answered first); the next call connects again. A cancelled call's reply is dropped when it
+comes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
+import ssl
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import hiredis
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import RedisSSLContext, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -33,9 +38,29 @@ __all__ = ["Multiplexed", "MultiplexedScript", "can_multiplex"]
 _Arg = str | bytes | int | float
 
 
+# What a URL may say for the multiplexed client to honour all of it: the server, the login and
+# database, and (rediss://) redis-py's TLS options, applied through redis-py's own TLS context.
+_OWN_OPTIONS = frozenset({"host", "port", "db", "username", "password", "connection_class"})
+_TLS_OPTIONS = frozenset(inspect.signature(RedisSSLContext).parameters)
+
+
 def can_multiplex(url: str) -> bool:
-    """True for a plain one-server TCP URL without options: redis://[user:password@]host[:port][/db]."""
-    return url.startswith("redis://") and "?" not in url
+    """True for one server over TCP, redis://[[user]:password@]host[:port][/db], or rediss://
+    with nothing but `ssl_*` options (ssl_ca_certs, ssl_cert_reqs, ssl_check_hostname, ...)."""
+    if not url.startswith(("redis://", "rediss://")):
+        return False
+    return all(
+        key in _OWN_OPTIONS or (key.startswith("ssl_") and key[4:] in _TLS_OPTIONS)
+        for key in parse_url(url)
+    )
+
+
+def _tls_context(options: Mapping[str, object]) -> ssl.SSLContext:
+    """The context redis-py's SSLConnection would use: certificates required and the host name
+    checked unless the URL says otherwise."""
+    settings: dict[str, Any] = {"cert_reqs": "required", "check_hostname": True}
+    settings |= {key[4:]: value for key, value in options.items() if key.startswith("ssl_")}
+    return RedisSSLContext(**settings).get()
 
 
 class _Replies(asyncio.Protocol):
@@ -64,7 +89,9 @@ class _Replies(asyncio.Protocol):
                 call.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = RedisConnectionError(f"connection to Redis lost: {exc or 'closed by Redis'}")
+        if self.lost is None:
+            reason = exc or "closed by Redis"
+            self.lost = RedisConnectionError(f"connection to Redis lost: {reason}")
         while self.waiting:
             call = self.waiting.popleft()
             if not call.done():
@@ -80,6 +107,19 @@ class _Replies(asyncio.Protocol):
         self._unsent.append(command)
         return call
 
+    def expire(self, call: asyncio.Future[Any], where: Multiplexed) -> None:
+        """`call` had no reply in time: it fails, and so does the connection, since every
+        later call waits behind it (replies come in order). A host gone without a word (no
+        FIN, no RST) is thus left within one timeout, and the next call connects afresh."""
+        if call.done():
+            return
+        call.set_exception(RedisTimeoutError(f"Timeout: no answer from Redis at {where}"))
+        if self.lost is None:
+            self.lost = RedisConnectionError(
+                f"connection to Redis closed: an earlier call had no answer from {where}"
+            )
+            self.transport.close()  # connection_lost fails the calls behind it
+
     def _write(self) -> None:
         unsent, self._unsent = self._unsent, []
         if self.lost is None:  # else connection_lost has failed their calls
@@ -91,8 +131,9 @@ class Multiplexed:
 
     def __init__(self, url: str, *, timeout_s: float) -> None:
         if not can_multiplex(url):
-            raise ValueError(f"not a plain redis:// URL: {url!r}")
+            raise ValueError(f"not a one-server redis:// or rediss:// URL: {url!r}")
         options = parse_url(url)
+        self._tls = _tls_context(options) if url.startswith("rediss://") else None
         self._host = str(options.get("host", "localhost"))
         self._port = int(options.get("port", 6379))
         self._hello = _hello(options)
@@ -119,7 +160,9 @@ class Multiplexed:
 
     async def _answer(self, connection: _Replies, command: bytes) -> Any:
         call = connection.send(command)
-        expiry = asyncio.get_running_loop().call_later(self._timeout_s, _expire, call, self)
+        expiry = asyncio.get_running_loop().call_later(
+            self._timeout_s, connection.expire, call, self
+        )
         try:
             return await call
         finally:
@@ -135,7 +178,9 @@ class Multiplexed:
             loop = asyncio.get_running_loop()
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    _, connection = await loop.create_connection(_Replies, self._host, self._port)
+                    _, connection = await loop.create_connection(
+                        _Replies, self._host, self._port, ssl=self._tls
+                    )
             except (OSError, TimeoutError) as exc:
                 raise RedisConnectionError(
                     f"Error connecting to {self._host}:{self._port}: {exc or 'timed out'}"
@@ -170,11 +215,6 @@ def _hello(options: Mapping[str, object]) -> list[bytes]:
     if int(str(options.get("db", 0))):
         commands.append(_pack(("SELECT", int(str(options["db"])))))
     return commands
-
-
-def _expire(call: asyncio.Future[Any], where: Multiplexed) -> None:
-    if not call.done():
-        call.set_exception(RedisTimeoutError(f"Timeout: no answer from Redis at {where} in time"))
 
 
 class MultiplexedScript:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -14,7 +15,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from proxy.storage.limits import SlotPool
+from proxy.storage.limits_redis import RedisLimitStore
 from proxy.storage.resp import Multiplexed, can_multiplex
+from tests.certs import self_signed
 from tests.redis_server import RedisProcess, frozen
 from tests.servers import free_port
 
@@ -41,14 +45,15 @@ def url_of(server: RedisProcess, db: int = 0, password: str = "") -> str:
     )
 
 
-def test_only_plain_one_server_urls_are_multiplexed() -> None:
+def test_only_one_server_urls_it_can_honour_are_multiplexed() -> None:
     assert can_multiplex("redis://:pw@10.0.0.1:6380/2")
+    assert can_multiplex("rediss://h:6379/0?ssl_ca_certs=/etc/ca.pem&ssl_check_hostname=false")
     for url in (
-        "rediss://h:6379/0",
         "redis+sentinel://h:26379/primary",
         "redis+cluster://h:7000",
         "unix:///run/redis.sock",
         "redis://h:6379/0?socket_timeout=5",
+        "rediss://h:6379/0?ssl_ca_certs=/etc/ca.pem&protocol=3",
     ):
         assert not can_multiplex(url)
 
@@ -107,18 +112,76 @@ async def test_an_error_reply_fails_its_call_only(server: RedisProcess) -> None:
     assert results[2] == b"after"
 
 
-async def test_a_late_reply_is_dropped_not_handed_to_the_next_call(server: RedisProcess) -> None:
+async def test_a_call_with_no_answer_in_time_fails_with_the_calls_behind_it(
+    server: RedisProcess,
+) -> None:
     client = Multiplexed(url_of(server), timeout_s=0.3)
     try:
         await client.ping()
         with frozen(url_of(server), 1):
             began = time.monotonic()
+            first = asyncio.ensure_future(client.execute("ECHO", "first"))
+            await asyncio.sleep(0.1)
+            behind = asyncio.ensure_future(client.execute("ECHO", "behind"))
             with pytest.raises(RedisTimeoutError, match="Timeout"):
-                await client.execute("ECHO", "late")
-            assert time.monotonic() - began < 0.6
+                await first
+            with pytest.raises(RedisConnectionError, match="no answer"):
+                await behind  # failed with the first, not 0.1 s later by its own timeout
+            assert time.monotonic() - began < 0.39
         assert await client.execute("ECHO", "next") == b"next"
     finally:
         await client.aclose()
+
+
+async def test_a_cancelled_calls_reply_is_dropped_not_handed_to_the_next_call(
+    server: RedisProcess,
+) -> None:
+    client = Multiplexed(url_of(server), timeout_s=5)
+    try:
+        await client.ping()
+        with frozen(url_of(server), 1):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(client.execute("ECHO", "cancelled"), 0.2)
+        assert await client.execute("ECHO", "next") == b"next"
+    finally:
+        await client.aclose()
+
+
+async def test_a_connection_to_a_host_gone_silent_is_left_for_a_new_one(
+    server: RedisProcess,
+) -> None:
+    """The first connection is swallowed (no reply, no FIN, no RST, as when a host drops off
+    the network); later ones reach Redis. Only one call's timeout is lost."""
+    handlers: list[asyncio.Task[None]] = []
+
+    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while data := await source.read(65536):
+            sink.write(data)
+        sink.close()
+        await sink.wait_closed()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+        if len(handlers) == 1:
+            await reader.read()  # swallow everything until the client leaves
+            writer.close()
+            await writer.wait_closed()
+            return
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", server.port)
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    relay_server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    port = relay_server.sockets[0].getsockname()[1]
+    client = Multiplexed(f"redis://127.0.0.1:{port}/0", timeout_s=0.3)
+    try:
+        with pytest.raises(RedisTimeoutError):
+            await client.ping()
+        assert await client.execute("ECHO", "reached") == b"reached"
+        assert len(handlers) == 2
+    finally:
+        await client.aclose()
+        relay_server.close()
+        await asyncio.gather(*handlers)
 
 
 async def test_a_lost_connection_fails_its_calls_and_the_next_call_reconnects(
@@ -151,3 +214,50 @@ async def test_a_refused_connection_fails_at_once() -> None:
         await client.ping()
     assert time.monotonic() - began < 0.5
     await client.aclose()
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A redis-server speaking TLS on a second port; yields its rediss:// URL and its CA."""
+    cert, key = self_signed(tmp_path)
+    port = free_port()
+    process = RedisProcess(
+        ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+         "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
+    )  # fmt: skip
+    process.start()
+    try:
+        yield f"rediss://127.0.0.1:{port}/0", cert
+    finally:
+        process.close()
+
+
+async def test_it_speaks_tls_checking_the_servers_certificate(
+    tls_server: tuple[str, Path],
+) -> None:
+    url, ca = tls_server
+    client = Multiplexed(f"{url}?ssl_ca_certs={ca}", timeout_s=2)
+    try:
+        assert await client.execute("ECHO", "over tls") == b"over tls"
+    finally:
+        await client.aclose()
+    untrusting = Multiplexed(url, timeout_s=2)  # the system's CAs do not know this server
+    with pytest.raises(RedisConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+        await untrusting.ping()
+    await untrusting.aclose()
+
+
+async def test_the_stores_run_their_scripts_over_tls(tls_server: tuple[str, Path]) -> None:
+    url, ca = tls_server
+    limits = RedisLimitStore(f"{url}?ssl_ca_certs={ca}")
+    pool = SlotPool("tw:{t}:slots", 1)
+    try:
+        first = await limits.admit(
+            "tw:{t}", [], [], [pool], lease_id="a", lease_until=time.time() + 60, now=time.time()
+        )
+        second = await limits.admit(
+            "tw:{t}", [], [], [pool], lease_id="b", lease_until=time.time() + 60, now=time.time()
+        )
+    finally:
+        await limits.aclose()
+    assert (first.admitted, second.admitted) == (True, False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from proxy.upstream.deadline import FirstByteTimeout
 from proxy.upstream.transport import PooledTransport
+from tests.certs import self_signed
 from tests.upstream.rawserver import RawServer, read_request
 
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -116,23 +116,12 @@ async def test_a_request_may_carry_its_own_first_byte_timeout() -> None:
         assert time.monotonic() - began < 1.5
 
 
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
 @pytest.mark.anyio
 async def test_https_backends_get_the_first_byte_timeout_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """https goes to httpx's own transport; the timeout wraps it, for headers and first chunk."""
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # httpx trusts our certificate
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert, key)

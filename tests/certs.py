@@ -1,0 +1,18 @@
+"""Certificates for TLS tests, made with the openssl command line (no network, no packages)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """(certificate, key) for 127.0.0.1, valid one day; the certificate is its own CA."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
