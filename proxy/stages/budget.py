@@ -125,6 +125,9 @@ class Budgets:
         per_million = self._prices.cost_nusd(model, 0, 1_000_000)
         return room * 1_000_000 // per_million if per_million else DEFAULT_OUTPUT_BOUND
 
+    def holding(self, ctx: RequestContext) -> bool:
+        return ctx.reservation is not None
+
     async def settle(self, ctx: RequestContext) -> None:
         """Release the reservation and book what was really used; runs once, in `finally`."""
         reservation, ctx.reservation = ctx.reservation, None

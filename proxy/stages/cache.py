@@ -87,6 +87,9 @@ class ResponseCache:
         ctx.input_tokens = answer.prompt_tokens if charged else 0
         ctx.output_tokens = answer.completion_tokens if charged else 0
 
+    def holding(self, ctx: RequestContext) -> bool:
+        return ctx.cache_plan is not None
+
     async def settle(self, ctx: RequestContext) -> None:
         """Store a miss's answer if it is complete; a failed or cut-off one never is."""
         plan, ctx.cache_plan = ctx.cache_plan, None

@@ -20,6 +20,7 @@ from proxy.policy.model import Limits, LimitSet
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.base import StorageError
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
+from proxy.together import together
 
 __all__ = ["BackendLimits", "RateLimitHold", "RateLimits", "format_reset"]
 
@@ -110,26 +111,43 @@ class RateLimits:
             hold.renewer = asyncio.create_task(self._keep_leased(hold))
         ctx.rate_limits.append(hold)
 
-    async def settle(self, ctx: RequestContext) -> None:
-        """Free the slots and true the token buckets up to real usage; runs once, in `finally`."""
-        holds, ctx.rate_limits = ctx.rate_limits, []
-        for hold in holds:
-            await self._settle(ctx, hold)
+    def holding(self, ctx: RequestContext) -> bool:
+        return bool(ctx.rate_limits)
 
-    async def _settle(self, ctx: RequestContext, hold: RateLimitHold) -> None:
-        if hold.renewer is not None:
-            hold.renewer.cancel()
-        try:
+    async def settle(self, ctx: RequestContext) -> None:
+        """Free the slots and true the token buckets up to real usage, all at once; runs once,
+        in `finally`."""
+        holds, ctx.rate_limits = ctx.rate_limits, []
+        used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
+        now = self._clock.wall()
+        calls: list[Awaitable[None]] = []
+        for hold in holds:
+            if hold.renewer is not None:
+                hold.renewer.cancel()
             if hold.slots:
-                await self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
-                self._wake_next(hold.scope)
-            used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
-            for bucket, charged in hold.token_buckets:
-                if used != charged:
-                    now = self._clock.wall()
-                    await self._store.settle(hold.scope, bucket, used - charged, now=now)
+                calls.append(self._release(ctx, hold))
+            calls += [
+                self._true_up(ctx, hold.scope, bucket, used - charged, now)
+                for bucket, charged in hold.token_buckets
+                if used != charged
+            ]
+        await together(calls)
+
+    async def _release(self, ctx: RequestContext, hold: RateLimitHold) -> None:
+        try:
+            await self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
         except StorageError as exc:
-            _log.warning("could not settle rate limits for %s: %s", ctx.tenant_name, exc)
+            _log.warning("could not free the slots of %s: %s", ctx.tenant_name, exc)
+        else:
+            self._wake_next(hold.scope)
+
+    async def _true_up(
+        self, ctx: RequestContext, scope: str, bucket: Bucket, delta: int, now: float
+    ) -> None:
+        try:
+            await self._store.settle(scope, bucket, delta, now=now)
+        except StorageError as exc:
+            _log.warning("could not true up the token bucket of %s: %s", ctx.tenant_name, exc)
 
     async def _admit(
         self,

@@ -79,6 +79,9 @@ class Route:
             routed.health.circuit.succeeded()
             return backend, response
 
+    def holding(self, ctx: RequestContext) -> bool:
+        return ctx.route is not None
+
     async def settle(self, ctx: RequestContext) -> None:
         """Release the backend and record how it served; runs once, in `finally`."""
         routed, ctx.route = ctx.route, None
