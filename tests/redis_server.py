@@ -46,7 +46,11 @@ class RedisProcess:
              "--enable-debug-command", "local", *self._args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()  # a server that never answered is not left running
+            raise
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, as when a host dies."""
