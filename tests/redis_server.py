@@ -10,9 +10,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import redis
+
+from tests.certs import self_signed
 
 
 def _free_port() -> int:
@@ -90,6 +93,24 @@ def private_redis() -> Iterator[str]:
     try:
         server.start()
         yield server.url
+    finally:
+        server.close()
+
+
+@contextmanager
+def tls_redis(directory: Path) -> Iterator[tuple[RedisProcess, str]]:
+    """A redis-server that also speaks TLS, on a second port, with a self-signed certificate
+    made in `directory`. Yields the server (its `url` is the plain port) and a rediss:// URL
+    that trusts that certificate."""
+    cert, key = self_signed(directory)
+    port = _free_port()
+    server = RedisProcess(
+        ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+         "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
+    )  # fmt: skip
+    try:
+        server.start()
+        yield server, f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
     finally:
         server.close()
 

@@ -18,8 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from proxy.storage.limits import SlotPool
 from proxy.storage.limits_redis import RedisLimitStore
 from proxy.storage.resp import Multiplexed, can_multiplex
-from tests.certs import self_signed
-from tests.redis_server import RedisProcess, frozen
+from tests.redis_server import RedisProcess, frozen, tls_redis
 from tests.servers import free_port
 
 pytestmark = pytest.mark.anyio
@@ -217,39 +216,25 @@ async def test_a_refused_connection_fails_at_once() -> None:
 
 
 @pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A redis-server speaking TLS on a second port; yields its rediss:// URL and its CA."""
-    cert, key = self_signed(tmp_path)
-    port = free_port()
-    process = RedisProcess(
-        ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-         "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
-    )  # fmt: skip
-    process.start()
-    try:
-        yield f"rediss://127.0.0.1:{port}/0", cert
-    finally:
-        process.close()
+def tls_url(tmp_path: Path) -> Iterator[str]:
+    with tls_redis(tmp_path) as (_, url):
+        yield url
 
 
-async def test_it_speaks_tls_checking_the_servers_certificate(
-    tls_server: tuple[str, Path],
-) -> None:
-    url, ca = tls_server
-    client = Multiplexed(f"{url}?ssl_ca_certs={ca}", timeout_s=2)
+async def test_it_speaks_tls_checking_the_servers_certificate(tls_url: str) -> None:
+    client = Multiplexed(tls_url, timeout_s=2)
     try:
         assert await client.execute("ECHO", "over tls") == b"over tls"
     finally:
         await client.aclose()
-    untrusting = Multiplexed(url, timeout_s=2)  # the system's CAs do not know this server
+    untrusting = Multiplexed(tls_url.split("?")[0], timeout_s=2)  # unknown to the system's CAs
     with pytest.raises(RedisConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
         await untrusting.ping()
     await untrusting.aclose()
 
 
-async def test_the_stores_run_their_scripts_over_tls(tls_server: tuple[str, Path]) -> None:
-    url, ca = tls_server
-    limits = RedisLimitStore(f"{url}?ssl_ca_certs={ca}")
+async def test_the_stores_run_their_scripts_over_tls(tls_url: str) -> None:
+    limits = RedisLimitStore(tls_url)
     pool = SlotPool("tw:{t}:slots", 1)
     try:
         first = await limits.admit(
