@@ -140,6 +140,7 @@ class Multiplexed:
         self._timeout_s = timeout_s
         self._open: _Replies | None = None
         self._connecting: asyncio.Lock | None = None
+        self._closed = False
 
     async def execute(self, *args: _Arg) -> Any:
         connection = self._open
@@ -154,6 +155,8 @@ class Multiplexed:
         await self.execute("PING")
 
     async def aclose(self) -> None:
+        """Closes the connection; a later call fails (ConnectionError) instead of reopening it."""
+        self._closed = True
         connection, self._open = self._open, None
         if connection is not None:
             connection.transport.close()
@@ -175,6 +178,8 @@ class Multiplexed:
             connection = self._open
             if connection is not None and connection.lost is None:
                 return connection  # another call connected while this one waited
+            if self._closed:
+                raise RedisConnectionError(f"the Redis client for {self._host} is closed")
             loop = asyncio.get_running_loop()
             try:
                 async with asyncio.timeout(self._timeout_s):
@@ -191,6 +196,9 @@ class Multiplexed:
             except BaseException:
                 connection.transport.close()  # refused credentials or database, or no answer
                 raise
+            if self._closed:  # closed while this call was connecting
+                connection.transport.close()
+                raise RedisConnectionError(f"the Redis client for {self._host} is closed")
             self._open = connection
             return connection
 

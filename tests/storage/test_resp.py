@@ -246,3 +246,11 @@ async def test_the_stores_run_their_scripts_over_tls(tls_url: str) -> None:
     finally:
         await limits.aclose()
     assert (first.admitted, second.admitted) == (True, False)
+
+
+async def test_a_closed_client_does_not_connect_again(server: RedisProcess) -> None:
+    client = Multiplexed(url_of(server), timeout_s=2)
+    await client.ping()
+    await client.aclose()
+    with pytest.raises(RedisConnectionError, match="closed"):
+        await client.ping()  # at shutdown, a late call must not open a connection left open
