@@ -70,11 +70,13 @@ class _Replies(asyncio.Protocol):
         self._reader = hiredis.Reader(replyError=ResponseError)
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.transport: asyncio.Transport  # from connection_made, before any send
+        self.closed: asyncio.Future[None]  # done once the socket is closed
         self.lost: BaseException | None = None
         self._unsent: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.closed = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
@@ -89,6 +91,8 @@ class _Replies(asyncio.Protocol):
                 call.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
         if self.lost is None:
             reason = exc or "closed by Redis"
             self.lost = RedisConnectionError(f"connection to Redis lost: {reason}")
@@ -158,8 +162,16 @@ class Multiplexed:
         """Closes the connection; a later call fails (ConnectionError) instead of reopening it."""
         self._closed = True
         connection, self._open = self._open, None
-        if connection is not None:
-            connection.transport.close()
+        if connection is None:
+            return
+        connection.transport.close()
+        # Over TLS the socket closes only after the close_notify exchange: wait for it (a loop
+        # ending first would leave the socket open), but no longer than a call may take.
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await asyncio.shield(connection.closed)
+        except TimeoutError:
+            connection.transport.abort()
 
     async def _answer(self, connection: _Replies, command: bytes) -> Any:
         call = connection.send(command)
