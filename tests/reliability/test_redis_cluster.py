@@ -14,7 +14,7 @@ import httpx
 from proxy.ledger.rediskeys import TENANTS_KEY, stream_key, tag
 from proxy.policy.units import hash_key
 from tests.redis_cluster import ClusterProcesses, redis_cluster
-from tests.redis_server import wait_until
+from tests.redis_server import RedisProcess, wait_until
 from tests.servers import replicas
 from tests.web.test_dashboard import logged_in
 
@@ -84,7 +84,7 @@ def test_two_gateways_share_limits_budgets_cache_and_ledger_on_a_cluster(
     tmp_path: Path,
 ) -> None:
     cluster = redis_cluster_server
-    homes = {cluster.primary_of(key).port for key in ("tw:{alpha}", "tw:{beta}", TENANTS_KEY)}
+    homes = {_home(cluster, key).port for key in ("tw:{alpha}", "tw:{beta}", TENANTS_KEY)}
     assert len(homes) == 3  # each tenant, and the ledger's list of tenants, on its own primary
     config = tmp_path / "policy.yaml"
     config.write_text(_policy(backend_url, redis_cluster_url, "{requests_per_minute: 6}"))
@@ -143,7 +143,7 @@ def test_the_gateway_follows_a_cluster_failover_by_itself(backend_url: str, tmp_
 
             assert [ask(f"before {i}").status_code for i in range(5)] == [200] * 5
             wait_until(lambda: _ledger_records(cluster, "alpha") == 5, "the ledger")
-            home = cluster.primary_of("tw:{alpha}")
+            home = _home(cluster, "tw:{alpha}")
             with cluster.admin() as admin:  # replication is asynchronous: let it catch up
                 node = admin.get_node("127.0.0.1", home.port)
                 assert admin.execute_command("WAIT", 1, 2000, target_nodes=node) == 1
@@ -157,8 +157,9 @@ def test_the_gateway_follows_a_cluster_failover_by_itself(backend_url: str, tmp_
             assert time.monotonic() - killed_s < 4
             wait_until(lambda: http.get("/readyz").status_code == 200, "readyz", timeout_s=10)
             recovered_s = time.monotonic() - killed_s
+            # Every node's view catches up with the promotion (the gateway's did already).
+            wait_until(lambda: _served_elsewhere(cluster, "tw:{alpha}", home), "the cluster view")
             decisions = http.get("/readyz").json()["storage_failure_decisions"]
-            assert cluster.primary_of("tw:{alpha}").port != home.port
             # beta's primary stayed up: its budget was reserved and settled meanwhile.
             assert _beta_tokens_left(url) < 80
 
@@ -178,3 +179,14 @@ def test_the_gateway_follows_a_cluster_failover_by_itself(backend_url: str, tmp_
             # Every alpha record is there: those buffered during the failover too.
             wait_until(lambda: _ledger_records(cluster, "alpha") == sent, "the ledger")
     assert recovered_s < 10
+
+
+def _home(cluster: ClusterProcesses, key: str) -> RedisProcess:
+    node = cluster.primary_of(key)
+    assert node is not None, f"no live node serves {key!r}"
+    return node
+
+
+def _served_elsewhere(cluster: ClusterProcesses, key: str, old: RedisProcess) -> bool:
+    node = cluster.primary_of(key)
+    return node is not None and node.port != old.port
