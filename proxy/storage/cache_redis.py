@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Any
 
 from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorRows
-from proxy.storage.redisconn import close, connect, script_client, translated
+from proxy.storage.redisconn import StoreRedis, translated
 
 __all__ = ["RedisCacheStore"]
 
@@ -30,11 +30,13 @@ class RedisCacheStore:
     def __init__(
         self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
     ) -> None:
-        self._redis = connect(url, timeout_s=timeout_s, max_connections=max_connections)
-        self._scripts = script_client(url, self._redis, timeout_s=timeout_s, multiplex=multiplex)
-        self._get = self._scripts.register_script(_script("cache_get.lua"))
-        self._put = self._scripts.register_script(_script("cache_put.lua"))
-        self._forget = self._scripts.register_script(_script("cache_forget.lua"))
+        self._conn = StoreRedis(
+            url, timeout_s=timeout_s, max_connections=max_connections, multiplex=multiplex
+        )
+        scripts = self._conn.scripts
+        self._get = scripts.register_script(_script("cache_get.lua"))
+        self._put = scripts.register_script(_script("cache_put.lua"))
+        self._forget = scripts.register_script(_script("cache_forget.lua"))
 
     async def get(self, tenant: str, key: str, *, now: float) -> bytes | None:
         prefix = _prefix(tenant)
@@ -62,7 +64,7 @@ class RedisCacheStore:
     async def vectors(self, tenant: str, partition: str, after: str) -> tuple[VectorRows, str]:
         stream = f"{_prefix(tenant)}v:{partition}"
         with translated("cache storage"):
-            found: list[Any] | None = await self._redis.xrange(
+            found: list[Any] | None = await self._conn.client.xrange(
                 stream, min=f"({after}", max="+", count=VECTOR_PAGE
             )
         if not found:
@@ -78,10 +80,10 @@ class RedisCacheStore:
 
     async def ping(self) -> None:
         with translated("cache storage"):
-            await self._scripts.ping()
+            await self._conn.scripts.ping()
 
     async def aclose(self) -> None:
-        await close(self._redis, self._scripts)
+        await self._conn.aclose()
 
 
 def _text(value: Any) -> str:

@@ -20,7 +20,7 @@ from proxy.storage.limits import (
     check_scope,
     judge,
 )
-from proxy.storage.redisconn import close, connect, script_client, translated
+from proxy.storage.redisconn import StoreRedis, translated
 
 __all__ = ["RedisLimitStore"]
 
@@ -34,21 +34,18 @@ def _script(name: str, *, bucket_prelude: bool = False) -> str:
 
 
 class RedisLimitStore:
-    """A burst of admissions beyond `max_connections` waits up to `timeout_s` for a connection
-    instead of failing (redis-py's default pool raises at its 100th concurrent command)."""
-
     def __init__(
         self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
     ) -> None:
-        self._redis = connect(url, timeout_s=timeout_s, max_connections=max_connections)
-        self._scripts = script_client(url, self._redis, timeout_s=timeout_s, multiplex=multiplex)
-        self._admit = self._scripts.register_script(_script("admit.lua", bucket_prelude=True))
-        self._settle = self._scripts.register_script(
-            _script("limits_settle.lua", bucket_prelude=True)
+        self._conn = StoreRedis(
+            url, timeout_s=timeout_s, max_connections=max_connections, multiplex=multiplex
         )
-        self._peek = self._scripts.register_script(_script("limits_peek.lua", bucket_prelude=True))
-        self._release = self._scripts.register_script(_script("limits_release.lua"))
-        self._renew = self._scripts.register_script(_script("limits_renew.lua"))
+        scripts = self._conn.scripts
+        self._admit = scripts.register_script(_script("admit.lua", bucket_prelude=True))
+        self._settle = scripts.register_script(_script("limits_settle.lua", bucket_prelude=True))
+        self._peek = scripts.register_script(_script("limits_peek.lua", bucket_prelude=True))
+        self._release = scripts.register_script(_script("limits_release.lua"))
+        self._renew = scripts.register_script(_script("limits_renew.lua"))
 
     async def admit(
         self,
@@ -107,7 +104,7 @@ class RedisLimitStore:
 
     async def ping(self) -> None:
         with translated():
-            await self._scripts.ping()
+            await self._conn.scripts.ping()
 
     async def aclose(self) -> None:
-        await close(self._redis, self._scripts)
+        await self._conn.aclose()

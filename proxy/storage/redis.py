@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Any
 
 from proxy.storage.base import Counter, Refusal
-from proxy.storage.redisconn import Call, close, connect, script_client, send_all, translated
+from proxy.storage.redisconn import Call, StoreRedis, send_all, translated
 
 __all__ = ["RedisStore"]
 
@@ -24,17 +24,16 @@ def _script(name: str, *, prelude: bool = False) -> str:
 
 
 class RedisStore:
-    """A burst beyond `max_connections` waits up to `timeout_s` for a connection instead of
-    failing (redis-py's default pool raises at its 100th concurrent command)."""
-
     def __init__(
         self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
     ) -> None:
-        self._redis = connect(url, timeout_s=timeout_s, max_connections=max_connections)
-        self._scripts = script_client(url, self._redis, timeout_s=timeout_s, multiplex=multiplex)
-        self._reserve = self._scripts.register_script(_script("reserve.lua", prelude=True))
-        self._settle = self._scripts.register_script(_script("settle.lua", prelude=True))
-        self._renew = self._scripts.register_script(_script("renew.lua"))
+        self._conn = StoreRedis(
+            url, timeout_s=timeout_s, max_connections=max_connections, multiplex=multiplex
+        )
+        scripts = self._conn.scripts
+        self._reserve = scripts.register_script(_script("reserve.lua", prelude=True))
+        self._settle = scripts.register_script(_script("settle.lua", prelude=True))
+        self._renew = scripts.register_script(_script("renew.lua"))
 
     async def reserve(
         self,
@@ -71,15 +70,15 @@ class RedisStore:
 
     async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
         with translated():
-            rows = await send_all(self._redis, [_used_and_reserved(c.key) for c in counters])
+            rows = await send_all(self._conn.client, [_used_and_reserved(c.key) for c in counters])
         return [(int(used or 0), int(reserved or 0)) for used, reserved in rows]
 
     async def ping(self) -> None:
         with translated():
-            await self._scripts.ping()
+            await self._conn.scripts.ping()
 
     async def aclose(self) -> None:
-        await close(self._redis, self._scripts)
+        await self._conn.aclose()
 
 
 def _used_and_reserved(key: str) -> Call:

@@ -32,9 +32,8 @@ __all__ = [
     "Call",
     "RedisClient",
     "ScriptClient",
-    "close",
+    "StoreRedis",
     "connect",
-    "script_client",
     "send_all",
     "translated",
 ]
@@ -81,22 +80,25 @@ def connect(
     return aioredis.Redis.from_pool(pool)
 
 
-def script_client(
-    url: str, client: RedisClient, *, timeout_s: float, multiplex: bool = True
-) -> ScriptClient:
-    """Where the request path's scripts go: one multiplexed connection on a plain redis:// URL
-    (resp.py), else (or with `multiplex=False`) `client`, the store's redis-py client."""
-    if multiplex and can_multiplex(url):
-        return Multiplexed(url, timeout_s=timeout_s)
-    return client
+class StoreRedis:
+    """How a store reaches Redis: `client` (redis-py) for every command, and `scripts` for its
+    Lua scripts, the request path's calls: one multiplexed connection (resp.py) where the URL
+    allows it and `multiplex` is on, else `client` too."""
 
+    def __init__(
+        self, url: str, *, timeout_s: float, max_connections: int, multiplex: bool = True
+    ) -> None:
+        self.client = connect(url, timeout_s=timeout_s, max_connections=max_connections)
+        self.scripts: ScriptClient = self.client
+        if multiplex and can_multiplex(url):
+            self.scripts = Multiplexed(url, timeout_s=timeout_s)
 
-async def close(client: RedisClient, scripts: ScriptClient) -> None:
-    try:
-        if scripts is not client:
-            await scripts.aclose()
-    finally:
-        await client.aclose()
+    async def aclose(self) -> None:
+        try:
+            if self.scripts is not self.client:
+                await self.scripts.aclose()
+        finally:
+            await self.client.aclose()
 
 
 @contextmanager
