@@ -152,6 +152,12 @@ class Multiplexed:
             connection = await self._connect()
         return await self._answer(connection, _pack(args))
 
+    async def __aenter__(self) -> Multiplexed:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
     def register_script(self, text: str) -> MultiplexedScript:
         return MultiplexedScript(self, text)
 

@@ -58,22 +58,16 @@ def test_only_one_server_urls_it_can_honour_are_multiplexed() -> None:
 
 
 async def test_concurrent_calls_each_get_their_own_reply(server: RedisProcess) -> None:
-    client = Multiplexed(url_of(server), timeout_s=2)
-    try:
+    async with Multiplexed(url_of(server), timeout_s=2) as client:
         echoed = await asyncio.gather(*(client.execute("ECHO", f"call {i}") for i in range(500)))
-    finally:
-        await client.aclose()
     assert echoed == [f"call {i}".encode() for i in range(500)]
 
 
 async def test_it_authenticates_and_selects_the_urls_database(server: RedisProcess) -> None:
     with redis.Redis.from_url(server.url) as admin:
         admin.config_set("requirepass", "s3cret")
-    client = Multiplexed(url_of(server, db=3, password="s3cret"), timeout_s=2)
-    try:
+    async with Multiplexed(url_of(server, db=3, password="s3cret"), timeout_s=2) as client:
         await client.execute("SET", "where", "db 3")
-    finally:
-        await client.aclose()
     with redis.Redis.from_url(url_of(server, db=3, password="s3cret")) as db3:
         assert db3.get("where") == b"db 3"
     wrong = Multiplexed(url_of(server, password="wrong"), timeout_s=2)
@@ -83,28 +77,22 @@ async def test_it_authenticates_and_selects_the_urls_database(server: RedisProce
 
 
 async def test_a_script_is_loaded_when_redis_does_not_know_it(server: RedisProcess) -> None:
-    client = Multiplexed(url_of(server), timeout_s=2)
-    count = client.register_script(COUNT)
-    try:
+    async with Multiplexed(url_of(server), timeout_s=2) as client:
+        count = client.register_script(COUNT)
         assert await count(keys=["n"], args=[2]) == 2
         await client.execute("SCRIPT", "FLUSH")
         assert await count(keys=["n"], args=[3]) == 5
         with redis.Redis.from_url(url_of(server)) as plain:
             assert plain.script_exists(count._sha) == [True]
-    finally:
-        await client.aclose()
 
 
 async def test_an_error_reply_fails_its_call_only(server: RedisProcess) -> None:
-    client = Multiplexed(url_of(server), timeout_s=2)
-    failing = client.register_script("return redis.error_reply('ERR out of tokens')")
-    try:
+    async with Multiplexed(url_of(server), timeout_s=2) as client:
+        failing = client.register_script("return redis.error_reply('ERR out of tokens')")
         results = await asyncio.gather(
             client.execute("ECHO", "before"), failing(), client.execute("ECHO", "after"),
             return_exceptions=True,
         )  # fmt: skip
-    finally:
-        await client.aclose()
     assert results[0] == b"before"
     assert isinstance(results[1], ResponseError)
     assert "out of tokens" in str(results[1])
@@ -114,8 +102,7 @@ async def test_an_error_reply_fails_its_call_only(server: RedisProcess) -> None:
 async def test_a_call_with_no_answer_in_time_fails_with_the_calls_behind_it(
     server: RedisProcess,
 ) -> None:
-    client = Multiplexed(url_of(server), timeout_s=0.3)
-    try:
+    async with Multiplexed(url_of(server), timeout_s=0.3) as client:
         await client.ping()
         with frozen(url_of(server), 1):
             began = time.monotonic()
@@ -128,22 +115,17 @@ async def test_a_call_with_no_answer_in_time_fails_with_the_calls_behind_it(
                 await behind  # failed with the first, not 0.1 s later by its own timeout
             assert time.monotonic() - began < 0.39
         assert await client.execute("ECHO", "next") == b"next"
-    finally:
-        await client.aclose()
 
 
 async def test_a_cancelled_calls_reply_is_dropped_not_handed_to_the_next_call(
     server: RedisProcess,
 ) -> None:
-    client = Multiplexed(url_of(server), timeout_s=5)
-    try:
+    async with Multiplexed(url_of(server), timeout_s=5) as client:
         await client.ping()
         with frozen(url_of(server), 1):
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(client.execute("ECHO", "cancelled"), 0.2)
         assert await client.execute("ECHO", "next") == b"next"
-    finally:
-        await client.aclose()
 
 
 async def test_a_connection_to_a_host_gone_silent_is_left_for_a_new_one(
@@ -171,23 +153,21 @@ async def test_a_connection_to_a_host_gone_silent_is_left_for_a_new_one(
 
     relay_server = await asyncio.start_server(relay, "127.0.0.1", 0)
     port = relay_server.sockets[0].getsockname()[1]
-    client = Multiplexed(f"redis://127.0.0.1:{port}/0", timeout_s=0.3)
     try:
-        with pytest.raises(RedisTimeoutError):
-            await client.ping()
-        assert await client.execute("ECHO", "reached") == b"reached"
-        assert len(handlers) == 2
+        async with Multiplexed(f"redis://127.0.0.1:{port}/0", timeout_s=0.3) as client:
+            with pytest.raises(RedisTimeoutError):
+                await client.ping()
+            assert await client.execute("ECHO", "reached") == b"reached"
+            assert len(handlers) == 2
     finally:
-        await client.aclose()
-        relay_server.close()
+        relay_server.close()  # once the client has gone, the relay's handlers end
         await asyncio.gather(*handlers)
 
 
 async def test_a_lost_connection_fails_its_calls_and_the_next_call_reconnects(
     server: RedisProcess,
 ) -> None:
-    client = Multiplexed(url_of(server), timeout_s=2)
-    try:
+    async with Multiplexed(url_of(server), timeout_s=2) as client:
         await client.ping()
         waiting = asyncio.ensure_future(client.execute("BLPOP", "nothing", 5))
         await asyncio.sleep(0)  # written: the call waits for its reply
@@ -202,8 +182,6 @@ async def test_a_lost_connection_fails_its_calls_and_the_next_call_reconnects(
         server.start()
         await asyncio.sleep(0)
         assert await client.execute("ECHO", "restarted") == b"restarted"
-    finally:
-        await client.aclose()
 
 
 async def test_a_refused_connection_fails_at_once() -> None:
@@ -222,11 +200,8 @@ def tls_url(tmp_path: Path) -> Iterator[str]:
 
 
 async def test_it_speaks_tls_checking_the_servers_certificate(tls_url: str) -> None:
-    client = Multiplexed(tls_url, timeout_s=2)
-    try:
+    async with Multiplexed(tls_url, timeout_s=2) as client:
         assert await client.execute("ECHO", "over tls") == b"over tls"
-    finally:
-        await client.aclose()
     untrusting = Multiplexed(tls_url.split("?")[0], timeout_s=2)  # unknown to the system's CAs
     with pytest.raises(RedisConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
         await untrusting.ping()
