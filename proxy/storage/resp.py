@@ -119,8 +119,10 @@ class _Replies(asyncio.Protocol):
             return
         call.set_exception(RedisTimeoutError(f"Timeout: no answer from Redis at {where}"))
         if self.lost is None:
-            self.lost = RedisConnectionError(
-                f"connection to Redis closed: an earlier call had no answer from {where}"
+            # A timeout, not a lost connection, for the calls behind: they were written, so
+            # they too may still run once Redis catches up (StorageFailures.undo_later).
+            self.lost = RedisTimeoutError(
+                f"Timeout: connection to Redis closed, an earlier call had no answer from {where}"
             )
             self.transport.close()  # connection_lost fails the calls behind it
 
