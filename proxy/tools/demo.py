@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import tempfile
 import threading
@@ -87,6 +88,7 @@ def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
     day = demotraffic.simulated_day(demo_policy, live_start - live_start % 3600)
     demotraffic.fill_ledger(ledger_path, day)
     gateway = BackgroundServer(create_app(demo_policy), port=port)
+    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
     try:
         base_url = gateway.start()
         print(f"tokenweir demo: simulated backend on {backend_url}, gateway on {base_url}")
@@ -105,10 +107,16 @@ def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
     except KeyboardInterrupt:
         print()
     finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
         gateway.stop()
         backend.stop()
         workdir.cleanup()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM ends the demo as Ctrl-C does, so its temporary folder is removed either way."""
+    raise KeyboardInterrupt
 
 
 def _send(client: httpx.Client, call: _Call) -> str:
