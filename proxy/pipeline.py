@@ -1,4 +1,7 @@
-"""Runs one request through the stages and the upstream relay, and settles it exactly once."""
+"""Runs one request through the stages and the upstream relay, and settles it exactly once.
+
+Writes status for a request that ended without one: 499 (client gone) or 500 (internal error).
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Settle a finished request once: usage (see stages/usage.py), quota, ledger, access log,
 metrics and trace.
 
-Writes input_tokens, output_tokens, usage_source and a status for a request that ended without
-one (499 client gone, 500 internal error). Never records keys, nor prompts and answers unless the
-policy says `log_content: true`.
+Writes input_tokens, output_tokens and usage_source (and counted_input_tokens when the backend
+reported none it could believe). Never records keys, nor prompts and answers unless the policy
+says `log_content: true`.
 """
 
 from __future__ import annotations

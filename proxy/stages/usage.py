@@ -52,6 +52,8 @@ def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
     if usage is None:
         return
     checked = checked_usage(usage)
+    if ctx.operation != "embeddings" and not isinstance(usage.get("completion_tokens"), int):
+        checked = None  # a generation's usage without its output count is not a usage
     if checked is None:
         ctx.usage_rejected = True
         backend = ctx.backend.name if ctx.backend else None
@@ -121,8 +123,11 @@ def bill(ctx: RequestContext, counter: TokenCounter | None) -> None:
 
 
 def backend_answered(ctx: RequestContext) -> bool:
-    """True once a backend accepted the request with a 2xx (its work may be billed)."""
-    return ctx.status == 200 or (ctx.route is not None and ctx.route.opened)
+    """True if the client got a backend's answer, or left after a backend accepted the request
+    (its work is then billed); an error status bills only the usage a backend reported."""
+    if ctx.status == 200:
+        return True
+    return ctx.client_disconnected and ctx.route is not None and ctx.route.opened
 
 
 async def count_unreported_input(ctx: RequestContext, counters: TokenCounters) -> None:

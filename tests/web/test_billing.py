@@ -186,8 +186,12 @@ def test_an_honest_stream_bills_exactly_the_backends_usage(
 
 
 def test_requests_refused_before_the_backend_bill_nothing(
-    liar: tuple[LyingBackend, str], gateway: str, ledger_path: Path
+    liar: tuple[LyingBackend, str],
+    gateway: str,
+    ledger_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
     backend, _ = liar
     unknown = "x" * 100_000
     assert chat(gateway, model=unknown).status_code == 404
@@ -205,6 +209,12 @@ def test_requests_refused_before_the_backend_bill_nothing(
     assert {row["model"] for row in by_model.json()["data"]} >= {"<unknown>"}
     assert len(by_model.content) < 10_000
     assert "x" * 100 not in page.text
+    logged = [r.getMessage() for r in caplog.records if r.name == "tokenweir.access"]
+    assert len(logged) == 4
+    assert all(len(line) < 2000 for line in logged)
+    first = orjson.loads(logged[0])
+    assert (first["model"], first["usage_source"], first["input_tokens"]) == ("<unknown>", None, 0)
+    assert len(first["model_requested"]) <= 64
     for record in records:
         assert (record.input_tokens, record.output_tokens, record.cost_nusd) == (0, 0, 0)
         assert record.usage_source is None
