@@ -77,7 +77,7 @@ def test_a_hundred_requests_race_for_a_small_quota_and_every_view_agrees(
     server = subprocess.Popen(command, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, server)
+        wait_healthy(url, server, timeout_s=120)  # two workers start slowly on a loaded machine
         statuses = asyncio.run(race(url, 100))
         deadline = time.monotonic() + 10
         while api_usage(url)["requests"] < 100 and time.monotonic() < deadline:
