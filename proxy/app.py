@@ -126,11 +126,16 @@ class Gateway:
         cache = _response_cache(policy, clock)
         pools = Pools(policy, clock)
         route = RouteStage(pools, upstream, clock, rate_limits.admit_backend)
+        counters = TokenCounters(policy)
+        account = Account(
+            clock, [route, rate_limits, budgets, cache], prices, ledger, telemetry,
+            counters=counters, models=policy.models,
+        )  # fmt: skip
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants),
             stages=[
                 Parse(policy.models),
-                Shape(TokenCounters(policy)),
+                Shape(counters),
                 budgets,
                 rate_limits,
                 cache,
@@ -139,7 +144,7 @@ class Gateway:
                 BackendLimits(rate_limits),
             ],
             forward=Forward(route, clock, telemetry),
-            account=Account(clock, [route, rate_limits, budgets, cache], prices, ledger, telemetry),
+            account=account,
             max_body_bytes=policy.server.max_body_bytes,
             telemetry=telemetry,
             replay=cache.replay,

@@ -18,9 +18,14 @@ if TYPE_CHECKING:
     from proxy.telemetry.tracing import RequestTrace
     from proxy.upstream.capture import Capture
 
-__all__ = ["Operation", "RequestContext"]
+__all__ = ["Operation", "RequestContext", "UsageSource"]
 
 Operation = Literal["chat", "text_completion", "embeddings"]
+UsageSource = Literal["backend", "counted", "estimated", "counted_output", "cache"]
+"""Where a record's billed tokens come from (None: nothing billed, no backend answered):
+the backend's usage; the gateway's count (exact tokenizer) or estimate (no tokenizer) when the
+backend sent none it could believe; the backend's input with the gateway's larger output count;
+a cache hit's stored usage."""
 
 
 @dataclass(slots=True, eq=False)
@@ -63,6 +68,9 @@ class RequestContext:
     input_tokens: int | None = None
     output_tokens: int | None = None
     usage_from_backend: bool = False
+    backend_usage: tuple[int, int] | None = None  # (prompt, completion), checked
+    usage_rejected: bool = False  # the backend sent usage with numbers not believed
+    usage_source: UsageSource | None = None
     client_disconnected: bool = False
     answered: bool = False
     released: bool = False

@@ -1,4 +1,7 @@
-"""Runs one request through the stages and the upstream relay, and settles it exactly once."""
+"""Runs one request through the stages and the upstream relay, and settles it exactly once.
+
+Writes status for a request that ended without one: 499 (client gone) or 500 (internal error).
+"""
 
 from __future__ import annotations
 
@@ -86,6 +89,8 @@ class Pipeline:
         except ClientGone:
             ctx.client_disconnected = True
         finally:
+            if not ctx.status:
+                _record_unanswered(ctx)
             with anyio.CancelScope(shield=True):
                 await self._account(ctx)
 
@@ -101,6 +106,15 @@ class Pipeline:
             await send(message)
 
         return releasing
+
+
+def _record_unanswered(ctx: RequestContext) -> None:
+    """A request that ended with no status sent: the client left first (499, as nginx logs
+    it), or an unexpected error escaped the stages (500: the outermost handler answers it)."""
+    if ctx.client_disconnected:
+        ctx.status, ctx.error_code = 499, ctx.error_code or "client_closed"
+    else:
+        ctx.status, ctx.error_code = 500, ctx.error_code or "internal_error"
 
 
 async def _end_cut(ctx: RequestContext, send: Send) -> None:

@@ -46,8 +46,12 @@ COUNTERS = (
     "saved_input_tokens",
     "saved_output_tokens",
     "saved_cost_nusd",
+    "counted_requests",
+    "estimated_requests",
 )
 """The integer totals of a Tally, in storage order (column order, Redis field names)."""
+
+_COUNTED = frozenset({"counted", "counted_output"})
 
 CellKey = tuple[str | None, int, str | None, str | None]
 """(tenant, period start in epoch seconds, model, backend)."""
@@ -71,6 +75,8 @@ class Tally:
     saved_input_tokens: int = 0
     saved_output_tokens: int = 0
     saved_cost_nusd: int = 0
+    counted_requests: int = 0
+    estimated_requests: int = 0
     ttft_ms: histogram.Histogram = field(default_factory=dict)
     tokens_per_s: histogram.Histogram = field(default_factory=dict)
 
@@ -91,6 +97,8 @@ class Tally:
         self.saved_input_tokens += record.saved_input_tokens
         self.saved_output_tokens += record.saved_output_tokens
         self.saved_cost_nusd += record.saved_cost_nusd
+        self.counted_requests += record.usage_source in _COUNTED
+        self.estimated_requests += record.usage_source == "estimated"
         if record.ttft_ms is not None:
             _bump(self.ttft_ms, histogram.TTFT_MS.index(record.ttft_ms))
         if record.tokens_per_s is not None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import math
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Protocol
 
 __all__ = [
@@ -15,8 +16,21 @@ __all__ = [
     "UsageQuery",
     "UsageRecord",
     "UsageRow",
+    "bounded",
     "record_values",
 ]
+
+MAX_RECORD_INT = 10**15
+"""The largest integer a record stores (tokens, nano-USD): far above any real request (10**8
+tokens at $100 per million tokens is 10**13 nano-USD), and 9,000 of them still sum within
+SQLite's and Redis's int64."""
+MAX_RECORD_CHARS = 256
+_INTS = (
+    "status", "input_tokens", "output_tokens", "cost_nusd", "saved_input_tokens",
+    "saved_output_tokens", "saved_cost_nusd", "counted_input_tokens",
+)  # fmt: skip
+_FLOATS = ("ttft_ms", "tokens_per_s", "duration_ms")
+_TEXTS = ("request_id", "tenant", "model", "backend", "operation", "error", "cache", "usage_source")
 
 Bucket = Literal["hour", "day"]
 GroupBy = Literal["model", "backend"]
@@ -53,6 +67,11 @@ class UsageRecord:
     saved_input_tokens: int = 0
     saved_output_tokens: int = 0
     saved_cost_nusd: int = 0
+    # backend | counted | estimated | counted_output | cache; None: nothing billed (no backend
+    # answered). See proxy.context.UsageSource.
+    usage_source: str | None = None
+    # The gateway's own count of the prompt, billed or not (a refused request bills nothing).
+    counted_input_tokens: int = 0
 
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))
@@ -62,6 +81,38 @@ def record_values(record: UsageRecord) -> tuple[Any, ...]:
     """A record's fields in declaration order: how both ledgers store it, `UsageRecord(*values)`
     reads it back."""
     return tuple(getattr(record, name) for name in RECORD_FIELDS)
+
+
+def bounded(record: UsageRecord) -> UsageRecord:
+    """`record`, or a copy with every number and string in the range both ledgers store: ints in
+    [0, MAX_RECORD_INT], finite floats, strings of at most MAX_RECORD_CHARS. The request path
+    checks its figures already; this keeps one bad record from failing a batch (and the rest)."""
+    changes: dict[str, Any] = {}
+    for name in _INTS:
+        value = getattr(record, name)
+        if type(value) is not int or not 0 <= value <= MAX_RECORD_INT:
+            changes[name] = _clamp(value)
+    for name in _FLOATS:
+        value = getattr(record, name)
+        if value is not None and (type(value) is not float or not math.isfinite(value)):
+            changes[name] = _finite(value, name)
+    for name in _TEXTS:
+        value = getattr(record, name)
+        if value is not None and (type(value) is not str or len(value) > MAX_RECORD_CHARS):
+            changes[name] = str(value)[:MAX_RECORD_CHARS]
+    return replace(record, **changes) if changes else record
+
+
+def _clamp(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return 0
+    return int(min(max(value, 0), MAX_RECORD_INT))
+
+
+def _finite(value: object, name: str) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return 0.0 if name == "duration_ms" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +143,9 @@ class UsageRow:
     """Totals for one tenant, one bucket (or the whole window) and one model or backend.
 
     `errors` counts statuses >= 400, `rate_limited` 429s, `degraded`/`shaped` requests that a
-    degradation rule or a budget clamp changed. Percentiles come from log-spaced histograms and
+    degradation rule or a budget clamp changed, `counted_requests`/`estimated_requests` those
+    billed on the gateway's own count (exact tokenizer) or on its estimate (none configured).
+    Percentiles come from log-spaced histograms and
     are within ±9.1% of the exact nearest-rank value (see `proxy.ledger.histogram`).
     """
 
@@ -115,6 +168,8 @@ class UsageRow:
     saved_output_tokens: int
     saved_cost_nusd: int
     duration_ms_total: int
+    counted_requests: int
+    estimated_requests: int
     ttft_ms_p50: float | None
     ttft_ms_p95: float | None
     tokens_per_s_p50: float | None

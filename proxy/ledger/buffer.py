@@ -10,6 +10,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.ledger.base import LedgerStats, UsageRecord
@@ -95,6 +96,33 @@ class RecordBuffer:
                 self._last_error,
             )
         return min(self._retry_max_s, 0.05 * 2.0 ** min(attempt, 16))
+
+    def isolate(
+        self,
+        write: Callable[[list[UsageRecord]], None],
+        transient: tuple[type[BaseException], ...],
+    ) -> None:
+        """Write the pending batch one record at a time, after it failed whole for a reason
+        that is not an outage: a record that cannot be written is dropped (counted, logged),
+        the others are written. A `transient` error stops it; the unwritten rest stays pending.
+        """
+        batch = self._pending
+        if batch is None:
+            return
+        for index, record in enumerate(batch.records):
+            try:
+                write([record])
+            except transient:
+                self._pending = Batch(batch.seq, batch.records[index:])
+                self._settle(index)
+                raise
+            except Exception as exc:  # this record's fault: drop it alone
+                self._discarded += 1
+                _log.error("ledger dropped a record it cannot write: %r", exc)
+            else:
+                self._written += 1
+        self._pending = None
+        self._settle(len(batch.records))
 
     def discard(self, error: BaseException) -> None:
         """Give up on the pending batch (a bug, not an outage): count it dropped, log, go on."""

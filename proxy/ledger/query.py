@@ -106,6 +106,8 @@ def _row(key: _RowKey, tally: Tally) -> UsageRow:
         saved_output_tokens=tally.saved_output_tokens,
         saved_cost_nusd=tally.saved_cost_nusd,
         duration_ms_total=tally.duration_ms_total,
+        counted_requests=tally.counted_requests,
+        estimated_requests=tally.estimated_requests,
         ttft_ms_p50=histogram.quantile(tally.ttft_ms, 0.50, histogram.TTFT_MS),
         ttft_ms_p95=histogram.quantile(tally.ttft_ms, 0.95, histogram.TTFT_MS),
         tokens_per_s_p50=histogram.quantile(tally.tokens_per_s, 0.50, histogram.TOKENS_PER_S),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from functools import partial
 from pathlib import Path
 
 from proxy.ledger import query as planner
@@ -18,6 +19,9 @@ from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
 from proxy.ledger.writer import BufferedLedger
 
 __all__ = ["SqliteLedger"]
+
+# A locked or unwritable database: wait and retry the batch (any other error is a record's).
+_OUTAGES: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
 
 
 class SqliteLedger(BufferedLedger):
@@ -100,22 +104,30 @@ class SqliteLedger(BufferedLedger):
             conn.close()
 
     def _drain(self, conn: sqlite3.Connection) -> None:
-        """Write until the buffer is empty; on failure wait (interruptibly) and try again."""
+        """Write until the buffer is empty; on an outage wait (interruptibly) and try again.
+
+        A batch that fails for any other reason (a value SQLite cannot bind) is written again
+        a record at a time, so only the record at fault is dropped, not its whole batch.
+        """
         attempt = 0
         while (batch := self._buffer.next_batch(self._transaction_records)) is not None:
             try:
-                sqlschema.write_batch(conn, batch.records)
-            except sqlite3.Error as exc:
+                try:
+                    sqlschema.write_batch(conn, batch.records)
+                except sqlite3.OperationalError:
+                    raise
+                except Exception:  # any other failure: find the record at fault
+                    self._buffer.isolate(partial(sqlschema.write_batch, conn), _OUTAGES)
+                else:
+                    self._buffer.succeeded()
+            except _OUTAGES as exc:
                 delay_s = self._buffer.failed(exc, attempt)
                 attempt += 1
                 if self._stopping:
                     return
                 self._wake.wait(delay_s)
                 self._wake.clear()
-            except Exception as exc:  # a bug in encoding: drop this batch, keep the ledger going
-                self._buffer.discard(exc)
             else:
-                self._buffer.succeeded()
                 attempt = 0
 
     def _check_readable(self) -> None:

@@ -27,13 +27,14 @@ __all__ = [
     "write_batch",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 APPLICATION_ID = 0x74776C67  # "twlg": marks the file as a tokenweir ledger
 
 _RECORD_COLUMNS = (
     "ts, request_id, tenant, model, backend, operation, stream, status, error, input_tokens, "
     "output_tokens, cost_nusd, cache, ttft_ms, tokens_per_s, duration_ms, shaped, degraded, "
-    "client_disconnected, saved_input_tokens, saved_output_tokens, saved_cost_nusd"
+    "client_disconnected, saved_input_tokens, saved_output_tokens, saved_cost_nusd, "
+    "usage_source, counted_input_tokens"
 )
 _CELL_KEY = "tenant, period_start, model, backend"
 _CELL_COLUMNS = f"{_CELL_KEY}, {', '.join(COUNTERS)}, ttft_ms_hist, tokens_per_s_hist"
@@ -41,8 +42,9 @@ _TABLES: dict[Granularity, str] = {"hour": "usage_hour", "day": "usage_day"}
 
 
 _SAVED = ("saved_input_tokens", "saved_output_tokens", "saved_cost_nusd")
+_SOURCES = ("counted_requests", "estimated_requests")  # schema v3
 # Schema v1 had the counters before the cache's savings; its DDL must not change with COUNTERS.
-_V1_COUNTERS = tuple(name for name in COUNTERS if name not in _SAVED)
+_V1_COUNTERS = tuple(name for name in COUNTERS if name not in _SAVED + _SOURCES)
 
 
 def _cell_table_ddl(table: str) -> list[str]:
@@ -75,6 +77,15 @@ _MIGRATIONS: tuple[list[str], ...] = (
         for table in ("usage_records", "usage_hour", "usage_day")
         for name in _SAVED
     ],
+    [
+        "ALTER TABLE usage_records ADD COLUMN usage_source TEXT",
+        "ALTER TABLE usage_records ADD COLUMN counted_input_tokens INTEGER NOT NULL DEFAULT 0",
+        *(
+            f"ALTER TABLE {table} ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0"
+            for table in ("usage_hour", "usage_day")
+            for name in _SOURCES
+        ),
+    ],
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION  # noqa: S101 - a release-time invariant
 
@@ -90,7 +101,7 @@ def _upsert_sql(table: str) -> str:
     )
 
 
-_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 22)})"  # noqa: S608
+_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 24)})"  # noqa: S608
 _UPSERT = {granularity: _upsert_sql(table) for granularity, table in _TABLES.items()}
 
 

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from typing import Protocol
 
-from proxy.ledger.base import LedgerError, LedgerStats, UsageRecord
+from proxy.ledger.base import LedgerError, LedgerStats, UsageRecord, bounded
 from proxy.ledger.buffer import RecordBuffer
 
 __all__ = ["BufferedLedger"]
@@ -43,7 +43,7 @@ class BufferedLedger:
     def append(self, record: UsageRecord) -> None:
         if self._read_only:
             raise LedgerError("this ledger was opened read-only")
-        if self._buffer.put(record) == self._batch_records:  # crossing, not every append
+        if self._buffer.put(bounded(record)) == self._batch_records:  # crossing, not every append
             self._signal.set()
 
     def stats(self) -> LedgerStats:

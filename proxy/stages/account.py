@@ -1,14 +1,15 @@
-"""Settle a finished request once: usage (backend's, else counted), quota, ledger, access log,
+"""Settle a finished request once: usage (see stages/usage.py), quota, ledger, access log,
 metrics and trace.
 
-Writes input_tokens and output_tokens when the backend sent no usage. Never records keys, nor
-prompts and answers unless the policy says `log_content: true`.
+Writes input_tokens, output_tokens and usage_source (and counted_input_tokens when the backend
+reported none it could believe). Never records keys, nor prompts and answers unless the policy
+says `log_content: true`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -18,12 +19,17 @@ from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
+from proxy.stages.usage import bill, count_unreported_input
 from proxy.telemetry.recorder import Telemetry
+from proxy.telemetry.semconv import MAX_TEXT_CHARS, clipped
 from proxy.together import together
+from proxy.tokens import TokenCounters
 
-__all__ = ["ACCESS_LOGGER", "Account", "Settler"]
+__all__ = ["ACCESS_LOGGER", "UNKNOWN_MODEL", "Account", "Settler"]
 
 ACCESS_LOGGER = "tokenweir.access"
+UNKNOWN_MODEL = "<unknown>"
+"""How a model name the policy does not know (a 404) is recorded: never the client's string."""
 
 
 class Settler(Protocol):
@@ -44,8 +50,15 @@ class Account:
         ledger: Ledger | None,
         telemetry: Telemetry,
         logger: logging.Logger | None = None,
+        counters: TokenCounters | None = None,
+        models: Collection[str] | None = None,
     ) -> None:
+        """`counters` count what the backend did not report; `models` (the policy's) are the
+        names recorded as they are, any other is UNKNOWN_MODEL (without `models`, any name
+        longer than MAX_TEXT_CHARS is)."""
         self._clock = clock
+        self._counters = counters
+        self._models = frozenset(models) if models is not None else None
         self._holds = tuple(holds)
         self._prices = prices
         self._ledger = ledger
@@ -61,10 +74,12 @@ class Account:
         if ctx.released:
             return
         ctx.released = True
-        if ctx.output_tokens is None and ctx.operation != "embeddings":
-            ctx.output_tokens = ctx.meter.token_events
-        if ctx.input_tokens is None:
-            ctx.input_tokens = ctx.counted_input_tokens
+        counter = None
+        if self._counters is not None and self._known(ctx.model):
+            counter = self._counters.for_model(ctx.model)
+            if ctx.backend_usage is None and ctx.counted_input_tokens is None:
+                await count_unreported_input(ctx, self._counters)
+        bill(ctx, counter)
         settling_s = self._clock.monotonic()
         # Each store is settled on its own, so their round trips overlap (and with Redis go
         # out in one write): the answer's end waits for the slowest, not for their sum.
@@ -89,12 +104,12 @@ class Account:
             ts=ctx.received_wall,
             request_id=ctx.request_id,
             tenant=ctx.tenant_name,
-            model=ctx.model or None,
+            model=self._recorded_model(ctx.model),
             backend=ctx.backend.name if ctx.backend else None,
             operation=ctx.operation,
             stream=ctx.stream,
             status=ctx.status,
-            error=ctx.error_code,
+            error=clipped(ctx.error_code),
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cost_nusd=self._prices.cost_nusd(ctx.model, input_tokens, output_tokens),
@@ -108,7 +123,19 @@ class Account:
             saved_input_tokens=ctx.saved_input_tokens,
             saved_output_tokens=ctx.saved_output_tokens,
             saved_cost_nusd=self._saved_cost_nusd(ctx),
+            usage_source=ctx.usage_source,
+            counted_input_tokens=ctx.counted_input_tokens or 0,
         )
+
+    def _known(self, model: str) -> bool:
+        if self._models is None:
+            return len(model) <= MAX_TEXT_CHARS
+        return model in self._models
+
+    def _recorded_model(self, model: str) -> str | None:
+        if not model:
+            return None
+        return model if self._known(model) else UNKNOWN_MODEL
 
     def _saved_cost_nusd(self, ctx: RequestContext) -> int:
         """What a cache hit spared; nothing to price for every other request."""
@@ -124,6 +151,7 @@ class Account:
             "tenant": usage.tenant,
             "operation": usage.operation,
             "model": usage.model,
+            "model_requested": None if usage.model != UNKNOWN_MODEL else clipped(ctx.model),
             "backend": usage.backend,
             "stream": usage.stream,
             "status": usage.status,
@@ -131,7 +159,10 @@ class Account:
             "cache": usage.cache,
             "input_tokens": ctx.input_tokens,
             "output_tokens": ctx.output_tokens,
-            "usage": "backend" if ctx.usage_from_backend else "counted",
+            "usage_source": usage.usage_source,
+            "usage": usage.usage_source,  # the field's name before usage_source; same value
+            "usage_rejected": ctx.usage_rejected or None,
+            "counted_input_tokens": ctx.counted_input_tokens,
             "cost_usd": usage.cost_nusd / 1e9,
             "shaped": ctx.shaped or None,
             "degraded": ctx.degraded or None,
@@ -144,7 +175,7 @@ class Account:
             "tokens_per_s": usage.tokens_per_s,
             "duration_ms": usage.duration_ms,
             "gateway_ms": _ms(meter.gateway_s),
-            "completed": ctx.upstream_completed,
+            "completed": ctx.upstream_completed or (ctx.cached is not None and ctx.answered),
             "client_disconnected": usage.client_disconnected,
         }
 

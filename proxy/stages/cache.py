@@ -137,7 +137,7 @@ class ResponseCache:
         await send({**start, "headers": [*headers, *ctx.gateway_headers()]})
         ctx.answered = True
         await send({"type": "http.response.body", "body": body, "more_body": False})
-        ctx.meter.wrote(self._clock.monotonic(), 1)
+        ctx.meter.answered_locally(self._clock.monotonic())
 
     async def aclose(self) -> None:
         if self._index is not None:

@@ -9,13 +9,14 @@ from typing import Any
 
 import anyio
 import httpx
-import orjson
 from starlette.types import Send
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import GatewayError, UpstreamError
 from proxy.policy.model import Backend
+from proxy.stages.usage import take_usage as _take_usage
+from proxy.stages.usage import usage_of as _usage_of
 from proxy.telemetry.recorder import Telemetry
 from proxy.upstream.client import UpstreamOpener, translate
 from proxy.upstream.sse import SSEForwarder
@@ -133,24 +134,3 @@ def _asking_for_usage(body: dict[str, Any]) -> dict[str, Any]:
     options = dict(options) if isinstance(options, dict) else {}
     options["include_usage"] = True
     return {**body, "stream_options": options}
-
-
-def _usage_of(raw: bytes) -> dict[str, Any] | None:
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    usage = parsed.get("usage") if isinstance(parsed, dict) else None
-    return usage if isinstance(usage, dict) else None
-
-
-def _take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
-    if usage is None:
-        return
-    ctx.upstream_usage = usage
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens", 0)
-    if isinstance(prompt, int) and isinstance(completion, int):
-        ctx.input_tokens = prompt
-        ctx.output_tokens = completion
-        ctx.usage_from_backend = True

@@ -8,12 +8,25 @@ from __future__ import annotations
 __all__ = [
     "CHUNK_S",
     "DURATION_S",
+    "MAX_TEXT_CHARS",
     "OVERHEAD_S",
     "PROVIDER",
     "SERVER_TTFT_S",
     "TOKENS",
+    "clipped",
     "status_class",
 ]
+
+MAX_TEXT_CHARS = 64
+"""The most of a client's or backend's string (an unknown model, an error code) any record keeps."""
+
+
+def clipped(text: str | None) -> str | None:
+    """`text`, cut to MAX_TEXT_CHARS with a marker (an ellipsis) when longer."""
+    if text is None or len(text) <= MAX_TEXT_CHARS:
+        return text
+    return text[: MAX_TEXT_CHARS - 1] + "\u2026"
+
 
 # gen_ai.provider.name: every backend speaks OpenAI's API, whatever serves it (vLLM, SGLang, ...).
 PROVIDER = "openai"

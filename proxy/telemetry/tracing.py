@@ -121,7 +121,7 @@ class RequestTrace:
     def _request_span(self, ctx: RequestContext) -> Span:
         if self.span is None:
             self.span = self._tracer.start_span(
-                f"{ctx.operation} {ctx.model}".rstrip(),
+                f"{ctx.operation} {semconv.clipped(ctx.model)}".rstrip(),
                 context=self._parent,
                 kind=SpanKind.SERVER,
                 start_time=self._origin_ns,
@@ -176,7 +176,7 @@ class RequestTrace:
         if not span.is_recording():
             span.end(self._ns(now_s))
             return
-        span.update_name(f"{ctx.operation} {ctx.model}".rstrip())
+        span.update_name(f"{ctx.operation} {semconv.clipped(ctx.model)}".rstrip())
         if self.upstream is not None:  # the relay did not close it: end it with the request
             self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
         parent = set_span_in_context(span)
@@ -187,7 +187,7 @@ class RequestTrace:
                 child.end(self._ns(ended_s))
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})  # type: ignore[misc]
         if ctx.status >= 400 or ctx.error_code:
-            span.set_status(Status(StatusCode.ERROR, ctx.error_code))
+            span.set_status(Status(StatusCode.ERROR, semconv.clipped(ctx.error_code)))
         span.end(self._ns(now_s))
 
 
@@ -209,7 +209,7 @@ def span_attributes(
     return {
         "gen_ai.operation.name": ctx.operation,
         "gen_ai.provider.name": semconv.PROVIDER,
-        "gen_ai.request.model": ctx.model or None,
+        "gen_ai.request.model": semconv.clipped(ctx.model) or None,
         "gen_ai.response.model": response_model,
         "gen_ai.request.max_tokens": _max_tokens(ctx),
         "gen_ai.request.stream": ctx.stream,
@@ -220,7 +220,7 @@ def span_attributes(
         "server.address": address.hostname if address else None,
         "server.port": address.port if address else None,
         "http.response.status_code": ctx.status or None,
-        "error.type": ctx.error_code,
+        "error.type": semconv.clipped(ctx.error_code),
         "tokenweir.request_id": ctx.request_id,
         "tokenweir.tenant": ctx.tenant_name,
         "tokenweir.backend": backend.name if backend else None,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from proxy.policy import Policy
@@ -25,6 +26,7 @@ __all__ = ["INLINE_MAX_CHARS", "TokenCounters", "load_counter"]
 # a hand-off to a worker thread costs below ~8k characters); longer ones in a worker thread, so a
 # 100k-token prompt never stalls other streams for long.
 INLINE_MAX_CHARS = 32_000
+_log = logging.getLogger("tokenweir.tokens")
 _SPECS = (
     "tiktoken:ENCODING (o200k_base, cl100k_base), hf:ORG/NAME[@REVISION], a tokenizer.json"
     " path (hf:PATH also), or a tiktoken-format file path (.tiktoken, Llama 3's tokenizer.model),"
@@ -116,6 +118,14 @@ class TokenCounters:
                     spec.tokenizer, model=model, base_dir=base_dir
                 )
             self._by_model[model] = loaded[spec.tokenizer]
+            if not self._by_model[model].exact:
+                _log.warning(
+                    "model %r has no tokenizer: its token counts (quotas, rate limits, and usage "
+                    "the backend does not report, labelled usage_source=estimated) are estimates; "
+                    "set models.%s.tokenizer for exact counts",
+                    model,
+                    model,
+                )
         self._fallback = fallback
         self._inline_max_chars = inline_max_chars
 

@@ -137,6 +137,8 @@ _MACHINE_FIELDS = (
     "ttft_ms_p50",
     "ttft_ms_p95",
     "tokens_per_s_p50",
+    "counted_requests",
+    "estimated_requests",
 )
 
 
@@ -156,6 +158,8 @@ def _machine_row(row: UsageRow) -> dict[str, object]:
         "ttft_ms_p50": row.ttft_ms_p50,
         "ttft_ms_p95": row.ttft_ms_p95,
         "tokens_per_s_p50": row.tokens_per_s_p50,
+        "counted_requests": row.counted_requests,
+        "estimated_requests": row.estimated_requests,
     }
     return values
 
@@ -203,6 +207,12 @@ def write_table(report: Report, out: TextIO) -> None:
         lines.append(_total_line(report.rows, report.by is not None))
     left = 2 if report.by else 1  # text columns; the rest are numbers, right-aligned
     out.write("\n".join(_aligned([header, *lines], left)) + "\n")
+    estimated = sum(row.estimated_requests for row in report.rows)
+    if estimated:
+        out.write(
+            f"{estimated:,} requests were billed on an estimate (their model has no tokenizer "
+            "and the backend reported no usage).\n"
+        )
 
 
 def _table_line(row: UsageRow, grouped: bool) -> tuple[str, ...]:

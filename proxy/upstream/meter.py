@@ -106,6 +106,12 @@ class StreamMeter:
         self.last_token_s = now
         self.token_events += token_events
 
+    def answered_locally(self, now: float) -> None:
+        """The gateway wrote a whole answer of its own (a cache hit): all of it was gateway time
+        (no upstream read to measure from)."""
+        self.last_read_s = self.received_s
+        self.wrote(now, 1)
+
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_s is None else self.first_token_s - self.received_s

@@ -182,7 +182,8 @@ def fill_buckets(rows: list[UsageRow], window: Window, tenant: str | None) -> li
 _SUMMED = (
     "requests", "errors", "rate_limited", "degraded", "shaped", "client_disconnects",
     "input_tokens", "output_tokens", "cost_nusd", "cache_hits", "cache_semantic_hits",
-    "cache_misses", "saved_cost_nusd", "duration_ms_total",
+    "cache_misses", "saved_cost_nusd", "duration_ms_total", "counted_requests",
+    "estimated_requests",
 )  # fmt: skip
 
 

@@ -45,7 +45,7 @@ FIELDS = (
     "requests", "errors", "rate_limited", "degraded", "shaped", "client_disconnects",
     "input_tokens", "output_tokens", "cost_usd", "cost_nusd", "saved_cost_usd",
     "saved_cost_nusd", "cache_hits", "cache_misses", "cache_hit_rate", "ttft_ms_p50",
-    "ttft_ms_p95", "tokens_per_s_p50",
+    "ttft_ms_p95", "tokens_per_s_p50", "counted_requests", "estimated_requests",
 )  # fmt: skip
 """Each row's numbers, in CSV column order; names and meanings as in `tokenweir report`."""
 
@@ -161,6 +161,8 @@ def api_row(row: UsageRow) -> dict[str, object]:
         "ttft_ms_p50": row.ttft_ms_p50,
         "ttft_ms_p95": row.ttft_ms_p95,
         "tokens_per_s_p50": row.tokens_per_s_p50,
+        "counted_requests": row.counted_requests,
+        "estimated_requests": row.estimated_requests,
     }
 
 

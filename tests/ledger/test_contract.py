@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from proxy.ledger import Bucket, Ledger, UsageQuery, UsageRecord, open_ledger
+from proxy.ledger.base import MAX_RECORD_CHARS, MAX_RECORD_INT
 from tests.ledger.factory import DAY_S, HOUR_S, T0, record
 
 pytestmark = pytest.mark.anyio
@@ -225,3 +226,40 @@ async def test_appends_after_close_are_counted_as_dropped(
     ledger.append(record(1))
     assert ledger.stats().dropped == 1
     assert "dropping records appended after aclose()" in caplog.text
+
+
+async def test_out_of_range_numbers_are_bounded_and_lose_no_other_record(ledger_url: str) -> None:
+    """A backend's 2**64-1 tokens once made SQLite drop its whole batch (other tenants' records
+    with it) and Redis retry a failing HINCRBY forever; at append it is clamped instead."""
+    huge = record(
+        2, tenant="beta", input_tokens=2**64 - 1, output_tokens=-5, cost_nusd=10**30,
+        ttft_ms=math.inf, tokens_per_s=math.nan, model="m" * 10_000, usage_source="backend",
+    )  # fmt: skip
+    await write(ledger_url, [record(1), huge, record(3)])
+    async with opened(ledger_url) as ledger:
+        latest = await ledger.latest(None, 10)
+        rows = {row.tenant: row for row in await ledger.query(EVERYTHING)}
+    assert sorted(r.request_id for r in latest) == ["req-1", "req-2", "req-3"]
+    [stored] = [r for r in latest if r.request_id == "req-2"]
+    assert (stored.input_tokens, stored.output_tokens) == (MAX_RECORD_INT, 0)
+    assert stored.cost_nusd == MAX_RECORD_INT
+    assert stored.ttft_ms is None
+    assert stored.tokens_per_s is None
+    assert stored.model is not None
+    assert len(stored.model) <= MAX_RECORD_CHARS
+    assert rows["alpha"].requests == 2
+    assert rows["beta"].input_tokens == MAX_RECORD_INT
+
+
+async def test_usage_sources_are_stored_and_counted(ledger_url: str) -> None:
+    sources = ["backend", "counted", "estimated", "counted_output", "cache", None]
+    made = [
+        record(i, usage_source=source, counted_input_tokens=i) for i, source in enumerate(sources)
+    ]
+    await write(ledger_url, made)
+    async with opened(ledger_url) as ledger:
+        latest = await ledger.latest(None, 10)
+        [row] = await ledger.query(EVERYTHING)
+    stored = {r.request_id: (r.usage_source, r.counted_input_tokens) for r in latest}
+    assert stored == {f"req-{i}": (source, i) for i, source in enumerate(sources)}
+    assert (row.counted_requests, row.estimated_requests) == (2, 1)

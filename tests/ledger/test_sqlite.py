@@ -192,3 +192,26 @@ async def test_writers_starting_together_on_a_new_file_both_start(tmp_path: Path
         async with asyncio.timeout(10):
             await asyncio.gather(first.start(), second.start())
         await asyncio.gather(first.aclose(), second.aclose())
+
+
+async def test_a_record_sqlite_cannot_store_is_dropped_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lone surrogate cannot be encoded as UTF-8: its whole batch (every tenant's records
+    around it) used to be dropped; now only that record is, counted and logged."""
+    ledger = SqliteLedger(tmp_path / "ledger.db", interval_s=60.0)  # one batch, at close
+    await ledger.start()
+    for n in range(5):
+        ledger.append(record(n, tenant="bad\ud800" if n == 2 else f"tenant-{n}"))
+    with caplog.at_level(logging.ERROR, logger="tokenweir.ledger"):
+        await ledger.aclose()
+    assert ledger.stats().dropped == 1
+    assert ledger.stats().written == 4
+    assert any("cannot write" in r.getMessage() for r in caplog.records)
+    reader = SqliteLedger(tmp_path / "ledger.db", read_only=True)
+    await reader.start()
+    try:
+        kept = sorted(r.request_id for r in await reader.latest(None, 10))
+    finally:
+        await reader.aclose()
+    assert kept == ["req-0", "req-1", "req-3", "req-4"]

@@ -1,0 +1,205 @@
+"""What a request is billed: the backend's usage if its numbers are sane, else the gateway's own.
+
+Writes input_tokens, output_tokens and usage_source (and upstream_usage, backend_usage).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from proxy.context import RequestContext, UsageSource
+from proxy.tokens import TokenCounter, TokenCounters, TokenizerError
+
+__all__ = [
+    "MAX_USAGE_TOKENS",
+    "backend_answered",
+    "bill",
+    "checked_usage",
+    "count_unreported_input",
+    "take_usage",
+    "usage_of",
+]
+
+MAX_USAGE_TOKENS = 100_000_000
+"""The most tokens one request may report (prompt or completion): ten times the largest context
+window on offer (10M). A backend number above it, negative, a float or a bool is not believed."""
+
+# A stream's token events count from the first text on, so each choice may add a textless
+# role or finish event: the gateway's count, less these, is a lower bound on the output tokens.
+_TEXTLESS_PER_CHOICE = 2
+# The estimate is within +12% of a real tokenizer on output text (tokens/estimate.py): beyond
+# this ratio an estimated count beats the backend's figure.
+_ESTIMATE_SLACK = 1.15
+_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+_log = logging.getLogger("tokenweir.usage")
+
+
+def usage_of(raw: bytes) -> dict[str, Any] | None:
+    """The `usage` object of a whole (non-stream) answer, if it has one."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
+    """Keep the backend's usage if every number in it is believable; say so when it is not."""
+    if usage is None:
+        return
+    checked = checked_usage(usage)
+    if ctx.operation != "embeddings" and not isinstance(usage.get("completion_tokens"), int):
+        checked = None  # a generation's usage without its output count is not a usage
+    if checked is None:
+        ctx.usage_rejected = True
+        backend = ctx.backend.name if ctx.backend else None
+        _log.warning(
+            "backend %r reported usage the gateway does not believe (%s); billing its own counts",
+            backend,
+            orjson.dumps({k: usage.get(k) for k in _FIELDS}).decode()[:200],
+        )
+        return
+    ctx.upstream_usage = usage  # what the cache keeps with the answer
+    ctx.backend_usage = checked
+    ctx.usage_from_backend = True
+
+
+def checked_usage(usage: dict[str, Any]) -> tuple[int, int] | None:
+    """(prompt, completion) tokens, or None if a field is missing, not an int, or out of range.
+
+    `completion_tokens` may be absent (embeddings); `total_tokens`, when present, must be in
+    range too (it is not billed: backends differ on what it includes).
+    """
+    prompt = _count(usage.get("prompt_tokens"))
+    raw_completion = usage.get("completion_tokens", 0)
+    completion = _count(0 if raw_completion is None else raw_completion)
+    if prompt is None or completion is None:
+        return None
+    if "total_tokens" in usage and usage["total_tokens"] is not None:
+        if _count(usage["total_tokens"]) is None:
+            return None
+    return prompt, completion
+
+
+def _count(value: object) -> int | None:
+    # bool is an int subclass: `true` must not count as 1
+    if type(value) is not int or not 0 <= value <= MAX_USAGE_TOKENS:
+        return None
+    return value
+
+
+def bill(ctx: RequestContext, counter: TokenCounter | None) -> None:
+    """Decide input_tokens, output_tokens and usage_source, before the quotas are settled.
+
+    A request no backend answered (refused by the gateway, connect refused, a backend error)
+    bills nothing. Otherwise the backend's checked usage, unless the gateway counted more output
+    (n > 1 on a backend that reports one choice): then the larger, and the record says so.
+    """
+    if ctx.cached is not None:
+        ctx.usage_source = "cache"  # the cache stage set what a hit is charged
+        return
+    if not backend_answered(ctx):
+        ctx.input_tokens = ctx.output_tokens = 0
+        ctx.usage_source = None
+        return
+    exact = counter is None or counter.exact
+    counted_out = _counted_output(ctx, counter)
+    if ctx.backend_usage is not None:
+        prompt, completion = ctx.backend_usage
+        ctx.input_tokens, ctx.output_tokens = prompt, completion
+        ctx.usage_source = "backend"
+        if counted_out is not None and _beats(counted_out, completion, ctx.stream or exact):
+            ctx.output_tokens = counted_out
+            ctx.usage_source = "counted_output"
+        return
+    ctx.input_tokens = ctx.counted_input_tokens or 0
+    ctx.output_tokens = counted_out or 0
+    source: UsageSource = "counted" if exact else "estimated"
+    ctx.usage_source = source
+
+
+def backend_answered(ctx: RequestContext) -> bool:
+    """True if the client got a backend's answer, or left after a backend accepted the request
+    (its work is then billed); an error status bills only the usage a backend reported."""
+    if ctx.status == 200:
+        return True
+    return ctx.client_disconnected and ctx.route is not None and ctx.route.opened
+
+
+async def count_unreported_input(ctx: RequestContext, counters: TokenCounters) -> None:
+    """Count a prompt the backend answered without a believable usage, where shaping did not
+    count it (it counts only when a limit needs the count): that count is then the bill."""
+    if not backend_answered(ctx) or ctx.cached is not None:
+        return
+    body = ctx.body
+    try:
+        if ctx.operation == "chat":
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return
+            count = await counters.count_chat(ctx.model, messages, body.get("tools") or None)
+        else:
+            field = "prompt" if ctx.operation == "text_completion" else "input"
+            count = await counters.count_prompt(ctx.model, body.get(field, ""))
+    except (TokenizerError, TypeError, ValueError, AttributeError):
+        return  # a prompt the counter cannot read was checked by parse; bill it as uncounted
+    ctx.counted_input_tokens = count
+
+
+def _beats(counted: int, reported: int, exact: bool) -> bool:
+    return counted > reported if exact else counted > reported * _ESTIMATE_SLACK
+
+
+def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | None:
+    """The gateway's own count of the output; None where it has none worth comparing."""
+    if ctx.operation == "embeddings":
+        return 0
+    choices = _choices(ctx)
+    if ctx.stream:
+        events = ctx.meter.token_events
+        if ctx.backend_usage is None:
+            return events
+        return max(0, events - _TEXTLESS_PER_CHOICE * choices)
+    # A whole answer is counted only when needed: no usage to believe, or several choices.
+    if counter is None or (ctx.backend_usage is not None and choices == 1):
+        return None
+    return _count_answer(ctx.response_tail, ctx.operation, counter)
+
+
+def _choices(ctx: RequestContext) -> int:
+    n = ctx.body.get("n")
+    return n if type(n) is int and n > 1 else 1
+
+
+def _count_answer(raw: bytes, operation: str, counter: TokenCounter) -> int | None:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    choices = parsed.get("choices") if isinstance(parsed, dict) else None
+    if not isinstance(choices, list):
+        return None
+    texts: list[str] = []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if operation == "text_completion":
+            texts.append(choice.get("text") or "")
+            continue
+        message = choice.get("message")
+        if isinstance(message, dict):
+            texts.extend(_message_texts(message))
+    return sum(counter.count_text(text) for text in texts if isinstance(text, str))
+
+
+def _message_texts(message: dict[str, Any]) -> list[str]:
+    texts = [message.get(name) or "" for name in ("content", "reasoning_content", "refusal")]
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            texts += [function.get("name") or "", function.get("arguments") or ""]
+    return texts

@@ -1,0 +1,108 @@
+"""The quota race: 100 concurrent requests on a 5,000 tokens/day quota, `tokenweir serve
+--workers 2` on one Redis. Enforcement, the ledger, `tokenweir report`, `/api/usage` and the
+dashboard's quota bar must all show the same spend (refused requests bill nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from proxy.policy import load_policy
+from proxy.policy.units import hash_key
+from proxy.stages.budget import _quotas
+from proxy.storage import open_store
+from tests.conftest import ADMIN_KEY, BACKEND_KEY
+from tests.reliability.state import AUTH, TENANT, policy_text
+from tests.servers import free_port, wait_healthy
+
+QUOTA = 5000
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+CHAT = {
+    "model": "mock-llm",
+    "messages": [{"role": "user", "content": "Tell me about token budgets, briefly."}],
+    "max_tokens": 60,
+}
+
+
+def race_policy(backend_url: str, redis_url: str) -> str:
+    text = policy_text(backend_url, redis_url).replace(
+        "tokens_per_day: 100000000", f"tokens_per_day: {QUOTA}"
+    )
+    return text.replace("tenants:", f"admin_keys: [{hash_key(ADMIN_KEY)}]\ntenants:")
+
+
+async def race(url: str, count: int) -> list[int]:
+    limits = httpx.Limits(max_connections=count)
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30, limits=limits) as http:
+        answers = await asyncio.gather(
+            *(http.post("/v1/chat/completions", json=CHAT) for _ in range(count))
+        )
+    return [answer.status_code for answer in answers]
+
+
+async def enforced(config: Path, redis_url: str) -> tuple[int, int]:
+    """(used, reserved) of the tenant's daily quota, as the budget stage reads it."""
+    policy = load_policy(config)
+    store = open_store(redis_url)
+    try:
+        quotas = _quotas(TENANT, policy.tenants[TENANT].budget, time.time())
+        [(used, reserved)] = await store.read([q.counter for q in quotas])
+    finally:
+        await store.aclose()
+    return used, reserved
+
+
+def api_usage(url: str) -> dict[str, int]:
+    [row] = httpx.get(url + f"/api/usage?since=1d&tenant={TENANT}", headers=ADMIN).json()["data"]
+    return row  # type: ignore[no-any-return]
+
+
+def test_a_hundred_requests_race_for_a_small_quota_and_every_view_agrees(
+    backend_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(race_policy(backend_url, redis_url))
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--workers", "2", "--no-access-log"]
+    env = {**os.environ, "BACKEND_KEY": BACKEND_KEY}
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, server, timeout_s=120)  # two workers start slowly on a loaded machine
+        statuses = asyncio.run(race(url, 100))
+        deadline = time.monotonic() + 10
+        while api_usage(url)["requests"] < 100 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        row = api_usage(url)
+        page = httpx.get(url + "/dashboard", headers=ADMIN).text
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+    assert statuses.count(200) > 10
+    assert statuses.count(429) > 10
+    assert set(statuses) == {200, 429}
+    used, reserved = asyncio.run(enforced(config, redis_url))
+    assert reserved == 0  # every request has settled
+    assert 0 < used <= QUOTA
+    assert row["requests"] == 100
+    assert row["rate_limited"] == statuses.count(429)
+    assert row["input_tokens"] + row["output_tokens"] == used
+    [bar] = re.findall(r'class="qused">([\d,]+) / 5,000 tokens', page)
+    assert int(bar.replace(",", "")) == used
+    report = subprocess.run(
+        [sys.executable, "-m", "proxy", "report", "--config", str(config), "--tenant", TENANT,
+         "--since", "1d", "--format", "json"],
+        capture_output=True, check=True, timeout=60, env=env,
+    )  # fmt: skip
+    [reported] = orjson.loads(report.stdout)["rows"]
+    assert reported["input_tokens"] + reported["output_tokens"] == used
+    assert reported["requests"] == 100

@@ -1,0 +1,92 @@
+"""A backend on 127.0.0.1 whose answers are honest but whose `usage` says what a test sets.
+
+It answers chat completions (stream or not, `n` choices of WORDS words each) with the usage
+bytes of `LyingBackend.usage` inserted verbatim: any JSON, believable or not; None leaves the
+usage out. `status` other than 200 answers an OpenAI-shaped error instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from tests.servers import serve
+
+WORDS = 12
+WORD = "hello "
+
+
+class LyingBackend:
+    def __init__(self) -> None:
+        self.usage: bytes | None = b'{"prompt_tokens": 9, "completion_tokens": 12}'
+        self.status = 200
+        self.requests = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.requests += 1
+        if scope["path"] == "/v1/models":
+            await _send(send, 200, b'{"object": "list", "data": []}', b"application/json")
+            return
+        request = orjson.loads(body)
+        n = request.get("n") or 1
+        if self.status != 200:
+            error = b'{"error": {"message": "no", "type": "invalid_request_error"}}'
+            await _send(send, self.status, error, b"application/json")
+        elif request.get("stream"):
+            await _send(send, 200, b"".join(self._events(n)), b"text/event-stream")
+        else:
+            await _send(send, 200, self._whole(n), b"application/json")
+
+    def _whole(self, n: int) -> bytes:
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": WORD * WORDS},
+                "finish_reason": "stop",
+            }
+            for i in range(n)
+        ]
+        head = orjson.dumps({"id": "c1", "object": "chat.completion", "model": "m"})[:-1]
+        usage = b"" if self.usage is None else b', "usage": ' + self.usage
+        return head + b', "choices": ' + orjson.dumps(choices) + usage + b"}"
+
+    def _events(self, n: int) -> Iterator[bytes]:
+        def event(choice: int, delta: dict[str, str], finish: str | None = None) -> bytes:
+            item = {"index": choice, "delta": delta, "finish_reason": finish}
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "choices": [item]}
+            return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+        for choice in range(n):
+            yield event(choice, {"role": "assistant", "content": ""})
+        for _ in range(WORDS):
+            for choice in range(n):
+                yield event(choice, {"content": WORD})
+        for choice in range(n):
+            yield event(choice, {}, "stop")
+        if self.usage is not None:
+            yield b'data: {"id": "c1", "choices": [], "usage": ' + self.usage + b"}\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+async def _send(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@contextmanager
+def lying_backend() -> Iterator[tuple[LyingBackend, str]]:
+    app = LyingBackend()
+    with serve(app) as url:
+        yield app, url
