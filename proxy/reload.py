@@ -163,7 +163,18 @@ class Reloader:
                 await task
 
     async def reload(self, cause: str) -> Reloaded:
-        """Load the file and swap to it; ReloadRefused (or PolicyError) leaves all as it was."""
+        """Load the file and swap to it; ReloadRefused (logged) leaves all as it was."""
+        try:
+            return await self._reload(cause)
+        except ReloadRefused as exc:
+            _log.error("policy reload (%s) refused: %s", cause, exc.message)
+            raise
+
+    async def reload_logged(self, cause: str) -> None:
+        with contextlib.suppress(ReloadRefused):
+            await self.reload(cause)
+
+    async def _reload(self, cause: str) -> Reloaded:
         if self._path is None:
             raise ReloadRefused("This gateway was not started from a policy file: nothing to load.")
         async with self._lock:
@@ -189,12 +200,6 @@ class Reloader:
             cause, current.policy_hash, source.digest, len(source.policy.tenants),
         )  # fmt: skip
         return Reloaded(current.policy_hash, source.digest, changed=True)
-
-    async def reload_logged(self, cause: str) -> None:
-        try:
-            await self.reload(cause)
-        except ReloadRefused as exc:
-            _log.error("policy reload (%s) refused: %s", cause, exc.message)
 
     def tell_siblings(self) -> None:
         """Under `tokenweir serve --workers N`: have the supervisor reload every worker."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import TYPE_CHECKING
 
 import orjson
@@ -56,6 +57,7 @@ class Ready:
             "storage_failure_decisions": dict(gateway.storage_failures.counts),
             "draining": draining,
             "policy_hash": gateway.policy_hash,
+            "pid": os.getpid(),  # which worker answered, under `serve --workers N`
         }
         await send_json(send, 200 if ready else 503, orjson.dumps(body))
 
