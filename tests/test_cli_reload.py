@@ -21,7 +21,6 @@ from tests.test_reload import (
     NEW_KEY,
     STAY_KEY,
     policy_text,
-    slow_backend,  # noqa: F401 - the fixture
 )
 
 _WAIT_S = 30.0
@@ -64,12 +63,12 @@ def _ready(url: str) -> dict[str, object]:
     return answer
 
 
-def test_sighup_reloads_a_running_serve(slow_backend: str, tmp_path: Path) -> None:
+def test_sighup_reloads_a_running_serve(backend_url: str, tmp_path: Path) -> None:
     config = tmp_path / "policy.yaml"
-    config.write_text(policy_text(slow_backend))
+    config.write_text(policy_text(backend_url))
     with tokenweir_serve(config) as (process, url):
         before = _ready(url)["policy_hash"]
-        config.write_text(policy_text(slow_backend, newcomer=True))
+        config.write_text(policy_text(backend_url, newcomer=True))
         assert _chat(url, NEW_KEY) == 401
         process.send_signal(signal.SIGHUP)
         _eventually(lambda: _chat(url, NEW_KEY) == 200)
@@ -78,12 +77,12 @@ def test_sighup_reloads_a_running_serve(slow_backend: str, tmp_path: Path) -> No
 
 
 def test_watch_reloads_on_change_and_refuses_a_broken_file(
-    slow_backend: str, tmp_path: Path
+    backend_url: str, tmp_path: Path
 ) -> None:
     config = tmp_path / "policy.yaml"
-    config.write_text(policy_text(slow_backend))
+    config.write_text(policy_text(backend_url))
     with tokenweir_serve(config, "--watch") as (_, url):
-        config.write_text(policy_text(slow_backend, newcomer=True))
+        config.write_text(policy_text(backend_url, newcomer=True))
         _eventually(lambda: _chat(url, NEW_KEY) == 200)
         serving = _ready(url)["policy_hash"]
         config.write_text("tenants: [not, a, mapping\n")
@@ -96,10 +95,10 @@ def test_watch_reloads_on_change_and_refuses_a_broken_file(
 
 
 def test_every_worker_reloads_on_sighup_and_on_the_admin_route(
-    slow_backend: str, tmp_path: Path
+    backend_url: str, tmp_path: Path
 ) -> None:
     config = tmp_path / "policy.yaml"
-    config.write_text(policy_text(slow_backend))
+    config.write_text(policy_text(backend_url))
     with tokenweir_serve(config, "--workers", "2") as (process, url):
         seen: dict[object, object] = {}
 
@@ -111,11 +110,11 @@ def test_every_worker_reloads_on_sighup_and_on_the_admin_route(
         first = _ready(url)["policy_hash"]
         _eventually(lambda: both_serve(first))
         workers = set(seen)
-        config.write_text(policy_text(slow_backend, newcomer=True))
+        config.write_text(policy_text(backend_url, newcomer=True))
         second = _digest(config)
         os.kill(process.pid, signal.SIGHUP)
         _eventually(lambda: both_serve(second))
-        config.write_text(policy_text(slow_backend, newcomer=True, leaked_key=False))
+        config.write_text(policy_text(backend_url, newcomer=True, leaked_key=False))
         reloaded = httpx.post(url + "/admin/reload", headers=ADMIN).json()
         _eventually(lambda: both_serve(reloaded["policy_hash"]))
         assert set(seen) == workers  # reloaded in place, not restarted
