@@ -44,7 +44,7 @@ from proxy.reload import (
 )
 from proxy.routing import Pools, Prober
 from proxy.stages.account import Account, Settler
-from proxy.stages.auth import Authenticate, Keyring
+from proxy.stages.auth import Authenticate, CurrentKeyring, Keyring
 from proxy.stages.budget import Budgets
 from proxy.stages.cache import ResponseCache
 from proxy.stages.degrade import Degrade
@@ -125,13 +125,14 @@ class Services:
         transport: httpx.AsyncBaseTransport | None = None,
         store: QuotaStore | None = None,
         otel: OtelProviders | None = None,
+        live: LiveGateway | None = None,
     ) -> Services:
         store = store or open_store(policy.storage)
         failures = StorageFailures(clock)
         limit_store = open_limit_store(policy.storage)
         tracer_provider = otel.tracer_provider if otel else None
         metrics = GatewayMetrics()
-        live = LiveGateway()
+        live = live or LiveGateway()
         return cls(
             clock, UpstreamClient(policy.upstream, transport), store, limit_store,
             open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None,
@@ -194,8 +195,9 @@ class Gateway:
         store: QuotaStore | None = None,
         otel: OtelProviders | None = None,
         policy_hash: str = "",
+        live: LiveGateway | None = None,
     ) -> Gateway:
-        services = Services.open(policy, clock, transport, store, otel)
+        services = Services.open(policy, clock, transport, store, otel, live)
         gateway = cls.assemble(policy, policy_hash, services, None)
         services.live.current = gateway
         return gateway
@@ -334,16 +336,20 @@ def create_app(
     watching = watch if watch is not None else os.environ.get(WATCH_ENV) == "1"
     # Workers and replicas that share the secret accept each other's dashboard logins.
     secret = os.environ.get(SESSION_SECRET_ENV, "").encode() or secrets.token_bytes(32)
-    sessions = Sessions(resolved, Keyring(resolved), secret, SESSION_TTL_S)
+    live = LiveGateway()
+    # Bearer keys on the dashboard and /api/usage follow reloads and runtime keys; a session
+    # cookie is checked against the keys of the policy the process started with.
+    keyring = CurrentKeyring(lambda: live.current.keyring)
+    sessions = Sessions(resolved, keyring, secret, SESSION_TTL_S)
     pages = DashboardPages(sessions)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         sdk = _start_otel_sdk() if otel is None else None
         digest = source.digest if source else policy_digest(resolved)
-        gateway = Gateway.build(resolved, chosen_clock, transport, store, otel or sdk, digest)
+        gateway = Gateway.build(resolved, chosen_clock, transport, store, otel or sdk, digest, live)
         await gateway.start()
-        reloader = Reloader(gateway.services.live, source, watch=watching)
+        reloader = Reloader(live, source, watch=watching)
         reloader.start()
         if freeze_gc:
             # Everything built so far lives as long as the process: keep it out of the
@@ -351,11 +357,11 @@ def create_app(
             gc.collect()
             gc.freeze()
         try:
-            yield {"gateway": gateway, "live": gateway.services.live, "reloader": reloader}
+            yield {"gateway": gateway, "live": live, "reloader": reloader}
         finally:
             try:
                 await reloader.aclose()
-                await gateway.services.live.current.aclose()
+                await live.current.aclose()
             finally:
                 if sdk is not None:
                     sdk.shutdown()

@@ -87,6 +87,8 @@ async def test_reload_under_load_adds_a_tenant_and_revokes_a_key(
             newcomer = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(NEW_KEY))
             stayed = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(STAY_KEY))
             still_open = sum(not s.done() for s in streams)
+            usage_revoked = await http.get("/api/usage", headers=_bearer(OLD_KEY))
+            usage_newcomer = await http.get("/api/usage", headers=_bearer(NEW_KEY))
             bodies = await asyncio.gather(*streams)
             ready = (await http.get("/readyz")).json()
             metrics = (await http.get("/metrics")).text
@@ -97,6 +99,8 @@ async def test_reload_under_load_adds_a_tenant_and_revokes_a_key(
     assert newcomer.status_code == 200
     assert stayed.status_code == 200
     assert still_open > 0  # the reload happened while streams were open
+    assert usage_revoked.status_code == 401  # the usage API follows the reload too
+    assert usage_newcomer.json()["error"]["code"] == "no_ledger"  # authenticated; no ledger
     for body in bodies:  # each finished under the policy it started with
         assert body.endswith(b"data: [DONE]\n\n")
         assert body.count(b'"content"') >= 100

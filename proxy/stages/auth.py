@@ -14,7 +14,7 @@ from proxy.keys.record import KeyRecord
 from proxy.keys.runtime import RuntimeKeys
 from proxy.policy.model import Policy, Tenant
 
-__all__ = ["Authenticate", "KeyNoted", "Keyring"]
+__all__ = ["Authenticate", "CurrentKeyring", "KeyNoted", "Keyring"]
 
 _MISSING_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
@@ -65,6 +65,19 @@ class Keyring:
         for stored in self._admins:
             matched |= hmac.compare_digest(stored, digest)
         return matched
+
+
+class CurrentKeyring(Keyring):
+    """The keyring of whichever policy serves now, for routes built once at startup."""
+
+    def __init__(self, current: Callable[[], Keyring]) -> None:  # holds no keys of its own
+        self._current = current
+
+    def identify(self, authorization: str | None) -> tuple[str, KeyRecord | None]:
+        return self._current().identify(authorization)
+
+    def is_admin(self, authorization: str | None) -> bool:
+        return self._current().is_admin(authorization)
 
 
 KeyNoted = Callable[[RequestContext, KeyRecord], None]
