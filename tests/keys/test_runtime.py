@@ -3,6 +3,7 @@ replicas on one Redis; expiry, per-key limits and the admin key's guard."""
 
 from __future__ import annotations
 
+import calendar
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import redis
 
 from proxy.app import create_app
 from proxy.cli import main
+from proxy.clock import FakeClock
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from tests.servers import replicas, serve
@@ -95,17 +97,26 @@ def _wait(check: object, timeout_s: float = 10.0) -> float:
 
 
 @pytest.fixture
-def gateway(backend_url: str) -> Iterator[httpx.Client]:
+def clock() -> FakeClock:
+    return FakeClock(start_wall=calendar.timegm((2027, 3, 1, 12, 0, 0)))
+
+
+@pytest.fixture
+def gateway(backend_url: str, clock: FakeClock) -> Iterator[httpx.Client]:
     policy = parse_policy(policy_text(backend_url, "memory"), environ={})
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-    with serve(create_app(policy)) as url, httpx.Client(base_url=url, headers=admin) as http:
+    app = create_app(policy, clock=clock)
+    with serve(app) as url, httpx.Client(base_url=url, headers=admin) as http:
         yield http
 
 
-def test_a_key_expires(gateway: httpx.Client) -> None:
-    created = gateway.post("/admin/keys", json={"tenant": "alpha", "expires": "1s"}).json()
+def test_a_key_expires(gateway: httpx.Client, clock: FakeClock) -> None:
+    created = gateway.post("/admin/keys", json={"tenant": "alpha", "expires": "30d"}).json()
+    assert created["expires_at"] == int(clock.wall()) + 30 * 86400
     assert _chat(str(gateway.base_url), created["key"]).status_code == 200
-    time.sleep(1.2)
+    clock.advance(30 * 86400 - 1)
+    assert _chat(str(gateway.base_url), created["key"]).status_code == 200
+    clock.advance(1)
     assert _chat(str(gateway.base_url), created["key"]).status_code == 401
     listed = gateway.get("/admin/keys", params={"tenant": "alpha"}).json()["data"]
     assert [k["expired"] for k in listed] == [True]
