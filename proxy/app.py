@@ -29,12 +29,22 @@ from proxy.cache import open_embedder
 from proxy.clock import Clock, SystemClock
 from proxy.cost import PriceTable
 from proxy.errors import GatewayError, InternalError, NotFound
+from proxy.keys.allowance import KeyAllowances
+from proxy.keys.runtime import RuntimeKeys
 from proxy.ledger import Ledger, open_ledger
 from proxy.pipeline import Pipeline
 from proxy.policy import Policy, load_policy
+from proxy.reload import (
+    WATCH_ENV,
+    CurrentGateway,
+    LiveGateway,
+    PolicySource,
+    Reloader,
+    policy_digest,
+)
 from proxy.routing import Pools, Prober
-from proxy.stages.account import Account
-from proxy.stages.auth import Authenticate, Keyring
+from proxy.stages.account import Account, Settler
+from proxy.stages.auth import Authenticate, CurrentKeyring, Keyring
 from proxy.stages.budget import Budgets
 from proxy.stages.cache import ResponseCache
 from proxy.stages.degrade import Degrade
@@ -51,6 +61,7 @@ from proxy.storage import (
     open_limit_store,
     open_store,
 )
+from proxy.storage.keys import open_key_store
 from proxy.telemetry.budgets import budgets_left
 from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
 from proxy.telemetry.otelenv import otel_wanted
@@ -58,6 +69,7 @@ from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.tracing import Tracing
 from proxy.tokens import TokenCounters
 from proxy.upstream.client import UpstreamClient
+from proxy.web.admin import admin_routes
 from proxy.web.dashboard import DashboardPages
 from proxy.web.drain import Drain
 from proxy.web.openai import ModelList, OpenAIEndpoint
@@ -85,24 +97,94 @@ _log = logging.getLogger("tokenweir")
 
 
 @dataclass(frozen=True, slots=True)
-class Gateway:
-    """Everything a request needs, built once per process in the lifespan."""
+class Services:
+    """What outlives a policy reload: storage, ledger, the upstream pool, telemetry's metrics,
+    the rate limiter's queues, runtime keys and the drain. Built once per process."""
 
-    policy: Policy
     clock: Clock
-    keyring: Keyring
     upstream: UpstreamClient
     store: QuotaStore
     limit_store: LimitStore
     ledger: Ledger | None
-    pipeline: Pipeline
     storage_failures: StorageFailures
     started_wall: float
-    telemetry: Telemetry
+    metrics: GatewayMetrics
+    tracing: Tracing | None
     cache: ResponseCache
+    rate_limits: RateLimits
+    drain: Drain
+    keys: RuntimeKeys
+    live: LiveGateway
+    metrics_push: MetricsPusher | None = None
+
+    @classmethod
+    def open(
+        cls,
+        policy: Policy,
+        clock: Clock,
+        transport: httpx.AsyncBaseTransport | None = None,
+        store: QuotaStore | None = None,
+        otel: OtelProviders | None = None,
+        live: LiveGateway | None = None,
+    ) -> Services:
+        store = store or open_store(policy.storage)
+        failures = StorageFailures(clock)
+        limit_store = open_limit_store(policy.storage)
+        tracer_provider = otel.tracer_provider if otel else None
+        metrics = GatewayMetrics()
+        live = live or LiveGateway()
+        return cls(
+            clock, UpstreamClient(policy.upstream, transport), store, limit_store,
+            open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None,
+            failures, clock.wall(), metrics,
+            Tracing(tracer_provider) if tracer_provider else None,
+            _response_cache(policy, clock), RateLimits(limit_store, clock, failures),
+            Drain(policy.server.drain_timeout), RuntimeKeys(open_key_store(policy.storage), clock),
+            live,
+            otel.metrics_push(
+                metrics, lambda: budgets_left(live.current.policy, store, clock.wall())
+            ) if otel else None,
+        )  # fmt: skip
+
+    async def start(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.start()
+        await self.keys.start()
+        self.drain.install()
+        if self.metrics_push is not None:
+            self.metrics_push.start()
+
+    async def aclose(self) -> None:
+        """Close in dependency order; the ledger last, so every settled request is flushed."""
+        self.drain.uninstall()
+        try:
+            if self.metrics_push is not None:  # first: its last export reads budgets
+                await self.metrics_push.aclose()
+            await self.keys.aclose()
+            await self.storage_failures.aclose()
+            await self.upstream.aclose()
+            await self.store.aclose()
+            await self.limit_store.aclose()
+            await self.cache.aclose()
+        finally:
+            if self.ledger is not None:
+                await self.ledger.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """Everything a request needs under one policy: immutable, swapped whole on a reload; each
+    request takes the one current at its start and keeps it to its end."""
+
+    policy: Policy
+    policy_hash: str
+    services: Services
+    keyring: Keyring
+    pipeline: Pipeline
+    telemetry: Telemetry
     pools: Pools
     prober: Prober
-    metrics_push: MetricsPusher | None = None
+    counters: TokenCounters
 
     @classmethod
     def build(
@@ -112,77 +194,114 @@ class Gateway:
         transport: httpx.AsyncBaseTransport | None = None,
         store: QuotaStore | None = None,
         otel: OtelProviders | None = None,
+        policy_hash: str = "",
+        live: LiveGateway | None = None,
     ) -> Gateway:
-        keyring = Keyring(policy)
-        upstream = UpstreamClient(policy.upstream, transport)
-        store = store or open_store(policy.storage)
+        services = Services.open(policy, clock, transport, store, otel, live)
+        gateway = cls.assemble(policy, policy_hash, services, None)
+        services.live.current = gateway
+        return gateway
+
+    @classmethod
+    def assemble(
+        cls, policy: Policy, policy_hash: str, services: Services, previous: Gateway | None
+    ) -> Gateway:
+        """The per-policy objects on `services`; what the policy did not change is reused
+        from `previous` (backend health and in-flight counts, loaded tokenizers)."""
+        clock, store, failures = services.clock, services.store, services.storage_failures
+        same_routing = previous is not None and (
+            previous.policy.backends,
+            previous.policy.models,
+        ) == (policy.backends, policy.models)
+        if previous is not None and same_routing:
+            pools, prober = previous.pools, previous.prober
+        else:
+            pools = Pools(policy, clock)
+            prober = Prober(pools, services.upstream, policy.upstream.probe_interval)
+        if previous is not None and previous.policy.models == policy.models:
+            counters = previous.counters
+        else:
+            counters = TokenCounters(policy)
+        keyring = Keyring(policy, services.keys)
         prices = PriceTable(policy)
-        failures = StorageFailures(clock)
         budgets = Budgets(store, prices, clock, failures)
-        limit_store = open_limit_store(policy.storage)
-        rate_limits = RateLimits(limit_store, clock, failures)
-        ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
-        telemetry = _telemetry(policy, clock, otel)
-        cache = _response_cache(policy, clock)
-        pools = Pools(policy, clock)
-        route = RouteStage(pools, upstream, clock, rate_limits.admit_backend)
-        counters = TokenCounters(policy)
-        account = Account(
-            clock, [route, rate_limits, budgets, cache], prices, ledger, telemetry,
-            counters=counters, models=policy.models,
-        )  # fmt: skip
+        rate_limits, cache = services.rate_limits, services.cache
+        key_limits = KeyAllowances(store, services.limit_store, clock)
+        telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
+        route = RouteStage(pools, services.upstream, clock, rate_limits.admit_backend)
+        settlers: list[Settler] = [route, rate_limits, budgets, key_limits, cache]
         pipeline = Pipeline(
-            auth=Authenticate(keyring, policy.tenants),
+            auth=Authenticate(keyring, policy.tenants, key_limits.note),
             stages=[
                 Parse(policy.models),
                 Shape(counters),
                 budgets,
                 rate_limits,
+                key_limits,
                 cache,
                 Degrade(pools, clock, store, failures, cache),
                 route,
                 BackendLimits(rate_limits),
             ],
             forward=Forward(route, clock, telemetry),
-            account=account,
+            account=Account(
+                clock,
+                settlers,
+                prices,
+                services.ledger,
+                telemetry,
+                counters=counters,
+                models=policy.models,
+            ),
             max_body_bytes=policy.server.max_body_bytes,
             telemetry=telemetry,
             replay=cache.replay,
             body_timeout_s=policy.server.body_timeout,
-            drain=Drain(policy.server.drain_timeout),
+            drain=services.drain,
         )
-        return cls(
-            policy, clock, keyring, upstream, store, limit_store, ledger, pipeline, failures,
-            clock.wall(), telemetry, cache, pools,
-            Prober(pools, upstream, policy.upstream.probe_interval),
-            otel.metrics_push(
-                telemetry.metrics, lambda: budgets_left(policy, store, clock.wall())
-            ) if otel else None,
-        )  # fmt: skip
+        return cls(policy, policy_hash, services, keyring, pipeline, telemetry, pools, prober,
+                   counters)  # fmt: skip
+
+    def reloaded(self, policy: Policy, policy_hash: str) -> Gateway:
+        return self.assemble(policy, policy_hash, self.services, self)
+
+    @property
+    def clock(self) -> Clock:
+        return self.services.clock
+
+    @property
+    def upstream(self) -> UpstreamClient:
+        return self.services.upstream
+
+    @property
+    def store(self) -> QuotaStore:
+        return self.services.store
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return self.services.ledger
+
+    @property
+    def storage_failures(self) -> StorageFailures:
+        return self.services.storage_failures
+
+    @property
+    def started_wall(self) -> float:
+        return self.services.started_wall
+
+    @property
+    def cache(self) -> ResponseCache:
+        return self.services.cache
 
     async def start(self) -> None:
-        if self.ledger is not None:
-            await self.ledger.start()
+        await self.services.start()
         self.prober.start()
-        self.pipeline.drain.install()
-        if self.metrics_push is not None:
-            self.metrics_push.start()
 
     async def aclose(self) -> None:
-        """Close in dependency order; the ledger last, so every settled request is flushed."""
-        self.pipeline.drain.uninstall()
         try:
-            if self.metrics_push is not None:  # first: its last export reads budgets
-                await self.metrics_push.aclose()
-            await self.storage_failures.aclose()
             await self.prober.aclose()
-            await self.upstream.aclose()
-            await self.store.aclose()
-            await self.limit_store.aclose()
-            await self.cache.aclose()
         finally:
-            if self.ledger is not None:
-                await self.ledger.aclose()
+            await self.services.aclose()
 
 
 def _response_cache(policy: Policy, clock: Clock) -> ResponseCache:
@@ -201,6 +320,8 @@ def _response_cache(policy: Policy, clock: Clock) -> ResponseCache:
 def create_app(
     policy: Policy | None = None,
     *,
+    config: Path | None = None,
+    watch: bool | None = None,
     clock: Clock | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     store: QuotaStore | None = None,
@@ -209,31 +330,46 @@ def create_app(
 ) -> Starlette:
     """The gateway app; `clock`, `transport` and `store` replace the real ones (for tests).
 
-    `otel` gives tracer/meter providers; without it, the OTEL_* environment may configure the
-    SDK here, in the process (each uvicorn worker) that serves the app. `freeze_gc` moves what
-    startup built out of the garbage collector's way (`gc.freeze`), for a serving process."""
-    resolved = policy or load_policy(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
+    The policy is `policy`, else the file `config`, else TOKENWEIR_CONFIG's (default: the
+    embedded one); a file can be reloaded (SIGHUP, `POST /admin/reload`, and with `watch`, or
+    TOKENWEIR_WATCH=1, when it changes). `otel` gives tracer/meter providers; without it, the
+    OTEL_* environment may configure the SDK here, in the process (each uvicorn worker) that
+    serves the app. `freeze_gc` moves what startup built out of the garbage collector's way
+    (`gc.freeze`), for a serving process."""
+    if policy is None:
+        config = config or Path(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
+    source = PolicySource.read(config) if config is not None else None
+    resolved = policy or (source.policy if source else load_policy(DEFAULT_POLICY))
     chosen_clock = clock or SystemClock()
+    watching = watch if watch is not None else os.environ.get(WATCH_ENV) == "1"
     # Workers and replicas that share the secret accept each other's dashboard logins.
     secret = os.environ.get(SESSION_SECRET_ENV, "").encode() or secrets.token_bytes(32)
-    sessions = Sessions(resolved, Keyring(resolved), secret, SESSION_TTL_S)
+    live = LiveGateway()
+    # Bearer keys on the dashboard and /api/usage follow reloads and runtime keys; a session
+    # cookie is checked against the keys of the policy the process started with.
+    keyring = CurrentKeyring(lambda: live.current.keyring)
+    sessions = Sessions(resolved, keyring, secret, SESSION_TTL_S)
     pages = DashboardPages(sessions)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         sdk = _start_otel_sdk() if otel is None else None
-        gateway = Gateway.build(resolved, chosen_clock, transport, store, otel or sdk)
+        digest = source.digest if source else policy_digest(resolved)
+        gateway = Gateway.build(resolved, chosen_clock, transport, store, otel or sdk, digest, live)
         await gateway.start()
+        reloader = Reloader(live, source, watch=watching)
+        reloader.start()
         if freeze_gc:
             # Everything built so far lives as long as the process: keep it out of the
             # collector's full passes, which otherwise pause every stream for 35-60 ms.
             gc.collect()
             gc.freeze()
         try:
-            yield {"gateway": gateway}
+            yield {"gateway": gateway, "live": live, "reloader": reloader}
         finally:
             try:
-                await gateway.aclose()
+                await reloader.aclose()
+                await live.current.aclose()
             finally:
                 if sdk is not None:
                     sdk.shutdown()
@@ -248,6 +384,7 @@ def create_app(
             Route("/readyz", Ready(), methods=["GET"]),
             Route("/metrics", Metrics(), methods=["GET"]),
             Route("/api/usage", UsageApi(sessions), methods=["GET"]),
+            *admin_routes(),
             Route("/dashboard", pages.route("overview"), methods=["GET"]),
             Route("/dashboard/tenants/{name:path}", pages.route("tenant"), methods=["GET"]),
             Route("/dashboard/login", pages.route("login_form"), methods=["GET"]),
@@ -255,7 +392,7 @@ def create_app(
             Route("/dashboard/logout", pages.route("logout"), methods=["POST"]),
             Route("/dashboard/static/dashboard.css", pages.route("stylesheet"), methods=["GET"]),
         ],
-        middleware=[Middleware(RequestId)],
+        middleware=[Middleware(CurrentGateway), Middleware(RequestId)],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
     )
@@ -285,16 +422,6 @@ class OtelProviders(Protocol):
     def metrics_push(
         self, metrics: GatewayMetrics, budgets: Callable[[], Awaitable[Sequence[BudgetLeft]]]
     ) -> MetricsPusher | None: ...
-
-
-def _telemetry(policy: Policy, clock: Clock, otel: OtelProviders | None) -> Telemetry:
-    tracer_provider = otel.tracer_provider if otel else None
-    return Telemetry(
-        policy,
-        clock,
-        GatewayMetrics(),
-        tracing=Tracing(tracer_provider) if tracer_provider else None,
-    )
 
 
 def _start_otel_sdk() -> OtelSdk | None:

@@ -1,24 +1,29 @@
-"""The `tokenweir` command line: serve, demo, mock-backend, bench, policy."""
+"""The `tokenweir` command line: serve, demo, mock-backend, bench, report, policy, keys."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import math
 import os
 import secrets
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 from proxy import __version__
 from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
+from proxy.reload import SUPERVISOR_ENV, WATCH_ENV
 from proxy.telemetry.logs import log_config
-from proxy.tools import bench, mockbackend, report
+from proxy.tools import bench, keys, mockbackend, report
 from proxy.tools.demo import run_demo
 from proxy.web.slowclient import protocol_with_header_timeout
 
@@ -47,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--no-access-log", action="store_true", help="no JSON line per request")
+    serve.add_argument(
+        "--watch", action="store_true", help="reload the policy file when it changes"
+    )
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo", help="simulated backend + gateway + a little traffic")
@@ -85,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_arguments(report_parser)
     report_parser.set_defaults(run=report.main)
 
+    keys_parser = commands.add_parser("keys", help="runtime API keys of a running gateway")
+    keys.add_arguments(keys_parser)
+
     policy = commands.add_parser("policy", help="policy file tools")
     policy_commands = policy.add_subparsers(title="policy commands", metavar="COMMAND")
     check = policy_commands.add_parser("check", help="validate a policy file")
@@ -104,24 +115,42 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"tokenweir: the policy cannot be used:\n{exc}", file=sys.stderr)
         return 1
     os.environ["TOKENWEIR_CONFIG"] = str(config)
+    os.environ[WATCH_ENV] = "1" if args.watch else "0"
     # One dashboard-login secret for all workers, so a login holds whichever worker answers.
     os.environ.setdefault(SESSION_SECRET_ENV, secrets.token_hex(32))
-    uvicorn.run(
-        "proxy.app:create_served_app",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        loop="uvloop",
-        http=protocol_with_header_timeout(server.header_timeout),
-        ws="none",
-        access_log=False,
-        log_config=log_config(args.log_level, access_log=not args.no_access_log),
-        timeout_keep_alive=math.ceil(server.keep_alive_timeout),
+    config_kwargs: dict[str, Any] = {
+        "factory": True,
+        "host": args.host,
+        "port": args.port,
+        "workers": args.workers,
+        "loop": "uvloop",
+        "http": protocol_with_header_timeout(server.header_timeout),
+        "ws": "none",
+        "access_log": False,
+        "log_config": log_config(args.log_level, access_log=not args.no_access_log),
+        "timeout_keep_alive": math.ceil(server.keep_alive_timeout),
         # Longer than the drain: the gateway ends the requests it cut itself, then uvicorn exits.
-        timeout_graceful_shutdown=math.ceil(server.drain_timeout) + 5,
-    )
+        "timeout_graceful_shutdown": math.ceil(server.drain_timeout) + 5,
+    }
+    if args.workers <= 1:
+        uvicorn.run("proxy.app:create_served_app", **config_kwargs)
+        return 0
+    # Each worker learns who its supervisor is, to have an admin-API reload reach its siblings.
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())
+    uvicorn_config = uvicorn.Config("proxy.app:create_served_app", **config_kwargs)
+    _ReloadingWorkers(uvicorn_config, sockets=[uvicorn_config.bind_socket()]).run()
     return 0
+
+
+class _ReloadingWorkers(Multiprocess):
+    """uvicorn's worker supervisor, except that SIGHUP reloads every worker's policy (each
+    worker reloads on SIGHUP) instead of restarting them, which would cut their streams."""
+
+    def handle_hup(self) -> None:
+        for process in self.processes:
+            if process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGHUP)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -18,13 +18,21 @@ GatewayError                      500 api_error (never raised bare; the base)
 |   +-- UpstreamUnavailable       503 api_error / upstream_unavailable (+ Retry-After)
 |   +-- UpstreamTimeout           504 api_error / upstream_timeout
 +-- InternalError                 500 api_error / internal_error (the outermost handler only)
+
+Every error with a Retry-After also carries `retry-after-ms`; one that retrying cannot fix soon
+(a quota that resets more than a minute away, a request larger than a limit) carries
+`x-should-retry: false`, which the OpenAI SDKs obey instead of retrying.
 """
 
 from __future__ import annotations
 
 import orjson
 
+FAR_RETRY_S = 60.0
+"""A wait longer than this is not worth a client's automatic retry (the SDKs cap theirs at 60 s)."""
+
 __all__ = [
+    "FAR_RETRY_S",
     "AuthenticationFailed",
     "BadRequest",
     "BodyTooLarge",
@@ -60,6 +68,7 @@ class GatewayError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: float | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -67,6 +76,9 @@ class GatewayError(Exception):
         if code is not None:
             self.code = code
         self.retry_after_s = retry_after_s
+        if should_retry is None and retry_after_s is not None:
+            should_retry = retry_after_s <= FAR_RETRY_S
+        self.should_retry = should_retry
 
     def body(self) -> dict[str, object]:
         return {
@@ -82,9 +94,13 @@ class GatewayError(Exception):
         return orjson.dumps(self.body())
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
-            return {}
-        return {"retry-after": str(max(1, round(self.retry_after_s + 0.499)))}
+        headers: dict[str, str] = {}
+        if self.retry_after_s is not None:
+            headers["retry-after"] = str(max(1, round(self.retry_after_s + 0.499)))
+            headers["retry-after-ms"] = str(max(1, round(self.retry_after_s * 1000 + 0.499)))
+        if self.should_retry is False:
+            headers["x-should-retry"] = "false"
+        return headers
 
 
 class BadRequest(GatewayError):

@@ -1,16 +1,20 @@
-"""Who is calling: the bearer key, hashed, compared in constant time. Writes tenant, tenant_name."""
+"""Who is calling: the bearer key, hashed, compared in constant time. Writes tenant, tenant_name.
+
+Keys come from the policy file and, created at runtime, from the gateway's storage."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from proxy.context import RequestContext
 from proxy.errors import AuthenticationFailed
+from proxy.keys.record import KeyRecord
+from proxy.keys.runtime import RuntimeKeys
 from proxy.policy.model import Policy, Tenant
 
-__all__ = ["Authenticate", "Keyring"]
+__all__ = ["Authenticate", "CurrentKeyring", "KeyNoted", "Keyring"]
 
 _MISSING_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
@@ -22,7 +26,9 @@ _WRONG_KEY = "Incorrect API key provided."
 class Keyring:
     """Every key the policy knows, by SHA-256 digest; a presented key is never stored."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, runtime: RuntimeKeys | None = None) -> None:
+        self._runtime = runtime
+        self._known = frozenset(policy.tenants)
         self._tenants: list[tuple[bytes, str]] = [
             (_digest_of_stored(key), name)
             for name, tenant in policy.tenants.items()
@@ -32,15 +38,23 @@ class Keyring:
 
     def tenant_for(self, authorization: str | None) -> str:
         """The tenant that owns the bearer key, or AuthenticationFailed."""
+        return self.identify(authorization)[0]
+
+    def identify(self, authorization: str | None) -> tuple[str, KeyRecord | None]:
+        """The key's tenant, and its runtime record if it is not a policy file's key."""
         digest = _presented_digest(authorization)
         found: str | None = None
         # Look at every entry, without an early exit, so timing says nothing about which matched.
         for stored, name in self._tenants:
             if hmac.compare_digest(stored, digest):
                 found = name
-        if found is None:
+        if found is not None:
+            return found, None
+        record = self._runtime.lookup(digest) if self._runtime is not None else None
+        # A runtime key of a tenant the policy no longer has stops working (but stays listed).
+        if record is None or record.tenant not in self._known:
             raise AuthenticationFailed(_WRONG_KEY)
-        return found
+        return record.tenant, record
 
     def is_admin(self, authorization: str | None) -> bool:
         try:
@@ -53,15 +67,37 @@ class Keyring:
         return matched
 
 
+class CurrentKeyring(Keyring):
+    """The keyring of whichever policy serves now, for routes built once at startup."""
+
+    def __init__(self, current: Callable[[], Keyring]) -> None:  # holds no keys of its own
+        self._current = current
+
+    def identify(self, authorization: str | None) -> tuple[str, KeyRecord | None]:
+        return self._current().identify(authorization)
+
+    def is_admin(self, authorization: str | None) -> bool:
+        return self._current().is_admin(authorization)
+
+
+KeyNoted = Callable[[RequestContext, KeyRecord], None]
+"""Told of each request made with a runtime key (which may carry its own budget and limits)."""
+
+
 class Authenticate:
-    def __init__(self, keyring: Keyring, tenants: Mapping[str, Tenant]) -> None:
+    def __init__(
+        self, keyring: Keyring, tenants: Mapping[str, Tenant], on_key: KeyNoted | None = None
+    ) -> None:
         self._keyring = keyring
         self._tenants = tenants
+        self._on_key = on_key
 
     async def __call__(self, ctx: RequestContext) -> None:
-        name = self._keyring.tenant_for(ctx.headers.get("authorization"))
+        name, record = self._keyring.identify(ctx.headers.get("authorization"))
         ctx.tenant_name = name
         ctx.tenant = self._tenants[name]
+        if record is not None and self._on_key is not None:
+            self._on_key(ctx, record)
 
 
 def _presented_digest(authorization: str | None) -> bytes:

@@ -229,6 +229,13 @@ def _refused(quota: _Quota, used: int, reserved: int, needed: int, now: float) -
         limit, used_s, reserved_s, needed_s = (
             str(v) for v in (quota.counter.limit, used, reserved, needed)
         )
+    if needed > quota.counter.limit:
+        return InsufficientQuota(
+            f"This request needs up to {needed_s} {unit}, more than {quota.name} ({limit} "
+            f"{unit}) allows in a whole period: it can never be admitted. Lower max_tokens or "
+            "shorten the input.",
+            should_retry=False,
+        )
     return InsufficientQuota(
         f"You exceeded your current quota: {quota.name} is {limit} {unit}; {used_s} used and "
         f"{reserved_s} held by requests in flight, and this request needs up to {needed_s}. "

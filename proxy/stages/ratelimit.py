@@ -297,6 +297,7 @@ def _refused(
             return RateLimited(
                 f"Rate limit exceeded: {what}; it is larger than the per-minute limit and can "
                 "never be admitted. Lower max_tokens or shorten the input.",
+                should_retry=False,
             )
     wait = format_reset(retry_s)
     return RateLimited(

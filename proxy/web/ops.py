@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import TYPE_CHECKING
 
 import orjson
@@ -31,7 +32,7 @@ class Health:
 class Ready:
     """`GET /readyz`: 200 when every model has a backend answering `GET /models` and the shared
     storage answers, and not while shutting down; the body also counts what was decided while
-    storage was failing."""
+    storage was failing, and names the policy version serving (`policy_hash`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
@@ -55,6 +56,8 @@ class Ready:
             "storage": storage or "ok",
             "storage_failure_decisions": dict(gateway.storage_failures.counts),
             "draining": draining,
+            "policy_hash": gateway.policy_hash,
+            "pid": os.getpid(),  # which worker answered, under `serve --workers N`
         }
         await send_json(send, 200 if ready else 503, orjson.dumps(body))
 
@@ -66,7 +69,7 @@ class Metrics:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
         budgets = await budgets_left(gateway.policy, gateway.store, gateway.clock.wall())
-        body = gateway.telemetry.metrics.render(budgets)
+        body = gateway.telemetry.metrics.render(budgets) + _policy_info(gateway.policy_hash)
         await send(
             {
                 "type": "http.response.start",
@@ -78,6 +81,15 @@ class Metrics:
             }
         )
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _policy_info(policy_hash: str) -> bytes:
+    """Which policy version serves: the first 16 hex digits of the SHA-256 of its file."""
+    return (
+        b"# HELP tokenweir_policy_info The policy this process serves (hash of its file).\n"
+        b"# TYPE tokenweir_policy_info gauge\n"
+        b'tokenweir_policy_info{hash="' + policy_hash.encode() + b'"} 1.0\n'
+    )
 
 
 async def _storage_problem(gateway: Gateway) -> str | None:

@@ -1,0 +1,150 @@
+"""A runtime key's own budget and limits, on top of its tenant's: tokens per day and month
+(reserved, then settled to real usage) and requests and tokens per minute (token buckets).
+
+Runs after the tenant's budget and rate limits; holds what it reserved until Account settles.
+"""
+
+from __future__ import annotations
+
+import calendar
+import time
+import uuid
+from dataclasses import dataclass
+
+from proxy.clock import Clock
+from proxy.context import RequestContext
+from proxy.errors import InsufficientQuota, RateLimited
+from proxy.keys.record import KeyAllowance, KeyRecord
+from proxy.stages.budget import DEFAULT_OUTPUT_BOUND
+from proxy.stages.ratelimit import format_reset
+from proxy.storage.base import Counter, QuotaStore, StorageError
+from proxy.storage.limits import Bucket, LimitStore
+
+__all__ = ["KeyAllowances"]
+
+# A dead replica's reservation for a key is released after this (none is renewed).
+_LEASE_S = 600.0
+
+
+@dataclass(slots=True)
+class _Hold:
+    record: KeyRecord
+    scope: str
+    lease_id: str
+    counters: tuple[Counter, ...] = ()
+    tpm: tuple[Bucket, int] | None = None
+    refused: bool = False
+
+
+class KeyAllowances:
+    def __init__(self, store: QuotaStore, limits: LimitStore, clock: Clock) -> None:
+        self._store = store
+        self._limits = limits
+        self._clock = clock
+        self._holds: dict[RequestContext, _Hold] = {}
+
+    def note(self, ctx: RequestContext, record: KeyRecord) -> None:
+        """Auth found a runtime key; only one with an allowance of its own needs more."""
+        if not record.allowance.empty:
+            scope = f"tw:{{{record.tenant}}}:key:{record.id}"
+            self._holds[ctx] = _Hold(record, scope, uuid.uuid4().hex)
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        hold = self._holds.get(ctx)
+        if hold is None:
+            return
+        allowance, now = hold.record.allowance, self._clock.wall()
+        tokens = (ctx.counted_input_tokens or 0) + (ctx.output_allowance or DEFAULT_OUTPUT_BOUND)
+        if ctx.operation == "embeddings":
+            tokens = ctx.counted_input_tokens or 0
+        counters = _counters(hold.scope, allowance, now)
+        if counters:
+            refusal = await self._store.reserve(
+                hold.scope, hold.lease_id, counters, [tokens] * len(counters),
+                lease_until=now + _LEASE_S, now=now,
+            )  # fmt: skip
+            if refusal is not None:
+                hold.refused = True
+                counter = counters[refusal.index]
+                raise InsufficientQuota(
+                    f"This API key's own quota is used up: {counter.limit} tokens, "
+                    f"{refusal.used} used and {refusal.reserved} held by requests in flight, "
+                    f"and this request needs up to {tokens}.",
+                    retry_after_s=max(1.0, counter.expires_at - 86400 - now),
+                )
+            hold.counters = counters
+        await self._admit(ctx, hold, allowance, tokens, now)
+
+    async def _admit(
+        self, ctx: RequestContext, hold: _Hold, allowance: KeyAllowance, tokens: int, now: float
+    ) -> None:
+        buckets: list[Bucket] = []
+        costs: list[int] = []
+        if allowance.requests_per_minute:
+            rpm = allowance.requests_per_minute
+            buckets.append(Bucket(f"{hold.scope}:rl:rpm", rpm, rpm / 60.0))
+            costs.append(1)
+        if allowance.tokens_per_minute:
+            tpm = allowance.tokens_per_minute
+            buckets.append(Bucket(f"{hold.scope}:rl:tpm", tpm, tpm / 60.0))
+            costs.append(tokens)
+        if not buckets:
+            return
+        admission = await self._limits.admit(
+            hold.scope, buckets, costs, (), lease_id=hold.lease_id, lease_until=now, now=now
+        )
+        if not admission.admitted:
+            hold.refused = True
+            index = admission.refused or 0
+            bucket, cost = buckets[index], costs[index]
+            kind = "requests" if bucket.key.endswith(":rpm") else "tokens"
+            if admission.never:
+                raise RateLimited(
+                    f"This API key's {kind}_per_minute is {bucket.capacity} and this request "
+                    f"needs {cost}: it can never be admitted. Lower max_tokens or shorten the "
+                    "input.",
+                    should_retry=False,
+                )
+            raise RateLimited(
+                f"Rate limit reached for this API key ({kind}_per_minute: limit "
+                f"{bucket.capacity}). Please try again in {format_reset(admission.retry_after_s)}.",
+                retry_after_s=admission.retry_after_s,
+            )
+        if allowance.tokens_per_minute:
+            hold.tpm = (buckets[-1], costs[-1])
+
+    def holding(self, ctx: RequestContext) -> bool:
+        return ctx in self._holds
+
+    async def settle(self, ctx: RequestContext) -> None:
+        """Book what the request used on the key's counters, true its token bucket up; once."""
+        hold = self._holds.pop(ctx, None)
+        if hold is None:
+            return
+        used = 0 if hold.refused else (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
+        try:
+            if hold.counters:
+                await self._store.settle(
+                    hold.scope, hold.lease_id, hold.counters, [used] * len(hold.counters)
+                )
+            if hold.tpm is not None and used != hold.tpm[1]:
+                bucket, charged = hold.tpm
+                now = self._clock.wall()
+                await self._limits.settle(hold.scope, bucket, used - charged, now=now)
+        except StorageError:
+            return  # the lease expires on its own; the use is still in the ledger
+
+
+def _counters(scope: str, allowance: KeyAllowance, now: float) -> tuple[Counter, ...]:
+    day = time.gmtime(now)
+    day_end = calendar.timegm((day.tm_year, day.tm_mon, day.tm_mday + 1, 0, 0, 0))
+    month_end = calendar.timegm((day.tm_year + day.tm_mon // 12, day.tm_mon % 12 + 1, 1, 0, 0, 0))
+    wanted = (
+        (allowance.tokens_per_day, f"d:{time.strftime('%Y%m%d', day)}", day_end),
+        (allowance.tokens_per_month, f"m:{time.strftime('%Y%m', day)}", month_end),
+    )
+    return tuple(
+        Counter(f"{scope}:q:tokens:{tag}", limit, end + 86400)
+        for limit, tag, end in wanted
+        if limit is not None
+    )

@@ -1,0 +1,126 @@
+"""A runtime key as stored (its SHA-256 digest, never the secret) and as an admin asks for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import orjson
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from proxy.policy.model import Tenant
+from proxy.policy.units import parse_duration_s
+
+__all__ = ["KeyAllowance", "KeyRecord", "KeyRequest", "beyond_tenant"]
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class KeyAllowance(BaseModel):
+    """A key's own budget and limits, on top of (and within) its tenant's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens_per_day: PositiveInt | None = None
+    tokens_per_month: PositiveInt | None = None
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+
+    @property
+    def empty(self) -> bool:
+        return all(v is None for v in self.model_dump().values())
+
+
+class _Budget(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tokens_per_day: PositiveInt | None = None
+    tokens_per_month: PositiveInt | None = None
+
+
+class _Limits(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+
+
+class KeyRequest(BaseModel):
+    """`POST /admin/keys`: the body, checked at the edge."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tenant: Annotated[str, Field(min_length=1, max_length=200)]
+    name: Annotated[str, Field(max_length=200)] | None = None
+    expires: Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0)] | None = None
+    budget: _Budget = _Budget()
+    limits: _Limits = _Limits()
+
+    def allowance(self) -> KeyAllowance:
+        return KeyAllowance(**self.budget.model_dump(), **self.limits.model_dump())
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    id: str
+    tenant: str
+    digest: bytes
+    created: float
+    expires_at: float | None
+    allowance: KeyAllowance
+    name: str | None = None
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def public(self) -> dict[str, object]:
+        """What the admin API shows: never the digest, never the secret."""
+        allowance = self.allowance.model_dump()
+        return {
+            "id": self.id,
+            "object": "api_key",
+            "tenant": self.tenant,
+            "name": self.name,
+            "created": int(self.created),
+            "expires_at": None if self.expires_at is None else int(self.expires_at),
+            "budget": {k: allowance[k] for k in ("tokens_per_day", "tokens_per_month")},
+            "limits": {k: allowance[k] for k in ("requests_per_minute", "tokens_per_minute")},
+        }
+
+    def dumps(self) -> bytes:
+        return orjson.dumps(
+            {
+                "tenant": self.tenant,
+                "digest": "sha256:" + self.digest.hex(),
+                "created": self.created,
+                "expires_at": self.expires_at,
+                "allowance": self.allowance.model_dump(exclude_none=True),
+                "name": self.name,
+            }
+        )
+
+    @classmethod
+    def loads(cls, key_id: str, data: bytes) -> KeyRecord:
+        raw = orjson.loads(data)
+        return cls(
+            id=key_id,
+            tenant=str(raw["tenant"]),
+            digest=bytes.fromhex(str(raw["digest"]).removeprefix("sha256:")),
+            created=float(raw["created"]),
+            expires_at=None if raw.get("expires_at") is None else float(raw["expires_at"]),
+            allowance=KeyAllowance(**raw.get("allowance", {})),
+            name=raw.get("name"),
+        )
+
+
+def beyond_tenant(allowance: KeyAllowance, tenant: Tenant) -> list[str]:
+    """The key's values above its tenant's own (a key lives within its tenant)."""
+    own = {
+        "tokens_per_day": tenant.budget.tokens_per_day,
+        "tokens_per_month": tenant.budget.tokens_per_month,
+        "requests_per_minute": tenant.limits.requests_per_minute,
+        "tokens_per_minute": tenant.limits.tokens_per_minute,
+    }
+    return [
+        f"{name} {value} is above the tenant's {own[name]}"
+        for name, value in allowance.model_dump().items()
+        if value is not None and own[name] is not None and value > own[name]
+    ]

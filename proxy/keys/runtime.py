@@ -1,0 +1,110 @@
+"""Runtime keys as every replica sees them: a local mirror of the key storage, refreshed when the
+storage's version changes (polled twice a second), so a revocation holds everywhere within 1 s."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import secrets
+
+from proxy.clock import Clock
+from proxy.keys.record import KeyAllowance, KeyRecord
+from proxy.storage.base import StorageError
+from proxy.storage.keys import KeyStore
+
+__all__ = ["REFRESH_S", "RuntimeKeys"]
+
+REFRESH_S = 0.5
+_SECRET_PREFIX = "tw-"  # noqa: S105 - how a runtime key starts, not a key
+_log = logging.getLogger("tokenweir.keys")
+
+
+class RuntimeKeys:
+    def __init__(self, store: KeyStore, clock: Clock, *, refresh_s: float = REFRESH_S) -> None:
+        self._store = store
+        self._clock = clock
+        self._refresh_s = refresh_s
+        self._by_digest: dict[bytes, KeyRecord] = {}
+        self._version: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    async def start(self) -> None:
+        await self._refresh()
+        self._task = asyncio.create_task(self._poll())
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._store.aclose()
+
+    def lookup(self, digest: bytes) -> KeyRecord | None:
+        """The live (known, unexpired) key with this SHA-256 digest. Found by the digest, then
+        compared in constant time: timing can tell at most about the digest, never the key."""
+        record = self._by_digest.get(digest)
+        if record is None or not hmac.compare_digest(record.digest, digest):
+            return None
+        return None if record.expired(self._clock.wall()) else record
+
+    async def create(
+        self,
+        tenant: str,
+        allowance: KeyAllowance,
+        *,
+        expires_s: float | None = None,
+        name: str | None = None,
+    ) -> tuple[KeyRecord, str]:
+        """A new key for `tenant`: its record and its secret (shown once, stored only hashed)."""
+        secret = _SECRET_PREFIX + secrets.token_urlsafe(32)
+        now = self._clock.wall()
+        record = KeyRecord(
+            id="key_" + secrets.token_hex(8),
+            tenant=tenant,
+            digest=hashlib.sha256(secret.encode()).digest(),
+            created=now,
+            expires_at=None if expires_s is None else now + expires_s,
+            allowance=allowance,
+            name=name,
+        )
+        await self._store.put(record.id, record.dumps())
+        self._by_digest[record.digest] = record
+        return record, secret
+
+    async def revoke(self, key_id: str) -> bool:
+        removed = await self._store.delete(key_id)
+        self._by_digest = {d: r for d, r in self._by_digest.items() if r.id != key_id}
+        return removed
+
+    async def listed(self, tenant: str | None) -> list[KeyRecord]:
+        """The stored keys (of one tenant, or all), read from storage, oldest first."""
+        records = [KeyRecord.loads(i, data) for i, data in (await self._store.records()).items()]
+        return sorted(
+            (r for r in records if tenant is None or r.tenant == tenant), key=lambda r: r.created
+        )
+
+    async def _refresh(self) -> None:
+        try:
+            version = await self._store.version()
+            if version == self._version:
+                return
+            stored = await self._store.records()
+        except StorageError as exc:
+            if not self._failing:
+                _log.warning("runtime keys not refreshed (the last known stay in use): %s", exc)
+            self._failing = True
+            return
+        self._failing = False
+        records = [KeyRecord.loads(key_id, data) for key_id, data in stored.items()]
+        self._by_digest = {r.digest: r for r in records}
+        self._version = version
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            await self._refresh()

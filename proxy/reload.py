@@ -1,0 +1,238 @@
+"""Policy reload: read the file again, refuse it if it is broken or needs a restart, else swap
+the gateway's per-policy state at once (SIGHUP, `POST /admin/reload`, or the file changing).
+
+Each request takes the gateway current at its start (`CurrentGateway`) and keeps it to its end.
+With `--workers N`, the supervisor forwards SIGHUP to every worker, and a worker reloaded
+through the admin route sends SIGHUP to the supervisor, so every worker reloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from proxy.errors import BadRequest
+from proxy.policy import Policy, PolicyError, Problem, parse_policy
+
+if TYPE_CHECKING:
+    from proxy.app import Gateway
+
+__all__ = [
+    "SUPERVISOR_ENV",
+    "WATCH_ENV",
+    "CurrentGateway",
+    "LiveGateway",
+    "PolicySource",
+    "ReloadRefused",
+    "Reloaded",
+    "Reloader",
+    "policy_digest",
+]
+
+WATCH_ENV = "TOKENWEIR_WATCH"
+SUPERVISOR_ENV = "TOKENWEIR_SUPERVISOR_PID"
+WATCH_INTERVAL_S = 1.0
+# Sections resolved into long-lived objects (connections, the ledger, the server's sockets):
+# a reload that changes one is refused rather than half applied.
+RESTART_SECTIONS = ("storage", "ledger", "server", "upstream", "embedder")
+_log = logging.getLogger("tokenweir.reload")
+
+
+class ReloadRefused(BadRequest):
+    """A policy file that was not loaded: the old policy keeps serving."""
+
+    code = "invalid_policy"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySource:
+    """A policy read from its file, with the digest of the file's bytes (its version)."""
+
+    path: Path
+    policy: Policy
+    digest: str
+
+    @classmethod
+    def read(cls, path: Path) -> PolicySource:
+        """Parse `path`; PolicyError names the file, line and key of every problem."""
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            problem = Problem(str(path), 0, "", f"cannot read the file: {exc.strerror}")
+            raise PolicyError([problem]) from exc
+        text = data.decode("utf-8", errors="replace")
+        return cls(path, parse_policy(text, file=str(path)), _digest(data))
+
+
+@dataclass(frozen=True, slots=True)
+class Reloaded:
+    previous_hash: str
+    policy_hash: str
+    changed: bool
+
+
+def policy_digest(policy: Policy) -> str:
+    """A version for a policy given as an object (tests): the digest of its JSON form."""
+    return _digest(policy.model_dump_json().encode())
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+class LiveGateway:
+    """The gateway that new requests get; `swap` replaces it."""
+
+    def __init__(self) -> None:
+        self._current: Gateway | None = None
+
+    @property
+    def current(self) -> Gateway:
+        if self._current is None:
+            raise RuntimeError("the gateway is not built yet")
+        return self._current
+
+    @current.setter
+    def current(self, gateway: Gateway) -> None:
+        self._current = gateway
+
+    async def swap(self, new: Gateway) -> None:
+        old, self._current = self._current, new
+        if old is not None and old.prober is not new.prober:
+            new.prober.start()
+            await old.prober.aclose()
+
+
+class CurrentGateway:
+    """Pure ASGI middleware: each request's `scope["state"]["gateway"]` is the current one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope.get("state")
+        if scope["type"] == "http" and state is not None and "live" in state:
+            state["gateway"] = state["live"].current
+        await self._app(scope, receive, send)
+
+
+def restart_needed(old: Policy, new: Policy) -> list[str]:
+    """The sections `new` changes that only a restart applies."""
+    return [name for name in RESTART_SECTIONS if getattr(old, name) != getattr(new, name)]
+
+
+class Reloader:
+    """Loads the policy file again on request, on SIGHUP and (with `watch`) when it changes."""
+
+    def __init__(self, live: LiveGateway, source: PolicySource | None, *, watch: bool) -> None:
+        self._live = live
+        self._path = source.path if source else None
+        self._watch = watch and source is not None
+        self._lock = asyncio.Lock()
+        self._seen = self._stat()
+        self._seen_digest = source.digest if source else ""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        self._signal_installed = False
+
+    def start(self) -> None:
+        if self._watch:
+            self._watcher = asyncio.create_task(self._watch_file())
+        if self._path is not None and threading.current_thread() is threading.main_thread():
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
+            self._signal_installed = True
+
+    async def aclose(self) -> None:
+        if self._signal_installed:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        tasks = [*self._tasks, *([self._watcher] if self._watcher else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def reload(self, cause: str) -> Reloaded:
+        """Load the file and swap to it; ReloadRefused (logged) leaves all as it was."""
+        try:
+            return await self._reload(cause)
+        except ReloadRefused as exc:
+            _log.error("policy reload (%s) refused: %s", cause, exc.message)
+            raise
+
+    async def reload_logged(self, cause: str) -> None:
+        with contextlib.suppress(ReloadRefused):
+            await self.reload(cause)
+
+    async def _reload(self, cause: str) -> Reloaded:
+        if self._path is None:
+            raise ReloadRefused("This gateway was not started from a policy file: nothing to load.")
+        async with self._lock:
+            current = self._live.current
+            try:
+                source = PolicySource.read(self._path)
+            except PolicyError as exc:
+                raise ReloadRefused(
+                    f"The policy file has errors; the old policy keeps serving:\n{exc}"
+                ) from exc
+            self._seen_digest = source.digest
+            if source.digest == current.policy_hash:
+                return Reloaded(current.policy_hash, current.policy_hash, changed=False)
+            sections = restart_needed(current.policy, source.policy)
+            if sections:
+                raise ReloadRefused(
+                    f"{self._path}: {', '.join(sections)} changed, which takes a restart; the "
+                    "reload was refused and the old policy keeps serving."
+                )
+            await self._live.swap(current.reloaded(source.policy, source.digest))
+        _log.info(
+            "policy reloaded (%s): %s -> %s, %d tenants",
+            cause, current.policy_hash, source.digest, len(source.policy.tenants),
+        )  # fmt: skip
+        return Reloaded(current.policy_hash, source.digest, changed=True)
+
+    def tell_siblings(self) -> None:
+        """Under `tokenweir serve --workers N`: have the supervisor reload every worker."""
+        supervisor = os.environ.get(SUPERVISOR_ENV)
+        if supervisor and supervisor.isdigit() and int(supervisor) == os.getppid():
+            os.kill(int(supervisor), signal.SIGHUP)
+
+    def _on_sighup(self) -> None:
+        task = asyncio.create_task(self.reload_logged("SIGHUP"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _stat(self) -> tuple[int, int] | None:
+        if self._path is None:
+            return None
+        try:
+            info = self._path.stat()
+        except OSError:
+            return None
+        return info.st_mtime_ns, info.st_size
+
+    async def _watch_file(self) -> None:
+        """Poll the file's mtime and size; reload when its bytes changed (a broken file is
+        reported once, then again only when it changes)."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            seen = self._stat()
+            if seen is None or seen == self._seen:
+                continue
+            self._seen = seen
+            if self._path is None:
+                continue
+            with contextlib.suppress(OSError):
+                if _digest(self._path.read_bytes()) == self._seen_digest:
+                    continue
+            await self.reload_logged("file changed")

@@ -1,0 +1,35 @@
+"""The runtime-key contract: records by id plus a version that every change bumps, so a
+replica learns of a change with one cheap read."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from proxy.storage.keys_memory import MemoryKeyStore
+from proxy.storage.keys_redis import RedisKeyStore
+from proxy.storage.redisurl import check_storage_url
+
+__all__ = ["KeyStore", "open_key_store"]
+
+
+class KeyStore(Protocol):
+    async def put(self, key_id: str, record: bytes) -> None:
+        """Store (or replace) one record and bump the version."""
+
+    async def delete(self, key_id: str) -> bool:
+        """Remove one record (bumping the version); False if there was none."""
+
+    async def records(self) -> dict[str, bytes]:
+        """Every record, by id."""
+
+    async def version(self) -> int:
+        """A number that changes whenever a record does."""
+
+    async def aclose(self) -> None: ...
+
+
+def open_key_store(url: str) -> KeyStore:
+    """Runtime keys on the policy's storage: this process's memory, or Redis (every replica)."""
+    if check_storage_url(url) == "memory":
+        return MemoryKeyStore()
+    return RedisKeyStore(url)

@@ -1,0 +1,46 @@
+"""Runtime keys on Redis, shared by every replica: one hash of records and a version counter,
+both under one hash tag (`tw:{keys}`) so one script changes them together on a cluster too."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from proxy.storage.redisconn import connect, translated
+
+__all__ = ["RedisKeyStore"]
+
+_RECORDS = "tw:{keys}:records"
+_VERSION = "tw:{keys}:version"
+
+
+class RedisKeyStore:
+    def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
+        self._client = connect(url, timeout_s=timeout_s, max_connections=8)
+        lua = resources.files("proxy.storage") / "lua" / "keys_write.lua"
+        self._write = self._client.register_script(lua.read_text(encoding="utf-8"))
+
+    async def put(self, key_id: str, record: bytes) -> None:
+        with translated("key storage"):
+            await self._write(keys=[_RECORDS, _VERSION], args=["put", key_id, record])
+
+    async def delete(self, key_id: str) -> bool:
+        with translated("key storage"):
+            removed = await self._write(keys=[_RECORDS, _VERSION], args=["delete", key_id])
+        return bool(removed)
+
+    async def records(self) -> dict[str, bytes]:
+        with translated("key storage"):
+            found = await self._client.hgetall(_RECORDS)
+        return {_text(k): v if isinstance(v, bytes) else str(v).encode() for k, v in found.items()}
+
+    async def version(self) -> int:
+        with translated("key storage"):
+            value = await self._client.get(_VERSION)
+        return int(value or 0)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

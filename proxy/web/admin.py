@@ -1,0 +1,120 @@
+"""Admin routes (admin keys only): `POST /admin/reload` and the runtime keys behind
+`tokenweir keys` (`POST /admin/keys`, `GET /admin/keys?tenant=T`, `DELETE /admin/keys/{id}`)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import orjson
+import pydantic
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from proxy.errors import BadRequest, GatewayError, NotFound, PermissionDenied, StorageUnavailable
+from proxy.keys.record import KeyRequest, beyond_tenant
+from proxy.storage.base import StorageError
+from proxy.web.body import ClientGone, read_body
+from proxy.web.respond import send_error, send_json
+
+if TYPE_CHECKING:
+    from proxy.app import Gateway
+    from proxy.reload import Reloader
+
+__all__ = ["admin_routes"]
+
+_MAX_BODY_BYTES = 16 * 1024
+_BODY_TIMEOUT_S = 10.0
+_NO_STORE = ((b"cache-control", b"no-store"),)
+
+_Handler = Callable[["Gateway", Scope, Receive], Awaitable[tuple[int, object]]]
+
+
+def admin_routes() -> list[Route]:
+    return [
+        Route("/admin/reload", _Admin(_reload), methods=["POST"]),
+        Route("/admin/keys", _Admin(_create_key), methods=["POST"]),
+        Route("/admin/keys", _Admin(_list_keys), methods=["GET"]),
+        Route("/admin/keys/{key_id}", _Admin(_revoke_key), methods=["DELETE"]),
+    ]
+
+
+class _Admin:
+    """One admin endpoint: the admin key checked, errors OpenAI-shaped, storage trouble a 503."""
+
+    def __init__(self, handler: _Handler) -> None:
+        self._handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway: Gateway = scope["state"]["gateway"]
+        try:
+            _check_admin(gateway, Headers(scope=scope).get("authorization"))
+            status, body = await self._handler(gateway, scope, receive)
+        except StorageError as exc:
+            error = StorageUnavailable(f"The key storage cannot be reached: {exc}", retry_after_s=1)
+            await send_error(send, error, _NO_STORE)
+            return
+        except GatewayError as exc:
+            await send_error(send, exc, _NO_STORE)
+            return
+        except ClientGone:
+            return
+        await send_json(send, status, orjson.dumps(body), _NO_STORE)
+
+
+def _check_admin(gateway: Gateway, authorization: str | None) -> None:
+    if gateway.keyring.is_admin(authorization):
+        return
+    gateway.keyring.tenant_for(authorization)  # a bad or missing key: 401
+    raise PermissionDenied("This route needs an admin key.", code="admin_only")
+
+
+async def _reload(gateway: Gateway, scope: Scope, receive: Receive) -> tuple[int, object]:
+    reloader: Reloader = scope["state"]["reloader"]
+    result = await reloader.reload("admin API")
+    if result.changed:
+        reloader.tell_siblings()
+    return 200, {
+        "status": "reloaded" if result.changed else "unchanged",
+        "policy_hash": result.policy_hash,
+        "previous_hash": result.previous_hash,
+    }
+
+
+async def _create_key(gateway: Gateway, scope: Scope, receive: Receive) -> tuple[int, object]:
+    raw = await read_body(receive, Headers(scope=scope), _MAX_BODY_BYTES, _BODY_TIMEOUT_S)
+    try:
+        wanted = KeyRequest.model_validate_json(raw or b"{}")
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        raise BadRequest(f"Invalid key request: {problems}") from None
+    tenant = gateway.policy.tenants.get(wanted.tenant)
+    if tenant is None:
+        raise BadRequest(f"No tenant {wanted.tenant!r} in the policy.", param="tenant")
+    allowance = wanted.allowance()
+    above = beyond_tenant(allowance, tenant)
+    if above:
+        raise BadRequest("A key's limits live within its tenant's: " + "; ".join(above) + ".")
+    record, secret = await gateway.services.keys.create(
+        wanted.tenant, allowance, expires_s=wanted.expires, name=wanted.name
+    )
+    return 201, {**record.public(), "key": secret}
+
+
+async def _list_keys(gateway: Gateway, scope: Scope, receive: Receive) -> tuple[int, object]:
+    tenant = Request(scope).query_params.get("tenant") or None
+    records = await gateway.services.keys.listed(tenant)
+    now = gateway.clock.wall()
+    data = [{**r.public(), "expired": r.expired(now)} for r in records]
+    return 200, {"object": "list", "data": data}
+
+
+async def _revoke_key(gateway: Gateway, scope: Scope, receive: Receive) -> tuple[int, object]:
+    key_id = str(scope["path_params"]["key_id"])
+    if not await gateway.services.keys.revoke(key_id):
+        raise NotFound(f"No runtime key {key_id!r}.", param="id")
+    return 200, {"id": key_id, "object": "api_key", "deleted": True}

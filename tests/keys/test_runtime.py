@@ -1,0 +1,160 @@
+"""Runtime keys through the admin API and `tokenweir keys`: created, used and revoked across two
+replicas on one Redis; expiry, per-key limits and the admin key's guard."""
+
+from __future__ import annotations
+
+import calendar
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from proxy.app import create_app
+from proxy.cli import main
+from proxy.clock import FakeClock
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from tests.servers import replicas, serve
+
+ADMIN_KEY = "tw-keys-admin"
+TENANT_KEY = "tw-keys-yaml"
+CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+def policy_text(backend_url: str, storage: str) -> str:
+    return f"""storage: {storage}
+admin_keys: [{hash_key(ADMIN_KEY)}]
+backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
+models: {{mock-llm: {{}}}}
+tenants:
+  alpha:
+    api_keys: [{hash_key(TENANT_KEY)}]
+    models: [mock-llm]
+    limits: {{requests_per_minute: 1000}}
+"""
+
+
+def _chat(url: str, key: str) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"}
+    return httpx.post(url + "/v1/chat/completions", json=CHAT, headers=headers)
+
+
+def _keys(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(["keys", *argv])
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture
+def two_replicas(backend_url: str, redis_url: str, tmp_path: Path) -> Iterator[list[str]]:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url, redis_url))
+    with replicas(config, 2) as started:
+        yield [url for _, url in started]
+
+
+def test_a_key_created_on_one_replica_works_on_the_other_and_revocation_reaches_it(
+    two_replicas: list[str],
+    redis_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    one, other = two_replicas
+    monkeypatch.setenv("TOKENWEIR_ADMIN_KEY", ADMIN_KEY)
+    code, out = _keys(capsys, "create", "--tenant", "alpha", "--base-url", one, "--json")
+    assert code == 0
+    created = orjson.loads(out)
+    secret, key_id = created["key"], created["id"]
+    # Stored hashed: the secret is nowhere in Redis, its SHA-256 is.
+    with redis.Redis.from_url(redis_url) as raw:
+        stored = b"".join(v for v in raw.hgetall("tw:{keys}:records").values())
+    assert secret.encode() not in stored
+    assert hash_key(secret).encode() in stored
+    _wait(lambda: _chat(other, secret).status_code == 200)
+    assert _chat(one, secret).status_code == 200
+    code, out = _keys(capsys, "list", "--tenant", "alpha", "--base-url", other)
+    assert code == 0
+    assert key_id in out
+    assert secret not in out
+    code, _ = _keys(capsys, "revoke", key_id, "--tenant", "alpha", "--base-url", one)
+    assert code == 0
+    took_s = _wait(lambda: _chat(other, secret).status_code == 401)
+    assert took_s < 2.0  # polled twice a second: within a second, with room for a loaded CI
+    assert _chat(one, secret).status_code == 401
+    assert _chat(other, TENANT_KEY).status_code == 200  # the YAML key keeps working
+
+
+def _wait(check: object, timeout_s: float = 10.0) -> float:
+    assert callable(check)
+    began = time.monotonic()
+    while not check():
+        assert time.monotonic() - began < timeout_s
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(start_wall=calendar.timegm((2027, 3, 1, 12, 0, 0)))
+
+
+@pytest.fixture
+def gateway(backend_url: str, clock: FakeClock) -> Iterator[httpx.Client]:
+    policy = parse_policy(policy_text(backend_url, "memory"), environ={})
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    app = create_app(policy, clock=clock)
+    with serve(app) as url, httpx.Client(base_url=url, headers=admin) as http:
+        yield http
+
+
+def test_a_key_expires(gateway: httpx.Client, clock: FakeClock) -> None:
+    created = gateway.post("/admin/keys", json={"tenant": "alpha", "expires": "30d"}).json()
+    assert created["expires_at"] == int(clock.wall()) + 30 * 86400
+    assert _chat(str(gateway.base_url), created["key"]).status_code == 200
+    clock.advance(30 * 86400 - 1)
+    assert _chat(str(gateway.base_url), created["key"]).status_code == 200
+    clock.advance(1)
+    assert _chat(str(gateway.base_url), created["key"]).status_code == 401
+    listed = gateway.get("/admin/keys", params={"tenant": "alpha"}).json()["data"]
+    assert [k["expired"] for k in listed] == [True]
+
+
+def test_a_key_has_its_own_limits_within_its_tenants(gateway: httpx.Client) -> None:
+    body = {"tenant": "alpha", "limits": {"requests_per_minute": 1}}
+    limited = gateway.post("/admin/keys", json=body).json()
+    url = str(gateway.base_url)
+    assert _chat(url, limited["key"]).status_code == 200
+    refused = _chat(url, limited["key"])
+    assert refused.status_code == 429
+    assert "this API key" in refused.json()["error"]["message"]
+    assert _chat(url, TENANT_KEY).status_code == 200  # the tenant's other keys are not limited
+    too_big = gateway.post(
+        "/admin/keys", json={"tenant": "alpha", "limits": {"requests_per_minute": 5000}}
+    )
+    assert too_big.status_code == 400
+    assert "above the tenant's 1000" in too_big.json()["error"]["message"]
+
+
+def test_a_key_has_its_own_daily_tokens(gateway: httpx.Client) -> None:
+    body = {"tenant": "alpha", "budget": {"tokens_per_day": 30}}
+    limited = gateway.post("/admin/keys", json=body).json()
+    url = str(gateway.base_url)
+    answers = [_chat(url, limited["key"]).status_code for _ in range(5)]
+    assert answers[0] == 200
+    assert answers[-1] == 429
+
+
+def test_only_admins_manage_keys_and_bad_requests_say_why(gateway: httpx.Client) -> None:
+    tenant = {"authorization": f"Bearer {TENANT_KEY}"}
+    assert gateway.post("/admin/keys", json={"tenant": "alpha"}, headers=tenant).status_code == 403
+    assert gateway.get("/admin/keys", headers={"authorization": "Bearer nope"}).status_code == 401
+    unknown = gateway.post("/admin/keys", json={"tenant": "nobody"})
+    assert unknown.status_code == 400
+    assert unknown.json()["error"]["param"] == "tenant"
+    typo = gateway.post("/admin/keys", json={"tenant": "alpha", "limits": {"rpm": 1}})
+    assert typo.status_code == 400
+    assert "limits.rpm" in typo.json()["error"]["message"]
+    assert gateway.delete("/admin/keys/key_missing").status_code == 404

@@ -1,0 +1,125 @@
+"""`tokenweir serve` reloads its policy file on SIGHUP, with --watch, and in every worker."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from tests.servers import free_port, wait_healthy
+from tests.test_reload import (
+    ADMIN,
+    CHAT,
+    NEW_KEY,
+    STAY_KEY,
+    policy_text,
+)
+
+_WAIT_S = 30.0
+
+
+@contextmanager
+def tokenweir_serve(config: Path, *options: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    log = config.with_suffix(".log").open("wb")
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+    process = subprocess.Popen(
+        [*command, "--port", str(port), "--no-access-log", *options], stderr=log
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        yield process, url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+def _chat(url: str, key: str) -> int:
+    headers = {"authorization": f"Bearer {key}"}
+    return httpx.post(url + "/v1/chat/completions", json=CHAT, headers=headers).status_code
+
+
+def _eventually(check: Callable[[], bool]) -> float:
+    began = time.monotonic()
+    while not check():
+        assert time.monotonic() - began < _WAIT_S, "not within the wait"
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
+def _ready(url: str) -> dict[str, object]:
+    with httpx.Client() as fresh:  # a new connection: under --workers, any worker may answer
+        answer: dict[str, object] = fresh.get(url + "/readyz").json()
+    return answer
+
+
+def test_sighup_reloads_a_running_serve(backend_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url))
+    with tokenweir_serve(config) as (process, url):
+        before = _ready(url)["policy_hash"]
+        config.write_text(policy_text(backend_url, newcomer=True))
+        assert _chat(url, NEW_KEY) == 401
+        process.send_signal(signal.SIGHUP)
+        _eventually(lambda: _chat(url, NEW_KEY) == 200)
+        assert _ready(url)["policy_hash"] != before
+        assert process.poll() is None
+
+
+def test_watch_reloads_on_change_and_refuses_a_broken_file(
+    backend_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url))
+    with tokenweir_serve(config, "--watch") as (_, url):
+        config.write_text(policy_text(backend_url, newcomer=True))
+        _eventually(lambda: _chat(url, NEW_KEY) == 200)
+        serving = _ready(url)["policy_hash"]
+        config.write_text("tenants: [not, a, mapping\n")
+        log = config.with_suffix(".log")
+        _eventually(lambda: b"refused" in log.read_bytes())
+        assert _chat(url, NEW_KEY) == 200
+        assert _chat(url, STAY_KEY) == 200
+        assert _ready(url)["policy_hash"] == serving
+    assert f"{config}:".encode() in log.read_bytes()  # the line-numbered problem is logged
+
+
+def test_every_worker_reloads_on_sighup_and_on_the_admin_route(
+    backend_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url))
+    with tokenweir_serve(config, "--workers", "2") as (process, url):
+        seen: dict[object, object] = {}
+
+        def both_serve(digest: object) -> bool:
+            ready = _ready(url)
+            seen[ready["pid"]] = ready["policy_hash"]
+            return len(seen) == 2 and set(seen.values()) == {digest}
+
+        first = _ready(url)["policy_hash"]
+        _eventually(lambda: both_serve(first))
+        workers = set(seen)
+        config.write_text(policy_text(backend_url, newcomer=True))
+        second = _digest(config)
+        os.kill(process.pid, signal.SIGHUP)
+        _eventually(lambda: both_serve(second))
+        config.write_text(policy_text(backend_url, newcomer=True, leaked_key=False))
+        reloaded = httpx.post(url + "/admin/reload", headers=ADMIN).json()
+        _eventually(lambda: both_serve(reloaded["policy_hash"]))
+        assert set(seen) == workers  # reloaded in place, not restarted
+        assert len({first, second, reloaded["policy_hash"]}) == 3
+
+
+def _digest(config: Path) -> str:
+    return hashlib.sha256(config.read_bytes()).hexdigest()[:16]

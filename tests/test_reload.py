@@ -1,0 +1,169 @@
+"""Policy reload through the admin API: under load, refused when broken, keeping the limits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.policy.units import hash_key
+from proxy.tools import mockbackend
+from tests.servers import serve
+
+pytestmark = pytest.mark.anyio
+
+ADMIN_KEY = "tw-reload-admin"
+OLD_KEY = "tw-reload-leaked"
+STAY_KEY = "tw-reload-stays"
+NEW_KEY = "tw-reload-newcomer"
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+def policy_text(
+    backend_url: str, *, leaked_key: bool = True, newcomer: bool = False, limits: str = "{}"
+) -> str:
+    keys = [hash_key(STAY_KEY), *([hash_key(OLD_KEY)] if leaked_key else [])]
+    text = f"""storage: memory
+admin_keys: [{hash_key(ADMIN_KEY)}]
+backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
+models: {{mock-llm: {{}}}}
+tenants:
+  alpha:
+    api_keys: [{", ".join(keys)}]
+    models: [mock-llm]
+    limits: {limits}
+"""
+    if newcomer:
+        text += f"  gamma:\n    api_keys: [{hash_key(NEW_KEY)}]\n    models: [mock-llm]\n"
+    return text
+
+
+@pytest.fixture(scope="module")
+def slow_backend() -> Iterator[str]:
+    """50 tokens/s: a 100-token stream stays open for about two seconds."""
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=50)) as url:
+        yield url
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+async def _stream(http: httpx.AsyncClient, started: asyncio.Event, opened: list[int]) -> bytes:
+    body = {**CHAT, "stream": True, "max_tokens": 100, "mock_completion_tokens": 100}
+    received = b""
+    async with http.stream(
+        "POST", "/v1/chat/completions", json=body, headers=_bearer(OLD_KEY)
+    ) as answer:
+        assert answer.status_code == 200
+        async for chunk in answer.aiter_bytes():
+            if not received:
+                opened.append(1)
+                if len(opened) == 20:
+                    started.set()
+            received += chunk
+    return received
+
+
+async def test_reload_under_load_adds_a_tenant_and_revokes_a_key(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            before = (await http.get("/readyz")).json()["policy_hash"]
+            started, opened = asyncio.Event(), []
+            streams = [asyncio.create_task(_stream(http, started, opened)) for _ in range(20)]
+            await asyncio.wait_for(started.wait(), 20)
+            config.write_text(policy_text(slow_backend, leaked_key=False, newcomer=True))
+            reloaded = await http.post("/admin/reload", headers=ADMIN)
+            revoked = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(OLD_KEY))
+            newcomer = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(NEW_KEY))
+            stayed = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(STAY_KEY))
+            still_open = sum(not s.done() for s in streams)
+            usage_revoked = await http.get("/api/usage", headers=_bearer(OLD_KEY))
+            usage_newcomer = await http.get("/api/usage", headers=_bearer(NEW_KEY))
+            bodies = await asyncio.gather(*streams)
+            ready = (await http.get("/readyz")).json()
+            metrics = (await http.get("/metrics")).text
+    assert reloaded.status_code == 200, reloaded.text
+    assert reloaded.json()["status"] == "reloaded"
+    assert reloaded.json()["previous_hash"] == before
+    assert revoked.status_code == 401
+    assert newcomer.status_code == 200
+    assert stayed.status_code == 200
+    assert still_open > 0  # the reload happened while streams were open
+    assert usage_revoked.status_code == 401  # the usage API follows the reload too
+    assert usage_newcomer.json()["error"]["code"] == "no_ledger"  # authenticated; no ledger
+    for body in bodies:  # each finished under the policy it started with
+        assert body.endswith(b"data: [DONE]\n\n")
+        assert body.count(b'"content"') >= 100
+    assert ready["policy_hash"] == reloaded.json()["policy_hash"] != before
+    assert f'tokenweir_policy_info{{hash="{ready["policy_hash"]}"}} 1.0' in metrics
+
+
+async def test_a_broken_file_is_refused_and_nothing_changes(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            before = (await http.get("/readyz")).json()["policy_hash"]
+            broken = policy_text(slow_backend, leaked_key=False, newcomer=True)
+            config.write_text(
+                broken.replace("    limits: {}\n", "    limits: {}\n    modles: [x]\n")
+            )
+            refused = await http.post("/admin/reload", headers=ADMIN)
+            old_key = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(OLD_KEY))
+            new_key = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(NEW_KEY))
+            after = (await http.get("/readyz")).json()["policy_hash"]
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == "invalid_policy"
+    assert f"{config}:10: tenants.alpha.modles" in error["message"]
+    assert old_key.status_code == 200
+    assert new_key.status_code == 401
+    assert after == before
+
+
+async def test_a_reload_keeps_the_limits_of_tenants_that_stay(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend, limits="{requests_per_minute: 2}"))
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30, headers=_bearer(STAY_KEY)) as http:
+            for _ in range(2):
+                assert (await http.post("/v1/chat/completions", json=CHAT)).status_code == 200
+            config.write_text(
+                policy_text(slow_backend, newcomer=True, limits="{requests_per_minute: 2}")
+            )
+            assert (await http.post("/admin/reload", headers=ADMIN)).status_code == 200
+            third = await http.post("/v1/chat/completions", json=CHAT)
+    assert third.status_code == 429
+    assert third.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_sections_bound_at_start_are_refused_and_tenant_keys_may_not_reload(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            config.write_text(policy_text(slow_backend).replace("memory", "redis://127.0.0.1:1/0"))
+            refused = await http.post("/admin/reload", headers=ADMIN)
+            by_tenant = await http.post("/admin/reload", headers=_bearer(STAY_KEY))
+            anonymous = await http.post("/admin/reload")
+    assert refused.status_code == 400
+    assert "storage changed, which takes a restart" in refused.json()["error"]["message"]
+    assert by_tenant.status_code == 403
+    assert anonymous.status_code == 401
