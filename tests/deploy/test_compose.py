@@ -109,23 +109,25 @@ def _chat(http: httpx.Client, key: str, max_tokens: int = 1) -> httpx.Response:
 
 
 def _served_by_each(stack: Stack, tenant: str) -> list[int]:
+    return list(_served_by(stack, tenant).values())
+
+
+def _served_by(stack: Stack, tenant: str) -> dict[str, int]:
     """Requests of `tenant` each replica answered, from its own /metrics (read inside it)."""
-    counts = []
+    counts = {}
     for replica in stack.containers("tokenweir"):
         text = docker(
             "exec", replica, "python", "-c",
             "import urllib.request; print(urllib.request.urlopen("
             "'http://127.0.0.1:8080/metrics').read().decode())",
         )  # fmt: skip
-        counts.append(
-            int(
-                sum(
-                    sample.value
-                    for family in text_string_to_metric_families(text)
-                    if family.name == "tokenweir_requests"
-                    for sample in family.samples
-                    if sample.labels.get("tenant") == tenant
-                )
+        counts[replica] = int(
+            sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                if family.name == "tokenweir_requests"
+                for sample in family.samples
+                if sample.labels.get("tenant") == tenant
             )
         )
     return counts
@@ -230,6 +232,27 @@ def test_the_dashboard_bills_only_what_the_backend_served(metered_burst: Burst) 
         for u in served
     )
     assert row["cost_nusd"] == cost_nusd
+
+
+def test_nginx_follows_replicas_added_and_removed(stack: Stack) -> None:
+    stack.compose("up", "-d", "--no-build", "--no-recreate", "--scale", "tokenweir=4")
+    replicas = stack.containers("tokenweir")
+    assert len(replicas) == 4
+    wait_for(lambda: all(_health(c) == "healthy" for c in replicas), "4 healthy replicas", 120)
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        # nginx asks Docker's DNS again once its answer is 5 s old: the new replica gets
+        # requests without nginx being restarted or reloaded.
+        def new_one_serves() -> bool:
+            assert _chat(http, "tw-demo-key").status_code == 200
+            return min(_served_by(stack, "demo").values()) > 0
+
+        wait_for(new_one_serves, "the added replica to get requests", timeout_s=60)
+        stack.compose("up", "-d", "--no-build", "--no-recreate", "--scale", "tokenweir=3")
+        assert len(stack.containers("tokenweir")) == 3
+        # Within those 5 s nginx may still pick the removed replica's address: it cannot
+        # connect, so it passes the request on (proxy_next_upstream error timeout).
+        statuses = [_chat(http, "tw-demo-key").status_code for _ in range(30)]
+    assert statuses == [200] * 30
 
 
 def test_down_leaves_nothing_running(stack: Stack) -> None:
