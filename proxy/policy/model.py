@@ -37,7 +37,8 @@ __all__ = [
     "UpstreamSpec",
 ]
 
-_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+# `${NAME}`, or `${NAME:-default}` (the default when NAME is unset or empty, as in a shell).
+_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}$")
 _HASHED = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -48,14 +49,30 @@ def _environ(info: ValidationInfo) -> Mapping[str, str]:
 
 
 def _resolve_env(value: str, info: ValidationInfo) -> str | None:
-    """The value of a `${NAME}` reference, or None if `value` is not one."""
+    """The value of a `${NAME}` or `${NAME:-default}` reference, or None if `value` is not one;
+    only an explicit empty default (`${NAME:-}`) may resolve to ""."""
     match = _ENV_REF.match(value)
     if match is None:
         return None
-    resolved = _environ(info).get(match.group(1))
-    if not resolved:
-        raise ValueError(f"environment variable {match.group(1)} is not set or empty")
+    name, default = match.groups()
+    resolved = _environ(info).get(name) or default
+    if resolved is None or (not resolved and default is None):
+        raise ValueError(f"environment variable {name} is not set or empty")
     return resolved
+
+
+def _setting(value: object, info: ValidationInfo) -> object:
+    """A setting given literally or as `${ENV}` / `${ENV:-default}`."""
+    if isinstance(value, str):
+        resolved = _resolve_env(value, info)
+        return value if resolved is None else resolved
+    return value
+
+
+def _optional_setting(value: object, info: ValidationInfo) -> object:
+    """As `_setting`, with "" (`${ENV:-}` and ENV unset) meaning not set."""
+    resolved = _setting(value, info)
+    return None if resolved == "" else resolved
 
 
 def _client_key(value: object, info: ValidationInfo) -> str:
@@ -63,8 +80,10 @@ def _client_key(value: object, info: ValidationInfo) -> str:
     if not isinstance(value, str):
         raise ValueError("an API key must be a string: sha256:<hex> or ${ENV_NAME}")
     plain = _resolve_env(value, info)
-    if plain is not None:
+    if plain:
         return hash_key(plain)
+    if plain is not None:
+        raise ValueError("an API key may not be empty")
     if _HASHED.match(value):
         return value
     raise ValueError(
@@ -73,16 +92,10 @@ def _client_key(value: object, info: ValidationInfo) -> str:
     )
 
 
-def _upstream_key(value: object, info: ValidationInfo) -> object:
-    if isinstance(value, str):
-        return _resolve_env(value, info) or value
-    return value
-
-
 Seconds = Annotated[float, BeforeValidator(parse_duration_s)]
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 ClientKey = Annotated[str, BeforeValidator(_client_key)]
-UpstreamKey = Annotated[SecretStr, BeforeValidator(_upstream_key)]
+UpstreamKey = Annotated[SecretStr, BeforeValidator(_setting)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveSeconds = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0.0)]
@@ -154,8 +167,8 @@ class LimitSet(_Frozen):
 
 class Backend(_Frozen):
     name: TagName
-    url: Annotated[str, AfterValidator(_strip_slash)]
-    api_key: UpstreamKey | None = None
+    url: Annotated[str, BeforeValidator(_setting), AfterValidator(_strip_slash)]
+    api_key: Annotated[UpstreamKey | None, BeforeValidator(_optional_setting)] = None
     models: tuple[Name, ...] = Field(min_length=1)
     weight: PositiveInt = 1
     limits: LimitSet = LimitSet()
@@ -295,7 +308,7 @@ class UpstreamSpec(_Frozen):
 class Policy(_Frozen):
     storage: Annotated[str, AfterValidator(check_storage_url)] = "memory"
     admin_keys: tuple[ClientKey, ...] = ()
-    ledger: Annotated[str, AfterValidator(_ledger_url)] | None = None
+    ledger: Annotated[str, BeforeValidator(_setting), AfterValidator(_ledger_url)] | None = None
     # Access-log lines carry the prompt and completion text (never keys); off by default.
     log_content: bool = False
     server: ServerSpec = ServerSpec()

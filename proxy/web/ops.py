@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.datastructures import QueryParams
 from starlette.types import Receive, Scope, Send
 
 from proxy.storage import StorageError
@@ -32,11 +33,15 @@ class Health:
 class Ready:
     """`GET /readyz`: 200 when every model has a backend answering `GET /models` and the shared
     storage answers, and not while shutting down; the body also counts what was decided while
-    storage was failing, and names the policy version serving (`policy_hash`)."""
+    storage was failing, and names the policy version serving (`policy_hash`).
+    `GET /readyz?backends=skip` leaves the backends out: this gateway can serve (its policy is
+    loaded, storage answers, not draining), for orchestrators whose readiness must not follow
+    backend health, which decides routing instead."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
-        backends = gateway.policy.backends
+        skip = QueryParams(scope["query_string"]).get("backends") == "skip"
+        backends = () if skip else gateway.policy.backends
         storage, *results = await asyncio.gather(
             _storage_problem(gateway),
             *(gateway.upstream.probe(b, _PROBE_TIMEOUT_S) for b in backends),
@@ -45,13 +50,16 @@ class Ready:
         unserved = [
             model
             for model in gateway.policy.models
-            if all(b.name in problems for b in gateway.policy.backends_for(model))
+            if not skip and all(b.name in problems for b in gateway.policy.backends_for(model))
         ]
         draining = gateway.pipeline.drain.draining
         ready = not unserved and storage is None and not draining
         body = {
             "status": "ready" if ready else "not ready",
-            "backends": {b.name: problems.get(b.name, "ok") for b in backends},
+            "backends": {
+                b.name: "not probed" if skip else problems.get(b.name, "ok")
+                for b in gateway.policy.backends
+            },
             "models_without_backend": unserved,
             "storage": storage or "ok",
             "storage_failure_decisions": dict(gateway.storage_failures.counts),
