@@ -1,6 +1,6 @@
 """The mock backend's `/v1/rerank` (the Cohere/Jina shape vLLM serves): deterministic scores.
 
-A document's relevance is the overlap of its words with the query's (Jaccard, case-insensitive):
+A document's relevance is the overlap of its words with the query's (Jaccard, case-sensitive):
 1 for the same words, 0 for none in common; answered after the mock's TTFT, as a model would.
 """
 
@@ -41,7 +41,7 @@ def rerank_answer(body: dict[str, Any]) -> bytes:
 
 
 def _words(text: str) -> set[str]:
-    return set(_WORD.findall(text.casefold()))
+    return set(_WORD.findall(text))
 
 
 def _overlap(one: set[str], two: set[str]) -> float:

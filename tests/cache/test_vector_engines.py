@@ -165,3 +165,29 @@ async def test_replicas_share_one_redis_index_without_warm_up(redis8_url: str) -
             await closing.aclose()
         for store in (one, two):
             await store.aclose()
+
+
+async def test_storing_an_answer_does_not_wait_for_its_vector(redis8_url: str) -> None:
+    store = RedisCacheStore(redis8_url)
+    index = SemanticIndex(store)
+    sets = store.vector_set()
+    try:
+        rows = unit_rows(1)
+        entry = CacheEntry("t", "k", b"v", NOW, 3600.0, 100, "p", pack(rows[0], "q"), (16, 200))
+        await store.put(entry)
+        assert sets.pending() == 1  # put returned; its vector is still queued
+        await store.flush_vectors()
+        assert sets.pending() == 0
+        burst = unit_rows(1500, seed=3)
+        for n, row in enumerate(burst):
+            args = ("t", "p", f"b{n}", row.tobytes(), "burst")
+            sets.add(*args, m=16, ef=200, keep_ms=3_600_000)
+        found = await index.nearest("t", "p", rows[0], "q", 0.9, SPEC)
+        assert found is not None
+        assert found.key == "k"
+        assert sets.pending() > 0  # the lookup was answered while the burst was being written
+        await store.flush_vectors()
+        assert vector_set_size(redis8_url, "t", "p") == 1501
+    finally:
+        await index.aclose()
+        await store.aclose()
