@@ -16,7 +16,8 @@ from functools import partial
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisClusterException, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.storage.base import StorageError
 from proxy.storage.cache import VectorHit
@@ -66,9 +67,10 @@ class RedisVectorSets:
                     await self._client.execute_command("VCARD", "tw:{probe}:cache:s:-")
                 self._available = True
             except StorageError as exc:
-                if not isinstance(exc.__cause__, ResponseError | RedisClusterException):
+                if isinstance(exc.__cause__, RedisConnectionError | RedisTimeoutError | OSError):
                     raise  # Redis unreachable: ask again next time
-                self._available = False  # "unknown command": Redis before 8
+                # "unknown command" (Redis before 8; redis-py's cluster client says it itself)
+                self._available = False
         return self._available
 
     async def nearest(

@@ -1,5 +1,6 @@
-"""One suite, every vector engine: the memory store's mirror, Redis 7's mirror (no vector sets:
-`auto` falls back), and Redis 8's own vector sets; isolation, eviction, expiry, shared index."""
+"""One suite, every vector engine: the memory store's mirror, Redis 7's and a Redis 7 Cluster's
+mirror (no vector sets: `auto` falls back), and Redis 8's own vector sets; isolation, eviction,
+expiry, a shared index, writes off the answer's path."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
 from proxy.policy.model import CacheSpec
 from proxy.storage import CacheEntry, CacheStore, MemoryCacheStore, RedisCacheStore
+from proxy.storage.cache_vset import RedisVectorSets
 from tests.redis8 import redis8_server, redis8_url
 
 __all__ = ["redis8_server", "redis8_url"]  # fixtures
@@ -27,12 +30,12 @@ def unit_rows(n: int, dim: int = 32, seed: int = 1) -> np.ndarray:
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 
-@pytest.fixture(params=["memory", "redis7", "redis8"])
+@pytest.fixture(params=["memory", "redis7", "redis7-cluster", "redis8"])
 def engine_url(request: pytest.FixtureRequest) -> str:
     if request.param == "memory":
         return "memory"
-    fixture = "redis_url" if request.param == "redis7" else "redis8_url"
-    return str(request.getfixturevalue(fixture))
+    fixture = {"redis7": "redis_url", "redis7-cluster": "redis_cluster_url"}
+    return str(request.getfixturevalue(fixture.get(request.param, "redis8_url")))
 
 
 @pytest.fixture
@@ -191,3 +194,18 @@ async def test_storing_an_answer_does_not_wait_for_its_vector(redis8_url: str) -
     finally:
         await index.aclose()
         await store.aclose()
+
+
+async def test_vector_set_replies_read_the_same_in_resp3(redis8_url: str) -> None:
+    client = aioredis.Redis.from_url(redis8_url, protocol=3)
+    sets = RedisVectorSets(client, lambda tenant: f"tw:{{{tenant}}}:cache:")
+    try:
+        row = unit_rows(1)[0]
+        sets.add("t", "p", "k", row.tobytes(), "museum hours", m=16, ef=200, keep_ms=60_000)
+        await sets.flush()
+        [hit] = await sets.nearest("t", "p", row.tobytes(), count=4, ef=64)
+        assert (hit.key, hit.question) == ("k", "museum hours")
+        assert hit.similarity == pytest.approx(1.0, abs=1e-3)
+    finally:
+        await sets.aclose()
+        await client.aclose()
