@@ -22,9 +22,11 @@ class VerifierUnavailable(Exception):
 
 
 class Reranker:
+    """Its HTTP client is opened on the first verification: most policies have no verifier."""
+
     def __init__(self, backends: Sequence[Backend]) -> None:
         self._backends = {backend.name: backend for backend in backends}
-        self._client = httpx.AsyncClient(trust_env=False)
+        self._client: httpx.AsyncClient | None = None
 
     async def scores(self, spec: VerifierSpec, query: str, documents: list[str]) -> list[float]:
         """Each document's relevance to `query`, in the documents' order."""
@@ -35,6 +37,8 @@ class Reranker:
         if backend.api_key is not None:
             headers["authorization"] = "Bearer " + backend.api_key.get_secret_value()
         body = orjson.dumps({"model": spec.model, "query": query, "documents": documents})
+        if self._client is None:
+            self._client = httpx.AsyncClient(trust_env=False)
         try:
             with anyio.fail_after(spec.timeout):
                 response = await self._client.post(
@@ -47,7 +51,8 @@ class Reranker:
         return _scores(response.content, len(documents), backend.name)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
 
 
 def _scores(raw: bytes, count: int, backend: str) -> list[float]:

@@ -54,7 +54,7 @@ class ResponseCache:
         self._embedder = embedder
         self._embed_timeout_s = embed_timeout_s
         # The verifier's backends: whichever a tenant's `cache.verifier.backend` names.
-        verifier = Reranker(backends) if backends else None
+        verifier = Reranker(backends) if backends and embedder is not None else None
         self._index = SemanticIndex(store, verifier=verifier) if embedder is not None else None
 
     async def __call__(self, ctx: RequestContext) -> None:
