@@ -1,6 +1,12 @@
 """Semantic cache precision: labelled question pairs replayed through the real cache, by threshold.
 
-    python benchmarks/semantic_cache.py [--repeats 3]
+    python benchmarks/semantic_cache.py [--repeats 3] [--data FILE]
+    python benchmarks/semantic_cache.py --engines [--vector-search auto|redis|local]
+        [--redis-url URL] [--sizes 10000,100000] [--ef-runtime 10,64,128,256] [--data FILE]
+
+`--data`: labelled pairs in qqp_dev.jsonl's format (default: that file). `--engines`: lookup
+latency and neighbour quality per engine (semantic_engines.py); `--vector-search local` without
+`--redis-url` is the memory store's mirror, `redis`/`auto` need a Redis 8 URL.
 
 Needs ../shared/data/semcache (evaluation data, never copied here) and the local-embed extra.
 Every question gets a real cache key (one tenant, one model, one system prompt, temperature 0,
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -28,6 +35,8 @@ from typing import Any
 
 import numpy as np
 from harness import RESULTS
+from semantic_engines import engine_rows
+from semantic_engines import markdown as engine_markdown
 from semantic_report import choose_default, markdown
 
 import proxy.cache.semantic
@@ -59,8 +68,8 @@ class Protocol:
     answers: list[frozenset[str]]
 
 
-def qqp_rows() -> list[dict[str, Any]]:
-    with (DATA / "qqp_dev.jsonl").open(encoding="utf-8") as lines:
+def qqp_rows(path: Path = DATA / "qqp_dev.jsonl") -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as lines:
         return [json.loads(line) for line in lines]
 
 
@@ -266,8 +275,16 @@ def embedding_ms(embedder: LocalEmbedder, texts: Sequence[str], repeats: int) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--data", type=Path, default=DATA / "qqp_dev.jsonl")
+    parser.add_argument("--engines", action="store_true")
+    parser.add_argument("--vector-search", choices=["auto", "redis", "local"], default="auto")
+    parser.add_argument("--redis-url")
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--ef-runtime", default="10,64,128,256")
     args = parser.parse_args()
-    rows = qqp_rows()
+    rows = qqp_rows(args.data)
+    if args.engines:
+        return engines(args, rows)
     gpt = gptcache(rows)
     texts = [t for r in rows for t in (r["text_a"], r["text_b"])] + gpt.cached + gpt.queries
     embedder = LocalEmbedder(threads=1)
@@ -282,6 +299,28 @@ def main() -> int:
     (RESULTS / "semantic_cache.json").write_text(json.dumps(report, indent=2) + "\n")
     (RESULTS / "semantic_cache.md").write_text(markdown(report, THRESHOLDS), encoding="utf-8")
     print((RESULTS / "semantic_cache.md").read_text(encoding="utf-8"))
+    return 0
+
+
+def engines(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
+    pairs = [r for r in rows if r["label"] == 1]
+    embedder = LocalEmbedder(threads=1)
+    vectors = load_vectors(embedder, [t for r in pairs for t in (r["text_a"], r["text_b"])])
+    cached_texts = list(dict.fromkeys(normalise(r["text_a"]) for r in pairs))
+    position = {text: n for n, text in enumerate(cached_texts)}
+    cached = np.stack([vectors[t] for t in cached_texts])
+    queries = np.stack([vectors[normalise(r["text_b"])] for r in pairs])
+    truth = [position[normalise(r["text_a"])] for r in pairs]
+    sizes = [int(n) for n in args.sizes.split(",")]
+    efs = [int(n) for n in args.ef_runtime.split(",")]
+    table = asyncio.run(
+        engine_rows(args.vector_search, args.redis_url, cached, queries, truth, sizes, efs)
+    )
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    name = f"semantic_engines_{args.vector_search}{'_redis' if args.redis_url else ''}"
+    (RESULTS / f"{name}.json").write_text(json.dumps(table, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(engine_markdown(table, load), encoding="utf-8")
+    print(engine_markdown(table, load))
     return 0
 
 

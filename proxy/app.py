@@ -314,7 +314,9 @@ def _response_cache(policy: Policy, clock: Clock) -> ResponseCache:
         )
     timeout_s = policy.embedder.timeout if policy.embedder else 0.0
     store = open_cache_store(policy.storage)
-    return ResponseCache(store, clock, open_embedder(policy), embed_timeout_s=timeout_s)
+    return ResponseCache(
+        store, clock, open_embedder(policy), embed_timeout_s=timeout_s, backends=policy.backends
+    )
 
 
 def create_app(

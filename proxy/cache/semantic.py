@@ -1,31 +1,30 @@
 """Find an earlier question with the same meaning in the same partition, and check it may answer.
 
-The store (memory or Redis) holds the vectors; each process keeps a mirror per partition that it
-brings up to date from the store's cursor before every search.
+The vectors are searched by Redis itself (vector sets, Redis 8: one index that every replica
+shares) or by a mirror in this process (mirror.py), as `cache.vector_search` and the server
+decide; candidates pass the guards and, with a `cache.verifier`, a cross-encoder.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import anyio.to_thread
 import numpy as np
 
 from proxy.cache.guards import compatible
-from proxy.cache.vectors import FLAT_MAX, FlatIndex, HnswIndex, Vector, VectorIndex, unpack
+from proxy.cache.mirror import Mirrors
+from proxy.cache.vectors import Vector
+from proxy.cache.verify import Reranker, VerifierUnavailable
+from proxy.policy.model import CacheSpec
 from proxy.storage.base import StorageError
-from proxy.storage.cache import START, VECTOR_PAGE, CacheStore
+from proxy.storage.cache import CacheStore, VectorHit
 
 __all__ = ["Match", "SemanticIndex"]
 
 _log = logging.getLogger("tokenweir.cache")
-# Rows decoded on the event loop per sync; a bigger catch-up runs in a worker thread.
-_INLINE_ROWS = 256
 _CANDIDATES = 4
+_DEFAULT = CacheSpec()
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,120 +33,88 @@ class Match:
     similarity: float
 
 
-@dataclass(slots=True)
-class _Partition:
-    cursor: str = START
-    index: VectorIndex | None = None
-    keys: list[str | None] = field(default_factory=list)
-    questions: list[str] = field(default_factory=list)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
 class SemanticIndex:
-    """Mirrors are kept for the most recently searched partitions, up to `max_rows` in all."""
+    """One per process; `verifier` answers the tenants whose cache spec has a `verifier:`."""
 
-    def __init__(self, store: CacheStore, *, max_rows: int = 1_000_000) -> None:
-        self._store = store
-        self._max_rows = max_rows
-        self._partitions: OrderedDict[tuple[str, str], _Partition] = OrderedDict()
-        self._loading: set[asyncio.Task[None]] = set()
+    def __init__(
+        self, store: CacheStore, *, max_rows: int = 1_000_000, verifier: Reranker | None = None
+    ) -> None:
+        self._mirrors = Mirrors(store, max_rows=max_rows)
+        self._sets = store.vector_set()
+        self._verifier = verifier
+        self._on_redis = False
+        self._warned = False
+
+    async def graph(self, spec: CacheSpec) -> tuple[int, int] | None:
+        """(M, EF_CONSTRUCTION) of the vector set new vectors go to; None: to the mirrors."""
+        if not await self._in_redis(spec):
+            return None
+        return spec.hnsw.m, spec.hnsw.ef_construction
 
     async def nearest(
-        self, tenant: str, partition: str, query: Vector, question: str, threshold: float
+        self,
+        tenant: str,
+        partition: str,
+        query: Vector,
+        question: str,
+        threshold: float,
+        spec: CacheSpec = _DEFAULT,
     ) -> Match | None:
-        """The most similar earlier question at or above `threshold` that passes the guards.
-
-        A partition that is still loading (another request is catching it up) answers None.
-        """
-        mirror = self._mirror(tenant, partition)
-        if mirror.lock.locked():
+        """The most similar earlier question at or above `threshold` that passes the guards
+        (and the verifier); None while a mirrored partition is still loading."""
+        verifier = spec.verifier
+        floor = threshold if verifier is None else min(threshold, verifier.min_similarity)
+        if await self._in_redis(spec) and self._sets is not None:
+            vector = np.ascontiguousarray(query, dtype=np.float32).tobytes()
+            ef = spec.hnsw.ef_runtime
+            hits = await self._sets.nearest(tenant, partition, vector, count=_CANDIDATES, ef=ef)
+        else:
+            hits = await self._mirrors.nearest(tenant, partition, query, count=_CANDIDATES)
+        passing = [h for h in hits if h.similarity >= floor and compatible(question, h.question)]
+        if not passing:
             return None
-        async with mirror.lock:
-            caught_up = await self._catch_up(tenant, partition, mirror, pages=1)
-        if not caught_up:  # a big partition: load the rest in the background, miss meanwhile
-            task = asyncio.create_task(self._load(tenant, partition, mirror))
-            self._loading.add(task)
-            task.add_done_callback(self._loading.discard)
-            return None
-        if mirror.index is None:
-            return None
-        for row, similarity in mirror.index.top(query, _CANDIDATES):
-            key = mirror.keys[row]
-            if similarity < threshold:
-                break
-            if key is not None and compatible(question, mirror.questions[row]):
-                return Match(key, similarity)
-        return None
+        if verifier is None:
+            return Match(passing[0].key, passing[0].similarity)
+        return await self._verified(spec, question, passing)
 
     def forget(self, tenant: str, partition: str, key: str) -> None:
         """Stop offering `key` (its answer is gone from the store)."""
-        mirror = self._partitions.get((tenant, partition))
-        if mirror is None:
-            return
-        with contextlib.suppress(ValueError):  # already forgotten
-            mirror.keys[mirror.keys.index(key)] = None
-
-    def _mirror(self, tenant: str, partition: str) -> _Partition:
-        name = (tenant, partition)
-        mirror = self._partitions.get(name)
-        if mirror is None:
-            mirror = self._partitions[name] = _Partition()
-            self._trim()
-        self._partitions.move_to_end(name)
-        return mirror
-
-    def _trim(self) -> None:
-        rows = sum(len(p.keys) for p in self._partitions.values())
-        while rows > self._max_rows and len(self._partitions) > 1:
-            _, oldest = self._partitions.popitem(last=False)
-            rows -= len(oldest.keys)
+        self._mirrors.forget(tenant, partition, key)
+        if self._on_redis and self._sets is not None:
+            self._sets.remove(tenant, partition, key)
 
     async def aclose(self) -> None:
-        for task in list(self._loading):
-            task.cancel()
-        await asyncio.gather(*self._loading, return_exceptions=True)
-
-    async def _load(self, tenant: str, partition: str, mirror: _Partition) -> None:
         try:
-            async with mirror.lock:
-                await self._catch_up(tenant, partition, mirror, pages=None)
+            await self._mirrors.aclose()
+        finally:
+            if self._verifier is not None:
+                await self._verifier.aclose()
+
+    async def _in_redis(self, spec: CacheSpec) -> bool:
+        if spec.vector_search == "local" or self._sets is None:
+            return False
+        try:
+            self._on_redis = await self._sets.available() or self._on_redis
         except StorageError as exc:
-            _log.warning("could not load a semantic cache partition: %s", exc)
+            _log.warning("could not ask Redis for vector sets: %s", exc)
+            return False
+        if not self._on_redis and spec.vector_search == "redis" and not self._warned:
+            self._warned = True
+            _log.warning("cache.vector_search is redis but the server has no vector sets (Redis 8)")
+        return self._on_redis
 
-    async def _catch_up(
-        self, tenant: str, partition: str, mirror: _Partition, *, pages: int | None
-    ) -> bool:
-        """Read up to `pages` pages of vectors added since the mirror's cursor (None: all).
-
-        True when the mirror has caught up with the store."""
-        read = 0
-        while pages is None or read < pages:
-            rows, cursor = await self._store.vectors(tenant, partition, mirror.cursor)
-            read += 1
-            await self._extend(mirror, rows)
-            mirror.cursor = cursor
-            if len(rows) < VECTOR_PAGE:
-                return True
-        return False
-
-    @staticmethod
-    async def _extend(mirror: _Partition, rows: list[tuple[str, bytes]]) -> None:
-        if not rows:
-            return
-        crosses = len(mirror.keys) <= FLAT_MAX < len(mirror.keys) + len(rows)
-        if len(rows) > _INLINE_ROWS or crosses:
-            await anyio.to_thread.run_sync(_extend, mirror, rows)
-        else:
-            _extend(mirror, rows)
-
-
-def _extend(mirror: _Partition, rows: list[tuple[str, bytes]]) -> None:
-    decoded = [unpack(raw) for _, raw in rows]
-    vectors = np.stack([vector for vector, _ in decoded])
-    if mirror.index is None:
-        mirror.index = FlatIndex(vectors.shape[1])
-    if isinstance(mirror.index, FlatIndex) and len(mirror.index) + len(vectors) > FLAT_MAX:
-        mirror.index = HnswIndex(vectors.shape[1], mirror.index.matrix)
-    mirror.index.add(vectors)
-    mirror.keys.extend(key for key, _ in rows)
-    mirror.questions.extend(question for _, question in decoded)
+    async def _verified(
+        self, spec: CacheSpec, question: str, candidates: list[VectorHit]
+    ) -> Match | None:
+        if self._verifier is None or spec.verifier is None:
+            return None
+        documents = [hit.question for hit in candidates]
+        try:
+            scores = await self._verifier.scores(spec.verifier, question, documents)
+        except VerifierUnavailable as exc:
+            _log.warning("cache verifier unavailable, counted as a miss: %s", exc)
+            return None
+        score, best = max(zip(scores, candidates, strict=True), key=lambda pair: pair[0])
+        if score < spec.verifier.threshold:
+            return None
+        return Match(best.key, best.similarity)

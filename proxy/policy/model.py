@@ -27,6 +27,7 @@ __all__ = [
     "CircuitSpec",
     "DegradeRule",
     "EmbedderSpec",
+    "HnswSpec",
     "Limits",
     "ModelSpec",
     "Policy",
@@ -35,6 +36,7 @@ __all__ = [
     "ServerSpec",
     "Tenant",
     "UpstreamSpec",
+    "VerifierSpec",
 ]
 
 # `${NAME}`, or `${NAME:-default}` (the default when NAME is unset or empty, as in a shell).
@@ -205,6 +207,26 @@ class Limits(_Frozen):
     lease_ttl: Annotated[float, BeforeValidator(parse_duration_s), Field(ge=1.0)] = 60.0
 
 
+class HnswSpec(_Frozen):
+    """The HNSW graph of Redis's vector search: more is better recall, slower adds and lookups."""
+
+    m: Annotated[int, Field(ge=4, le=128)] = 16
+    ef_construction: Annotated[int, Field(ge=8, le=4096)] = 200
+    # Measured on the semcache dev pairs: see docs/benchmarks.md, "semantic cache engines".
+    ef_runtime: Annotated[int, Field(ge=1, le=4096)] = 128
+
+
+class VerifierSpec(_Frozen):
+    """A cross-encoder (`POST {backend}/rerank`) confirms each candidate above `min_similarity`;
+    a hit needs its relevance score at or above `threshold`; no answer within `timeout`: miss."""
+
+    backend: Name
+    model: Name
+    threshold: Ratio = 0.5
+    min_similarity: Ratio = 0.9
+    timeout: PositiveSeconds = 1.0
+
+
 class CacheSpec(_Frozen):
     mode: Literal["off", "exact", "semantic", "always"] = "off"
     similarity: Ratio = 0.96  # measured: see docs/benchmarks.md, "semantic cache precision"
@@ -212,6 +234,10 @@ class CacheSpec(_Frozen):
     max_entry_bytes: Bytes = 256 * 1024
     # Least recently used entries beyond this many (per tenant) are evicted.
     max_entries: PositiveInt = 10_000
+    # auto: Redis's vector sets where the server has them, else the in-process mirror.
+    vector_search: Literal["auto", "redis", "local"] = "auto"
+    hnsw: HnswSpec = HnswSpec()
+    verifier: VerifierSpec | None = None
 
 
 class EmbedderSpec(_Frozen):
@@ -333,6 +359,17 @@ class Policy(_Frozen):
                         f"tenants.{tenant_name}.degrade {rule.name!r}: model "
                         f"{rule.then.model!r} is not in models"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _verifier_backends_exist(self) -> Policy:
+        names = {backend.name for backend in self.backends}
+        for tenant_name, tenant in self.tenants.items():
+            verifier = tenant.cache.verifier
+            if verifier is not None and verifier.backend not in names:
+                raise ValueError(
+                    f"tenants.{tenant_name}.cache.verifier: no backend named {verifier.backend!r}"
+                )
         return self
 
     def backends_for(self, model: str) -> tuple[Backend, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 
 import anyio
@@ -20,9 +21,10 @@ from proxy.cache.plan import CachePlan
 from proxy.cache.replay import replay_response, replay_stream
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
+from proxy.cache.verify import Reranker
 from proxy.clock import Clock
 from proxy.context import RequestContext
-from proxy.policy.model import CacheSpec
+from proxy.policy.model import Backend, CacheSpec
 from proxy.stages.forward import SSE_HEADERS
 from proxy.storage.base import StorageError
 from proxy.storage.cache import CacheEntry, CacheStore
@@ -45,12 +47,15 @@ class ResponseCache:
         embedder: Embedder | None = None,
         *,
         embed_timeout_s: float = 2.0,
+        backends: Sequence[Backend] = (),
     ) -> None:
         self._store = store
         self._clock = clock
         self._embedder = embedder
         self._embed_timeout_s = embed_timeout_s
-        self._index = SemanticIndex(store) if embedder is not None else None
+        # The verifier's backends: whichever a tenant's `cache.verifier.backend` names.
+        verifier = Reranker(backends) if backends and embedder is not None else None
+        self._index = SemanticIndex(store, verifier=verifier) if embedder is not None else None
 
     async def __call__(self, ctx: RequestContext) -> None:
         tenant = ctx.tenant
@@ -102,15 +107,16 @@ class ResponseCache:
         value = answer.encode()
         if len(value) > tenant.cache.max_entry_bytes:
             return
-        vector = None
-        if plan.vector is not None and plan.key.question is not None:
+        vector = graph = None
+        if plan.vector is not None and plan.key.question is not None and self._index:
             vector = pack(plan.vector, plan.key.question)
+            graph = await self._index.graph(tenant.cache)
         # A tenant with a `cache: serve_stale` rule keeps answers one more ttl, to serve stale.
         stale = any(rule.then.cache == "serve_stale" for rule in tenant.degrade)
         entry = CacheEntry(
             plan.key.tenant, plan.key.exact, value, self._clock.wall(),
             tenant.cache.ttl * 2 if stale else tenant.cache.ttl,
-            tenant.cache.max_entries, plan.partition, vector,
+            tenant.cache.max_entries, plan.partition, vector, graph,
         )  # fmt: skip
         try:
             await self._store.put(entry)
@@ -166,7 +172,7 @@ class ResponseCache:
         # A degradation rule may lower the bar for this request (never raise it).
         bar = min(spec.similarity, ctx.cache_min_similarity or spec.similarity)
         match = await self._index.nearest(
-            key.tenant, plan.partition, plan.vector, key.question, bar
+            key.tenant, plan.partition, plan.vector, key.question, bar, spec
         )
         if match is None:
             return None

@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["START", "VECTOR_PAGE", "CacheEntry", "CacheStore", "VectorRows"]
+__all__ = [
+    "START",
+    "VECTOR_PAGE",
+    "CacheEntry",
+    "CacheStore",
+    "VectorHit",
+    "VectorRows",
+    "VectorSet",
+]
 
 START = "0-0"
 """The cursor before a partition's first vector."""
@@ -25,7 +33,9 @@ VectorRows = list[tuple[str, bytes]]
 class CacheEntry:
     """An answer to keep for `ttl_s`; with `partition` and `vector`, also findable by meaning.
 
-    When the tenant holds more than `max_entries`, the least recently used ones go.
+    When the tenant holds more than `max_entries`, the least recently used ones go. With
+    `vector_set` (HNSW M, EF_CONSTRUCTION) the vector goes to the partition's Redis vector set,
+    else to the stream the in-process mirrors read.
     """
 
     tenant: str
@@ -36,6 +46,32 @@ class CacheEntry:
     max_entries: int
     partition: str | None = None
     vector: bytes | None = None
+    vector_set: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VectorHit:
+    key: str
+    similarity: float
+    question: str
+
+
+class VectorSet(Protocol):
+    """Redis's own vector search, one vector set per partition in the tenant's hash tag."""
+
+    async def available(self) -> bool:
+        """True where the server has vector sets (asked once, then remembered)."""
+
+    async def nearest(
+        self, tenant: str, partition: str, query: bytes, *, count: int, ef: int
+    ) -> list[VectorHit]:
+        """Up to `count` hits for a float32 `query`, most similar first."""
+
+    def remove(self, tenant: str, partition: str, key: str) -> None:
+        """Drop a member whose entry is gone, in the background."""
+
+    def pending(self) -> int:
+        """Vectors queued for writing."""
 
 
 class CacheStore(Protocol):
@@ -50,6 +86,9 @@ class CacheStore(Protocol):
 
     async def forget(self, tenant: str, key: str) -> None:
         """Drop an entry and its vector (a lookup found it stale)."""
+
+    def vector_set(self) -> VectorSet | None:
+        """Redis's vector search on the store's server; None where there is no server."""
 
     async def ping(self) -> None: ...
 

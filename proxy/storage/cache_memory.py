@@ -72,6 +72,9 @@ class MemoryCacheStore:
         if space is not None:
             space.entries.pop(key, None)
 
+    def vector_set(self) -> None:
+        return None
+
     async def ping(self) -> None:
         return None
 

@@ -2,7 +2,8 @@
 
 All of a tenant's keys start `tw:{tenant}:cache:` (the tenant is the hash tag), so one script
 touches only one tenant's slot and no key of one tenant can name another's. Vectors live in a
-Redis stream per partition; replicas read what is new since their cursor.
+Redis stream per partition, which replicas read from their cursor, or (Redis 8) in a vector set
+per partition that Redis searches itself (cache_vset.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import math
 from importlib import resources
 from typing import Any
 
-from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorRows
+import numpy as np
+
+from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorRows, VectorSet
+from proxy.storage.cache_vset import RedisVectorSets
 from proxy.storage.redisconn import StoreRedis, translated
 
 __all__ = ["RedisCacheStore"]
@@ -37,6 +41,7 @@ class RedisCacheStore:
         self._get = scripts.register_script(_script("cache_get.lua"))
         self._put = scripts.register_script(_script("cache_put.lua"))
         self._forget = scripts.register_script(_script("cache_forget.lua"))
+        self._sets = RedisVectorSets(self._conn.client, _prefix)
 
     async def get(self, tenant: str, key: str, *, now: float) -> bytes | None:
         prefix = _prefix(tenant)
@@ -57,9 +62,17 @@ class RedisCacheStore:
         args: list[str | bytes | float] = [
             entry.key, entry.value, ttl_ms, entry.now, entry.now - entry.ttl_s,
             entry.max_entries, prefix, partition or "", entry.vector or b"", ttl_ms * _KEEP_TTLS,
+            "1" if entry.vector_set is not None else "0",
         ]  # fmt: skip
         with translated("cache storage"):
             await self._put(keys=keys, args=args)
+        if partition is not None and entry.vector is not None and entry.vector_set is not None:
+            vector, question = _float32(entry.vector)
+            m, ef = entry.vector_set
+            self._sets.add(
+                entry.tenant, partition, entry.key, vector, question,
+                m=m, ef=ef, keep_ms=ttl_ms * _KEEP_TTLS,
+            )  # fmt: skip
 
     async def vectors(self, tenant: str, partition: str, after: str) -> tuple[VectorRows, str]:
         stream = f"{_prefix(tenant)}v:{partition}"
@@ -78,16 +91,33 @@ class RedisCacheStore:
         with translated("cache storage"):
             await self._forget(keys=keys, args=[prefix, key])
 
+    def vector_set(self) -> VectorSet:
+        return self._sets
+
+    async def flush_vectors(self) -> None:
+        """Wait until queued vector-set writes are sent (tests, benchmarks)."""
+        await self._sets.flush()
+
     async def ping(self) -> None:
         with translated("cache storage"):
             await self._conn.scripts.ping()
 
     async def aclose(self) -> None:
-        await self._conn.aclose()
+        try:
+            await self._sets.aclose()
+        finally:
+            await self._conn.aclose()
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _float32(packed: bytes) -> tuple[bytes, str]:
+    """A packed vector (vectors.pack: dimension, float16 values, question) as float32 bytes."""
+    dim = int.from_bytes(packed[:2], "little")
+    vector = np.frombuffer(packed, dtype=np.float16, count=dim, offset=2).astype(np.float32)
+    return vector.tobytes(), packed[2 + 2 * dim :].decode()
 
 
 def _prefix(tenant: str) -> str:

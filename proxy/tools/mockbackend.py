@@ -1,6 +1,7 @@
 """`tokenweir mock-backend`: a simulated OpenAI-compatible LLM server for tests, demos, benchmarks.
 
-Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /mock/stats;
+Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank (mockrerank.py);
+GET /v1/models, /mock/stats;
 POST /mock/stats/reset. Answers are deterministic pseudo-text seeded by the prompt, one word per
 token and per SSE event. Token i is due at arrival + ttft + i / tokens_per_second; a late stream
 sends every due token in one write, never early. A non-stream answer arrives when its last token
@@ -62,6 +63,7 @@ from proxy.tools.mockrequest import (
     parse_json,
     parse_knobs,
 )
+from proxy.tools.mockrerank import rerank_answer
 from proxy.tools.mocksim import Faults, LoadModel
 from proxy.tools.mockstats import MockStats
 from proxy.tools.mockstream import Outcome, Schedule, SseFormat, StreamRun, Ticker
@@ -102,6 +104,7 @@ class MockBackend:
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/embeddings"): self._embeddings,
+            ("POST", "/v1/rerank"): self._rerank,
             ("GET", "/v1/models"): self._list_models,
             ("GET", "/mock/stats"): self._get_stats,
             ("POST", "/mock/stats/reset"): self._reset_stats,
@@ -280,6 +283,12 @@ class MockBackend:
         async with self._inflight(receive) as watcher:
             if not await self._left_during_delay(watcher, knobs, arrival_s):
                 await respond(send, 200, _embedding_answer(request))
+
+    async def _rerank(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = rerank_answer(await self._json_body(receive))  # mockrerank.py
+        async with self._inflight(receive) as watcher:
+            if not await left_within(watcher, self._ttft_s):
+                await respond(send, 200, answer)
 
     async def _list_models(self, scope: Scope, receive: Receive, send: Send) -> None:
         data = [

@@ -1,4 +1,5 @@
-"""One suite, both cache stores: entries, LRU eviction, vectors by cursor, tenant isolation."""
+"""One suite, both cache stores (Redis 7, Cluster, and Redis 8 with vector sets): entries, LRU
+eviction, vectors by cursor, tenant isolation."""
 
 from __future__ import annotations
 
@@ -8,15 +9,26 @@ import pytest
 
 from proxy.storage import CacheEntry, CacheStore, MemoryCacheStore, RedisCacheStore
 from proxy.storage.cache import START
+from tests.redis8 import redis8_server, redis8_url
+
+__all__ = ["redis8_server", "redis8_url"]  # fixtures
 
 pytestmark = pytest.mark.anyio
 NOW = 1_800_000_000.0
 
 
+@pytest.fixture(params=["memory", "redis", "redis-cluster", "redis8"])
+def any_url(request: pytest.FixtureRequest) -> str:
+    """`storage_url`'s stores, and Redis 8."""
+    if request.param == "memory":
+        return "memory"
+    return str(request.getfixturevalue(f"{request.param.replace('-', '_')}_url"))
+
+
 @pytest.fixture
-async def store(storage_url: str) -> AsyncIterator[CacheStore]:
+async def store(any_url: str) -> AsyncIterator[CacheStore]:
     chosen: CacheStore
-    chosen = MemoryCacheStore() if storage_url == "memory" else RedisCacheStore(storage_url)
+    chosen = MemoryCacheStore() if any_url == "memory" else RedisCacheStore(any_url)
     yield chosen
     await chosen.aclose()
 

@@ -1,0 +1,65 @@
+"""The semantic cache's optional verifier: a cross-encoder behind a backend's `/rerank` route.
+
+The request is the Cohere/Jina shape vLLM serves: `{model, query, documents}`, answered with
+`results: [{index, relevance_score}]`. Any failure or a late answer raises VerifierUnavailable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import httpx
+import orjson
+
+from proxy.policy.model import Backend, VerifierSpec
+
+__all__ = ["Reranker", "VerifierUnavailable"]
+
+
+class VerifierUnavailable(Exception):
+    """The verifier failed or did not answer in time: the candidate does not count as a hit."""
+
+
+class Reranker:
+    """Its HTTP client is opened on the first verification: most policies have no verifier."""
+
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        self._backends = {backend.name: backend for backend in backends}
+        self._client: httpx.AsyncClient | None = None
+
+    async def scores(self, spec: VerifierSpec, query: str, documents: list[str]) -> list[float]:
+        """Each document's relevance to `query`, in the documents' order."""
+        backend = self._backends.get(spec.backend)
+        if backend is None:
+            raise VerifierUnavailable(f"no backend named {spec.backend!r}")
+        headers = {"content-type": "application/json"}
+        if backend.api_key is not None:
+            headers["authorization"] = "Bearer " + backend.api_key.get_secret_value()
+        body = orjson.dumps({"model": spec.model, "query": query, "documents": documents})
+        if self._client is None:
+            self._client = httpx.AsyncClient(trust_env=False)
+        try:
+            with anyio.fail_after(spec.timeout):
+                response = await self._client.post(
+                    backend.url + "/rerank", content=body, headers=headers, timeout=spec.timeout
+                )
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise VerifierUnavailable(f"{backend.name}: {type(exc).__name__}") from exc
+        if response.status_code != 200:
+            raise VerifierUnavailable(f"{backend.name}: HTTP {response.status_code}")
+        return _scores(response.content, len(documents), backend.name)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def _scores(raw: bytes, count: int, backend: str) -> list[float]:
+    scores = [0.0] * count
+    try:
+        for result in orjson.loads(raw)["results"]:
+            scores[int(result["index"])] = float(result["relevance_score"])
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:
+        raise VerifierUnavailable(f"{backend}: not a rerank answer") from exc
+    return scores
