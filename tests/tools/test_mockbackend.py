@@ -323,18 +323,20 @@ def test_stats_count_streams_and_record_the_last_request() -> None:
         assert reset["last_request"] is None
 
 
-def test_client_abort_mid_stream_counts_as_cancelled_within_100ms(paced_url: str) -> None:
+def test_client_abort_mid_stream_counts_as_cancelled_and_stops_the_stream(paced_url: str) -> None:
+    """The stream stops soon after the client leaves, counted in tokens the backend's own
+    counters saw sent, not in milliseconds: at 100 tokens/s, under 100 tokens is within a
+    second, ten times what an idle machine needs, and far from the 1,000 asked for."""
     body = CHAT | {"stream": True, "max_tokens": 1000}
     with httpx.stream("POST", paced_url + "/v1/chat/completions", json=body) as response:
         for line in response.iter_lines():
             if '"content":" ' in line:
                 break
     # Leaving the block closed the half-read response, and with it the connection.
-    took_s = wait_for_stats(paced_url, lambda s: s["streams_cancelled"] == 1, timeout_s=0.1)
-    assert took_s < 0.1
+    wait_for_stats(paced_url, lambda s: s["streams_cancelled"] == 1, timeout_s=5)
     seen = stats(paced_url)
     assert (seen["streams_completed"], seen["inflight"]) == (0, 0)
-    assert 0 < seen["tokens_sent"] < 1000
+    assert 0 < seen["tokens_sent"] < 100
 
 
 def test_client_leaving_a_non_stream_request_cancels_it(paced_url: str) -> None:
@@ -344,11 +346,14 @@ def test_client_leaving_a_non_stream_request_cancels_it(paced_url: str) -> None:
             json=CHAT | {"max_tokens": 100},
             timeout=httpx.Timeout(5, read=0.05),
         )
-    wait_for_stats(paced_url, lambda s: s["requests_cancelled"] == 1, timeout_s=1.0)
+    # Without the cancel the answer completes after 1.2 s and is never counted as cancelled.
+    wait_for_stats(paced_url, lambda s: s["requests_cancelled"] == 1, timeout_s=5)
     assert stats(paced_url)["inflight"] == 0
 
 
 def test_first_token_after_ttft_then_paced(paced_url: str) -> None:
+    """Never early; upper bounds ten times the schedule, which a loaded machine stretches
+    but a wrong unit or rate exceeds."""
     body = CHAT | {"stream": True, "max_tokens": 20}
     start = time.monotonic()
     first_s = None
@@ -358,11 +363,11 @@ def test_first_token_after_ttft_then_paced(paced_url: str) -> None:
                 first_s = time.monotonic() - start
     total_s = time.monotonic() - start
     assert first_s is not None
-    assert 0.18 <= first_s <= 0.4
-    assert 0.35 <= total_s <= 0.8  # ttft 0.2 s + 19 tokens at 100/s
+    assert 0.18 <= first_s < 2.0
+    assert 0.35 <= total_s < 3.9  # ttft 0.2 s + 19 tokens at 100/s
     start = time.monotonic()
     httpx.post(paced_url + "/v1/chat/completions", json=CHAT | {"max_tokens": 20})
-    assert 0.35 <= time.monotonic() - start <= 0.8
+    assert 0.35 <= time.monotonic() - start < 3.9
 
 
 def test_create_app_rejects_impossible_settings() -> None:
@@ -399,7 +404,7 @@ async def _coalescing_scenario() -> None:
     await _until(lambda: bool(writes))
     assert [(body.count(b"data: "), more) for body, more in writes] == [(3, True)]
     clock.advance(10.0)
-    assert await asyncio.wait_for(task, timeout=2) is Outcome.COMPLETED
+    assert await asyncio.wait_for(task, timeout=10) is Outcome.COMPLETED
     body, more = writes[1]
     assert (body.count(b"data: "), more) == (2 + 1, False)  # two tokens and [DONE], one write
     assert body.endswith(b"data: [DONE]\n\n")
