@@ -32,8 +32,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    """Wait until a gateway started as `process` answers `GET /healthz`; fail if it exits."""
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    """Wait until a gateway started as `process` answers `GET /healthz`; fail if it exits.
+
+    A limit, not a measurement: on a loaded 2-core machine a fresh interpreter importing the
+    gateway has taken over 30 s, and a gateway that cannot start still fails here."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -199,7 +199,7 @@ def test_a_first_token_later_than_first_byte_timeout_gets_504_and_stops_the_back
         error = answer.json()["error"]
         assert (error["type"], error["code"]) == ("api_error", "upstream_timeout")
         assert "first-byte timeout" in error["message"]
-        assert 0.45 <= elapsed_s < 1.5
+        assert 0.45 <= elapsed_s < 10  # the 0.5 s first-byte timeout, far from the 30 s read one
         # The gateway closed the backend's connection: the mock saw its client leave.
         gone = "streams_cancelled" if stream else "requests_cancelled"
         _wait_for(lambda: mock.get("/mock/stats").json()[gone] == 1)

@@ -4,6 +4,7 @@ shows, under the GenAI names, units and bucket boundaries, to a collector."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.telemetry import semconv
+from proxy.tools import mockbackend
 from tests.conftest import ALPHA_KEY
-from tests.servers import replicas
+from tests.servers import replicas, serve
 from tests.telemetry.collector import Collector, collector, policy_file
 
 PAIRS = {  # OpenTelemetry name -> the Prometheus family /metrics shows
@@ -49,10 +51,17 @@ def latest(server: Collector, requests: int) -> dict[str, Any]:
         time.sleep(0.05)
 
 
+@pytest.fixture
+def paced_url() -> Iterator[str]:
+    """100 tokens/s: the stream's chunks come apart, so its gaps are measured, as a rule."""
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=100)) as url:
+        yield url
+
+
 def test_otlp_metrics_match_the_prometheus_page(
-    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    paced_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = policy_file(backend_url, tmp_path, monkeypatch)
+    config = policy_file(paced_url, tmp_path, monkeypatch)
     with collector() as server:
         monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
         monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
@@ -88,11 +97,16 @@ def test_otlp_metrics_match_the_prometheus_page(
     assert usage.histogram.aggregation_temporality == 2  # cumulative
 
     for otel_name, prometheus_name in PAIRS.items():
-        otel = metrics[otel_name]
-        assert otel.unit == "s"
         family = prometheus[prometheus_name]
         counts = [s.value for s in family.samples if s.name.endswith("_count")]
         sums = [s.value for s in family.samples if s.name.endswith("_sum")]
+        # A family with no series yet is left out of the export, as /metrics shows it empty:
+        # chunk gaps need two reads with text, and a loaded machine can read a stream at once.
+        otel = metrics.get(otel_name)
+        assert otel is not None or not counts, otel_name
+        if otel is None:
+            continue
+        assert otel.unit == "s"
         points = otel.histogram.data_points
         assert sorted(p.count for p in points) == sorted(counts), otel_name
         assert sorted(p.sum for p in points) == pytest.approx(sorted(sums)), otel_name

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 
 from proxy.tools import mockbackend
 from proxy.tools.mocksim import LoadModel
 from tests.servers import serve
+from tests.tools.backendclock import BackendClock
 
 
 def _body(system: str) -> dict[str, object]:
@@ -32,17 +31,15 @@ def test_ttft_grows_with_requests_in_flight() -> None:
 
 
 def test_the_served_mock_reports_prefix_hits() -> None:
-    app = mockbackend.create_app(prefill_ms_per_1k_tokens=2000, prefix_cache=4)
+    # Timed by the backend's own clock (arrival to answer), so a loaded client adds nothing.
+    app = BackendClock(mockbackend.create_app(prefill_ms_per_1k_tokens=2000, prefix_cache=4))
     system = " ".join(["long"] * 500)
     body = {"model": "mock-llm", "max_tokens": 1, **_body(system)}
     with serve(app) as url:
-        began = time.monotonic()
         httpx.post(url + "/v1/chat/completions", json=body).raise_for_status()
-        cold_s = time.monotonic() - began
-        began = time.monotonic()
         httpx.post(url + "/v1/chat/completions", json=body).raise_for_status()
-        warm_s = time.monotonic() - began
         stats = httpx.get(url + "/mock/stats").json()
     assert (stats["prefix_hits"], stats["prefix_misses"]) == (1, 1)
-    assert cold_s > 0.9
+    cold_s, warm_s = (timeline.e2e_s for timeline in app.timelines)
+    assert cold_s > 0.9  # 500 tokens at 2 s per 1k
     assert warm_s < cold_s / 2

@@ -64,7 +64,7 @@ async def test_a_silent_backend_is_cut_at_the_first_byte_timeout_and_disconnecte
         began = time.monotonic()
         with pytest.raises(FirstByteTimeout, match=r"within 0\.3 s"):
             await pool.handle_async_request(httpx.Request("GET", raw.url))
-        assert 0.25 < time.monotonic() - began < 1.5
+        assert 0.25 < time.monotonic() - began < 10  # first byte, not the 30 s read timeout
         await asyncio.wait_for(gone.wait(), 2)  # the backend saw the connection close
 
 
@@ -82,7 +82,7 @@ async def test_headers_alone_are_not_the_first_byte() -> None:
         response = await pooled.handle_async_request(httpx.Request("GET", raw.url))
         with pytest.raises(FirstByteTimeout):
             await read_body(response)
-        assert 0.25 < time.monotonic() - began < 1.5
+        assert 0.25 < time.monotonic() - began < 10  # first byte, not the 30 s read timeout
 
 
 @pytest.mark.anyio
@@ -113,7 +113,7 @@ async def test_a_request_may_carry_its_own_first_byte_timeout() -> None:
         began = time.monotonic()
         with pytest.raises(FirstByteTimeout):
             await pooled.handle_async_request(request)
-        assert time.monotonic() - began < 1.5
+        assert time.monotonic() - began < 10  # first byte, not the 30 s read timeout
 
 
 @pytest.mark.anyio
@@ -144,7 +144,7 @@ async def test_https_backends_get_the_first_byte_timeout_too(
                 began = time.monotonic()
                 with pytest.raises(FirstByteTimeout):
                     await get(pooled, f"https://127.0.0.1:{port}{path}")
-                assert 0.25 < time.monotonic() - began < 1.5
+                assert 0.25 < time.monotonic() - began < 10  # first byte, not the 30 s read timeout
             assert sent_headers.is_set()
             assert await get(pooled, f"https://127.0.0.1:{port}/quick") == b"hello"
     finally:
