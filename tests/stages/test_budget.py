@@ -100,7 +100,11 @@ async def test_refusal_is_insufficient_quota_with_reset_time() -> None:
     )
     assert "tokens_per_day is 200 tokens; 0 used and 150 held" in error.message
     assert "resets at 2027-01-16 00:00 UTC" in error.message
-    assert error.headers() == {"retry-after": str(12 * 3600)}
+    assert error.headers() == {
+        "retry-after": str(12 * 3600),
+        "retry-after-ms": str(12 * 3600 * 1000),
+        "x-should-retry": "false",  # hours away: an automatic retry would only fail again
+    }
 
 
 async def test_unbounded_output_gets_the_default_bound() -> None:

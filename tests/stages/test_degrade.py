@@ -133,7 +133,7 @@ async def test_reject_answers_with_retry_after(status: int, error: type[GatewayE
     with pytest.raises(error) as raised:
         await setup.run(ctx)
     assert raised.value.status == status
-    assert raised.value.headers() == {"retry-after": "3"}
+    assert raised.value.headers() == {"retry-after": "3", "retry-after-ms": "3000"}
     assert ctx.degraded == ["full"]
 
 

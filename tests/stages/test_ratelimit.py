@@ -57,7 +57,7 @@ async def test_requests_per_minute_bursts_then_refuses_with_retry_after() -> Non
     assert (error.status, error.code) == (429, "rate_limit_exceeded")
     assert "requests_per_minute: limit 3" in error.message
     assert "try again in 20s" in error.message  # one request refills every 20 s
-    assert error.headers() == {"retry-after": "20"}
+    assert error.headers() == {"retry-after": "20", "retry-after-ms": "20000"}
     assert headers(refused)["x-ratelimit-reset-requests"] == "1m0s"
     clock.advance(20)
     await stage(request(limits))
