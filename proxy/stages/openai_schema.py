@@ -93,6 +93,8 @@ PROMPT = _prompt(None)
 _SAMPLING: Mapping[str, Check] = {
     "stream": boolean,
     "max_tokens": integer(1, MAX_TOKENS_CAP),
+    # Chat's name for max_tokens; the output limits read it on every operation.
+    "max_completion_tokens": integer(1, MAX_TOKENS_CAP),
     "n": integer(1, 128),
     "temperature": number(0.0, 2.0),
     "top_p": number(0.0, 1.0),
@@ -106,7 +108,6 @@ _SAMPLING: Mapping[str, Check] = {
 
 CHAT: Mapping[str, Check] = {
     **_SAMPLING,
-    "max_completion_tokens": integer(1, MAX_TOKENS_CAP),
     "logprobs": boolean,
     "top_logprobs": integer(0, 20),
     "tools": array_of(_TOOL),

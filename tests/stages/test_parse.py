@@ -145,6 +145,8 @@ def test_a_wrong_chat_field_is_a_400_naming_it(
         ("/v1/completions", {"prompt": "x", "best_of": 1e9}, "best_of", "invalid_type"),
         ("/v1/completions", {"prompt": "x", "suffix": 1}, "suffix", "invalid_type"),
         ("/v1/completions", {"prompt": "x", "echo": "no"}, "echo", "invalid_type"),
+        ("/v1/completions", {"prompt": "x", "max_completion_tokens": []}, "max_completion_tokens",
+         "invalid_type"),
         ("/v1/embeddings", {"input": [None]}, "input[0]", "invalid_type"),
         ("/v1/embeddings", {"input": [[1, 2], "a"]}, "input[1]", "invalid_type"),
         ("/v1/embeddings", {"input": ["a"] * 2049}, "input", "array_above_max_length"),
