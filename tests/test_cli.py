@@ -41,6 +41,23 @@ def test_policy_check_names_file_line_and_key(tmp_path: Path) -> None:
     assert f"{bad}:2: storgae: unknown key" in done.stderr
 
 
+def test_policy_check_reports_every_problem_in_one_run_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt key used to hide an unknown model until the key was fixed."""
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", BETA_KEY)
+    text = policy_text("http://127.0.0.1:9").replace("storage:", "storgae:")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("models: [mock-small]", "models: [mock-smal]"))
+    done = tokenweir("policy", "check", str(bad))
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"{bad}:2: storgae: unknown key",
+        f"{bad}:21: tenants.beta.models[0]: unknown model 'mock-smal' (declare it under models:)",
+    ]
+
+
 def test_hash_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policy", "hash-key", "abc"]) == 0
     assert capsys.readouterr().out.strip().startswith("sha256:ba7816bf")

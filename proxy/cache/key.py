@@ -91,13 +91,18 @@ def _question(body: dict[str, Any]) -> str | None:
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
-    """The body with delivery-only fields gone, keys sorted and 0.0 written as 0."""
+    """The body with delivery-only fields gone, keys sorted and 0.0 written as 0 (1e300 stays a
+    float: JSON writes no integer that large)."""
     kept = {
-        name: (int(value) if isinstance(value, float) and value.is_integer() else value)
+        name: (int(value) if isinstance(value, float) and _small_integer(value) else value)
         for name, value in body.items()
         if name not in _DELIVERY_ONLY and name != "model"
     }
     return orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+
+
+def _small_integer(value: float) -> bool:
+    return value.is_integer() and abs(value) < 2**63
 
 
 def _digest(tenant: str, model: str, operation: str, canonical: bytes) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import yaml
@@ -60,11 +62,92 @@ def parse_policy(
         policy = Policy.model_validate(data, context=context)
     except pydantic.ValidationError as exc:
         errors = _without_echoes(exc.errors())
-        raise PolicyError([_problem(file, lines, err) for err in errors]) from None
-    dangling = _dangling_references(policy)
+        found = [_problem(file, lines, err) for err in errors]
+        pruned = _pruned_policy(data, errors, context)
+        if pruned is not None:
+            policy, removed = pruned
+            found += _reference_problems(file, lines, policy, removed)
+        raise PolicyError(_by_line(found)) from None
+    dangling = _reference_problems(file, lines, policy, {})
     if dangling:
-        raise PolicyError([Problem(file, _line_of(lines, p), _dotted(p), m) for p, m in dangling])
+        raise PolicyError(dangling)
     return policy
+
+
+# Rounds of pruning: an invalid value removed may leave its object missing a required key.
+_PRUNE_ROUNDS = 3
+
+
+def _pruned_policy(
+    data: dict[str, Any], errors: list[ErrorDetails], context: dict[str, Any]
+) -> tuple[Policy, dict[KeyPath, list[int]]] | None:
+    """The policy without the keys and items pydantic refused, so the cross-reference checks
+    can run on the rest; with the list items removed (by list path, original indices)."""
+    pruned = copy.deepcopy(data)
+    removed: dict[KeyPath, list[int]] = {}
+    for _ in range(_PRUNE_ROUNDS):
+        for error in errors:
+            loc = tuple(p for p in error["loc"] if p != "[key]")
+            _remove(pruned, loc[:-1] if error["type"] == "missing" else loc, removed)
+        try:
+            return Policy.model_validate(pruned, context=context), removed
+        except pydantic.ValidationError as exc:
+            errors = exc.errors()
+    return None
+
+
+def _remove(data: object, loc: KeyPath, removed: dict[KeyPath, list[int]]) -> None:
+    """Delete the key or list item at `loc` (given in original indices) if it is there."""
+    if not loc:
+        return
+    parent: Any = data
+    for depth, part in enumerate(loc[:-1]):
+        if isinstance(part, int):
+            part = _current_index(part, removed.get(loc[:depth], []))
+        try:
+            parent = parent[part]
+        except (KeyError, IndexError, TypeError):
+            return
+    last = loc[-1]
+    if isinstance(parent, dict) and last in parent:
+        del parent[last]
+    elif isinstance(parent, list) and isinstance(last, int):
+        gone = removed.setdefault(loc[:-1], [])
+        if last not in gone and 0 <= _current_index(last, gone) < len(parent):
+            del parent[_current_index(last, gone)]
+            gone.append(last)
+
+
+def _current_index(original: int, gone: list[int]) -> int:
+    return original - sum(1 for g in gone if g < original)
+
+
+def _original_path(path: KeyPath, removed: dict[KeyPath, list[int]]) -> KeyPath:
+    out: list[str | int] = []
+    for part in path:
+        if isinstance(part, int):
+            gone = sorted(removed.get(tuple(out), []))
+            for g in gone:  # the n-th surviving item is the n-th index not removed
+                if g <= part:
+                    part += 1
+        out.append(part)
+    return tuple(out)
+
+
+def _reference_problems(
+    file: str, lines: dict[KeyPath, int], policy: Policy, removed: dict[KeyPath, list[int]]
+) -> list[Problem]:
+    found = []
+    for path, message in _dangling_references(policy):
+        if removed.get(("backends",)) and path[0] == "models":
+            continue  # a refused backend serves nothing here, but it may be meant to
+        original = _original_path(path, removed)
+        found.append(Problem(file, _line_of(lines, original), _dotted(original), message))
+    return _by_line(found)
+
+
+def _by_line(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.line, p.path))
 
 
 def _read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int]]:

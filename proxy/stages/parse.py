@@ -5,20 +5,28 @@ Writes body, model, stream, client_wants_usage.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import orjson
 
-from proxy.context import RequestContext
+from proxy.context import Operation, RequestContext
 from proxy.errors import BadRequest, InvalidJSON, ModelNotFound, PermissionDenied
+from proxy.stages.jsoncheck import Check, boolean, fields, invalid_type, missing
+from proxy.stages.openai_schema import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, PROMPT
 
-__all__ = ["MAX_TOKENS_CAP", "Parse"]
+__all__ = ["MAX_DEPTH", "Parse"]
 
-# Far beyond any model's context; a larger value is a client bug, not a request.
-MAX_TOKENS_CAP = 1_000_000
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-_TYPE_NAMES = {int: "an integer", bool: "a boolean", float: "a number", str: "a string"}
+# orjson reads 1024 levels of nesting but writes only 254, and the body must be written again
+# for the backend (and the cache key); deeper bodies are refused here, naming the field.
+MAX_DEPTH = 254
+# Per operation: the required field and its check, and the optional fields.
+_SCHEMAS: dict[Operation, tuple[str, Check, Mapping[str, Check]]] = {
+    "chat": ("messages", MESSAGES, CHAT),
+    "text_completion": ("prompt", PROMPT, COMPLETIONS),
+    "embeddings": ("input", EMBEDDINGS["input"], EMBEDDINGS),
+}
+_STREAM_OPTIONS = fields({"include_usage": boolean})
 
 
 class Parse:
@@ -30,21 +38,18 @@ class Parse:
         ctx.body = body
         ctx.model = _model(body)
         self._check_access(ctx)
-        if ctx.operation == "chat":
-            _check_messages(body)
-        elif ctx.operation == "text_completion":
-            _check_input(body, "prompt")
-        else:
-            _check_input(body, "input")
-            _check_int(body, "dimensions", 1, 65_536)
-            return
-        ctx.stream = _check_type(body, "stream", bool) or False
-        ctx.client_wants_usage = _stream_options(body, ctx.stream)
-        _check_int(body, "max_tokens", 1, MAX_TOKENS_CAP)
-        _check_int(body, "max_completion_tokens", 1, MAX_TOKENS_CAP)
-        _check_int(body, "n", 1, 128)
-        _check_number(body, "temperature", 0.0, 2.0)
-        _check_number(body, "top_p", 0.0, 1.0)
+        _check_depth(ctx.raw_body, body)
+        name, check, optional = _SCHEMAS[ctx.operation]
+        if body.get(name) is None:
+            raise missing(name)
+        check(body[name], name)
+        for field, field_check in optional.items():
+            value = body.get(field)
+            if value is not None:
+                field_check(value, field)
+        if ctx.operation != "embeddings":
+            ctx.stream = body.get("stream") is True
+            ctx.client_wants_usage = _stream_options(body, ctx.stream)
 
     def _check_access(self, ctx: RequestContext) -> None:
         if ctx.model not in self._models:
@@ -61,7 +66,12 @@ class Parse:
 def _load(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit exceeded"):
+            raise InvalidJSON(
+                "The JSON body nests arrays and objects more than 1024 levels deep; this "
+                f"gateway accepts at most {MAX_DEPTH}."
+            ) from None
         raise InvalidJSON(
             "We could not parse the JSON body of your request. (HINT: This likely means you "
             "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)"
@@ -76,49 +86,45 @@ def _model(body: dict[str, Any]) -> str:
     if model is None:
         raise BadRequest("you must provide a model parameter", param="model", code="missing")
     if not isinstance(model, str) or not model:
-        raise _invalid_type("model", "a non-empty string", model)
+        raise invalid_type("model", "a non-empty string", model)
     return model
 
 
-def _check_messages(body: dict[str, Any]) -> None:
-    messages = body.get("messages")
-    if messages is None:
+def _check_depth(raw: bytes, body: dict[str, Any]) -> None:
+    """Refuse a body nested deeper than MAX_DEPTH. Fewer brackets than that cannot nest that
+    deep, so most bodies are let through on a count; the others are written once to see."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        param = _too_deep(body)
         raise BadRequest(
-            "Missing required parameter: 'messages'.", param="messages", code="missing"
-        )
-    if not isinstance(messages, list):
-        raise _invalid_type("messages", "an array", messages)
-    if not messages:
-        raise BadRequest(
-            "Invalid 'messages': empty array. Expected an array with minimum length 1.",
-            param="messages",
-            code="empty_array",
-        )
-    for i, message in enumerate(messages):
-        param = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise _invalid_type(param, "an object", message)
-        role = message.get("role")
-        if role not in _ROLES:
-            raise BadRequest(
-                f"Invalid value for '{param}.role': expected one of {', '.join(sorted(_ROLES))}.",
-                param=f"{param}.role",
-                code="invalid_value",
-            )
+            f"Invalid '{param}': arrays and objects nested more than {MAX_DEPTH} levels deep.",
+            param=param,
+            code="invalid_value",
+        ) from None
 
 
-def _check_input(body: dict[str, Any], name: str) -> None:
-    value = body.get(name)
-    if value is None:
-        raise BadRequest(f"Missing required parameter: '{name}'.", param=name, code="missing")
-    if not isinstance(value, str | list):
-        raise _invalid_type(name, "a string or an array", value)
-    if isinstance(value, list) and not value:
-        raise BadRequest(
-            f"Invalid '{name}': empty array. Expected an array with minimum length 1.",
-            param=name,
-            code="empty_array",
-        )
+def _too_deep(body: dict[str, Any]) -> str:
+    """The top-level field nested too deep, and its element or member when it has one."""
+    for name, value in body.items():
+        if _writable([value]):
+            continue
+        members = enumerate(value) if isinstance(value, list) else (value or {}).items()
+        for key, member in members:
+            if not _writable([[member]]):
+                return f"{name}[{key}]" if isinstance(value, list) else f"{name}.{key}"
+        return name
+    return "body"
+
+
+def _writable(value: object) -> bool:
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return False
+    return True
 
 
 def _stream_options(body: dict[str, Any], stream: bool) -> bool:
@@ -131,61 +137,5 @@ def _stream_options(body: dict[str, Any], stream: bool) -> bool:
             param="stream_options",
             code="invalid_value",
         )
-    if not isinstance(options, dict):
-        raise _invalid_type("stream_options", "an object", options)
-    return _check_type(options, "include_usage", bool, "stream_options.") or False
-
-
-def _check_type(body: dict[str, Any], name: str, kind: type, prefix: str = "") -> Any:
-    value = body.get(name)
-    if value is not None and type(value) is not kind:
-        raise _invalid_type(prefix + name, _TYPE_NAMES.get(kind, kind.__name__), value)
-    return value
-
-
-def _check_int(body: dict[str, Any], name: str, low: int, high: int) -> None:
-    value = body.get(name)
-    if value is None:
-        return
-    if type(value) is not int:
-        raise _invalid_type(name, "an integer", value)
-    _check_range(name, value, low, high, "integer")
-
-
-def _check_number(body: dict[str, Any], name: str, low: float, high: float) -> None:
-    value = body.get(name)
-    if value is None:
-        return
-    if type(value) not in (int, float):
-        raise _invalid_type(name, "a number", value)
-    _check_range(name, value, low, high, "decimal")
-
-
-def _check_range(name: str, value: float, low: float, high: float, kind: str) -> None:
-    if value < low:
-        raise BadRequest(
-            f"Invalid '{name}': {kind} below minimum value. "
-            f"Expected a value >= {low}, but got {value} instead.",
-            param=name,
-            code=f"{kind}_below_min_value",
-        )
-    if value > high:
-        raise BadRequest(
-            f"Invalid '{name}': {kind} above maximum value. "
-            f"Expected a value <= {high}, but got {value} instead.",
-            param=name,
-            code=f"{kind}_above_max_value",
-        )
-
-
-def _invalid_type(param: str, expected: str, value: object) -> BadRequest:
-    got = "null" if value is None else _TYPE_NAMES.get(type(value), type(value).__name__)
-    if isinstance(value, list):
-        got = "an array"
-    elif isinstance(value, dict):
-        got = "an object"
-    return BadRequest(
-        f"Invalid type for '{param}': expected {expected}, but got {got} instead.",
-        param=param,
-        code="invalid_type",
-    )
+    _STREAM_OPTIONS(options, "stream_options")
+    return options.get("include_usage") is True

@@ -172,7 +172,7 @@ def _last_turns(messages: Sequence[Message], limit: int) -> list[Message]:
 def _clamp_output(body: dict[str, Any], limit: int | None, shaped: list[str]) -> None:
     if limit is None:
         return
-    fields = [f for f in ("max_completion_tokens", "max_tokens") if f in body]
+    fields = [f for f in ("max_completion_tokens", "max_tokens") if body.get(f) is not None]
     if not fields:
         body["max_tokens"] = limit
         shaped.append("max_tokens")

@@ -175,9 +175,39 @@ def test_the_embedder_is_one_model_a_backend_serves_or_the_local_one() -> None:
     ]
     unserved = GOOD.replace("storage: memory", "storage: memory\nembedder: {model: m3}")
     assert problems(unserved.replace("  m2: {}", "  m2: {}\n  m3: {}")) == [
-        "p.yaml:17: models.m3: model 'm3' has no backend serving it",
         "p.yaml:2: embedder.model: no backend serves model 'm3'",
+        "p.yaml:17: models.m3: model 'm3' has no backend serving it",
     ]
+
+
+def test_every_problem_is_reported_in_one_run_sorted_by_line() -> None:
+    """A misspelt key does not hide an unknown model: pydantic's errors and the cross-reference
+    checks are reported together, in the order of the file."""
+    extra_backend = "    weight: 3\n  - name: a\n    url: http://h/v1\n    models: [m7]\n"
+    text = (
+        GOOD.replace("    models: [m1]\n    budget:", "    models: [m1, m9]\n    budget:")
+        .replace("      history_limit: 10\n", "      histroy: 10\n")
+        .replace("    weight: 3\n", extra_backend)
+        .replace("storage: memory\n", "storage: memory\nledgr: x\n")
+    )
+    assert problems(text) == [
+        "p.yaml:2: ledgr: unknown key",
+        "p.yaml:12: backends[2].name: duplicate backend name 'a'",
+        "p.yaml:14: backends[2].models[0]: unknown model 'm7' (declare it under models:)",
+        "p.yaml:23: tenants.support-bot.models[1]: unknown model 'm9' (declare it under models:)",
+        "p.yaml:27: tenants.support-bot.budget.histroy: unknown key",
+    ]
+
+
+def test_references_after_a_refused_list_item_keep_their_own_lines() -> None:
+    text = GOOD.replace("    models: [m1]\n    budget:", "    models: [5, m9]\n    budget:")
+    found = problems(text.replace("    weight: 3\n", "    weight: lots\n"))
+    assert [line.split(": ")[0:2] for line in found] == [
+        ["p.yaml:10", "backends[1].weight"],
+        ["p.yaml:19", "tenants.support-bot.models[0]"],
+        ["p.yaml:19", "tenants.support-bot.models[1]"],
+    ]
+    assert found[-1].endswith("unknown model 'm9' (declare it under models:)")
 
 
 def test_missing_file_is_a_policy_error(tmp_path: Path) -> None:

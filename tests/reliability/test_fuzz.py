@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from proxy.policy.units import hash_key
 from tests.servers import replicas
+from tests.shared import tokenizer_file
 
 KEY = "tw-fuzz"
 ADMIN = "tw-fuzz-admin"
@@ -90,18 +91,21 @@ _query = st.lists(st.tuples(st.text(max_size=12), st.text(max_size=30)), max_siz
 def gateway(
     backend_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, int]]:
+    qwen = tokenizer_file("qwen2.5/qwen.tiktoken")
     config = tmp_path_factory.mktemp("fuzz") / "policy.yaml"
     config.write_text(f"""
 admin_keys: [{hash_key(ADMIN)}]
 ledger: sqlite:///{config.parent / "ledger.db"}
 server: {{max_body_bytes: 64KiB, body_timeout: 5s}}
-backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm, mock-embed]}}]
-models: {{mock-llm: {{}}, mock-embed: {{}}}}
+backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm, mock-embed, qwen]}}]
+models: {{mock-llm: {{}}, mock-embed: {{}}, qwen: {{tokenizer: "{qwen}"}}}}
 tenants:
   app:
     api_keys: [{hash_key(KEY)}]
-    models: [mock-llm, mock-embed]
-    budget: {{max_output_tokens: 4}}
+    models: [mock-llm, mock-embed, qwen]
+    budget: {{max_output_tokens: 4, tokens_per_day: 1000000000, history_limit: 3,
+              system_prompt: "Be brief.", max_input_tokens: 20000, on_input_overflow: trim}}
+    cache: {{mode: exact}}
 """)  # fmt: skip
     with replicas(config, 1) as [(process, url)]:
         yield url, process.pid
@@ -157,6 +161,172 @@ def test_random_headers_and_query_strings_get_an_answer_or_an_openai_error(
         assert answer.headers["content-type"].startswith("text/html")
         return
     assert_well_formed(answer)
+
+
+# The request schema, valid and near-valid: every field OpenAI defines, each either a valid value
+# or anything at all (wrong types, numbers past every range, 240-300 levels deep, odd unicode).
+_unicode = st.text(
+    alphabet=st.characters(exclude_categories=["Cs"]), max_size=30
+) | st.sampled_from(
+    ["<|im_start|>system\n", "<|endoftext|>", "<|eot_id|>", "\u202e\u0000", "😀" * 20]
+)
+_deep_value = st.integers(240, 300).map(lambda depth: _nest(depth))
+_huge = st.sampled_from([1e300, -1e300, 1e20, 2**63, 2**64 - 1, -(2**63) - 1, -1, 0, 0.5, True])
+_anything = _json | _huge | _deep_value | _unicode
+
+
+def _nest(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _or_anything(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return valid | _anything
+
+
+_part = st.one_of(
+    st.builds(lambda t: {"type": "text", "text": t}, _or_anything(_unicode)),
+    st.just({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}),
+    _anything,
+)
+_call = st.fixed_dictionaries(
+    {
+        "id": _or_anything(st.just("call_1")),
+        "type": st.just("function"),
+        "function": _or_anything(
+            st.fixed_dictionaries(
+                {"name": _or_anything(st.just("f")), "arguments": _or_anything(st.just('{"a": 1}'))}
+            )
+        ),
+    }
+)
+_message = st.fixed_dictionaries(
+    {
+        "role": _or_anything(st.sampled_from(["system", "developer", "user", "assistant", "tool"])),
+        "content": _or_anything(_unicode | st.lists(_part, max_size=3) | st.none()),
+    },
+    optional={
+        "name": _or_anything(st.just("bob")),
+        "tool_calls": _or_anything(st.lists(_call, max_size=2)),
+        "tool_call_id": _or_anything(st.just("call_1")),
+        "x-extension": _anything,
+    },
+)
+_tool = st.fixed_dictionaries(
+    {
+        "type": st.just("function"),
+        "function": _or_anything(
+            st.fixed_dictionaries(
+                {
+                    "name": _or_anything(st.just("lookup")),
+                    "parameters": _or_anything(
+                        st.just(
+                            {
+                                "type": "object",
+                                "properties": {"q": {"type": "string", "enum": ["a", "b"]}},
+                            }
+                        )
+                    ),
+                }
+            )
+        ),
+    }
+)
+_prompt = st.one_of(
+    _unicode,
+    st.lists(_unicode, min_size=1, max_size=3),
+    st.lists(st.integers(0, 50_000), min_size=1, max_size=5),
+    st.lists(st.lists(st.integers(0, 50_000), min_size=1, max_size=3), min_size=1, max_size=2),
+)
+_sampling = {
+    "stream": st.booleans(),
+    "max_tokens": st.integers(1, 8),
+    "n": st.integers(1, 2),
+    "temperature": st.sampled_from([0, 0.5, 1.0]),
+    "top_p": st.floats(0, 1),
+    "frequency_penalty": st.floats(-2, 2),
+    "presence_penalty": st.floats(-2, 2),
+    "seed": st.integers(-(2**63), 2**63 - 1),
+    "stop": st.just(["\n"]) | _unicode,
+    "logit_bias": st.just({"50256": -100}),
+    "user": _unicode,
+}
+_chat_fields = {
+    **_sampling,
+    "max_completion_tokens": st.integers(1, 8),
+    "logprobs": st.booleans(),
+    "top_logprobs": st.integers(0, 20),
+    "tools": st.lists(_tool, max_size=2),
+    "tool_choice": st.sampled_from(
+        ["auto", "none", {"type": "function", "function": {"name": "lookup"}}]
+    ),
+    "functions": st.just([{"name": "f", "parameters": {}}]),
+    "function_call": st.just("auto"),
+    "response_format": st.just({"type": "json_object"}),
+    "parallel_tool_calls": st.booleans(),
+    "metadata": st.just({"k": "v"}),
+    "stream_options": st.just({"include_usage": True}),
+    "top_k": st.integers(1, 5),  # unknown to OpenAI: passes to the backend untouched
+}
+_completion_fields = {
+    **_sampling,
+    "logprobs": st.integers(0, 5),
+    "echo": st.booleans(),
+    "suffix": _unicode,
+    "best_of": st.integers(1, 2),
+}
+_embedding_fields = {
+    "dimensions": st.integers(1, 64),
+    "user": _unicode,
+    "encoding_format": st.sampled_from(["float", "base64"]),
+}
+
+
+def _request(
+    path: str,
+    models: list[str],
+    required: dict[str, st.SearchStrategy[Any]],
+    optional: dict[str, st.SearchStrategy[Any]],
+) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
+    fields = {name: _or_anything(value) for name, value in optional.items()}
+    body = st.fixed_dictionaries(
+        {"model": st.sampled_from(models), **{k: _or_anything(v) for k, v in required.items()}},
+        optional=fields,
+    )
+    return body.map(lambda b: (path, b))
+
+
+_requests = st.one_of(
+    _request(
+        "/v1/chat/completions",
+        ["mock-llm", "qwen"],
+        {"messages": st.lists(_message, min_size=1, max_size=5)},
+        _chat_fields,
+    ),
+    _request("/v1/completions", ["mock-llm", "qwen"], {"prompt": _prompt}, _completion_fields),
+    _request("/v1/embeddings", ["mock-embed"], {"input": _prompt}, _embedding_fields),
+)
+
+
+@settings(BUDGET, max_examples=150)
+@given(request=_requests)
+def test_the_request_schema_valid_or_near_valid_never_gets_a_5xx(
+    gateway: tuple[str, int], request: tuple[str, dict[str, Any]]
+) -> None:
+    path, body = request
+    headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+    answer = _send(gateway[0], "POST", path, content=_dumps(body), headers=headers)
+    assert answer.status_code < 500, answer.text
+    assert_well_formed(answer)
+
+
+def test_the_gateway_still_serves_after_the_fuzzing(gateway: tuple[str, int]) -> None:
+    headers = {"authorization": f"Bearer {KEY}"}
+    answer = _send(gateway[0], "POST", "/v1/chat/completions", json=_valid, headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"]
 
 
 def test_memory_stays_flat_under_bad_input(gateway: tuple[str, int]) -> None:
