@@ -138,7 +138,7 @@ class Gateway:
                 route,
                 BackendLimits(rate_limits),
             ],
-            forward=Forward(route, clock, telemetry),
+            forward=Forward(route, clock, telemetry, policy.upstream),
             account=Account(clock, [route, rate_limits, budgets, cache], prices, ledger, telemetry),
             max_body_bytes=policy.server.max_body_bytes,
             telemetry=telemetry,

@@ -15,12 +15,16 @@ GatewayError                      500 api_error (never raised bare; the base)
 +-- StorageUnavailable            503 api_error / storage_unavailable (+ Retry-After)
 +-- ShuttingDown                  503 api_error / server_shutting_down (+ Retry-After)
 +-- UpstreamError                 502 api_error / upstream_error
+|   +-- UpstreamBadResponse       502 api_error / upstream_bad_response
+|   |   +-- UpstreamTooLarge      502 api_error / upstream_response_too_large
 |   +-- UpstreamUnavailable       503 api_error / upstream_unavailable (+ Retry-After)
 |   +-- UpstreamTimeout           504 api_error / upstream_timeout
 +-- InternalError                 500 api_error / internal_error (the outermost handler only)
 """
 
 from __future__ import annotations
+
+import math
 
 import orjson
 
@@ -40,8 +44,10 @@ __all__ = [
     "RequestTimeout",
     "ShuttingDown",
     "StorageUnavailable",
+    "UpstreamBadResponse",
     "UpstreamError",
     "UpstreamTimeout",
+    "UpstreamTooLarge",
     "UpstreamUnavailable",
 ]
 
@@ -82,7 +88,7 @@ class GatewayError(Exception):
         return orjson.dumps(self.body())
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
+        if self.retry_after_s is None or not math.isfinite(self.retry_after_s):
             return {}
         return {"retry-after": str(max(1, round(self.retry_after_s + 0.499)))}
 
@@ -162,6 +168,16 @@ class UpstreamError(GatewayError):
     status = 502
     type = "api_error"
     code = "upstream_error"
+
+
+class UpstreamBadResponse(UpstreamError):
+    """A backend answered 2xx with something that is not the answer asked for."""
+
+    code = "upstream_bad_response"
+
+
+class UpstreamTooLarge(UpstreamBadResponse):
+    code = "upstream_response_too_large"
 
 
 class UpstreamUnavailable(UpstreamError):
