@@ -350,9 +350,11 @@ class Exchange(httpx.AsyncByteStream):
     # read by the transport and by httpx
 
     async def wait_headers(self) -> None:
-        while not self.headers_done:
-            if self._error is not None:
+        while True:
+            if self._error is not None:  # before headers_done: a head over its caps is void
                 raise self._error
+            if self.headers_done:
+                return
             await self._wait()
 
     def __aiter__(self) -> AsyncIterator[bytes]:
