@@ -93,6 +93,7 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
+        self.peak_bytes = max(self.peak_bytes, self._gateway.rss_bytes())  # a quick answer, too
 
     def _sample(self) -> None:
         while not self._done.wait(0.02):
