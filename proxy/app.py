@@ -243,7 +243,7 @@ class Gateway:
                 route,
                 BackendLimits(rate_limits),
             ],
-            forward=Forward(route, clock, telemetry),
+            forward=Forward(route, clock, telemetry, policy.upstream),
             account=Account(
                 clock,
                 settlers,

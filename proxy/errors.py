@@ -15,6 +15,8 @@ GatewayError                      500 api_error (never raised bare; the base)
 +-- StorageUnavailable            503 api_error / storage_unavailable (+ Retry-After)
 +-- ShuttingDown                  503 api_error / server_shutting_down (+ Retry-After)
 +-- UpstreamError                 502 api_error / upstream_error
+|   +-- UpstreamBadResponse       502 api_error / upstream_bad_response
+|   |   +-- UpstreamTooLarge      502 api_error / upstream_response_too_large
 |   +-- UpstreamUnavailable       503 api_error / upstream_unavailable (+ Retry-After)
 |   +-- UpstreamTimeout           504 api_error / upstream_timeout
 +-- InternalError                 500 api_error / internal_error (the outermost handler only)
@@ -25,6 +27,8 @@ Every error with a Retry-After also carries `retry-after-ms`; one that retrying 
 """
 
 from __future__ import annotations
+
+import math
 
 import orjson
 
@@ -48,8 +52,10 @@ __all__ = [
     "RequestTimeout",
     "ShuttingDown",
     "StorageUnavailable",
+    "UpstreamBadResponse",
     "UpstreamError",
     "UpstreamTimeout",
+    "UpstreamTooLarge",
     "UpstreamUnavailable",
 ]
 
@@ -95,7 +101,7 @@ class GatewayError(Exception):
 
     def headers(self) -> dict[str, str]:
         headers: dict[str, str] = {}
-        if self.retry_after_s is not None:
+        if self.retry_after_s is not None and math.isfinite(self.retry_after_s):
             headers["retry-after"] = str(max(1, round(self.retry_after_s + 0.499)))
             headers["retry-after-ms"] = str(max(1, round(self.retry_after_s * 1000 + 0.499)))
         if self.should_retry is False:
@@ -178,6 +184,16 @@ class UpstreamError(GatewayError):
     status = 502
     type = "api_error"
     code = "upstream_error"
+
+
+class UpstreamBadResponse(UpstreamError):
+    """A backend answered 2xx with something that is not the answer asked for."""
+
+    code = "upstream_bad_response"
+
+
+class UpstreamTooLarge(UpstreamBadResponse):
+    code = "upstream_response_too_large"
 
 
 class UpstreamUnavailable(UpstreamError):

@@ -324,8 +324,15 @@ class UpstreamSpec(_Frozen):
     # The longest wait from sending a request to the first byte of the answer's body; unset,
     # read_timeout covers that wait too.
     first_byte_timeout: PositiveSeconds | None = None
+    # The longest one backend call may take, from sending the request to the answer's end.
+    total_timeout: PositiveSeconds = 600.0
     pool_timeout: Seconds = 5.0
     max_connections: PositiveInt = 2048
+    # A whole (non-stream) answer longer than this is a 502; streams pass through unbuffered.
+    max_response_bytes: Bytes = 32 * 1024 * 1024
+    # The answer's status line and headers together, and how many headers.
+    max_header_bytes: Bytes = 64 * 1024
+    max_headers: PositiveInt = 256
     # Active health checks: `GET {url}/models` on every backend this often; 0 turns them off.
     probe_interval: Annotated[float, BeforeValidator(parse_duration_s), Field(ge=0.0)] = 10.0
     circuit: CircuitSpec = CircuitSpec()

@@ -5,7 +5,8 @@ Writes status, input_tokens, output_tokens, usage_from_backend, upstream_complet
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
 
 import anyio
 import httpx
@@ -13,13 +14,21 @@ from starlette.types import Send
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
-from proxy.errors import GatewayError, UpstreamError
-from proxy.policy.model import Backend
+from proxy.errors import (
+    GatewayError,
+    UpstreamBadResponse,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamTooLarge,
+)
+from proxy.policy.model import Backend, UpstreamSpec
 from proxy.stages.usage import take_usage as _take_usage
 from proxy.stages.usage import usage_of as _usage_of
 from proxy.telemetry.recorder import Telemetry
-from proxy.upstream.client import UpstreamOpener, translate
+from proxy.upstream.client import UpstreamOpener, read_capped, translate
+from proxy.upstream.deadline import ContentDeadline
 from proxy.upstream.sse import SSEForwarder
+from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, malformed_whole
 
 __all__ = ["SSE_HEADERS", "Forward"]
 
@@ -28,13 +37,17 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+_DATA: Final = b"data:"
 
 
 class Forward:
-    def __init__(self, upstream: UpstreamOpener, clock: Clock, telemetry: Telemetry) -> None:
+    def __init__(
+        self, upstream: UpstreamOpener, clock: Clock, telemetry: Telemetry, spec: UpstreamSpec
+    ) -> None:
         self._upstream = upstream
         self._clock = clock
         self._telemetry = telemetry
+        self._spec = spec
 
     async def __call__(self, ctx: RequestContext, send: Send) -> None:
         body = _asking_for_usage(ctx.body) if ctx.stream else ctx.body
@@ -65,11 +78,19 @@ class Forward:
         sse = SSEForwarder(keep_usage=ctx.client_wants_usage)
         ending = before_last = last = b""
         capture = ctx.capture
+        content = self._content_deadline(ctx, backend)
         try:
             with translate(backend):
-                async for raw in response.aiter_raw():
-                    meter.read(monotonic())
+                chunks = response.aiter_raw()
+                first = await _first_events(backend, response, chunks, content, monotonic)
+                async for raw in _replay(first, chunks):
+                    now_s = monotonic()
+                    meter.read(now_s)
                     out, token_events = sse.feed(raw)
+                    if _DATA in out:
+                        content.content(now_s)
+                    elif content.passed(now_s):
+                        raise _no_content(backend)
                     if out:
                         if not ctx.status:
                             await self._start(ctx, send, SSE_HEADERS)
@@ -98,8 +119,17 @@ class Forward:
     async def _relay_whole(
         self, ctx: RequestContext, backend: Backend, response: httpx.Response, send: Send
     ) -> None:
+        limit = self._spec.max_response_bytes
         with translate(backend):
-            raw = await response.aread()
+            raw = await read_capped(response, limit)
+        if raw is None:
+            raise UpstreamTooLarge(
+                f"backend {backend.name!r} answered with more than upstream.max_response_bytes "
+                f"({limit} bytes)"
+            )
+        problem = malformed_whole(ctx.operation, raw)
+        if problem is not None:
+            raise UpstreamBadResponse(f"backend {backend.name!r} answered 200, but {problem}")
         ctx.meter.read(self._clock.monotonic())
         ctx.upstream_completed = True
         if ctx.capture is not None:
@@ -115,6 +145,14 @@ class Forward:
         await send({"type": "http.response.body", "body": raw, "more_body": False})
         ctx.meter.wrote(self._clock.monotonic(), 1)
 
+    def _content_deadline(self, ctx: RequestContext, backend: Backend) -> ContentDeadline:
+        spec = self._spec
+        first_s = backend.first_byte_timeout or spec.first_byte_timeout or spec.read_timeout
+        sent_s = ctx.meter.upstream_sent_s
+        if sent_s is None:  # set as Forward begins; a test may drive _relay_stream alone
+            sent_s = self._clock.monotonic()
+        return ContentDeadline(sent_s, first_s, spec.read_timeout)
+
     async def _start(
         self, ctx: RequestContext, send: Send, headers: list[tuple[bytes, bytes]]
     ) -> None:
@@ -126,6 +164,51 @@ class Forward:
                 "headers": [*headers, *ctx.gateway_headers()],
             }
         )
+
+
+async def _first_events(
+    backend: Backend,
+    response: httpx.Response,
+    chunks: AsyncIterator[bytes],
+    content: ContentDeadline,
+    monotonic: Callable[[], float],
+) -> list[bytes]:
+    """The reads up to a stream's first data event, held until it is judged: a stream that is
+    not `text/event-stream`, or whose first event is no JSON object, is a 502 before any byte
+    goes to the client."""
+    content_type = response.headers.get("content-type", "")
+    if not content_type.strip().lower().startswith(EVENT_STREAM):
+        raise UpstreamBadResponse(
+            f"backend {backend.name!r} answered a stream with content-type {content_type[:80]!r}"
+        )
+    check = FirstEvent()
+    reads: list[bytes] = []
+    async for raw in chunks:
+        reads.append(raw)
+        if check.feed(raw):
+            break
+        if content.passed(monotonic()):
+            raise _no_content(backend)
+    else:
+        check.end()
+    if check.problem is not None:
+        message = f"backend {backend.name!r} answered a stream, but {check.problem}"
+        raise UpstreamBadResponse(message)
+    return reads
+
+
+async def _replay(first: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    for raw in first:
+        yield raw
+    async for raw in rest:
+        yield raw
+
+
+def _no_content(backend: Backend) -> UpstreamTimeout:
+    return UpstreamTimeout(
+        f"backend {backend.name!r} sent no content (only comments or blank lines) within the "
+        "read timeout"
+    )
 
 
 def _asking_for_usage(body: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -10,9 +10,11 @@ import httpx
 import orjson
 
 from proxy.context import RequestContext
-from proxy.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.model import Backend, UpstreamSpec
-from proxy.upstream.deadline import FirstByteTimeout
+from proxy.upstream.connection import ResponseHeadTooLarge
+from proxy.upstream.deadline import FirstByteTimeout, TotalTimeout
+from proxy.upstream.rejection import UpstreamRejected, status_error
 from proxy.upstream.transport import PooledTransport
 
 __all__ = [
@@ -20,26 +22,13 @@ __all__ = [
     "UpstreamClient",
     "UpstreamOpener",
     "UpstreamRejected",
+    "read_capped",
     "translate",
 ]
 
 CONNECT_TIMEOUT_CODE = "upstream_connect_timeout"
 
 _MAX_ERROR_BODY_BYTES = 64 * 1024
-
-
-class UpstreamRejected(GatewayError):
-    """A backend's own 4xx answer, passed on to the client with its status and OpenAI fields."""
-
-    def __init__(self, status: int, backend_error: dict[str, Any]) -> None:
-        message = backend_error.get("message")
-        super().__init__(
-            str(message) if message else f"the backend answered {status}",
-            param=_opt_str(backend_error.get("param")),
-            code=_opt_str(backend_error.get("code")),
-        )
-        self.status = status
-        self.type = str(backend_error.get("type") or "invalid_request_error")
 
 
 class UpstreamOpener(Protocol):
@@ -69,10 +58,14 @@ class UpstreamClient:
                 pool_timeout_s=spec.pool_timeout,
                 max_connections=spec.max_connections,
                 first_byte_timeout_s=spec.first_byte_timeout,
+                total_timeout_s=spec.total_timeout,
+                max_head_bytes=spec.max_header_bytes,
+                max_headers=spec.max_headers,
             )
         self._transport = transport
         self._timeout: dict[str, float | None] = timeout.as_dict()
         self._timeout["first_byte"] = spec.first_byte_timeout
+        self._timeout["total"] = spec.total_timeout
         # A backend's own first_byte_timeout: its requests carry a timeout dict of their own.
         self._backend_timeouts: dict[str, dict[str, float | None]] = {}
         # For the rare calls that want the client's conveniences (readiness probes); the request
@@ -108,10 +101,10 @@ class UpstreamClient:
         if response.status_code >= 300:
             try:
                 with translate(backend):
-                    raw = await _read_capped(response)
+                    raw = await _read_head(response)
             finally:
                 await response.aclose()
-            raise _status_error(backend, response, raw)
+            raise status_error(backend, response, raw)
         return backend, response
 
     def _timeouts(self, backend: Backend) -> dict[str, float | None]:
@@ -152,6 +145,12 @@ def translate(backend: Backend) -> Iterator[None]:
         raise UpstreamTimeout(
             f"backend {name!r} sent no byte of its answer within the first-byte timeout"
         ) from exc
+    except TotalTimeout as exc:
+        raise UpstreamTimeout(
+            f"backend {name!r} did not finish its answer within the total timeout"
+        ) from exc
+    except ResponseHeadTooLarge as exc:
+        raise UpstreamBadResponse(f"backend {name!r}: {exc}") from exc
     except httpx.TimeoutException as exc:
         raise UpstreamTimeout(f"backend {name!r} sent nothing within the read timeout") from exc
     except httpx.ConnectError as exc:
@@ -169,54 +168,27 @@ def _headers(backend: Backend, request_id: str | None) -> dict[str, str]:
     return headers
 
 
-async def _read_capped(response: httpx.Response) -> bytes:
-    raw = b""
-    chunks: AsyncIterator[bytes] = response.aiter_raw()
-    async for chunk in chunks:
-        raw += chunk
-        if len(raw) >= _MAX_ERROR_BODY_BYTES:
-            break
-    return raw[:_MAX_ERROR_BODY_BYTES]
-
-
-def _status_error(backend: Backend, response: httpx.Response, raw: bytes) -> GatewayError:
-    status = response.status_code
-    backend_error = _error_fields(raw)
-    detail = backend_error.get("message") or raw[:200].decode("utf-8", "replace").strip()
-    if status in (401, 403):
-        return UpstreamError(f"backend {backend.name!r} rejected the gateway's credentials")
-    if 400 <= status < 500:
-        rejected = UpstreamRejected(status, backend_error)
-        if status == 429:
-            rejected.retry_after_s = _retry_after_s(response)
-        return rejected
-    if status == 503:
-        return UpstreamUnavailable(
-            f"backend {backend.name!r} is unavailable: {detail}",
-            retry_after_s=_retry_after_s(response) or 1.0,
-        )
-    return UpstreamError(f"backend {backend.name!r} answered {status}: {detail}")
-
-
-def _error_fields(raw: bytes) -> dict[str, Any]:
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return {}
-    error = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(error, dict):
-        return error
-    if isinstance(error, str):
-        return {"message": error}
-    return {}
-
-
-def _retry_after_s(response: httpx.Response) -> float | None:
-    try:
-        return float(response.headers.get("retry-after", ""))
-    except ValueError:
+async def read_capped(response: httpx.Response, limit_bytes: int) -> bytes | None:
+    """The whole body, or None if it is longer than `limit_bytes` (by its Content-Length, before
+    reading any of it, or once what came passes the limit)."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit_bytes:
         return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():
+        size += len(chunk)
+        if size > limit_bytes:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-def _opt_str(value: object) -> str | None:
-    return None if value is None else str(value)
+async def _read_head(response: httpx.Response) -> bytes:
+    """An error answer's first bytes: enough for its message, whatever its length."""
+    head = b""
+    async for chunk in response.aiter_raw():
+        head += chunk
+        if len(head) >= _MAX_ERROR_BODY_BYTES:
+            break
+    return head[:_MAX_ERROR_BODY_BYTES]

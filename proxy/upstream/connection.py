@@ -8,19 +8,44 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Final, Protocol, cast
 
 import httptools
 import httpx
 
-from proxy.upstream.deadline import FirstByteTimeout, ReadDeadline
+from proxy.upstream.deadline import Expiry, FirstByteTimeout, ReadDeadline, TotalTimeout
 
-__all__ = ["Connection", "Exchange", "Origin", "Owner", "StaleConnection"]
+__all__ = [
+    "Connection",
+    "Exchange",
+    "ExchangeLimits",
+    "Origin",
+    "Owner",
+    "ResponseHeadTooLarge",
+    "StaleConnection",
+]
 
 Origin = tuple[str, int]
 
 # A consumer slower than the backend: stop reading the socket above this many buffered bytes.
 PAUSE_READING_BYTES: Final = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeLimits:
+    """What one exchange may take: its timeouts (seconds, None for none) and the response head's
+    size and header count."""
+
+    read_s: float | None
+    first_byte_s: float | None
+    total_s: float | None
+    max_head_bytes: int
+    max_headers: int
+
+
+class ResponseHeadTooLarge(httpx.RemoteProtocolError):
+    """The response head passed its byte or header-count cap."""
 
 
 class StaleConnection(Exception):
@@ -102,17 +127,11 @@ class Connection(asyncio.BufferedProtocol):
         self._write_paused = False
         self._wake_writer()
 
-    def start(
-        self,
-        request: httpx.Request,
-        read_timeout_s: float | None,
-        keep_alive: bool,
-        first_byte_timeout_s: float | None = None,
-    ) -> Exchange:
+    def start(self, request: httpx.Request, limits: ExchangeLimits, keep_alive: bool) -> Exchange:
         """Attach a new exchange; the caller writes the request next."""
         if self.is_closed:
             raise StaleConnection
-        exchange = Exchange(self, request, read_timeout_s, keep_alive, first_byte_timeout_s)
+        exchange = Exchange(self, request, limits, keep_alive)
         self._exchange = exchange
         return exchange
 
@@ -183,9 +202,8 @@ class Exchange(httpx.AsyncByteStream):
         self,
         connection: Connection,
         request: httpx.Request,
-        read_timeout_s: float | None,
+        limits: ExchangeLimits,
         keep_alive: bool,
-        first_byte_timeout_s: float | None = None,
     ) -> None:
         self.request = request
         self.status_code = 0
@@ -207,9 +225,10 @@ class Exchange(httpx.AsyncByteStream):
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
-        self._first_byte_s = first_byte_timeout_s
+        self._limits = limits
+        self._head_bytes = 0
         self._deadline = ReadDeadline(
-            self._loop, read_timeout_s, first_byte_timeout_s, self._timed_out
+            self._loop, limits.read_s, limits.first_byte_s, self._timed_out, limits.total_s
         )
 
     # httptools callbacks
@@ -256,6 +275,7 @@ class Exchange(httpx.AsyncByteStream):
 
     def feed(self, data: memoryview) -> None:
         self._got_bytes = True
+        in_head = not self.headers_done
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -270,6 +290,8 @@ class Exchange(httpx.AsyncByteStream):
                 httpx.RemoteProtocolError("unexpected protocol upgrade", request=self.request)
             )
             return
+        if in_head and self._head_too_large(len(data)):
+            return
         if self._done:
             self._finish()
         elif self._buffered > PAUSE_READING_BYTES and not self._paused:
@@ -278,6 +300,20 @@ class Exchange(httpx.AsyncByteStream):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _head_too_large(self, nbytes: int) -> bool:
+        """Past the caps on the response head (checked after each read, so httptools holds at
+        most one read more than the cap): fail the exchange, which drops the connection."""
+        limits = self._limits
+        self._head_bytes += nbytes
+        if len(self.headers) > limits.max_headers:
+            what = f"more than {limits.max_headers} headers"
+        elif not self.headers_done and self._head_bytes > limits.max_head_bytes:
+            what = f"a head of more than {limits.max_head_bytes} bytes"
+        else:
+            return False
+        self._fail(ResponseHeadTooLarge(f"the backend sent {what}", request=self.request))
+        return True
 
     def lost(self, exc: Exception | None) -> None:
         """The connection closed under this exchange."""
@@ -293,6 +329,7 @@ class Exchange(httpx.AsyncByteStream):
     def sent(self) -> None:
         """The request is fully written."""
         self.writing = False
+        self._deadline.sent()
 
     def _lost_error(self, exc: Exception | None) -> Exception:
         request = self.request
@@ -313,9 +350,11 @@ class Exchange(httpx.AsyncByteStream):
     # read by the transport and by httpx
 
     async def wait_headers(self) -> None:
-        while not self.headers_done:
-            if self._error is not None:
+        while True:
+            if self._error is not None:  # before headers_done: a head over its caps is void
                 raise self._error
+            if self.headers_done:
+                return
             await self._wait()
 
     def __aiter__(self) -> AsyncIterator[bytes]:
@@ -369,15 +408,17 @@ class Exchange(httpx.AsyncByteStream):
         finally:
             self._waiter = None
 
-    def _timed_out(self, first_byte: bool) -> None:
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            return  # nobody is waiting (the reader is busy): its next wait starts a new deadline
-        if first_byte:
-            message = f"no byte of the answer within {self._first_byte_s:g} s"
-            self._fail(FirstByteTimeout(message, request=self.request))
-        else:
-            self._fail(httpx.ReadTimeout("timed out waiting for the backend", request=self.request))
+    def _timed_out(self, kind: Expiry) -> None:
+        request = self.request
+        if kind == "first_byte":
+            message = f"no byte of the answer within {self._limits.first_byte_s:g} s"
+            self._fail(FirstByteTimeout(message, request=request))
+        elif kind == "total":
+            message = f"the answer did not end within {self._limits.total_s:g} s"
+            self._fail(TotalTimeout(message, request=request))
+        elif self._waiter is not None and not self._waiter.done():
+            self._fail(httpx.ReadTimeout("timed out waiting for the backend", request=request))
+        # else nobody is waiting (the reader is busy): its next wait starts a new idle deadline
 
     def _wake(self) -> None:
         waiter = self._waiter

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
 
-from proxy.upstream.connection import Connection, Origin, StaleConnection
-from proxy.upstream.deadline import FirstByteTimeout
+from proxy.upstream.connection import Connection, ExchangeLimits, Origin, StaleConnection
+from proxy.upstream.deadline import FirstByteTimeout, TotalTimeout
 
 __all__ = ["PooledTransport"]
 
@@ -199,6 +200,9 @@ class PooledTransport(httpx.AsyncBaseTransport):
         max_connections: int,
         keepalive_expiry_s: float = 30.0,
         first_byte_timeout_s: float | None = None,
+        total_timeout_s: float | None = None,
+        max_head_bytes: int = 64 * 1024,
+        max_headers: int = 256,
     ) -> None:
         self._timeouts: dict[str, float | None] = {
             "connect": connect_timeout_s,
@@ -206,7 +210,10 @@ class PooledTransport(httpx.AsyncBaseTransport):
             "write": write_timeout_s,
             "pool": pool_timeout_s,
             "first_byte": first_byte_timeout_s,
+            "total": total_timeout_s,
         }
+        self._max_head_bytes = max_head_bytes
+        self._max_headers = max_headers
         self._pool = _Pool(max_connections, keepalive_expiry_s)
         self._limits = httpx.Limits(
             max_connections=max_connections,
@@ -222,9 +229,16 @@ class PooledTransport(httpx.AsyncBaseTransport):
             return await self._delegate(request, timeouts)
         origin = (url.host, url.port or _DEFAULT_PORT)
         head, body, keep_alive = _encode_head(request)
+        limits = ExchangeLimits(
+            timeouts.get("read"),
+            _first_byte_s(timeouts),
+            timeouts.get("total"),
+            self._max_head_bytes,
+            self._max_headers,
+        )
         connection = await self._pool.acquire(origin, timeouts, request)
         try:
-            return await _exchange(connection, request, head, body, keep_alive, timeouts)
+            return await _exchange(connection, request, head, body, keep_alive, limits, timeouts)
         except StaleConnection:
             if body is None:
                 message = (
@@ -234,7 +248,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
         # The server closed the reused connection before reading anything: safe to send again.
         connection = await self._pool.acquire_new(origin, timeouts, request)
         try:
-            return await _exchange(connection, request, head, body, keep_alive, timeouts)
+            return await _exchange(connection, request, head, body, keep_alive, limits, timeouts)
         except StaleConnection:  # only a reused connection can be stale; kept for completeness
             message = "server disconnected without sending a response"
             raise httpx.RemoteProtocolError(message, request=request) from None
@@ -255,51 +269,93 @@ class PooledTransport(httpx.AsyncBaseTransport):
         if self._tls is None:  # built lazily: creating an SSL context costs milliseconds
             self._tls = httpx.AsyncHTTPTransport(limits=self._limits)
         request.extensions.setdefault("timeout", dict(timeouts))
-        first_byte_s = timeouts.get("first_byte")
-        if first_byte_s is None:
-            return await self._tls.handle_async_request(request)
-        deadline_s = asyncio.get_running_loop().time() + first_byte_s
-        with _first_byte_within(first_byte_s, request):
-            async with asyncio.timeout_at(deadline_s):
-                response = await self._tls.handle_async_request(request)
-        response.stream = _FirstByteStream(response.stream, deadline_s, first_byte_s, request)
+        now_s = asyncio.get_running_loop().time()
+        first_byte_s, total_s = _first_byte_s(timeouts), timeouts.get("total")
+        deadlines = _Deadlines(
+            None if first_byte_s is None else now_s + first_byte_s,
+            None if total_s is None else now_s + total_s,
+            first_byte_s,
+            total_s,
+            request,
+        )
+        async with deadlines.first_byte():
+            response = await self._tls.handle_async_request(request)
+        response.stream = _DeadlineStream(response.stream, deadlines)
         return response
 
 
-class _FirstByteStream(httpx.AsyncByteStream):
-    """httpx's own response stream, whose first chunk must come by the first-byte deadline."""
+@dataclass(frozen=True, slots=True)
+class _Deadlines:
+    """A delegated (https) exchange's first-byte and total deadlines, on the loop's clock."""
 
-    def __init__(
-        self, inner: object, deadline_s: float, first_byte_s: float, request: httpx.Request
-    ) -> None:
+    first_byte_at_s: float | None
+    total_at_s: float | None
+    first_byte_s: float | None
+    total_s: float | None
+    request: httpx.Request
+
+    @asynccontextmanager
+    async def first_byte(self) -> AsyncIterator[None]:
+        """The earlier of the two deadlines bounds the block; the error names the one passed."""
+        set_at_s = [at for at in (self.first_byte_at_s, self.total_at_s) if at is not None]
+        at_s = min(set_at_s) if set_at_s else None
+        try:
+            async with asyncio.timeout_at(at_s):
+                yield
+        except TimeoutError:
+            if at_s is None:
+                raise
+            raise self._error(first_byte=self.first_byte_at_s == at_s) from None
+
+    @asynccontextmanager
+    async def total(self) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout_at(self.total_at_s):
+                yield
+        except TimeoutError:
+            raise self._error(first_byte=False) from None
+
+    def _error(self, *, first_byte: bool) -> httpx.ReadTimeout:
+        if first_byte:
+            message = f"no byte of the answer within {self.first_byte_s:g} s"
+            return FirstByteTimeout(message, request=self.request)
+        message = f"the answer did not end within {self.total_s:g} s"
+        return TotalTimeout(message, request=self.request)
+
+
+class _DeadlineStream(httpx.AsyncByteStream):
+    """httpx's own response stream, whose first chunk must come by the first-byte deadline and
+    whose end must come by the total one."""
+
+    def __init__(self, inner: object, deadlines: _Deadlines) -> None:
         if not isinstance(inner, httpx.AsyncByteStream):
             raise TypeError("an async transport answers with an async byte stream")
         self._inner = inner
-        self._deadline_s = deadline_s
-        self._first_byte_s = first_byte_s
-        self._request = request
+        self._deadlines = deadlines
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = aiter(self._inner)
-        with _first_byte_within(self._first_byte_s, self._request):
-            async with asyncio.timeout_at(self._deadline_s):
-                first = await anext(chunks, b"")
-        if first:
-            yield first
-            async for chunk in chunks:
-                yield chunk
+        async with self._deadlines.first_byte():
+            first = await anext(chunks, b"")
+        if not first:
+            return
+        yield first
+        while True:
+            async with self._deadlines.total():
+                chunk = await anext(chunks, b"")
+            if not chunk:
+                return
+            yield chunk
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
 
-@contextmanager
-def _first_byte_within(first_byte_s: float, request: httpx.Request) -> Iterator[None]:
-    try:
-        yield
-    except TimeoutError:
-        message = f"no byte of the answer within {first_byte_s:g} s"
-        raise FirstByteTimeout(message, request=request) from None
+def _first_byte_s(timeouts: Mapping[str, float | None]) -> float | None:
+    """The first-byte deadline: `first_byte` if set, else the read timeout, counted from the
+    request (so a head trickled a byte at a time cannot stretch it)."""
+    first_byte_s = timeouts.get("first_byte")
+    return timeouts.get("read") if first_byte_s is None else first_byte_s
 
 
 async def _exchange(
@@ -308,11 +364,10 @@ async def _exchange(
     head: bytes,
     body: bytes | None,
     keep_alive: bool,
+    limits: ExchangeLimits,
     timeouts: Mapping[str, float | None],
 ) -> httpx.Response:
-    exchange = connection.start(
-        request, timeouts.get("read"), keep_alive, timeouts.get("first_byte")
-    )
+    exchange = connection.start(request, limits, keep_alive)
     try:
         await _send(connection, request, head, body, timeouts.get("write"))
         exchange.sent()

@@ -1,0 +1,107 @@
+"""A backend's error answer as the gateway passes it on: its OpenAI fields as bounded strings, its
+`Retry-After` (seconds or an HTTP-date) parsed, garbage dropped, the wait clamped."""
+
+from __future__ import annotations
+
+import datetime
+import email.utils
+import math
+import re
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import httpx
+import orjson
+
+from proxy.errors import GatewayError, UpstreamError, UpstreamUnavailable
+from proxy.policy.model import Backend
+
+__all__ = ["MAX_RETRY_AFTER_S", "UpstreamRejected", "field_text", "retry_after_s", "status_error"]
+
+# A backend asking for a longer wait is still asked again within the hour.
+MAX_RETRY_AFTER_S: Final = 3600
+# An error field longer than this is cut: it is shown to a person, not parsed.
+_MAX_FIELD_CHARS: Final = 2000
+# delay-seconds, leniently: a fraction or an exponent is read too (and rounded up); no sign.
+_SECONDS: Final = re.compile(r"\s*\d+(?:\.\d*)?(?:[eE]\+?\d+)?\s*")
+
+
+class UpstreamRejected(GatewayError):
+    """A backend's own 4xx answer, passed on to the client with its status and OpenAI fields."""
+
+    def __init__(self, status: int, backend_error: dict[str, Any]) -> None:
+        super().__init__(
+            field_text(backend_error.get("message")) or f"the backend answered {status}",
+            param=field_text(backend_error.get("param")),
+            code=field_text(backend_error.get("code")),
+        )
+        self.status = status
+        self.type = field_text(backend_error.get("type")) or "invalid_request_error"
+
+
+def status_error(backend: Backend, response: httpx.Response, raw: bytes) -> GatewayError:
+    """The error a backend's non-2xx answer (its first bytes in `raw`) becomes."""
+    status = response.status_code
+    backend_error = _error_fields(raw)
+    detail = field_text(backend_error.get("message")) or raw[:200].decode("utf-8", "replace")
+    if status in (401, 403):
+        return UpstreamError(f"backend {backend.name!r} rejected the gateway's credentials")
+    if 400 <= status < 500:
+        rejected = UpstreamRejected(status, backend_error)
+        if status == 429:
+            rejected.retry_after_s = retry_after_s(response.headers.get("retry-after")) or 1
+        return rejected
+    if status == 503:
+        return UpstreamUnavailable(
+            f"backend {backend.name!r} is unavailable: {detail}",
+            retry_after_s=retry_after_s(response.headers.get("retry-after")) or 1,
+        )
+    return UpstreamError(f"backend {backend.name!r} answered {status}: {detail}")
+
+
+def field_text(value: object) -> str | None:
+    """An error field as OpenAI's clients expect it, a string: JSON text for anything else
+    (a `code` object stays readable, never a Python repr); None and "" are absent."""
+    if value is None or value == "":
+        return None
+    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return text if len(text) <= _MAX_FIELD_CHARS else text[:_MAX_FIELD_CHARS] + "..."
+
+
+def retry_after_s(value: str | None, wall: Callable[[], float] = time.time) -> int | None:
+    """Whole seconds to wait, 0 to MAX_RETRY_AFTER_S, from delay-seconds or an HTTP-date; None
+    for anything else (nan, inf, negative numbers, text)."""
+    if not value:
+        return None
+    if _SECONDS.fullmatch(value):
+        seconds = float(value)  # 1e400 is inf here: a very long wait, clamped like 1e300
+    else:
+        until = _seconds_until(value, wall())
+        if until is None:
+            return None
+        seconds = until
+    return math.ceil(min(float(MAX_RETRY_AFTER_S), max(0.0, seconds)))
+
+
+def _seconds_until(http_date: str, now: float) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(http_date)
+        if when.tzinfo is None:  # "-0000": a date in UTC without a stated source
+            when = when.replace(tzinfo=datetime.UTC)
+        return when.timestamp() - now
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _error_fields(raw: bytes) -> dict[str, Any]:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict):
+        return error
+    if isinstance(error, str):
+        return {"message": error}
+    return {}

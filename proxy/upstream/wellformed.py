@@ -1,0 +1,92 @@
+"""Only well-formed answers pass as 200: a whole answer must be a JSON object of the operation's
+shape, a stream must be `text/event-stream` whose first event is a `data:` JSON object."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import orjson
+
+from proxy.context import Operation
+
+__all__ = ["EVENT_STREAM", "FirstEvent", "malformed_whole"]
+
+EVENT_STREAM: Final = "text/event-stream"
+
+# The list an answer of each operation must carry; other fields are the backend's business.
+_LIST_FIELD: Final[dict[str, str]] = {
+    "chat": "choices",
+    "text_completion": "choices",
+    "embeddings": "data",
+}
+_DATA: Final = b"data:"
+# A stream's first event comes within this many bytes (SSEForwarder holds at most as much).
+_FIRST_EVENT_LIMIT_BYTES: Final = 1 << 20
+
+
+def malformed_whole(operation: Operation, raw: bytes) -> str | None:
+    """What is wrong with a whole 2xx answer for `operation`, or None if it has the right shape."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return f"is not JSON ({_preview(raw)})"
+    if not isinstance(parsed, dict):
+        return f"is JSON but not an object ({_preview(raw)})"
+    field = _LIST_FIELD[operation]
+    if not isinstance(parsed.get(field), list):
+        return f"has no {field!r} list ({_preview(raw)})"
+    return None
+
+
+class FirstEvent:
+    """Reads the start of a stream until its first `data:` event is whole, then judges it: a JSON
+    object, or `problem` says what it is. Comments before it are allowed, within `limit_bytes`."""
+
+    __slots__ = ("_limit", "_seen", "_tail", "decided", "problem")
+
+    def __init__(self, limit_bytes: int = _FIRST_EVENT_LIMIT_BYTES) -> None:
+        self._tail = b""  # an event not yet ended, its line ends made LF
+        self._seen = 0
+        self._limit = limit_bytes
+        self.decided = False
+        self.problem: str | None = None
+
+    def feed(self, raw: bytes) -> bool:
+        """True once the first event is judged."""
+        *complete, self._tail = (self._tail + raw).replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in complete:
+            lines = [line for line in event.split(b"\n") if line.startswith(_DATA)]
+            if lines:
+                self._judge(b"\n".join(line[len(_DATA) :].strip() for line in lines))
+                return True
+        self._seen += len(raw)
+        if self._seen > self._limit:
+            self._decide(f"it sent no data event in its first {self._limit} bytes")
+            return True
+        return False
+
+    def end(self) -> None:
+        """The stream ended before its first event was whole."""
+        if not self.decided:
+            self._decide("it ended without a data event")
+
+    def _judge(self, payload: bytes) -> None:
+        try:
+            parsed = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self._decide(f"its first event is not JSON ({_preview(payload)})")
+            return
+        if not isinstance(parsed, dict):
+            self._decide(f"its first event is not a JSON object ({_preview(payload)})")
+            return
+        self._decide(None)
+
+    def _decide(self, problem: str | None) -> None:
+        self.decided = True
+        self.problem = problem
+        self._tail = b""
+
+
+def _preview(raw: bytes) -> str:
+    text = raw[:80].decode("utf-8", "replace")
+    return repr(text + "...") if len(raw) > 80 else repr(text)

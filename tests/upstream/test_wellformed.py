@@ -1,0 +1,84 @@
+"""Which backend 200s pass as answers: whole answers by operation, streams by their first event."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.context import Operation
+from proxy.upstream.wellformed import FirstEvent, malformed_whole
+
+
+@pytest.mark.parametrize(
+    ("operation", "raw"),
+    [
+        ("chat", b'{"choices": [], "extra": {"anything": 1}}'),
+        ("text_completion", b'{"choices": [{"text": "x"}]}'),
+        ("embeddings", b'{"data": [], "object": "list"}'),
+    ],
+)
+def test_answers_of_the_right_shape_pass_with_extra_fields(
+    operation: Operation, raw: bytes
+) -> None:
+    assert malformed_whole(operation, raw) is None
+
+
+@pytest.mark.parametrize(
+    ("operation", "raw", "problem"),
+    [
+        ("chat", b"<html>hi</html>", "not JSON"),
+        ("chat", b"[]", "not an object"),
+        ("chat", b'{"hello": 1}', "no 'choices' list"),
+        ("chat", b'{"choices": null}', "no 'choices' list"),
+        ("text_completion", b'{"choices": "abc"}', "no 'choices' list"),
+        ("embeddings", b'{"choices": []}', "no 'data' list"),
+        ("chat", b"", "not JSON"),
+    ],
+)
+def test_other_answers_say_what_is_wrong(operation: Operation, raw: bytes, problem: str) -> None:
+    said = malformed_whole(operation, raw)
+    assert said is not None
+    assert problem in said
+
+
+def judge(*reads: bytes, end: bool = False) -> FirstEvent:
+    check = FirstEvent(limit_bytes=1000)
+    for read in reads:
+        if check.feed(read):
+            return check
+    if end:
+        check.end()
+    return check
+
+
+def test_a_first_event_split_across_reads_is_judged_when_whole() -> None:
+    check = FirstEvent()
+    assert not check.feed(b": comment\r\n\r\nda")
+    assert not check.feed(b'ta: {"choices": []}\r')
+    assert check.feed(b"\n\r\n")
+    assert check.problem is None
+
+
+@pytest.mark.parametrize(
+    ("reads", "problem"),
+    [
+        ((b"data: <html>\n\n",), "not JSON"),
+        ((b"data: [1, 2]\n\n",), "not a JSON object"),
+        ((b"data: [DONE]\n\n",), "not JSON"),
+        ((b": ping\n\n" * 200,), "no data event in its first 1000 bytes"),
+        ((b'event: x\ndata: {"a"\ndata: : 1}\n\n',), None),  # data lines join
+        ((b'data: {"error": {"message": "x"}}\n\n',), None),  # an error event is the client's
+    ],
+)
+def test_first_events(reads: tuple[bytes, ...], problem: str | None) -> None:
+    check = judge(*reads)
+    assert check.decided
+    if problem is None:
+        assert check.problem is None
+    else:
+        assert check.problem is not None
+        assert problem in check.problem
+
+
+def test_a_stream_that_ends_before_a_data_event_is_malformed() -> None:
+    check = judge(b": only a comment\n\n", end=True)
+    assert check.problem == "it ended without a data event"
