@@ -62,6 +62,7 @@ from proxy.storage import (
     open_store,
 )
 from proxy.storage.keys import open_key_store
+from proxy.storage.sessions import EndedSessions, open_ended_sessions
 from proxy.telemetry.budgets import budgets_left
 from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
 from proxy.telemetry.otelenv import otel_wanted
@@ -114,6 +115,7 @@ class Services:
     rate_limits: RateLimits
     drain: Drain
     keys: RuntimeKeys
+    ended_sessions: EndedSessions
     live: LiveGateway
     metrics_push: MetricsPusher | None = None
 
@@ -140,7 +142,7 @@ class Services:
             Tracing(tracer_provider) if tracer_provider else None,
             _response_cache(policy, clock), RateLimits(limit_store, clock, failures),
             Drain(policy.server.drain_timeout), RuntimeKeys(open_key_store(policy.storage), clock),
-            live,
+            open_ended_sessions(policy.storage), live,
             otel.metrics_push(
                 metrics, lambda: budgets_left(live.current.policy, store, clock.wall())
             ) if otel else None,
@@ -161,6 +163,7 @@ class Services:
             if self.metrics_push is not None:  # first: its last export reads budgets
                 await self.metrics_push.aclose()
             await self.keys.aclose()
+            await self.ended_sessions.aclose()
             await self.storage_failures.aclose()
             await self.upstream.aclose()
             await self.store.aclose()

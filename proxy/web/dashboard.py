@@ -60,7 +60,7 @@ class DashboardPages:
         return _Endpoint(self, handler)
 
     async def overview(self, request: Request) -> Response:
-        gateway, viewer, now = self._context(request)
+        gateway, viewer, now = await self._context(request)
         window = self._window(request, now, default_since="24h")
         ledger = ledger_of(gateway)
         data = await load_overview(ledger, gateway.policy, viewer.tenant, window, now)
@@ -68,7 +68,7 @@ class DashboardPages:
         return self._page("overview.html", viewer, overview=data, links=links)
 
     async def tenant(self, request: Request) -> Response:
-        gateway, viewer, now = self._context(request)
+        gateway, viewer, now = await self._context(request)
         name = str(request.path_params["name"])
         viewer.check(name)
         window = self._window(request, now, default_since="24h")
@@ -97,6 +97,9 @@ class DashboardPages:
         return response
 
     async def logout(self, request: Request) -> Response:
+        gateway: Gateway = request.state.gateway
+        ended = gateway.services.ended_sessions
+        await self._sessions.end(request.cookies.get(COOKIE_NAME), gateway.clock.wall(), ended)
         response = RedirectResponse("/dashboard/login", status_code=303, headers=_HEADERS)
         response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
         return response
@@ -107,10 +110,11 @@ class DashboardPages:
             return Response(status_code=304, headers=headers)
         return Response(self._css, media_type="text/css", headers=headers)
 
-    def _context(self, request: Request) -> tuple[Gateway, Viewer, float]:
+    async def _context(self, request: Request) -> tuple[Gateway, Viewer, float]:
         gateway: Gateway = request.state.gateway
         now = gateway.clock.wall()
-        viewer = self._sessions.resolve(request.headers, request.cookies, now)
+        ended = gateway.services.ended_sessions
+        viewer = await self._sessions.resolve(request.headers, request.cookies, now, ended)
         return gateway, viewer, now
 
     def _window(self, request: Request, now: float, *, default_since: str) -> Window:

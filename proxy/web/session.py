@@ -1,8 +1,9 @@
 """Who may read usage: a Bearer key or a signed session cookie, resolved to a Viewer.
 
-The cookie holds no key: a fingerprint of the key's digest, an expiry, and an HMAC over both
-with a secret (per process, or TOKENWEIR_SESSION_SECRET shared by workers and replicas). A key
-removed from the policy stops matching its fingerprint, so its sessions end at the next restart.
+The cookie holds no key: a fingerprint of the key's digest, a random session id, an expiry,
+and an HMAC over them with a secret (per process, or TOKENWEIR_SESSION_SECRET shared by workers
+and replicas). Logging out records the session id as ended in the storage, so the cookie stops
+working on every replica at once; a key removed from the policy stops matching its fingerprint.
 """
 
 from __future__ import annotations
@@ -10,18 +11,23 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import secrets
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from proxy.errors import PermissionDenied
+from proxy.errors import PermissionDenied, StorageUnavailable
 from proxy.policy.model import Policy
 from proxy.stages.auth import Keyring
+from proxy.storage.base import StorageError
+from proxy.storage.sessions import EndedSessions
 
-__all__ = ["COOKIE_NAME", "Sessions", "Viewer"]
+__all__ = ["COOKIE_NAME", "Session", "Sessions", "Viewer"]
 
 COOKIE_NAME = "tokenweir_session"
 _FINGERPRINT_BYTES = 16
+_SESSION_ID_BYTES = 16
+_SIGNED_BYTES = _FINGERPRINT_BYTES + _SESSION_ID_BYTES
 _EXPIRY = struct.Struct(">Q")
 
 
@@ -44,6 +50,15 @@ class Viewer:
             raise PermissionDenied(
                 "This key can read only its own tenant's usage.", param="tenant", code="forbidden"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """What a valid cookie says: who it was issued to, its id and when it expires."""
+
+    viewer: Viewer
+    session_id: bytes
+    expires_wall: float
 
 
 class Sessions:
@@ -69,11 +84,13 @@ class Sessions:
     def issue(self, key: str, now: float) -> str:
         """A cookie value for `key` (already authenticated), valid for `ttl_s`."""
         body = self._fingerprint(hashlib.sha256(key.encode()).digest())
+        body += secrets.token_bytes(_SESSION_ID_BYTES)
         body += _EXPIRY.pack(int(now + self.ttl_s))
         return _b64(body) + "." + _b64(self._mac(body))
 
-    def viewer(self, cookie: str | None, now: float) -> Viewer | None:
-        """The viewer a cookie was issued to, or None if it is missing, forged or expired."""
+    def session(self, cookie: str | None, now: float) -> Session | None:
+        """The session a cookie carries, or None if it is missing, forged, expired or its key
+        is no longer known. Whether it was ended by a logout is `resolve`'s question."""
         if not cookie or cookie.count(".") != 1:
             return None
         body_text, mac_text = cookie.split(".")
@@ -81,24 +98,43 @@ class Sessions:
             body, mac = _unb64(body_text), _unb64(mac_text)
         except ValueError:
             return None
-        if len(body) != _FINGERPRINT_BYTES + _EXPIRY.size:
+        if len(body) != _SIGNED_BYTES + _EXPIRY.size:
             return None
         if not hmac.compare_digest(mac, self._mac(body)):
             return None
-        (expires,) = _EXPIRY.unpack(body[_FINGERPRINT_BYTES:])
-        if expires <= now:
+        (expires,) = _EXPIRY.unpack(body[_SIGNED_BYTES:])
+        viewer = self._viewers.get(body[:_FINGERPRINT_BYTES])
+        if expires <= now or viewer is None:
             return None
-        return self._viewers.get(body[:_FINGERPRINT_BYTES])
+        return Session(viewer, body[_FINGERPRINT_BYTES:_SIGNED_BYTES], float(expires))
 
-    def resolve(self, headers: Mapping[str, str], cookies: Mapping[str, str], now: float) -> Viewer:
-        """A Bearer header wins; else the session cookie; else AuthenticationFailed."""
+    async def resolve(
+        self,
+        headers: Mapping[str, str],
+        cookies: Mapping[str, str],
+        now: float,
+        ended: EndedSessions,
+    ) -> Viewer:
+        """A Bearer header wins; else a session cookie not logged out; else
+        AuthenticationFailed."""
         authorization = headers.get("authorization")
         if authorization:
             return self.authenticate(authorization)
-        found = self.viewer(cookies.get(COOKIE_NAME), now)
-        if found is None:
+        found = self.session(cookies.get(COOKIE_NAME), now)
+        if found is None or await _has_ended(ended, found, now):
             return self.authenticate(None)  # raises the usual "no key" 401
-        return found
+        return found.viewer
+
+    async def end(self, cookie: str | None, now: float, ended: EndedSessions) -> None:
+        """Log out: the cookie's session is refused from now on, by every replica."""
+        found = self.session(cookie, now)
+        if found is not None:
+            try:
+                await ended.end(found.session_id, found.expires_wall)
+            except StorageError as exc:
+                raise StorageUnavailable(
+                    f"The session could not be ended: {exc}", retry_after_s=5
+                ) from exc
 
     def _fingerprint(self, digest: bytes) -> bytes:
         return hmac.new(self._secret, b"fingerprint:" + digest, "sha256").digest()[
@@ -107,6 +143,13 @@ class Sessions:
 
     def _mac(self, body: bytes) -> bytes:
         return hmac.new(self._secret, b"session:" + body, "sha256").digest()
+
+
+async def _has_ended(ended: EndedSessions, found: Session, now: float) -> bool:
+    try:
+        return await ended.ended(found.session_id, now)
+    except StorageError as exc:  # closed, not open: a logged-out cookie must not read usage
+        raise StorageUnavailable(f"The session cannot be checked: {exc}", retry_after_s=5) from exc
 
 
 def _stored_digest(key: str) -> bytes:

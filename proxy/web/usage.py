@@ -123,7 +123,8 @@ class UsageApi:
         request = Request(scope)
         now = gateway.clock.wall()
         try:
-            viewer = self._sessions.resolve(request.headers, request.cookies, now)
+            ended = gateway.services.ended_sessions
+            viewer = await self._sessions.resolve(request.headers, request.cookies, now, ended)
             accept = request.headers.get("accept", "")
             params = parse_params(request.query_params, viewer, now, accept=accept)
             rows = await read_ledger(ledger_of(gateway), params.query)
