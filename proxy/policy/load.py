@@ -41,23 +41,32 @@ class PolicyError(ValueError):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-def load_policy(path: str | Path, environ: Mapping[str, str] | None = None) -> Policy:
-    """Parse the policy file at `path`; `${ENV}` references resolve against `environ`."""
+def load_policy(
+    path: str | Path, environ: Mapping[str, str] | None = None, *, keys_needed: bool = True
+) -> Policy:
+    """Parse the policy file at `path`; `${ENV}` references resolve against `environ`.
+
+    `keys_needed=False` is for readers of the policy that serve nobody (`tokenweir report`): a
+    client key whose variable is unset then matches no key instead of being an error."""
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError([Problem(file, 0, "", f"cannot read the file: {exc.strerror}")]) from exc
-    return parse_policy(text, file=file, environ=environ)
+    return parse_policy(text, file=file, environ=environ, keys_needed=keys_needed)
 
 
 def parse_policy(
-    text: str, *, file: str = "<policy>", environ: Mapping[str, str] | None = None
+    text: str,
+    *,
+    file: str = "<policy>",
+    environ: Mapping[str, str] | None = None,
+    keys_needed: bool = True,
 ) -> Policy:
     data, lines = _read_yaml(text, file)
     if not isinstance(data, dict):
         raise PolicyError([Problem(file, 1, "", "the policy file must be a YAML mapping")])
-    context = {"environ": os.environ if environ is None else environ}
+    context = {"environ": os.environ if environ is None else environ, "keys_needed": keys_needed}
     try:
         policy = Policy.model_validate(data, context=context)
     except pydantic.ValidationError as exc:

@@ -42,6 +42,8 @@ __all__ = [
 # `${NAME}`, or `${NAME:-default}` (the default when NAME is unset or empty, as in a shell).
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}$")
 _HASHED = re.compile(r"^sha256:[0-9a-f]{64}$")
+# What an unset key variable stands for where keys are not needed: no key hashes to it.
+_NO_KEY = "sha256:" + "0" * 64
 
 
 def _environ(info: ValidationInfo) -> Mapping[str, str]:
@@ -81,7 +83,14 @@ def _client_key(value: object, info: ValidationInfo) -> str:
     """A client key as stored: `sha256:<hex>`, or `${ENV}` holding the plain key (hashed here)."""
     if not isinstance(value, str):
         raise ValueError("an API key must be a string: sha256:<hex> or ${ENV_NAME}")
-    plain = _resolve_env(value, info)
+    context = info.context if isinstance(info.context, Mapping) else {}
+    if context.get("keys_needed") is False and _ENV_REF.match(value):
+        try:
+            plain = _resolve_env(value, info)
+        except ValueError:
+            return _NO_KEY
+    else:
+        plain = _resolve_env(value, info)
     if plain:
         return hash_key(plain)
     if plain is not None:

@@ -95,7 +95,7 @@ def _ledger_location(ledger: str | None, config: Path | None) -> tuple[str, str 
         return ledger, None
     path = config or DEFAULT_POLICY
     try:
-        policy = load_policy(path)
+        policy = load_policy(path, keys_needed=False)  # a report serves nobody
     except PolicyError as exc:
         raise ReportError(
             f"cannot read the ledger setting from the policy {path}:\n{exc}\n"

@@ -157,14 +157,15 @@ def test_policy_without_ledger_says_what_to_do(
     assert "--ledger URL" in err
 
 
-def test_default_policy_that_cannot_load_is_reported(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_policy_whose_ledger_cannot_be_read_is_reported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    monkeypatch.delenv("TOKENWEIR_API_KEY", raising=False)
-    assert run()[0] == 1
+    monkeypatch.delenv("TW_TEST_NO_LEDGER", raising=False)
+    config = write_policy(tmp_path, "ledger: ${TW_TEST_NO_LEDGER}")
+    assert run("--config", str(config))[0] == 1
     err = capsys.readouterr().err
     assert "cannot read the ledger setting from the policy" in err
-    assert "TOKENWEIR_API_KEY" in err
+    assert "TW_TEST_NO_LEDGER" in err
     assert "pass --ledger URL" in err
 
 
@@ -210,3 +211,12 @@ def test_text_width_counts_wide_characters_twice() -> None:
     assert text_width("客服机器人") == 10
     assert text_width("ｆｕｌｌ") == 8
     assert text_width("e\u0301") == 1
+
+
+def test_the_default_policy_names_its_ledger_without_the_tenant_keys_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Quick start's `tokenweir report`, run in a shell that never exported the key."""
+    monkeypatch.delenv("TOKENWEIR_API_KEY", raising=False)
+    monkeypatch.setenv("TOKENWEIR_LEDGER", f"sqlite:///{tmp_path / 'ledger.db'}")
+    assert _ledger_location(None, None) == (f"sqlite:///{tmp_path / 'ledger.db'}", "memory")
