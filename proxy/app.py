@@ -385,6 +385,7 @@ def create_app(
             Route("/v1/completions", OpenAIEndpoint("text_completion"), methods=["POST"]),
             Route("/v1/embeddings", OpenAIEndpoint("embeddings"), methods=["POST"]),
             Route("/v1/models", ModelList(), methods=["GET"]),
+            Route("/v1/models/{model_id:path}", ModelList(), methods=["GET"]),
             Route("/healthz", Health(), methods=["GET"]),
             Route("/readyz", Ready(), methods=["GET"]),
             Route("/metrics", Metrics(), methods=["GET"]),

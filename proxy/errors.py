@@ -143,6 +143,14 @@ class NotFound(GatewayError):
 class ModelNotFound(NotFound):
     code = "model_not_found"
 
+    @classmethod
+    def named(cls, model: str) -> ModelNotFound:
+        """OpenAI's 404 for `model`, quoting at most 64 characters of a client's string."""
+        shown = model if len(model) <= 64 else model[:64] + "..."
+        return cls(
+            f"The model `{shown}` does not exist or you do not have access to it.", param="model"
+        )
+
 
 class RequestTimeout(GatewayError):
     status = 408

@@ -53,10 +53,7 @@ class Parse:
 
     def _check_access(self, ctx: RequestContext) -> None:
         if ctx.model not in self._models:
-            raise ModelNotFound(
-                f"The model `{ctx.model}` does not exist or you do not have access to it.",
-                param="model",
-            )
+            raise ModelNotFound.named(ctx.model)
         if ctx.tenant is None or ctx.model not in ctx.tenant.models:
             raise PermissionDenied(
                 f"Your API key may not use the model `{ctx.model}`.", param="model"

@@ -9,7 +9,7 @@ from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from proxy.context import Operation, RequestContext
-from proxy.errors import GatewayError
+from proxy.errors import GatewayError, ModelNotFound
 from proxy.upstream.meter import StreamMeter
 from proxy.web.requestid import REQUEST_ID_KEY
 from proxy.web.respond import send_error, send_json
@@ -41,7 +41,8 @@ class OpenAIEndpoint:
 
 
 class ModelList:
-    """`GET /v1/models`: only the models the caller's tenant may use."""
+    """`GET /v1/models`: only the models the caller's tenant may use; `GET /v1/models/{id}`: one
+    of them, and 404 for any other (a model the tenant may not use is not shown to exist)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
@@ -52,11 +53,19 @@ class ModelList:
             return
         tenant = gateway.policy.tenants[tenant_name]
         created = int(gateway.started_wall)
-        body = {
-            "object": "list",
-            "data": [
-                {"id": model, "object": "model", "created": created, "owned_by": "tokenweir"}
-                for model in tenant.models
-            ],
-        }
+        wanted: str | None = scope.get("path_params", {}).get("model_id")
+        if wanted is None:
+            body: dict[str, object] = {
+                "object": "list",
+                "data": [_model(model, created) for model in tenant.models],
+            }
+        elif wanted in tenant.models:
+            body = _model(wanted, created)
+        else:
+            await send_error(send, ModelNotFound.named(wanted))
+            return
         await send_json(send, 200, orjson.dumps(body))
+
+
+def _model(name: str, created: int) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "tokenweir"}

@@ -77,6 +77,31 @@ def test_models_lists_only_the_tenants_models(gateway_url: str) -> None:
             assert [m.id for m in sdk.models.list()] == expected
 
 
+def test_one_model_is_shown_only_to_a_tenant_that_may_use_it(gateway_url: str) -> None:
+    with openai.OpenAI(base_url=gateway_url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+        model = sdk.models.retrieve("mock-llm")
+        assert (model.id, model.object, model.owned_by) == ("mock-llm", "model", "tokenweir")
+        for hidden in ("mock-small", "no-such-model", "x" * 1000):
+            with pytest.raises(openai.NotFoundError) as refused:
+                sdk.models.retrieve(hidden)
+            error = refused.value.body
+            assert isinstance(error, dict)
+            assert (error["code"], error["param"]) == ("model_not_found", "model")
+            assert len(error["message"]) < 200
+    with openai.OpenAI(base_url=gateway_url + "/v1", api_key=BETA_KEY, max_retries=0) as sdk:
+        assert sdk.models.retrieve("mock-small").id == "mock-small"
+    answer = httpx.get(gateway_url + "/v1/models/mock-llm")
+    assert answer.status_code == 401
+    chat = {"model": "x" * 60_000, "messages": CHAT}  # under the 64 KiB body limit
+    refused = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        json=chat,
+        headers={"authorization": f"Bearer {ALPHA_KEY}"},
+    )
+    assert refused.status_code == 404
+    assert len(refused.content) < 400  # the client's string is quoted, not echoed whole
+
+
 def test_unknown_fields_pass_through_and_backend_key_replaces_client_key(
     client: openai.OpenAI, backend: httpx.Client
 ) -> None:
