@@ -1,7 +1,8 @@
 """Talk to tokenweir with the unchanged openai SDK: only `base_url` and the key differ.
 
-Run `tokenweir demo` in another terminal first, or set TOKENWEIR_BASE_URL, TOKENWEIR_API_KEY
-and TOKENWEIR_MODEL for your own gateway.
+Run `tokenweir demo` in another terminal first, or set TOKENWEIR_BASE_URL, TOKENWEIR_CLIENT_KEY
+and TOKENWEIR_MODEL for your own gateway. The client's key has its own variable: TOKENWEIR_API_KEY
+is what the gateway's default policy accepts, and one shell may set both.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from openai import OpenAI
 
 BASE_URL = os.environ.get("TOKENWEIR_BASE_URL", "http://127.0.0.1:8080/v1")
-API_KEY = os.environ.get("TOKENWEIR_API_KEY", "tw-demo-research")
+API_KEY = os.environ.get("TOKENWEIR_CLIENT_KEY", "tw-demo-research")
 MODEL = os.environ.get("TOKENWEIR_MODEL", "mock-llm")
 
 

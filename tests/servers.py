@@ -32,15 +32,18 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
-    """Wait until a gateway started as `process` answers `GET /healthz`; fail if it exits.
+def wait_healthy(
+    url: str, process: subprocess.Popen[bytes], timeout_s: float = 120.0, path: str = "/healthz"
+) -> None:
+    """Wait until a gateway started as `process` answers `GET /healthz` (or `path`: a mock
+    backend answers `/v1/models`); fail if it exits.
 
     A limit, not a measurement: on a loaded 2-core machine a fresh interpreter importing the
     gateway has taken over 30 s, and a gateway that cannot start still fails here."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            if httpx.get(url + "/healthz").status_code == 200:
+            if httpx.get(url + path).status_code == 200:
                 return
         except httpx.TransportError:
             pass
