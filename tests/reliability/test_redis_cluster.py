@@ -153,15 +153,20 @@ def test_the_gateway_follows_a_cluster_failover_by_itself(backend_url: str, tmp_
             # Until a replica takes over, alpha's storage calls fail (open admits) at once: a
             # request makes several, each of which would take a second if it timed out.
             assert [ask(f"during {i}").status_code for i in range(3)] == [200] * 3
-            assert ask("during", BETA).status_code == 200
-            assert time.monotonic() - killed_s < 4
+            # beta's primary stays up. Its first call after the kill may still fail while the
+            # cluster client refreshes its slot map (seen on a loaded machine: admitted by the
+            # open policy, counted): of three, at least one is reserved and settled (below).
+            beta = [ask(f"during {i}", BETA).status_code for i in range(3)]
+            assert beta[0] == 200
+            assert set(beta) <= {200, 429}  # 429: its small budget ran out, so it was billed
+            assert time.monotonic() - killed_s < 4 + 2  # two more requests than before
             wait_until(lambda: http.get("/readyz").status_code == 200, "readyz", timeout_s=10)
             recovered_s = time.monotonic() - killed_s
             # Every node's view catches up with the promotion (the gateway's did already).
             wait_until(lambda: _served_elsewhere(cluster, "tw:{alpha}", home), "the cluster view")
             decisions = http.get("/readyz").json()["storage_failure_decisions"]
             # beta's primary stayed up: its budget was reserved and settled meanwhile.
-            assert _beta_tokens_left(url) < 80
+            assert _beta_tokens_left(url) < 80, decisions
 
             # The cache and the slot on the promoted replica.
             assert ask("after").headers["x-tokenweir-cache"] == "miss"

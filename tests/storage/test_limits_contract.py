@@ -26,7 +26,13 @@ LEASE_S = 60.0
 @pytest.fixture
 async def store(storage_url: str) -> AsyncIterator[LimitStore]:
     chosen: LimitStore
-    chosen = MemoryLimitStore() if storage_url == "memory" else RedisLimitStore(storage_url)
+    # A generous storage timeout: these tests check what the store decides, not how fast (see
+    # test_quota_contract's store).
+    chosen = (
+        MemoryLimitStore()
+        if storage_url == "memory"
+        else RedisLimitStore(storage_url, timeout_s=10.0)
+    )
     yield chosen
     await chosen.aclose()
 

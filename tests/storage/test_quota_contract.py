@@ -17,7 +17,11 @@ NOW = 1_800_000_000.0
 
 @pytest.fixture
 async def store(storage_url: str) -> AsyncIterator[QuotaStore]:
-    chosen: QuotaStore = MemoryStore() if storage_url == "memory" else RedisStore(storage_url)
+    # A generous storage timeout: these tests check what the store decides, not how fast; 300
+    # calls queued for a Redis Cluster's pool took over the 1 s default on a loaded machine.
+    chosen: QuotaStore = (
+        MemoryStore() if storage_url == "memory" else RedisStore(storage_url, timeout_s=10.0)
+    )
     yield chosen
     await chosen.aclose()
 
