@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -161,17 +162,30 @@ class Services:
         self.drain.uninstall()
         try:
             if self.metrics_push is not None:  # first: its last export reads budgets
-                await self.metrics_push.aclose()
-            await self.keys.aclose()
-            await self.ended_sessions.aclose()
-            await self.storage_failures.aclose()
-            await self.upstream.aclose()
-            await self.store.aclose()
-            await self.limit_store.aclose()
-            await self.cache.aclose()
+                await _bounded("the metrics export", self.metrics_push.aclose())
+            await _bounded("runtime keys", self.keys.aclose())
+            await _bounded("ended sessions", self.ended_sessions.aclose())
+            await _bounded("storage undo tasks", self.storage_failures.aclose())
+            await _bounded("the upstream pool", self.upstream.aclose())
+            await _bounded("the quota store", self.store.aclose())
+            await _bounded("the limit store", self.limit_store.aclose())
+            await _bounded("the response cache", self.cache.aclose())
         finally:
             if self.ledger is not None:
                 await self.ledger.aclose()
+
+
+_CLOSE_TIMEOUT_S = 3.0
+
+
+async def _bounded(what: str, closing: Awaitable[None]) -> None:
+    """One step of shutdown, bounded: a close that hangs is logged and left behind, so the
+    process still exits and the steps after it (the ledger's flush above all) still run."""
+    try:
+        async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+            await closing
+    except TimeoutError:
+        _log.error("shutdown: closing %s took over %.0f s; left behind", what, _CLOSE_TIMEOUT_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +316,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         try:
-            await self.prober.aclose()
+            await _bounded("the backend prober", self.prober.aclose())
         finally:
             await self.services.aclose()
 
@@ -373,7 +387,7 @@ def create_app(
             yield {"gateway": gateway, "live": live, "reloader": reloader}
         finally:
             try:
-                await reloader.aclose()
+                await _bounded("the policy reloader", reloader.aclose())
                 await live.current.aclose()
             finally:
                 if sdk is not None:
