@@ -93,14 +93,14 @@ async def test_after_the_first_byte_only_the_idle_limit_applies() -> None:
     async def slow_but_steady(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(CHUNKED_HEAD)
-        await asyncio.sleep(0.3)  # longer than the read timeout, shorter than the first-byte one
+        await asyncio.sleep(1.5)  # longer than the read timeout, far shorter than the first-byte one
         for part in (b"one,", b"two,", b"three"):
             writer.write(chunk(part))
-            await asyncio.sleep(0.15)  # shorter than the read timeout
+            await asyncio.sleep(0.1)  # a tenth of the read timeout: holds on a loaded machine
         writer.write(b"0\r\n\r\n")
         await reader.read()
 
-    async with transport(read_s=0.2, first_byte_s=0.6) as pooled, RawServer(slow_but_steady) as raw:
+    async with transport(read_s=1.0, first_byte_s=10) as pooled, RawServer(slow_but_steady) as raw:
         response = await pooled.handle_async_request(httpx.Request("GET", raw.url))
         assert await read_body(response) == b"one,two,three"
 
