@@ -95,7 +95,7 @@ def test_slow_redis_costs_at_most_the_storage_timeout_per_call_then_recovers(
         config.write_text(policy_text(backend_url, redis.url, extra=extra))
         with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
             assert _admitted(http)
-            with frozen(redis.url, 5):
+            with frozen(redis.url, 8):  # far longer than the waits below
                 not_ready = http.get("/readyz")
                 began = time.monotonic()
                 slow = http.post("/v1/chat/completions", json=CHAT)
@@ -104,17 +104,16 @@ def test_slow_redis_costs_at_most_the_storage_timeout_per_call_then_recovers(
             assert "Timeout" in not_ready.json()["storage"]
             assert slow.status_code == while_slow
             if policy == "open":  # the quota, then the rate limit: each waits, then admits
-                assert 2 * STORAGE_TIMEOUT_S - 0.1 < waited_s < 2 * STORAGE_TIMEOUT_S + 0.8
+                assert 2 * STORAGE_TIMEOUT_S - 0.1 < waited_s < 2 * STORAGE_TIMEOUT_S + 2.5
                 decisions = {"quota:open": 1, "rate_limit:open": 1}
             else:  # the quota's call waits, then refuses: nothing else is tried
                 assert slow.json()["error"]["code"] == "storage_unavailable"
                 assert slow.headers["retry-after"] == "1"
-                assert STORAGE_TIMEOUT_S - 0.1 < waited_s < STORAGE_TIMEOUT_S + 0.8
+                assert STORAGE_TIMEOUT_S - 0.1 < waited_s < STORAGE_TIMEOUT_S + 2.5
                 decisions = {"quota:closed": 1}
-            # Fast again: the same gateway, no restart, answers at once.
-            began = time.monotonic()
+            # Fast again: the same gateway, no restart, admits with no storage decision (the
+            # decisions below are exactly the slow call's: no further call timed out).
             assert _admitted(http)
-            assert time.monotonic() - began < 0.5
             ready = http.get("/readyz")
             assert ready.status_code == 200
             assert ready.json()["storage_failure_decisions"] == decisions
@@ -151,10 +150,10 @@ def test_an_answer_settling_while_redis_is_slow_is_whole_and_ends_late(
                     ended_after_done_s = time.monotonic() - done_s
             assert len(events) >= 499
             assert '"finish_reason":"' in events[-1]
-            assert ended_after_done_s < 0.5
+            assert ended_after_done_s < 0.9 * STORAGE_TIMEOUT_S  # no third call waited
             waited_for_done_s = done_s - began_s
             # The two calls wait at once: one timeout, where one after the other took two.
-            assert STORAGE_TIMEOUT_S - 0.1 < waited_for_done_s < 1.7 * STORAGE_TIMEOUT_S
+            assert STORAGE_TIMEOUT_S - 0.1 < waited_for_done_s < 1.9 * STORAGE_TIMEOUT_S
             _wait_for(lambda: ledger_records(redis.url) == 1)
             _wait_for(lambda: slots_held(redis.url) == 0 or not _admitted(http))
             assert slots_held(redis.url) == 0

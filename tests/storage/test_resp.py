@@ -102,18 +102,18 @@ async def test_an_error_reply_fails_its_call_only(server: RedisProcess) -> None:
 async def test_a_call_with_no_answer_in_time_fails_with_the_calls_behind_it(
     server: RedisProcess,
 ) -> None:
-    async with Multiplexed(url_of(server), timeout_s=0.3) as client:
+    async with Multiplexed(url_of(server), timeout_s=1.0) as client:
         await client.ping()
-        with frozen(url_of(server), 1):
+        with frozen(url_of(server), 3):
             began = time.monotonic()
             first = asyncio.ensure_future(client.execute("ECHO", "first"))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.8)
             behind = asyncio.ensure_future(client.execute("ECHO", "behind"))
             with pytest.raises(RedisTimeoutError, match="Timeout"):
                 await first
             with pytest.raises(RedisTimeoutError, match="an earlier call had no answer"):
-                await behind  # failed with the first, not 0.1 s later by its own timeout
-            assert time.monotonic() - began < 0.39
+                await behind  # failed with the first, not 0.8 s later by its own timeout
+            assert time.monotonic() - began < 1.8  # its own would end at 1.8 s at the earliest
         assert await client.execute("ECHO", "next") == b"next"
 
 
@@ -185,11 +185,11 @@ async def test_a_lost_connection_fails_its_calls_and_the_next_call_reconnects(
 
 
 async def test_a_refused_connection_fails_at_once() -> None:
-    client = Multiplexed(f"redis://127.0.0.1:{free_port()}/0", timeout_s=2)
+    client = Multiplexed(f"redis://127.0.0.1:{free_port()}/0", timeout_s=20)
     began = time.monotonic()
     with pytest.raises(RedisConnectionError, match="connecting to"):
         await client.ping()
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 10  # refused, not timed out
     await client.aclose()
 
 
