@@ -7,9 +7,10 @@ entry (cache_ft_add.lua copies the entry's remaining TTL; an entry already gone 
 Isolation is by construction: the tenant's index `tw:{tenant}:cache:idx<dimension>` covers only
 keys starting `tw:{tenant}:cache:f:` (tenant names have no braces, so no tenant's prefix starts
 another's), and every query is pre-filtered on the partition's TAG. One index per tenant rather
-than per partition: partitions are unbounded (one per conversation context) and every write is
-matched against every index's prefixes, while tenants are the policy's few. On a Redis Cluster the
-index and its hashes share the tenant's hash tag, so FT commands go to the node of its slot.
+than per partition: partitions are unbounded (one per conversation context) and each index is a
+structure of its own in Redis (graph, key prefix, an FT.CREATE), while tenants are the few. On
+a Redis Cluster the index and its hashes share the tenant's hash tag, so FT commands go to the
+node of its slot.
 """
 
 from __future__ import annotations
