@@ -137,13 +137,14 @@ class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
         return self._add(keys=keys, args=args, client=client)
 
 
-def _ft(command: tuple[Any, ...], prefix: str, client: Any) -> Any:
+async def _ft(command: tuple[Any, ...], prefix: str, client: Any) -> Any:
     """An FT command: on a cluster, sent to the node of the tenant's slot (FT commands name no
     key redis-py could route by)."""
     if isinstance(client, RedisCluster):
+        await client.initialize()  # the slot map (read once, then kept up to date by redis-py)
         node = client.get_node_from_key(prefix)
-        return client.execute_command(*command, target_nodes=node)
-    return client.execute_command(*command)
+        return await client.execute_command(*command, target_nodes=node)
+    return await client.execute_command(*command)
 
 
 def _tag(partition: str) -> str:

@@ -1,7 +1,7 @@
 """One suite, every vector engine: the memory store's mirror, Redis 7's and a Redis 7 Cluster's
 mirror (no search module, no vector sets: `auto` falls back), and on Redis 8 RediSearch's
-FT.SEARCH (`auto`'s first choice) and the vector sets (`redis-vsets`); isolation, eviction,
-expiry, a shared index, writes off the answer's path."""
+FT.SEARCH (`auto`'s first choice; also on a Redis 8 cluster) and the vector sets
+(`redis-vsets`); isolation, eviction, expiry, a shared index, writes off the answer's path."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.cluster import RedisCluster
 
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
@@ -19,9 +20,9 @@ from proxy.policy.model import CacheSpec
 from proxy.storage import CacheEntry, CacheStore, MemoryCacheStore, RedisCacheStore
 from proxy.storage.cache import Graph, VectorEngine
 from proxy.storage.cache_vset import RedisVectorSets
-from tests.redis8 import redis8_server, redis8_url
+from tests.redis8 import redis8_cluster_server, redis8_cluster_url, redis8_server, redis8_url
 
-__all__ = ["redis8_server", "redis8_url"]  # fixtures
+__all__ = ["redis8_cluster_server", "redis8_cluster_url", "redis8_server", "redis8_url"]
 
 pytestmark = pytest.mark.anyio
 NOW = 1_800_000_000.0
@@ -46,6 +47,7 @@ ENGINES = {
     "redis7-cluster": ("redis_cluster_url", "auto", None),
     "redis8-search": ("redis8_url", "auto", "search"),
     "redis8-vsets": ("redis8_url", "redis-vsets", "vsets"),
+    "redis8-cluster-search": ("redis8_cluster_url", "auto", "search"),
 }
 
 
@@ -91,20 +93,23 @@ async def put(
 
 def redis_vectors(url: str, engine: str | None, tenant: str, partition: str) -> int:
     """How many vectors Redis's own index holds for the partition (0 for the mirror)."""
-    with redis.Redis.from_url(url, protocol=2) as admin:
-        if engine == "vsets":
-            return int(admin.execute_command("VCARD", f"tw:{{{tenant}}}:cache:s:{partition}"))
-        if engine == "search":
-            found = admin.execute_command(
-                "FT.SEARCH",
-                f"tw:{{{tenant}}}:cache:idx32",
-                f"@p:{{{partition.encode().hex()}}}",
-                "LIMIT",
-                0,
-                0,
-            )
-            return int(found[0])
-    return 0
+    prefix = f"tw:{{{tenant}}}:cache:"
+    if engine == "vsets":
+        command: tuple[object, ...] = ("VCARD", f"{prefix}s:{partition}")
+    elif engine == "search":
+        tag = partition.encode().hex()
+        command = ("FT.SEARCH", f"{prefix}idx32", f"@p:{{{tag}}}", "LIMIT", 0, 0)
+    else:
+        return 0
+    if url.startswith("redis+cluster://"):
+        host, port = url.removeprefix("redis+cluster://").split(",")[0].split(":")
+        with RedisCluster(host=host, port=int(port), protocol=2) as cluster:
+            node = cluster.get_node_from_key(prefix)  # FT.* goes to the tenant's slot's node
+            found = cluster.execute_command(*command, target_nodes=node)
+    else:
+        with redis.Redis.from_url(url, protocol=2) as admin:
+            found = admin.execute_command(*command)
+    return int(found[0] if isinstance(found, list) else found)
 
 
 async def test_the_engine_is_chosen_from_what_the_server_offers(

@@ -1,6 +1,7 @@
 """RediSearch (FT.SEARCH) as the semantic cache's engine, on a real Redis 8 with the search module:
-vectors expire with their entries, one index per tenant with the policy's HNSW parameters, both
-RESP shapes, an emptied database, and a Redis 7 without the module falling back to the mirror."""
+vectors expire with their entries, one index per tenant with the policy's HNSW parameters, each
+in its tenant's slot on a cluster, both RESP shapes, an emptied database, and a Redis 7 without
+the module falling back to the mirror."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.cluster import RedisCluster
 
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
@@ -21,9 +23,9 @@ from proxy.storage import CacheEntry, RedisCacheStore
 from proxy.storage.cache import Graph
 from proxy.storage.cache_ft import RedisSearchVectors
 from tests.cache.test_vector_engines import NOW, unit_rows
-from tests.redis8 import redis8_server, redis8_url
+from tests.redis8 import redis8_cluster_server, redis8_cluster_url, redis8_server, redis8_url
 
-__all__ = ["redis8_server", "redis8_url"]  # fixtures
+__all__ = ["redis8_cluster_server", "redis8_cluster_url", "redis8_server", "redis8_url"]
 
 pytestmark = pytest.mark.anyio
 SEARCH = CacheSpec(mode="semantic", vector_search="redis-search")
@@ -170,3 +172,38 @@ async def test_redis7_without_the_module_falls_back_to_the_mirror(
     finally:
         await index.aclose()
         await store.aclose()
+
+
+async def test_on_a_cluster_each_tenants_index_lives_in_its_slot(redis8_cluster_url: str) -> None:
+    store = RedisCacheStore(redis8_cluster_url)
+    index = SemanticIndex(store)
+    tenants = ["a", "a:b", "alpha", "zeta", "t1", "t2"]
+    rows = unit_rows(len(tenants))
+    try:
+        for tenant, row in zip(tenants, rows, strict=True):
+            await store.put(entry("k", row, tenant=tenant, graph=await index.graph(SEARCH)))
+        await store.flush_vectors()
+        for n, tenant in enumerate(tenants):
+            found = await index.nearest(tenant, "p", rows[n], "museum hours", 0.9, SEARCH)
+            assert found is not None
+            assert found.similarity == pytest.approx(1.0, abs=1e-3)
+            other = rows[(n + 1) % len(tenants)]  # another tenant's vector, not found here
+            assert await index.nearest(tenant, "p", other, "museum hours", 0.9, SEARCH) is None
+    finally:
+        await index.aclose()
+        await store.aclose()
+    first = redis8_cluster_url.removeprefix("redis+cluster://").split(",")[0]
+    with RedisCluster(host="127.0.0.1", port=int(first.split(":")[1]), protocol=2) as cluster:
+        serving = {t: cluster.get_node_from_key(f"tw:{{{t}}}:").port for t in tenants}
+        on_node = {
+            node.port: set(cluster.execute_command("FT._LIST", target_nodes=node))
+            for node in cluster.get_primaries()
+        }
+    for tenant in tenants:
+        holders = [
+            port
+            for port, names in on_node.items()
+            if f"tw:{{{tenant}}}:cache:idx32".encode() in names
+        ]
+        assert holders == [serving[tenant]], tenant
+    assert len({serving[t] for t in tenants}) > 1  # the tenants are spread over the nodes
