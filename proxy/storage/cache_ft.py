@@ -84,7 +84,7 @@ class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
             with translated("cache storage"):
                 found = await _ft(command, prefix, self._client)
         except StorageError as exc:
-            if isinstance(exc.__cause__, ResponseError) and "no such index" in str(exc).lower():
+            if isinstance(exc.__cause__, ResponseError) and _no_index(str(exc)):
                 self._created.discard(name)  # nothing written yet, or the database was emptied
                 return []
             raise
@@ -145,6 +145,12 @@ async def _ft(command: tuple[Any, ...], prefix: str, client: Any) -> Any:
         node = client.get_node_from_key(prefix)
         return await client.execute_command(*command, target_nodes=node)
     return await client.execute_command(*command)
+
+
+def _no_index(message: str) -> bool:
+    """RediSearch 2.x says "idx: no such index"; later versions "Unknown index name"."""
+    lowered = message.lower()
+    return "no such index" in lowered or "unknown index" in lowered
 
 
 def _tag(partition: str) -> str:

@@ -63,6 +63,8 @@ def test_gateway_processes_share_one_index_and_a_restarted_one_hits_at_once(
         through_two = hit_within(two)
     assert through_two.headers["x-tokenweir-cache"] == "semantic-hit"
     assert len(redis_vectors(redis8_url, pattern)) == 1  # in Redis, none rebuilt in processes
+    other = {"tw:*:cache:f:*", "tw:*:cache:s:*"} - {pattern}
+    assert redis_vectors(redis8_url, other.pop()) == []  # the one engine chosen, not both
     with redis.Redis.from_url(redis8_url) as admin:
         assert not list(admin.scan_iter(match="tw:*:cache:v:*"))  # no stream for mirrors
     with replicas(config, 1) as [(_, restarted)]:
