@@ -93,9 +93,7 @@ async def test_after_the_first_byte_only_the_idle_limit_applies() -> None:
     async def slow_but_steady(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(CHUNKED_HEAD)
-        await asyncio.sleep(
-            1.5
-        )  # longer than the read timeout, far shorter than the first-byte one
+        await asyncio.sleep(1.5)  # longer than the read timeout, far shorter than the first-byte one
         for part in (b"one,", b"two,", b"three"):
             writer.write(chunk(part))
             await asyncio.sleep(0.1)  # a tenth of the read timeout: holds on a loaded machine
