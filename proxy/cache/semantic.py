@@ -26,8 +26,9 @@ __all__ = ["Match", "SemanticIndex"]
 _log = logging.getLogger("tokenweir.cache")
 _CANDIDATES = 4
 _DEFAULT = CacheSpec()
-# Which engines each `cache.vector_search` may use, in order of preference.
-_ENGINES = {
+# Which Redis engines each `cache.vector_search` may use; the store lists them in auto's order
+# (RediSearch, then vector sets: cache_redis.py).
+_ENGINES: dict[str, tuple[str, ...]] = {
     "auto": ("search", "vsets"),
     "redis": ("search", "vsets"),
     "redis-search": ("search",),
