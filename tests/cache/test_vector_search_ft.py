@@ -207,3 +207,22 @@ async def test_on_a_cluster_each_tenants_index_lives_in_its_slot(redis8_cluster_
         ]
         assert holders == [serving[tenant]], tenant
     assert len({serving[t] for t in tenants}) > 1  # the tenants are spread over the nodes
+
+
+async def test_one_tenants_churn_evicts_only_its_own_vectors(
+    redis8_url: str, search: tuple[RedisCacheStore, SemanticIndex]
+) -> None:
+    store, index = search
+    rows = unit_rows(5)
+    graph = await index.graph(SEARCH)
+    await store.put(entry("kept", rows[0], tenant="b", graph=graph))
+    for n in range(1, 5):  # tenant "a" keeps at most 2 entries
+        churn = CacheEntry("a", f"k{n}", b"v", NOW + n, 3600.0, 2, "p", pack(rows[n], "q"), graph)
+        await store.put(churn)
+    await store.flush_vectors()
+    with admin(redis8_url) as client:
+        vectors = sorted(client.scan_iter(match="tw:*:cache:f:*"))
+    assert vectors == [b"tw:{a}:cache:f:k3", b"tw:{a}:cache:f:k4", b"tw:{b}:cache:f:kept"]
+    found = await index.nearest("b", "p", rows[0], "museum hours", 0.9, SEARCH)
+    assert found is not None
+    assert found.key == "kept"

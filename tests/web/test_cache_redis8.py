@@ -4,6 +4,7 @@ apart, and the verifier against the mock's /v1/rerank."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -143,3 +144,18 @@ def test_a_verifier_that_does_not_answer_in_time_is_a_miss(
     assert answer.headers["x-tokenweir-cache"] == "miss"
     assert answer.status_code == 200
     assert elapsed_s < 4.0  # the verifier's 5 s were not waited for
+
+
+def test_redis7_without_the_search_module_serves_semantic_hits_from_the_mirror(
+    backend_url: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    policy = cache_policy(backend_url, redis_url, semantic("redis-search"), embedder=EMBED)
+    with (
+        caplog.at_level(logging.WARNING, logger="tokenweir.cache"),
+        serve(create_app(policy)) as url,
+    ):
+        assert ask(url).headers["x-tokenweir-cache"] == "miss"
+        reworded = hit_within(url)
+    assert reworded.headers["x-tokenweir-cache"] == "semantic-hit"
+    assert "cache.vector_search is redis-search but the server has no such" in caplog.text
+    assert redis_vectors(redis_url, "tw:*:cache:v:*")  # the mirrors' stream, no index
