@@ -1,12 +1,14 @@
 """Semantic cache precision: labelled question pairs replayed through the real cache, by threshold.
 
     python benchmarks/semantic_cache.py [--repeats 3] [--data FILE]
-    python benchmarks/semantic_cache.py --engines [--vector-search auto|redis|local]
+    python benchmarks/semantic_cache.py --engines
+        [--vector-search auto|redis|redis-search|redis-vsets|local]
         [--redis-url URL] [--sizes 10000,100000] [--ef-runtime 10,64,128,256] [--data FILE]
 
 `--data`: labelled pairs in qqp_dev.jsonl's format (default: that file). `--engines`: lookup
 latency and neighbour quality per engine (semantic_engines.py); `--vector-search local` without
-`--redis-url` is the memory store's mirror, `redis`/`auto` need a Redis 8 URL.
+`--redis-url` is the memory store's mirror, the others need a URL of a Redis with RediSearch
+(`auto`, `redis`, `redis-search`: FT.SEARCH) or Redis 8 (`redis-vsets`: vector sets).
 
 Needs ../shared/data/semcache (evaluation data, never copied here) and the local-embed extra.
 Every question gets a real cache key (one tenant, one model, one system prompt, temperature 0,
@@ -277,7 +279,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--data", type=Path, default=DATA / "qqp_dev.jsonl")
     parser.add_argument("--engines", action="store_true")
-    parser.add_argument("--vector-search", choices=["auto", "redis", "local"], default="auto")
+    parser.add_argument(
+        "--vector-search",
+        choices=["auto", "redis", "redis-search", "redis-vsets", "local"],
+        default="auto",
+    )
     parser.add_argument("--redis-url")
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--ef-runtime", default="10,64,128,256")

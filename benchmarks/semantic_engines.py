@@ -37,24 +37,20 @@ def filler(vectors: np.ndarray, count: int, seed: int = 7) -> np.ndarray:
     return rows.astype(np.float32)
 
 
-async def load(store: CacheStore, rows: np.ndarray, spec: CacheSpec) -> float:
-    """Seconds to hold `rows` in the engine: the memory store's rows, or Redis's vector set
-    written by the store's batched background writer (entries themselves are not needed)."""
+async def load(store: CacheStore, index: SemanticIndex, rows: np.ndarray, spec: CacheSpec) -> float:
+    """Seconds to hold `rows` in the engine: entries stored as the gateway stores them, and on
+    Redis their vectors written by the store's batched background writer (into RediSearch's
+    hashes or the vector set, as `spec.vector_search` and the server choose)."""
     began = time.perf_counter()
+    graph = await index.graph(spec)
+    for n, row in enumerate(rows):
+        entry = CacheEntry(TENANT, f"r{n}", b"", time.time(), 86_400.0, 10**7, PARTITION,
+                           pack(row, "q"), graph)  # fmt: skip
+        await store.put(entry)
+        if isinstance(store, RedisCacheStore) and n % 2000 == 1999:
+            await store.flush_vectors()
     if isinstance(store, RedisCacheStore):
-        sets = store.vector_set()
-        for n, row in enumerate(rows):
-            hnsw = spec.hnsw
-            sets.add(TENANT, PARTITION, f"r{n}", row.tobytes(), "q",
-                     m=hnsw.m, ef=hnsw.ef_construction, keep_ms=86_400_000)  # fmt: skip
-            if n % 2000 == 1999:
-                await store.flush_vectors()
         await store.flush_vectors()
-    else:
-        for n, row in enumerate(rows):
-            entry = CacheEntry(TENANT, f"r{n}", b"", 0.0, 86_400.0, 10**7, PARTITION,
-                               pack(row, "q"))  # fmt: skip
-            await store.put(entry)
     return time.perf_counter() - began
 
 
@@ -87,7 +83,7 @@ async def engine_rows(
         spec = CacheSpec(mode="semantic", vector_search=engine)  # type: ignore[arg-type]
         index = SemanticIndex(store)
         try:
-            load_s = await load(store, rows, spec)
+            load_s = await load(store, index, rows, spec)
             await warmed(index, queries[0], spec)
             for ef in ef_runtimes if redis_url and engine != "local" else [0]:
                 tuned = spec.model_copy(update={"hnsw": HnswSpec(ef_runtime=max(ef, 1))})

@@ -1,8 +1,9 @@
 """Find an earlier question with the same meaning in the same partition, and check it may answer.
 
-The vectors are searched by Redis itself (vector sets, Redis 8: one index that every replica
-shares) or by a mirror in this process (mirror.py), as `cache.vector_search` and the server
-decide; candidates pass the guards and, with a `cache.verifier`, a cross-encoder.
+The vectors are searched by Redis itself (RediSearch's FT.SEARCH or Redis 8's vector sets: one
+index that every replica shares) or by a mirror in this process (mirror.py), as
+`cache.vector_search` and the server decide; candidates pass the guards and, with a
+`cache.verifier`, a cross-encoder.
 """
 
 from __future__ import annotations
@@ -18,13 +19,22 @@ from proxy.cache.vectors import Vector
 from proxy.cache.verify import Reranker, VerifierUnavailable
 from proxy.policy.model import CacheSpec
 from proxy.storage.base import StorageError
-from proxy.storage.cache import CacheStore, VectorHit
+from proxy.storage.cache import CacheStore, Graph, VectorEngine, VectorHit
 
 __all__ = ["Match", "SemanticIndex"]
 
 _log = logging.getLogger("tokenweir.cache")
 _CANDIDATES = 4
 _DEFAULT = CacheSpec()
+# Which Redis engines each `cache.vector_search` may use; the store lists them in auto's order
+# (RediSearch, then vector sets: cache_redis.py).
+_ENGINES: dict[str, tuple[str, ...]] = {
+    "auto": ("search", "vsets"),
+    "redis": ("search", "vsets"),
+    "redis-search": ("search",),
+    "redis-vsets": ("vsets",),
+    "local": (),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,16 +50,18 @@ class SemanticIndex:
         self, store: CacheStore, *, max_rows: int = 1_000_000, verifier: Reranker | None = None
     ) -> None:
         self._mirrors = Mirrors(store, max_rows=max_rows)
-        self._sets = store.vector_set()
+        self._engines = store.redis_engines()
         self._verifier = verifier
-        self._on_redis = False
-        self._warned = False
+        self._used: set[VectorEngine] = set()
+        self._warned: set[str] = set()
 
-    async def graph(self, spec: CacheSpec) -> tuple[int, int] | None:
-        """(M, EF_CONSTRUCTION) of the vector set new vectors go to; None: to the mirrors."""
-        if not await self._in_redis(spec):
+    async def graph(self, spec: CacheSpec) -> Graph | None:
+        """The Redis engine new vectors go to, with its HNSW M and EF_CONSTRUCTION; None: to the
+        mirrors."""
+        engine = await self._engine(spec)
+        if engine is None:
             return None
-        return spec.hnsw.m, spec.hnsw.ef_construction
+        return Graph(engine.name, spec.hnsw.m, spec.hnsw.ef_construction)
 
     async def nearest(
         self,
@@ -64,10 +76,11 @@ class SemanticIndex:
         (and the verifier); None while a mirrored partition is still loading."""
         verifier = spec.verifier
         floor = threshold if verifier is None else min(threshold, verifier.min_similarity)
-        if await self._in_redis(spec) and self._sets is not None:
+        engine = await self._engine(spec)
+        if engine is not None:
             vector = np.ascontiguousarray(query, dtype=np.float32).tobytes()
             ef = spec.hnsw.ef_runtime
-            hits = await self._sets.nearest(tenant, partition, vector, count=_CANDIDATES, ef=ef)
+            hits = await engine.nearest(tenant, partition, vector, count=_CANDIDATES, ef=ef)
         else:
             hits = await self._mirrors.nearest(tenant, partition, query, count=_CANDIDATES)
         passing = [h for h in hits if h.similarity >= floor and compatible(question, h.question)]
@@ -80,8 +93,8 @@ class SemanticIndex:
     def forget(self, tenant: str, partition: str, key: str) -> None:
         """Stop offering `key` (its answer is gone from the store)."""
         self._mirrors.forget(tenant, partition, key)
-        if self._on_redis and self._sets is not None:
-            self._sets.remove(tenant, partition, key)
+        for engine in self._used:
+            engine.remove(tenant, partition, key)
 
     async def aclose(self) -> None:
         try:
@@ -90,18 +103,27 @@ class SemanticIndex:
             if self._verifier is not None:
                 await self._verifier.aclose()
 
-    async def _in_redis(self, spec: CacheSpec) -> bool:
-        if spec.vector_search == "local" or self._sets is None:
-            return False
-        try:
-            self._on_redis = await self._sets.available() or self._on_redis
-        except StorageError as exc:
-            _log.warning("could not ask Redis for vector sets: %s", exc)
-            return False
-        if not self._on_redis and spec.vector_search == "redis" and not self._warned:
-            self._warned = True
-            _log.warning("cache.vector_search is redis but the server has no vector sets (Redis 8)")
-        return self._on_redis
+    async def _engine(self, spec: CacheSpec) -> VectorEngine | None:
+        """The first engine `spec.vector_search` allows that the server has; None: the mirror."""
+        allowed = _ENGINES[spec.vector_search]
+        for engine in self._engines:
+            if engine.name not in allowed:
+                continue
+            try:
+                if await engine.available():
+                    self._used.add(engine)
+                    return engine
+            except StorageError as exc:
+                _log.warning("could not ask Redis for its vector search: %s", exc)
+                return None
+        if spec.vector_search not in ("auto", "local") and spec.vector_search not in self._warned:
+            self._warned.add(spec.vector_search)
+            _log.warning(
+                "cache.vector_search is %s but the server has no such vector search (RediSearch "
+                "or Redis 8's vector sets): the in-process mirror is used",
+                spec.vector_search,
+            )
+        return None
 
     async def _verified(
         self, spec: CacheSpec, question: str, candidates: list[VectorHit]

@@ -217,7 +217,8 @@ class Limits(_Frozen):
 
 
 class HnswSpec(_Frozen):
-    """The HNSW graph of Redis's vector search: more is better recall, slower adds and lookups."""
+    """The HNSW graph of Redis's vector search (FT.SEARCH or vector sets): more is better recall,
+    slower adds and lookups."""
 
     m: Annotated[int, Field(ge=4, le=128)] = 16
     ef_construction: Annotated[int, Field(ge=8, le=4096)] = 200
@@ -243,8 +244,10 @@ class CacheSpec(_Frozen):
     max_entry_bytes: Bytes = 256 * 1024
     # Least recently used entries beyond this many (per tenant) are evicted.
     max_entries: PositiveInt = 10_000
-    # auto: Redis's vector sets where the server has them, else the in-process mirror.
-    vector_search: Literal["auto", "redis", "local"] = "auto"
+    # auto (and redis): RediSearch's FT.SEARCH where the server has it, else Redis 8's vector
+    # sets, else the in-process mirror; redis-search / redis-vsets: that one engine (or the
+    # mirror, with a warning); local: the mirror always.
+    vector_search: Literal["auto", "redis", "redis-search", "redis-vsets", "local"] = "auto"
     hnsw: HnswSpec = HnswSpec()
     verifier: VerifierSpec | None = None
 

@@ -7,16 +7,17 @@ namespace (its own dict, its own Redis hash tag): no lookup can reach another te
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 __all__ = [
     "START",
     "VECTOR_PAGE",
     "CacheEntry",
     "CacheStore",
+    "Graph",
+    "VectorEngine",
     "VectorHit",
     "VectorRows",
-    "VectorSet",
 ]
 
 START = "0-0"
@@ -30,12 +31,22 @@ VectorRows = list[tuple[str, bytes]]
 
 
 @dataclass(frozen=True, slots=True)
+class Graph:
+    """Which of Redis's vector engines a new vector goes to, and its HNSW M and EF_CONSTRUCTION
+    (they apply when the engine's index for the partition or tenant is created)."""
+
+    engine: Literal["search", "vsets"]
+    m: int
+    ef_construction: int
+
+
+@dataclass(frozen=True, slots=True)
 class CacheEntry:
     """An answer to keep for `ttl_s`; with `partition` and `vector`, also findable by meaning.
 
-    When the tenant holds more than `max_entries`, the least recently used ones go. With
-    `vector_set` (HNSW M, EF_CONSTRUCTION) the vector goes to the partition's Redis vector set,
-    else to the stream the in-process mirrors read.
+    When the tenant holds more than `max_entries`, the least recently used ones go. With a
+    `graph`, the vector goes to that Redis engine (FT.SEARCH or vector sets), else to the stream
+    the in-process mirrors read.
     """
 
     tenant: str
@@ -46,7 +57,7 @@ class CacheEntry:
     max_entries: int
     partition: str | None = None
     vector: bytes | None = None
-    vector_set: tuple[int, int] | None = None
+    graph: Graph | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,22 +67,39 @@ class VectorHit:
     question: str
 
 
-class VectorSet(Protocol):
-    """Redis's own vector search, one vector set per partition in the tenant's hash tag."""
+class VectorEngine(Protocol):
+    """Redis's own vector search, every index in the tenant's hash tag: vector sets (one per
+    partition, cache_vset.py) or RediSearch (one index per tenant and dimension, cache_ft.py)."""
+
+    name: Literal["search", "vsets"]
+    marker: str
+    """What the entry's location records for a vector in this engine (cache_drop.lua)."""
 
     async def available(self) -> bool:
-        """True where the server has vector sets (asked once, then remembered)."""
+        """True where the server has this engine (asked once, then remembered)."""
 
     async def nearest(
         self, tenant: str, partition: str, query: bytes, *, count: int, ef: int
     ) -> list[VectorHit]:
         """Up to `count` hits for a float32 `query`, most similar first."""
 
+    def add(
+        self, tenant: str, partition: str, member: str, vector: bytes, question: str,
+        *, graph: Graph, ttl_ms: int, keep_ms: int,
+    ) -> None:  # fmt: skip
+        """Queue a float32 vector for `member`, whose entry lives `ttl_ms`."""
+
     def remove(self, tenant: str, partition: str, key: str) -> None:
         """Drop a member whose entry is gone, in the background."""
 
     def pending(self) -> int:
         """Vectors queued for writing."""
+
+    async def flush(self) -> None:
+        """Wait until every queued write has been sent."""
+
+    async def aclose(self) -> None:
+        """Send what is queued (briefly), then stop writing."""
 
 
 class CacheStore(Protocol):
@@ -87,8 +115,8 @@ class CacheStore(Protocol):
     async def forget(self, tenant: str, key: str) -> None:
         """Drop an entry and its vector (a lookup found it stale)."""
 
-    def vector_set(self) -> VectorSet | None:
-        """Redis's vector search on the store's server; None where there is no server."""
+    def redis_engines(self) -> tuple[VectorEngine, ...]:
+        """Redis's vector engines on the store's server, in `auto`'s order; none without one."""
 
     async def ping(self) -> None: ...
 

@@ -72,8 +72,8 @@ class MemoryCacheStore:
         if space is not None:
             space.entries.pop(key, None)
 
-    def vector_set(self) -> None:
-        return None
+    def redis_engines(self) -> tuple[()]:
+        return ()
 
     async def ping(self) -> None:
         return None

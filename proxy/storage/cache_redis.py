@@ -2,8 +2,8 @@
 
 All of a tenant's keys start `tw:{tenant}:cache:` (the tenant is the hash tag), so one script
 touches only one tenant's slot and no key of one tenant can name another's. Vectors live in a
-Redis stream per partition, which replicas read from their cursor, or (Redis 8) in a vector set
-per partition that Redis searches itself (cache_vset.py).
+Redis stream per partition, which replicas read from their cursor, or in an index Redis searches
+itself: RediSearch's FT.SEARCH (cache_ft.py) or Redis 8's vector sets (cache_vset.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorRows, VectorSet
+from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorEngine, VectorRows
+from proxy.storage.cache_ft import RedisSearchVectors
 from proxy.storage.cache_vset import RedisVectorSets
 from proxy.storage.redisconn import StoreRedis, translated
 
@@ -41,7 +42,11 @@ class RedisCacheStore:
         self._get = scripts.register_script(_script("cache_get.lua"))
         self._put = scripts.register_script(_script("cache_put.lua"))
         self._forget = scripts.register_script(_script("cache_forget.lua"))
-        self._sets = RedisVectorSets(self._conn.client, _prefix)
+        # auto's order, measured (docs/benchmarks.md, "semantic cache engines"): FT.SEARCH first
+        self._engines: tuple[VectorEngine, ...] = (
+            RedisSearchVectors(self._conn.client, _prefix),
+            RedisVectorSets(self._conn.client, _prefix),
+        )
 
     async def get(self, tenant: str, key: str, *, now: float) -> bytes | None:
         prefix = _prefix(tenant)
@@ -53,6 +58,7 @@ class RedisCacheStore:
         prefix = _prefix(entry.tenant)
         partition = entry.partition if entry.vector is not None else None
         ttl_ms = max(1, math.ceil(entry.ttl_s * 1000))
+        engine = self._engine(entry)
         keys = [
             f"{prefix}x:{entry.key}",
             f"{prefix}lru",
@@ -62,16 +68,15 @@ class RedisCacheStore:
         args: list[str | bytes | float] = [
             entry.key, entry.value, ttl_ms, entry.now, entry.now - entry.ttl_s,
             entry.max_entries, prefix, partition or "", entry.vector or b"", ttl_ms * _KEEP_TTLS,
-            "1" if entry.vector_set is not None else "0",
+            engine.marker if engine is not None else "",
         ]  # fmt: skip
         with translated("cache storage"):
             await self._put(keys=keys, args=args)
-        if partition is not None and entry.vector is not None and entry.vector_set is not None:
+        if partition is not None and entry.vector is not None and entry.graph and engine:
             vector, question = _float32(entry.vector)
-            m, ef = entry.vector_set
-            self._sets.add(
+            engine.add(
                 entry.tenant, partition, entry.key, vector, question,
-                m=m, ef=ef, keep_ms=ttl_ms * _KEEP_TTLS,
+                graph=entry.graph, ttl_ms=ttl_ms, keep_ms=ttl_ms * _KEEP_TTLS,
             )  # fmt: skip
 
     async def vectors(self, tenant: str, partition: str, after: str) -> tuple[VectorRows, str]:
@@ -91,12 +96,18 @@ class RedisCacheStore:
         with translated("cache storage"):
             await self._forget(keys=keys, args=[prefix, key])
 
-    def vector_set(self) -> VectorSet:
-        return self._sets
+    def redis_engines(self) -> tuple[VectorEngine, ...]:
+        return self._engines
+
+    def _engine(self, entry: CacheEntry) -> VectorEngine | None:
+        if entry.graph is None or entry.vector is None:
+            return None
+        return next(e for e in self._engines if e.name == entry.graph.engine)
 
     async def flush_vectors(self) -> None:
-        """Wait until queued vector-set writes are sent (tests, benchmarks)."""
-        await self._sets.flush()
+        """Wait until queued vector writes are sent (tests, benchmarks)."""
+        for engine in self._engines:
+            await engine.flush()
 
     async def ping(self) -> None:
         with translated("cache storage"):
@@ -104,7 +115,8 @@ class RedisCacheStore:
 
     async def aclose(self) -> None:
         try:
-            await self._sets.aclose()
+            for engine in self._engines:
+                await engine.aclose()
         finally:
             await self._conn.aclose()
 

@@ -20,6 +20,12 @@ tenants:
 """
 
 
+@pytest.mark.parametrize("engine", ["auto", "redis", "redis-search", "redis-vsets", "local"])
+def test_every_vector_search_choice_is_read(engine: str) -> None:
+    parsed = parse_policy(policy(f"{{vector_search: {engine}}}"), file="p.yaml", environ={})
+    assert parsed.tenants["t"].cache.vector_search == engine
+
+
 def test_vector_search_hnsw_and_verifier_are_read() -> None:
     spec = (
         "{mode: semantic, vector_search: redis, hnsw: {m: 32, ef_runtime: 256}, "

@@ -1,8 +1,10 @@
-"""The semantic cache on Redis 8's own vector search, end to end: gateway processes sharing one
-index, tenants and conversations kept apart, and the verifier against the mock's /v1/rerank."""
+"""The semantic cache on Redis 8's own vector search (RediSearch's FT.SEARCH, `auto`'s choice, and
+the vector sets), end to end: gateway processes sharing one index, tenants and conversations kept
+apart, and the verifier against the mock's /v1/rerank."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -23,11 +25,21 @@ __all__ = ["redis8_server", "redis8_url"]  # fixtures
 EMBED = "embedder: {model: mock-embed, timeout: 2s}"
 SEMANTIC = "{mode: semantic, similarity: 0.95}"
 REWORDED = [{"role": "user", "content": "  what is the capital of   FRANCE? "}]
+# cache.vector_search, and the keys its Redis engine keeps: FT.SEARCH a hash per vector, beside
+# its entry; vector sets one set per partition
+ENGINES = [
+    pytest.param("auto", "tw:*:cache:f:*", id="search"),
+    pytest.param("redis-vsets", "tw:*:cache:s:*", id="vsets"),
+]
 
 
-def vector_sets(url: str) -> list[bytes]:
+def semantic(vector_search: str) -> str:
+    return f"{{mode: semantic, similarity: 0.95, vector_search: {vector_search}}}"
+
+
+def redis_vectors(url: str, pattern: str) -> list[bytes]:
     with redis.Redis.from_url(url) as admin:
-        return sorted(admin.scan_iter(match="tw:*:cache:s:*"))
+        return sorted(admin.scan_iter(match=pattern))
 
 
 def hit_within(url: str, key: str = ALPHA_KEY, *, timeout_s: float = 5.0) -> httpx.Response:
@@ -40,17 +52,20 @@ def hit_within(url: str, key: str = ALPHA_KEY, *, timeout_s: float = 5.0) -> htt
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize(("vector_search", "pattern"), ENGINES)
 def test_gateway_processes_share_one_index_and_a_restarted_one_hits_at_once(
-    backend_url: str, redis8_url: str, tmp_path: Path
+    backend_url: str, redis8_url: str, tmp_path: Path, vector_search: str, pattern: str
 ) -> None:
     config = tmp_path / "policy.yaml"
-    policy = cache_policy(backend_url, redis8_url, SEMANTIC, embedder=EMBED)
+    policy = cache_policy(backend_url, redis8_url, semantic(vector_search), embedder=EMBED)
     config.write_text(policy.model_dump_json(), encoding="utf-8")  # JSON is YAML
     with replicas(config, 2) as [(_, one), (_, two)]:
         assert ask(one).headers["x-tokenweir-cache"] == "miss"
         through_two = hit_within(two)
     assert through_two.headers["x-tokenweir-cache"] == "semantic-hit"
-    assert len(vector_sets(redis8_url)) == 1  # one index in Redis, none rebuilt in processes
+    assert len(redis_vectors(redis8_url, pattern)) == 1  # in Redis, none rebuilt in processes
+    other = {"tw:*:cache:f:*", "tw:*:cache:s:*"} - {pattern}
+    assert redis_vectors(redis8_url, other.pop()) == []  # the one engine chosen, not both
     with redis.Redis.from_url(redis8_url) as admin:
         assert not list(admin.scan_iter(match="tw:*:cache:v:*"))  # no stream for mirrors
     with replicas(config, 1) as [(_, restarted)]:
@@ -58,10 +73,11 @@ def test_gateway_processes_share_one_index_and_a_restarted_one_hits_at_once(
     assert first.headers["x-tokenweir-cache"] == "semantic-hit"
 
 
+@pytest.mark.parametrize(("vector_search", "pattern"), ENGINES)
 def test_tenants_and_conversations_stay_apart_on_redis_search(
-    backend_url: str, redis8_url: str
+    backend_url: str, redis8_url: str, vector_search: str, pattern: str
 ) -> None:
-    policy = cache_policy(backend_url, redis8_url, SEMANTIC, embedder=EMBED)
+    policy = cache_policy(backend_url, redis8_url, semantic(vector_search), embedder=EMBED)
     with serve(create_app(policy)) as url:
         ask(url, COLLIDE_A_KEY)
         assert hit_within(url, COLLIDE_A_KEY).headers["x-tokenweir-cache"] == "semantic-hit"
@@ -73,9 +89,9 @@ def test_tenants_and_conversations_stay_apart_on_redis_search(
     assert other_tenant.headers["x-tokenweir-cache"] == "miss"
     assert alpha.headers["x-tokenweir-cache"] == "miss"
     assert other_context.headers["x-tokenweir-cache"] == "miss"
-    sets = vector_sets(redis8_url)
-    assert len(sets) == 4  # "a"'s two conversations, "a:b" and alpha: each missed once
-    assert all(name.startswith((b"tw:{a}:", b"tw:{a:b}:", b"tw:{alpha}:")) for name in sets)
+    vectors = redis_vectors(redis8_url, pattern)
+    assert len(vectors) == 4  # "a"'s two conversations, "a:b" and alpha: each missed once
+    assert all(name.startswith((b"tw:{a}:", b"tw:{a:b}:", b"tw:{alpha}:")) for name in vectors)
 
 
 @pytest.mark.parametrize(
@@ -128,3 +144,18 @@ def test_a_verifier_that_does_not_answer_in_time_is_a_miss(
     assert answer.headers["x-tokenweir-cache"] == "miss"
     assert answer.status_code == 200
     assert elapsed_s < 4.0  # the verifier's 5 s were not waited for
+
+
+def test_redis7_without_the_search_module_serves_semantic_hits_from_the_mirror(
+    backend_url: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    policy = cache_policy(backend_url, redis_url, semantic("redis-search"), embedder=EMBED)
+    with (
+        caplog.at_level(logging.WARNING, logger="tokenweir.cache"),
+        serve(create_app(policy)) as url,
+    ):
+        assert ask(url).headers["x-tokenweir-cache"] == "miss"
+        reworded = hit_within(url)
+    assert reworded.headers["x-tokenweir-cache"] == "semantic-hit"
+    assert "cache.vector_search is redis-search but the server has no such" in caplog.text
+    assert redis_vectors(redis_url, "tw:*:cache:v:*")  # the mirrors' stream, no index

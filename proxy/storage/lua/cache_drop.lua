@@ -1,7 +1,8 @@
 -- Shared by cache_put.lua and cache_forget.lua: remove one entry, its LRU member and its vector.
 -- KEYS[2] the tenant's LRU zset   KEYS[3] the tenant's hash: entry key -> "partition stream-id"
 -- `prefix` is the tenant's key prefix ("tw:{tenant}:cache:"), so every key shares its hash tag.
--- A vector in the partition's vector set (Redis 8) is located as "partition *".
+-- A vector in the partition's vector set (Redis 8) is located as "partition *", one in a
+-- RediSearch hash (prefix .. 'f:' .. member) as "partition #".
 local function drop(prefix, member)
   redis.call('DEL', prefix .. 'x:' .. member)
   redis.call('ZREM', KEYS[2], member)
@@ -11,6 +12,8 @@ local function drop(prefix, member)
     local partition, id = string.sub(where, 1, space - 1), string.sub(where, space + 1)
     if id == '*' then
       redis.call('VREM', prefix .. 's:' .. partition, member)
+    elseif id == '#' then
+      redis.call('DEL', prefix .. 'f:' .. member)
     else
       redis.call('XDEL', prefix .. 'v:' .. partition, id)
     end

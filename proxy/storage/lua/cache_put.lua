@@ -3,8 +3,9 @@
 -- KEYS[1] entry   KEYS[2] LRU zset (score: last use)   KEYS[3] vector locations   KEYS[4] the
 -- partition's vector stream (unused without a vector)
 -- ARGV: key, value, ttl_ms, now, stale_before, max_entries, prefix, partition ('' = no vector),
---       vector, keep_ms (how long the tenant's bookkeeping outlives its last write), in_set ('1':
---       the vector goes to the partition's vector set, added by the caller after this script)
+--       vector, keep_ms (how long the tenant's bookkeeping outlives its last write), engine ('':
+--       the stream; '*' the partition's vector set, '#' a RediSearch hash: the caller adds the
+--       vector there after this script)
 local prefix = ARGV[7]
 drop(prefix, ARGV[1])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -19,8 +20,8 @@ if over > 0 then
     drop(prefix, member)
   end
 end
-if ARGV[8] ~= '' and ARGV[11] == '1' then
-  redis.call('HSET', KEYS[3], ARGV[1], ARGV[8] .. ' *')
+if ARGV[8] ~= '' and ARGV[11] ~= '' then
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[8] .. ' ' .. ARGV[11])
 elseif ARGV[8] ~= '' then
   local id = redis.call('XADD', KEYS[4], '*', 'k', ARGV[1], 'v', ARGV[9])
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[8] .. ' ' .. id)
