@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from proxy.ledger import histogram
 from proxy.ledger.aggregate import DAY_S, HOUR_S, Cell, Granularity, Tally
-from proxy.ledger.base import UsageQuery, UsageRow
+from proxy.ledger.attribution import HOUR_RETENTION_S, is_attribution
+from proxy.ledger.base import ATTRIBUTES, UsageQuery, UsageRow
 
 __all__ = ["Span", "plan", "rows", "window"]
 
@@ -27,10 +28,13 @@ class Span:
 
 
 def window(q: UsageQuery) -> tuple[int, int]:
-    """The query's window widened to whole hours: what the answer actually covers."""
+    """The query's window widened to whole hours: what the answer actually covers. By key,
+    user or tag, a start older than the hour cells kept by those is widened to its UTC day."""
     start = math.floor(q.since / HOUR_S) * HOUR_S
-    end = math.ceil(q.until / HOUR_S) * HOUR_S
-    return start, max(end, start + HOUR_S)
+    end = max(math.ceil(q.until / HOUR_S) * HOUR_S, start + HOUR_S)
+    if is_attribution(q) and q.bucket != "hour" and start < end - HOUR_RETENTION_S:
+        start -= start % DAY_S
+    return start, end
 
 
 def plan(q: UsageQuery) -> list[Span]:
@@ -72,8 +76,9 @@ def _bucket(q: UsageQuery, start: int) -> int | None:
 
 
 def _group(q: UsageQuery, model: str | None, backend: str | None) -> str | None:
-    if q.group_by == "model":
-        return model
+    # An attribution cell carries its value where an ordinary cell has its model.
+    if q.group_by == "model" or q.group_by in ATTRIBUTES:
+        return model or None
     if q.group_by == "backend":
         return backend
     return None

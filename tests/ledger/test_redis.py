@@ -35,7 +35,9 @@ async def test_each_tenants_keys_share_one_cluster_slot(redis_url: str, tenant: 
         names = [name async for name in client.scan_iter("tw:*")]
         assert await client.smembers(keys.TENANTS_KEY) == {keys.tag(tenant)}
     tenant_keys = [name for name in names if name != keys.TENANTS_KEY]
-    assert len(tenant_keys) == 1 + 1 + 2 + 2 * 2  # marker, stream, 2 indexes, 2 hours + 2 days
+    # marker, stream, 2 indexes, 2 hours + 2 days; by key, user and tag 6 indexes and, the
+    # records having none of them, one (2 hours + 2 days) per dimension
+    assert len(tenant_keys) == 1 + 1 + 2 + 2 * 2 + 6 + 3 * (2 * 2)
     assert len({key_slot(name.encode()) for name in tenant_keys}) == 1
     assert all(name.startswith(f"tw:{{{keys.tag(tenant)}}}:ledger:") for name in tenant_keys)
 
