@@ -173,7 +173,8 @@ def _links(
     api["csv"] = api["json"] + "&format=csv"
     if tenant is not None:
         api["series"] = api["json"] + f"&bucket={window.bucket}"
-        api["by_model"] = api["json"] + "&group_by=model"
+        for group in ("model", "key", "user", "tag"):
+            api[f"by_{group}"] = api["json"] + f"&group_by={group}"
     today = request.url.path + "?" + urlencode({"since": iso_utc(day_start(now))})
     return api | {"self": request.url.path, "today": today}
 
