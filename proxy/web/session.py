@@ -96,9 +96,12 @@ class Sessions:
             return Viewer(None)
         return Viewer(self._keyring.tenant_for(authorization))
 
-    def issue(self, key: str, now: float) -> str:
-        """A cookie value for `key` (already authenticated), valid for `ttl_s`."""
+    def issue(self, key: str, now: float) -> str | None:
+        """A cookie value for `key` (already authenticated), valid for `ttl_s`; None for a key
+        the policy file does not hold (a runtime key), which no cookie can name."""
         body = self._fingerprint(hashlib.sha256(key.encode()).digest())
+        if body not in self._viewers():
+            return None
         body += secrets.token_bytes(_SESSION_ID_BYTES)
         body += _EXPIRY.pack(int(now + self.ttl_s))
         return _b64(body) + "." + _b64(self._mac(body))

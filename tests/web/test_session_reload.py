@@ -93,3 +93,18 @@ def test_a_reload_that_keeps_a_key_keeps_its_session(
         reload(url, config, backend_url, ledger, leaked=True, newcomer=True)
         assert kept.get("/dashboard").status_code == 200
         assert kept.get("/api/usage").json()["tenant"] == "alpha"
+
+
+def test_a_runtime_key_is_told_to_use_bearer_not_looped_through_login(
+    setup: tuple[str, Path, str],
+) -> None:
+    url, _, _ = setup
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    created = httpx.post(url + "/admin/keys", json={"tenant": "alpha"}, headers=admin).json()
+    with httpx.Client(base_url=url) as client:
+        answer = client.post("/dashboard/login", data={"key": created["key"], "next": "/dashboard"})
+        assert answer.status_code == 401
+        assert "Authorization: Bearer" in answer.text
+        assert "tokenweir_session" not in answer.headers.get("set-cookie", "")
+    bearer = {"authorization": f"Bearer {created['key']}"}
+    assert httpx.get(url + "/api/usage", headers=bearer).json()["tenant"] == "alpha"
