@@ -45,6 +45,7 @@ from proxy.reload import (
 )
 from proxy.routing import Pools, Prober
 from proxy.stages.account import Account, Settler
+from proxy.stages.attribute import Attribute
 from proxy.stages.auth import Authenticate, CurrentKeyring, Keyring
 from proxy.stages.budget import Budgets
 from proxy.stages.cache import ResponseCache
@@ -251,6 +252,7 @@ class Gateway:
             auth=Authenticate(keyring, policy.tenants, key_limits.note),
             stages=[
                 Parse(policy.models),
+                Attribute(),
                 Shape(counters),
                 budgets,
                 rate_limits,
@@ -365,9 +367,9 @@ def create_app(
     secret = os.environ.get(SESSION_SECRET_ENV, "").encode() or secrets.token_bytes(32)
     live = LiveGateway()
     # Bearer keys on the dashboard and /api/usage follow reloads and runtime keys; a session
-    # cookie is checked against the keys of the policy the process started with.
+    # cookie is checked against the keys of the policy serving now.
     keyring = CurrentKeyring(lambda: live.current.keyring)
-    sessions = Sessions(resolved, keyring, secret, SESSION_TTL_S)
+    sessions = Sessions(lambda: live.current.policy, keyring, secret, SESSION_TTL_S)
     pages = DashboardPages(sessions)
 
     @asynccontextmanager

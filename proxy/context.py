@@ -39,6 +39,9 @@ class RequestContext:
     raw_body: bytes = b""
     tenant_name: str | None = None
     tenant: Tenant | None = None
+    key_id: str | None = None  # the key's non-secret id (proxy.keys.record.key_id_of)
+    end_user: str | None = None  # the body's `user` and the tags, as stages/attribute.py checked
+    tags: tuple[str, ...] = ()
     model: str = ""
     body: dict[str, Any] = field(default_factory=dict)
     stream: bool = False

@@ -11,9 +11,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from proxy.policy.model import Tenant
 from proxy.policy.units import parse_duration_s
 
-__all__ = ["KeyAllowance", "KeyRecord", "KeyRequest", "beyond_tenant"]
+__all__ = ["KeyAllowance", "KeyRecord", "KeyRequest", "beyond_tenant", "policy_key_id"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
+POLICY_KEY_ID_HEX = 12
+
+
+def policy_key_id(digest: bytes) -> str:
+    """A policy file's key as the ledger names it: `sha256:` and the first 12 hex digits of
+    its digest, the start of its entry in the file. 48 bits of a hash of a secret: they name
+    the key without telling anything about it (runtime keys have their own `key_...` id)."""
+    return "sha256:" + digest.hex()[:POLICY_KEY_ID_HEX]
 
 
 class KeyAllowance(BaseModel):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, TypeVar, cast
 
 from proxy.ledger import histogram
 from proxy.ledger.base import UsageRecord
@@ -22,6 +22,7 @@ __all__ = [
     "Tally",
     "fold",
     "period_start",
+    "roll_up",
 ]
 
 Granularity = Literal["hour", "day"]
@@ -148,14 +149,22 @@ def fold(records: Iterable[UsageRecord]) -> tuple[dict[CellKey, Tally], dict[Cel
         if tally is None:
             tally = hours[key] = Tally()
         tally.add(record)
-    days: dict[CellKey, Tally] = {}
-    for (tenant, hour, model, backend), tally in hours.items():
-        day_key = (tenant, period_start(hour, "day"), model, backend)
+    return hours, roll_up(hours)
+
+
+_K = TypeVar("_K", bound=tuple[Any, ...])
+
+
+def roll_up(hours: dict[_K, Tally]) -> dict[_K, Tally]:
+    """Hour increments summed into day increments; a key's second item is its period start."""
+    days: dict[_K, Tally] = {}
+    for hour_key, tally in hours.items():
+        day_key = cast(_K, (hour_key[0], period_start(hour_key[1], "day"), *hour_key[2:]))
         day = days.get(day_key)
         if day is None:
             day = days[day_key] = Tally()
         day.merge(tally)
-    return hours, days
+    return days
 
 
 def _bump(counts: histogram.Histogram, index: int) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "ATTRIBUTES",
     "RECORD_FIELDS",
     "Bucket",
     "GroupBy",
@@ -30,10 +31,18 @@ _INTS = (
     "saved_output_tokens", "saved_cost_nusd", "counted_input_tokens",
 )  # fmt: skip
 _FLOATS = ("ttft_ms", "tokens_per_s", "duration_ms")
-_TEXTS = ("request_id", "tenant", "model", "backend", "operation", "error", "cache", "usage_source")
+_TEXTS = (
+    "request_id", "tenant", "model", "backend", "operation", "error", "cache", "usage_source",
+    "key_id", "user",
+)  # fmt: skip
+MAX_RECORD_TAGS = 8
+MAX_TAG_CHARS = 64
 
 Bucket = Literal["hour", "day"]
-GroupBy = Literal["model", "backend"]
+GroupBy = Literal["model", "backend", "key", "user", "tag"]
+ATTRIBUTES: tuple[str, ...] = ("key", "user", "tag")
+"""The groupings below the tenant: the API key's id, the OpenAI `user` field, request tags."""
+_GROUPS = ("model", "backend", *ATTRIBUTES)
 
 
 class LedgerError(Exception):
@@ -72,6 +81,12 @@ class UsageRecord:
     usage_source: str | None = None
     # The gateway's own count of the prompt, billed or not (a refused request bills nothing).
     counted_input_tokens: int = 0
+    # Attribution: the key's non-secret id (see proxy.keys.record.key_id_of), the request's
+    # `user` field and its tags (x-tokenweir-tags and `metadata` values), as stages/attribute.py
+    # checked them.
+    key_id: str | None = None
+    user: str | None = None
+    tags: tuple[str, ...] = ()
 
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))
@@ -100,6 +115,9 @@ def bounded(record: UsageRecord) -> UsageRecord:
         value = getattr(record, name)
         if value is not None and (type(value) is not str or len(value) > MAX_RECORD_CHARS):
             changes[name] = str(value)[:MAX_RECORD_CHARS]
+    tags = record.tags
+    if len(tags) > MAX_RECORD_TAGS or any(len(t) > MAX_TAG_CHARS for t in tags):
+        changes["tags"] = tuple(str(t)[:MAX_TAG_CHARS] for t in tags[:MAX_RECORD_TAGS])
     return replace(record, **changes) if changes else record
 
 
@@ -120,7 +138,8 @@ class UsageQuery:
     """Usage in [since, until) (epoch seconds), widened to whole UTC hours: the ledger's grain.
 
     `tenant` None means every tenant. `bucket` splits the window into UTC hours or days;
-    `group_by` splits it by model or backend.
+    `group_by` splits it by model, backend, key, user or tag (a request with two tags counts
+    under each, so rows grouped by tag may sum to more than the tenant's total).
     """
 
     tenant: str | None
@@ -134,13 +153,15 @@ class UsageQuery:
             raise ValueError(f"since ({self.since}) must be before until ({self.until})")
         if self.bucket not in (None, "hour", "day"):
             raise ValueError(f"bucket must be hour, day or None, got {self.bucket!r}")
-        if self.group_by not in (None, "model", "backend"):
-            raise ValueError(f"group_by must be model, backend or None, got {self.group_by!r}")
+        if self.group_by is not None and self.group_by not in _GROUPS:
+            raise ValueError(f"group_by must be one of {_GROUPS} or None, got {self.group_by!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    """Totals for one tenant, one bucket (or the whole window) and one model or backend.
+    """Totals for one tenant, one bucket (or the whole window) and one group (`key`: the model,
+    backend, key id, user or tag; None for requests without one, OTHER for the values past the
+    ledger's bound, see proxy.ledger.attribution).
 
     `errors` counts statuses >= 400, `rate_limited` 429s, `degraded`/`shaped` requests that a
     degradation rule or a budget clamp changed, `counted_requests`/`estimated_requests` those

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.ledger import histogram
 from proxy.ledger.aggregate import DAY_S, HOUR_S, Cell, Granularity, Tally
-from proxy.ledger.base import UsageQuery, UsageRow
+from proxy.ledger.attribution import HOUR_RETENTION_S, is_attribution
+from proxy.ledger.base import ATTRIBUTES, Bucket, UsageQuery, UsageRow
 
-__all__ = ["Span", "plan", "rows", "window"]
+__all__ = ["Span", "empty_row", "plan", "rows", "total_of", "window"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,10 +28,13 @@ class Span:
 
 
 def window(q: UsageQuery) -> tuple[int, int]:
-    """The query's window widened to whole hours: what the answer actually covers."""
+    """The query's window widened to whole hours: what the answer actually covers. By key,
+    user or tag, a start older than the hour cells kept by those is widened to its UTC day."""
     start = math.floor(q.since / HOUR_S) * HOUR_S
-    end = math.ceil(q.until / HOUR_S) * HOUR_S
-    return start, max(end, start + HOUR_S)
+    end = max(math.ceil(q.until / HOUR_S) * HOUR_S, start + HOUR_S)
+    if is_attribution(q) and q.bucket != "hour" and start < end - HOUR_RETENTION_S:
+        start -= start % DAY_S
+    return start, end
 
 
 def plan(q: UsageQuery) -> list[Span]:
@@ -72,8 +76,9 @@ def _bucket(q: UsageQuery, start: int) -> int | None:
 
 
 def _group(q: UsageQuery, model: str | None, backend: str | None) -> str | None:
-    if q.group_by == "model":
-        return model
+    # An attribution cell carries its value where an ordinary cell has its model.
+    if q.group_by == "model" or q.group_by in ATTRIBUTES:
+        return model or None
     if q.group_by == "backend":
         return backend
     return None
@@ -112,3 +117,24 @@ def _row(key: _RowKey, tally: Tally) -> UsageRow:
         ttft_ms_p95=histogram.quantile(tally.ttft_ms, 0.95, histogram.TTFT_MS),
         tokens_per_s_p50=histogram.quantile(tally.tokens_per_s, 0.50, histogram.TOKENS_PER_S),
     )
+
+
+def empty_row(tenant: str | None, start: int = 0, bucket: Bucket | None = None) -> UsageRow:
+    """A row of zeros: a tenant with no usage in a window (or in the bucket at `start`)."""
+    q = UsageQuery(tenant, start, start + 1.0, bucket)
+    return rows(q, [Cell((tenant, start, None, None), Tally())])[0]
+
+
+_SUMMED = (
+    "requests", "errors", "rate_limited", "degraded", "shaped", "client_disconnects",
+    "input_tokens", "output_tokens", "cost_nusd", "cache_hits", "cache_semantic_hits",
+    "cache_misses", "saved_cost_nusd", "duration_ms_total", "counted_requests",
+    "estimated_requests",
+)  # fmt: skip
+
+
+def total_of(rows: list[UsageRow]) -> UsageRow:
+    """The counters summed over tenants. Percentiles cannot be summed from rows: left empty."""
+    sums = {name: sum(getattr(row, name) for row in rows) for name in _SUMMED}
+    none = dict.fromkeys(("ttft_ms_p50", "ttft_ms_p95", "tokens_per_s_p50"))
+    return replace(empty_row(None), **sums, **none)  # type: ignore[arg-type]

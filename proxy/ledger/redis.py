@@ -19,6 +19,7 @@ from redis.commands.core import AsyncScript
 from proxy.ledger import query as planner
 from proxy.ledger import rediskeys as keys
 from proxy.ledger.aggregate import Cell
+from proxy.ledger.attribution import is_attribution
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
 from proxy.ledger.buffer import Batch
 from proxy.ledger.writer import BufferedLedger
@@ -179,12 +180,17 @@ class RedisLedger(BufferedLedger):
         spans = planner.plan(q)
         bucket_s = {"hour": 3600, "day": _DAY_S, None: 0}[q.bucket]
         calls: list[Call] = []
+        dimension = q.group_by if is_attribution(q) else None
         for tenant_tag in tags:  # one tenant per call: each reads only its own cluster slot
             for span in spans:
                 index = keys.index_key(tenant_tag, span.granularity)
                 prefix = keys.agg_key(tenant_tag, span.granularity, "")
-                args: list[str | int] = [span.start, span.end - 1, prefix, bucket_s]
-                args.append(q.group_by or "")
+                group = q.group_by or ""
+                if dimension is not None:  # its members are [start, value]: value as 'model'
+                    index = keys.attr_index_key(tenant_tag, span.granularity, dimension)
+                    prefix = keys.attr_prefix(tenant_tag, span.granularity, dimension)
+                    group = "model"
+                args: list[str | int] = [span.start, span.end - 1, prefix, bucket_s, group]
                 calls.append(partial(connection.sum, [index], args))
         replies = iter(await send_all(connection.client, calls))
         return [

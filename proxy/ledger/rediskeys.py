@@ -14,11 +14,14 @@ import orjson
 
 from proxy.ledger import histogram
 from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally, fold
-from proxy.ledger.base import UsageRecord, record_values
+from proxy.ledger.attribution import HOUR_RETENTION_S, MAX_NAMED, OTHER, fold_attributes
+from proxy.ledger.base import ATTRIBUTES, UsageRecord, record_values
 
 __all__ = [
     "TENANTS_KEY",
     "agg_key",
+    "attr_index_key",
+    "attr_prefix",
     "decode_cell",
     "decode_record",
     "index_key",
@@ -78,8 +81,9 @@ def encode_record(record: UsageRecord) -> bytes:
 
 def decode_record(raw: str | bytes) -> UsageRecord:
     values = orjson.loads(raw)
-    values[16] = tuple(values[16])
-    values[17] = tuple(values[17])
+    for names in (16, 17, 26):
+        if names < len(values):  # an entry written before attribution has no tags
+            values[names] = tuple(values[names])
     return UsageRecord(*values)
 
 
@@ -115,7 +119,45 @@ def script_call(
             keys.append(agg_key(tenant_tag, granularity, name))
             fields = _fields(tally)
             args += [slot, name, start, len(fields) // 2, *fields]
+    _attribution_call(tenant_tag, records, ttl_s, keys, args)
     return keys, args
+
+
+def attr_index_key(tenant_tag: str, granularity: Granularity, dimension: str) -> str:
+    return f"tw:{{{tenant_tag}}}:ledger:{granularity}s:{dimension}"
+
+
+def attr_prefix(tenant_tag: str, granularity: Granularity, dimension: str) -> str:
+    """Before `names:<period>` (the set of values kept by name), or an aggregate's member."""
+    return f"tw:{{{tenant_tag}}}:ledger:{granularity}:{dimension}:"
+
+
+def _attribution_call(
+    tenant_tag: str,
+    records: Sequence[UsageRecord],
+    ttl_s: int,
+    keys: list[str],
+    args: list[str | int | bytes],
+) -> None:
+    """The last KEYS are the six attribution indexes; ARGV ends with their cells, capped by
+    the script (see proxy.ledger.attribution)."""
+    newest = int(max(r.ts for r in records))
+    hour_ttl = int(HOUR_RETENTION_S)
+    first = len(keys) + 1
+    slots: dict[tuple[Granularity, str], int] = {}
+    for granularity in ("hour", "day"):
+        for dimension in ATTRIBUTES:
+            slots[granularity, dimension] = first + len(slots)
+            keys.append(attr_index_key(tenant_tag, granularity, dimension))
+    args += [newest - hour_ttl, hour_ttl, newest - ttl_s, ttl_s, MAX_NAMED, OTHER]
+    hours, days = fold_attributes(records)
+    cells = [*(("hour", k, t) for k, t in hours.items()), *(("day", k, t) for k, t in days.items())]
+    args.append(len(cells))
+    for granularity, (_, start, dimension, value), tally in cells:
+        fields = _fields(tally)
+        prefix = attr_prefix(tenant_tag, granularity, dimension)  # type: ignore[arg-type]
+        slot = slots[granularity, dimension]  # type: ignore[index]
+        args += [slot, prefix, value, start, len(fields) // 2, *fields]
 
 
 def _fields(tally: Tally) -> list[str | int]:

@@ -13,8 +13,9 @@ from typing import Any
 
 import orjson
 
-from proxy.ledger import histogram
+from proxy.ledger import histogram, sqlattr
 from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally, fold
+from proxy.ledger.attribution import fold_attributes, is_attribution
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, record_values
 from proxy.ledger.query import Span
 
@@ -27,14 +28,14 @@ __all__ = [
     "write_batch",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APPLICATION_ID = 0x74776C67  # "twlg": marks the file as a tokenweir ledger
 
 _RECORD_COLUMNS = (
     "ts, request_id, tenant, model, backend, operation, stream, status, error, input_tokens, "
     "output_tokens, cost_nusd, cache, ttft_ms, tokens_per_s, duration_ms, shaped, degraded, "
     "client_disconnected, saved_input_tokens, saved_output_tokens, saved_cost_nusd, "
-    "usage_source, counted_input_tokens"
+    "usage_source, counted_input_tokens, key_id, user, tags"
 )
 _CELL_KEY = "tenant, period_start, model, backend"
 _CELL_COLUMNS = f"{_CELL_KEY}, {', '.join(COUNTERS)}, ttft_ms_hist, tokens_per_s_hist"
@@ -86,23 +87,13 @@ _MIGRATIONS: tuple[list[str], ...] = (
             for name in _SOURCES
         ),
     ],
+    sqlattr.MIGRATION,
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION  # noqa: S101 - a release-time invariant
 
 
-def _upsert_sql(table: str) -> str:
-    updates = ", ".join(f"{name} = {name} + excluded.{name}" for name in COUNTERS)
-    placeholders = ", ".join("?" * (4 + len(COUNTERS) + 2))
-    return (
-        f"INSERT INTO {table} ({_CELL_COLUMNS}) VALUES ({placeholders}) "  # noqa: S608
-        f"ON CONFLICT ({_CELL_KEY}) DO UPDATE SET {updates}, "
-        "ttft_ms_hist = tw_hist_add(ttft_ms_hist, excluded.ttft_ms_hist), "
-        "tokens_per_s_hist = tw_hist_add(tokens_per_s_hist, excluded.tokens_per_s_hist)"
-    )
-
-
-_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 24)})"  # noqa: S608
-_UPSERT = {granularity: _upsert_sql(table) for granularity, table in _TABLES.items()}
+_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 27)})"  # noqa: S608
+_UPSERT = {g: sqlattr.upsert_sql(table, _CELL_KEY) for g, table in _TABLES.items()}
 
 
 def connect(path: Path, *, busy_timeout_s: float, writer: bool) -> sqlite3.Connection:
@@ -189,11 +180,14 @@ def _check_version(conn: sqlite3.Connection, path: Path, *, allow_older: bool = 
 def write_batch(conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> None:
     """Raw records and their hour and day totals, in one transaction."""
     hours, days = fold(records)
+    attr_hours, attr_days = fold_attributes(records)
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.executemany(_INSERT_RECORD, map(_record_row, records))
         conn.executemany(_UPSERT["hour"], map(_cell_row, hours.items()))
         conn.executemany(_UPSERT["day"], map(_cell_row, days.items()))
+        newest_ts = max(r.ts for r in records)
+        sqlattr.write(conn, {"hour": attr_hours, "day": attr_days}, newest_ts)
         conn.execute("COMMIT")
     except BaseException:
         _rollback(conn)
@@ -209,6 +203,8 @@ def read_cells(conn: sqlite3.Connection, span: Span, q: UsageQuery) -> list[Cell
 
     A summed cell's period is its bucket's start, and the column not grouped by is blank.
     """
+    if is_attribution(q):
+        return sqlattr.read_cells(conn, span.granularity, span.start, span.end, q)
     model = "model" if q.group_by == "model" else "''"
     backend = "backend" if q.group_by == "backend" else "''"
     sql = (
@@ -239,31 +235,18 @@ def _record(row: tuple[Any, ...]) -> UsageRecord:
     values = list(row)
     for flag in (6, 18):
         values[flag] = bool(values[flag])
-    for names in (16, 17):
+    for names in (16, 17, 26):
         values[names] = tuple(orjson.loads(values[names]))
     return UsageRecord(*values)
 
 
 def _cell_row(item: tuple[CellKey, Tally]) -> tuple[object, ...]:
-    (tenant, start, model, backend), tally = item
-    return (
-        tenant or "",
-        start,
-        model or "",
-        backend or "",
-        *tally.counters(),
-        histogram.encode(tally.ttft_ms),
-        histogram.encode(tally.tokens_per_s),
-    )
+    return sqlattr.cell_row(*item)
 
 
 def _cell(row: tuple[Any, ...]) -> Cell:
     tenant, start, model, backend = row[:4]
-    ttft, speed = row[4 + len(COUNTERS) :]
-    tally = Tally.from_counters(
-        row[4 : 4 + len(COUNTERS)], histogram.decode(ttft), histogram.decode(speed)
-    )
-    return Cell((tenant or None, start, model or None, backend or None), tally)
+    return Cell((tenant or None, start, model or None, backend or None), sqlattr.tally_of(row, 4))
 
 
 def _hist_add(left: bytes | None, right: bytes | None) -> bytes:

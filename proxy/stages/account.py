@@ -125,6 +125,9 @@ class Account:
             saved_cost_nusd=self._saved_cost_nusd(ctx),
             usage_source=ctx.usage_source,
             counted_input_tokens=ctx.counted_input_tokens or 0,
+            key_id=ctx.key_id,
+            user=ctx.end_user,
+            tags=ctx.tags,
         )
 
     def _known(self, model: str) -> bool:
@@ -149,6 +152,9 @@ class Account:
             "ts": datetime.fromtimestamp(usage.ts, UTC).isoformat(timespec="milliseconds"),
             "request_id": usage.request_id,
             "tenant": usage.tenant,
+            "key_id": usage.key_id,
+            "user": usage.user,
+            "tags": list(usage.tags) or None,
             "operation": usage.operation,
             "model": usage.model,
             "model_requested": None if usage.model != UNKNOWN_MODEL else clipped(ctx.model),

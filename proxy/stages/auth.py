@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from proxy.context import RequestContext
 from proxy.errors import AuthenticationFailed
-from proxy.keys.record import KeyRecord
+from proxy.keys.record import KeyRecord, policy_key_id
 from proxy.keys.runtime import RuntimeKeys
 from proxy.policy.model import Policy, Tenant
 
@@ -42,6 +42,11 @@ class Keyring:
 
     def identify(self, authorization: str | None) -> tuple[str, KeyRecord | None]:
         """The key's tenant, and its runtime record if it is not a policy file's key."""
+        tenant, _, record = self.identify_key(authorization)
+        return tenant, record
+
+    def identify_key(self, authorization: str | None) -> tuple[str, str, KeyRecord | None]:
+        """The key's tenant, its non-secret id, and its runtime record if it has one."""
         digest = _presented_digest(authorization)
         found: str | None = None
         # Look at every entry, without an early exit, so timing says nothing about which matched.
@@ -49,12 +54,12 @@ class Keyring:
             if hmac.compare_digest(stored, digest):
                 found = name
         if found is not None:
-            return found, None
+            return found, policy_key_id(digest), None
         record = self._runtime.lookup(digest) if self._runtime is not None else None
         # A runtime key of a tenant the policy no longer has stops working (but stays listed).
         if record is None or record.tenant not in self._known:
             raise AuthenticationFailed(_WRONG_KEY)
-        return record.tenant, record
+        return record.tenant, record.id, record
 
     def is_admin(self, authorization: str | None) -> bool:
         try:
@@ -73,8 +78,8 @@ class CurrentKeyring(Keyring):
     def __init__(self, current: Callable[[], Keyring]) -> None:  # holds no keys of its own
         self._current = current
 
-    def identify(self, authorization: str | None) -> tuple[str, KeyRecord | None]:
-        return self._current().identify(authorization)
+    def identify_key(self, authorization: str | None) -> tuple[str, str, KeyRecord | None]:
+        return self._current().identify_key(authorization)
 
     def is_admin(self, authorization: str | None) -> bool:
         return self._current().is_admin(authorization)
@@ -93,7 +98,7 @@ class Authenticate:
         self._on_key = on_key
 
     async def __call__(self, ctx: RequestContext) -> None:
-        name, record = self._keyring.identify(ctx.headers.get("authorization"))
+        name, ctx.key_id, record = self._keyring.identify_key(ctx.headers.get("authorization"))
         ctx.tenant_name = name
         ctx.tenant = self._tenants[name]
         if record is not None and self._on_key is not None:

@@ -21,8 +21,9 @@ import orjson
 from proxy.app import DEFAULT_POLICY
 from proxy.clock import Clock, SystemClock
 from proxy.ledger import LedgerError, UsageQuery, UsageRow, open_ledger
+from proxy.ledger.base import ATTRIBUTES
 from proxy.ledger.present import format_usd, parse_moment
-from proxy.ledger.query import window
+from proxy.ledger.query import total_of, window
 from proxy.policy import PolicyError, load_policy
 
 __all__ = ["ReportError", "add_arguments", "format_usd", "main", "parse_time", "text_width"]
@@ -41,6 +42,8 @@ class Report:
     until: float
     by: str | None
     rows: list[UsageRow]
+    totals: list[UsageRow]
+    """Per tenant, not grouped: what the total line sums (by tag, rows overlap)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", help="only this tenant (default: every tenant)")
     parser.add_argument("--since", default="7d", help=f"start: {when} (default: 7d)")
     parser.add_argument("--until", help=f"end: {when} (default: now)")
-    parser.add_argument("--by", choices=["model", "backend"], help="also split by model or backend")
+    parser.add_argument(
+        "--by",
+        choices=["key", "user", "tag", "model", "backend"],
+        help="also split by API key id, the requests' user field, tag, model or backend",
+    )
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
     parser.add_argument(
         "--ledger", help="ledger URL, e.g. sqlite:///tokenweir.db (default: the policy's)"
@@ -71,12 +78,12 @@ def main(args: argparse.Namespace, *, clock: Clock | None = None, out: TextIO | 
             )
         url, storage = _ledger_location(args.ledger, args.config)
         query = UsageQuery(args.tenant, since, until, group_by=args.by)
-        rows = asyncio.run(_fetch(url, storage, query))
+        rows, totals = asyncio.run(_fetch(url, storage, query))
     except ReportError as exc:
         print(f"tokenweir report: {exc}", file=sys.stderr)
         return 1
     start, end = window(query)
-    report = Report(url, start, end, args.by, rows)
+    report = Report(url, start, end, args.by, rows, totals)
     {"table": write_table, "csv": write_csv, "json": write_json}[args.format](report, stream)
     return 0
 
@@ -109,14 +116,21 @@ def _ledger_location(ledger: str | None, config: Path | None) -> tuple[str, str 
     return ledger or policy.ledger or "", policy.storage
 
 
-async def _fetch(url: str, storage: str | None, query: UsageQuery) -> list[UsageRow]:
+async def _fetch(
+    url: str, storage: str | None, query: UsageQuery
+) -> tuple[list[UsageRow], list[UsageRow]]:
+    """The rows asked for, and each tenant's totals over the same window."""
     try:
         ledger = open_ledger(url, storage_url=storage, read_only=True)
     except ValueError as exc:
         raise ReportError(str(exc)) from None
     try:
         await ledger.start()
-        return await ledger.query(query)
+        rows = await ledger.query(query)
+        if query.group_by is None:
+            return rows, rows
+        start, end = window(query)  # the grouped answer's window, which may be wider
+        return rows, await ledger.query(UsageQuery(query.tenant, start, end))
     except LedgerError as exc:
         raise ReportError(str(exc)) from None
     finally:
@@ -173,11 +187,16 @@ def write_json(report: Report, out: TextIO) -> None:
         item |= _machine_row(row)
         item["cost_usd"] = float(str(item["cost_usd"]))
         rows.append(item)
+    total = _machine_row(_summed(report.totals))
+    total["cost_usd"] = float(str(total["cost_usd"]))
+    for name in ("ttft_ms_p50", "ttft_ms_p95", "tokens_per_s_p50"):
+        del total[name]  # percentiles do not sum
     document = {
         "ledger": report.ledger,
         "since": datetime.fromtimestamp(report.since, UTC).isoformat(),
         "until": datetime.fromtimestamp(report.until, UTC).isoformat(),
         "rows": rows,
+        "total": total,
     }
     out.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
 
@@ -202,12 +221,14 @@ def write_table(report: Report, out: TextIO) -> None:
         out.write("No usage recorded in this window.\n")
         return
     header = ("tenant", *([report.by] if report.by else []), *_TABLE_HEADER)
-    lines = [_table_line(row, report.by is not None) for row in report.rows]
+    lines = [_table_line(row, report.by) for row in report.rows]
     if len(report.rows) > 1:
-        lines.append(_total_line(report.rows, report.by is not None))
+        lines.append(_total_line(report.totals, report.by is not None))
     left = 2 if report.by else 1  # text columns; the rest are numbers, right-aligned
     out.write("\n".join(_aligned([header, *lines], left)) + "\n")
-    estimated = sum(row.estimated_requests for row in report.rows)
+    if report.by == "tag":
+        out.write("A request with several tags counts under each; the total counts it once.\n")
+    estimated = sum(row.estimated_requests for row in report.totals)
     if estimated:
         out.write(
             f"{estimated:,} requests were billed on an estimate (their model has no tokenizer "
@@ -215,8 +236,9 @@ def write_table(report: Report, out: TextIO) -> None:
         )
 
 
-def _table_line(row: UsageRow, grouped: bool) -> tuple[str, ...]:
-    label = (row.tenant or UNAUTHENTICATED, *([row.key or "-"] if grouped else []))
+def _table_line(row: UsageRow, by: str | None) -> tuple[str, ...]:
+    blank = "(none)" if by in ATTRIBUTES else "-"
+    label = (row.tenant or UNAUTHENTICATED, *([row.key or blank] if by else []))
     return (*label, *_numbers(row))
 
 
@@ -226,14 +248,12 @@ def _numbers(row: UsageRow) -> tuple[str, ...]:
     return (*(f"{n:,}" for n in counts), format_usd(row.cost_nusd), f"{hits:,}")
 
 
-def _total_line(rows: Sequence[UsageRow], grouped: bool) -> tuple[str, ...]:
-    def total(name: str) -> int:
-        return sum(int(getattr(row, name)) for row in rows)
+def _total_line(totals: Sequence[UsageRow], grouped: bool) -> tuple[str, ...]:
+    return ("total", *([""] if grouped else []), *_numbers(_summed(totals)))
 
-    counts = [total(name) for name in ("requests", "errors", "input_tokens", "output_tokens")]
-    hits = total("cache_hits") + total("cache_semantic_hits")
-    numbers = (*(f"{n:,}" for n in counts), format_usd(total("cost_nusd")), f"{hits:,}")
-    return ("total", *([""] if grouped else []), *numbers)
+
+def _summed(totals: Sequence[UsageRow]) -> UsageRow:
+    return total_of(list(totals))
 
 
 def _aligned(lines: Sequence[tuple[str, ...]], left_columns: int) -> list[str]:

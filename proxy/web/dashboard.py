@@ -89,6 +89,8 @@ class DashboardPages:
         except AuthenticationFailed:
             return self._page("login.html", None, next=target, failed=True, status=401)
         cookie = self._sessions.issue(key, gateway.clock.wall())
+        if cookie is None:  # a runtime key: a cookie could not name it
+            return self._page("login.html", None, next=target, runtime_key=True, status=401)
         response = RedirectResponse(target, status_code=303, headers=_HEADERS)
         response.set_cookie(
             COOKIE_NAME, cookie, max_age=int(self._sessions.ttl_s), path="/",
@@ -173,7 +175,8 @@ def _links(
     api["csv"] = api["json"] + "&format=csv"
     if tenant is not None:
         api["series"] = api["json"] + f"&bucket={window.bucket}"
-        api["by_model"] = api["json"] + "&group_by=model"
+        for group in ("model", "key", "user", "tag"):
+            api[f"by_{group}"] = api["json"] + f"&group_by={group}"
     today = request.url.path + "?" + urlencode({"since": iso_utc(day_start(now))})
     return api | {"self": request.url.path, "today": today}
 

@@ -1,19 +1,21 @@
 """What the dashboard shows, read from the ledger's hour and day totals: no raw-record scans.
 
 The overview is three ledger queries (today, this month, the chosen window); a tenant page adds
-the window by bucket and by model, and error kinds from a bounded sample of its newest records.
+the window by bucket, by model, key, user and tag, and error kinds from a bounded sample of its
+newest records.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from proxy.ledger import Bucket, GroupBy, Ledger, UsageQuery, UsageRow
 from proxy.ledger import query as planner
-from proxy.ledger.aggregate import DAY_S, HOUR_S, Cell, Tally
+from proxy.ledger.aggregate import DAY_S, HOUR_S
 from proxy.ledger.present import day_start, month_start
+from proxy.ledger.query import empty_row, total_of
 from proxy.policy.model import Budget, Policy
 
 __all__ = [
@@ -29,6 +31,9 @@ __all__ = [
 
 ERROR_SAMPLE = 2000
 """Error kinds are counted among this many of a tenant's newest records (totals stay exact)."""
+
+BREAKDOWN_ROWS = 25
+"""A tenant page lists this many keys, users, tags or models, the costliest."""
 
 _WARN_RATIO = 0.8
 
@@ -97,14 +102,11 @@ class TenantPage:
     window: Window
     series: tuple[UsageRow, ...]
     by_model: tuple[UsageRow, ...]
+    by_key: tuple[UsageRow, ...]
+    by_user: tuple[UsageRow, ...]
+    by_tag: tuple[UsageRow, ...]
     error_kinds: tuple[tuple[str, int], ...]
     errors_sampled: int
-
-
-def empty_row(tenant: str | None, start: int = 0, bucket: Bucket | None = None) -> UsageRow:
-    """A row of zeros: a tenant with no usage in a window (or in the bucket at `start`)."""
-    q = UsageQuery(tenant, start, start + 1.0, bucket)
-    return planner.rows(q, [Cell((tenant, start, None, None), Tally())])[0]
 
 
 def quotas(budget: Budget | None, today: UsageRow, month: UsageRow) -> tuple[Quota, ...]:
@@ -147,11 +149,12 @@ async def load_overview(
 async def load_tenant_page(
     ledger: Ledger, policy: Policy, tenant: str, window: Window, now: float
 ) -> TenantPage:
-    overview, series, by_model, latest = await asyncio.gather(
+    groups: tuple[GroupBy, ...] = ("model", "key", "user", "tag")
+    overview, series, latest, (by_model, by_key, by_user, by_tag) = await asyncio.gather(
         load_overview(ledger, policy, tenant, window, now),
         ledger.query(window.query(tenant, bucket=window.bucket)),
-        ledger.query(window.query(tenant, group_by="model")),
         ledger.latest(tenant, ERROR_SAMPLE),
+        asyncio.gather(*(ledger.query(window.query(tenant, group_by=g)) for g in groups)),
     )
     kinds = Counter(
         record.error or f"http_{record.status}"
@@ -162,10 +165,19 @@ async def load_tenant_page(
         summary=overview.tenants[0],
         window=window,
         series=tuple(fill_buckets(series, window, tenant)),
-        by_model=tuple(sorted(by_model, key=lambda row: -row.cost_nusd)),
+        by_model=_costliest(by_model),
+        by_key=_costliest(by_key),
+        by_user=_costliest(by_user),
+        by_tag=_costliest(by_tag),
         error_kinds=tuple(kinds.most_common(8)),
         errors_sampled=len(latest),
     )
+
+
+def _costliest(rows: list[UsageRow]) -> tuple[UsageRow, ...]:
+    """Costliest first, at most BREAKDOWN_ROWS (the JSON link has them all)."""
+    ordered = sorted(rows, key=lambda row: (-row.cost_nusd, -row.requests, row.key or ""))
+    return tuple(ordered[:BREAKDOWN_ROWS])
 
 
 def fill_buckets(rows: list[UsageRow], window: Window, tenant: str | None) -> list[UsageRow]:
@@ -177,21 +189,6 @@ def fill_buckets(rows: list[UsageRow], window: Window, tenant: str | None) -> li
     for start in range(first, int(window.end), size):
         filled.append(found.get(start) or empty_row(tenant, start, window.bucket))
     return filled
-
-
-_SUMMED = (
-    "requests", "errors", "rate_limited", "degraded", "shaped", "client_disconnects",
-    "input_tokens", "output_tokens", "cost_nusd", "cache_hits", "cache_semantic_hits",
-    "cache_misses", "saved_cost_nusd", "duration_ms_total", "counted_requests",
-    "estimated_requests",
-)  # fmt: skip
-
-
-def total_of(rows: list[UsageRow]) -> UsageRow:
-    """The counters summed over tenants. Percentiles cannot be summed from rows: left empty."""
-    sums = {name: sum(getattr(row, name) for row in rows) for name in _SUMMED}
-    none = dict.fromkeys(("ttft_ms_p50", "ttft_ms_p95", "tokens_per_s_p50"))
-    return replace(empty_row(None), **sums, **none)  # type: ignore[arg-type]
 
 
 def _summary(

@@ -3,7 +3,8 @@
 The cookie holds no key: a fingerprint of the key's digest, a random session id, an expiry,
 and an HMAC over them with a secret (per process, or TOKENWEIR_SESSION_SECRET shared by workers
 and replicas). Logging out records the session id as ended in the storage, so the cookie stops
-working on every replica at once; a key removed from the policy stops matching its fingerprint.
+working on every replica at once; a key removed from the policy (on a reload too) stops matching
+its fingerprint.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import hmac
 import secrets
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from proxy.errors import PermissionDenied, StorageUnavailable
@@ -64,16 +65,30 @@ class Session:
 class Sessions:
     """Signs and checks dashboard cookies; authenticates Bearer keys through the Keyring."""
 
-    def __init__(self, policy: Policy, keyring: Keyring, secret: bytes, ttl_s: float) -> None:
+    def __init__(
+        self, policy: Callable[[], Policy], keyring: Keyring, secret: bytes, ttl_s: float
+    ) -> None:
+        """`policy` gives the policy serving now: a cookie is checked against its keys, so
+        after a reload a removed key's sessions end and a new key's work."""
+        self._policy = policy
         self._keyring = keyring
         self._secret = secret
         self.ttl_s = ttl_s
-        self._viewers: dict[bytes, Viewer] = {}
+        self._viewers_of: tuple[Policy, dict[bytes, Viewer]] | None = None
+
+    def _viewers(self) -> dict[bytes, Viewer]:
+        """Who each key fingerprint is, for the current policy (worked out once per policy)."""
+        policy = self._policy()
+        if self._viewers_of is not None and self._viewers_of[0] is policy:
+            return self._viewers_of[1]
+        viewers: dict[bytes, Viewer] = {}
         for name, tenant in policy.tenants.items():
             for key in tenant.api_keys:
-                self._viewers[self._fingerprint(_stored_digest(key))] = Viewer(name)
+                viewers[self._fingerprint(_stored_digest(key))] = Viewer(name)
         for key in policy.admin_keys:  # an admin key that is also a tenant's key stays admin
-            self._viewers[self._fingerprint(_stored_digest(key))] = Viewer(None)
+            viewers[self._fingerprint(_stored_digest(key))] = Viewer(None)
+        self._viewers_of = (policy, viewers)
+        return viewers
 
     def authenticate(self, authorization: str | None) -> Viewer:
         """The viewer a `Bearer <key>` header names, or AuthenticationFailed (401)."""
@@ -81,9 +96,12 @@ class Sessions:
             return Viewer(None)
         return Viewer(self._keyring.tenant_for(authorization))
 
-    def issue(self, key: str, now: float) -> str:
-        """A cookie value for `key` (already authenticated), valid for `ttl_s`."""
+    def issue(self, key: str, now: float) -> str | None:
+        """A cookie value for `key` (already authenticated), valid for `ttl_s`; None for a key
+        the policy file does not hold (a runtime key), which no cookie can name."""
         body = self._fingerprint(hashlib.sha256(key.encode()).digest())
+        if body not in self._viewers():
+            return None
         body += secrets.token_bytes(_SESSION_ID_BYTES)
         body += _EXPIRY.pack(int(now + self.ttl_s))
         return _b64(body) + "." + _b64(self._mac(body))
@@ -103,7 +121,7 @@ class Sessions:
         if not hmac.compare_digest(mac, self._mac(body)):
             return None
         (expires,) = _EXPIRY.unpack(body[_SIGNED_BYTES:])
-        viewer = self._viewers.get(body[:_FINGERPRINT_BYTES])
+        viewer = self._viewers().get(body[:_FINGERPRINT_BYTES])
         if expires <= now or viewer is None:
             return None
         return Session(viewer, body[_FINGERPRINT_BYTES:_SIGNED_BYTES], float(expires))

@@ -1,7 +1,8 @@
 """`GET /api/usage`: the ledger's totals as JSON or CSV, for the tenants the caller may read.
 
 Query: `tenant`, `since`, `until` (`7d` or ISO times, UTC), `bucket=hour|day`,
-`group_by=model|backend`, `format=json|csv` (or `Accept: text/csv`). Bearer key or session cookie.
+`group_by=key|user|tag|model|backend`, `format=json|csv` (or `Accept: text/csv`). Bearer key or
+session cookie.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.errors import BadRequest, GatewayError, NotFound, StorageUnavailable
 from proxy.ledger import Bucket, GroupBy, Ledger, LedgerError, UsageQuery, UsageRow
+from proxy.ledger.attribution import HOUR_RETENTION_S
+from proxy.ledger.base import ATTRIBUTES
 from proxy.ledger.present import format_usd, iso_utc, parse_moment
-from proxy.ledger.query import window
+from proxy.ledger.query import total_of, window
 from proxy.web.respond import send_error, send_json
 from proxy.web.session import Sessions, Viewer
 
@@ -70,7 +73,12 @@ def parse_params(params: QueryParams, viewer: Viewer, now: float, *, accept: str
     if not viewer.is_admin:
         tenant = viewer.tenant
     since, until, bucket = parse_window(params, now, default_since="7d")
-    group_by = _choice(params, "group_by", ("model", "backend"))
+    group_by = _choice(params, "group_by", ("key", "user", "tag", "model", "backend"))
+    if group_by in ATTRIBUTES and bucket == "hour" and until - since > HOUR_RETENTION_S:
+        raise BadRequest(
+            f"Hour buckets by {group_by} cover at most the last 8 days; use bucket=day.",
+            param="bucket",
+        )
     fmt = _choice(params, "format", ("json", "csv"))
     wants_csv = fmt == "csv" or (fmt is None and "text/csv" in accept)
     query = UsageQuery(tenant, since, until, bucket, cast(GroupBy | None, group_by))
@@ -127,14 +135,21 @@ class UsageApi:
             viewer = await self._sessions.resolve(request.headers, request.cookies, now, ended)
             accept = request.headers.get("accept", "")
             params = parse_params(request.query_params, viewer, now, accept=accept)
-            rows = await read_ledger(ledger_of(gateway), params.query)
+            ledger = ledger_of(gateway)
+            rows = await read_ledger(ledger, params.query)
+            totals = rows
+            if params.query.group_by is not None and not params.csv:
+                start, end = window(params.query)
+                ungrouped = UsageQuery(params.query.tenant, start, end)
+                totals = await read_ledger(ledger, ungrouped)
         except GatewayError as exc:
             await send_error(send, exc, _NO_STORE)
             return
         if params.csv:
             await _send_csv(send, params.query, rows)
         else:
-            await send_json(send, 200, orjson.dumps(document(params.query, rows)), _NO_STORE)
+            answer = document(params.query, rows, totals)
+            await send_json(send, 200, orjson.dumps(answer), _NO_STORE)
 
 
 _NO_STORE = ((b"cache-control", b"no-store"),)
@@ -176,9 +191,15 @@ def _labels(q: UsageQuery, row: UsageRow) -> dict[str, object]:
     return labels
 
 
-def document(q: UsageQuery, rows: Sequence[UsageRow]) -> dict[str, object]:
-    """The JSON answer: the window actually covered (whole UTC hours) and one item per row."""
+def document(
+    q: UsageQuery, rows: Sequence[UsageRow], totals: Sequence[UsageRow] | None = None
+) -> dict[str, object]:
+    """The JSON answer: the window actually covered (whole UTC hours), one item per row, and
+    the totals over every row's tenants, each request counted once (by tag, rows overlap)."""
     start, end = window(q)
+    total = api_row(total_of(list(rows if totals is None else totals)))
+    for name in ("ttft_ms_p50", "ttft_ms_p95", "tokens_per_s_p50"):
+        del total[name]  # percentiles do not sum
     return {
         "object": "usage",
         "since": iso_utc(start),
@@ -187,6 +208,7 @@ def document(q: UsageQuery, rows: Sequence[UsageRow]) -> dict[str, object]:
         "bucket": q.bucket,
         "group_by": q.group_by,
         "data": [_labels(q, row) | api_row(row) for row in rows],
+        "total": total,
     }
 
 

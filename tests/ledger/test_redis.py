@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import orjson
 import pytest
 import redis.asyncio
 from redis.crc import key_slot
 
 from proxy.ledger import LedgerError, RedisLedger, UsageQuery, open_ledger
 from proxy.ledger import rediskeys as keys
+from proxy.ledger.attribution import HOUR_RETENTION_S, MAX_NAMED, OTHER
 from tests.ledger.factory import DAY_S, T0, record
 from tests.redis_server import RedisProcess
 from tests.servers import free_port
@@ -35,7 +37,9 @@ async def test_each_tenants_keys_share_one_cluster_slot(redis_url: str, tenant: 
         names = [name async for name in client.scan_iter("tw:*")]
         assert await client.smembers(keys.TENANTS_KEY) == {keys.tag(tenant)}
     tenant_keys = [name for name in names if name != keys.TENANTS_KEY]
-    assert len(tenant_keys) == 1 + 1 + 2 + 2 * 2  # marker, stream, 2 indexes, 2 hours + 2 days
+    # marker, stream, 2 indexes, 2 hours + 2 days; by key, user and tag 6 indexes and, the
+    # records having none of them, one (2 hours + 2 days) per dimension
+    assert len(tenant_keys) == 1 + 1 + 2 + 2 * 2 + 6 + 3 * (2 * 2)
     assert len({key_slot(name.encode()) for name in tenant_keys}) == 1
     assert all(name.startswith(f"tw:{{{keys.tag(tenant)}}}:ledger:") for name in tenant_keys)
 
@@ -191,3 +195,29 @@ async def test_raw_records_are_capped_totals_are_not(redis_url: str) -> None:
     await reader.start()
     assert await total_requests(reader) == 1000
     await reader.aclose()
+
+
+async def test_a_million_users_cost_a_bounded_number_of_keys(redis_url: str) -> None:
+    """Distinct users past the bound add no keys: 2,000 users in one hour leave 100 named
+    aggregates and one (other) per period, and hour aggregates expire within 8 days."""
+    ledger = RedisLedger(redis_url)
+    await ledger.start()
+    for i in range(2000):
+        ledger.append(record(i, user=f"user-{i}", tags=(f"tag-{i}",), key_id=f"k{i % 3}"))
+    await ledger.aclose()
+    async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as client:
+        tag = keys.tag("alpha")
+        for dimension, named in (("user", MAX_NAMED), ("tag", MAX_NAMED), ("key", 3)):
+            for granularity in ("hour", "day"):
+                index = keys.attr_index_key(tag, granularity, dimension)  # type: ignore[arg-type]
+                assert await client.zcard(index) == named + (named == MAX_NAMED)
+        prefix = keys.attr_prefix(tag, "hour", "user")
+        hour_start = int(T0 // 3600 * 3600)
+        assert await client.scard(f"{prefix}names:{hour_start}") == MAX_NAMED
+        member = orjson.dumps([hour_start, OTHER]).decode()
+        assert 0 < await client.ttl(prefix + member) <= HOUR_RETENTION_S
+        assert await client.hget(prefix + member, "requests") == str(2000 - MAX_NAMED)
+        every_key = [name async for name in client.scan_iter(f"tw:{{{tag}}}:*")]
+    # marker, stream, 2 indexes, 1 hour + 1 day; 6 indexes, 2 x (101 + 101 + 3) aggregates
+    # by user, tag and key, and one set of named values per dimension and period
+    assert len(every_key) == 6 + 6 + 2 * (101 + 101 + 3) + 6

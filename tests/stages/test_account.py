@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import signal
@@ -178,3 +179,23 @@ def test_sigterm_during_streams_loses_no_ledger_record(backend_url: str, tmp_pat
     records = ledger_records(db)
     assert len(records) == 8
     assert all(r.status == 200 and r.output_tokens > 0 for r in records)
+
+
+def test_the_line_names_the_key_by_id_the_user_and_the_tags(
+    client: openai.OpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    client.chat.completions.create(
+        model="mock-llm",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        user="ann",
+        extra_headers={"x-tokenweir-tags": "search,beta"},
+    )
+    [record] = records(caplog, 1)
+    digest = hashlib.sha256(ALPHA_KEY.encode()).hexdigest()
+    assert record["key_id"] == "sha256:" + digest[:12]
+    assert (record["user"], record["tags"]) == ("ann", ["search", "beta"])
+    line = caplog.records[-1].getMessage()
+    assert ALPHA_KEY not in line
+    assert digest not in line  # a prefix names the key; the whole hash is not logged

@@ -220,3 +220,32 @@ def test_the_default_policy_names_its_ledger_without_the_tenant_keys_variable(
     monkeypatch.delenv("TOKENWEIR_API_KEY", raising=False)
     monkeypatch.setenv("TOKENWEIR_LEDGER", f"sqlite:///{tmp_path / 'ledger.db'}")
     assert _ledger_location(None, None) == (f"sqlite:///{tmp_path / 'ledger.db'}", "memory")
+
+
+def test_table_by_tag_counts_a_two_tag_request_under_each_and_once_in_the_total(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'tags.db'}"
+
+    async def write() -> None:
+        ledger = open_ledger(url)
+        await ledger.start()
+        ledger.append(record(1, tags=("search", "beta"), cost_nusd=1_000_000))
+        ledger.append(record(2, tags=("search",), cost_nusd=2_000_000))
+        ledger.append(record(3, cost_nusd=4_000_000))
+        await ledger.aclose()
+
+    asyncio.run(write())
+    status, out = run("--ledger", url, "--by", "tag")
+    assert status == 0
+    _, header, *lines, note = out.splitlines()
+    assert header.split()[:3] == ["tenant", "tag", "requests"]
+    *rows, total_line = lines
+    table = {tuple(line.split()[:2]): line.split()[2:] for line in rows}
+    assert table[("alpha", "search")][0] == "2"
+    assert table[("alpha", "beta")][0] == "1"
+    assert table[("alpha", "(none)")][0] == "1"
+    total = total_line.split()  # "total", an empty tag column, then the numbers
+    assert total[:2] == ["total", "3"]  # 2 + 1 + 1 rows, 3 requests
+    assert "0.007000" in total  # $1 + $2 + $4 thousandths, not $1 more
+    assert note.startswith("A request with several tags counts under each")

@@ -1,10 +1,15 @@
 -- Append one batch of one tenant's usage records and its aggregate increments, at most once.
 --
 -- KEYS[1] this writer's last applied batch seq   KEYS[2] raw record stream (capped)
--- KEYS[3] hour index (zset)   KEYS[4] day index (zset)   KEYS[5..] aggregate hashes
+-- KEYS[3] hour index (zset)   KEYS[4] day index (zset)   KEYS[5..#KEYS-6] aggregate hashes
+-- KEYS[#KEYS-5..#KEYS] attribution indexes: hour key, user, tag, then day key, user, tag
 -- ARGV: seq, stream_maxlen, ttl_s, marker_ttl_s, index_cutoff, n_records, record x n_records,
 --       then per aggregate hash (in KEYS order): index_slot (3|4), member, period_start,
---       n_fields, (field, increment) x n_fields
+--       n_fields, (field, increment) x n_fields;
+--       then hour_cutoff, hour_ttl_s, day_cutoff, day_ttl_s, max_named, other, n_cells and per
+--       attribution cell: index_slot, prefix, value, period_start, n_fields, fields as above.
+-- A cell's value is kept by name if it already is in its period's set `prefix names:<start>`
+-- or the set has fewer than max_named values; else it is summed under `other`.
 -- A retry of a batch whose reply was lost finds its seq already applied and changes nothing.
 local applied = redis.call('GET', KEYS[1])
 if applied and tonumber(applied) >= tonumber(ARGV[1]) then
@@ -17,7 +22,7 @@ for _ = 1, n do
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'v1', ARGV[a])
   a = a + 1
 end
-for k = 5, #KEYS do
+for k = 5, #KEYS - 6 do
   redis.call('ZADD', KEYS[tonumber(ARGV[a])], ARGV[a + 2], ARGV[a + 1])
   local fields = tonumber(ARGV[a + 3])
   a = a + 4
@@ -26,6 +31,46 @@ for k = 5, #KEYS do
     a = a + 2
   end
   redis.call('EXPIRE', KEYS[k], ttl)
+end
+local attr = #KEYS - 5
+local hour_cutoff, hour_ttl = ARGV[a], tonumber(ARGV[a + 1])
+local day_cutoff, day_ttl = ARGV[a + 2], tonumber(ARGV[a + 3])
+local max_named, other, cells = tonumber(ARGV[a + 4]), ARGV[a + 5], tonumber(ARGV[a + 6])
+a = a + 7
+for _ = 1, cells do
+  local slot, prefix, value, start = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local fields = tonumber(ARGV[a + 4])
+  local cell_ttl = day_ttl
+  if slot < attr + 3 then
+    cell_ttl = hour_ttl
+  end
+  a = a + 5
+  if value ~= '' and value ~= other then
+    local names = prefix .. 'names:' .. start
+    if redis.call('SISMEMBER', names, value) == 0 then
+      if redis.call('SCARD', names) < max_named then
+        redis.call('SADD', names, value)
+      else
+        value = other
+      end
+    end
+    redis.call('EXPIRE', names, cell_ttl)
+  end
+  local member = cjson.encode({tonumber(start), value})
+  redis.call('ZADD', KEYS[slot], start, member)
+  for _ = 1, fields do
+    redis.call('HINCRBY', prefix .. member, ARGV[a], ARGV[a + 1])
+    a = a + 2
+  end
+  redis.call('EXPIRE', prefix .. member, cell_ttl)
+end
+for i = attr, #KEYS do
+  local cutoff, index_ttl = day_cutoff, day_ttl
+  if i < attr + 3 then
+    cutoff, index_ttl = hour_cutoff, hour_ttl
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', '(' .. cutoff)
+  redis.call('EXPIRE', KEYS[i], index_ttl)
 end
 for i = 3, 4 do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', '(' .. ARGV[5])

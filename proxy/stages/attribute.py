@@ -1,0 +1,72 @@
+"""Who below the tenant a request is for: the OpenAI `user` field and request tags, checked.
+
+Writes end_user and tags. Tags come from the `x-tokenweir-tags: a,b` header and the values of
+the body's `metadata` object; out-of-bounds input is refused with a 400, never cut silently.
+"""
+
+from __future__ import annotations
+
+import re
+
+from proxy.context import RequestContext
+from proxy.errors import BadRequest
+
+__all__ = ["MAX_TAGS", "MAX_TAG_CHARS", "MAX_USER_CHARS", "TAGS_HEADER", "Attribute"]
+
+TAGS_HEADER = "x-tokenweir-tags"
+MAX_TAGS = 8
+MAX_TAG_CHARS = 64
+MAX_USER_CHARS = 128
+_TAG = re.compile(r"[A-Za-z0-9_.:/=@+-]{1,64}")
+_TAG_RULE = (
+    f"1 to {MAX_TAG_CHARS} characters from letters, digits and _ . : / = @ + -, "
+    f"at most {MAX_TAGS} per request"
+)
+
+
+class Attribute:
+    async def __call__(self, ctx: RequestContext) -> None:
+        ctx.end_user = _user(ctx.body.get("user"))
+        tags: dict[str, None] = {}
+        header = ctx.headers.get(TAGS_HEADER)
+        if header is not None:
+            for tag in header.split(","):
+                if tag.strip():
+                    tags[_tag(tag.strip(), TAGS_HEADER)] = None
+        metadata = ctx.body.get("metadata")
+        if isinstance(metadata, dict):
+            for name, value in metadata.items():
+                if isinstance(value, str) and value:
+                    tags[_tag(value, f"metadata.{name}")] = None
+        if len(tags) > MAX_TAGS:
+            raise BadRequest(
+                f"A request may carry at most {MAX_TAGS} distinct tags (from {TAGS_HEADER} "
+                f"and metadata values together); this one has {len(tags)}.",
+                param=TAGS_HEADER,
+                code="invalid_tags",
+            )
+        ctx.tags = tuple(tags)
+
+
+def _user(value: object) -> str | None:
+    if not isinstance(value, str) or not value:
+        return None  # parse refused a user that is not a string
+    if len(value) > MAX_USER_CHARS or not value.isprintable():
+        raise BadRequest(
+            f"user must be at most {MAX_USER_CHARS} printable characters; "
+            f"this one has {len(value)}.",
+            param="user",
+            code="invalid_user",
+        )
+    return value
+
+
+def _tag(tag: str, where: str) -> str:
+    if _TAG.fullmatch(tag) is None:
+        shown = tag[:MAX_TAG_CHARS] + ("..." if len(tag) > MAX_TAG_CHARS else "")
+        raise BadRequest(
+            f"The tag {shown!r} in {where} is not a valid tag: a tag is {_TAG_RULE}.",
+            param=where,
+            code="invalid_tags",
+        )
+    return tag

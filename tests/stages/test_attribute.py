@@ -1,0 +1,76 @@
+"""The user field and request tags: what is recorded, and what is refused with a 400."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+
+from proxy.context import RequestContext
+from proxy.errors import BadRequest
+from proxy.stages.attribute import MAX_TAGS, MAX_USER_CHARS, Attribute
+from proxy.stages.auth import Keyring
+from proxy.upstream.meter import StreamMeter
+from tests.conftest import ALPHA_KEY, make_policy
+
+pytestmark = pytest.mark.anyio
+
+
+async def attributed(body: dict[str, Any], tags: str | None = None) -> RequestContext:
+    headers = {} if tags is None else {"x-tokenweir-tags": tags}
+    ctx = RequestContext("id", "chat", 0.0, 0.0, StreamMeter(0.0), headers=headers, body=body)
+    await Attribute()(ctx)
+    return ctx
+
+
+async def test_user_and_tags_from_header_and_metadata() -> None:
+    ctx = await attributed(
+        {"user": "ann@example.com", "metadata": {"feature": "search", "team": "web/eu"}},
+        tags=" beta, search,,v=2 ",
+    )
+    assert ctx.end_user == "ann@example.com"
+    assert ctx.tags == ("beta", "search", "v=2", "web/eu")  # each once, header first
+
+
+async def test_nothing_to_attribute() -> None:
+    ctx = await attributed({"user": "", "metadata": {"note": ""}})
+    assert (ctx.end_user, ctx.tags) == (None, ())
+
+
+@pytest.mark.parametrize(
+    ("body", "tags", "param"),
+    [
+        ({}, "has space", "x-tokenweir-tags"),
+        ({}, "x" * 65, "x-tokenweir-tags"),
+        ({}, "(other)", "x-tokenweir-tags"),
+        ({}, "café", "x-tokenweir-tags"),
+        ({"metadata": {"why": "a long sentence"}}, None, "metadata.why"),
+        ({}, ",".join(f"t{i}" for i in range(MAX_TAGS + 1)), "x-tokenweir-tags"),
+        ({"metadata": {f"k{i}": f"t{i}" for i in range(5)}}, "a,b,c,d", "x-tokenweir-tags"),
+        ({"user": "u" * (MAX_USER_CHARS + 1)}, None, "user"),
+        ({"user": "line\nbreak"}, None, "user"),
+    ],
+)
+async def test_out_of_bounds_input_is_a_clear_400(
+    body: dict[str, Any], tags: str | None, param: str
+) -> None:
+    with pytest.raises(BadRequest) as refused:
+        await attributed(body, tags)
+    assert refused.value.status == 400
+    assert refused.value.param == param
+
+
+async def test_bounds_themselves_are_accepted() -> None:
+    tags = ",".join(f"t{i}" for i in range(MAX_TAGS - 1)) + "," + "x" * 64
+    ctx = await attributed({"user": "u" * MAX_USER_CHARS}, tags)
+    assert len(ctx.tags) == MAX_TAGS
+    assert ctx.end_user == "u" * MAX_USER_CHARS
+
+
+def test_a_policy_key_is_named_by_a_prefix_of_its_hash_never_the_key() -> None:
+    keyring = Keyring(make_policy("http://127.0.0.1:9"))
+    tenant, key_id, record = keyring.identify_key(f"Bearer {ALPHA_KEY}")
+    assert (tenant, record) == ("alpha", None)
+    assert key_id == "sha256:" + hashlib.sha256(ALPHA_KEY.encode()).hexdigest()[:12]
+    assert ALPHA_KEY not in key_id
