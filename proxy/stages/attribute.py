@@ -1,7 +1,9 @@
 """Who below the tenant a request is for: the OpenAI `user` field and request tags, checked.
 
-Writes end_user and tags. Tags come from the `x-tokenweir-tags: a,b` header and the values of
-the body's `metadata` object; out-of-bounds input is refused with a 400, never cut silently.
+Writes end_user and tags. Tags come from the `x-tokenweir-tags: a,b` header, checked (a bad
+one is a 400, never cut silently), and from the string values of the body's `metadata` object that
+are tag-shaped: metadata is the client's own (OpenAI allows 512-character values), so a value that
+is not a tag is left to pass through, not refused; they fill what the header leaves of MAX_TAGS.
 """
 
 from __future__ import annotations
@@ -33,18 +35,20 @@ class Attribute:
             for tag in header.split(","):
                 if tag.strip():
                     tags[_tag(tag.strip(), TAGS_HEADER)] = None
-        metadata = ctx.body.get("metadata")
-        if isinstance(metadata, dict):
-            for name, value in metadata.items():
-                if isinstance(value, str) and value:
-                    tags[_tag(value, f"metadata.{name}")] = None
         if len(tags) > MAX_TAGS:
             raise BadRequest(
-                f"A request may carry at most {MAX_TAGS} distinct tags (from {TAGS_HEADER} "
-                f"and metadata values together); this one has {len(tags)}.",
+                f"A request may carry at most {MAX_TAGS} distinct tags in {TAGS_HEADER}; "
+                f"this one has {len(tags)}.",
                 param=TAGS_HEADER,
                 code="invalid_tags",
             )
+        metadata = ctx.body.get("metadata")
+        if isinstance(metadata, dict):
+            for value in metadata.values():
+                if len(tags) == MAX_TAGS:
+                    break
+                if isinstance(value, str) and _TAG.fullmatch(value) is not None:
+                    tags[value] = None
         ctx.tags = tuple(tags)
 
 
