@@ -104,6 +104,14 @@ class Tally:
         if record.tokens_per_s is not None:
             _bump(self.tokens_per_s, histogram.TOKENS_PER_S.index(record.tokens_per_s))
 
+    def withdraw(self, record: UsageRecord) -> None:
+        """Take a superseded checkpoint's counters back out. A checkpoint carries no TTFT or
+        speed sample (stages/checkpoint.py), so the histograms are left as they are."""
+        taken = Tally()
+        taken.add(record)
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) - getattr(taken, name))
+
     def merge(self, other: Tally) -> None:
         for name in COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -140,14 +148,13 @@ def period_start(ts: float, granularity: Granularity) -> int:
 
 
 def fold(records: Iterable[UsageRecord]) -> tuple[dict[CellKey, Tally], dict[CellKey, Tally]]:
-    """A batch's increments to the hour cells and to the day cells."""
+    """A batch's increments to the hour cells and to the day cells; a record that supersedes a
+    checkpoint takes the checkpoint's share back out, so a request counts once, as last seen."""
     hours: dict[CellKey, Tally] = {}
     for record in records:
-        key = (record.tenant, period_start(record.ts, "hour"), record.model, record.backend)
-        tally = hours.get(key)
-        if tally is None:
-            tally = hours[key] = Tally()
-        tally.add(record)
+        _hour_tally(hours, record).add(record)
+        if record.supersedes is not None:
+            _hour_tally(hours, record.supersedes).withdraw(record.supersedes)
     days: dict[CellKey, Tally] = {}
     for (tenant, hour, model, backend), tally in hours.items():
         day_key = (tenant, period_start(hour, "day"), model, backend)
@@ -156,6 +163,14 @@ def fold(records: Iterable[UsageRecord]) -> tuple[dict[CellKey, Tally], dict[Cel
             day = days[day_key] = Tally()
         day.merge(tally)
     return hours, days
+
+
+def _hour_tally(hours: dict[CellKey, Tally], record: UsageRecord) -> Tally:
+    key = (record.tenant, period_start(record.ts, "hour"), record.model, record.backend)
+    tally = hours.get(key)
+    if tally is None:
+        tally = hours[key] = Tally()
+    return tally
 
 
 def _bump(counts: histogram.Histogram, index: int) -> None:
