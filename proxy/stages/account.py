@@ -125,6 +125,7 @@ class Account:
             saved_cost_nusd=self._saved_cost_nusd(ctx),
             usage_source=ctx.usage_source,
             counted_input_tokens=ctx.counted_input_tokens or 0,
+            supersedes=ctx.checkpointed,
         )
 
     def _known(self, model: str) -> bool:
