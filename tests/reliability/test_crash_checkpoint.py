@@ -6,20 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import orjson
+import pytest
 
 from proxy.ledger import SqliteLedger, UsageRecord
 from proxy.policy import load_policy
 from proxy.policy.units import hash_key
 from proxy.stages.budget import _quotas
 from proxy.storage import open_store
+from tests.conftest import ADMIN_KEY
+from tests.reliability.state import ledger_records as redis_ledger_records
 from tests.servers import free_port, wait_healthy
 
 KEY = "tw-crash-checkpoint"
@@ -32,10 +37,12 @@ READ_S = 3.5
 LOST_AT_MOST = int(2 * TOKENS_PER_S)
 
 
-def policy(backend_url: str, redis_url: str, ledger: Path) -> str:
+def policy(backend_url: str, redis_url: str, ledger: Path | None) -> str:
+    """A tenant with a daily quota, on Redis; a SQLite ledger at `ledger`, else a Redis one."""
     return f"""
 storage: {redis_url}
-ledger: sqlite:///{ledger}
+ledger: {"redis" if ledger is None else f"sqlite:///{ledger}"}
+admin_keys: [{hash_key(ADMIN_KEY)}]
 backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
 models: {{mock-llm: {{}}}}
 tenants:
@@ -54,19 +61,27 @@ def gateway(config: Path, port: int) -> subprocess.Popen[bytes]:
     return start(["serve", "--config", str(config), "--port", str(port), "--no-access-log"])
 
 
-async def stream(client: openai.AsyncOpenAI, n: int, received: list[int]) -> None:
+async def stream(
+    client: openai.AsyncOpenAI,
+    n: int,
+    received: list[int],
+    max_tokens: int = 400,
+    started: asyncio.Event | None = None,
+) -> None:
     """Read one stream, counting the content deltas (one token each from the mock backend)."""
     try:
         chunks = await client.chat.completions.create(
             model="mock-llm",
             messages=[{"role": "user", "content": f"Stream number {n}, please write at length."}],
-            max_tokens=400,
+            max_tokens=max_tokens,
             stream=True,
             extra_headers={"x-request-id": f"crash-{n}"},
         )
         async for chunk in chunks:
             if chunk.choices and chunk.choices[0].delta.content:
                 received[n] += 1
+                if received[n] == 1 and started is not None:
+                    started.set()
     except openai.APIError:
         pass  # the gateway died under it
 
@@ -74,11 +89,15 @@ async def stream(client: openai.AsyncOpenAI, n: int, received: list[int]) -> Non
 async def read_then_kill(url: str, process: subprocess.Popen[bytes]) -> list[int]:
     """Open the streams, let them run READ_S seconds once every one has a token, SIGKILL."""
     received = [0] * STREAMS
+    started = asyncio.Event()
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
-    tasks = [asyncio.create_task(stream(client, n, received)) for n in range(STREAMS)]
-    deadline = time.monotonic() + 60
-    while min(received) == 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    tasks = [
+        asyncio.create_task(stream(client, n, received, started=started)) for n in range(STREAMS)
+    ]
+    async with asyncio.timeout(60):  # every stream has a token
+        while min(received) == 0:
+            await started.wait()
+            started.clear()
     assert min(received) > 0, "every stream should have started"
     await asyncio.sleep(READ_S)
     os.kill(process.pid, signal.SIGKILL)
@@ -127,20 +146,25 @@ def finish_requests(url: str, count: int) -> None:
         )
 
 
+def mock_backend() -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    backend = start(["mock-backend", "--port", str(port), "--ttft-ms", "50",
+                     "--tokens-per-second", str(TOKENS_PER_S)])  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, backend, path="/v1/models")
+    return backend, url
+
+
 def test_sigkill_with_open_streams_loses_at_most_about_a_second_of_tokens(
     redis_url: str, tmp_path: Path
 ) -> None:
-    backend_port = free_port()
-    backend = start(["mock-backend", "--port", str(backend_port), "--ttft-ms", "50",
-                     "--tokens-per-second", str(TOKENS_PER_S)])  # fmt: skip
-    backend_url = f"http://127.0.0.1:{backend_port}"
+    backend, backend_url = mock_backend()
     config, ledger = tmp_path / "policy.yaml", tmp_path / "ledger.db"
     config.write_text(policy(backend_url, redis_url, ledger))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     restarted: subprocess.Popen[bytes] | None = None
     try:
-        wait_healthy(backend_url, backend, path="/v1/models")
         crashed = gateway(config, port)
         wait_healthy(url, crashed)
         received = asyncio.run(read_then_kill(url, crashed))
@@ -184,3 +208,55 @@ def test_sigkill_with_open_streams_loses_at_most_about_a_second_of_tokens(
             if process is not None and process.poll() is None:
                 process.terminate()
                 process.communicate(timeout=30)
+
+
+async def read_to_the_end(url: str, count: int, max_tokens: int) -> list[int]:
+    received = [0] * count
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    await asyncio.gather(*(stream(client, n, received, max_tokens) for n in range(count)))
+    await client.close()
+    return received
+
+
+@pytest.mark.parametrize("ledger_kind", ["sqlite", "redis"])
+def test_streams_checkpointed_along_the_way_are_counted_once_everywhere(
+    redis_url: str, tmp_path: Path, ledger_kind: str
+) -> None:
+    """Streams of ~2.5 s (two checkpoints each) that end normally: the quota, the raw records,
+    `tokenweir report`, /api/usage and the dashboard's quota bar all count each one once."""
+    backend, backend_url = mock_backend()
+    config = tmp_path / "policy.yaml"
+    ledger = tmp_path / "ledger.db" if ledger_kind == "sqlite" else None
+    config.write_text(policy(backend_url, redis_url, ledger))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    served = gateway(config, port)
+    count, max_tokens = 5, int(2.5 * TOKENS_PER_S)
+    try:
+        wait_healthy(url, served)
+        received = asyncio.run(read_to_the_end(url, count, max_tokens))
+        deadline = time.monotonic() + 30
+        while report_tokens(config)[0] < count and time.monotonic() < deadline:
+            time.sleep(0.2)
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        [row] = httpx.get(f"{url}/api/usage?since=1d&tenant={TENANT}", headers=admin).json()["data"]
+        page = httpx.get(url + "/dashboard", headers=admin).text
+    finally:
+        for process in (served, backend):
+            process.terminate()
+            process.communicate(timeout=30)
+    assert received == [max_tokens] * count
+    used, reserved = asyncio.run(quota(config, redis_url))
+    assert reserved == 0
+    requests, reported = report_tokens(config)
+    assert (requests, reported) == (count, used)
+    assert (row["requests"], row["input_tokens"] + row["output_tokens"]) == (count, used)
+    assert row["output_tokens"] == sum(received)
+    [bar] = re.findall(r'class="qused">([\d,]+) / 10,000,000 tokens', page)
+    assert int(bar.replace(",", "")) == used
+    if ledger is None:
+        assert redis_ledger_records(redis_url, TENANT) == count  # the checkpoints were replaced
+    else:
+        records = asyncio.run(ledger_records(ledger))
+        assert len(records) == count
+        assert not any(r.checkpoint for r in records.values())
