@@ -36,6 +36,11 @@ class CheckpointSweep:
     def watching(self) -> int:
         return len(self._open)
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The sweeping task while any stream is watched; None when there is none."""
+        return self._task
+
     def watch(self, ctx: RequestContext, point: Checkpoint) -> None:
         """Checkpoint `ctx` with `point` (its gateway's) until it is released."""
         self._open[ctx] = point
