@@ -65,6 +65,7 @@ class Budgets:
         self._prices = prices
         self._clock = clock
         self._lease_s = lease_s
+        self._charges_failing = False
 
     async def __call__(self, ctx: RequestContext) -> None:
         if ctx.tenant is None or ctx.tenant_name is None:
@@ -172,8 +173,15 @@ class Budgets:
         try:
             await self._store.charge(reservation.scope, reservation.lease_id, counters, grown)
         except StorageError as exc:
-            # Not taken back for settle to book: a timed-out call may have been applied.
-            _log.warning("could not book usage so far on quota for %s: %s", tenant, exc)
+            # Not taken back for settle to book: a timed-out call may have been applied. Logged
+            # once per outage: every open stream fails each second while storage is down.
+            log = _log.debug if self._charges_failing else _log.warning
+            self._charges_failing = True
+            log("could not book usage so far on quota for %s: %s", tenant, exc)
+        else:
+            if self._charges_failing:
+                self._charges_failing = False
+                _log.warning("booking usage so far on quotas works again")
 
     def _used(
         self, model: str, reservation: Reservation, input_tokens: int, output_tokens: int
