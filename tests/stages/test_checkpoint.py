@@ -4,6 +4,7 @@ runs, only when it grew, and the final settle books the rest once."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,11 @@ from proxy.stages.account import Account
 from proxy.stages.budget import Budgets
 from proxy.stages.checkpoint import Checkpoint, CheckpointSweep
 from proxy.stages.storagepolicy import StorageFailures
-from proxy.storage import MemoryStore
+from proxy.storage import MemoryStore, QuotaStore, RedisStore
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.recorder import Telemetry
 from proxy.tokens import TokenCounters
+from tests.redis_server import RedisProcess
 from tests.stages.test_budget import NOON, POLICY, request
 
 pytestmark = pytest.mark.anyio
@@ -30,9 +32,14 @@ DAY = Budget(tokens_per_day=10_000)
 class Gateway:
     """The stages a checkpoint involves, as the app wires them, on memory and SQLite."""
 
-    def __init__(self, ledger: SqliteLedger, sweep: CheckpointSweep | None = None) -> None:
+    def __init__(
+        self,
+        ledger: SqliteLedger,
+        sweep: CheckpointSweep | None = None,
+        store: QuotaStore | None = None,
+    ) -> None:
         self.clock = FakeClock(start_wall=NOON)
-        self.store = MemoryStore()
+        self.store = store or MemoryStore()
         prices = PriceTable(POLICY)
         self.budgets = Budgets(self.store, prices, self.clock, StorageFailures())
         telemetry = Telemetry(POLICY, self.clock, GatewayMetrics())
@@ -136,3 +143,45 @@ async def test_the_sweep_runs_only_while_a_stream_is_open(ledger: SqliteLedger) 
     await gateway.sweep.aclose()
     assert gateway.sweep.task is None
     await ledger.aclose()
+
+
+async def test_a_storage_outage_fails_the_bookings_with_one_warning_and_the_sweep_goes_on(
+    ledger: SqliteLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis = RedisProcess()
+    redis.start()
+    store = RedisStore(redis.url, timeout_s=5.0)
+    try:
+        gateway = Gateway(ledger, store=store)
+        streams = [await gateway.open_stream() for _ in range(3)]
+        for ctx in streams:
+            relay(ctx, 11)
+        await gateway.sweep.sweep()
+        assert await gateway.quota() == (3 * 110, 3 * 490)
+        redis.kill()
+        with caplog.at_level(logging.DEBUG, logger="tokenweir.budget"):
+            for _ in range(2):
+                for ctx in streams:
+                    relay(ctx, 5)
+                await gateway.sweep.sweep()  # every booking fails; the sweep does not
+            warned = [
+                r
+                for r in caplog.records
+                if r.levelno == logging.WARNING and r.name.endswith("budget")
+            ]
+            assert [r.getMessage()[:41] for r in warned] == [
+                "could not book usage so far on quota for "
+            ]
+            redis.start()  # an empty Redis again
+            for ctx in streams:
+                relay(ctx, 5)
+            await gateway.sweep.sweep()
+        assert caplog.records[-1].getMessage() == "booking usage so far on quotas works again"
+        assert gateway.sweep.watching == 3
+        assert all(ctx.checkpointed is not None for ctx in streams)
+        # The ledger kept every checkpoint through the outage: 10 + 5 + 5 + 5 tokens each.
+        assert [ctx.checkpointed.output_tokens for ctx in streams if ctx.checkpointed] == [25] * 3
+    finally:
+        await store.aclose()
+        redis.close()
+        await ledger.aclose()
