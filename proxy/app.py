@@ -13,7 +13,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,6 +49,7 @@ from proxy.stages.attribute import Attribute
 from proxy.stages.auth import Authenticate, CurrentKeyring, Keyring
 from proxy.stages.budget import Budgets
 from proxy.stages.cache import ResponseCache
+from proxy.stages.checkpoint import Checkpoint, CheckpointSweep
 from proxy.stages.degrade import Degrade
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
@@ -120,6 +121,7 @@ class Services:
     ended_sessions: EndedSessions
     live: LiveGateway
     metrics_push: MetricsPusher | None = None
+    checkpoints: CheckpointSweep = field(default_factory=CheckpointSweep)
 
     @classmethod
     def open(
@@ -162,6 +164,7 @@ class Services:
         """Close in dependency order; the ledger last, so every settled request is flushed."""
         self.drain.uninstall()
         try:
+            await _bounded("checkpoints", self.checkpoints.aclose())
             if self.metrics_push is not None:  # first: its last export reads budgets
                 await _bounded("the metrics export", self.metrics_push.aclose())
             await _bounded("runtime keys", self.keys.aclose())
@@ -248,6 +251,13 @@ class Gateway:
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
         route = RouteStage(pools, services.upstream, clock, rate_limits.admit_backend)
         settlers: list[Settler] = [route, rate_limits, budgets, key_limits, cache]
+        account = Account(
+            clock, settlers, prices, services.ledger, telemetry, counters=counters,
+            models=policy.models,
+        )  # fmt: skip
+        checkpoint = Checkpoint(
+            services.checkpoints, budgets, services.ledger, account.usage_record, prices, counters
+        )
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants, key_limits.note),
             stages=[
@@ -261,17 +271,10 @@ class Gateway:
                 Degrade(pools, clock, store, failures, cache),
                 route,
                 BackendLimits(rate_limits),
+                checkpoint,
             ],
             forward=Forward(route, clock, telemetry, policy.upstream),
-            account=Account(
-                clock,
-                settlers,
-                prices,
-                services.ledger,
-                telemetry,
-                counters=counters,
-                models=policy.models,
-            ),
+            account=account,
             max_body_bytes=policy.server.max_body_bytes,
             telemetry=telemetry,
             replay=cache.replay,

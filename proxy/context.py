@@ -12,6 +12,7 @@ from proxy.upstream.meter import StreamMeter
 if TYPE_CHECKING:
     from proxy.cache.answer import Answer
     from proxy.cache.plan import CachePlan
+    from proxy.ledger.base import UsageRecord
     from proxy.stages.budget import Reservation
     from proxy.stages.ratelimit import RateLimitHold
     from proxy.stages.route import Routed
@@ -81,6 +82,7 @@ class RequestContext:
     trace: RequestTrace | None = None  # None unless tracing is configured
     response_tail: bytes = b""  # the answer's last bytes: response model, finish reasons
     capture: Capture | None = None  # the answer as relayed, for the cache and `log_content`
+    checkpointed: UsageRecord | None = None  # the last checkpoint; the final record supersedes it
 
     @property
     def upstream_path(self) -> str:

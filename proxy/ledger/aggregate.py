@@ -105,6 +105,14 @@ class Tally:
         if record.tokens_per_s is not None:
             _bump(self.tokens_per_s, histogram.TOKENS_PER_S.index(record.tokens_per_s))
 
+    def withdraw(self, record: UsageRecord) -> None:
+        """Take a superseded checkpoint's counters back out. A checkpoint carries no TTFT or
+        speed sample (stages/checkpoint.py), so the histograms are left as they are."""
+        taken = Tally()
+        taken.add(record)
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) - getattr(taken, name))
+
     def merge(self, other: Tally) -> None:
         for name in COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -141,14 +149,13 @@ def period_start(ts: float, granularity: Granularity) -> int:
 
 
 def fold(records: Iterable[UsageRecord]) -> tuple[dict[CellKey, Tally], dict[CellKey, Tally]]:
-    """A batch's increments to the hour cells and to the day cells."""
+    """A batch's increments to the hour cells and to the day cells; a record that supersedes a
+    checkpoint takes the checkpoint's share back out, so a request counts once, as last seen."""
     hours: dict[CellKey, Tally] = {}
     for record in records:
-        key = (record.tenant, period_start(record.ts, "hour"), record.model, record.backend)
-        tally = hours.get(key)
-        if tally is None:
-            tally = hours[key] = Tally()
-        tally.add(record)
+        _hour_tally(hours, record).add(record)
+        if record.supersedes is not None:
+            _hour_tally(hours, record.supersedes).withdraw(record.supersedes)
     return hours, roll_up(hours)
 
 
@@ -165,6 +172,14 @@ def roll_up(hours: dict[_K, Tally]) -> dict[_K, Tally]:
             day = days[day_key] = Tally()
         day.merge(tally)
     return days
+
+
+def _hour_tally(hours: dict[CellKey, Tally], record: UsageRecord) -> Tally:
+    key = (record.tenant, period_start(record.ts, "hour"), record.model, record.backend)
+    tally = hours.get(key)
+    if tally is None:
+        tally = hours[key] = Tally()
+    return tally
 
 
 def _bump(counts: histogram.Histogram, index: int) -> None:

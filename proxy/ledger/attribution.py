@@ -9,7 +9,7 @@ kept HOUR_RETENTION_S, day cells as long as the rest of the ledger.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from proxy.ledger.aggregate import DAY_S, Tally, period_start, roll_up
@@ -57,15 +57,26 @@ def fold_attributes(
     """A batch's increments to the hour and day cells of every dimension (not yet capped)."""
     hours: dict[AttrKey, Tally] = {}
     for record in records:
-        start = period_start(record.ts, "hour")
-        for dimension in ATTRIBUTES:
-            for value in values_of(record, dimension):
-                key = (record.tenant, start, dimension, value)
-                tally = hours.get(key)
-                if tally is None:
-                    tally = hours[key] = Tally()
-                tally.add(record)
+        for key in _cells(record):
+            _tally(hours, key).add(record)
+        if record.supersedes is not None:  # the request's checkpoint is counted once, as now
+            for key in _cells(record.supersedes):
+                _tally(hours, key).withdraw(record.supersedes)
     return hours, roll_up(hours)
+
+
+def _cells(record: UsageRecord) -> Iterator[AttrKey]:
+    start = period_start(record.ts, "hour")
+    for dimension in ATTRIBUTES:
+        for value in values_of(record, dimension):
+            yield (record.tenant, start, dimension, value)
+
+
+def _tally(hours: dict[AttrKey, Tally], key: AttrKey) -> Tally:
+    tally = hours.get(key)
+    if tally is None:
+        tally = hours[key] = Tally()
+    return tally
 
 
 Known = Callable[[str | None, int, str], Iterable[str]]

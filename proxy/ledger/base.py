@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol
 
 __all__ = [
@@ -87,14 +87,27 @@ class UsageRecord:
     key_id: str | None = None
     user: str | None = None
     tags: tuple[str, ...] = ()
+    # True: usage so far of a request still running (stages/checkpoint.py), what a crash leaves;
+    # a later record of the request supersedes it. Stored.
+    checkpoint: bool = False
+    # The request's previous checkpoint, which this record replaces in the totals and the raw
+    # records (so nothing is counted twice). Not stored: a link within one gateway process.
+    supersedes: UsageRecord | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def link(self) -> str:
+        """What names a request's checkpoint among the raw records (a client may reuse ids)."""
+        return f"{self.request_id}@{self.ts!r}"
 
 
-RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))
+RECORD_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(UsageRecord) if f.name != "supersedes"
+)
 
 
 def record_values(record: UsageRecord) -> tuple[Any, ...]:
-    """A record's fields in declaration order: how both ledgers store it, `UsageRecord(*values)`
-    reads it back."""
+    """A record's stored fields in declaration order: how both ledgers store it,
+    `UsageRecord(*values)` reads it back."""
     return tuple(getattr(record, name) for name in RECORD_FIELDS)
 
 

@@ -65,6 +65,11 @@ def agg_key(tenant_tag: str, granularity: Granularity, member: str) -> str:
     return f"tw:{{{tenant_tag}}}:ledger:{granularity}:{member}"
 
 
+def checkpoints_key(tenant_tag: str) -> str:
+    """Hash: a running request's checkpoint (its `link`) -> its entry in the record stream."""
+    return f"tw:{{{tenant_tag}}}:ledger:checkpoints"
+
+
 def marker_key(tenant_tag: str, writer_id: str) -> str:
     return f"tw:{{{tenant_tag}}}:ledger:writer:{writer_id}"
 
@@ -103,11 +108,13 @@ def script_call(
         stream_key(tenant_tag),
         index_key(tenant_tag, "hour"),
         index_key(tenant_tag, "day"),
+        checkpoints_key(tenant_tag),
     ]
     cutoff = int(max(r.ts for r in records)) - ttl_s
     args: list[str | int | bytes] = [seq, stream_records, ttl_s, marker_ttl_s, cutoff]
     args.append(len(records))
-    args.extend(encode_record(r) for r in records)
+    for r in records:
+        args += [_checkpoint_link(r), encode_record(r)]
     hours, days = fold(records)
     levels: tuple[tuple[int, Granularity, dict[CellKey, Tally]], ...] = (
         (3, "hour", hours),
@@ -158,6 +165,15 @@ def _attribution_call(
         prefix = attr_prefix(tenant_tag, granularity, dimension)  # type: ignore[arg-type]
         slot = slots[granularity, dimension]  # type: ignore[index]
         args += [slot, prefix, value, start, len(fields) // 2, *fields]
+
+
+def _checkpoint_link(record: UsageRecord) -> str:
+    """'' for most records; else '<supersedes 0|1><is a checkpoint 0|1><link>' (a request's
+    records share one link): see lua/append.lua."""
+    superseding = record.supersedes is not None
+    if not superseding and not record.checkpoint:
+        return ""
+    return f"{int(superseding)}{int(record.checkpoint)}{record.link}"
 
 
 def _fields(tally: Tally) -> list[str | int]:

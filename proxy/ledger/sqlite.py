@@ -53,6 +53,7 @@ class SqliteLedger(BufferedLedger):
         self._interval_s = interval_s
         self._busy_timeout_s = busy_timeout_s
         self._thread: threading.Thread | None = None
+        self._checkpoints: dict[str, int] = {}  # the writer thread's own: see write_batch
 
     def _writer_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -113,11 +114,12 @@ class SqliteLedger(BufferedLedger):
         while (batch := self._buffer.next_batch(self._transaction_records)) is not None:
             try:
                 try:
-                    sqlschema.write_batch(conn, batch.records)
+                    sqlschema.write_batch(conn, batch.records, self._checkpoints)
                 except sqlite3.OperationalError:
                     raise
                 except Exception:  # any other failure: find the record at fault
-                    self._buffer.isolate(partial(sqlschema.write_batch, conn), _OUTAGES)
+                    write = partial(sqlschema.write_batch, conn, checkpoints=self._checkpoints)
+                    self._buffer.isolate(write, _OUTAGES)
                 else:
                     self._buffer.succeeded()
             except _OUTAGES as exc:

@@ -28,14 +28,14 @@ __all__ = [
     "write_batch",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 APPLICATION_ID = 0x74776C67  # "twlg": marks the file as a tokenweir ledger
 
 _RECORD_COLUMNS = (
     "ts, request_id, tenant, model, backend, operation, stream, status, error, input_tokens, "
     "output_tokens, cost_nusd, cache, ttft_ms, tokens_per_s, duration_ms, shaped, degraded, "
     "client_disconnected, saved_input_tokens, saved_output_tokens, saved_cost_nusd, "
-    "usage_source, counted_input_tokens, key_id, user, tags"
+    "usage_source, counted_input_tokens, key_id, user, tags, checkpoint"
 )
 _CELL_KEY = "tenant, period_start, model, backend"
 _CELL_COLUMNS = f"{_CELL_KEY}, {', '.join(COUNTERS)}, ttft_ms_hist, tokens_per_s_hist"
@@ -88,11 +88,13 @@ _MIGRATIONS: tuple[list[str], ...] = (
         ),
     ],
     sqlattr.MIGRATION,
+    ["ALTER TABLE usage_records ADD COLUMN checkpoint INTEGER NOT NULL DEFAULT 0"],
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION  # noqa: S101 - a release-time invariant
 
 
-_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 27)})"  # noqa: S608
+_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 28)})"  # noqa: S608
+_DELETE_RECORD = "DELETE FROM usage_records WHERE id = ?"
 _UPSERT = {g: sqlattr.upsert_sql(table, _CELL_KEY) for g, table in _TABLES.items()}
 
 
@@ -177,13 +179,24 @@ def _check_version(conn: sqlite3.Connection, path: Path, *, allow_older: bool = 
     return int(version)
 
 
-def write_batch(conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> None:
-    """Raw records and their hour and day totals, in one transaction."""
+def write_batch(
+    conn: sqlite3.Connection, records: Sequence[UsageRecord], checkpoints: dict[str, int]
+) -> None:
+    """Raw records and their hour and day totals, in one transaction.
+
+    `checkpoints` maps each running request's checkpoint (its `link`) to its raw row: a record
+    that supersedes one replaces that row. Updated only once the transaction commits.
+    """
     hours, days = fold(records)
     attr_hours, attr_days = fold_attributes(records)
+    linked = any(r.checkpoint or r.supersedes is not None for r in records)
+    rows = dict(checkpoints) if linked else checkpoints
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.executemany(_INSERT_RECORD, map(_record_row, records))
+        if linked:
+            _insert_linked(conn, records, rows)
+        else:
+            conn.executemany(_INSERT_RECORD, map(_record_row, records))
         conn.executemany(_UPSERT["hour"], map(_cell_row, hours.items()))
         conn.executemany(_UPSERT["day"], map(_cell_row, days.items()))
         newest_ts = max(r.ts for r in records)
@@ -192,6 +205,23 @@ def write_batch(conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> Non
     except BaseException:
         _rollback(conn)
         raise
+    if linked:
+        checkpoints.clear()
+        checkpoints.update(rows)
+
+
+def _insert_linked(
+    conn: sqlite3.Connection, records: Sequence[UsageRecord], rows: dict[str, int]
+) -> None:
+    """One insert per record, in order: a checkpoint's row is noted, a superseded one deleted."""
+    for record in records:
+        if record.supersedes is not None:
+            superseded = rows.pop(record.supersedes.link, None)
+            if superseded is not None:
+                conn.execute(_DELETE_RECORD, (superseded,))
+        cursor = conn.execute(_INSERT_RECORD, _record_row(record))
+        if record.checkpoint and cursor.lastrowid is not None:
+            rows[record.link] = cursor.lastrowid
 
 
 _BUCKET_SQL = {"hour": "period_start", "day": "period_start - period_start % 86400", None: "0"}
@@ -233,7 +263,7 @@ def _record_row(r: UsageRecord) -> tuple[object, ...]:
 
 def _record(row: tuple[Any, ...]) -> UsageRecord:
     values = list(row)
-    for flag in (6, 18):
+    for flag in (6, 18, 27):
         values[flag] = bool(values[flag])
     for names in (16, 17, 26):
         values[names] = tuple(orjson.loads(values[names]))

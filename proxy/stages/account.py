@@ -128,6 +128,7 @@ class Account:
             key_id=ctx.key_id,
             user=ctx.end_user,
             tags=ctx.tags,
+            supersedes=ctx.checkpointed,
         )
 
     def _known(self, model: str) -> bool:

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
@@ -44,6 +44,10 @@ class Reservation:
     lease_id: str
     quotas: tuple[_Quota, ...]
     renewer: asyncio.Task[None] | None = None
+    charged: list[int] = field(default_factory=list)  # booked by checkpoints, per quota
+
+    def __post_init__(self) -> None:
+        self.charged = [0] * len(self.quotas)
 
 
 class Budgets:
@@ -61,6 +65,7 @@ class Budgets:
         self._prices = prices
         self._clock = clock
         self._lease_s = lease_s
+        self._charges_failing = False
 
     async def __call__(self, ctx: RequestContext) -> None:
         if ctx.tenant is None or ctx.tenant_name is None:
@@ -138,17 +143,50 @@ class Budgets:
         input_tokens = (
             ctx.input_tokens if ctx.input_tokens is not None else ctx.counted_input_tokens
         )
-        used_in, used_out = input_tokens or 0, ctx.output_tokens or 0
-        used = [
-            self._prices.cost_nusd(ctx.model, used_in, used_out) if q.in_usd else used_in + used_out
-            for q in reservation.quotas
-        ]
+        used = self._used(ctx.model, reservation, input_tokens or 0, ctx.output_tokens or 0)
+        rest = [u - c for u, c in zip(used, reservation.charged, strict=True)]  # may be < 0
         counters = [q.counter for q in reservation.quotas]
         try:
-            await self._store.settle(reservation.scope, reservation.lease_id, counters, used)
+            await self._store.settle(reservation.scope, reservation.lease_id, counters, rest)
         except StorageError as exc:
             # The lease expires on its own; the use is lost from the quota but not from the ledger.
             _log.warning("could not settle quota for %s: %s", ctx.tenant_name, exc)
+
+    def charge_so_far(
+        self, ctx: RequestContext, input_tokens: int, output_tokens: int
+    ) -> Awaitable[None] | None:
+        """The booking of a running request's usage so far on its quotas (what grew since the
+        last one), or None. Noted on the reservation at once, so `settle` books only the rest
+        whichever reaches the store first."""
+        reservation = ctx.reservation
+        if reservation is None:
+            return None
+        used = self._used(ctx.model, reservation, input_tokens, output_tokens)
+        grown = [max(0, u - c) for u, c in zip(used, reservation.charged, strict=True)]
+        if not any(grown):
+            return None
+        reservation.charged = [c + g for c, g in zip(reservation.charged, grown, strict=True)]
+        return self._charge(ctx.tenant_name, reservation, grown)
+
+    async def _charge(self, tenant: str | None, reservation: Reservation, grown: list[int]) -> None:
+        counters = [q.counter for q in reservation.quotas]
+        try:
+            await self._store.charge(reservation.scope, reservation.lease_id, counters, grown)
+        except StorageError as exc:
+            # Not taken back for settle to book: a timed-out call may have been applied. Logged
+            # once per outage: every open stream fails each second while storage is down.
+            log = _log.debug if self._charges_failing else _log.warning
+            self._charges_failing = True
+            log("could not book usage so far on quota for %s: %s", tenant, exc)
+        else:
+            if self._charges_failing:
+                self._charges_failing = False
+                _log.warning("booking usage so far on quotas works again")
+
+    def _used(
+        self, model: str, reservation: Reservation, input_tokens: int, output_tokens: int
+    ) -> list[int]:
+        return [self._amount(model, q, input_tokens, output_tokens) for q in reservation.quotas]
 
     def _output_bound(self, ctx: RequestContext) -> int:
         if ctx.operation == "embeddings":

@@ -19,6 +19,7 @@ __all__ = [
     "bill",
     "checked_usage",
     "count_unreported_input",
+    "relayed_output",
     "take_usage",
     "usage_of",
 ]
@@ -168,6 +169,13 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
     if counter is None or (ctx.backend_usage is not None and choices == 1):
         return None
     return _count_answer(ctx.response_tail, ctx.operation, counter)
+
+
+def relayed_output(ctx: RequestContext) -> int:
+    """Output tokens a running stream has surely relayed: its token events, less the textless
+    finish event each choice may have sent. Exact where each event carries one token (llama.cpp,
+    the mock backend), a lower bound where events carry several; never above what was sent."""
+    return max(0, ctx.meter.token_events - _choices(ctx))
 
 
 def _choices(ctx: RequestContext) -> int:

@@ -2,7 +2,8 @@
 
 A quota counter holds `used` (settled) and `reserved` (held by requests in flight). A request
 reserves on several counters at once or on none; its reservation is a lease that expires if the
-replica holding it dies, so a crash never leaks quota for longer than the lease.
+replica holding it dies, so a crash never leaks quota for longer than the lease. A long request
+books its usage so far as it runs (`charge`), so a crash loses at most what came since.
 """
 
 from __future__ import annotations
@@ -61,6 +62,18 @@ class QuotaStore(Protocol):
         used: Sequence[int],
     ) -> None:
         """Release the lease's reservation and add the actual `used` amounts, atomically."""
+
+    async def charge(
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        amounts: Sequence[int],
+    ) -> bool:
+        """Book usage so far of a request still running: add `amounts` to `used` and take them
+        off the lease's reservation (never below zero), atomically, so used + reserved stays
+        put; the lease keeps the rest. False if the lease had already expired or been settled
+        (the amounts are booked all the same: they were used)."""
 
     async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
         """(used, reserved) of each counter."""

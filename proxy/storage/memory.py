@@ -69,6 +69,20 @@ class MemoryStore:
             slot = self._slots.setdefault(counter.key, _Slot(expires_at=counter.expires_at))
             slot.used += amount
 
+    async def charge(
+        self, scope: str, lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]
+    ) -> bool:
+        lease = self._leases.get(scope, {}).get(lease_id)
+        for counter, amount in zip(counters, amounts, strict=True):
+            slot = self._slots.setdefault(counter.key, _Slot(expires_at=counter.expires_at))
+            slot.used += amount
+            if lease is not None:
+                taken = min(amount, lease.held.get(counter.key, 0))
+                if taken > 0:
+                    lease.held[counter.key] -= taken
+                    slot.reserved = max(0, slot.reserved - taken)
+        return lease is not None
+
     async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
         found = [self._slots.get(c.key) for c in counters]
         return [(s.used, s.reserved) if s else (0, 0) for s in found]

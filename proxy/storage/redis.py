@@ -34,6 +34,7 @@ class RedisStore:
         self._reserve = scripts.register_script(_script("reserve.lua", prelude=True))
         self._settle = scripts.register_script(_script("settle.lua", prelude=True))
         self._renew = scripts.register_script(_script("renew.lua"))
+        self._charge = scripts.register_script(_script("charge.lua"))
 
     async def reserve(
         self,
@@ -62,11 +63,15 @@ class RedisStore:
     async def settle(
         self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
     ) -> None:
-        args: list[Any] = [lease_id]
-        for counter, amount in zip(counters, used, strict=True):
-            args += [amount, math.ceil(counter.expires_at)]
         with translated():
-            await self._settle(keys=_keys(scope, counters), args=args)
+            await self._settle(keys=_keys(scope, counters), args=_booking(lease_id, counters, used))
+
+    async def charge(
+        self, scope: str, lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]
+    ) -> bool:
+        args = _booking(lease_id, counters, amounts)
+        with translated():
+            return bool(await self._charge(keys=_keys(scope, counters), args=args))
 
     async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
         with translated():
@@ -83,6 +88,14 @@ class RedisStore:
 
 def _used_and_reserved(key: str) -> Call:
     return lambda client: client.hmget(key, "used", "reserved")
+
+
+def _booking(lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]) -> list[Any]:
+    """ARGV of settle.lua and charge.lua: the lease, then each counter's amount and expiry."""
+    args: list[Any] = [lease_id]
+    for counter, amount in zip(counters, amounts, strict=True):
+        args += [amount, math.ceil(counter.expires_at)]
+    return args
 
 
 def _keys(scope: str, counters: Sequence[Counter]) -> list[str]:

@@ -74,3 +74,48 @@ async def test_concurrent_reservations_never_exceed_the_limit(store: QuotaStore)
     held = sum(1 for r in results if r is None)
     assert held == 33  # 33 * 30 = 990 <= 1000 < 34 * 30
     assert await store.read([DAY]) == [(0, 990)]
+
+
+async def test_charging_so_far_moves_reservation_to_used_and_settle_books_the_rest(
+    store: QuotaStore,
+) -> None:
+    assert await reserve(store, "stream", [300, 300]) is None
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [100, 100])
+    assert await store.read([DAY, MONTH]) == [(100, 200), (100, 200)]
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [50, 50])
+    assert await store.read([DAY, MONTH]) == [(150, 150), (150, 150)]
+    # A reservation that counts what was charged refuses a request the rest would not fit.
+    refusal = await reserve(store, "next", [851, 851])
+    assert refusal is not None
+    assert (refusal.used, refusal.reserved) == (150, 150)
+    await store.settle(SCOPE, "stream", [DAY, MONTH], [30, 30])  # the remainder only
+    assert await store.read([DAY, MONTH]) == [(180, 0), (180, 0)]
+
+
+async def test_charging_more_than_was_reserved_never_leaves_a_negative_reservation(
+    store: QuotaStore,
+) -> None:
+    assert await reserve(store, "short", [100, 100]) is None
+    assert await reserve(store, "other", [200, 200]) is None
+    assert await store.charge(SCOPE, "short", [DAY, MONTH], [150, 150])
+    # Only the charged lease's own share is released; the other request's stays held.
+    assert await store.read([DAY, MONTH]) == [(150, 200), (150, 200)]
+    assert await store.charge(SCOPE, "short", [DAY, MONTH], [20, 20])
+    assert await store.read([DAY]) == [(170, 200)]
+    await store.settle(SCOPE, "short", [DAY, MONTH], [0, 0])
+    assert await store.read([DAY]) == [(170, 200)]
+
+
+async def test_what_a_crashed_request_charged_stays_used_when_its_lease_expires(
+    store: QuotaStore,
+) -> None:
+    assert await reserve(store, "crashed", [400, 400], until=NOW + 1) is None
+    assert await store.charge(SCOPE, "crashed", [DAY, MONTH], [120, 120])
+    # The next reservation after the lease's end releases what it still held, not the use.
+    later = NOW + 5
+    assert await store.reserve(SCOPE, "next", [DAY, MONTH], [10, 10], lease_until=later + 60,
+                               now=later) is None  # fmt: skip
+    assert await store.read([DAY, MONTH]) == [(120, 10), (120, 10)]
+    # Charging a lease that is gone still books the use, and says the lease is gone.
+    assert not await store.charge(SCOPE, "crashed", [DAY, MONTH], [5, 5])
+    assert await store.read([DAY]) == [(125, 10)]

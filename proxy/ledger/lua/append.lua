@@ -1,9 +1,12 @@
 -- Append one batch of one tenant's usage records and its aggregate increments, at most once.
 --
 -- KEYS[1] this writer's last applied batch seq   KEYS[2] raw record stream (capped)
--- KEYS[3] hour index (zset)   KEYS[4] day index (zset)   KEYS[5..#KEYS-6] aggregate hashes
+-- KEYS[3] hour index (zset)   KEYS[4] day index (zset)
+-- KEYS[5] running requests' checkpoints (hash: link -> stream entry)
+-- KEYS[6..#KEYS-6] aggregate hashes
 -- KEYS[#KEYS-5..#KEYS] attribution indexes: hour key, user, tag, then day key, user, tag
--- ARGV: seq, stream_maxlen, ttl_s, marker_ttl_s, index_cutoff, n_records, record x n_records,
+-- ARGV: seq, stream_maxlen, ttl_s, marker_ttl_s, index_cutoff, n_records,
+--       (checkpoint link, record) x n_records (link '' or '<supersedes><is checkpoint><link>'),
 --       then per aggregate hash (in KEYS order): index_slot (3|4), member, period_start,
 --       n_fields, (field, increment) x n_fields;
 --       then hour_cutoff, hour_ttl_s, day_cutoff, day_ttl_s, max_named, other, n_cells and per
@@ -19,10 +22,25 @@ local maxlen, ttl = ARGV[2], tonumber(ARGV[3])
 local n = tonumber(ARGV[6])
 local a = 7
 for _ = 1, n do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'v1', ARGV[a])
-  a = a + 1
+  local link = ARGV[a]
+  local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'v1', ARGV[a + 1])
+  if link ~= '' then
+    local name = string.sub(link, 3)
+    if string.sub(link, 1, 1) == '1' then
+      local superseded = redis.call('HGET', KEYS[5], name)
+      if superseded then
+        redis.call('XDEL', KEYS[2], superseded)
+        redis.call('HDEL', KEYS[5], name)
+      end
+    end
+    if string.sub(link, 2, 2) == '1' then
+      redis.call('HSET', KEYS[5], name, id)
+    end
+    redis.call('EXPIRE', KEYS[5], ttl)
+  end
+  a = a + 2
 end
-for k = 5, #KEYS - 6 do
+for k = 6, #KEYS - 6 do
   redis.call('ZADD', KEYS[tonumber(ARGV[a])], ARGV[a + 2], ARGV[a + 1])
   local fields = tonumber(ARGV[a + 3])
   a = a + 4

@@ -1,0 +1,136 @@
+"""Checkpoints of running streams: about once a second, each open stream's usage so far is booked
+on its quotas and recorded in the ledger, so a crash of the gateway loses at most about a second
+of relayed tokens per request. Writes checkpointed (the final record supersedes it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from proxy.context import RequestContext
+from proxy.cost import PriceTable
+from proxy.ledger import Ledger, UsageRecord
+from proxy.stages.budget import Budgets
+from proxy.stages.usage import relayed_output
+from proxy.together import together
+from proxy.tokens import TokenCounters
+
+__all__ = ["CHECKPOINT_INTERVAL_S", "Checkpoint", "CheckpointSweep"]
+
+CHECKPOINT_INTERVAL_S = 1.0
+
+
+class CheckpointSweep:
+    """One task for every open stream of the process, running only while some are open: a
+    stream costs a dict entry, and a store call per checkpoint that found new tokens."""
+
+    def __init__(self, interval_s: float = CHECKPOINT_INTERVAL_S) -> None:
+        self._interval_s = interval_s
+        self._open: dict[RequestContext, Checkpoint] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def watching(self) -> int:
+        return len(self._open)
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The sweeping task while any stream is watched; None when there is none."""
+        return self._task
+
+    def watch(self, ctx: RequestContext, point: Checkpoint) -> None:
+        """Checkpoint `ctx` with `point` (its gateway's) until it is released."""
+        self._open[ctx] = point
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="tokenweir-checkpoints")
+
+    async def sweep(self) -> None:
+        """Checkpoint every open stream once; forget those released since the last sweep.
+
+        Each stream's ledger record and quota note are taken without awaiting, so a request that
+        settles meanwhile finds them in place; only the quota bookings are awaited, together."""
+        bookings: list[Awaitable[None]] = []
+        for ctx, point in list(self._open.items()):
+            if ctx.released:
+                del self._open[ctx]
+                continue
+            booking = point.take(ctx)
+            if booking is not None:
+                bookings.append(booking)
+        await together(bookings)
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._open.clear()
+
+    async def _run(self) -> None:
+        try:
+            while self._open:
+                await asyncio.sleep(self._interval_s)
+                await self.sweep()
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+
+
+class Checkpoint:
+    """The stage that puts a stream in the sweep (the last before the upstream call), and the
+    maker of its checkpoints under this gateway's policy."""
+
+    def __init__(
+        self,
+        sweep: CheckpointSweep,
+        budgets: Budgets,
+        ledger: Ledger | None,
+        record: Callable[[RequestContext], UsageRecord],
+        prices: PriceTable,
+        counters: TokenCounters,
+    ) -> None:
+        self._sweep = sweep
+        self._budgets = budgets
+        self._ledger = ledger
+        self._record = record
+        self._prices = prices
+        self._counters = counters
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        if ctx.stream and (self._ledger is not None or ctx.reservation is not None):
+            self._sweep.watch(ctx, self)
+
+    def take(self, ctx: RequestContext) -> Awaitable[None] | None:
+        """Record `ctx`'s usage so far in the ledger, if it grew, and return its quota booking
+        (None when there is nothing new to book). Nothing before the stream's first token."""
+        if ctx.answered or ctx.released:
+            return None  # its final settle is under way
+        output = relayed_output(ctx)
+        if output == 0:
+            return None
+        input_tokens = ctx.counted_input_tokens or 0
+        last = ctx.checkpointed
+        grew = last is None or (last.input_tokens, last.output_tokens) != (input_tokens, output)
+        if self._ledger is not None and grew:
+            ctx.checkpointed = self._point(ctx, input_tokens, output)
+            self._ledger.append(ctx.checkpointed)
+        return self._budgets.charge_so_far(ctx, input_tokens, output)
+
+    def _point(self, ctx: RequestContext, input_tokens: int, output_tokens: int) -> UsageRecord:
+        """The request's record as it stands, with the usage so far. No TTFT or speed sample:
+        the final record brings those (and superseding takes back only plain counters)."""
+        exact = self._counters.for_model(ctx.model).exact
+        return replace(
+            self._record(ctx),
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cost_nusd=self._prices.cost_nusd(ctx.model, input_tokens, output_tokens),
+            usage_source="counted" if exact else "estimated",
+            ttft_ms=None,
+            tokens_per_s=None,
+            checkpoint=True,
+        )

@@ -1,0 +1,93 @@
+"""Checkpoints of running requests, on every ledger: a crash leaves the last checkpoint, a final
+record supersedes them, and no total, raw record or report counts a request twice."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from proxy.ledger import UsageRecord, UsageRow
+from tests.ledger.factory import record
+from tests.ledger.test_contract import EVERYTHING, opened
+
+pytestmark = pytest.mark.anyio
+
+
+def checkpoints(n: int, outputs: list[int]) -> list[UsageRecord]:
+    """Request `n`'s checkpoints with `outputs` tokens so far, each superseding the one before."""
+    made: list[UsageRecord] = []
+    for output in outputs:
+        point = record(
+            n, checkpoint=True, output_tokens=output, cost_nusd=output * 10,
+            ttft_ms=None, tokens_per_s=None, duration_ms=1000.0 * (len(made) + 1),
+        )  # fmt: skip
+        made.append(replace(point, supersedes=made[-1] if made else None))
+    return made
+
+
+def totals(rows: list[UsageRow]) -> list[tuple[int, ...]]:
+    return [
+        (r.requests, r.input_tokens, r.output_tokens, r.cost_nusd, r.duration_ms_total)
+        for r in rows
+    ]
+
+
+async def test_a_final_record_supersedes_its_checkpoints_in_totals_and_raw_records(
+    ledger_url: str,
+) -> None:
+    points = checkpoints(1, [10, 20, 30])
+    final = record(1, output_tokens=42, cost_nusd=420, supersedes=points[-1])
+    other = record(2, output_tokens=5, cost_nusd=50)
+    async with opened(ledger_url) as ledger:
+        ledger.append(points[0])
+        await ledger.flush()  # checkpoints in batches of their own, and one sharing a batch
+        ledger.append(points[1])
+        await ledger.flush()
+        ledger.append(points[2])
+        ledger.append(other)
+        await ledger.flush()
+        (running,) = await ledger.query(EVERYTHING)
+        assert totals([running]) == [(2, 200, 35, 350, 3000 + 750)]
+        ledger.append(final)
+        await ledger.flush()
+        (row,) = await ledger.query(EVERYTHING)
+        latest = await ledger.latest(None, 10)
+    assert totals([row]) == [(2, 200, 47, 470, 750 + 750)]
+    assert sorted(latest, key=lambda r: r.request_id) == [final, other]
+    assert not any(r.checkpoint for r in latest)
+
+
+async def test_a_crash_leaves_the_last_checkpoint_and_nothing_twice(ledger_url: str) -> None:
+    points = checkpoints(1, [10, 25])
+    async with opened(ledger_url) as ledger:
+        for point in points:
+            ledger.append(point)
+    # A new process on the same ledger: the request never ends, its last checkpoint stays.
+    async with opened(ledger_url) as ledger:
+        (row,) = await ledger.query(EVERYTHING)
+        (left,) = await ledger.latest("alpha", 10)
+        ledger.append(record(2, output_tokens=7, cost_nusd=70))
+        await ledger.flush()
+        (after,) = await ledger.query(EVERYTHING)
+    assert totals([row]) == [(1, 100, 25, 250, 2000)]
+    assert left == points[-1]
+    assert left.checkpoint
+    assert totals([after]) == [(2, 200, 32, 320, 2750)]
+
+
+async def test_requests_that_reuse_an_id_are_each_counted(ledger_url: str) -> None:
+    # A client-supplied x-request-id may repeat: each request supersedes only its own.
+    first = checkpoints(1, [10])
+    second = [replace(p, ts=p.ts + 0.5) for p in checkpoints(1, [4])]
+    async with opened(ledger_url) as ledger:
+        for point in first + second:
+            ledger.append(point)
+        ledger.append(record(1, ts=second[0].ts, output_tokens=6, supersedes=second[0]))
+        ledger.append(record(1, output_tokens=12, supersedes=first[0]))
+        await ledger.flush()
+        (row,) = await ledger.query(EVERYTHING)
+        latest = await ledger.latest(None, 10)
+    assert (row.requests, row.output_tokens) == (2, 18)
+    assert sorted(r.output_tokens for r in latest) == [6, 12]
+    assert not any(r.checkpoint for r in latest)
