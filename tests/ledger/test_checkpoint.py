@@ -91,3 +91,26 @@ async def test_requests_that_reuse_an_id_are_each_counted(ledger_url: str) -> No
     assert (row.requests, row.output_tokens) == (2, 18)
     assert sorted(r.output_tokens for r in latest) == [6, 12]
     assert not any(r.checkpoint for r in latest)
+
+
+async def test_a_checkpointed_request_counts_once_by_key_user_and_tag(ledger_url: str) -> None:
+    who = {"key_id": "key_abc", "user": "ann", "tags": ("beta", "search")}
+    points = [replace(p, **who) for p in checkpoints(1, [10, 20])]
+    points[1] = replace(points[1], supersedes=points[0])
+    final = record(1, output_tokens=42, cost_nusd=420, supersedes=points[-1], **who)
+    async with opened(ledger_url) as ledger:
+        for point in points:
+            ledger.append(point)
+            await ledger.flush()
+        ledger.append(final)
+        await ledger.flush()
+        breakdowns = {
+            by: await ledger.query(replace(EVERYTHING, group_by=by))
+            for by in ("key", "user", "tag")
+        }
+    assert [(r.key, r.requests, r.output_tokens) for r in breakdowns["key"]] == [("key_abc", 1, 42)]
+    assert [(r.key, r.requests, r.output_tokens) for r in breakdowns["user"]] == [("ann", 1, 42)]
+    assert sorted((r.key, r.requests, r.output_tokens) for r in breakdowns["tag"]) == [
+        ("beta", 1, 42),
+        ("search", 1, 42),
+    ]
