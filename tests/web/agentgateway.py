@@ -1,5 +1,6 @@
 """A real gateway with a SQLite ledger over the real mock backend, for the Responses and Messages
-API tests: tenants with no limits, with an output cap and system prompt, and with a tiny quota."""
+API tests: tenants with no limits, with an output cap and system prompt, with a tiny quota, with
+an input limit, and with the response cache on."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from tests.web.test_billing import ledger_records
 OPEN_KEY = "tw-agents-open"
 CAPPED_KEY = "tw-agents-capped"
 POOR_KEY = "tw-agents-poor"
+SHORT_KEY = "tw-agents-short"
+CACHED_KEY = "tw-agents-cached"
 SYSTEM_PROMPT = "Answer in one short sentence."
 OUTPUT_CAP = 3
 PRICE_IN_NUSD_PER_TOKEN = 1_000  # input_per_1m: 1.0 USD
@@ -92,6 +95,14 @@ tenants:
     api_keys: [{hash_key(POOR_KEY)}]
     models: [mock-llm]
     budget: {{tokens_per_day: 50}}
+  short:
+    api_keys: [{hash_key(SHORT_KEY)}]
+    models: [mock-llm]
+    budget: {{max_input_tokens: 60}}
+  cached:
+    api_keys: [{hash_key(CACHED_KEY)}]
+    models: [mock-llm]
+    cache: {{mode: always}}
 """
 
 

@@ -18,6 +18,7 @@ from tests.web.agentgateway import (
     POOR_KEY,
     PRICE_IN_NUSD_PER_TOKEN,
     PRICE_OUT_NUSD_PER_TOKEN,
+    SHORT_KEY,
     SYSTEM_PROMPT,
     AgentGateway,
     agent_gateway,
@@ -263,3 +264,27 @@ def test_count_tokens_is_the_models_tokenizer_and_bills_nothing(gateway: AgentGa
         client.messages.count_tokens(model="mock-llm", messages=[])
     assert isinstance(bad.value.body, dict)
     assert bad.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_an_input_over_the_limit_is_an_anthropic_400(gateway: AgentGateway) -> None:
+    gateway.reset()
+    long_messages = [{"role": "user", "content": "word " * 100}]
+    with sdk(gateway, SHORT_KEY) as client, pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="mock-llm", max_tokens=5, messages=long_messages)
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["error"]["type"] == "invalid_request_error"
+    assert "over this key's limit of 60 input tokens" in refused.value.body["error"]["message"]
+    assert gateway.stats()["requests_total"] == 0
+
+
+def test_a_backends_own_error_reaches_the_client_in_anthropics_shape(
+    gateway: AgentGateway,
+) -> None:
+    with sdk(gateway) as client, pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(
+            model="mock-llm", max_tokens=5, messages=HELLO, extra_body={"mock_fail": 400}
+        )
+    assert refused.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "Simulated failure (mock_fail=400)."},
+    }

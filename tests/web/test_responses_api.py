@@ -11,12 +11,14 @@ import openai
 import pytest
 
 from tests.web.agentgateway import (
+    CACHED_KEY,
     CAPPED_KEY,
     OPEN_KEY,
     OUTPUT_CAP,
     POOR_KEY,
     PRICE_IN_NUSD_PER_TOKEN,
     PRICE_OUT_NUSD_PER_TOKEN,
+    SHORT_KEY,
     SYSTEM_PROMPT,
     AgentGateway,
     agent_gateway,
@@ -198,3 +200,25 @@ def test_a_backend_dying_mid_stream_ends_in_an_error_the_sdk_raises(
             model="mock-llm", input=QUESTION, stream=True, extra_body=knobs
         ):
             pass
+
+
+def test_an_input_over_the_limit_is_refused_before_the_backend(gateway: AgentGateway) -> None:
+    gateway.reset()
+    long_input = "word " * 100
+    with sdk(gateway, SHORT_KEY) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="mock-llm", input=long_input)
+    assert refused.value.code == "context_length_exceeded"
+    with sdk(gateway, SHORT_KEY) as client:
+        assert client.responses.create(model="mock-llm", input="Hi").status == "completed"
+    assert gateway.stats()["requests_total"] == 1
+
+
+def test_responses_bypass_the_cache_even_where_it_is_on(gateway: AgentGateway) -> None:
+    gateway.reset()
+    with sdk(gateway, CACHED_KEY) as client:
+        for _ in range(2):
+            raw = client.responses.with_raw_response.create(
+                model="mock-llm", input=QUESTION, temperature=0
+            )
+            assert raw.headers["x-tokenweir-cache"] == "bypass"
+    assert gateway.stats()["requests_total"] == 2
