@@ -3,11 +3,13 @@ billed from the Responses usage, capped, quota'd, checked, and cancelled when th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.web.agentgateway import (
@@ -222,3 +224,23 @@ def test_responses_bypass_the_cache_even_where_it_is_on(gateway: AgentGateway) -
             )
             assert raw.headers["x-tokenweir-cache"] == "bypass"
     assert gateway.stats()["requests_total"] == 2
+
+
+def test_ttft_and_inter_token_gaps_are_metered_on_the_text_deltas(
+    gateway: AgentGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    with sdk(gateway) as client:
+        stream = client.responses.create(
+            model="mock-llm", input=QUESTION, stream=True, extra_body={"mock_completion_tokens": 30}
+        )
+        request_id = stream.response.headers["x-request-id"]
+        assert sum(event.type == "response.output_text.delta" for event in stream) == 30
+    gateway.record(request_id)  # settled: the access line is written
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
+    line = next(line for line in lines if line["request_id"] == request_id)
+    assert line["operation"] == "responses"
+    assert line["completed"] is True
+    assert line["ttft_ms"] is not None
+    assert line["itl_p50_ms"] is not None  # gaps between deltas: there are 29 of them
+    assert line["ttft_ms"] >= line["upstream_ttft_ms"]
