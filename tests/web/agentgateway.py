@@ -1,6 +1,6 @@
 """A real gateway with a SQLite ledger over the real mock backend, for the Responses and Messages
 API tests: tenants with no limits, with an output cap and system prompt, with a tiny quota, with
-an input limit, and with the response cache on."""
+an input limit, with the response cache on, and with one request a minute."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ CAPPED_KEY = "tw-agents-capped"
 POOR_KEY = "tw-agents-poor"
 SHORT_KEY = "tw-agents-short"
 CACHED_KEY = "tw-agents-cached"
+LIMITED_KEY = "tw-agents-limited"
 SYSTEM_PROMPT = "Answer in one short sentence."
 OUTPUT_CAP = 3
 PRICE_IN_NUSD_PER_TOKEN = 1_000  # input_per_1m: 1.0 USD
@@ -103,6 +104,10 @@ tenants:
     api_keys: [{hash_key(CACHED_KEY)}]
     models: [mock-llm]
     cache: {{mode: always}}
+  limited:
+    api_keys: [{hash_key(LIMITED_KEY)}]
+    models: [mock-llm]
+    limits: {{requests_per_minute: 1}}
 """
 
 

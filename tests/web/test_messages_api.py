@@ -13,6 +13,7 @@ import pytest
 from proxy.tokens import load_counter
 from tests.web.agentgateway import (
     CAPPED_KEY,
+    LIMITED_KEY,
     OPEN_KEY,
     OUTPUT_CAP,
     POOR_KEY,
@@ -288,3 +289,19 @@ def test_a_backends_own_error_reaches_the_client_in_anthropics_shape(
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "Simulated failure (mock_fail=400)."},
     }
+
+
+def test_a_rate_limit_is_an_anthropic_429_with_retry_after(gateway: AgentGateway) -> None:
+    with sdk(gateway, LIMITED_KEY) as client:
+        first = client.messages.with_raw_response.create(
+            model="mock-llm", max_tokens=5, messages=HELLO
+        )
+        assert first.headers["x-ratelimit-limit-requests"] == "1"
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            client.messages.create(model="mock-llm", max_tokens=5, messages=HELLO)
+    body = limited.value.body
+    assert isinstance(body, dict)
+    assert body["error"]["type"] == "rate_limit_error"
+    headers = limited.value.response.headers
+    assert 1 <= int(headers["retry-after"]) <= 60
+    assert headers["x-ratelimit-remaining-requests"] == "0"
