@@ -3,11 +3,13 @@ anthropic SDK, over the real mock backend: Anthropic's key header, usage, errors
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
 import httpx
+import orjson
 import pytest
 
 from proxy.tokens import load_counter
@@ -305,3 +307,25 @@ def test_a_rate_limit_is_an_anthropic_429_with_retry_after(gateway: AgentGateway
     headers = limited.value.response.headers
     assert 1 <= int(headers["retry-after"]) <= 60
     assert headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_a_client_that_leaves_a_whole_message_cancels_the_backend(gateway: AgentGateway) -> None:
+    gateway.reset()
+    body = orjson.dumps(
+        {
+            "model": "mock-llm",
+            "max_tokens": 20_000,
+            "messages": HELLO,
+            "mock_completion_tokens": 20_000,  # 20 s of generation before the answer
+        }
+    )
+    host, port = gateway.url.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/messages HTTP/1.1\r\nhost: {host}\r\nx-api-key: {OPEN_KEY}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        client.sendall(head.encode() + body)
+        wait_for_stat(gateway, "inflight", 1)  # the backend is generating
+    wait_for_stat(gateway, "requests_cancelled", 1)  # and stops once the client has gone
+    assert gateway.stats()["inflight"] == 0
