@@ -74,6 +74,7 @@ from proxy.telemetry.tracing import Tracing
 from proxy.tokens import TokenCounters
 from proxy.upstream.client import UpstreamClient
 from proxy.web.admin import admin_routes
+from proxy.web.agents import CountTokens, MessagesEndpoint
 from proxy.web.dashboard import DashboardPages
 from proxy.web.drain import Drain
 from proxy.web.openai import ModelList, OpenAIEndpoint
@@ -403,6 +404,9 @@ def create_app(
             Route("/v1/chat/completions", OpenAIEndpoint("chat"), methods=["POST"]),
             Route("/v1/completions", OpenAIEndpoint("text_completion"), methods=["POST"]),
             Route("/v1/embeddings", OpenAIEndpoint("embeddings"), methods=["POST"]),
+            Route("/v1/responses", OpenAIEndpoint("responses"), methods=["POST"]),
+            Route("/v1/messages", MessagesEndpoint(), methods=["POST"]),
+            Route("/v1/messages/count_tokens", CountTokens(), methods=["POST"]),
             Route("/v1/models", ModelList(), methods=["GET"]),
             Route("/v1/models/{model_id:path}", ModelList(), methods=["GET"]),
             Route("/healthz", Health(), methods=["GET"]),

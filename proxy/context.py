@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Operation", "RequestContext", "UsageSource"]
 
-Operation = Literal["chat", "text_completion", "embeddings"]
+Operation = Literal["chat", "text_completion", "embeddings", "responses", "messages"]
 UsageSource = Literal["backend", "counted", "estimated", "counted_output", "cache"]
 """Where a record's billed tokens come from (None: nothing billed, no backend answered):
 the backend's usage; the gateway's count (exact tokenizer) or estimate (no tokenizer) when the
@@ -108,4 +108,6 @@ _UPSTREAM_PATHS: dict[str, str] = {
     "chat": "/chat/completions",
     "text_completion": "/completions",
     "embeddings": "/embeddings",
+    "responses": "/responses",  # OpenAI's Responses API, served as is (vLLM, SGLang)
+    "messages": "/messages",  # Anthropic's Messages API, served as is (vLLM, SGLang)
 }

@@ -42,11 +42,15 @@ class CacheKey:
     question: str | None = None
 
 
+# The Responses and Messages APIs bypass the cache: their answers are not stored yet.
+_CACHED = frozenset({"chat", "text_completion"})
+
+
 def cache_key(
     tenant: str, model: str, operation: str, body: dict[str, Any], spec: CacheSpec
 ) -> CacheKey | None:
     """The request's identity, or None when its answer must not come from (or go to) the cache."""
-    if operation == "embeddings" or spec.mode == "off" or not _single_plain_answer(body):
+    if operation not in _CACHED or spec.mode == "off" or not _single_plain_answer(body):
         return None
     deterministic = _temperature(body) == 0
     if not deterministic and body.get("seed") is None and spec.mode != "always":

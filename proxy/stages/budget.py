@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
+from proxy.apis import output_fields
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.cost import PriceTable
@@ -192,7 +193,8 @@ class Budgets:
         if ctx.operation == "embeddings":
             return 0
         if ctx.output_allowance is None:
-            ctx.body["max_tokens"] = ctx.output_allowance = DEFAULT_OUTPUT_BOUND
+            field = output_fields(ctx.operation)[-1]
+            ctx.body[field] = ctx.output_allowance = DEFAULT_OUTPUT_BOUND
             ctx.shaped.append("max_tokens")
         return ctx.output_allowance
 
@@ -216,9 +218,11 @@ def _may_shorten(ctx: RequestContext) -> bool:
 
 def _shorten(ctx: RequestContext, output_tokens: int) -> int:
     """Bound the answer to `output_tokens`: the backend then ends it with finish_reason length."""
-    ctx.body["max_tokens"] = output_tokens
-    if "max_completion_tokens" in ctx.body:
-        ctx.body["max_completion_tokens"] = output_tokens
+    *others, field = output_fields(ctx.operation)
+    ctx.body[field] = output_tokens
+    for other in others:
+        if other in ctx.body:
+            ctx.body[other] = output_tokens
     ctx.output_allowance = output_tokens
     if "budget" not in ctx.shaped:
         ctx.shaped.append("budget")

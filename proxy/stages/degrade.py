@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
+from proxy.apis import output_fields
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import GatewayError, RateLimited, UpstreamUnavailable
@@ -177,12 +178,13 @@ class Degrade:
 
 def _clamp_output(ctx: RequestContext, limit: int) -> None:
     body = ctx.body
-    for key in ("max_tokens", "max_completion_tokens"):
+    keys = output_fields(ctx.operation)
+    for key in keys:
         value = body.get(key)
         if isinstance(value, int) and value > limit:
             body[key] = limit
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_tokens"] = limit
+    if not any(key in body for key in keys):
+        body[keys[-1]] = limit
     ctx.output_allowance = min(ctx.output_allowance or limit, limit)
 
 

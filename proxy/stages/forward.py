@@ -12,6 +12,7 @@ import anyio
 import httpx
 from starlette.types import Send
 
+from proxy.apis import AGENT_APIS, EventForwarder
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import (
@@ -50,7 +51,9 @@ class Forward:
         self._spec = spec
 
     async def __call__(self, ctx: RequestContext, send: Send) -> None:
-        body = _asking_for_usage(ctx.body) if ctx.stream else ctx.body
+        # The agent APIs' streams always carry usage; only chat and completions must ask.
+        asking = ctx.stream and ctx.operation not in AGENT_APIS
+        body = _asking_for_usage(ctx.body) if asking else ctx.body
         ctx.meter.sending_upstream(self._clock.monotonic())
         trace_headers = self._telemetry.upstream_started(ctx)
         try:
@@ -75,7 +78,12 @@ class Forward:
     ) -> None:
         monotonic = self._clock.monotonic
         meter = ctx.meter
-        sse = SSEForwarder(keep_usage=ctx.client_wants_usage)
+        api = AGENT_APIS.get(ctx.operation)
+        sse: SSEForwarder | EventForwarder = (
+            SSEForwarder(keep_usage=ctx.client_wants_usage)
+            if api is None
+            else EventForwarder(api.events)
+        )
         ending = before_last = last = b""
         capture = ctx.capture
         content = self._content_deadline(ctx, backend)

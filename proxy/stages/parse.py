@@ -10,12 +10,13 @@ from typing import Any
 
 import orjson
 
+from proxy.apis import AGENT_APIS
 from proxy.context import Operation, RequestContext
 from proxy.errors import BadRequest, InvalidJSON, ModelNotFound, PermissionDenied
 from proxy.stages.jsoncheck import Check, boolean, fields, invalid_type, missing
 from proxy.stages.openai_schema import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, PROMPT
 
-__all__ = ["MAX_DEPTH", "Parse"]
+__all__ = ["MAX_DEPTH", "Parse", "check_fields"]
 
 # orjson reads 1024 levels of nesting but writes only 254, and the body must be written again
 # for the backend (and the cache key); deeper bodies are refused here, naming the field.
@@ -34,22 +35,27 @@ class Parse:
         self._models = frozenset(models)
 
     async def __call__(self, ctx: RequestContext) -> None:
+        body = self.read(ctx)
+        api = AGENT_APIS.get(ctx.operation)
+        if api is not None:
+            check_fields(body, api.required, api.checks)
+            ctx.stream = body.get("stream") is True
+            ctx.client_wants_usage = True  # usage is part of these streams' own events
+            return
+        name, check, optional = _SCHEMAS[ctx.operation]
+        check_fields(body, (name,), {name: check, **optional})
+        if ctx.operation != "embeddings":
+            ctx.stream = body.get("stream") is True
+            ctx.client_wants_usage = _stream_options(body, ctx.stream)
+
+    def read(self, ctx: RequestContext) -> dict[str, Any]:
+        """The body as a JSON object, its model one the tenant may use: writes body, model."""
         body = _load(ctx.raw_body)
         ctx.body = body
         ctx.model = _model(body)
         self._check_access(ctx)
         _check_depth(ctx.raw_body, body)
-        name, check, optional = _SCHEMAS[ctx.operation]
-        if body.get(name) is None:
-            raise missing(name)
-        check(body[name], name)
-        for field, field_check in optional.items():
-            value = body.get(field)
-            if value is not None:
-                field_check(value, field)
-        if ctx.operation != "embeddings":
-            ctx.stream = body.get("stream") is True
-            ctx.client_wants_usage = _stream_options(body, ctx.stream)
+        return body
 
     def _check_access(self, ctx: RequestContext) -> None:
         if ctx.model not in self._models:
@@ -58,6 +64,19 @@ class Parse:
             raise PermissionDenied(
                 f"Your API key may not use the model `{ctx.model}`.", param="model"
             )
+
+
+def check_fields(
+    body: dict[str, Any], required: tuple[str, ...], checks: Mapping[str, Check]
+) -> None:
+    """Each required field present, and each field with a check valid where it is present."""
+    for name in required:
+        if body.get(name) is None:
+            raise missing(name)
+    for field, field_check in checks.items():
+        value = body.get(field)
+        if value is not None:
+            field_check(value, field)
 
 
 def _load(raw: bytes) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from proxy.apis import AGENT_APIS, AgentApi, output_fields
 from proxy.context import RequestContext
 from proxy.errors import BadRequest, ContextLengthExceeded
 from proxy.policy.model import Budget, Tenant
@@ -41,8 +42,11 @@ class Shape:
             raise RuntimeError("auth must run before shape")
         tenant, body = ctx.tenant, ctx.body
         budget = tenant.budget
+        api = AGENT_APIS.get(ctx.operation)
         if ctx.operation == "chat":
             await self._shape_chat(ctx, tenant)
+        elif api is not None:
+            await self._shape_agent(ctx, tenant, api)
         elif _needs_count(tenant):
             field = "prompt" if ctx.operation == "text_completion" else "input"
             count = await self._counter.count_prompt(ctx.model, body[field])
@@ -50,9 +54,10 @@ class Shape:
                 raise _too_long(count, budget.max_input_tokens)
             ctx.counted_input_tokens = count
         if ctx.operation != "embeddings":
-            _clamp_output(body, budget.max_output_tokens, ctx.shaped)
+            fields = output_fields(ctx.operation)
+            _clamp_output(body, budget.max_output_tokens, ctx.shaped, fields)
             _temperature(body, budget, ctx.shaped)
-            ctx.output_allowance = _output_allowance(body)
+            ctx.output_allowance = _output_allowance(body, fields)
 
     async def _shape_chat(self, ctx: RequestContext, tenant: Tenant) -> None:
         budget = tenant.budget
@@ -77,6 +82,19 @@ class Shape:
             ctx.counted_input_tokens = count
         if "system_prompt" in ctx.shaped or "history" in ctx.shaped or "input" in ctx.shaped:
             ctx.body["messages"] = messages
+
+    async def _shape_agent(self, ctx: RequestContext, tenant: Tenant, api: AgentApi) -> None:
+        """The Responses and Messages APIs: the system prompt and the input limit (an input
+        over it is refused; these APIs' histories are not trimmed)."""
+        budget = tenant.budget
+        if budget.system_prompt is not None and api.add_system(ctx.body, budget.system_prompt):
+            ctx.shaped.append("system_prompt")
+        if _needs_count(tenant):
+            messages, tools = api.to_chat(ctx.body)
+            count = await self._counter.count_chat(ctx.model, messages, tools)
+            if budget.max_input_tokens is not None and count > budget.max_input_tokens:
+                raise _too_long(count, budget.max_input_tokens)
+            ctx.counted_input_tokens = count
 
     async def _trim(
         self, model: str, messages: list[Message], tools: Any, limit: int
@@ -169,12 +187,14 @@ def _last_turns(messages: Sequence[Message], limit: int) -> list[Message]:
     return head + turns[starts[0] :] if starts else head + turns[keep_from:]
 
 
-def _clamp_output(body: dict[str, Any], limit: int | None, shaped: list[str]) -> None:
+def _clamp_output(
+    body: dict[str, Any], limit: int | None, shaped: list[str], names: Sequence[str]
+) -> None:
     if limit is None:
         return
-    fields = [f for f in ("max_completion_tokens", "max_tokens") if body.get(f) is not None]
+    fields = [f for f in names if body.get(f) is not None]
     if not fields:
-        body["max_tokens"] = limit
+        body[names[-1]] = limit
         shaped.append("max_tokens")
         return
     if any(body[f] > limit for f in fields):
@@ -200,8 +220,8 @@ def _temperature(body: dict[str, Any], budget: Budget, shaped: list[str]) -> Non
         shaped.append("temperature")
 
 
-def _output_allowance(body: Mapping[str, Any]) -> int | None:
-    values = [body[f] for f in ("max_completion_tokens", "max_tokens") if body.get(f) is not None]
+def _output_allowance(body: Mapping[str, Any], names: Sequence[str]) -> int | None:
+    values = [body[f] for f in names if body.get(f) is not None]
     return min(values) if values else None
 
 

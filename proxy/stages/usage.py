@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from proxy.context import RequestContext, UsageSource
+from proxy.apis import AGENT_APIS
+from proxy.context import Operation, RequestContext, UsageSource
 from proxy.tokens import TokenCounter, TokenCounters, TokenizerError
 
 __all__ = [
@@ -52,6 +53,9 @@ def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
     """Keep the backend's usage if every number in it is believable; say so when it is not."""
     if usage is None:
         return
+    api = AGENT_APIS.get(ctx.operation)
+    if api is not None:
+        usage = api.usage(usage)  # each API's own names, read as chat's
     checked = checked_usage(usage)
     if ctx.operation != "embeddings" and not isinstance(usage.get("completion_tokens"), int):
         checked = None  # a generation's usage without its output count is not a usage
@@ -138,7 +142,11 @@ async def count_unreported_input(ctx: RequestContext, counters: TokenCounters) -
         return
     body = ctx.body
     try:
-        if ctx.operation == "chat":
+        api = AGENT_APIS.get(ctx.operation)
+        if api is not None:
+            chat, tools = api.to_chat(body)
+            count = await counters.count_chat(ctx.model, chat, tools)
+        elif ctx.operation == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list):
                 return
@@ -162,8 +170,8 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
     choices = _choices(ctx)
     if ctx.stream:
         events = ctx.meter.token_events
-        if ctx.backend_usage is None:
-            return events
+        if ctx.backend_usage is None or ctx.operation in AGENT_APIS:
+            return events  # the agent APIs' token events are their text deltas only
         return max(0, events - _TEXTLESS_PER_CHOICE * choices)
     # A whole answer is counted only when needed: no usage to believe, or several choices.
     if counter is None or (ctx.backend_usage is not None and choices == 1):
@@ -183,11 +191,14 @@ def _choices(ctx: RequestContext) -> int:
     return n if type(n) is int and n > 1 else 1
 
 
-def _count_answer(raw: bytes, operation: str, counter: TokenCounter) -> int | None:
+def _count_answer(raw: bytes, operation: Operation, counter: TokenCounter) -> int | None:
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
+    api = AGENT_APIS.get(operation)
+    if api is not None and isinstance(parsed, dict):
+        return sum(counter.count_text(text) for text in api.answer_texts(parsed))
     choices = parsed.get("choices") if isinstance(parsed, dict) else None
     if not isinstance(choices, list):
         return None

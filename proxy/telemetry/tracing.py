@@ -27,6 +27,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proxy import __version__
+from proxy.apis import output_fields
 from proxy.context import RequestContext
 from proxy.telemetry import semconv
 
@@ -237,5 +238,8 @@ def span_attributes(
 
 
 def _max_tokens(ctx: RequestContext) -> int | None:
-    value = ctx.body.get("max_completion_tokens", ctx.body.get("max_tokens"))
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    for field in output_fields(ctx.operation):  # max_output_tokens on the Responses API
+        value = ctx.body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None

@@ -37,11 +37,11 @@ async def respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def respond_error(send: Send, error: MockHTTPError) -> None:
+async def respond_error(send: Send, error: MockHTTPError, *, anthropic: bool = False) -> None:
     headers: tuple[tuple[bytes, bytes], ...] = JSON_HEADERS
     if error.retry_after_s is not None:
         headers += ((b"retry-after", str(error.retry_after_s).encode()),)
-    await respond(send, error.status, error.body(), headers)
+    await respond(send, error.status, error.body(anthropic=anthropic), headers)
 
 
 async def read_body(receive: Receive) -> bytes:

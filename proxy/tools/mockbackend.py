@@ -1,12 +1,15 @@
 """`tokenweir mock-backend`: a simulated OpenAI-compatible LLM server for tests, demos, benchmarks.
 
-Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank (mockrerank.py);
+Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank (mockrerank.py),
+/v1/responses and /v1/messages (OpenAI's Responses and Anthropic's Messages, mockagents.py);
 GET /v1/models, /mock/stats;
 POST /mock/stats/reset. Answers are deterministic pseudo-text seeded by the prompt, one word per
 token and per SSE event. Token i is due at arrival + ttft + i / tokens_per_second; a late stream
 sends every due token in one write, never early. A non-stream answer arrives when its last token
 would. Usage counts are the mock's own: whitespace-split words (+4 per chat message for prompts).
-`n` must be 1; `max_tokens`/`max_completion_tokens` cut the answer short (finish_reason "length").
+`n` must be 1; `max_tokens`/`max_completion_tokens` cut the answer short (finish_reason "length"),
+as `max_output_tokens` does a response (status "incomplete") and `max_tokens` a message
+(stop_reason "max_tokens"). Errors on /v1/messages are Anthropic-shaped.
 
 Testing knobs, as extra fields in the request body:
   mock_fail: 400-599            answer with that status and an OpenAI-shaped error
@@ -33,9 +36,7 @@ counted request's parsed JSON body (`last_request`) and Authorization header
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final
 
@@ -44,6 +45,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.clock import Clock, SystemClock
+from proxy.tools.mockanswers import embedding_answer, parse_request, stream_format, whole_answer
 from proxy.tools.mockasgi import (
     ClientGone,
     left_within,
@@ -54,11 +56,9 @@ from proxy.tools.mockasgi import (
 )
 from proxy.tools.mockrequest import (
     CompletionRequest,
-    EmbeddingRequest,
     Endpoint,
     Knobs,
     MockHTTPError,
-    parse_completion,
     parse_embedding,
     parse_json,
     parse_knobs,
@@ -66,8 +66,8 @@ from proxy.tools.mockrequest import (
 from proxy.tools.mockrerank import rerank_answer
 from proxy.tools.mocksim import Faults, LoadModel
 from proxy.tools.mockstats import MockStats
-from proxy.tools.mockstream import Outcome, Schedule, SseFormat, StreamRun, Ticker
-from proxy.tools.mocktext import TokenSource, embedding_bytes, embedding_floats
+from proxy.tools.mockstream import Outcome, Schedule, StreamRun, Ticker
+from proxy.tools.mocktext import TokenSource
 
 __all__ = ["MockStats", "create_app", "run", "serve"]
 
@@ -104,6 +104,8 @@ class MockBackend:
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/embeddings"): self._embeddings,
+            ("POST", "/v1/responses"): self._responses,
+            ("POST", "/v1/messages"): self._messages,
             ("POST", "/v1/rerank"): self._rerank,
             ("GET", "/v1/models"): self._list_models,
             ("GET", "/mock/stats"): self._get_stats,
@@ -130,7 +132,7 @@ class MockBackend:
                 raise self._no_route(scope["method"], path)
             await handler(scope, receive, send)
         except MockHTTPError as error:
-            await respond_error(send, error)
+            await respond_error(send, error, anthropic=path == "/v1/messages")
         except ClientGone:
             self.stats.requests_cancelled += 1
 
@@ -179,11 +181,17 @@ class MockBackend:
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._completion(receive, send, Endpoint.COMPLETIONS)
 
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._completion(receive, send, Endpoint.RESPONSES)
+
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._completion(receive, send, Endpoint.MESSAGES)
+
     async def _completion(self, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         arrival_s = self._clock.monotonic()
         body = await self._json_body(receive)
         knobs = self._faults.apply(parse_knobs(body))
-        request = parse_completion(body, endpoint)
+        request = parse_request(body, endpoint)
         async with self._inflight(receive) as watcher:
             if await self._left_during_delay(watcher, knobs, arrival_s):
                 return
@@ -197,9 +205,9 @@ class MockBackend:
                 n_tokens=n_tokens,
             )
             if request.stream:
-                await self._stream(send, watcher, request, knobs, schedule, finish_reason)
+                await self._stream(send, watcher, request, body, knobs, schedule, finish_reason)
             else:
-                await self._complete(send, watcher, request, schedule, finish_reason)
+                await self._complete(send, watcher, request, body, schedule, finish_reason)
 
     def _extra_ttft_s(self, body: dict[str, Any], prompt_tokens: int) -> float:
         load = self._load
@@ -209,32 +217,22 @@ class MockBackend:
         self.stats.prefix_hits, self.stats.prefix_misses = load.prefix_hits, load.prefix_misses
         return extra_s
 
-    def _base(self, request: CompletionRequest, *, stream: bool) -> dict[str, Any]:
-        """The fields every answer and chunk of one completion share."""
-        if request.endpoint is Endpoint.CHAT:
-            kind = "chat.completion.chunk" if stream else "chat.completion"
-            completion_id = "chatcmpl-" + uuid.uuid4().hex
-        else:
-            kind = "text_completion"
-            completion_id = "cmpl-" + uuid.uuid4().hex
-        created = int(self._clock.wall())
-        return {"id": completion_id, "object": kind, "created": created, "model": request.model}
-
     async def _stream(
         self,
         send: Send,
         watcher: asyncio.Future[Any],
         request: CompletionRequest,
+        body: dict[str, Any],
         knobs: Knobs,
         schedule: Schedule,
         finish_reason: str,
     ) -> None:
-        usage = _usage(request.prompt_tokens, schedule.n_tokens) if request.include_usage else None
-        build = SseFormat.chat if request.endpoint is Endpoint.CHAT else SseFormat.completion
+        tokens = TokenSource(request.prompt_text)
+        created = int(self._clock.wall())
         stream = StreamRun(
             send=send,
-            fmt=build(self._base(request, stream=True), finish_reason, usage),
-            tokens=TokenSource(request.prompt_text),
+            fmt=stream_format(request, body, created, tokens, schedule.n_tokens, finish_reason),
+            tokens=tokens,
             schedule=schedule,
             ticker=self._ticker,
             clock=self._clock,
@@ -256,6 +254,7 @@ class MockBackend:
         send: Send,
         watcher: asyncio.Future[Any],
         request: CompletionRequest,
+        body: dict[str, Any],
         schedule: Schedule,
         finish_reason: str,
     ) -> None:
@@ -265,14 +264,9 @@ class MockBackend:
             self.stats.requests_cancelled += 1
             return
         text = TokenSource(request.prompt_text).completion(n_tokens)
-        if request.endpoint is Endpoint.CHAT:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"text": text, "index": 0}
-        choice |= {"logprobs": None, "finish_reason": finish_reason}
-        answer = self._base(request, stream=False)
-        answer |= {"choices": [choice], "usage": _usage(request.prompt_tokens, n_tokens)}
-        await respond(send, 200, orjson.dumps(answer))
+        created = int(self._clock.wall())
+        answer = whole_answer(request, body, created, text, n_tokens, finish_reason)
+        await respond(send, 200, answer)
         self.stats.tokens_sent += n_tokens
 
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -282,7 +276,7 @@ class MockBackend:
         request = parse_embedding(body)
         async with self._inflight(receive) as watcher:
             if not await self._left_during_delay(watcher, knobs, arrival_s):
-                await respond(send, 200, _embedding_answer(request))
+                await respond(send, 200, embedding_answer(request))
 
     async def _rerank(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = rerank_answer(await self._json_body(receive))  # mockrerank.py
@@ -303,26 +297,6 @@ class MockBackend:
     async def _reset_stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.stats.reset()
         await respond(send, 200, self.stats.to_json())
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def _embedding_answer(request: EmbeddingRequest) -> bytes:
-    data: list[dict[str, Any]] = []
-    for index, key in enumerate(request.keys):
-        packed = embedding_bytes(key, request.dimensions)
-        vector: object = (
-            base64.b64encode(packed).decode() if request.base64 else embedding_floats(packed)
-        )
-        data.append({"object": "embedding", "index": index, "embedding": vector})
-    usage = {"prompt_tokens": request.prompt_tokens, "total_tokens": request.prompt_tokens}
-    return orjson.dumps({"object": "list", "data": data, "model": request.model, "usage": usage})
 
 
 def create_app(

@@ -15,11 +15,16 @@ from proxy.tools.mocktext import count_words
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
+    "TOKENS_PER_MESSAGE",
     "CompletionRequest",
     "EmbeddingRequest",
     "Endpoint",
     "Knobs",
     "MockHTTPError",
+    "bool_field",
+    "content_text",
+    "int_field",
+    "model_of",
     "parse_completion",
     "parse_embedding",
     "parse_json",
@@ -37,6 +42,17 @@ _ERROR_KINDS: Final = {
     404: ("invalid_request_error", "not_found"),
     405: ("invalid_request_error", "method_not_allowed"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
+}
+
+
+_ANTHROPIC_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
 }
 
 
@@ -61,7 +77,12 @@ class MockHTTPError(Exception):
         self.code = code if code is not None else default_code
         self.retry_after_s = retry_after_s
 
-    def body(self) -> bytes:
+    def body(self, *, anthropic: bool = False) -> bytes:
+        """OpenAI's error shape, or with `anthropic` Anthropic's (its types by status)."""
+        if anthropic:
+            kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+            anthropic_error = {"type": kind, "message": self.message}
+            return orjson.dumps({"type": "error", "error": anthropic_error})
         error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         return orjson.dumps({"error": error})
 
@@ -69,6 +90,8 @@ class MockHTTPError(Exception):
 class Endpoint(enum.Enum):
     CHAT = "chat"
     COMPLETIONS = "completions"
+    RESPONSES = "responses"
+    MESSAGES = "messages"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +143,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _int(body: dict[str, Any], name: str, *, low: int, high: int | None = None) -> int | None:
+def int_field(body: dict[str, Any], name: str, *, low: int, high: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -131,7 +154,7 @@ def _int(body: dict[str, Any], name: str, *, low: int, high: int | None = None) 
     return value
 
 
-def _bool(body: dict[str, Any], name: str) -> bool:
+def bool_field(body: dict[str, Any], name: str) -> bool:
     value = body.get(name, False)
     if value is None:
         return False
@@ -140,7 +163,7 @@ def _bool(body: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _model(body: dict[str, Any]) -> str:
+def model_of(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise MockHTTPError(400, "You must provide a model parameter.", param="model")
@@ -151,17 +174,17 @@ def parse_knobs(body: dict[str, Any]) -> Knobs:
     delay_ms = body.get("mock_delay_ms", 0)
     if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or delay_ms < 0:
         raise MockHTTPError(400, "'mock_delay_ms' must be a number >= 0.", param="mock_delay_ms")
-    completion_tokens = _int(body, "mock_completion_tokens", low=1)
+    completion_tokens = int_field(body, "mock_completion_tokens", low=1)
     return Knobs(
-        fail_status=_int(body, "mock_fail", low=400, high=599),
-        fail_after_tokens=_int(body, "mock_fail_after_tokens", low=0),
+        fail_status=int_field(body, "mock_fail", low=400, high=599),
+        fail_after_tokens=int_field(body, "mock_fail_after_tokens", low=0),
         delay_s=delay_ms / 1000.0,
         completion_tokens=completion_tokens or DEFAULT_COMPLETION_TOKENS,
-        retry_after_s=_int(body, "mock_retry_after_s", low=0),
+        retry_after_s=int_field(body, "mock_retry_after_s", low=0),
     )
 
 
-def _content_text(content: object) -> str:
+def content_text(content: object) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -185,7 +208,7 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise MockHTTPError(400, "Each message needs a 'role'.", param="messages")
-        texts.append(_content_text(message.get("content")))
+        texts.append(content_text(message.get("content")))
     tokens = sum(count_words(text) for text in texts) + TOKENS_PER_MESSAGE * len(texts)
     return "\n".join(texts), tokens
 
@@ -204,25 +227,25 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[str, int]:
 
 
 def parse_completion(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
-    model = _model(body)
+    model = model_of(body)
     if body.get("n") not in (None, 1):
         raise MockHTTPError(400, "The mock backend only supports n=1.", param="n")
     if endpoint is Endpoint.CHAT:
         text, prompt_tokens = _chat_prompt(body)
-        max_tokens = _int(body, "max_completion_tokens", low=1)
+        max_tokens = int_field(body, "max_completion_tokens", low=1)
     else:
         text, prompt_tokens = _completion_prompt(body)
         max_tokens = None
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", low=1)
+        max_tokens = int_field(body, "max_tokens", low=1)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise MockHTTPError(400, "'stream_options' must be an object.", param="stream_options")
     return CompletionRequest(
         endpoint=endpoint,
         model=model,
-        stream=_bool(body, "stream"),
-        include_usage=_bool(options or {}, "include_usage"),
+        stream=bool_field(body, "stream"),
+        include_usage=bool_field(options or {}, "include_usage"),
         prompt_text=text,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
@@ -247,7 +270,7 @@ def _embedding_inputs(value: object) -> list[str | list[int]]:
 
 
 def parse_embedding(body: dict[str, Any]) -> EmbeddingRequest:
-    model = _model(body)
+    model = model_of(body)
     inputs = _embedding_inputs(body.get("input"))
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
@@ -259,7 +282,7 @@ def parse_embedding(body: dict[str, Any]) -> EmbeddingRequest:
         for item in inputs
     )
     tokens = sum(count_words(item) if isinstance(item, str) else len(item) for item in inputs)
-    dimensions = _int(body, "dimensions", low=1, high=MAX_DIMENSIONS)
+    dimensions = int_field(body, "dimensions", low=1, high=MAX_DIMENSIONS)
     return EmbeddingRequest(
         model=model,
         keys=keys,

@@ -11,7 +11,7 @@ import enum
 import heapq
 import itertools
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 from starlette.types import Send
@@ -19,7 +19,7 @@ from starlette.types import Send
 from proxy.clock import Clock
 from proxy.tools.mocktext import TokenSource
 
-__all__ = ["Outcome", "Schedule", "SseFormat", "StreamRun", "Ticker"]
+__all__ = ["Outcome", "Schedule", "SseFormat", "StreamFormat", "StreamRun", "Ticker"]
 
 _SLOT: Final = "\x00token\x00"
 _SLOT_JSON: Final = orjson.dumps(_SLOT)
@@ -92,6 +92,12 @@ def _event(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
+class StreamFormat(Protocol):
+    """Encodes one stream's events: tokens `start` to `stop` (and its ending, when `last`)."""
+
+    def encode(self, tokens: TokenSource, start: int, stop: int, last: bool) -> bytes: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SseFormat:
     """One stream's pre-encoded bytes: event = prefix + token JSON + suffix (last_suffix at end).
@@ -135,6 +141,15 @@ class SseFormat:
         _, last_suffix = _split(chunk(finish_reason))
         return cls(prefix, suffix, last_suffix, b"", _tail(base, usage))
 
+    def encode(self, tokens: TokenSource, start: int, stop: int, last: bool) -> bytes:
+        token = tokens.json
+        parts = [self.head] if start == 0 else []
+        for i in range(start, stop - 1 if last else stop):
+            parts += (self.prefix, token(i), self.suffix)
+        if last:
+            parts += (self.prefix, token(stop - 1), self.last_suffix, self.tail)
+        return b"".join(parts)
+
 
 def _tail(base: dict[str, Any], usage: dict[str, int] | None) -> bytes:
     if usage is None:
@@ -172,7 +187,7 @@ class StreamRun:
         self,
         *,
         send: Send,
-        fmt: SseFormat,
+        fmt: StreamFormat,
         tokens: TokenSource,
         schedule: Schedule,
         ticker: Ticker,
@@ -224,10 +239,4 @@ class StreamRun:
             self._waiter = None
 
     def _encode(self, start: int, stop: int, last: bool) -> bytes:
-        fmt, token = self._fmt, self._tokens.json
-        parts = [fmt.head] if start == 0 else []
-        for i in range(start, stop - 1 if last else stop):
-            parts += (fmt.prefix, token(i), fmt.suffix)
-        if last:
-            parts += (fmt.prefix, token(stop - 1), fmt.last_suffix, fmt.tail)
-        return b"".join(parts)
+        return self._fmt.encode(self._tokens, start, stop, last)

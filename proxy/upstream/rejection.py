@@ -17,7 +17,14 @@ import orjson
 from proxy.errors import GatewayError, UpstreamError, UpstreamUnavailable
 from proxy.policy.model import Backend
 
-__all__ = ["MAX_RETRY_AFTER_S", "UpstreamRejected", "field_text", "retry_after_s", "status_error"]
+__all__ = [
+    "MAX_RETRY_AFTER_S",
+    "UpstreamRejected",
+    "error_fields",
+    "field_text",
+    "retry_after_s",
+    "status_error",
+]
 
 # A backend asking for a longer wait is still asked again within the hour.
 MAX_RETRY_AFTER_S: Final = 3600
@@ -43,7 +50,7 @@ class UpstreamRejected(GatewayError):
 def status_error(backend: Backend, response: httpx.Response, raw: bytes) -> GatewayError:
     """The error a backend's non-2xx answer (its first bytes in `raw`) becomes."""
     status = response.status_code
-    backend_error = _error_fields(raw)
+    backend_error = error_fields(raw)
     detail = field_text(backend_error.get("message")) or raw[:200].decode("utf-8", "replace")
     if status in (401, 403):
         return UpstreamError(f"backend {backend.name!r} rejected the gateway's credentials")
@@ -94,7 +101,8 @@ def _seconds_until(http_date: str, now: float) -> float | None:
         return None
 
 
-def _error_fields(raw: bytes) -> dict[str, Any]:
+def error_fields(raw: bytes) -> dict[str, Any]:
+    """The `error` object of an error body (a bare string as its message); {} if none."""
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:

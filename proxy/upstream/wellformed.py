@@ -18,6 +18,8 @@ _LIST_FIELD: Final[dict[str, str]] = {
     "chat": "choices",
     "text_completion": "choices",
     "embeddings": "data",
+    "responses": "output",
+    "messages": "content",
 }
 _DATA: Final = b"data:"
 # A stream's first event comes within this many bytes (SSEForwarder holds at most as much).

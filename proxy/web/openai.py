@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: completions, chat, embeddings and the tenant's model list."""
+"""The OpenAI-compatible routes: completions, chat, embeddings, responses and the tenant's model
+list."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ __all__ = ["ModelList", "OpenAIEndpoint"]
 
 
 class OpenAIEndpoint:
-    """`POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`: a pipeline run each."""
+    """`POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/responses` (and,
+    behind MessagesEndpoint, `/v1/messages`): a pipeline run each."""
 
     def __init__(self, operation: Operation) -> None:
         self._operation: Operation = operation

@@ -1,0 +1,117 @@
+"""Anthropic's side of the boundary: its key header, and its error shape and statuses.
+
+The stages raise the gateway's errors and render them OpenAI's way; `AnthropicErrors` wraps the
+ASGI `send` of a Messages request and rewrites those answers (a whole error, or a stream's
+closing error event) into `{"type": "error", "error": {"type", "message"}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import orjson
+from starlette.types import Message, Scope, Send
+
+from proxy.upstream.rejection import error_fields
+
+__all__ = ["AnthropicErrors", "anthropic_error", "with_api_key"]
+
+_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+_KNOWN_TYPES: Final = frozenset(_TYPES.values())
+# Anthropic says 529 where the gateway says 503 (overloaded: retry shortly).
+_STATUSES: Final = {503: 529}
+_STREAM_ERROR: Final = b'data: {"error"'
+
+
+def with_api_key(scope: Scope) -> Scope:
+    """The scope with `x-api-key` presented as the bearer key, when no Authorization is given."""
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    key = None
+    for name, value in headers:
+        if name == b"authorization":
+            return scope
+        if name == b"x-api-key":
+            key = value
+    if key is None:
+        return scope
+    return {**scope, "headers": [*headers, (b"authorization", b"Bearer " + key)]}
+
+
+def anthropic_error(status: int, openai_body: bytes) -> tuple[int, bytes]:
+    """Anthropic's status and body for a gateway error answer (OpenAI-shaped `openai_body`)."""
+    error = error_fields(openai_body)
+    message = error.get("message")
+    if not isinstance(message, str) or not message:
+        message = f"The gateway answered {status}."
+    status = _STATUSES.get(status, status)
+    given = error.get("type")
+    kind = _TYPES.get(status) or (given if given in _KNOWN_TYPES else None)
+    if kind is None:
+        kind = "api_error" if status >= 500 else "invalid_request_error"
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return status, orjson.dumps(body)
+
+
+class AnthropicErrors:
+    """`send` for a Messages request: errors leave in Anthropic's shape; all else unchanged."""
+
+    __slots__ = ("_chunks", "_held", "_send", "_stream")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._held: Message | None = None
+        self._chunks: list[bytes] = []
+        self._stream = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if message["status"] >= 400:
+                self._held = message  # sent with the body, once it is rewritten
+                return
+            content_type = dict(message.get("headers", ())).get(b"content-type", b"")
+            self._stream = content_type.startswith(b"text/event-stream")
+        elif message["type"] == "http.response.body":
+            if self._held is not None:
+                await self._error(message)
+                return
+            if self._stream and not message.get("more_body", False):
+                message = self._closing_event(message)
+        await self._send(message)
+
+    async def _error(self, message: Message) -> None:
+        self._chunks.append(message.get("body", b""))
+        if message.get("more_body", False) or self._held is None:
+            return
+        start, self._held = self._held, None
+        status, body = anthropic_error(start["status"], b"".join(self._chunks))
+        headers = [
+            (name, value)
+            for name, value in start.get("headers", ())
+            if name not in (b"content-length", b"content-type")
+        ]
+        headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await self._send({**start, "status": status, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _closing_event(self, message: Message) -> Message:
+        """A stream cut by an error ends in an OpenAI-shaped `data:` event: Anthropic's clients
+        read only named events, so it becomes an `event: error`."""
+        body: bytes = message.get("body", b"")
+        at = body.find(_STREAM_ERROR)
+        if at < 0:
+            return message
+        payload = body[at + len(b"data: ") :].strip()
+        _, rewritten = anthropic_error(500, payload)
+        event = b"event: error\ndata: " + rewritten + b"\n\n"
+        return {**message, "body": body[:at] + event}

@@ -1,0 +1,110 @@
+"""Pass-through of a named-event stream (Responses, Messages): events go out unchanged; the
+text deltas are counted and only the events that carry usage are parsed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = ["EventForwarder", "StreamEvents"]
+
+_DATA = b"data:"
+# A backend that never ends an event must not make us hold its bytes forever.
+_MAX_HELD_BYTES = 1 << 20
+
+UsageReader = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
+"""The whole usage once one parsed event completes it, else None; the second argument is the
+stream's scratch state, for usage that comes in parts (Messages: input first, output last)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvents:
+    """How one API's stream says things: each a regex over an event's `"type"` field."""
+
+    delta: re.Pattern[bytes]  # an event with generated text (a token event)
+    usage: re.Pattern[bytes]  # an event with usage in it
+    last: re.Pattern[bytes]  # the event that ends the stream
+    read_usage: UsageReader
+
+
+def type_pattern(types: str) -> re.Pattern[bytes]:
+    """A regex matching `"type":"<one of types>"` (a regex alternation) as JSON writes it."""
+    return re.compile(rb'"type":\s*"(?:' + types.encode() + rb')"')
+
+
+class EventForwarder:
+    """Cuts an upstream byte stream at event boundaries and returns what may be forwarded.
+
+    Same contract as SSEForwarder: `feed` gives the bytes to write now and how many of their
+    events carry generated text, `finish` what is left at the end, `usage` the backend's usage
+    (in the API's own names). The ending event is held back for `finish`, so the request is
+    settled before the client reads it (as [DONE] is on chat streams).
+    """
+
+    __slots__ = ("_events", "_parts", "_sep", "_tail", "usage")
+
+    def __init__(self, events: StreamEvents) -> None:
+        self._events = events
+        self._sep: bytes | None = None
+        self._tail = b""
+        self._parts: dict[str, Any] = {}
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, data: bytes) -> tuple[bytes, int]:
+        if self._tail:
+            data = self._tail + data
+        sep = self._sep or self._separator(data)
+        cut = data.rfind(sep)
+        if cut < 0:
+            if len(data) > _MAX_HELD_BYTES:
+                self._tail = b""
+                return data, self._count(data)
+            self._tail = data
+            return b"", 0
+        cut += len(sep)
+        out, self._tail = data[:cut], data[cut:]
+        events = self._events
+        if events.usage.search(out) is not None:
+            self._read_usage(out, sep)
+        last = events.last.search(out)
+        if last is not None:
+            start = out.rfind(sep, 0, last.start())
+            start = 0 if start < 0 else start + len(sep)
+            out, self._tail = out[:start], out[start:] + self._tail
+        return out, self._count(out)
+
+    def finish(self) -> bytes:
+        tail, self._tail = self._tail, b""
+        return tail
+
+    def _count(self, out: bytes) -> int:
+        return len(self._events.delta.findall(out))
+
+    def _separator(self, data: bytes) -> bytes:
+        newline = data.find(b"\n")
+        if newline < 0:
+            return b"\n\n"
+        crlf = newline > 0 and data[newline - 1] == 0x0D
+        self._sep = b"\r\n\r\n" if crlf else b"\n\n"
+        return self._sep
+
+    def _read_usage(self, out: bytes, sep: bytes) -> None:
+        for event in out.split(sep):
+            if self._events.usage.search(event) is None:
+                continue
+            payload = b"".join(
+                line[len(_DATA) :].strip() for line in event.splitlines() if line.startswith(_DATA)
+            )
+            try:
+                parsed = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                continue
+            found = (
+                self._events.read_usage(parsed, self._parts) if isinstance(parsed, dict) else None
+            )
+            if found is not None:
+                self.usage = found

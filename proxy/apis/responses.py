@@ -1,0 +1,175 @@
+"""OpenAI's Responses API (`POST /v1/responses`): the fields the gateway reads, its input as chat
+messages (to count it), its usage (`input_tokens`/`output_tokens`) and its stream events."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.apis.events import StreamEvents, type_pattern
+from proxy.stages.jsoncheck import (
+    Check,
+    an_object,
+    array_of,
+    boolean,
+    by_type,
+    fields,
+    integer,
+    number,
+    string,
+    values_of,
+)
+from proxy.stages.openai_schema import MAX_TOKENS_CAP
+
+__all__ = [
+    "EVENTS",
+    "INPUT",
+    "OPTIONAL",
+    "add_system",
+    "answer_texts",
+    "chat_tool",
+    "chat_usage",
+    "joined_text",
+    "media_part",
+    "to_chat",
+]
+
+_PART = fields({"type": string, "text": string})
+_CONTENT = by_type("a string or an array of content parts", {str: string, list: array_of(_PART)})
+_ITEM = fields({"type": string, "role": string, "content": _CONTENT})
+INPUT = by_type("a string or an array of input items", {str: string, list: array_of(_ITEM)})
+
+OPTIONAL: Mapping[str, Check] = {
+    "stream": boolean,
+    "max_output_tokens": integer(1, MAX_TOKENS_CAP),
+    "temperature": number(0.0, 2.0),
+    "top_p": number(0.0, 1.0),
+    "instructions": string,
+    "tools": array_of(an_object),
+    "metadata": values_of(string),
+    "user": string,
+    "store": boolean,
+    "parallel_tool_calls": boolean,
+    "previous_response_id": string,
+}
+
+
+def to_chat(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The instructions and input as chat messages, and the function tools as chat tools."""
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        messages.append({"role": "system", "content": instructions})
+    given = body.get("input")
+    if isinstance(given, str):
+        messages.append({"role": "user", "content": given})
+    elif isinstance(given, list):
+        messages += [_message(item) for item in given if isinstance(item, dict)]
+    tools = [
+        chat_tool(tool.get("name"), tool.get("description"), tool.get("parameters"))
+        for tool in body.get("tools") or ()
+        if isinstance(tool, dict) and tool.get("type") == "function"
+    ]
+    return messages, tools or None
+
+
+def chat_tool(name: object, description: object, parameters: object) -> dict[str, Any]:
+    """A function tool as chat requests declare it."""
+    function = {"name": name or "", "description": description or "", "parameters": parameters}
+    return {"type": "function", "function": function}
+
+
+def _message(item: dict[str, Any]) -> dict[str, Any]:
+    kind = item.get("type")
+    if kind == "function_call":
+        call = {"name": item.get("name") or "", "arguments": item.get("arguments") or ""}
+        tool_call = {"id": item.get("call_id") or "", "type": "function", "function": call}
+        return {"role": "assistant", "content": "", "tool_calls": [tool_call]}
+    if kind == "function_call_output":
+        output = item.get("output")
+        return {
+            "role": "tool",
+            "tool_call_id": item.get("call_id") or "",
+            "content": joined_text(output),
+        }
+    role = item.get("role")
+    content = item.get("content")
+    return {
+        "role": role if isinstance(role, str) else "user",
+        "content": content if isinstance(content, str) else _parts(content),
+    }
+
+
+def _parts(content: object) -> list[dict[str, Any]]:
+    if not isinstance(content, list):
+        return []
+    return [media_part(part) for part in content]
+
+
+def media_part(part: object) -> dict[str, Any]:
+    """A text part as chat's; any other part (an image, a file) as chat's media part, which the
+    counters give their fixed media estimate."""
+    if isinstance(part, dict) and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    return {"type": "image_url", "image_url": {}}
+
+
+def joined_text(value: object) -> str:
+    """A string as it is; the texts of a list of parts, joined."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(
+            p["text"] for p in value if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The usage in chat's names; checked_usage then judges the numbers."""
+    return {
+        "prompt_tokens": usage.get("input_tokens"),
+        "completion_tokens": usage.get("output_tokens"),
+        "total_tokens": usage.get("total_tokens"),
+    }
+
+
+def answer_texts(answer: Mapping[str, Any]) -> list[str]:
+    """The generated texts of a whole response: message text, refusals, function arguments."""
+    texts: list[str] = []
+    for item in answer.get("output") or ():
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call":
+            texts += [item.get("name") or "", item.get("arguments") or ""]
+        for part in item.get("content") or ():
+            if isinstance(part, dict):
+                texts.append(part.get("text") or part.get("refusal") or "")
+    return [text for text in texts if isinstance(text, str)]
+
+
+def add_system(body: dict[str, Any], system_prompt: str) -> bool:
+    """Put the tenant's system prompt first in `instructions`; True if the body changed."""
+    given = body.get("instructions")
+    if isinstance(given, str) and given.startswith(system_prompt):
+        return False
+    body["instructions"] = system_prompt if not given else f"{system_prompt}\n\n{given}"
+    return True
+
+
+def _read_usage(event: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any] | None:
+    response = event.get("response")
+    usage = response.get("usage") if isinstance(response, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+_ENDINGS = r"response\.completed|response\.incomplete|response\.failed"
+EVENTS = StreamEvents(
+    delta=type_pattern(
+        r"response\.(?:output_text|refusal|function_call_arguments|reasoning_text"
+        r"|reasoning_summary_text)\.delta"
+    ),
+    usage=type_pattern(_ENDINGS),
+    last=type_pattern(_ENDINGS),
+    read_usage=_read_usage,
+)

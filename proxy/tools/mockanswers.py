@@ -1,0 +1,96 @@
+"""The mock backend's answers, by endpoint: whole JSON bodies and pre-encoded stream formats
+(chat and completions here; Responses and Messages in mockagents.py)."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Any
+
+import orjson
+
+from proxy.tools.mockagents import agent_answer, agent_stream, parse_agent
+from proxy.tools.mockrequest import (
+    CompletionRequest,
+    EmbeddingRequest,
+    Endpoint,
+    parse_completion,
+)
+from proxy.tools.mockstream import SseFormat, StreamFormat
+from proxy.tools.mocktext import TokenSource, embedding_bytes, embedding_floats
+
+__all__ = ["embedding_answer", "parse_request", "stream_format", "whole_answer"]
+
+_AGENTS = (Endpoint.RESPONSES, Endpoint.MESSAGES)
+
+
+def parse_request(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
+    if endpoint in _AGENTS:
+        return parse_agent(body, endpoint)
+    return parse_completion(body, endpoint)
+
+
+def _base(request: CompletionRequest, created: int, *, stream: bool) -> dict[str, Any]:
+    """The fields every answer and chunk of one chat or text completion share."""
+    if request.endpoint is Endpoint.CHAT:
+        kind = "chat.completion.chunk" if stream else "chat.completion"
+        completion_id = "chatcmpl-" + uuid.uuid4().hex
+    else:
+        kind = "text_completion"
+        completion_id = "cmpl-" + uuid.uuid4().hex
+    return {"id": completion_id, "object": kind, "created": created, "model": request.model}
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def stream_format(
+    request: CompletionRequest,
+    body: dict[str, Any],
+    created: int,
+    tokens: TokenSource,
+    n_tokens: int,
+    finish_reason: str,
+) -> StreamFormat:
+    if request.endpoint in _AGENTS:
+        return agent_stream(request, body, created, tokens, n_tokens, finish_reason)
+    usage = _usage(request.prompt_tokens, n_tokens) if request.include_usage else None
+    build = SseFormat.chat if request.endpoint is Endpoint.CHAT else SseFormat.completion
+    return build(_base(request, created, stream=True), finish_reason, usage)
+
+
+def whole_answer(
+    request: CompletionRequest,
+    body: dict[str, Any],
+    created: int,
+    text: str,
+    n_tokens: int,
+    finish_reason: str,
+) -> bytes:
+    if request.endpoint in _AGENTS:
+        return agent_answer(request, body, created, text, n_tokens, finish_reason)
+    if request.endpoint is Endpoint.CHAT:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+    else:
+        choice = {"text": text, "index": 0}
+    choice |= {"logprobs": None, "finish_reason": finish_reason}
+    answer = _base(request, created, stream=False)
+    answer |= {"choices": [choice], "usage": _usage(request.prompt_tokens, n_tokens)}
+    return orjson.dumps(answer)
+
+
+def embedding_answer(request: EmbeddingRequest) -> bytes:
+    data: list[dict[str, Any]] = []
+    for index, key in enumerate(request.keys):
+        packed = embedding_bytes(key, request.dimensions)
+        vector: object = (
+            base64.b64encode(packed).decode() if request.base64 else embedding_floats(packed)
+        )
+        data.append({"object": "embedding", "index": index, "embedding": vector})
+    usage = {"prompt_tokens": request.prompt_tokens, "total_tokens": request.prompt_tokens}
+    return orjson.dumps({"object": "list", "data": data, "model": request.model, "usage": usage})

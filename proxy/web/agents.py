@@ -1,0 +1,89 @@
+"""The Anthropic-compatible routes: `POST /v1/messages` (a pipeline run, Anthropic's key header
+and error shape) and `POST /v1/messages/count_tokens` (answered by the gateway's tokenizer)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
+
+from proxy.apis import AGENT_APIS
+from proxy.apis import messages as messages_api
+from proxy.apis.anthropic import AnthropicErrors, with_api_key
+from proxy.context import RequestContext
+from proxy.errors import BadRequest, GatewayError
+from proxy.stages.parse import Parse, check_fields
+from proxy.tokens import TokenizerError
+from proxy.upstream.meter import StreamMeter
+from proxy.web.body import ClientGone, read_body
+from proxy.web.openai import OpenAIEndpoint
+from proxy.web.requestid import REQUEST_ID_KEY
+from proxy.web.respond import send_error, send_json
+
+if TYPE_CHECKING:
+    from proxy.app import Gateway
+
+__all__ = ["CountTokens", "MessagesEndpoint"]
+
+_COUNT_CHECKS = {"messages": messages_api.MESSAGES, **messages_api.COUNT_CHECKS}
+
+
+class MessagesEndpoint:
+    """`POST /v1/messages`: the chat pipeline's stages on Anthropic's request and answer."""
+
+    def __init__(self) -> None:
+        self._endpoint = OpenAIEndpoint("messages")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._endpoint(with_api_key(scope), receive, AnthropicErrors(send))
+
+
+class CountTokens:
+    """`POST /v1/messages/count_tokens`: `{"input_tokens": N}`, N counted with the model's
+    tokenizer over what the gateway would send (the tenant's system prompt included). Nothing is
+    billed and no backend is called."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway: Gateway = scope["state"]["gateway"]
+        send = AnthropicErrors(send)
+        scope = with_api_key(scope)
+        now = gateway.clock.monotonic()
+        ctx = RequestContext(
+            request_id=scope.get(REQUEST_ID_KEY, ""),
+            operation="messages",
+            received_s=now,
+            received_wall=gateway.clock.wall(),
+            meter=StreamMeter(now),
+            headers=Headers(scope=scope),
+        )
+        try:
+            count = await self._count(gateway, ctx, receive)
+        except GatewayError as exc:
+            await send_error(send, exc)
+            return
+        except ClientGone:
+            return
+        await send_json(send, 200, orjson.dumps({"input_tokens": count}))
+
+    async def _count(self, gateway: Gateway, ctx: RequestContext, receive: Receive) -> int:
+        policy = gateway.policy
+        name, _ = gateway.keyring.identify(ctx.headers.get("authorization"))
+        ctx.tenant_name, ctx.tenant = name, policy.tenants[name]
+        server = policy.server
+        ctx.raw_body = await read_body(
+            receive, ctx.headers, server.max_body_bytes, server.body_timeout
+        )
+        body: dict[str, Any] = Parse(policy.models).read(ctx)
+        check_fields(body, ("messages",), _COUNT_CHECKS)
+        system_prompt = ctx.tenant.budget.system_prompt
+        if system_prompt is not None:
+            AGENT_APIS["messages"].add_system(body, system_prompt)
+        chat, tools = messages_api.to_chat(body)
+        try:
+            return await gateway.counters.count_chat(ctx.model, chat, tools)
+        except TokenizerError as exc:
+            raise BadRequest(
+                f"The messages do not fit the model's chat format: {exc}", param="messages"
+            ) from exc

@@ -1,0 +1,96 @@
+"""The named-event pass-through: bytes unchanged, text deltas counted, usage read, the last
+event held back until the end, however the backend's writes cut the events."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.apis import AGENT_APIS, EventForwarder
+from proxy.stages.usage import checked_usage
+
+
+def event(data: dict[str, object], sep: bytes = b"\n") -> bytes:
+    kind = str(data["type"]).encode()
+    return b"event: " + kind + sep + b"data: " + orjson.dumps(data) + sep + sep
+
+
+def messages_stream(sep: bytes = b"\n") -> bytes:
+    usage_start = {"input_tokens": 11, "output_tokens": 1, "cache_read_input_tokens": 4}
+    parts: list[dict[str, object]] = [
+        {"type": "message_start", "message": {"type": "message", "usage": usage_start}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+        {"type": "ping"},
+        *[
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}
+            for t in ("Hel", "lo", ' "type":"content_block_delta"')
+        ],
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn"},
+            "usage": {"output_tokens": 3},
+        },
+        {"type": "message_stop"},
+    ]
+    return b"".join(event(p, sep) for p in parts)
+
+
+@pytest.mark.parametrize("sep", [b"\n", b"\r\n"])
+@pytest.mark.parametrize("size", [1, 7, 64, 100_000])
+def test_a_messages_stream_passes_through_whole_however_it_is_cut(sep: bytes, size: int) -> None:
+    raw = messages_stream(sep)
+    forwarder = EventForwarder(AGENT_APIS["messages"].events)
+    out: list[bytes] = []
+    deltas = 0
+    for start in range(0, len(raw), size):
+        written, tokens = forwarder.feed(raw[start : start + size])
+        out.append(written)
+        deltas += tokens
+        assert b"message_stop" not in written  # held back for the end
+    ending = forwarder.finish()
+    assert ending == event({"type": "message_stop"}, sep)
+    assert b"".join(out) + ending == raw
+    assert deltas == 3  # a delta whose text quotes an event type is still one
+    assert forwarder.usage is not None
+    usage = AGENT_APIS["messages"].usage(forwarder.usage)
+    assert checked_usage(usage) == (11 + 4, 3)  # prompt-cache reads are input too
+
+
+def test_a_messages_stream_cut_before_message_delta_has_no_usage() -> None:
+    raw = messages_stream()
+    cut = raw.index(b"event: message_delta")
+    forwarder = EventForwarder(AGENT_APIS["messages"].events)
+    forwarder.feed(raw[:cut])
+    assert forwarder.usage is None  # message_start's output count is not the answer's
+
+
+def test_a_responses_stream_bills_from_response_completed() -> None:
+    usage = {"input_tokens": 9, "output_tokens": 2, "total_tokens": 11}
+    parts: list[dict[str, object]] = [
+        {"type": "response.created", "response": {"usage": None}, "sequence_number": 0},
+        {"type": "response.output_text.delta", "delta": "Hi", "sequence_number": 1},
+        {"type": "response.output_text.delta", "delta": " you", "sequence_number": 2},
+        {"type": "response.output_text.done", "text": "Hi you", "sequence_number": 3},
+        {"type": "response.completed", "response": {"usage": usage}, "sequence_number": 4},
+    ]
+    raw = b"".join(event(p) for p in parts)
+    forwarder = EventForwarder(AGENT_APIS["responses"].events)
+    written, deltas = forwarder.feed(raw)
+    assert deltas == 2
+    assert written + forwarder.finish() == raw
+    assert forwarder.usage == usage
+    assert checked_usage(AGENT_APIS["responses"].usage(usage)) == (9, 2)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"input_tokens": -1, "output_tokens": 3},
+        {"input_tokens": 5, "output_tokens": 3, "cache_read_input_tokens": -4},
+        {"input_tokens": 5, "output_tokens": 3, "cache_creation_input_tokens": 2.5},
+        {"input_tokens": True, "output_tokens": 3},
+    ],
+)
+def test_unbelievable_messages_usage_stays_unbelieved(usage: dict[str, object]) -> None:
+    assert checked_usage(AGENT_APIS["messages"].usage(usage)) is None

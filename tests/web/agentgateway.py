@@ -1,0 +1,121 @@
+"""A real gateway with a SQLite ledger over the real mock backend, for the Responses and Messages
+API tests: tenants with no limits, with an output cap and system prompt, with a tiny quota, with
+an input limit, with the response cache on, and with one request a minute."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from proxy.app import create_app
+from proxy.ledger import UsageRecord
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from proxy.tools import mockbackend
+from tests.servers import serve
+from tests.shared import tokenizer_file
+from tests.web.test_billing import ledger_records
+
+OPEN_KEY = "tw-agents-open"
+CAPPED_KEY = "tw-agents-capped"
+POOR_KEY = "tw-agents-poor"
+SHORT_KEY = "tw-agents-short"
+CACHED_KEY = "tw-agents-cached"
+LIMITED_KEY = "tw-agents-limited"
+SYSTEM_PROMPT = "Answer in one short sentence."
+OUTPUT_CAP = 3
+PRICE_IN_NUSD_PER_TOKEN = 1_000  # input_per_1m: 1.0 USD
+PRICE_OUT_NUSD_PER_TOKEN = 2_000  # output_per_1m: 2.0 USD
+
+
+def qwen_spec() -> str:
+    return f"{tokenizer_file('qwen2.5/qwen.tiktoken')}#qwen2.5"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentGateway:
+    url: str
+    backend_url: str
+    ledger: Path
+
+    def stats(self) -> dict[str, object]:
+        stats: dict[str, object] = httpx.get(self.backend_url + "/mock/stats", timeout=10).json()
+        return stats
+
+    def reset(self) -> None:
+        httpx.post(self.backend_url + "/mock/stats/reset", timeout=10).raise_for_status()
+
+    def record(self, request_id: str) -> UsageRecord:
+        """The ledger's record of one request, once it is written (within 10 s)."""
+        deadline = time.monotonic() + 10
+        while True:
+            found = [r for r in ledger_records(self.ledger, 0) if r.request_id == request_id]
+            if found:
+                return found[0]
+            assert time.monotonic() < deadline, f"no ledger record of {request_id}"
+            time.sleep(0.05)
+
+
+def wait_for_stat(gateway: AgentGateway, name: str, value: int, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        seen = gateway.stats()[name]
+        assert isinstance(seen, int)
+        if seen >= value:
+            return
+        assert time.monotonic() < deadline, f"{name} is {seen} after {within_s} s"
+        time.sleep(0.01)
+
+
+def _policy_text(backend_url: str, ledger: Path) -> str:
+    return f"""
+storage: memory
+ledger: sqlite:///{ledger}
+upstream: {{connect_timeout: 2s, read_timeout: 10s}}
+backends:
+  - name: mock
+    url: {backend_url}/v1
+    models: [mock-llm, mock-small]
+models:
+  mock-llm: {{tokenizer: "{qwen_spec()}", price: {{input_per_1m: 1.0, output_per_1m: 2.0}}}}
+  mock-small: {{}}
+tenants:
+  open:
+    api_keys: [{hash_key(OPEN_KEY)}]
+    models: [mock-llm]
+  capped:
+    api_keys: [{hash_key(CAPPED_KEY)}]
+    models: [mock-llm]
+    budget: {{max_output_tokens: {OUTPUT_CAP}, system_prompt: "{SYSTEM_PROMPT}"}}
+  poor:
+    api_keys: [{hash_key(POOR_KEY)}]
+    models: [mock-llm]
+    budget: {{tokens_per_day: 50}}
+  short:
+    api_keys: [{hash_key(SHORT_KEY)}]
+    models: [mock-llm]
+    budget: {{max_input_tokens: 60}}
+  cached:
+    api_keys: [{hash_key(CACHED_KEY)}]
+    models: [mock-llm]
+    cache: {{mode: always}}
+  limited:
+    api_keys: [{hash_key(LIMITED_KEY)}]
+    models: [mock-llm]
+    limits: {{requests_per_minute: 1}}
+"""
+
+
+@contextmanager
+def agent_gateway(folder: Path) -> Iterator[AgentGateway]:
+    """The mock at 1,000 tokens/s (a 20,000-token answer takes 20 s: time to leave mid-way)."""
+    ledger = folder / "ledger.db"
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=1000)) as backend_url:
+        policy = parse_policy(_policy_text(backend_url, ledger), file="agents.yaml", environ={})
+        with serve(create_app(policy)) as url:
+            yield AgentGateway(url, backend_url, ledger)

@@ -1,0 +1,138 @@
+"""A backend's Responses or Messages usage is checked as chat's is: numbers it cannot believe are
+not billed; the gateway's own exact counts (the model's tokenizer) are, and the record says so."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from starlette.types import Receive, Scope, Send
+
+from proxy.app import create_app
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from proxy.tokens import load_counter
+from tests.servers import serve
+from tests.web.agentgateway import qwen_spec
+from tests.web.test_billing import ledger_records
+
+KEY = "tw-usage-checks"
+ANSWER = "hello " * 12
+QUESTION = [{"role": "user", "content": "Say hello twelve times."}]
+
+
+class UsageLiar:
+    """Honest answers on /v1/responses and /v1/messages; their `usage` is whatever is set."""
+
+    def __init__(self) -> None:
+        self.usage: dict[str, object] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        if scope["path"] == "/v1/responses":
+            item = {"type": "message", "role": "assistant", "status": "completed"}
+            item["content"] = [{"type": "output_text", "text": ANSWER, "annotations": []}]
+            answer: dict[str, object] = {"object": "response", "status": "completed"}
+            answer |= {"output": [item], "usage": self.usage}
+        else:
+            answer = {"type": "message", "role": "assistant", "stop_reason": "end_turn"}
+            answer |= {"content": [{"type": "text", "text": ANSWER}], "usage": self.usage}
+        body = orjson.dumps(answer)
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UsageLiar, str, Path]]:
+    liar = UsageLiar()
+    ledger = Path(tmp_path_factory.mktemp("usage")) / "ledger.db"
+    with serve(liar) as backend_url:
+        text = f"""
+storage: memory
+ledger: sqlite:///{ledger}
+backends: [{{name: liar, url: "{backend_url}/v1", models: [exact-llm]}}]
+models:
+  exact-llm: {{tokenizer: "{qwen_spec()}"}}
+tenants:
+  alpha: {{api_keys: [{hash_key(KEY)}], models: [exact-llm]}}
+"""
+        with serve(create_app(parse_policy(text, file="usage.yaml", environ={}))) as url:
+            yield liar, url, ledger
+
+
+BAD = [
+    {"input_tokens": -5, "output_tokens": 12},
+    {"input_tokens": 9, "output_tokens": 10**12},
+    {"input_tokens": 9.0, "output_tokens": 12},
+    {"input_tokens": True, "output_tokens": True},
+    {"input_tokens": 9},
+    {"input_tokens": 9, "output_tokens": 12, "cache_read_input_tokens": -100},
+]
+
+
+def ask(url: str, route: str) -> httpx.Response:
+    if route == "/v1/responses":
+        body: dict[str, object] = {"model": "exact-llm", "input": QUESTION}
+    else:
+        body = {"model": "exact-llm", "max_tokens": 50, "messages": QUESTION}
+    headers = {"authorization": f"Bearer {KEY}"}
+    return httpx.post(url + route, json=body, headers=headers, timeout=10)
+
+
+def billed(ledger: Path, request_id: str) -> tuple[int, int, str | None]:
+    """What the ledger billed the request, once its record is written (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = [r for r in ledger_records(ledger, 0) if r.request_id == request_id]
+        if found:
+            return found[0].input_tokens, found[0].output_tokens, found[0].usage_source
+        time.sleep(0.05)
+    raise AssertionError(f"no record of {request_id}")
+
+
+@pytest.mark.parametrize(
+    ("route", "usage"),
+    [("/v1/messages", usage) for usage in BAD]
+    + [("/v1/responses", usage) for usage in BAD if "cache_read_input_tokens" not in usage],
+)
+def test_unbelievable_usage_bills_the_gateways_exact_counts(
+    setup: tuple[UsageLiar, str, Path], route: str, usage: dict[str, object]
+) -> None:
+    liar, url, ledger = setup
+    liar.usage = usage
+    answer = ask(url, route)
+    assert answer.status_code == 200  # the client still gets its answer, unchanged
+    counter = load_counter(qwen_spec(), model="exact-llm")
+    expected = (counter.count_chat(QUESTION), counter.count_text(ANSWER), "counted")
+    assert billed(ledger, answer.headers["x-request-id"]) == expected
+
+
+@pytest.mark.parametrize(
+    ("route", "usage", "expected"),
+    [
+        ("/v1/responses", {"input_tokens": 9, "output_tokens": 12, "total_tokens": 21}, (9, 12)),
+        (
+            "/v1/messages",
+            {"input_tokens": 3, "output_tokens": 12, "cache_read_input_tokens": 6},
+            (9, 12),
+        ),
+    ],
+)
+def test_believable_usage_is_the_bill(
+    setup: tuple[UsageLiar, str, Path],
+    route: str,
+    usage: dict[str, object],
+    expected: tuple[int, int],
+) -> None:
+    liar, url, ledger = setup
+    liar.usage = usage
+    answer = ask(url, route)
+    assert billed(ledger, answer.headers["x-request-id"]) == (*expected, "backend")

@@ -1,0 +1,331 @@
+"""`POST /v1/messages` and `/v1/messages/count_tokens` through the gateway, with the real
+anthropic SDK, over the real mock backend: Anthropic's key header, usage, errors and stream."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import orjson
+import pytest
+
+from proxy.tokens import load_counter
+from tests.web.agentgateway import (
+    CAPPED_KEY,
+    LIMITED_KEY,
+    OPEN_KEY,
+    OUTPUT_CAP,
+    POOR_KEY,
+    PRICE_IN_NUSD_PER_TOKEN,
+    PRICE_OUT_NUSD_PER_TOKEN,
+    SHORT_KEY,
+    SYSTEM_PROMPT,
+    AgentGateway,
+    agent_gateway,
+    qwen_spec,
+    wait_for_stat,
+)
+
+HELLO = [{"role": "user", "content": "Name three rivers of Europe."}]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentGateway]:
+    with agent_gateway(Path(tmp_path_factory.mktemp("messages"))) as running:
+        yield running
+
+
+def sdk(gateway: AgentGateway, key: str = OPEN_KEY) -> anthropic.Anthropic:
+    """The SDK as Anthropic's users run it: the key goes in `x-api-key`."""
+    return anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0)
+
+
+def test_a_whole_message_is_billed_from_its_usage(gateway: AgentGateway) -> None:
+    with sdk(gateway) as client:
+        raw = client.messages.with_raw_response.create(
+            model="mock-llm",
+            max_tokens=100,
+            messages=HELLO,
+            extra_body={"mock_completion_tokens": 7},
+        )
+    message = raw.parse()
+    assert message.stop_reason == "end_turn"
+    assert message.content[0].type == "text"
+    assert len(message.content[0].text.split()) == 7
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (5 + 4, 7)
+    record = gateway.record(raw.headers["x-request-id"])
+    assert (record.operation, record.status, record.stream) == ("messages", 200, False)
+    assert (record.input_tokens, record.output_tokens) == (9, 7)
+    assert record.usage_source == "backend"
+    assert record.cost_nusd == 9 * PRICE_IN_NUSD_PER_TOKEN + 7 * PRICE_OUT_NUSD_PER_TOKEN
+
+
+def test_a_streamed_message_is_billed_from_message_start_and_message_delta(
+    gateway: AgentGateway,
+) -> None:
+    with (
+        sdk(gateway) as client,
+        client.messages.stream(
+            model="mock-llm",
+            max_tokens=100,
+            messages=HELLO,
+            extra_body={"mock_completion_tokens": 12},
+        ) as stream,
+    ):
+        request_id = stream.response.headers["x-request-id"]
+        texts = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert len(texts) == 12
+    assert final.content[0].type == "text"
+    assert final.content[0].text == "".join(texts)
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (9, 12)
+    record = gateway.record(request_id)
+    assert (record.operation, record.stream, record.status) == ("messages", True, 200)
+    assert (record.input_tokens, record.output_tokens) == (9, 12)
+    assert record.usage_source == "backend"
+    assert record.ttft_ms is not None  # metered on the first content_block_delta
+    assert record.tokens_per_s is not None
+
+
+def test_the_raw_event_sequence_is_anthropics(gateway: AgentGateway) -> None:
+    with sdk(gateway) as client:
+        events = list(
+            client.messages.create(
+                model="mock-llm",
+                max_tokens=100,
+                messages=HELLO,
+                stream=True,
+                extra_body={"mock_completion_tokens": 3},
+            )
+        )
+    assert [event.type for event in events] == [
+        "message_start",
+        "content_block_start",
+        *["content_block_delta"] * 3,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]  # the SDK skips `ping`
+
+
+def test_a_bearer_key_works_too_and_a_wrong_key_is_an_anthropic_401(
+    gateway: AgentGateway,
+) -> None:
+    with anthropic.Anthropic(base_url=gateway.url, auth_token=OPEN_KEY, max_retries=0) as bearer:
+        message = bearer.messages.create(model="mock-llm", max_tokens=5, messages=HELLO)
+    assert message.usage.output_tokens == 5
+    with sdk(gateway, "tw-wrong") as client, pytest.raises(anthropic.AuthenticationError) as bad:
+        client.messages.create(model="mock-llm", max_tokens=5, messages=HELLO)
+    assert bad.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "Incorrect API key provided."},
+    }
+    missing = httpx.post(
+        gateway.url + "/v1/messages",
+        json={"model": "mock-llm", "max_tokens": 5, "messages": HELLO},
+        timeout=10,
+    )
+    assert missing.status_code == 401
+    assert missing.json()["error"]["type"] == "authentication_error"
+
+
+def test_the_output_cap_and_system_prompt_apply(gateway: AgentGateway) -> None:
+    with sdk(gateway, CAPPED_KEY) as client:
+        raw = client.messages.with_raw_response.create(
+            model="mock-llm", max_tokens=100, system="Be kind.", messages=HELLO
+        )
+    message = raw.parse()
+    assert message.stop_reason == "max_tokens"
+    assert message.usage.output_tokens == OUTPUT_CAP
+    sent = gateway.stats()["last_request"]
+    assert isinstance(sent, dict)
+    assert sent["max_tokens"] == OUTPUT_CAP
+    assert sent["system"] == f"{SYSTEM_PROMPT}\n\nBe kind."
+    assert set(raw.headers["x-tokenweir-shaped"].split(",")) == {"system_prompt", "max_tokens"}
+
+
+def test_over_quota_is_an_anthropic_429_that_bills_nothing(gateway: AgentGateway) -> None:
+    gateway.reset()
+    with sdk(gateway, POOR_KEY) as client, pytest.raises(anthropic.RateLimitError) as refused:
+        client.messages.create(model="mock-llm", max_tokens=100, messages=HELLO)
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "rate_limit_error"
+    assert "tokens_per_day" in body["error"]["message"]
+    answer = refused.value.response
+    assert answer.headers["x-should-retry"] == "false"
+    record = gateway.record(answer.headers["x-request-id"])
+    assert (record.status, record.input_tokens, record.output_tokens, record.cost_nusd) == (
+        429,
+        0,
+        0,
+        0,
+    )
+    assert gateway.stats()["requests_total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind"),
+    [
+        ({"model": "mock-llm", "max_tokens": 5, "messages": []}, 400, "invalid_request_error"),
+        ({"model": "mock-llm", "messages": HELLO}, 400, "invalid_request_error"),
+        (
+            {"model": "mock-llm", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
+            400,
+            "invalid_request_error",
+        ),
+        (
+            {"model": "mock-llm", "max_tokens": 5, "messages": HELLO, "temperature": 1.5},
+            400,
+            "invalid_request_error",
+        ),
+        ({"model": "mock-small", "max_tokens": 5, "messages": HELLO}, 403, "permission_error"),
+        ({"model": "no-such-model", "max_tokens": 5, "messages": HELLO}, 404, "not_found_error"),
+        (b"{not json", 400, "invalid_request_error"),
+    ],
+)
+def test_bad_requests_get_anthropics_error_shape_and_reach_no_backend(
+    gateway: AgentGateway, body: dict[str, object] | bytes, status: int, kind: str
+) -> None:
+    gateway.reset()
+    content = body if isinstance(body, bytes) else None
+    answer = httpx.post(
+        gateway.url + "/v1/messages",
+        content=content,
+        json=None if content is not None else body,
+        headers={"x-api-key": OPEN_KEY, "content-type": "application/json"},
+        timeout=10,
+    )
+    assert answer.status_code == status
+    error = answer.json()
+    assert set(error) == {"type", "error"}
+    assert error["type"] == "error"
+    assert error["error"]["type"] == kind
+    assert isinstance(error["error"]["message"], str)
+    assert error["error"]["message"]
+    assert answer.headers["content-length"] == str(len(answer.content))
+    assert gateway.stats()["requests_total"] == 0
+
+
+def test_a_client_that_leaves_cancels_the_backend(gateway: AgentGateway) -> None:
+    gateway.reset()
+    with (
+        sdk(gateway) as client,
+        client.messages.stream(
+            model="mock-llm",
+            max_tokens=20_000,
+            messages=HELLO,
+            extra_body={"mock_completion_tokens": 20_000},
+        ) as stream,
+    ):
+        request_id = stream.response.headers["x-request-id"]
+        for seen, _ in enumerate(stream.text_stream, start=1):
+            if seen == 20:
+                break
+    wait_for_stat(gateway, "streams_cancelled", 1)
+    assert gateway.stats()["streams_completed"] == 0
+    record = gateway.record(request_id)
+    assert record.client_disconnected is True
+    assert 20 <= record.output_tokens < 20_000
+
+
+def test_a_backend_dying_mid_stream_is_an_error_event_the_sdk_raises(
+    gateway: AgentGateway,
+) -> None:
+    knobs = {"mock_completion_tokens": 50, "mock_fail_after_tokens": 5}
+    with sdk(gateway) as client, pytest.raises(anthropic.APIStatusError) as failed:
+        for _ in client.messages.create(
+            model="mock-llm", max_tokens=100, messages=HELLO, stream=True, extra_body=knobs
+        ):
+            pass
+    body = failed.value.body
+    assert isinstance(body, dict)
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "api_error"
+
+
+def test_count_tokens_is_the_models_tokenizer_and_bills_nothing(gateway: AgentGateway) -> None:
+    gateway.reset()
+    counter = load_counter(qwen_spec(), model="mock-llm")
+    system = "You are terse."
+    with sdk(gateway) as client:
+        counted = client.messages.count_tokens(model="mock-llm", system=system, messages=HELLO)
+    expected = counter.count_chat([{"role": "system", "content": system}, *HELLO])
+    assert counted.input_tokens == expected
+    with sdk(gateway, CAPPED_KEY) as client:
+        capped = client.messages.count_tokens(model="mock-llm", messages=HELLO)
+    # The tenant's system prompt goes into every real request, so it is counted too.
+    assert capped.input_tokens == counter.count_chat(
+        [{"role": "system", "content": SYSTEM_PROMPT}, *HELLO]
+    )
+    assert gateway.stats()["requests_total"] == 0
+    with sdk(gateway) as client, pytest.raises(anthropic.BadRequestError) as bad:
+        client.messages.count_tokens(model="mock-llm", messages=[])
+    assert isinstance(bad.value.body, dict)
+    assert bad.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_an_input_over_the_limit_is_an_anthropic_400(gateway: AgentGateway) -> None:
+    gateway.reset()
+    long_messages = [{"role": "user", "content": "word " * 100}]
+    with sdk(gateway, SHORT_KEY) as client, pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="mock-llm", max_tokens=5, messages=long_messages)
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["error"]["type"] == "invalid_request_error"
+    assert "over this key's limit of 60 input tokens" in refused.value.body["error"]["message"]
+    assert gateway.stats()["requests_total"] == 0
+
+
+def test_a_backends_own_error_reaches_the_client_in_anthropics_shape(
+    gateway: AgentGateway,
+) -> None:
+    with sdk(gateway) as client, pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(
+            model="mock-llm", max_tokens=5, messages=HELLO, extra_body={"mock_fail": 400}
+        )
+    assert refused.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "Simulated failure (mock_fail=400)."},
+    }
+
+
+def test_a_rate_limit_is_an_anthropic_429_with_retry_after(gateway: AgentGateway) -> None:
+    with sdk(gateway, LIMITED_KEY) as client:
+        first = client.messages.with_raw_response.create(
+            model="mock-llm", max_tokens=5, messages=HELLO
+        )
+        assert first.headers["x-ratelimit-limit-requests"] == "1"
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            client.messages.create(model="mock-llm", max_tokens=5, messages=HELLO)
+    body = limited.value.body
+    assert isinstance(body, dict)
+    assert body["error"]["type"] == "rate_limit_error"
+    headers = limited.value.response.headers
+    assert 1 <= int(headers["retry-after"]) <= 60
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_a_client_that_leaves_a_whole_message_cancels_the_backend(gateway: AgentGateway) -> None:
+    gateway.reset()
+    body = orjson.dumps(
+        {
+            "model": "mock-llm",
+            "max_tokens": 20_000,
+            "messages": HELLO,
+            "mock_completion_tokens": 20_000,  # 20 s of generation before the answer
+        }
+    )
+    host, port = gateway.url.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/messages HTTP/1.1\r\nhost: {host}\r\nx-api-key: {OPEN_KEY}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        client.sendall(head.encode() + body)
+        wait_for_stat(gateway, "inflight", 1)  # the backend is generating
+    wait_for_stat(gateway, "requests_cancelled", 1)  # and stops once the client has gone
+    assert gateway.stats()["inflight"] == 0

@@ -1,0 +1,246 @@
+"""`POST /v1/responses` through the gateway, with the real openai SDK, over the real mock backend:
+billed from the Responses usage, capped, quota'd, checked, and cancelled when the client leaves."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.web.agentgateway import (
+    CACHED_KEY,
+    CAPPED_KEY,
+    OPEN_KEY,
+    OUTPUT_CAP,
+    POOR_KEY,
+    PRICE_IN_NUSD_PER_TOKEN,
+    PRICE_OUT_NUSD_PER_TOKEN,
+    SHORT_KEY,
+    SYSTEM_PROMPT,
+    AgentGateway,
+    agent_gateway,
+    wait_for_stat,
+)
+
+QUESTION = "Name three rivers of Europe."
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentGateway]:
+    with agent_gateway(Path(tmp_path_factory.mktemp("responses"))) as running:
+        yield running
+
+
+def sdk(gateway: AgentGateway, key: str = OPEN_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key=key, max_retries=0)
+
+
+def test_a_whole_response_is_billed_from_its_usage(gateway: AgentGateway) -> None:
+    with sdk(gateway) as client:
+        raw = client.responses.with_raw_response.create(
+            model="mock-llm", input=QUESTION, extra_body={"mock_completion_tokens": 7}
+        )
+    response = raw.parse()
+    assert response.status == "completed"
+    assert len(response.output_text.split()) == 7
+    usage = response.usage
+    assert usage is not None
+    assert (usage.input_tokens, usage.output_tokens) == (5 + 4, 7)  # the mock's words + 4
+    record = gateway.record(raw.headers["x-request-id"])
+    assert (record.operation, record.status, record.stream) == ("responses", 200, False)
+    assert (record.input_tokens, record.output_tokens) == (9, 7)
+    assert record.usage_source == "backend"
+    assert record.cost_nusd == 9 * PRICE_IN_NUSD_PER_TOKEN + 7 * PRICE_OUT_NUSD_PER_TOKEN
+
+
+def test_a_streamed_response_is_relayed_event_by_event_and_billed(gateway: AgentGateway) -> None:
+    with sdk(gateway) as client:
+        stream = client.responses.create(
+            model="mock-llm",
+            input=[{"role": "user", "content": [{"type": "input_text", "text": QUESTION}]}],
+            stream=True,
+            extra_body={"mock_completion_tokens": 12},
+        )
+        request_id = stream.response.headers["x-request-id"]
+        events = list(stream)
+    types = [event.type for event in events]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types.count("response.output_text.delta") == 12
+    assert types[-1] == "response.completed"
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    completed = events[-1]
+    assert completed.type == "response.completed"
+    assert completed.response.usage is not None
+    assert completed.response.usage.output_tokens == 12
+    record = gateway.record(request_id)
+    assert (record.operation, record.stream, record.status) == ("responses", True, 200)
+    assert (record.input_tokens, record.output_tokens) == (9, 12)
+    assert record.usage_source == "backend"
+    assert record.ttft_ms is not None  # metered on the first response.output_text.delta
+    assert record.tokens_per_s is not None
+
+
+def test_the_output_cap_and_system_prompt_apply(gateway: AgentGateway) -> None:
+    with sdk(gateway, CAPPED_KEY) as client:
+        raw = client.responses.with_raw_response.create(
+            model="mock-llm", input=QUESTION, instructions="Be kind.", max_output_tokens=100
+        )
+    response = raw.parse()
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None
+    assert response.usage.output_tokens == OUTPUT_CAP
+    sent = gateway.stats()["last_request"]
+    assert isinstance(sent, dict)
+    assert sent["max_output_tokens"] == OUTPUT_CAP
+    assert "max_tokens" not in sent  # the Responses API's own field, not chat's
+    assert sent["instructions"] == f"{SYSTEM_PROMPT}\n\nBe kind."
+    assert set(raw.headers["x-tokenweir-shaped"].split(",")) == {"system_prompt", "max_tokens"}
+
+
+def test_a_response_without_a_cap_gets_the_tenants(gateway: AgentGateway) -> None:
+    with sdk(gateway, CAPPED_KEY) as client:
+        response = client.responses.create(model="mock-llm", input=QUESTION)
+    assert response.usage is not None
+    assert response.usage.output_tokens == OUTPUT_CAP
+
+
+def test_over_quota_is_a_429_that_bills_nothing(gateway: AgentGateway) -> None:
+    gateway.reset()
+    with sdk(gateway, POOR_KEY) as client, pytest.raises(openai.RateLimitError) as refused:
+        client.responses.create(model="mock-llm", input=QUESTION, max_output_tokens=100)
+    answer = refused.value.response
+    assert answer.json()["error"]["code"] == "insufficient_quota"
+    assert answer.headers["x-should-retry"] == "false"  # 100 tokens never fit in 50 a day
+    record = gateway.record(answer.headers["x-request-id"])
+    assert (record.status, record.input_tokens, record.output_tokens, record.cost_nusd) == (
+        429,
+        0,
+        0,
+        0,
+    )
+    assert gateway.stats()["requests_total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "mock-llm"}, "input"),
+        ({"model": "mock-llm", "input": 42}, "input"),
+        ({"model": "mock-llm", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": "mock-llm", "input": "hi", "temperature": "warm"}, "temperature"),
+    ],
+)
+def test_bad_input_is_an_openai_400_and_reaches_no_backend(
+    gateway: AgentGateway, body: dict[str, object], param: str
+) -> None:
+    gateway.reset()
+    answer = httpx.post(
+        gateway.url + "/v1/responses",
+        json=body,
+        headers={"authorization": f"Bearer {OPEN_KEY}"},
+        timeout=10,
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert gateway.stats()["requests_total"] == 0
+
+
+def test_unknown_fields_pass_through_untouched(gateway: AgentGateway) -> None:
+    extra = {"top_k": 20, "reasoning": {"effort": "low"}, "truncation": "auto"}
+    with sdk(gateway) as client:
+        client.responses.create(model="mock-llm", input=QUESTION, extra_body=extra)
+    sent = gateway.stats()["last_request"]
+    assert isinstance(sent, dict)
+    assert {name: sent[name] for name in extra} == extra
+    assert "stream_options" not in sent
+
+
+def test_a_client_that_leaves_cancels_the_backend(gateway: AgentGateway) -> None:
+    gateway.reset()
+    long = {"mock_completion_tokens": 20_000}
+    with sdk(gateway) as client:
+        stream = client.responses.create(
+            model="mock-llm", input=QUESTION, stream=True, max_output_tokens=20_000, extra_body=long
+        )
+        request_id = stream.response.headers["x-request-id"]
+        deltas = 0
+        for event in stream:
+            deltas += event.type == "response.output_text.delta"
+            if deltas == 20:
+                break
+        stream.close()
+    wait_for_stat(gateway, "streams_cancelled", 1)
+    stats = gateway.stats()
+    assert stats["streams_completed"] == 0
+    record = gateway.record(request_id)
+    assert record.client_disconnected is True
+    # What was produced is billed, by the gateway's counts: the usage never came.
+    assert record.usage_source == "counted"
+    assert 20 <= record.output_tokens < 20_000
+    assert record.input_tokens == record.counted_input_tokens > 0
+
+
+def test_a_backend_dying_mid_stream_ends_in_an_error_the_sdk_raises(
+    gateway: AgentGateway,
+) -> None:
+    knobs = {"mock_completion_tokens": 50, "mock_fail_after_tokens": 5}
+    with sdk(gateway) as client, pytest.raises(openai.APIError):
+        for _ in client.responses.create(
+            model="mock-llm", input=QUESTION, stream=True, extra_body=knobs
+        ):
+            pass
+
+
+def test_an_input_over_the_limit_is_refused_before_the_backend(gateway: AgentGateway) -> None:
+    gateway.reset()
+    long_input = "word " * 100
+    with sdk(gateway, SHORT_KEY) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="mock-llm", input=long_input)
+    assert refused.value.code == "context_length_exceeded"
+    with sdk(gateway, SHORT_KEY) as client:
+        assert client.responses.create(model="mock-llm", input="Hi").status == "completed"
+    assert gateway.stats()["requests_total"] == 1
+
+
+def test_responses_bypass_the_cache_even_where_it_is_on(gateway: AgentGateway) -> None:
+    gateway.reset()
+    with sdk(gateway, CACHED_KEY) as client:
+        for _ in range(2):
+            raw = client.responses.with_raw_response.create(
+                model="mock-llm", input=QUESTION, temperature=0
+            )
+            assert raw.headers["x-tokenweir-cache"] == "bypass"
+    assert gateway.stats()["requests_total"] == 2
+
+
+def test_ttft_and_inter_token_gaps_are_metered_on_the_text_deltas(
+    gateway: AgentGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    with sdk(gateway) as client:
+        stream = client.responses.create(
+            model="mock-llm", input=QUESTION, stream=True, extra_body={"mock_completion_tokens": 30}
+        )
+        request_id = stream.response.headers["x-request-id"]
+        assert sum(event.type == "response.output_text.delta" for event in stream) == 30
+    gateway.record(request_id)  # settled: the access line is written
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
+    line = next(line for line in lines if line["request_id"] == request_id)
+    assert line["operation"] == "responses"
+    assert line["completed"] is True
+    assert line["ttft_ms"] is not None
+    assert line["itl_p50_ms"] is not None  # gaps between deltas: there are 29 of them
+    assert line["ttft_ms"] >= line["upstream_ttft_ms"]
