@@ -1,4 +1,5 @@
-"""Who below the tenant a request is for: the OpenAI `user` field and request tags, checked.
+"""Who below the tenant a request is for: the OpenAI `user` field (Anthropic's
+`metadata.user_id` on /v1/messages) and request tags, checked.
 
 Writes end_user and tags. Tags come from the `x-tokenweir-tags: a,b` header, checked (a bad
 one is a 400, never cut silently), and from the string values of the body's `metadata` object that
@@ -28,7 +29,14 @@ _TAG_RULE = (
 
 class Attribute:
     async def __call__(self, ctx: RequestContext) -> None:
-        ctx.end_user = _user(ctx.body.get("user"))
+        metadata = ctx.body.get("metadata")
+        if ctx.operation == "messages":  # Anthropic names the end user in metadata.user_id
+            given = metadata.get("user_id") if isinstance(metadata, dict) else None
+            ctx.end_user = _user(given, "metadata.user_id")
+            if isinstance(metadata, dict):
+                metadata = {k: v for k, v in metadata.items() if k != "user_id"}
+        else:
+            ctx.end_user = _user(ctx.body.get("user"), "user")
         tags: dict[str, None] = {}
         header = ctx.headers.get(TAGS_HEADER)
         if header is not None:
@@ -42,7 +50,6 @@ class Attribute:
                 param=TAGS_HEADER,
                 code="invalid_tags",
             )
-        metadata = ctx.body.get("metadata")
         if isinstance(metadata, dict):
             for value in metadata.values():
                 if len(tags) == MAX_TAGS:
@@ -52,14 +59,14 @@ class Attribute:
         ctx.tags = tuple(tags)
 
 
-def _user(value: object) -> str | None:
+def _user(value: object, where: str) -> str | None:
     if not isinstance(value, str) or not value:
         return None  # parse refused a user that is not a string
     if len(value) > MAX_USER_CHARS or not value.isprintable():
         raise BadRequest(
-            f"user must be at most {MAX_USER_CHARS} printable characters; "
+            f"{where} must be at most {MAX_USER_CHARS} printable characters; "
             f"this one has {len(value)}.",
-            param="user",
+            param=where,
             code="invalid_user",
         )
     return value

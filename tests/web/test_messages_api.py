@@ -329,3 +329,24 @@ def test_a_client_that_leaves_a_whole_message_cancels_the_backend(gateway: Agent
         wait_for_stat(gateway, "inflight", 1)  # the backend is generating
     wait_for_stat(gateway, "requests_cancelled", 1)  # and stops once the client has gone
     assert gateway.stats()["inflight"] == 0
+
+
+def test_metadata_user_id_is_the_end_user_and_the_tags_header_tags(gateway: AgentGateway) -> None:
+    with sdk(gateway) as client:
+        raw = client.messages.with_raw_response.create(
+            model="mock-llm",
+            max_tokens=20,
+            messages=HELLO,
+            metadata={"user_id": "ann-42"},
+            extra_headers={"x-tokenweir-tags": "agents,beta"},
+        )
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            client.messages.create(
+                model="mock-llm",
+                max_tokens=20,
+                messages=HELLO,
+                metadata={"user_id": "u" * 200},
+            )
+    record = gateway.record(raw.headers["x-request-id"])
+    assert (record.user, record.tags) == ("ann-42", ("agents", "beta"))  # user_id is no tag
+    assert "metadata.user_id" in refused.value.message

@@ -244,3 +244,17 @@ def test_ttft_and_inter_token_gaps_are_metered_on_the_text_deltas(
     assert line["ttft_ms"] is not None
     assert line["itl_p50_ms"] is not None  # gaps between deltas: there are 29 of them
     assert line["ttft_ms"] >= line["upstream_ttft_ms"]
+
+
+def test_a_response_is_attributed_to_its_user_key_and_tags(gateway: AgentGateway) -> None:
+    with sdk(gateway) as client:
+        raw = client.responses.with_raw_response.create(
+            model="mock-llm",
+            input=QUESTION,
+            user="bob",
+            metadata={"feature": "search", "note": "not a tag, passed through"},
+            extra_headers={"x-tokenweir-tags": "agents"},
+        )
+    record = gateway.record(raw.headers["x-request-id"])
+    assert (record.user, record.tags) == ("bob", ("agents", "search"))
+    assert str(record.key_id).startswith("sha256:")
