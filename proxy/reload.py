@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import BadRequest
 from proxy.policy import Policy, PolicyError, Problem, parse_policy
+from proxy.together import cancelled
 
 if TYPE_CHECKING:
     from proxy.app import Gateway
@@ -155,12 +156,7 @@ class Reloader:
     async def aclose(self) -> None:
         if self._signal_installed:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-        tasks = [*self._tasks, *([self._watcher] if self._watcher else [])]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancelled([*self._tasks, self._watcher])
 
     async def reload(self, cause: str) -> Reloaded:
         """Load the file and swap to it; ReloadRefused (logged) leaves all as it was."""

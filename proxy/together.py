@@ -1,11 +1,11 @@
-"""Await several independent calls at once, so their round trips overlap."""
+"""Await several independent calls at once, so their round trips overlap; stop background tasks."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 
-__all__ = ["together"]
+__all__ = ["cancelled", "together"]
 
 
 async def together(calls: Sequence[Awaitable[None]]) -> None:
@@ -15,3 +15,12 @@ async def together(calls: Sequence[Awaitable[None]]) -> None:
         await calls[0]
     elif calls:
         await asyncio.gather(*calls)
+
+
+async def cancelled(tasks: Iterable[asyncio.Task[None] | None]) -> None:
+    """Cancel every task (None: none to stop) and wait until each has ended; an error a task
+    raised while ending is dropped, as it is being stopped for good."""
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)

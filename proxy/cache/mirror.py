@@ -17,6 +17,7 @@ import numpy as np
 from proxy.cache.vectors import FLAT_MAX, FlatIndex, HnswIndex, Vector, VectorIndex, unpack
 from proxy.storage.base import StorageError
 from proxy.storage.cache import START, VECTOR_PAGE, CacheStore, VectorHit
+from proxy.together import cancelled
 
 __all__ = ["Mirrors"]
 
@@ -90,9 +91,7 @@ class Mirrors:
             rows -= len(oldest.keys)
 
     async def aclose(self) -> None:
-        for task in list(self._loading):
-            task.cancel()
-        await asyncio.gather(*self._loading, return_exceptions=True)
+        await cancelled(list(self._loading))
 
     async def _load(self, tenant: str, partition: str, mirror: _Partition) -> None:
         try:

@@ -4,7 +4,6 @@ storage's version changes (polled twice a second), so a revocation holds everywh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -14,6 +13,7 @@ from proxy.clock import Clock
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.storage.base import StorageError
 from proxy.storage.keys import KeyStore
+from proxy.together import cancelled
 
 __all__ = ["REFRESH_S", "RuntimeKeys"]
 
@@ -38,10 +38,7 @@ class RuntimeKeys:
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancelled([task])
         await self._store.aclose()
 
     def lookup(self, digest: bytes) -> KeyRecord | None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from proxy.routing.pool import Pools
+from proxy.together import cancelled
 from proxy.upstream.client import UpstreamClient
 
 __all__ = ["Prober"]
@@ -44,10 +44,7 @@ class Prober:
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancelled([task])
 
     async def _run(self) -> None:
         while True:

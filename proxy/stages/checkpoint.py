@@ -6,7 +6,6 @@ of relayed tokens per request. Writes checkpointed (the final record supersedes 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -15,7 +14,7 @@ from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
 from proxy.stages.budget import Budgets
 from proxy.stages.usage import relayed_output
-from proxy.together import together
+from proxy.together import cancelled, together
 from proxy.tokens import TokenCounters
 
 __all__ = ["CHECKPOINT_INTERVAL_S", "Checkpoint", "CheckpointSweep"]
@@ -64,10 +63,7 @@ class CheckpointSweep:
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancelled([task])
         self._open.clear()
 
     async def _run(self) -> None:

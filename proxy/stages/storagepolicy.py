@@ -14,6 +14,7 @@ from proxy.clock import Clock, SystemClock
 from proxy.errors import StorageUnavailable
 from proxy.policy.model import Limits
 from proxy.storage.base import StorageError
+from proxy.together import cancelled
 
 __all__ = ["StorageFailures"]
 
@@ -76,6 +77,4 @@ class StorageFailures:
             sent, delay_s = sent + 1, 0.5
 
     async def aclose(self) -> None:
-        for task in self._undoing:
-            task.cancel()
-        await asyncio.gather(*self._undoing, return_exceptions=True)
+        await cancelled(list(self._undoing))

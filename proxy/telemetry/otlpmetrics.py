@@ -11,7 +11,6 @@ budgets left included; Prometheus label names become OpenTelemetry attribute key
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -39,6 +38,7 @@ from prometheus_client.core import Metric as Family
 from proxy import __version__
 from proxy.telemetry import semconv
 from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
+from proxy.together import cancelled
 
 __all__ = ["MetricsPush", "metrics_data"]
 
@@ -192,10 +192,7 @@ class MetricsPush:
                 _log.exception("OTLP metrics export failed")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancelled([self._task])
         try:
             await self.push()
         finally:
