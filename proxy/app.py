@@ -257,8 +257,9 @@ class Gateway:
             models=policy.models,
         )  # fmt: skip
         checkpoint = Checkpoint(
-            services.checkpoints, budgets, services.ledger, account.usage_record, prices, counters
-        )
+            services.checkpoints, [budgets, key_limits], services.ledger, account.usage_record,
+            prices, counters,
+        )  # fmt: skip
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants, key_limits.note),
             stages=[

@@ -2,13 +2,16 @@
 (reserved, then settled to real usage) and requests and tokens per minute (token buckets).
 
 Runs after the tenant's budget and rate limits; holds what it reserved until Account settles.
+A running stream's checkpoints book its usage so far on the key's counters, as on the tenant's.
 """
 
 from __future__ import annotations
 
 import calendar
+import contextlib
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from proxy.clock import Clock
@@ -34,6 +37,7 @@ class _Hold:
     counters: tuple[Counter, ...] = ()
     tpm: tuple[Bucket, int] | None = None
     refused: bool = False
+    charged: int = 0  # booked by checkpoints of the running request (stages/checkpoint.py)
 
 
 class KeyAllowances:
@@ -116,16 +120,38 @@ class KeyAllowances:
     def holding(self, ctx: RequestContext) -> bool:
         return ctx in self._holds
 
+    def charge_so_far(
+        self, ctx: RequestContext, input_tokens: int, output_tokens: int
+    ) -> Awaitable[None] | None:
+        """The booking of a running stream's usage so far on the key's counters (what grew since
+        the last one), or None; noted at once, so `settle` books only the rest."""
+        hold = self._holds.get(ctx)
+        if hold is None or hold.refused or not hold.counters:
+            return None
+        grown = input_tokens + output_tokens - hold.charged
+        if grown <= 0:
+            return None
+        hold.charged += grown
+        return self._charge(hold, grown)
+
+    async def _charge(self, hold: _Hold, grown: int) -> None:
+        with contextlib.suppress(StorageError):  # not retried: a timed-out call may have landed
+            await self._store.charge(
+                hold.scope, hold.lease_id, hold.counters, [grown] * len(hold.counters)
+            )
+
     async def settle(self, ctx: RequestContext) -> None:
-        """Book what the request used on the key's counters, true its token bucket up; once."""
+        """Book what the request used on the key's counters (less what checkpoints booked), true
+        its token bucket up; once."""
         hold = self._holds.pop(ctx, None)
         if hold is None:
             return
         used = 0 if hold.refused else (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
         try:
             if hold.counters:
+                rest = used - hold.charged  # may be < 0: the backend's count was lower
                 await self._store.settle(
-                    hold.scope, hold.lease_id, hold.counters, [used] * len(hold.counters)
+                    hold.scope, hold.lease_id, hold.counters, [rest] * len(hold.counters)
                 )
             if hold.tpm is not None and used != hold.tpm[1]:
                 bucket, charged = hold.tpm

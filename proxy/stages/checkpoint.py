@@ -6,13 +6,13 @@ of relayed tokens per request. Writes checkpointed (the final record supersedes 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
-from proxy.stages.budget import Budgets
 from proxy.stages.usage import relayed_output
 from proxy.together import cancelled, together
 from proxy.tokens import TokenCounters
@@ -20,6 +20,17 @@ from proxy.tokens import TokenCounters
 __all__ = ["CHECKPOINT_INTERVAL_S", "Checkpoint", "CheckpointSweep"]
 
 CHECKPOINT_INTERVAL_S = 1.0
+
+
+class Booker(Protocol):
+    """A holder of a running request's quota reservation (the tenant's budgets, a runtime key's
+    own allowance) that can book its usage so far."""
+
+    def holding(self, ctx: RequestContext) -> bool: ...
+
+    def charge_so_far(
+        self, ctx: RequestContext, input_tokens: int, output_tokens: int
+    ) -> Awaitable[None] | None: ...
 
 
 class CheckpointSweep:
@@ -56,9 +67,7 @@ class CheckpointSweep:
             if ctx.released:
                 del self._open[ctx]
                 continue
-            booking = point.take(ctx)
-            if booking is not None:
-                bookings.append(booking)
+            bookings += point.take(ctx)
         await together(bookings)
 
     async def aclose(self) -> None:
@@ -83,38 +92,39 @@ class Checkpoint:
     def __init__(
         self,
         sweep: CheckpointSweep,
-        budgets: Budgets,
+        bookers: Sequence[Booker],
         ledger: Ledger | None,
         record: Callable[[RequestContext], UsageRecord],
         prices: PriceTable,
         counters: TokenCounters,
     ) -> None:
         self._sweep = sweep
-        self._budgets = budgets
+        self._bookers = bookers
         self._ledger = ledger
         self._record = record
         self._prices = prices
         self._counters = counters
 
     async def __call__(self, ctx: RequestContext) -> None:
-        if ctx.stream and (self._ledger is not None or ctx.reservation is not None):
+        if ctx.stream and (self._ledger is not None or any(b.holding(ctx) for b in self._bookers)):
             self._sweep.watch(ctx, self)
 
-    def take(self, ctx: RequestContext) -> Awaitable[None] | None:
-        """Record `ctx`'s usage so far in the ledger, if it grew, and return its quota booking
-        (None when there is nothing new to book). Nothing before the stream's first token."""
+    def take(self, ctx: RequestContext) -> list[Awaitable[None]]:
+        """Record `ctx`'s usage so far in the ledger, if it grew, and return its quota bookings
+        (none when there is nothing new to book). Nothing before the stream's first token."""
         if ctx.answered or ctx.released:
-            return None  # its final settle is under way
+            return []  # its final settle is under way
         output = relayed_output(ctx)
         if output == 0:
-            return None
+            return []
         input_tokens = ctx.counted_input_tokens or 0
         last = ctx.checkpointed
         grew = last is None or (last.input_tokens, last.output_tokens) != (input_tokens, output)
         if self._ledger is not None and grew:
             ctx.checkpointed = self._point(ctx, input_tokens, output)
             self._ledger.append(ctx.checkpointed)
-        return self._budgets.charge_so_far(ctx, input_tokens, output)
+        bookings = (b.charge_so_far(ctx, input_tokens, output) for b in self._bookers)
+        return [booking for booking in bookings if booking is not None]
 
     def _point(self, ctx: RequestContext, input_tokens: int, output_tokens: int) -> UsageRecord:
         """The request's record as it stands, with the usage so far. No TTFT or speed sample:

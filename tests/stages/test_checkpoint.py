@@ -12,13 +12,15 @@ import pytest
 from proxy.clock import FakeClock
 from proxy.context import RequestContext
 from proxy.cost import PriceTable
+from proxy.keys.allowance import KeyAllowances
+from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.ledger import SqliteLedger, UsageQuery
 from proxy.policy.model import Budget
 from proxy.stages.account import Account
 from proxy.stages.budget import Budgets
 from proxy.stages.checkpoint import Checkpoint, CheckpointSweep
 from proxy.stages.storagepolicy import StorageFailures
-from proxy.storage import MemoryStore, QuotaStore, RedisStore
+from proxy.storage import MemoryLimitStore, MemoryStore, QuotaStore, RedisStore
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.recorder import Telemetry
 from proxy.tokens import TokenCounters
@@ -44,18 +46,23 @@ class Gateway:
         self.budgets = Budgets(self.store, prices, self.clock, StorageFailures())
         telemetry = Telemetry(POLICY, self.clock, GatewayMetrics())
         counters = TokenCounters(POLICY)
+        self.keys = KeyAllowances(self.store, MemoryLimitStore(), self.clock)
         self.account = Account(
-            self.clock, [self.budgets], prices, ledger, telemetry, counters=counters
+            self.clock, [self.budgets, self.keys], prices, ledger, telemetry, counters=counters
         )
         self.sweep = sweep or CheckpointSweep()
         self.point = Checkpoint(
-            self.sweep, self.budgets, ledger, self.account.usage_record, prices, counters
-        )
+            self.sweep, [self.budgets, self.keys], ledger, self.account.usage_record, prices,
+            counters,
+        )  # fmt: skip
 
-    async def open_stream(self) -> RequestContext:
+    async def open_stream(self, key: KeyRecord | None = None) -> RequestContext:
         ctx = request(DAY, counted=100, allowance=500)
         ctx.stream = True
         await self.budgets(ctx)
+        if key is not None:
+            self.keys.note(ctx, key)
+            await self.keys(ctx)
         await self.point(ctx)
         ctx.status = 200
         assert ctx.reservation is not None
@@ -185,3 +192,26 @@ async def test_a_storage_outage_fails_the_bookings_with_one_warning_and_the_swee
         await store.aclose()
         redis.close()
         await ledger.aclose()
+
+
+async def test_a_runtime_keys_own_quota_is_checkpointed_and_settled_once(
+    ledger: SqliteLedger,
+) -> None:
+    """A key made with `tokenweir keys create --budget` holds a reservation of its own: a crash
+    must not lose more of its use than of the tenant's, and the end must not book it twice."""
+    gateway = Gateway(ledger)
+    key = KeyRecord("key_1", "acme", b"d" * 32, NOON, None, KeyAllowance(tokens_per_day=10_000))
+    ctx = await gateway.open_stream(key)
+    [hold] = gateway.keys._holds.values()
+    [day] = hold.counters
+    assert (await gateway.store.read([day]))[0] == (0, 600)
+    relay(ctx, 21)
+    await gateway.sweep.sweep()
+    assert (await gateway.store.read([day]))[0] == (120, 480)  # booked while running
+    assert await gateway.quota() == (120, 480)  # as on the tenant's
+    ctx.answered = True
+    ctx.backend_usage = (90, 46)
+    await gateway.account(ctx)
+    assert (await gateway.store.read([day]))[0] == (136, 0)  # 90 + 46, once
+    assert await gateway.quota() == (136, 0)
+    await ledger.aclose()
