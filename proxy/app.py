@@ -6,19 +6,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from opentelemetry.trace import TracerProvider
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -26,13 +24,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.cache import open_embedder
 from proxy.clock import Clock, SystemClock
 from proxy.cost import PriceTable
 from proxy.errors import GatewayError, InternalError, NotFound
 from proxy.keys.allowance import KeyAllowances
-from proxy.keys.runtime import RuntimeKeys
-from proxy.ledger import Ledger, open_ledger
+from proxy.ledger import Ledger
 from proxy.pipeline import Pipeline
 from proxy.policy import Policy, load_policy
 from proxy.reload import (
@@ -44,39 +40,30 @@ from proxy.reload import (
     policy_digest,
 )
 from proxy.routing import Pools, Prober
+from proxy.services import OtelProviders, Services, bounded
 from proxy.stages.account import Account, Settler
 from proxy.stages.attribute import Attribute
 from proxy.stages.auth import Authenticate, CurrentKeyring, Keyring
 from proxy.stages.budget import Budgets
 from proxy.stages.cache import ResponseCache
-from proxy.stages.checkpoint import Checkpoint, CheckpointSweep
+from proxy.stages.checkpoint import Checkpoint
 from proxy.stages.degrade import Degrade
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
-from proxy.stages.ratelimit import BackendLimits, RateLimits
+from proxy.stages.ratelimit import BackendLimits
 from proxy.stages.route import Route as RouteStage
 from proxy.stages.shape import Shape
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import (
-    LimitStore,
     QuotaStore,
-    open_cache_store,
-    open_limit_store,
-    open_store,
 )
-from proxy.storage.keys import open_key_store
-from proxy.storage.sessions import EndedSessions, open_ended_sessions
-from proxy.telemetry.budgets import budgets_left
-from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
 from proxy.telemetry.otelenv import otel_wanted
 from proxy.telemetry.recorder import Telemetry
-from proxy.telemetry.tracing import Tracing
 from proxy.tokens import TokenCounters
 from proxy.upstream.client import UpstreamClient
 from proxy.web.admin import admin_routes
 from proxy.web.agents import CountTokens, MessagesEndpoint
 from proxy.web.dashboard import DashboardPages
-from proxy.web.drain import Drain
 from proxy.web.openai import ModelList, OpenAIEndpoint
 from proxy.web.ops import Health, Metrics, Ready
 from proxy.web.requestid import RequestId
@@ -99,98 +86,6 @@ DEFAULT_POLICY = Path(__file__).parent / "policies" / "default.yaml"
 SESSION_SECRET_ENV = "TOKENWEIR_SESSION_SECRET"  # noqa: S105 - a variable name, not a secret
 SESSION_TTL_S = 12 * 3600.0
 _log = logging.getLogger("tokenweir")
-
-
-@dataclass(frozen=True, slots=True)
-class Services:
-    """What outlives a policy reload: storage, ledger, the upstream pool, telemetry's metrics,
-    the rate limiter's queues, runtime keys and the drain. Built once per process."""
-
-    clock: Clock
-    upstream: UpstreamClient
-    store: QuotaStore
-    limit_store: LimitStore
-    ledger: Ledger | None
-    storage_failures: StorageFailures
-    started_wall: float
-    metrics: GatewayMetrics
-    tracing: Tracing | None
-    cache: ResponseCache
-    rate_limits: RateLimits
-    drain: Drain
-    keys: RuntimeKeys
-    ended_sessions: EndedSessions
-    live: LiveGateway
-    metrics_push: MetricsPusher | None = None
-    checkpoints: CheckpointSweep = field(default_factory=CheckpointSweep)
-
-    @classmethod
-    def open(
-        cls,
-        policy: Policy,
-        clock: Clock,
-        transport: httpx.AsyncBaseTransport | None = None,
-        store: QuotaStore | None = None,
-        otel: OtelProviders | None = None,
-        live: LiveGateway | None = None,
-    ) -> Services:
-        store = store or open_store(policy.storage)
-        failures = StorageFailures(clock)
-        limit_store = open_limit_store(policy.storage)
-        tracer_provider = otel.tracer_provider if otel else None
-        metrics = GatewayMetrics()
-        live = live or LiveGateway()
-        return cls(
-            clock, UpstreamClient(policy.upstream, transport), store, limit_store,
-            open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None,
-            failures, clock.wall(), metrics,
-            Tracing(tracer_provider) if tracer_provider else None,
-            _response_cache(policy, clock), RateLimits(limit_store, clock, failures),
-            Drain(policy.server.drain_timeout), RuntimeKeys(open_key_store(policy.storage), clock),
-            open_ended_sessions(policy.storage), live,
-            otel.metrics_push(
-                metrics, lambda: budgets_left(live.current.policy, store, clock.wall())
-            ) if otel else None,
-        )  # fmt: skip
-
-    async def start(self) -> None:
-        if self.ledger is not None:
-            await self.ledger.start()
-        await self.keys.start()
-        self.drain.install()
-        if self.metrics_push is not None:
-            self.metrics_push.start()
-
-    async def aclose(self) -> None:
-        """Close in dependency order; the ledger last, so every settled request is flushed."""
-        self.drain.uninstall()
-        try:
-            await _bounded("checkpoints", self.checkpoints.aclose())
-            if self.metrics_push is not None:  # first: its last export reads budgets
-                await _bounded("the metrics export", self.metrics_push.aclose())
-            await _bounded("runtime keys", self.keys.aclose())
-            await _bounded("ended sessions", self.ended_sessions.aclose())
-            await _bounded("storage undo tasks", self.storage_failures.aclose())
-            await _bounded("the upstream pool", self.upstream.aclose())
-            await _bounded("the quota store", self.store.aclose())
-            await _bounded("the limit store", self.limit_store.aclose())
-            await _bounded("the response cache", self.cache.aclose())
-        finally:
-            if self.ledger is not None:
-                await self.ledger.aclose()
-
-
-_CLOSE_TIMEOUT_S = 3.0
-
-
-async def _bounded(what: str, closing: Awaitable[None]) -> None:
-    """One step of shutdown, bounded: a close that hangs is logged and left behind, so the
-    process still exits and the steps after it (the ledger's flush above all) still run."""
-    try:
-        async with asyncio.timeout(_CLOSE_TIMEOUT_S):
-            await closing
-    except TimeoutError:
-        _log.error("shutdown: closing %s took over %.0f s; left behind", what, _CLOSE_TIMEOUT_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,24 +218,9 @@ class Gateway:
 
     async def aclose(self) -> None:
         try:
-            await _bounded("the backend prober", self.prober.aclose())
+            await bounded("the backend prober", self.prober.aclose())
         finally:
             await self.services.aclose()
-
-
-def _response_cache(policy: Policy, clock: Clock) -> ResponseCache:
-    semantic = [name for name, t in policy.tenants.items() if t.cache.mode == "semantic"]
-    if semantic and policy.embedder is None:
-        _log.warning(
-            "tenants %s ask for the semantic cache but the policy has no embedder: section; "
-            "they get the exact cache only",
-            ", ".join(semantic),
-        )
-    timeout_s = policy.embedder.timeout if policy.embedder else 0.0
-    store = open_cache_store(policy.storage)
-    return ResponseCache(
-        store, clock, open_embedder(policy), embed_timeout_s=timeout_s, backends=policy.backends
-    )
 
 
 def create_app(
@@ -394,7 +274,7 @@ def create_app(
             yield {"gateway": gateway, "live": live, "reloader": reloader}
         finally:
             try:
-                await _bounded("the policy reloader", reloader.aclose())
+                await bounded("the policy reloader", reloader.aclose())
                 await live.current.aclose()
             finally:
                 if sdk is not None:
@@ -432,26 +312,6 @@ def create_served_app() -> Starlette:
     """What `tokenweir serve` runs in each worker: the policy from TOKENWEIR_CONFIG, and the
     startup heap frozen."""
     return create_app(freeze_gc=True)
-
-
-class MetricsPusher(Protocol):
-    """Exports the gateway's metrics on its own schedule while the gateway runs."""
-
-    def start(self) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
-class OtelProviders(Protocol):
-    """OpenTelemetry for the gateway: a tracer provider and a metrics export, either may be
-    None (that signal is off)."""
-
-    @property
-    def tracer_provider(self) -> TracerProvider | None: ...
-
-    def metrics_push(
-        self, metrics: GatewayMetrics, budgets: Callable[[], Awaitable[Sequence[BudgetLeft]]]
-    ) -> MetricsPusher | None: ...
 
 
 def _start_otel_sdk() -> OtelSdk | None:

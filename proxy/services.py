@@ -1,0 +1,163 @@
+"""What outlives a policy reload, built once per process: storage, the ledger, the upstream pool,
+telemetry's metrics, the rate limiter's queues, runtime keys, the drain; and their bounded close."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+from opentelemetry.trace import TracerProvider
+
+from proxy.cache import open_embedder
+from proxy.clock import Clock
+from proxy.keys.runtime import RuntimeKeys
+from proxy.ledger import Ledger, open_ledger
+from proxy.policy import Policy
+from proxy.reload import LiveGateway
+from proxy.stages.cache import ResponseCache
+from proxy.stages.checkpoint import CheckpointSweep
+from proxy.stages.ratelimit import RateLimits
+from proxy.stages.storagepolicy import StorageFailures
+from proxy.storage import LimitStore, QuotaStore, open_cache_store, open_limit_store, open_store
+from proxy.storage.keys import open_key_store
+from proxy.storage.sessions import EndedSessions, open_ended_sessions
+from proxy.telemetry.budgets import budgets_left
+from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
+from proxy.telemetry.tracing import Tracing
+from proxy.upstream.client import UpstreamClient
+from proxy.web.drain import Drain
+
+__all__ = ["MetricsPusher", "OtelProviders", "Services", "bounded", "response_cache"]
+
+_log = logging.getLogger("tokenweir")
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What outlives a policy reload: storage, ledger, the upstream pool, telemetry's metrics,
+    the rate limiter's queues, runtime keys and the drain. Built once per process."""
+
+    clock: Clock
+    upstream: UpstreamClient
+    store: QuotaStore
+    limit_store: LimitStore
+    ledger: Ledger | None
+    storage_failures: StorageFailures
+    started_wall: float
+    metrics: GatewayMetrics
+    tracing: Tracing | None
+    cache: ResponseCache
+    rate_limits: RateLimits
+    drain: Drain
+    keys: RuntimeKeys
+    ended_sessions: EndedSessions
+    live: LiveGateway
+    metrics_push: MetricsPusher | None = None
+    checkpoints: CheckpointSweep = field(default_factory=CheckpointSweep)
+
+    @classmethod
+    def open(
+        cls,
+        policy: Policy,
+        clock: Clock,
+        transport: httpx.AsyncBaseTransport | None = None,
+        store: QuotaStore | None = None,
+        otel: OtelProviders | None = None,
+        live: LiveGateway | None = None,
+    ) -> Services:
+        store = store or open_store(policy.storage)
+        failures = StorageFailures(clock)
+        limit_store = open_limit_store(policy.storage)
+        tracer_provider = otel.tracer_provider if otel else None
+        metrics = GatewayMetrics()
+        live = live or LiveGateway()
+        return cls(
+            clock, UpstreamClient(policy.upstream, transport), store, limit_store,
+            open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None,
+            failures, clock.wall(), metrics,
+            Tracing(tracer_provider) if tracer_provider else None,
+            response_cache(policy, clock), RateLimits(limit_store, clock, failures),
+            Drain(policy.server.drain_timeout), RuntimeKeys(open_key_store(policy.storage), clock),
+            open_ended_sessions(policy.storage), live,
+            otel.metrics_push(
+                metrics, lambda: budgets_left(live.current.policy, store, clock.wall())
+            ) if otel else None,
+        )  # fmt: skip
+
+    async def start(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.start()
+        await self.keys.start()
+        self.drain.install()
+        if self.metrics_push is not None:
+            self.metrics_push.start()
+
+    async def aclose(self) -> None:
+        """Close in dependency order; the ledger last, so every settled request is flushed."""
+        self.drain.uninstall()
+        try:
+            await bounded("checkpoints", self.checkpoints.aclose())
+            if self.metrics_push is not None:  # first: its last export reads budgets
+                await bounded("the metrics export", self.metrics_push.aclose())
+            await bounded("runtime keys", self.keys.aclose())
+            await bounded("ended sessions", self.ended_sessions.aclose())
+            await bounded("storage undo tasks", self.storage_failures.aclose())
+            await bounded("the upstream pool", self.upstream.aclose())
+            await bounded("the quota store", self.store.aclose())
+            await bounded("the limit store", self.limit_store.aclose())
+            await bounded("the response cache", self.cache.aclose())
+        finally:
+            if self.ledger is not None:
+                await self.ledger.aclose()
+
+
+_CLOSE_TIMEOUT_S = 3.0
+
+
+async def bounded(what: str, closing: Awaitable[None]) -> None:
+    """One step of shutdown, bounded: a close that hangs is logged and left behind, so the
+    process still exits and the steps after it (the ledger's flush above all) still run."""
+    try:
+        async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+            await closing
+    except TimeoutError:
+        _log.error("shutdown: closing %s took over %.0f s; left behind", what, _CLOSE_TIMEOUT_S)
+
+
+def response_cache(policy: Policy, clock: Clock) -> ResponseCache:
+    semantic = [name for name, t in policy.tenants.items() if t.cache.mode == "semantic"]
+    if semantic and policy.embedder is None:
+        _log.warning(
+            "tenants %s ask for the semantic cache but the policy has no embedder: section; "
+            "they get the exact cache only",
+            ", ".join(semantic),
+        )
+    timeout_s = policy.embedder.timeout if policy.embedder else 0.0
+    store = open_cache_store(policy.storage)
+    return ResponseCache(
+        store, clock, open_embedder(policy), embed_timeout_s=timeout_s, backends=policy.backends
+    )
+
+
+class MetricsPusher(Protocol):
+    """Exports the gateway's metrics on its own schedule while the gateway runs."""
+
+    def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class OtelProviders(Protocol):
+    """OpenTelemetry for the gateway: a tracer provider and a metrics export, either may be
+    None (that signal is off)."""
+
+    @property
+    def tracer_provider(self) -> TracerProvider | None: ...
+
+    def metrics_push(
+        self, metrics: GatewayMetrics, budgets: Callable[[], Awaitable[Sequence[BudgetLeft]]]
+    ) -> MetricsPusher | None: ...
