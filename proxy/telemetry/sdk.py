@@ -14,6 +14,7 @@ milliseconds (proxy/telemetry/otlpmetrics.py). The SDK itself reads sampling
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,9 +36,11 @@ _log = logging.getLogger("tokenweir")
 
 
 def _resource(environ: Mapping[str, str]) -> Resource:
+    """Each process is its own instance (`--workers N` pushes N cumulative streams, which a
+    collector must keep apart to add them up); OTEL_RESOURCE_ATTRIBUTES may override any of it."""
     return Resource.create(
         {"service.name": environ.get("OTEL_SERVICE_NAME", "tokenweir"),
-         "service.version": __version__}
+         "service.version": __version__, "service.instance.id": uuid.uuid4().hex}
     )  # fmt: skip
 
 

@@ -44,6 +44,7 @@ def test_spans_reach_the_collector_with_headers_gzip_and_a_retry(
     [resource_spans] = request.resource_spans
     resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
     assert resource["service.name"] == "tw-under-test"
+    assert len(resource["service.instance.id"]) == 32  # one per process: workers stay apart
     spans = {s.name: s for ss in resource_spans.scope_spans for s in ss.spans}
     chat = spans["chat mock-llm"]
     attributes = {a.key: a.value for a in chat.attributes}
