@@ -12,16 +12,22 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.redis_server import private_redis
-from tests.reliability.state import AUTH, policy_text
+from tests.reliability.state import KEY, policy_text
 from tests.servers import free_port
 from tests.test_cli_reload import tokenweir_serve
 
-CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+CHAT: dict[str, Any] = {
+    "model": "mock-llm",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 3,
+}
 _WAIT_S = 60.0  # a limit on a loaded 2-core machine, not a measurement
 
 
@@ -65,24 +71,35 @@ def _two_workers(backend_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]
 
 
 def _chat(url: str, count: int) -> None:
-    for _ in range(count):  # a new connection each: the workers take turns accepting
-        with httpx.Client(base_url=url, headers=AUTH) as http:
-            assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+    """`count` chats with the openai SDK, every other one streamed, each on a new connection:
+    the workers take turns accepting."""
+    for i in range(count):
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as sdk:
+            if i % 2:
+                chunks = list(sdk.chat.completions.create(**CHAT, stream=True))
+                assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            else:
+                assert sdk.chat.completions.create(**CHAT).choices[0].message.content
 
 
-def _requests_total(url: str) -> tuple[float, float]:
-    """tokenweir_requests_total and the request-duration histogram's count, summed over labels,
-    from one scrape on a new connection (any worker may answer)."""
+_COUNTS = (
+    "tokenweir_requests_total",
+    "gen_ai_server_request_duration_seconds_count",
+    "gen_ai_server_time_to_first_token_seconds_count",  # streams only
+)
+
+
+def _totals(url: str) -> tuple[float, ...]:
+    """Requests, request durations and stream TTFTs recorded, summed over labels, from one
+    scrape on a new connection (any worker may answer)."""
     with httpx.Client() as fresh:
         text = fresh.get(url + "/metrics").text
-    requests = durations = 0.0
+    totals = dict.fromkeys(_COUNTS, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "tokenweir_requests_total":
-                requests += sample.value
-            elif sample.name == "gen_ai_server_request_duration_seconds_count":
-                durations += sample.value
-    return requests, durations
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return tuple(totals.values())
 
 
 def _per_worker(temp: Path) -> dict[int, int]:
@@ -105,13 +122,13 @@ def _eventually(check: Callable[[], bool]) -> None:
 def test_metrics_sum_every_worker_and_survive_a_restart(backend_url: str, tmp_path: Path) -> None:
     with _two_workers(backend_url, tmp_path) as (url, temp):
         _chat(url, 20)
-        _eventually(lambda: _requests_total(url) == (20, 20))
+        _eventually(lambda: _totals(url) == (20, 20, 10))
         answered = _per_worker(temp)
         assert sum(answered.values()) == 20
         assert len(answered) == 2, answered
         assert all(answered.values()), answered  # both workers served some
         for _ in range(10):  # whichever worker answers, the whole server
-            assert _requests_total(url) == (20, 20)
+            assert _totals(url) == (20, 20, 10)
 
         killed = max(answered, key=lambda pid: answered[pid])
         os.kill(killed, signal.SIGKILL)  # the supervisor starts a new worker in its place
@@ -120,13 +137,13 @@ def test_metrics_sum_every_worker_and_survive_a_restart(backend_url: str, tmp_pa
         seen: list[float] = []
 
         def all_counted() -> bool:
-            seen.append(_requests_total(url)[0])
+            seen.append(_totals(url)[0])
             return seen[-1] == 30
 
         _eventually(all_counted)
         assert min(seen) >= 20  # the dead worker's requests stay counted: never backwards
         for _ in range(10):
-            assert _requests_total(url) == (30, 30)  # and are never counted twice
+            assert _totals(url) == (30, 30, 15)  # and are never counted twice
         assert killed in _per_worker(temp)  # its last figures are still part of the sum
 
 
