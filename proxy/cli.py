@@ -8,8 +8,10 @@ import getpass
 import math
 import os
 import secrets
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,9 @@ from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.reload import SUPERVISOR_ENV, WATCH_ENV
+from proxy.storage.redisurl import is_redis_url
 from proxy.telemetry.logs import log_config
+from proxy.telemetry.workershare import METRICS_DIR_ENV
 from proxy.tools import bench, keys, mockbackend, report
 from proxy.tools.demo import run_demo
 from proxy.web.slowclient import protocol_with_header_timeout
@@ -110,10 +114,14 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     config = (args.config or DEFAULT_POLICY).resolve()
     try:
-        server = load_policy(config).server  # fail here, readably, rather than in every worker
+        policy = load_policy(config)  # fail here, readably, rather than in every worker
     except PolicyError as exc:
         print(f"tokenweir: the policy cannot be used:\n{exc}", file=sys.stderr)
         return 1
+    if args.workers > 1 and not is_redis_url(policy.storage):
+        print(_MEMORY_WITH_WORKERS.format(n=args.workers), file=sys.stderr)
+        return 1
+    server = policy.server
     os.environ["TOKENWEIR_CONFIG"] = str(config)
     os.environ[WATCH_ENV] = "1" if args.watch else "0"
     # One dashboard-login secret for all workers, so a login holds whichever worker answers.
@@ -133,13 +141,28 @@ def _serve(args: argparse.Namespace) -> int:
         "timeout_graceful_shutdown": math.ceil(server.drain_timeout) + 5,
     }
     if args.workers <= 1:
+        os.environ.pop(METRICS_DIR_ENV, None)
         uvicorn.run("proxy.app:create_served_app", **config_kwargs)
         return 0
-    # Each worker learns who its supervisor is, to have an admin-API reload reach its siblings.
+    # Each worker learns who its supervisor is, to have an admin-API reload reach its siblings,
+    # and where the workers share their metrics, for /metrics to show the whole server.
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
-    uvicorn_config = uvicorn.Config("proxy.app:create_served_app", **config_kwargs)
-    _ReloadingWorkers(uvicorn_config, sockets=[uvicorn_config.bind_socket()]).run()
+    metrics_dir = tempfile.mkdtemp(prefix="tokenweir-metrics-")
+    os.environ[METRICS_DIR_ENV] = metrics_dir
+    try:
+        uvicorn_config = uvicorn.Config("proxy.app:create_served_app", **config_kwargs)
+        _ReloadingWorkers(uvicorn_config, sockets=[uvicorn_config.bind_socket()]).run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+_MEMORY_WITH_WORKERS = (
+    "tokenweir: --workers {n} needs shared storage: with storage: memory each worker would keep "
+    "its own copy of every limit, budget, concurrency slot, runtime key, signed-out dashboard "
+    "session and cached answer; set storage: redis://host:port/db (shared by the workers) or "
+    "use --workers 1"
+)
 
 
 class _ReloadingWorkers(Multiprocess):

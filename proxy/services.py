@@ -28,6 +28,7 @@ from proxy.storage.sessions import EndedSessions, open_ended_sessions
 from proxy.telemetry.budgets import budgets_left
 from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
 from proxy.telemetry.tracing import Tracing
+from proxy.telemetry.workershare import WorkerShare
 from proxy.upstream.client import UpstreamClient
 from proxy.web.drain import Drain
 
@@ -73,7 +74,7 @@ class Services:
         failures = StorageFailures(clock)
         limit_store = open_limit_store(policy.storage)
         tracer_provider = otel.tracer_provider if otel else None
-        metrics = GatewayMetrics()
+        metrics = GatewayMetrics(WorkerShare.from_environment())  # --workers N: summed
         live = live or LiveGateway()
         return cls(
             clock, UpstreamClient(policy.upstream, transport), store, limit_store,

@@ -77,9 +77,11 @@ def test_demo_runs_on_a_fresh_machine() -> None:
     assert total.split()[1:3] == ["7", "1"]
 
 
-def test_serve_with_two_workers_answers_the_sdk(tmp_path: Path, backend_url: str) -> None:
-    config = tmp_path / "policy.yaml"
-    config.write_text(policy_text(backend_url))
+def test_serve_with_two_workers_answers_the_sdk(
+    tmp_path: Path, backend_url: str, redis_url: str
+) -> None:
+    config = tmp_path / "policy.yaml"  # several workers need shared storage: Redis
+    config.write_text(policy_text(backend_url).replace("storage: memory", f"storage: {redis_url}"))
     port = free_port()
     env = {**os.environ, "BACKEND_KEY": BACKEND_KEY, "BETA_KEY": BETA_KEY}
     command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]

@@ -27,12 +27,14 @@ _WAIT_S = 30.0
 
 
 @contextmanager
-def tokenweir_serve(config: Path, *options: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def tokenweir_serve(
+    config: Path, *options: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
     log = config.with_suffix(".log").open("wb")
     command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
     process = subprocess.Popen(
-        [*command, "--port", str(port), "--no-access-log", *options], stderr=log
+        [*command, "--port", str(port), "--no-access-log", *options], stderr=log, env=env
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -95,10 +97,13 @@ def test_watch_reloads_on_change_and_refuses_a_broken_file(
 
 
 def test_every_worker_reloads_on_sighup_and_on_the_admin_route(
-    backend_url: str, tmp_path: Path
+    backend_url: str, redis_url: str, tmp_path: Path
 ) -> None:
+    def on_redis(text: str) -> str:  # several workers need shared storage
+        return text.replace("storage: memory", f"storage: {redis_url}")
+
     config = tmp_path / "policy.yaml"
-    config.write_text(policy_text(backend_url))
+    config.write_text(on_redis(policy_text(backend_url)))
     with tokenweir_serve(config, "--workers", "2") as (process, url):
         seen: dict[object, object] = {}
 
@@ -110,11 +115,11 @@ def test_every_worker_reloads_on_sighup_and_on_the_admin_route(
         first = _ready(url)["policy_hash"]
         _eventually(lambda: both_serve(first))
         workers = set(seen)
-        config.write_text(policy_text(backend_url, newcomer=True))
+        config.write_text(on_redis(policy_text(backend_url, newcomer=True)))
         second = _digest(config)
         os.kill(process.pid, signal.SIGHUP)
         _eventually(lambda: both_serve(second))
-        config.write_text(policy_text(backend_url, newcomer=True, leaked_key=False))
+        config.write_text(on_redis(policy_text(backend_url, newcomer=True, leaked_key=False)))
         reloaded = httpx.post(url + "/admin/reload", headers=ADMIN).json()
         _eventually(lambda: both_serve(reloaded["policy_hash"]))
         assert set(seen) == workers  # reloaded in place, not restarted

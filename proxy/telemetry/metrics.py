@@ -2,13 +2,17 @@
 
 Why not prometheus_client's own Histogram: its `labels(...).observe()` takes a lock per bucket
 and costs ~3 µs; a request records ten values. Here each label set's figures are plain lists
-updated in ~0.2 µs (one event loop thread records and scrapes, so nothing needs a lock), and
-a prometheus_client Collector turns them into the text format on `GET /metrics` only. The
-registry belongs to one Gateway (built in its lifespan), never to the module.
+(proxy/telemetry/metricstate.py) updated in ~0.2 µs (one event loop thread records and
+scrapes, so nothing needs a lock), and a prometheus_client Collector turns them into the text
+format on `GET /metrics` only. The registry belongs to one Gateway (built in its lifespan),
+never to the module. Under `serve --workers N` a scrape shows every worker's figures summed
+(proxy/telemetry/workershare.py); `collect` alone (the OTLP push) is this process's own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,62 +27,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from proxy.telemetry import semconv
-from proxy.telemetry.sample import Labels, RequestSample
+from proxy.telemetry.metricstate import MetricState
+from proxy.telemetry.sample import RequestSample
+from proxy.telemetry.workershare import PUBLISH_S, WorkerShare
 from proxy.upstream.meter import GapHistogram, gap_bucket_mid_s
 
 __all__ = ["BudgetLeft", "GatewayMetrics"]
 
 _LABELS = ("tenant", "gen_ai_operation_name", "gen_ai_request_model", "backend", "status_class")
-
-
-class _Histogram:
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def add_gaps(self, gaps: GapHistogram, spans: Sequence[tuple[int, int]]) -> None:
-        """Every gap of a request at once: the meter's fine buckets folded into ours, each of
-        ours taking the run of fine buckets `spans[i]` whose middles fall in it."""
-        counts, fine = self.counts, gaps.counts
-        for i, (start, stop) in enumerate(spans):
-            counts[i] += sum(fine[start:stop])
-        self.sum += gaps.total_s
-
-    def buckets(self) -> list[tuple[str, float]]:
-        out, seen = [], 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            seen += n
-            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(seen)))
-        return out
-
-
-class _Series:
-    """Everything recorded for one label set."""
-
-    __slots__ = (
-        "client_duration", "client_tpoc", "client_ttfc", "cost_usd", "input_tokens",
-        "output_tokens", "overhead", "requests", "server_duration", "server_tpot", "server_ttft",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.cost_usd = 0.0
-        self.input_tokens = _Histogram(semconv.TOKENS)
-        self.output_tokens = _Histogram(semconv.TOKENS)
-        self.client_duration = _Histogram(semconv.DURATION_S)
-        self.client_ttfc = _Histogram(semconv.DURATION_S)
-        self.client_tpoc = _Histogram(semconv.CHUNK_S)
-        self.server_duration = _Histogram(semconv.DURATION_S)
-        self.server_ttft = _Histogram(semconv.SERVER_TTFT_S)
-        self.server_tpot = _Histogram(semconv.CHUNK_S)
-        self.overhead = _Histogram(semconv.OVERHEAD_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +46,7 @@ class BudgetLeft:
     left: float  # tokens, or USD for usd_* quotas
 
 
-# (attribute of _Series, metric name, help): the histograms, in exposition order.
+# (attribute of Series, metric name, help): the histograms, in exposition order.
 _HISTOGRAMS = (
     ("client_duration", "gen_ai_client_operation_duration_seconds",
      "Backend call duration: request sent to last byte read."),
@@ -112,130 +68,119 @@ _HISTOGRAMS = (
 class GatewayMetrics(Collector):
     """Records finished requests; renders them, with budgets and in-flight streams, on demand."""
 
-    def __init__(self) -> None:
-        self._series: dict[Labels, _Series] = {}
-        self._cache: dict[tuple[str, str, str], int] = {}
-        self._saved_tokens: dict[tuple[str, str, str], int] = {}
-        self._saved_usd: dict[tuple[str, str], float] = {}
-        self._rejected: dict[tuple[str, str, str], int] = {}
-        self._degraded: dict[tuple[str, str], int] = {}
-        self._inflight: dict[tuple[str, str], int] = {}
+    def __init__(self, share: WorkerShare | None = None) -> None:
+        self._own = MetricState()  # this process's figures
+        self._shown = self._own  # what `collect` renders: the whole server's during a scrape
+        self._share = share
+        self._publishing = False
         self._budgets: Sequence[BudgetLeft] = ()
         self._gap_spans = _gap_spans(semconv.CHUNK_S)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         ProcessCollector(registry=self.registry)
+        if share is not None:
+            atexit.register(self._publish)  # the last figures of a worker that stops
 
     def stream_started(self, tenant: str, model: str) -> None:
-        key = (tenant, model)
-        self._inflight[key] = self._inflight.get(key, 0) + 1
+        inflight = self._own.inflight
+        inflight[(tenant, model)] = inflight.get((tenant, model), 0) + 1
+        self._changed()
 
     def stream_ended(self, tenant: str, model: str) -> None:
-        self._inflight[(tenant, model)] -= 1
+        self._own.inflight[(tenant, model)] -= 1
+        self._changed()
 
     def record(self, sample: RequestSample) -> None:
-        series = self._series.get(sample.labels)
-        if series is None:
-            series = self._series[sample.labels] = _Series()
-        series.requests += 1
-        series.cost_usd += sample.cost_usd
-        if sample.input_tokens is not None:
-            series.input_tokens.observe(sample.input_tokens)
-        if sample.output_tokens is not None:
-            series.output_tokens.observe(sample.output_tokens)
-        series.server_duration.observe(sample.duration_s)
-        series.overhead.observe(sample.gateway_s)
-        if sample.upstream_s is not None:
-            series.client_duration.observe(sample.upstream_s)
-        if sample.upstream_ttft_s is not None:
-            series.client_ttfc.observe(sample.upstream_ttft_s)
-        if sample.ttft_s is not None:
-            series.server_ttft.observe(sample.ttft_s)
-        if sample.time_per_token_s is not None:
-            series.server_tpot.observe(sample.time_per_token_s)
-        if sample.gaps is not None:
-            series.client_tpoc.add_gaps(sample.gaps, self._gap_spans)
-        self._count_outcomes(sample)
+        self._own.record(sample, self._gap_spans)
+        self._changed()
 
-    def _count_outcomes(self, sample: RequestSample) -> None:
-        tenant, _, model, _, _ = sample.labels
-        key = (tenant, model, sample.cache)
-        self._cache[key] = self._cache.get(key, 0) + 1
-        if sample.saved_tokens != (0, 0):
-            for kind, tokens in zip(("input", "output"), sample.saved_tokens, strict=True):
-                saved = (tenant, model, kind)
-                self._saved_tokens[saved] = self._saved_tokens.get(saved, 0) + tokens
-            self._saved_usd[(tenant, model)] = self._saved_usd.get((tenant, model), 0.0) + (
-                sample.saved_usd
-            )
-        if sample.rejected is not None:
-            key = (tenant, model, sample.rejected)
-            self._rejected[key] = self._rejected.get(key, 0) + 1
-        for rule in sample.degraded:
-            self._degraded[(tenant, rule)] = self._degraded.get((tenant, rule), 0) + 1
+    def _changed(self) -> None:
+        """Under `--workers N`: publish this worker's figures soon (once per `PUBLISH_S`)."""
+        if self._share is not None and not self._publishing:
+            self._publishing = True
+            asyncio.get_running_loop().call_later(PUBLISH_S, self._publish)
+
+    def _publish(self) -> bytes:
+        self._publishing = False
+        dumped = self._own.dump()
+        if self._share is not None:
+            self._share.publish(dumped)
+        return dumped
 
     def render(self, budgets: Sequence[BudgetLeft] = ()) -> bytes:
-        """The Prometheus text format; `budgets` are the quotas just read from storage."""
+        """The Prometheus text format of the whole server (every worker's figures summed);
+        `budgets` are the quotas just read from storage."""
         self.use_budgets(budgets)
-        return generate_latest(self.registry)
+        if self._share is None:
+            return generate_latest(self.registry)
+        whole = MetricState()
+        whole.add(self._publish(), alive=True)
+        for dumped, alive in self._share.others():
+            whole.add(dumped, alive=alive)
+        self._shown = whole
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._shown = self._own
 
     def use_budgets(self, budgets: Sequence[BudgetLeft]) -> None:
         """The quotas `collect` reports from now on (read from storage by the caller)."""
         self._budgets = budgets
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._histograms()
+        state = self._shown
+        yield from self._histograms(state)
         yield _counter(
             "tokenweir_requests", "Requests answered (rejected ones too).", _LABELS,
-            ((k, s.requests) for k, s in self._series.items()),
+            ((k, s.requests) for k, s in state.series.items()),
         )  # fmt: skip
         yield _counter(
             "tokenweir_cost_usd", "Cost by the policy's model prices, USD.", _LABELS,
-            ((k, s.cost_usd) for k, s in self._series.items()),
+            ((k, s.cost_usd) for k, s in state.series.items()),
         )  # fmt: skip
         yield _counter(
             "tokenweir_cache_requests", "Requests by cache result: hit, semantic-hit, miss, bypass",
-            ("tenant", "gen_ai_request_model", "result"), self._cache.items(),
+            ("tenant", "gen_ai_request_model", "result"), state.cache.items(),
         )  # fmt: skip
         yield _counter(
             "tokenweir_cache_saved_tokens", "Backend tokens cache hits spared, input and output.",
-            ("tenant", "gen_ai_request_model", "gen_ai_token_type"), self._saved_tokens.items(),
+            ("tenant", "gen_ai_request_model", "gen_ai_token_type"), state.saved_tokens.items(),
         )  # fmt: skip
         yield _counter(
             "tokenweir_cache_saved_usd", "What cache hits spared, USD by the model prices.",
-            ("tenant", "gen_ai_request_model"), self._saved_usd.items(),
+            ("tenant", "gen_ai_request_model"), state.saved_usd.items(),
         )  # fmt: skip
         yield _counter(
             "tokenweir_rejected_requests", "429s by reason: rate_limit or budget.",
-            ("tenant", "gen_ai_request_model", "reason"), self._rejected.items(),
+            ("tenant", "gen_ai_request_model", "reason"), state.rejected.items(),
         )  # fmt: skip
         yield _counter(
             "tokenweir_degraded_requests", "Requests a degradation rule changed, by rule.",
-            ("tenant", "rule"), self._degraded.items(),
+            ("tenant", "rule"), state.degraded.items(),
         )  # fmt: skip
         inflight = GaugeMetricFamily(
-            "tokenweir_inflight_streams", "Streams being relayed now (this process).",
+            "tokenweir_inflight_streams", "Streams being relayed now.",
             labels=("tenant", "gen_ai_request_model"),
         )  # fmt: skip
-        for key, value in self._inflight.items():
+        for key, value in state.inflight.items():
             inflight.add_metric(key, value)
         yield inflight
         yield from self._budget_gauges()
 
-    def _histograms(self) -> Iterator[Metric]:
+    def _histograms(self, state: MetricState) -> Iterator[Metric]:
         tokens = HistogramMetricFamily(
             "gen_ai_client_token_usage", "Input and output tokens per request.",
             labels=(*_LABELS, "gen_ai_token_type"),
         )  # fmt: skip
-        for key, series in self._series.items():
+        for key, series in state.series.items():
             for kind, hist in (("input", series.input_tokens), ("output", series.output_tokens)):
                 if any(hist.counts):
                     tokens.add_metric((*key, kind), hist.buckets(), hist.sum)
         yield tokens
         for attribute, name, documentation in _HISTOGRAMS:
             family = HistogramMetricFamily(name, documentation, labels=_LABELS)
-            for key, series in self._series.items():
-                hist = getattr(series, attribute)
+            for key, series in state.series.items():
+                hist = series.histogram(attribute)
                 if any(hist.counts):
                     family.add_metric(key, hist.buckets(), hist.sum)
             yield family

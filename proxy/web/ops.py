@@ -71,8 +71,9 @@ class Ready:
 
 
 class Metrics:
-    """`GET /metrics`: this process's metrics in the Prometheus text format (no key needed;
-    the labels are tenant, model, backend and status class, never users or request ids)."""
+    """`GET /metrics`: the server's metrics in the Prometheus text format, under `--workers N`
+    every worker's summed (no key needed; the labels are tenant, model, backend and status
+    class, never users or request ids)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]

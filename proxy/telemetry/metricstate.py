@@ -1,0 +1,180 @@
+"""What the Prometheus metrics hold: per-label-set figures as plain lists and dicts, updated on
+the event loop with no lock, and their JSON form, so `serve --workers N` can sum every worker's
+(proxy/telemetry/workershare.py).
+
+Each worker's figures only grow, except `inflight` (streams relayed now), a gauge: summing
+workers adds their counters and histogram buckets, and their in-flight streams only for workers
+still alive (a dead worker relays nothing).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from proxy.telemetry import semconv
+from proxy.telemetry.sample import Labels, RequestSample
+from proxy.upstream.meter import GapHistogram
+
+__all__ = ["HISTOGRAMS", "Histogram", "MetricState", "Series"]
+
+
+class Histogram:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def add_gaps(self, gaps: GapHistogram, spans: Sequence[tuple[int, int]]) -> None:
+        """Every gap of a request at once: the meter's fine buckets folded into ours, each of
+        ours taking the run of fine buckets `spans[i]` whose middles fall in it."""
+        counts, fine = self.counts, gaps.counts
+        for i, (start, stop) in enumerate(spans):
+            counts[i] += sum(fine[start:stop])
+        self.sum += gaps.total_s
+
+    def add(self, counts: Sequence[int], total: float) -> None:
+        """Another worker's figures of the same histogram (same bounds: the same code)."""
+        mine = self.counts
+        for i, n in enumerate(counts):
+            mine[i] += n
+        self.sum += total
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, seen = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            seen += n
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(seen)))
+        return out
+
+
+# The histograms of a Series, in exposition (and JSON) order.
+HISTOGRAMS = (
+    "input_tokens", "output_tokens", "client_duration", "client_ttfc", "client_tpoc",
+    "server_duration", "server_ttft", "server_tpot", "overhead",
+)  # fmt: skip
+
+
+class Series:
+    """Everything recorded for one label set."""
+
+    __slots__ = ("cost_usd", "requests", *HISTOGRAMS)
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.cost_usd = 0.0
+        self.input_tokens = Histogram(semconv.TOKENS)
+        self.output_tokens = Histogram(semconv.TOKENS)
+        self.client_duration = Histogram(semconv.DURATION_S)
+        self.client_ttfc = Histogram(semconv.DURATION_S)
+        self.client_tpoc = Histogram(semconv.CHUNK_S)
+        self.server_duration = Histogram(semconv.DURATION_S)
+        self.server_ttft = Histogram(semconv.SERVER_TTFT_S)
+        self.server_tpot = Histogram(semconv.CHUNK_S)
+        self.overhead = Histogram(semconv.OVERHEAD_S)
+
+    def histogram(self, name: str) -> Histogram:
+        hist: Histogram = getattr(self, name)
+        return hist
+
+
+_Key = tuple[str, ...]
+
+
+class MetricState:
+    """One process's figures (or the sum of several processes')."""
+
+    __slots__ = ("cache", "degraded", "inflight", "rejected", "saved_tokens", "saved_usd", "series")
+
+    def __init__(self) -> None:
+        self.series: dict[Labels, Series] = {}
+        self.cache: dict[_Key, int] = {}  # (tenant, model, result)
+        self.saved_tokens: dict[_Key, int] = {}  # (tenant, model, token type)
+        self.saved_usd: dict[_Key, float] = {}  # (tenant, model)
+        self.rejected: dict[_Key, int] = {}  # (tenant, model, reason)
+        self.degraded: dict[_Key, int] = {}  # (tenant, rule)
+        self.inflight: dict[_Key, int] = {}  # (tenant, model)
+
+    def record(self, sample: RequestSample, gap_spans: Sequence[tuple[int, int]]) -> None:
+        series = self.series.get(sample.labels)
+        if series is None:
+            series = self.series[sample.labels] = Series()
+        series.requests += 1
+        series.cost_usd += sample.cost_usd
+        if sample.input_tokens is not None:
+            series.input_tokens.observe(sample.input_tokens)
+        if sample.output_tokens is not None:
+            series.output_tokens.observe(sample.output_tokens)
+        series.server_duration.observe(sample.duration_s)
+        series.overhead.observe(sample.gateway_s)
+        if sample.upstream_s is not None:
+            series.client_duration.observe(sample.upstream_s)
+        if sample.upstream_ttft_s is not None:
+            series.client_ttfc.observe(sample.upstream_ttft_s)
+        if sample.ttft_s is not None:
+            series.server_ttft.observe(sample.ttft_s)
+        if sample.time_per_token_s is not None:
+            series.server_tpot.observe(sample.time_per_token_s)
+        if sample.gaps is not None:
+            series.client_tpoc.add_gaps(sample.gaps, gap_spans)
+        self._count_outcomes(sample)
+
+    def _count_outcomes(self, sample: RequestSample) -> None:
+        tenant, _, model, _, _ = sample.labels
+        key = (tenant, model, sample.cache)
+        self.cache[key] = self.cache.get(key, 0) + 1
+        if sample.saved_tokens != (0, 0):
+            for kind, tokens in zip(("input", "output"), sample.saved_tokens, strict=True):
+                saved = (tenant, model, kind)
+                self.saved_tokens[saved] = self.saved_tokens.get(saved, 0) + tokens
+            self.saved_usd[(tenant, model)] = self.saved_usd.get((tenant, model), 0.0) + (
+                sample.saved_usd
+            )
+        if sample.rejected is not None:
+            key = (tenant, model, sample.rejected)
+            self.rejected[key] = self.rejected.get(key, 0) + 1
+        for rule in sample.degraded:
+            self.degraded[(tenant, rule)] = self.degraded.get((tenant, rule), 0) + 1
+
+    def dump(self) -> bytes:
+        """The JSON form `load` reads back (label tuples as lists)."""
+        series = [
+            [
+                list(labels), s.requests, s.cost_usd,
+                [[s.histogram(h).counts, s.histogram(h).sum] for h in HISTOGRAMS],
+            ]
+            for labels, s in self.series.items()
+        ]  # fmt: skip
+        counters = {name: list(getattr(self, name).items()) for name in _COUNTERS}
+        return orjson.dumps({"series": series, **counters, "inflight": list(self.inflight.items())})
+
+    def add(self, dumped: bytes, *, alive: bool) -> None:
+        """Add another process's `dump()`: counters and histograms always, its in-flight
+        streams only while it is `alive`."""
+        data: dict[str, Any] = orjson.loads(dumped)
+        for labels, requests, cost, hists in data["series"]:
+            key: Labels = tuple(labels)
+            series = self.series.get(key)
+            if series is None:
+                series = self.series[key] = Series()
+            series.requests += requests
+            series.cost_usd += cost
+            for name, (counts, total) in zip(HISTOGRAMS, hists, strict=True):
+                series.histogram(name).add(counts, total)
+        for name in (*_COUNTERS, "inflight") if alive else _COUNTERS:
+            mine: dict[_Key, Any] = getattr(self, name)
+            for labels, value in data[name]:
+                key2 = tuple(labels)
+                mine[key2] = mine.get(key2, 0) + value
+
+
+_COUNTERS = ("cache", "saved_tokens", "saved_usd", "rejected", "degraded")

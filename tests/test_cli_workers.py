@@ -1,0 +1,159 @@
+"""`tokenweir serve --workers N`: refused on memory storage (it would multiply every limit); on
+Redis, `/metrics` shows the whole server, whichever worker answers, across a worker restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.redis_server import private_redis
+from tests.reliability.state import KEY, policy_text
+from tests.servers import free_port
+from tests.test_cli_reload import tokenweir_serve
+
+CHAT: dict[str, Any] = {
+    "model": "mock-llm",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 3,
+}
+_WAIT_S = 60.0  # a limit on a loaded 2-core machine, not a measurement
+
+
+def test_memory_storage_with_workers_is_refused_with_the_fix(tmp_path: Path) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text("http://127.0.0.1:9", "memory"))
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+    done = subprocess.run(
+        [*command, "--port", str(port), "--workers", "2"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "--workers 2" in lines[0]
+    assert "storage: memory" in lines[0]
+    assert "storage: redis://" in lines[0]
+    assert "--workers 1" in lines[0]
+    assert "Uvicorn running" not in done.stderr  # nothing was started
+    with httpx.Client() as http:
+        try:
+            http.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            listening = True
+        except httpx.TransportError:
+            listening = False
+    assert not listening
+
+
+@contextmanager
+def _two_workers(backend_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """`serve --workers 2` on a private Redis; the URL, and where its temporary files go."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with private_redis() as redis_url:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, redis_url))
+        env = {**os.environ, "TMPDIR": str(temp)}  # the supervisor's metrics directory lands here
+        with tokenweir_serve(config, "--workers", "2", env=env) as (_, url):
+            yield url, temp
+
+
+def _chat(url: str, count: int) -> None:
+    """`count` chats with the openai SDK, every other one streamed, each on a new connection:
+    the workers take turns accepting."""
+    for i in range(count):
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as sdk:
+            if i % 2:
+                chunks = list(sdk.chat.completions.create(**CHAT, stream=True))
+                assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            else:
+                assert sdk.chat.completions.create(**CHAT).choices[0].message.content
+
+
+_COUNTS = (
+    "tokenweir_requests_total",
+    "gen_ai_server_request_duration_seconds_count",
+    "gen_ai_server_time_to_first_token_seconds_count",  # streams only
+)
+
+
+def _totals(url: str) -> tuple[float, ...]:
+    """Requests, request durations and stream TTFTs recorded, summed over labels, from one
+    scrape on a new connection (any worker may answer)."""
+    with httpx.Client() as fresh:
+        text = fresh.get(url + "/metrics").text
+    totals = dict.fromkeys(_COUNTS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return tuple(totals.values())
+
+
+def _per_worker(temp: Path) -> dict[int, int]:
+    """Requests each worker published (its pid: its file's name), read from the share."""
+    (directory,) = temp.glob("tokenweir-metrics-*")
+    counts: dict[int, int] = {}
+    for path in directory.glob("*.json"):
+        series = json.loads(path.read_bytes())["series"]
+        counts[int(path.name.partition("-")[0])] = sum(s[1] for s in series)
+    return counts
+
+
+def _eventually(check: Callable[[], bool]) -> None:
+    began = time.monotonic()
+    while not check():
+        assert time.monotonic() - began < _WAIT_S, "not within the wait"
+        time.sleep(0.1)
+
+
+def test_metrics_sum_every_worker_and_survive_a_restart(backend_url: str, tmp_path: Path) -> None:
+    with _two_workers(backend_url, tmp_path) as (url, temp):
+        _chat(url, 20)
+        _eventually(lambda: _totals(url) == (20, 20, 10))
+        answered = _per_worker(temp)
+        assert sum(answered.values()) == 20
+        assert len(answered) == 2, answered
+        assert all(answered.values()), answered  # both workers served some
+        for _ in range(10):  # whichever worker answers, the whole server
+            assert _totals(url) == (20, 20, 10)
+
+        killed = max(answered, key=lambda pid: answered[pid])
+        os.kill(killed, signal.SIGKILL)  # the supervisor starts a new worker in its place
+        _eventually(lambda: _alive_workers_answer(url, killed))
+        _chat(url, 10)
+        seen: list[float] = []
+
+        def all_counted() -> bool:
+            seen.append(_totals(url)[0])
+            return seen[-1] == 30
+
+        _eventually(all_counted)
+        assert min(seen) >= 20  # the dead worker's requests stay counted: never backwards
+        for _ in range(10):
+            assert _totals(url) == (30, 30, 15)  # and are never counted twice
+        assert killed in _per_worker(temp)  # its last figures are still part of the sum
+
+
+def _alive_workers_answer(url: str, killed: int) -> bool:
+    """Two workers answer again, the killed one not among them."""
+    pids = set()
+    for _ in range(6):
+        try:
+            with httpx.Client() as fresh:
+                pids.add(fresh.get(url + "/readyz?backends=skip").json()["pid"])
+        except httpx.TransportError:
+            return False
+    return killed not in pids and len(pids) == 2
