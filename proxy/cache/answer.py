@@ -1,16 +1,34 @@
 """A stored answer in one shape for streams and whole responses, built from either, kept compact.
 
 Only complete answers are ever built: a stream without a finish reason and `[DONE]` is not one.
+
+A stream's answer is folded in as its chunks pass (`StreamFold`), so storing it costs O(1) per
+chunk. A stream usually repeats one chunk: the same id, model and fields around a new piece of
+text. The first such chunk is parsed and becomes a template (the bytes before and after its
+text); every later chunk that matches it byte for byte, with a text free of quotes and
+backslashes, is kept as that text's bytes without being parsed. Every other chunk (the role
+chunk, tool calls, a text with an escape, the finish chunk) is parsed on its own. When the
+stream ends each kind of text is decoded once; nothing re-reads the stream.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
-__all__ = ["Answer", "from_response", "from_stream"]
+__all__ = ["Answer", "StreamFold", "from_response", "from_stream"]
+
+_DATA: Final = b"data:"
+_DONE: Final = b"[DONE]"
+# Stands in for a template's text to prove the template parses as a text-only chunk.
+_PROBE: Final = "tokenweir-probe"
+# A backend whose chunks vary (a per-chunk timestamp) is not re-learned forever.
+_MAX_TEMPLATES: Final = 4
+# Errors a malformed chunk may raise while folded; the fold gives up, the relay goes on.
+_MALFORMED: Final = (AttributeError, KeyError, IndexError, TypeError, ValueError)
+_TEXTS: Final = ("content", "reasoning_content", "refusal", "text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,83 +100,156 @@ def from_response(operation: str, raw: bytes, usage: dict[str, Any]) -> Answer |
 def from_stream(operation: str, events: bytes, usage: dict[str, Any]) -> Answer | None:
     """The answer a complete SSE stream carried, merged from its deltas; None if incomplete.
 
-    Runs once per stored miss over every chunk: all payloads are parsed in one orjson call, and
-    the usual chunk (one choice, a text delta and nothing else) takes a short path. An event
-    split over several `data:` lines is not JSON on its own and makes the stream unstorable.
+    The whole stream at once, as the gateway folds it chunk by chunk (`StreamFold`).
     """
-    payloads = [line[5:].strip() for line in events.splitlines() if line.startswith(b"data:")]
-    if not payloads or payloads[-1].rstrip() != b"[DONE]":
-        return None
-    try:
-        chunks = orjson.loads(b"[" + b",".join(payloads[:-1]) + b"]")
-    except orjson.JSONDecodeError:
-        return None
-    merged = _Deltas()
-    for chunk in chunks:
-        if not isinstance(chunk, dict):
+    fold = StreamFold(len(events))
+    fold.feed(events)
+    return fold.answer(operation, usage)
+
+
+def _loads(raw: bytes) -> Any:
+    """Every parse the fold makes goes through here (a test counts them)."""
+    return orjson.loads(raw)
+
+
+class _Template:
+    """The bytes around the text of a text-only chunk, and which text it is."""
+
+    __slots__ = ("name", "prefix", "size", "suffix")
+
+    def __init__(self, name: str, prefix: bytes, suffix: bytes) -> None:
+        self.name = name
+        self.prefix = prefix
+        self.suffix = suffix
+        self.size = len(prefix) + len(suffix)
+
+    def text(self, payload: bytes) -> bytes | None:
+        """The escaped text of `payload` if it is this template around a plain text."""
+        if (
+            len(payload) < self.size
+            or not payload.startswith(self.prefix)
+            or not payload.endswith(self.suffix)
+        ):
             return None
-        if merged.add_text(chunk):
-            continue
-        if "error" in chunk or not merged.add(chunk):
+        text = payload[len(self.prefix) : len(payload) - len(self.suffix)]
+        return None if b'"' in text or b"\\" in text else text
+
+
+class StreamFold:
+    """Feed it the relayed bytes (whole events) in order; `answer` builds the stored answer.
+
+    Gives up for good (the answer is not stored) on anything today's guards refuse: an event
+    that is not JSON, an error event, several choices, data after `[DONE]`, more than `limit`
+    bytes. `answer` is None unless the stream ended with `[DONE]` after a finish reason.
+    """
+
+    __slots__ = (
+        "_done", "_fingerprint", "_finish", "_limit", "_model", "_size", "_template",
+        "_templates", "_texts", "_tools", "broken",
+    )  # fmt: skip
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._size = 0
+        self._done = False
+        self.broken = False
+        self._model = ""
+        self._fingerprint: str | None = None
+        self._finish: str | None = None
+        # Each text as the escaped JSON string bodies of its pieces, decoded once at the end.
+        self._texts: dict[str, list[bytes]] = {}
+        self._tools: dict[int, dict[str, Any]] = {}
+        self._template: _Template | None = None
+        self._templates = 0
+
+    def feed(self, data: bytes) -> None:
+        """Fold in relayed bytes: one or more whole events."""
+        if self.broken:
+            return
+        self._size += len(data)
+        if self._size > self._limit:
+            self.broken = True
+            return
+        for line in data.splitlines():
+            if line.startswith(_DATA):
+                self._payload(line[len(_DATA) :].strip())
+                if self.broken:
+                    return
+
+    def answer(self, operation: str, usage: dict[str, Any]) -> Answer | None:
+        """The answer the stream carried, or None if it is incomplete or was refused."""
+        if self.broken or not self._done or self._finish is None:
             return None
-    if merged.finish_reason is None:
-        return None
-    return merged.answer(operation, usage)
+        try:
+            texts = {name: _decoded(parts) for name, parts in self._texts.items()}
+        except orjson.JSONDecodeError:
+            return None
+        if operation == "text_completion":
+            text = texts.get("text", "")
+            return Answer(
+                operation, self._model, self._finish, usage, None, text, self._fingerprint
+            )
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        for name in ("content", "reasoning_content", "refusal"):
+            if name in texts:
+                message[name] = texts[name]
+        if self._tools:
+            message["tool_calls"] = [self._tools[i] for i in sorted(self._tools)]
+        return Answer(operation, self._model, self._finish, usage, message, None, self._fingerprint)
 
+    def _payload(self, payload: bytes) -> None:
+        if self._done:  # data after [DONE]: not a stream that ended
+            self.broken = True
+            return
+        if payload == _DONE:
+            self._done = True
+            return
+        template = self._template
+        if template is not None:
+            text = template.text(payload)
+            if text is not None:
+                self._texts[template.name].append(text)
+                return
+        try:
+            chunk = _loads(payload)
+            if not isinstance(chunk, dict):
+                self.broken = True
+                return
+            piece = _text_only(chunk)
+            if piece is not None:
+                self._add_text(chunk, *piece)
+                self._learn(payload, *piece)
+            elif "error" in chunk or not self._add(chunk):
+                self.broken = True
+        except _MALFORMED:
+            self.broken = True
 
-class _Deltas:
-    """Stream chunks folded into one message: text concatenated, tool calls merged by index."""
+    def _add_text(self, chunk: dict[str, Any], name: str, piece: str) -> None:
+        self._texts.setdefault(name, []).append(_escaped(piece))
+        self._model = self._model or chunk.get("model") or ""
 
-    def __init__(self) -> None:
-        self.model = ""
-        self.fingerprint: str | None = None
-        self.finish_reason: str | None = None
-        self.texts: dict[str, list[str]] = {}
-        self.tools: dict[int, dict[str, Any]] = {}
-
-    def add_text(self, chunk: dict[str, Any]) -> bool:
-        """Fold in a chunk that only carries text for choice 0; False for any other chunk."""
-        choices = chunk.get("choices")
-        if not choices or len(choices) != 1:
-            return False
-        choice = choices[0]
-        delta = choice.get("delta")
-        if choice.get("finish_reason") is not None or choice.get("index", 0) != 0:
-            return False
-        if delta is None:  # a text completion's chunk
-            piece, name = choice.get("text"), "text"
-        elif len(delta) == 1 and "content" in delta:
-            piece, name = delta["content"], "content"
-        else:
-            return False
-        if not isinstance(piece, str):
-            return False
-        self.texts.setdefault(name, []).append(piece)
-        self.model = self.model or chunk.get("model") or ""
-        return True
-
-    def add(self, chunk: dict[str, Any]) -> bool:
-        """Fold one chunk in; False if it is not a one-choice answer's chunk."""
-        self.model = chunk.get("model") or self.model
-        self.fingerprint = chunk.get("system_fingerprint") or self.fingerprint
+    def _add(self, chunk: dict[str, Any]) -> bool:
+        """Fold in any other chunk; False if it is not a one-choice answer's chunk."""
+        self._model = chunk.get("model") or self._model
+        self._fingerprint = chunk.get("system_fingerprint") or self._fingerprint
         choices = chunk.get("choices") or []
         if len(choices) > 1 or any(c.get("index", 0) != 0 for c in choices):
             return False
         for choice in choices:
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            self._finish = choice.get("finish_reason") or self._finish
             delta = choice.get("delta")
             if not isinstance(delta, dict):
                 delta = {"text": choice.get("text")}
-            for name in ("content", "reasoning_content", "refusal", "text"):
+            for name in _TEXTS:
                 piece = delta.get(name)
                 if isinstance(piece, str):
-                    self.texts.setdefault(name, []).append(piece)
+                    self._texts.setdefault(name, []).append(_escaped(piece))
             for call in delta.get("tool_calls") or []:
                 self._add_tool_call(call)
         return True
 
     def _add_tool_call(self, call: dict[str, Any]) -> None:
-        merged = self.tools.setdefault(
+        merged = self._tools.setdefault(
             int(call.get("index", 0)), {"id": "", "type": "function", "function": {}}
         )
         merged["id"] = call.get("id") or merged["id"]
@@ -169,15 +260,48 @@ class _Deltas:
             target["name"] = function["name"]
         target["arguments"] = target.get("arguments", "") + (function.get("arguments") or "")
 
-    def answer(self, operation: str, usage: dict[str, Any]) -> Answer:
-        finish = self.finish_reason or "stop"
-        if operation == "text_completion":
-            text = "".join(self.texts.get("text", []))
-            return Answer(operation, self.model, finish, usage, None, text, self.fingerprint)
-        message: dict[str, Any] = {"role": "assistant", "content": None}
-        for name in ("content", "reasoning_content", "refusal"):
-            if name in self.texts:
-                message[name] = "".join(self.texts[name])
-        if self.tools:
-            message["tool_calls"] = [self.tools[i] for i in sorted(self.tools)]
-        return Answer(operation, self.model, finish, usage, message, None, self.fingerprint)
+    def _learn(self, payload: bytes, name: str, piece: str) -> None:
+        """Make this text-only chunk the template, if its text can be cut out of it exactly."""
+        raw = piece.encode()
+        marker = b'"' + name.encode() + b'":"' + raw + b'"'
+        if not raw or b'"' in raw or b"\\" in raw or self._templates >= _MAX_TEMPLATES:
+            return
+        if payload.count(marker) != 1:  # a text the backend escaped, or found twice
+            return
+        self._templates += 1
+        start = payload.index(marker) + len(marker) - len(raw) - 1
+        template = _Template(name, payload[:start], payload[start + len(raw) :])
+        # Proof: the same bytes around another text are a text-only chunk of that text.
+        try:
+            probe = _loads(template.prefix + _PROBE.encode() + template.suffix)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(probe, dict) and _text_only(probe) == (name, _PROBE):
+            self._template = template
+
+
+def _text_only(chunk: dict[str, Any]) -> tuple[str, str] | None:
+    """(name, piece) if the chunk only carries text for choice 0, else None."""
+    choices = chunk.get("choices")
+    if not choices or len(choices) != 1:
+        return None
+    choice = choices[0]
+    delta = choice.get("delta")
+    if choice.get("finish_reason") is not None or choice.get("index", 0) != 0:
+        return None
+    if delta is None:  # a text completion's chunk
+        piece, name = choice.get("text"), "text"
+    elif len(delta) == 1 and "content" in delta:
+        piece, name = delta["content"], "content"
+    else:
+        return None
+    return (name, piece) if isinstance(piece, str) else None
+
+
+def _escaped(piece: str) -> bytes:
+    return orjson.dumps(piece)[1:-1]
+
+
+def _decoded(parts: list[bytes]) -> str:
+    text: str = _loads(b'"' + b"".join(parts) + b'"')
+    return text
