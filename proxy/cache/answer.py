@@ -113,25 +113,60 @@ def _loads(raw: bytes) -> Any:
 
 
 class _Template:
-    """The bytes around the text of a text-only chunk, and which text it is."""
+    """The bytes around the text of a text-only chunk: as a payload, and as a whole event."""
 
-    __slots__ = ("name", "prefix", "size", "suffix")
+    __slots__ = (
+        "between", "end", "head", "parts", "prefix", "quotes", "size", "slashes", "start",
+        "suffix", "tail",
+    )  # fmt: skip
 
-    def __init__(self, name: str, prefix: bytes, suffix: bytes) -> None:
-        self.name = name
+    def __init__(self, parts: list[bytes], prefix: bytes, suffix: bytes, line: bytes, sep: bytes):
+        self.parts = parts  # the text's pieces so far, which a match adds to
         self.prefix = prefix
         self.suffix = suffix
-        self.size = len(prefix) + len(suffix)
+        self.head = line + prefix  # `line`: what comes before the payload (`data: `)
+        self.tail = suffix + sep
+        self.start, self.end = len(self.head), len(self.tail)
+        self.size = self.start + self.end
+        # Between two texts of a read with several events on the template.
+        self.between = self.tail + self.head
+        self.quotes = self.between.count(b'"')
+        self.slashes = self.between.count(b"\\")
+
+    def take(self, data: bytes) -> bool:
+        """Keep the texts of a read that is only events on the template, texts without escapes.
+
+        Every text is free of quotes exactly when `data` has no quotes but the templates' own:
+        the first quote after a text then starts the next `between`, so the split is exact.
+        """
+        head, tail = self.head, self.tail
+        if (
+            len(data) < len(head) + len(tail)
+            or not data.startswith(head)
+            or not data.endswith(tail)
+        ):
+            return False
+        inner = data[len(head) : len(data) - len(tail)]
+        if b'"' not in inner and b"\\" not in inner:  # the usual read: one event
+            self.parts.append(inner)
+            return True
+        texts = inner.split(self.between)
+        events = len(texts) - 1
+        if inner.count(b'"') != events * self.quotes or inner.count(b"\\") != events * self.slashes:
+            return False
+        self.parts += texts
+        return True
 
     def text(self, payload: bytes) -> bytes | None:
-        """The escaped text of `payload` if it is this template around a plain text."""
+        """The text of one payload on the template, if it has no escapes."""
+        prefix, suffix = self.prefix, self.suffix
         if (
-            len(payload) < self.size
-            or not payload.startswith(self.prefix)
-            or not payload.endswith(self.suffix)
+            len(payload) < len(prefix) + len(suffix)
+            or not payload.startswith(prefix)
+            or not payload.endswith(suffix)
         ):
             return None
-        text = payload[len(self.prefix) : len(payload) - len(self.suffix)]
+        text = payload[len(prefix) : len(payload) - len(suffix)]
         return None if b'"' in text or b"\\" in text else text
 
 
@@ -170,9 +205,12 @@ class StreamFold:
         if self._size > self._limit:
             self.broken = True
             return
+        template = self._template
+        if template is not None and not self._done and template.take(data):
+            return  # the usual read: events on the template, nothing parsed
         for line in data.splitlines():
             if line.startswith(_DATA):
-                self._payload(line[len(_DATA) :].strip())
+                self._payload(line, data)
                 if self.broken:
                     return
 
@@ -197,7 +235,8 @@ class StreamFold:
             message["tool_calls"] = [self._tools[i] for i in sorted(self._tools)]
         return Answer(operation, self._model, self._finish, usage, message, None, self._fingerprint)
 
-    def _payload(self, payload: bytes) -> None:
+    def _payload(self, line: bytes, data: bytes) -> None:
+        payload = line[len(_DATA) :].strip()
         if self._done:  # data after [DONE]: not a stream that ended
             self.broken = True
             return
@@ -208,7 +247,7 @@ class StreamFold:
         if template is not None:
             text = template.text(payload)
             if text is not None:
-                self._texts[template.name].append(text)
+                template.parts.append(text)
                 return
         try:
             chunk = _loads(payload)
@@ -218,7 +257,7 @@ class StreamFold:
             piece = _text_only(chunk)
             if piece is not None:
                 self._add_text(chunk, *piece)
-                self._learn(payload, *piece)
+                self._learn(line, payload, data, *piece)
             elif "error" in chunk or not self._add(chunk):
                 self.broken = True
         except _MALFORMED:
@@ -260,17 +299,19 @@ class StreamFold:
             target["name"] = function["name"]
         target["arguments"] = target.get("arguments", "") + (function.get("arguments") or "")
 
-    def _learn(self, payload: bytes, name: str, piece: str) -> None:
+    def _learn(self, line: bytes, payload: bytes, data: bytes, name: str, piece: str) -> None:
         """Make this text-only chunk the template, if its text can be cut out of it exactly."""
         raw = piece.encode()
         marker = b'"' + name.encode() + b'":"' + raw + b'"'
         if not raw or b'"' in raw or b"\\" in raw or self._templates >= _MAX_TEMPLATES:
             return
-        if payload.count(marker) != 1:  # a text the backend escaped, or found twice
+        if payload.count(marker) != 1 or not line.endswith(payload):  # escaped, found twice
             return
         self._templates += 1
         start = payload.index(marker) + len(marker) - len(raw) - 1
-        template = _Template(name, payload[:start], payload[start + len(raw) :])
+        prefix, suffix = payload[:start], payload[start + len(raw) :]
+        sep = b"\r\n\r\n" if data.endswith(b"\r\n\r\n") else b"\n\n"  # as this read's events end
+        template = _Template(self._texts[name], prefix, suffix, line[: -len(payload)], sep)
         # Proof: the same bytes around another text are a text-only chunk of that text.
         try:
             probe = _loads(template.prefix + _PROBE.encode() + template.suffix)

@@ -76,13 +76,14 @@ def test_a_long_stream_folds_into_exactly_its_text(per_read: int) -> None:
     assert whole["choices"][0]["message"]["content"] == "".join(pieces)
 
 
-def test_parses_per_stream_do_not_grow_with_its_length(parses: list[bytes]) -> None:
+@pytest.mark.parametrize("per_read", [1, 4])
+def test_parses_per_stream_do_not_grow_with_its_length(parses: list[bytes], per_read: int) -> None:
     counts = []
     for n in (100, 5000):
         parses.clear()
         words = [f" w{i}" for i in range(n)]
         events = [role_event(), *map(text_event, words), finish_event(), b"data: [DONE]\n\n"]
-        answer = fold(events).answer("chat", USAGE)
+        answer = fold(events, per_read=per_read).answer("chat", USAGE)
         assert answer is not None
         assert answer.message is not None
         assert answer.message["content"] == "".join(words)
