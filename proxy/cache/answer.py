@@ -115,10 +115,7 @@ def _loads(raw: bytes) -> Any:
 class _Template:
     """The bytes around the text of a text-only chunk: as a payload, and as a whole event."""
 
-    __slots__ = (
-        "between", "end", "head", "parts", "prefix", "quotes", "size", "slashes", "start",
-        "suffix", "tail",
-    )  # fmt: skip
+    __slots__ = ("between", "head", "parts", "prefix", "quotes", "slashes", "suffix", "tail")
 
     def __init__(self, parts: list[bytes], prefix: bytes, suffix: bytes, line: bytes, sep: bytes):
         self.parts = parts  # the text's pieces so far, which a match adds to
@@ -126,8 +123,6 @@ class _Template:
         self.suffix = suffix
         self.head = line + prefix  # `line`: what comes before the payload (`data: `)
         self.tail = suffix + sep
-        self.start, self.end = len(self.head), len(self.tail)
-        self.size = self.start + self.end
         # Between two texts of a read with several events on the template.
         self.between = self.tail + self.head
         self.quotes = self.between.count(b'"')
@@ -139,14 +134,9 @@ class _Template:
         Every text is free of quotes exactly when `data` has no quotes but the templates' own:
         the first quote after a text then starts the next `between`, so the split is exact.
         """
-        head, tail = self.head, self.tail
-        if (
-            len(data) < len(head) + len(tail)
-            or not data.startswith(head)
-            or not data.endswith(tail)
-        ):
+        inner = _inside(data, self.head, self.tail)
+        if inner is None:
             return False
-        inner = data[len(head) : len(data) - len(tail)]
         if b'"' not in inner and b"\\" not in inner:  # the usual read: one event
             self.parts.append(inner)
             return True
@@ -159,15 +149,15 @@ class _Template:
 
     def text(self, payload: bytes) -> bytes | None:
         """The text of one payload on the template, if it has no escapes."""
-        prefix, suffix = self.prefix, self.suffix
-        if (
-            len(payload) < len(prefix) + len(suffix)
-            or not payload.startswith(prefix)
-            or not payload.endswith(suffix)
-        ):
-            return None
-        text = payload[len(prefix) : len(payload) - len(suffix)]
-        return None if b'"' in text or b"\\" in text else text
+        text = _inside(payload, self.prefix, self.suffix)
+        return None if text is None or b'"' in text or b"\\" in text else text
+
+
+def _inside(data: bytes, head: bytes, tail: bytes) -> bytes | None:
+    """What `data` has between `head` and `tail`, if it is just them around it."""
+    if len(data) < len(head) + len(tail) or not data.startswith(head) or not data.endswith(tail):
+        return None
+    return data[len(head) : len(data) - len(tail)]
 
 
 class StreamFold:
