@@ -291,9 +291,11 @@ class StreamFold:
 
     def _learn(self, line: bytes, payload: bytes, data: bytes, name: str, piece: str) -> None:
         """Make this text-only chunk the template, if its text can be cut out of it exactly."""
+        if self._templates >= _MAX_TEMPLATES:
+            return
         raw = piece.encode()
         marker = b'"' + name.encode() + b'":"' + raw + b'"'
-        if not raw or b'"' in raw or b"\\" in raw or self._templates >= _MAX_TEMPLATES:
+        if not raw or b'"' in raw or b"\\" in raw:
             return
         if payload.count(marker) != 1 or not line.endswith(payload):  # escaped, found twice
             return

@@ -219,3 +219,32 @@ def test_a_stream_past_its_limit_is_refused_and_stops_folding(parses: list[bytes
     parses.clear()
     assert fold(events, limit=size // 2).answer("chat", USAGE) is None
     assert len(parses) == 3  # nothing parsed once past the limit (role, first text, probe)
+
+
+def test_a_template_is_never_taken_from_a_look_alike_field(parses: list[bytes]) -> None:
+    """The text's bytes also appear in another field: no template, every chunk parsed, exact."""
+    words = [f" w{i}" for i in range(40)]
+    events = [
+        b"data: "
+        + orjson.dumps({**HEAD, "note": {"content": w}, "choices": [{"delta": {"content": w}}]})
+        + b"\n\n"
+        for w in words
+    ]
+    answer = fold([*events, finish_event(), DONE]).answer("chat", USAGE)
+    assert answer is not None
+    assert answer.message == {"role": "assistant", "content": "".join(words)}
+    assert len(parses) == len(words) + 2  # no probe: the text was found twice
+
+
+def test_a_template_only_takes_reads_whose_texts_are_plain() -> None:
+    """An event that looks like the template but has a quote ends its text there, and adds a
+    field: it is parsed, and its text is what it says, not the bytes up to the template's end."""
+    events = [text_event(" a"), text_event(" b")]
+    tricky = text_event(' c"},"x":{"y":"').replace(b"\\", b"")
+    stream = [*events, tricky, finish_event(), DONE]
+    answer = fold(stream, per_read=3).answer("chat", USAGE)
+    assert answer is not None
+    assert answer.message == {"role": "assistant", "content": " a b c"}
+    assert (
+        fold(stream).answer("chat", USAGE) == answer == from_stream("chat", b"".join(stream), USAGE)
+    )
