@@ -6,9 +6,11 @@ A stream's answer is folded in as its chunks pass (`StreamFold`), so storing it 
 chunk. A stream usually repeats one chunk: the same id, model and fields around a new piece of
 text. The first such chunk is parsed and becomes a template (the bytes before and after its
 text); every later chunk that matches it byte for byte, with a text free of quotes and
-backslashes, is kept as that text's bytes without being parsed. Every other chunk (the role
+backslashes, is kept as that text's bytes without being parsed (OpenAI's `obfuscation`
+padding, new in every chunk, is a second hole in the template). Every other chunk (the role
 chunk, tool calls, a text with an escape, the finish chunk) is parsed on its own. When the
-stream ends each kind of text is decoded once; nothing re-reads the stream.
+stream ends each kind of text is decoded once; nothing re-reads the stream. The answer is the
+one a parse of every chunk would give, byte for byte, and refused where that one is.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ _MAX_TEMPLATES: Final = 4
 # Errors a malformed chunk may raise while folded; the fold gives up, the relay goes on.
 _MALFORMED: Final = (AttributeError, KeyError, IndexError, TypeError, ValueError)
 _TEXTS: Final = ("content", "reasoning_content", "refusal", "text")
+# A field whose value changes in every chunk: a template's second hole.
+_HOLE: Final = b'"obfuscation":"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +117,24 @@ def _loads(raw: bytes) -> Any:
 
 
 class _Template:
-    """The bytes around the text of a text-only chunk: as a payload, and as a whole event."""
+    """The bytes around the text of a text-only chunk: as a payload, and as a whole event.
 
-    __slots__ = ("between", "head", "parts", "prefix", "quotes", "slashes", "suffix", "tail")
+    A field every chunk fills anew (OpenAI's `obfuscation`, random padding) is a second hole:
+    the bytes from the text to it are `mid`, and its value may be any plain string.
+    """
+
+    __slots__ = (
+        "between", "head", "mid", "parts", "prefix", "quotes", "slashes", "suffix", "tail",
+    )  # fmt: skip
 
     def __init__(self, parts: list[bytes], prefix: bytes, suffix: bytes, line: bytes, sep: bytes):
         self.parts = parts  # the text's pieces so far, which a match adds to
         self.prefix = prefix
+        self.mid: bytes | None = None
+        hole = suffix.find(_HOLE) + len(_HOLE)
+        close = suffix.find(b'"', hole)
+        if hole >= len(_HOLE) and suffix.count(_HOLE) == 1 and b"\\" not in suffix[hole:close]:
+            self.mid, suffix = suffix[:hole], suffix[close:]
         self.suffix = suffix
         self.head = line + prefix  # `line`: what comes before the payload (`data: `)
         self.tail = suffix + sep
@@ -127,6 +142,10 @@ class _Template:
         self.between = self.tail + self.head
         self.quotes = self.between.count(b'"')
         self.slashes = self.between.count(b"\\")
+
+    def probe(self, text: bytes) -> bytes:
+        """A payload on the template with `text` in its hole or holes."""
+        return self.prefix + text + (b"" if self.mid is None else self.mid + text) + self.suffix
 
     def take(self, data: bytes) -> bool:
         """Keep the texts of a read that is only events on the template, texts without escapes.
@@ -137,6 +156,12 @@ class _Template:
         inner = _inside(data, self.head, self.tail)
         if inner is None:
             return False
+        if self.mid is not None:  # one event, or several read as lines
+            text = _cut(inner, self.mid)
+            if text is None:
+                return False
+            self.parts.append(text)
+            return True
         if b'"' not in inner and b"\\" not in inner:  # the usual read: one event
             self.parts.append(inner)
             return True
@@ -149,8 +174,21 @@ class _Template:
 
     def text(self, payload: bytes) -> bytes | None:
         """The text of one payload on the template, if it has no escapes."""
-        text = _inside(payload, self.prefix, self.suffix)
-        return None if text is None or b'"' in text or b"\\" in text else text
+        inner = _inside(payload, self.prefix, self.suffix)
+        if inner is None:
+            return None
+        if self.mid is not None:
+            return _cut(inner, self.mid)
+        return None if b'"' in inner or b"\\" in inner else inner
+
+
+def _cut(inner: bytes, mid: bytes) -> bytes | None:
+    """The text of `inner`: a text, `mid`, the second hole's value, both plain strings."""
+    end = inner.find(b'"')
+    if end < 0 or not inner.startswith(mid, end):
+        return None
+    text, other = inner[:end], inner[end + len(mid) :]
+    return None if b"\\" in text or b'"' in other or b"\\" in other else text
 
 
 def _inside(data: bytes, head: bytes, tail: bytes) -> bytes | None:
@@ -306,7 +344,7 @@ class StreamFold:
         template = _Template(self._texts[name], prefix, suffix, line[: -len(payload)], sep)
         # Proof: the same bytes around another text are a text-only chunk of that text.
         try:
-            probe = _loads(template.prefix + _PROBE.encode() + template.suffix)
+            probe = _loads(template.probe(_PROBE.encode()))
         except orjson.JSONDecodeError:
             return
         if isinstance(probe, dict) and _text_only(probe) == (name, _PROBE):

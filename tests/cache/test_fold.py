@@ -76,17 +76,30 @@ def test_a_long_stream_folds_into_exactly_its_text(per_read: int) -> None:
     assert whole["choices"][0]["message"]["content"] == "".join(pieces)
 
 
+def openai_event(piece: str, padding: str) -> bytes:
+    """A chunk as OpenAI streams it: `obfuscation` pads every chunk with new random text."""
+    choice = {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}
+    chunk = {**HEAD, "service_tier": "default", "system_fingerprint": "fp", "choices": [choice]}
+    return b"data: " + orjson.dumps({**chunk, "obfuscation": padding}) + b"\n\n"
+
+
 @pytest.mark.parametrize("per_read", [1, 4])
-def test_parses_per_stream_do_not_grow_with_its_length(parses: list[bytes], per_read: int) -> None:
+@pytest.mark.parametrize("padded", [False, True])
+def test_parses_per_stream_do_not_grow_with_its_length(
+    parses: list[bytes], per_read: int, padded: bool
+) -> None:
     counts = []
     for n in (100, 5000):
         parses.clear()
         words = [f" w{i}" for i in range(n)]
-        events = [role_event(), *map(text_event, words), finish_event(), b"data: [DONE]\n\n"]
+        texts = [
+            openai_event(w, "Qx7" * (i % 5)) if padded else text_event(w)
+            for i, w in enumerate(words)
+        ]
+        events = [role_event(), *texts, finish_event(), b"data: [DONE]\n\n"]
         answer = fold(events, per_read=per_read).answer("chat", USAGE)
         assert answer is not None
-        assert answer.message is not None
-        assert answer.message["content"] == "".join(words)
+        assert answer.message == {"role": "assistant", "content": "".join(words)}
         counts.append(len(parses))
     # The role chunk, the first text chunk, its template's probe, the finish chunk, the decode.
     assert counts == [5, 5]
@@ -248,3 +261,14 @@ def test_a_template_only_takes_reads_whose_texts_are_plain() -> None:
     assert (
         fold(stream).answer("chat", USAGE) == answer == from_stream("chat", b"".join(stream), USAGE)
     )
+
+
+def test_padding_that_is_not_a_plain_string_is_parsed() -> None:
+    words = [" a", " b", " c", " d"]
+    paddings = ["ok", 'q"uote', "back\\slash", "ok"]
+    events = [openai_event(w, p) for w, p in zip(words, paddings, strict=True)]
+    stream = [*events, finish_event(), DONE]
+    answer = fold(stream).answer("chat", USAGE)
+    assert answer is not None
+    assert answer.message == {"role": "assistant", "content": " a b c d"}
+    assert fold(stream, per_read=2).answer("chat", USAGE) == answer
