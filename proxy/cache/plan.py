@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.cache.answer import StreamFold
 from proxy.cache.key import CacheKey
 from proxy.cache.vectors import Vector
 
@@ -17,3 +18,4 @@ class CachePlan:
     key: CacheKey
     partition: str | None = None
     vector: Vector | None = None
+    fold: StreamFold | None = None  # a stream's answer, folded in as its chunks pass

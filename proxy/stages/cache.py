@@ -14,7 +14,7 @@ from dataclasses import replace
 import anyio
 from starlette.types import Send
 
-from proxy.cache.answer import Answer, from_response, from_stream
+from proxy.cache.answer import Answer, StreamFold, from_response
 from proxy.cache.embed import Embedder, EmbedderUnavailable, normalise
 from proxy.cache.key import CacheKey, cache_key
 from proxy.cache.plan import CachePlan
@@ -78,11 +78,7 @@ class ResponseCache:
             return
         if answer is None:
             ctx.cache, ctx.cache_plan = "miss", plan
-            limit = spec.max_entry_bytes * _SSE_OVERHEAD
-            if ctx.capture is None:
-                ctx.capture = Capture(limit)
-            else:
-                ctx.capture.widen(limit)
+            self._capture(ctx, plan, spec.max_entry_bytes * _SSE_OVERHEAD)
             return
         ctx.cache = "hit" if ctx.cache_similarity is None else "semantic-hit"
         ctx.cached = answer
@@ -91,6 +87,20 @@ class ResponseCache:
         charged = tenant.budget.charge_cache_hits
         ctx.input_tokens = answer.prompt_tokens if charged else 0
         ctx.output_tokens = answer.completion_tokens if charged else 0
+
+    def _capture(self, ctx: RequestContext, plan: CachePlan, limit: int) -> None:
+        """A stream is folded as it passes (its bytes are not kept for it); a whole answer kept."""
+        capture = ctx.capture
+        if ctx.stream:
+            plan.fold = StreamFold(limit)
+            if capture is None:
+                ctx.capture = Capture(0, plan.fold.feed)
+                return
+            capture.follower = plan.fold.feed
+        if capture is None:
+            ctx.capture = Capture(limit)
+        else:
+            capture.widen(limit)  # `log_content` keeps a stream this long too, as it always has
 
     def holding(self, ctx: RequestContext) -> bool:
         return ctx.cache_plan is not None
@@ -191,16 +201,16 @@ class ResponseCache:
         return answer if stale_ok or answer.expires_wall > self._clock.wall() else None
 
     def _answer_of(self, ctx: RequestContext, plan: CachePlan, spec: CacheSpec) -> Answer | None:
-        raw = ctx.capture.data() if ctx.capture is not None else None
-        if raw is None:
-            return None
         usage = ctx.upstream_usage or {
             "prompt_tokens": ctx.input_tokens or 0,
             "completion_tokens": ctx.output_tokens or 0,
             "total_tokens": (ctx.input_tokens or 0) + (ctx.output_tokens or 0),
         }
-        build = from_stream if ctx.stream else from_response
-        answer = build(ctx.operation, raw, usage)
+        if ctx.stream:
+            answer = plan.fold.answer(ctx.operation, usage) if plan.fold is not None else None
+        else:
+            raw = ctx.capture.data() if ctx.capture is not None else None
+            answer = from_response(ctx.operation, raw, usage) if raw is not None else None
         if answer is None:
             return None
         return replace(answer, expires_wall=self._clock.wall() + spec.ttl)

@@ -3,24 +3,33 @@ access log's `log_content`): one tap per request, however many readers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 __all__ = ["Capture"]
 
 
 class Capture:
-    """Keeps relayed bytes up to `limit`; past it, keeps nothing at all (a cut answer is no use)."""
+    """Keeps relayed bytes up to `limit`; past it, keeps nothing at all (a cut answer is no use).
 
-    __slots__ = ("_chunks", "_limit", "_size")
+    A reader that folds the bytes as they pass (the response cache, on a stream) is the
+    capture's `follower` instead: it sees every byte added, whatever the limit (0 keeps none).
+    """
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = ("_chunks", "_limit", "_size", "follower")
+
+    def __init__(self, limit: int, follower: Callable[[bytes], None] | None = None) -> None:
         self._limit = limit
         self._size = 0
         self._chunks: list[bytes] | None = []
+        self.follower = follower
 
     def widen(self, limit: int) -> None:
         """A second reader that needs more room raises the limit (before the answer starts)."""
         self._limit = max(self._limit, limit)
 
     def add(self, data: bytes) -> None:
+        if self.follower is not None:
+            self.follower(data)
         if self._chunks is None:
             return
         self._size += len(data)
