@@ -308,7 +308,9 @@ def main() -> int:
     return 0
 
 
-def engines(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
+def engine_inputs(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The labelled duplicates' vectors: each distinct `text_a` (cached), each `text_b` (asked),
+    and for each question the row of its own `text_a`."""
     pairs = [r for r in rows if r["label"] == 1]
     embedder = LocalEmbedder(threads=1)
     vectors = load_vectors(embedder, [t for r in pairs for t in (r["text_a"], r["text_b"])])
@@ -316,7 +318,11 @@ def engines(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
     position = {text: n for n, text in enumerate(cached_texts)}
     cached = np.stack([vectors[t] for t in cached_texts])
     queries = np.stack([vectors[normalise(r["text_b"])] for r in pairs])
-    truth = [position[normalise(r["text_a"])] for r in pairs]
+    return cached, queries, [position[normalise(r["text_a"])] for r in pairs]
+
+
+def engines(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
+    cached, queries, truth = engine_inputs(rows)
     sizes = [int(n) for n in args.sizes.split(",")]
     efs = [int(n) for n in args.ef_runtime.split(",")]
     table = asyncio.run(
