@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Final
 
 import httpx
 
 from proxy.upstream.connection import Connection, ExchangeLimits, Origin, StaleConnection
-from proxy.upstream.deadline import FirstByteTimeout, TotalTimeout
+from proxy.upstream.deadline import DeadlineStream, DelegatedDeadlines
 
 __all__ = ["PooledTransport"]
 
@@ -271,7 +269,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
         request.extensions.setdefault("timeout", dict(timeouts))
         now_s = asyncio.get_running_loop().time()
         first_byte_s, total_s = _first_byte_s(timeouts), timeouts.get("total")
-        deadlines = _Deadlines(
+        deadlines = DelegatedDeadlines(
             None if first_byte_s is None else now_s + first_byte_s,
             None if total_s is None else now_s + total_s,
             first_byte_s,
@@ -280,75 +278,8 @@ class PooledTransport(httpx.AsyncBaseTransport):
         )
         async with deadlines.first_byte():
             response = await self._tls.handle_async_request(request)
-        response.stream = _DeadlineStream(response.stream, deadlines)
+        response.stream = DeadlineStream(response.stream, deadlines)
         return response
-
-
-@dataclass(frozen=True, slots=True)
-class _Deadlines:
-    """A delegated (https) exchange's first-byte and total deadlines, on the loop's clock."""
-
-    first_byte_at_s: float | None
-    total_at_s: float | None
-    first_byte_s: float | None
-    total_s: float | None
-    request: httpx.Request
-
-    @asynccontextmanager
-    async def first_byte(self) -> AsyncIterator[None]:
-        """The earlier of the two deadlines bounds the block; the error names the one passed."""
-        set_at_s = [at for at in (self.first_byte_at_s, self.total_at_s) if at is not None]
-        at_s = min(set_at_s) if set_at_s else None
-        try:
-            async with asyncio.timeout_at(at_s):
-                yield
-        except TimeoutError:
-            if at_s is None:
-                raise
-            raise self._error(first_byte=self.first_byte_at_s == at_s) from None
-
-    @asynccontextmanager
-    async def total(self) -> AsyncIterator[None]:
-        try:
-            async with asyncio.timeout_at(self.total_at_s):
-                yield
-        except TimeoutError:
-            raise self._error(first_byte=False) from None
-
-    def _error(self, *, first_byte: bool) -> httpx.ReadTimeout:
-        if first_byte:
-            message = f"no byte of the answer within {self.first_byte_s:g} s"
-            return FirstByteTimeout(message, request=self.request)
-        message = f"the answer did not end within {self.total_s:g} s"
-        return TotalTimeout(message, request=self.request)
-
-
-class _DeadlineStream(httpx.AsyncByteStream):
-    """httpx's own response stream, whose first chunk must come by the first-byte deadline and
-    whose end must come by the total one."""
-
-    def __init__(self, inner: object, deadlines: _Deadlines) -> None:
-        if not isinstance(inner, httpx.AsyncByteStream):
-            raise TypeError("an async transport answers with an async byte stream")
-        self._inner = inner
-        self._deadlines = deadlines
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        chunks = aiter(self._inner)
-        async with self._deadlines.first_byte():
-            first = await anext(chunks, b"")
-        if not first:
-            return
-        yield first
-        while True:
-            async with self._deadlines.total():
-                chunk = await anext(chunks, b"")
-            if not chunk:
-                return
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 def _first_byte_s(timeouts: Mapping[str, float | None]) -> float | None:
