@@ -12,8 +12,8 @@ import orjson
 from proxy.context import RequestContext
 from proxy.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.model import Backend, UpstreamSpec
-from proxy.upstream.connection import ResponseHeadTooLarge
 from proxy.upstream.deadline import FirstByteTimeout, TotalTimeout
+from proxy.upstream.exchange import ResponseHeadTooLarge
 from proxy.upstream.rejection import UpstreamRejected, status_error
 from proxy.upstream.transport import PooledTransport
 

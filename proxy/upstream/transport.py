@@ -10,8 +10,9 @@ from typing import Any, Final
 
 import httpx
 
-from proxy.upstream.connection import Connection, ExchangeLimits, Origin, StaleConnection
+from proxy.upstream.connection import Connection, Origin
 from proxy.upstream.deadline import DeadlineStream, DelegatedDeadlines
+from proxy.upstream.exchange import ExchangeLimits, StaleConnection
 
 __all__ = ["PooledTransport"]
 

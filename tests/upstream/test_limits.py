@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.upstream.connection import ResponseHeadTooLarge
 from proxy.upstream.deadline import FirstByteTimeout, TotalTimeout
+from proxy.upstream.exchange import ResponseHeadTooLarge
 from proxy.upstream.transport import PooledTransport
 from tests.certs import self_signed
 from tests.upstream.rawserver import Handler, RawServer, read_request
