@@ -87,7 +87,9 @@ def test_a_streamed_response_is_relayed_event_by_event_and_billed(gateway: Agent
     assert (record.input_tokens, record.output_tokens) == (9, 12)
     assert record.usage_source == "backend"
     assert record.ttft_ms is not None  # metered on the first response.output_text.delta
-    assert record.tokens_per_s is not None
+    # A speed needs two reads with text: on a loaded machine the whole stream may arrive in one
+    # read (first token = last token), and the speed is then unknown, not made up.
+    assert record.tokens_per_s is None or record.tokens_per_s > 0
 
 
 def test_the_output_cap_and_system_prompt_apply(gateway: AgentGateway) -> None:
