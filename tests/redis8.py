@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.redis_server import _free_port, wait_until
+from tests.redis_server import wait_until
 from tests.servers import free_port
 from tests.shared import REPO_ROOT, _missing
 
@@ -32,7 +32,7 @@ def _script() -> Path:
 @pytest.fixture(scope="session")
 def redis8_server() -> Iterator[str]:
     script = _script()
-    port = _free_port()
+    port = free_port()
     started = subprocess.run(
         ["bash", str(script), "start", str(port)], capture_output=True, text=True, timeout=300
     )
@@ -66,7 +66,7 @@ def redis8_cluster_server(
     nodes: list[tuple[int, subprocess.Popen[bytes]]] = []
     try:
         for _ in range(3):
-            port, workdir = _free_port(), tmp_path_factory.mktemp("redis8-node")
+            port, workdir = free_port(), tmp_path_factory.mktemp("redis8-node")
             command = [
                 str(binaries / "redis-server"), "--port", str(port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", str(workdir),

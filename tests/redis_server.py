@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -16,12 +15,7 @@ import pytest
 import redis
 
 from tests.certs import self_signed
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.servers import free_port
 
 
 class RedisProcess:
@@ -35,7 +29,7 @@ class RedisProcess:
                 "redis-server is not installed: tests need real Redis (apt-get install redis)"
             )
         self._binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._args = list(args)
         self._workdir = tempfile.TemporaryDirectory()
@@ -43,12 +37,13 @@ class RedisProcess:
 
     def start(self) -> None:
         # DEBUG SLEEP, from 127.0.0.1 only, lets a test make this Redis slow.
-        self._server = subprocess.Popen(
-            [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._workdir.name,
-             "--enable-debug-command", "local", *self._args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        with open(self._log_path, "ab") as log:
+            self._server = subprocess.Popen(
+                [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", self._workdir.name,
+                 "--enable-debug-command", "local", *self._args],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
         try:
             self._wait_ready()
         except BaseException:
@@ -72,6 +67,18 @@ class RedisProcess:
         self.stop()
         self._workdir.cleanup()
 
+    @property
+    def _log_path(self) -> Path:
+        return Path(self._workdir.name) / "redis.log"
+
+    def _log_tail(self) -> str:
+        """The server's last words, for a failure message (a port in use, say)."""
+        try:
+            lines = self._log_path.read_text(errors="replace")
+        except OSError:
+            return "no log"
+        return " | ".join(lines.strip().splitlines()[-3:]) or "an empty log"
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + 10
         with redis.Redis.from_url(self.url, socket_connect_timeout=0.5) as client:
@@ -82,7 +89,9 @@ class RedisProcess:
                 except redis.ConnectionError:
                     exited = self._server is None or self._server.poll() is not None
                     if exited or time.monotonic() > deadline:
-                        raise RuntimeError("redis-server did not start") from None
+                        raise RuntimeError(
+                            f"redis-server on port {self.port} did not start: {self._log_tail()}"
+                        ) from None
                     time.sleep(0.02)
 
 
@@ -103,7 +112,7 @@ def tls_redis(directory: Path) -> Iterator[tuple[RedisProcess, str]]:
     made in `directory`. Yields the server (its `url` is the plain port) and a rediss:// URL
     that trusts that certificate."""
     cert, key = self_signed(directory)
-    port = _free_port()
+    port = free_port()
     server = RedisProcess(
         ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
          "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import sys
@@ -27,9 +28,38 @@ def serve(app: ASGIApp, *, start_timeout_s: float = 10.0) -> Iterator[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A 127.0.0.1 port nothing listens on, for a server a test starts later.
+
+    It comes from below the kernel's ephemeral range, never from `bind(0)`: a port from that
+    range can be taken, before the server binds it, as the local port of any outgoing
+    connection the suite makes (a CI run lost a cluster node that way). No port is handed out
+    twice in one run."""
+    low = _ephemeral_low()
+    while True:
+        port = _random.randrange(_PORTS_FROM, low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+
+
+_PORTS_FROM = 20000
+_handed_out: set[int] = set()
+_random = random.Random()  # noqa: S311 (a port, not a secret)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as lines:
+            low = int(lines.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    return max(low, _PORTS_FROM + 1000)
 
 
 def wait_healthy(
