@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -50,13 +51,35 @@ class Process:
     url: str
 
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+        """CPU seconds of the process and every process under it (`serve --workers N`)."""
+        total = 0
+        for pid in self._tree():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+        return total / TICKS_PER_S
 
     def memory_mb(self) -> dict[str, float]:
-        status = Path(f"/proc/{self.popen.pid}/status").read_text().splitlines()
-        values = {line.split(":")[0]: line.split()[1] for line in status if line.startswith("Vm")}
-        return {"rss_mb": int(values["VmRSS"]) / 1024, "peak_rss_mb": int(values["VmHWM"]) / 1024}
+        """RSS and peak RSS, summed over the process tree."""
+        rss = peak = 0
+        for pid in self._tree():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                status = Path(f"/proc/{pid}/status").read_text().splitlines()
+                values = {
+                    line.split(":")[0]: line.split()[1] for line in status if line.startswith("Vm")
+                }
+                rss += int(values["VmRSS"])
+                peak += int(values["VmHWM"])
+        return {"rss_mb": rss / 1024, "peak_rss_mb": peak / 1024}
+
+    def _tree(self) -> list[int]:
+        pids, i = [self.popen.pid], 0
+        while i < len(pids):
+            for task in Path(f"/proc/{pids[i]}/task").glob("*/children"):
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    pids.extend(int(child) for child in task.read_text().split())
+            i += 1
+        return pids
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
     python benchmarks/overhead.py [--repeats 3] [--levels 1,16,64,256] [--tokens 256] [--tps 750]
                                   [--features off|all|telemetry|telemetry-sampled]
+                                  [--workers N] [--skip-memory]
 
 Starts `tokenweir mock-backend` (paced) and a second, unpaced one for non-stream saturation,
 `tokenweir serve` (one process, access log on) in front of each, and drives them with
@@ -15,7 +16,9 @@ the same Redis (temperature 0, so every request is looked up and stored; bench's
 so all miss), and the telemetry of `--features telemetry`: the plain gateway with tracing and
 OTLP metrics exported (OTLP/HTTP to a stand-in collector in this process) and `/metrics` scraped
 every 5 s. `--features telemetry-sampled` is that with the standard ratio sampler keeping one
-trace in ten (OTLP metrics and /metrics unchanged).
+trace in ten (OTLP metrics and /metrics unchanged). `--workers N` runs `tokenweir serve --workers N`
+(it needs shared storage, so `--features all`); the gateway's CPU and RSS are then summed over
+its process tree. `--skip-memory` leaves out the 1,000-open-streams level.
 Results: benchmarks/results/overhead[-all|-telemetry|-telemetry-sampled].{json,md}, which
 benchmarks/run.py puts into docs/benchmarks.md.
 """
@@ -191,7 +194,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Run {report['when']} on {report['machine']}; {report['repeats']} repeats, medians; "
         f"{report['tokens']} tokens per stream at {report['tps']} tokens/s per stream; "
-        f"gateway features: {report.get('features', 'off')}.",
+        f"gateway features: {report.get('features', 'off')}; "
+        f"gateway workers: {report.get('workers', 1)}.",
         "",
         *table(STREAM_COLUMNS, rows),
         "",
@@ -201,7 +205,9 @@ def markdown(report: dict[str, Any]) -> str:
             NON_STREAM_COLUMNS, [[cell(ns.get(key), d) for _, key, d in NON_STREAM_COLUMNS if key]]
         ),
     ]
-    memory = report["memory"]
+    memory = report.get("memory")
+    if memory is None:
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         f"Memory: {memory['streams']} streams open at once through the gateway "
@@ -220,7 +226,11 @@ def main() -> int:
     parser.add_argument("--tps", type=float, default=750.0)
     parser.add_argument("--open-streams", type=int, default=1000)
     parser.add_argument("--features", choices=["off", "all", *TELEMETRY], default="off")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--skip-memory", action="store_true")
     args = parser.parse_args()
+    if args.workers > 1 and args.features != "all":
+        parser.error("--workers N needs shared storage: use it with --features all")
     with contextlib.ExitStack() as stack:
         redis_url = stack.enter_context(private_redis()) if args.features == "all" else None
         if args.features != "off":
@@ -231,6 +241,7 @@ def main() -> int:
         if args.features != "off":
             report["otlp_exports_received"] = sink.received  # type: ignore[attr-defined]
     suffix = "" if args.features == "off" else f"-{args.features}"
+    suffix += f"-workers{args.workers}" if args.workers > 1 else ""
     publish(f"overhead{suffix}", report, markdown(report))
     return 0
 
@@ -254,13 +265,14 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "repeats": args.repeats, "tokens": args.tokens, "tps": args.tps, "stream": {},
-        "features": args.features,
+        "features": args.features, "workers": args.workers,
     }  # fmt: skip
+    workers = ["--workers", str(args.workers)] if args.workers > 1 else []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         paced = ["mock-backend", "--tokens-per-second", str(args.tps)]
         with started(paced, "/v1/models", work / "mock.log") as mock:
-            serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url))]
+            serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url)), *workers]
             with (
                 started(serve, "/healthz", work / "gateway.log") as gateway,
                 scraping(gateway.url, args.features != "off"),
@@ -273,7 +285,7 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
                     )
         unpaced = ["mock-backend", "--tokens-per-second", "inf"]
         with started(unpaced, "/v1/models", work / "mock2.log") as mock:
-            serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url))]
+            serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url)), *workers]
             with (
                 started(serve, "/healthz", work / "gateway2.log") as gateway,
                 scraping(gateway.url, args.features != "off"),
@@ -281,9 +293,11 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
                 print("non-stream saturation ...", file=sys.stderr, flush=True)
                 warm_up(mock, gateway)
                 report["non_stream"] = non_stream_level(mock, gateway, args.repeats)
+        if args.skip_memory:
+            return report
         slow = ["mock-backend", "--tokens-per-second", "20"]
         with started(slow, "/v1/models", work / "mock3.log") as mock:
-            serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url))]
+            serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url)), *workers]
             with started(serve, "/healthz", work / "gateway3.log") as gateway:
                 print(f"{args.open_streams} open streams ...", file=sys.stderr, flush=True)
                 warm_up(gateway)
