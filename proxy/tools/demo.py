@@ -88,7 +88,10 @@ def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
     day = demotraffic.simulated_day(demo_policy, live_start - live_start % 3600)
     demotraffic.fill_ledger(ledger_path, day)
     gateway = BackgroundServer(create_app(demo_policy), port=port)
-    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too: a shell that starts the demo in the background (`tokenweir demo &` in a
+    # script, some CI runners) has it ignored, and Python would then never raise Ctrl-C's
+    # KeyboardInterrupt, leaving the demo and its folder behind.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         base_url = gateway.start()
         print(f"tokenweir demo: simulated backend on {backend_url}, gateway on {base_url}")
@@ -107,7 +110,8 @@ def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
     except KeyboardInterrupt:
         print()
     finally:
-        signal.signal(signal.SIGTERM, previous_sigterm)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         gateway.stop()
         backend.stop()
         workdir.cleanup()
@@ -115,7 +119,7 @@ def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM ends the demo as Ctrl-C does, so its temporary folder is removed either way."""
+    """SIGTERM and SIGINT end the demo as Ctrl-C does, so its temporary folder goes either way."""
     raise KeyboardInterrupt
 
 
