@@ -3,11 +3,13 @@ the mock backend.
 
     python benchmarks/transport_compare.py [--requests 2000] [--concurrency 64] [--streams 64]
         [--events 256] [--paced-tps 1000] [--repeats 3] [--loop uvloop|asyncio]
-        [--kinds httpx,httpx2,pooled]
+        [--kinds httpx,httpx2,pooled] [--on-httpx2]
 
 `httpx` is httpx 0.28's AsyncClient on its default pool (httpcore), `httpx2` the same on httpx2's
 (httpcore2, what the openai SDK now uses), `pooled` tokenweir's own transport behind an httpx
-AsyncClient; all three pools are sized to the load.
+AsyncClient; all three pools are sized to the load. `--on-httpx2` runs it all with `import httpx`
+resolving to httpx2 (`httpx2.alias_httpx()`): `pooled` is then the own transport, unchanged,
+speaking httpx2's types (what a migration would run), and `httpx` is httpx2 too.
 Starts `tokenweir mock-backend --tokens-per-second inf` in a subprocess, then in this process
 sends the non-stream requests (at the given concurrency) and the concurrent SSE streams through
 each transport in turn, `--repeats` times, alternating. Unpaced, a whole stream arrives in a few
@@ -29,8 +31,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import httpx
 import httpx2
+
+if "--on-httpx2" in sys.argv:  # before anything imports httpx
+    httpx2.alias_httpx()
+
+import httpx
 import uvloop
 
 from proxy.upstream.transport import PooledTransport
@@ -188,12 +194,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--kinds", default="httpx,httpx2,pooled")
+    parser.add_argument("--on-httpx2", action="store_true", help="httpx resolves to httpx2")
     args = parser.parse_args()
     load = Load(args.requests, args.concurrency, args.streams, args.events)
     loop_factory = uvloop.new_event_loop if args.loop == "uvloop" else asyncio.new_event_loop
     print(
-        f"loop: {args.loop}, python {sys.version.split()[0]}, httpx {httpx.__version__}, "
-        f"httpx2 {httpx2.__version__}"
+        f"loop: {args.loop}, python {sys.version.split()[0]}, httpx {httpx.__version__} "
+        f"({httpx.__name__}), httpx2 {httpx2.__version__}"
     )
     with (
         mock_backend(float("inf")) as url,
