@@ -1,8 +1,15 @@
-"""Client-side CPU cost of httpx's default transport vs PooledTransport, against the mock backend.
+"""Client-side CPU cost of httpx's and httpx2's default transports vs PooledTransport, against
+the mock backend.
 
     python benchmarks/transport_compare.py [--requests 2000] [--concurrency 64] [--streams 64]
         [--events 256] [--paced-tps 1000] [--repeats 3] [--loop uvloop|asyncio]
+        [--kinds httpx,httpx2,pooled] [--on-httpx2]
 
+`httpx` is httpx 0.28's AsyncClient on its default pool (httpcore), `httpx2` the same on httpx2's
+(httpcore2, what the openai SDK now uses), `pooled` tokenweir's own transport behind an httpx
+AsyncClient; all three pools are sized to the load. `--on-httpx2` runs it all with `import httpx`
+resolving to httpx2 (`httpx2.alias_httpx()`): `pooled` is then the own transport, unchanged,
+speaking httpx2's types (what a migration would run), and `httpx` is httpx2 too.
 Starts `tokenweir mock-backend --tokens-per-second inf` in a subprocess, then in this process
 sends the non-stream requests (at the given concurrency) and the concurrent SSE streams through
 each transport in turn, `--repeats` times, alternating. Unpaced, a whole stream arrives in a few
@@ -24,12 +31,19 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import httpx2
+
+if "--on-httpx2" in sys.argv:  # before anything imports httpx
+    httpx2.alias_httpx()
+
 import httpx
 import uvloop
 
 from proxy.upstream.transport import PooledTransport
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+# The three clients have the same methods; httpx2's are its own classes, not httpx's.
+Client = httpx.AsyncClient | httpx2.AsyncClient
 
 
 @dataclass(frozen=True)
@@ -79,7 +93,7 @@ def body(load: Load, *, stream: bool) -> dict[str, object]:
     }
 
 
-async def non_stream(client: httpx.AsyncClient, url: str, load: Load) -> int:
+async def non_stream(client: Client, url: str, load: Load) -> int:
     remaining = load.requests
     payload = body(load, stream=False)
 
@@ -94,7 +108,7 @@ async def non_stream(client: httpx.AsyncClient, url: str, load: Load) -> int:
     return load.requests
 
 
-async def stream_reads(client: httpx.AsyncClient, url: str, load: Load) -> tuple[int, int]:
+async def stream_reads(client: Client, url: str, load: Load) -> tuple[int, int]:
     """Events and reads (chunks handed out by the transport) over all streams."""
     payload = body(load, stream=True)
 
@@ -111,19 +125,22 @@ async def stream_reads(client: httpx.AsyncClient, url: str, load: Load) -> tuple
     return sum(events for events, _ in counts), sum(reads for _, reads in counts)
 
 
-async def streams(client: httpx.AsyncClient, url: str, load: Load) -> int:
+async def streams(client: Client, url: str, load: Load) -> int:
     return (await stream_reads(client, url, load))[0]
 
 
-async def reads(client: httpx.AsyncClient, url: str, load: Load) -> int:
+async def reads(client: Client, url: str, load: Load) -> int:
     return (await stream_reads(client, url, load))[1]
 
 
-def make_client(kind: str, load: Load) -> httpx.AsyncClient:
+def make_client(kind: str, load: Load) -> Client:
     connections = max(load.concurrency, load.streams)
     if kind == "httpx":
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         return httpx.AsyncClient(timeout=TIMEOUT, limits=limits)
+    if kind == "httpx2":
+        limits2 = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
+        return httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, connect=5.0), limits=limits2)
     transport = PooledTransport(
         connect_timeout_s=5.0,
         read_timeout_s=30.0,
@@ -134,7 +151,7 @@ def make_client(kind: str, load: Load) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=TIMEOUT, transport=transport)
 
 
-Run = Callable[[httpx.AsyncClient, str, Load], Awaitable[int]]
+Run = Callable[[Client, str, Load], Awaitable[int]]
 
 
 async def measure(kind: str, run: Run, url: str, load: Load) -> tuple[float, float, int]:
@@ -146,16 +163,17 @@ async def measure(kind: str, run: Run, url: str, load: Load) -> tuple[float, flo
         return time.process_time() - cpu_s, time.perf_counter() - wall_s, units
 
 
-async def compare(url: str, paced_url: str, load: Load, repeats: int) -> None:
+async def compare(url: str, paced_url: str, load: Load, repeats: int, kinds: list[str]) -> None:
     scenarios: tuple[tuple[str, Run, str, str], ...] = (
         ("non-stream", non_stream, "request", url),
         ("stream", streams, "event", url),
         ("paced", reads, "read", paced_url),
     )
     for label, run, unit, target in scenarios:
-        results: dict[str, list[tuple[float, float, int]]] = {"httpx": [], "pooled": []}
-        for _ in range(repeats):
-            for kind in results:
+        results: dict[str, list[tuple[float, float, int]]] = {kind: [] for kind in kinds}
+        for repeat in range(repeats):
+            order = kinds if repeat % 2 == 0 else kinds[::-1]  # nobody always goes first
+            for kind in order:
                 results[kind].append(await measure(kind, run, target, load))
         for kind, runs in results.items():
             per_unit_us = statistics.median(cpu / units * 1e6 for cpu, _, units in runs)
@@ -175,16 +193,21 @@ def main() -> None:
     parser.add_argument("--paced-tps", type=float, default=1000.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    parser.add_argument("--kinds", default="httpx,httpx2,pooled")
+    parser.add_argument("--on-httpx2", action="store_true", help="httpx resolves to httpx2")
     args = parser.parse_args()
     load = Load(args.requests, args.concurrency, args.streams, args.events)
     loop_factory = uvloop.new_event_loop if args.loop == "uvloop" else asyncio.new_event_loop
-    print(f"loop: {args.loop}, python {sys.version.split()[0]}, httpx {httpx.__version__}")
+    print(
+        f"loop: {args.loop}, python {sys.version.split()[0]}, httpx {httpx.__version__} "
+        f"({httpx.__name__}), httpx2 {httpx2.__version__}"
+    )
     with (
         mock_backend(float("inf")) as url,
         mock_backend(args.paced_tps) as paced_url,
         asyncio.Runner(loop_factory=loop_factory) as runner,
     ):
-        runner.run(compare(url, paced_url, load, args.repeats))
+        runner.run(compare(url, paced_url, load, args.repeats, args.kinds.split(",")))
 
 
 if __name__ == "__main__":
