@@ -89,21 +89,27 @@ def started(args: list[str], probe: str, log: Path) -> Iterator[Process]:
     with log.open("wb") as out:
         popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + probe, headers={"authorization": f"Bearer {KEY}"}).is_success:
-                break
-        except httpx.TransportError:
-            pass
-        if popen.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{' '.join(args)} did not start; see {log}")
-        time.sleep(0.1)
+    wait_answering(url + probe, popen, f"{' '.join(args)} did not start; see {log}")
     try:
         yield Process(popen, url)
     finally:
         popen.terminate()
         popen.wait(timeout=30)
+
+
+def wait_answering(url: str, popen: subprocess.Popen[bytes], failure: str) -> None:
+    """Wait up to 30 s until `url` answers 2xx to the bench key; raise `failure` if `popen`
+    exits first or it never does."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url, headers={"authorization": f"Bearer {KEY}"}).is_success:
+                return
+        except httpx.TransportError:
+            pass
+        if popen.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(failure)
+        time.sleep(0.1)
 
 
 def policy_for(

@@ -33,8 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-from harness import KEY, Process, cell, free_port, publish, started, table, warm_up
+from harness import (
+    Process,
+    cell,
+    free_port,
+    publish,
+    started,
+    table,
+    wait_answering,
+    warm_up,
+)
 from otelsink import otlp_sink, scraping
 from overhead import TELEMETRY_ENV, gateway_config, non_stream_level, stream_level
 
@@ -113,24 +121,11 @@ def granian_started(
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, popen, log)
+        wait_answering(url + "/healthz", popen, f"granian did not start; see {log}")
         yield ProcessTree(popen, url)
     finally:
         popen.terminate()
         popen.wait(timeout=60)
-
-
-def _wait_healthy(url: str, popen: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/healthz", headers={"authorization": f"Bearer {KEY}"}).is_success:
-                return
-        except httpx.TransportError:
-            pass
-        if popen.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"granian did not start; see {log}")
-        time.sleep(0.1)
 
 
 Launch = Callable[[Path, Path], contextlib.AbstractContextManager[Process]]
