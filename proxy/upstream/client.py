@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import httpx
 import orjson
@@ -29,6 +29,9 @@ __all__ = [
 CONNECT_TIMEOUT_CODE = "upstream_connect_timeout"
 
 _MAX_ERROR_BODY_BYTES = 64 * 1024
+_MAX_TARGETS = 256
+
+_Target: TypeAlias = tuple[httpx.URL, list[tuple[bytes, bytes]]]
 
 
 class UpstreamOpener(Protocol):
@@ -68,6 +71,8 @@ class UpstreamClient:
         self._timeout["total"] = spec.total_timeout
         # A backend's own first_byte_timeout: its requests carry a timeout dict of their own.
         self._backend_timeouts: dict[str, dict[str, float | None]] = {}
+        # (backend url, path, backend key) -> the parsed URL and the headers every call sends.
+        self._targets: dict[tuple[str, str, str | None], _Target] = {}
         # For the rare calls that want the client's conveniences (readiness probes); the request
         # path goes to the transport directly: cookies, redirects and auth hooks cost ~12% per
         # request there and a gateway needs none of them.
@@ -85,16 +90,7 @@ class UpstreamClient:
         backend = ctx.backend
         if backend is None:
             raise RuntimeError("route must run before the upstream call")
-        headers = _headers(backend, ctx.request_id)
-        if extra_headers:
-            headers.update(extra_headers)
-        request = httpx.Request(
-            "POST",
-            backend.url + ctx.upstream_path,
-            content=orjson.dumps(body),
-            headers=headers,
-            extensions={"timeout": self._timeouts(backend)},
-        )
+        request = self._request(backend, ctx.upstream_path, ctx.request_id, body, extra_headers)
         with translate(backend):
             response = await self._transport.handle_async_request(request)
         response.request = request
@@ -106,6 +102,39 @@ class UpstreamClient:
                 await response.aclose()
             raise status_error(backend, response, raw)
         return backend, response
+
+    def _request(
+        self,
+        backend: Backend,
+        path: str,
+        request_id: str | None,
+        body: dict[str, Any],
+        extra_headers: Mapping[str, str],
+    ) -> httpx.Request:
+        """The request as `httpx.Request(content=...)` builds it (the same headers in the same
+        order), from the backend's URL and fixed headers parsed once: httpx parses the URL and
+        normalises every header per request otherwise, ~100 µs of a ~600 µs request."""
+        api_key = backend.api_key.get_secret_value() if backend.api_key is not None else None
+        target = self._targets.get((backend.url, path, api_key))
+        if target is None:
+            if len(self._targets) >= _MAX_TARGETS:  # old policies' backends, after reloads
+                self._targets.clear()
+            target = _target(backend.url + path, api_key)
+            self._targets[(backend.url, path, api_key)] = target
+        url, fixed = target
+        content = orjson.dumps(body)
+        raw = fixed.copy()
+        if request_id is not None:
+            raw.append((b"x-request-id", request_id.encode("ascii")))
+        for name, value in extra_headers.items():
+            raw.append((name.encode("ascii"), value.encode("ascii")))
+        raw.append((b"Content-Length", str(len(content)).encode("ascii")))
+        request = httpx.Request(
+            "POST", url, headers=raw, stream=httpx.ByteStream(content),
+            extensions={"timeout": self._timeouts(backend)},
+        )  # fmt: skip
+        request.read()  # in memory already: `request.content` is the body, as with content=
+        return request
 
     def _timeouts(self, backend: Backend) -> dict[str, float | None]:
         if backend.first_byte_timeout is None:
@@ -157,6 +186,18 @@ def translate(backend: Backend) -> Iterator[None]:
         raise UpstreamError(f"backend {name!r} refused the connection") from exc
     except httpx.HTTPError as exc:
         raise UpstreamError(f"backend {name!r} failed: {type(exc).__name__}") from exc
+
+
+def _target(url: str, api_key: str | None) -> _Target:
+    parsed = httpx.URL(url)
+    fixed = [
+        (b"Host", parsed.netloc),
+        (b"content-type", b"application/json"),
+        (b"accept-encoding", b"identity"),
+    ]
+    if api_key is not None:
+        fixed.append((b"authorization", b"Bearer " + api_key.encode("ascii")))
+    return parsed, fixed
 
 
 def _headers(backend: Backend, request_id: str | None) -> dict[str, str]:
