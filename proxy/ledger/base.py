@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol
 
@@ -105,10 +106,14 @@ RECORD_FIELDS: tuple[str, ...] = tuple(
 )
 
 
+_STORED = operator.attrgetter(*RECORD_FIELDS)
+
+
 def record_values(record: UsageRecord) -> tuple[Any, ...]:
     """A record's stored fields in declaration order: how both ledgers store it,
     `UsageRecord(*values)` reads it back."""
-    return tuple(getattr(record, name) for name in RECORD_FIELDS)
+    values: tuple[Any, ...] = _STORED(record)
+    return values
 
 
 def bounded(record: UsageRecord) -> UsageRecord:

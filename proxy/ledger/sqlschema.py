@@ -224,6 +224,7 @@ def _insert_linked(
             rows[record.link] = cursor.lastrowid
 
 
+_TUPLE_COLUMNS = (16, 17, 26)  # shaped, degraded, tags: in RECORD_FIELDS' order
 _BUCKET_SQL = {"hour": "period_start", "day": "period_start - period_start % 86400", None: "0"}
 _SUMS_SQL = ", ".join(f"SUM({name})" for name in COUNTERS)
 
@@ -257,15 +258,18 @@ def read_latest(conn: sqlite3.Connection, tenant: str | None, limit: int) -> lis
 
 
 def _record_row(r: UsageRecord) -> tuple[object, ...]:
-    # The tuple columns (shaped, degraded) are stored as JSON text.
-    return tuple(orjson.dumps(v).decode() if isinstance(v, tuple) else v for v in record_values(r))
+    # The tuple columns (shaped, degraded, tags) are stored as JSON text.
+    row = list(record_values(r))
+    for names in _TUPLE_COLUMNS:
+        row[names] = orjson.dumps(row[names]).decode()
+    return tuple(row)
 
 
 def _record(row: tuple[Any, ...]) -> UsageRecord:
     values = list(row)
     for flag in (6, 18, 27):
         values[flag] = bool(values[flag])
-    for names in (16, 17, 26):
+    for names in _TUPLE_COLUMNS:
         values[names] = tuple(orjson.loads(values[names]))
     return UsageRecord(*values)
 
