@@ -1,14 +1,18 @@
-"""`log_content: true` adds prompt and completion text to the access line; keys never."""
+"""`log_content: true` adds prompt and completion text to the access line; keys never. Access
+lines are written in batches, and every one of them arrives."""
 
 from __future__ import annotations
 
+import io
 import logging
+import time
 from collections.abc import Iterator
 
 import openai
 import pytest
 
 from proxy.app import create_app
+from proxy.telemetry.logs import BatchedLines
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
 from tests.servers import serve
 from tests.stages.test_account import records
@@ -54,3 +58,39 @@ def test_no_content_by_default(client: openai.OpenAI, caplog: pytest.LogCaptureF
     assert "prompt" not in line
     assert "completion" not in line
     assert PROMPT not in caplog.records[-1].getMessage()
+
+
+def _logger(handler: logging.Handler, name: str) -> logging.Logger:
+    logger = logging.getLogger(name)
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    return logger
+
+
+def test_batched_lines_arrive_soon_without_more_traffic() -> None:
+    stream = io.StringIO()
+    handler = BatchedLines(stream, flush_s=0.05)
+    log = _logger(handler, "tokenweir.test.batched.soon")
+    log.info("one")
+    log.info("two")
+    deadline = time.monotonic() + 30  # the flusher runs every 0.05 s; a loaded machine is slow
+    while stream.getvalue() != "one\ntwo\n" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stream.getvalue() == "one\ntwo\n"
+    handler.close()
+
+
+def test_batched_lines_are_written_at_once_when_the_batch_is_full_and_at_close() -> None:
+    stream = io.StringIO()
+    handler = BatchedLines(stream, flush_s=3600, max_lines=3)  # the timer never writes here
+    log = _logger(handler, "tokenweir.test.batched.full")
+    log.info("a")
+    log.info("b")
+    assert stream.getvalue() == ""
+    log.info("c")
+    assert stream.getvalue() == "a\nb\nc\n"
+    log.info("d")
+    handler.flush()  # what logging.shutdown does at exit
+    assert stream.getvalue() == "a\nb\nc\nd\n"
+    handler.close()
