@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 import anyio
@@ -27,9 +28,12 @@ async def read_body(
             raise BadRequest("Invalid Content-Length header.")
         if int(declared) > limit:
             raise _too_large(limit)
-    with anyio.move_on_after(timeout_s):
-        return await _receive_all(receive, limit)
-    raise RequestTimeout(f"The request body did not arrive within {timeout_s} s.")
+    # asyncio's own timeout: no cancel scope is open yet, and anyio's costs several times more.
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _receive_all(receive, limit)
+    except TimeoutError:
+        raise RequestTimeout(f"The request body did not arrive within {timeout_s} s.") from None
 
 
 async def _receive_all(receive: Receive, limit: int) -> bytes:
