@@ -57,6 +57,7 @@ from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import (
     QuotaStore,
 )
+from proxy.telemetry.logs import flush_access_log
 from proxy.telemetry.otelenv import otel_wanted
 from proxy.telemetry.recorder import Telemetry
 from proxy.tokens import TokenCounters
@@ -277,6 +278,7 @@ def create_app(
                 await bounded("the policy reloader", reloader.aclose())
                 await live.current.aclose()
             finally:
+                flush_access_log()
                 if sdk is not None:
                     sdk.shutdown()
 

@@ -20,6 +20,7 @@ from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
 from proxy.stages.usage import bill, count_unreported_input
+from proxy.telemetry.logs import ACCESS_LOGGER
 from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.semconv import MAX_TEXT_CHARS, clipped
 from proxy.together import together
@@ -27,7 +28,6 @@ from proxy.tokens import TokenCounters
 
 __all__ = ["ACCESS_LOGGER", "UNKNOWN_MODEL", "Account", "Settler"]
 
-ACCESS_LOGGER = "tokenweir.access"
 UNKNOWN_MODEL = "<unknown>"
 """How a model name the policy does not know (a 404) is recorded: never the client's string."""
 
