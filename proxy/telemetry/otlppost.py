@@ -97,12 +97,13 @@ class OtlpPoster:
 
     def send(self, body: bytes, spans: int, timeout_s: float | None = None) -> bool:
         """Post `body` (holding `spans` spans), retrying within `timeout_s` (default: the
-        OTLP timeout); False, and a warning logged, if the collector never took it."""
+        OTLP timeout, which also bounds it); False, and a warning logged, if the collector
+        never took it."""
         if self._stopped.is_set():
             return False
         if self._gzip:
             body = gzip.compress(body, compresslevel=6)
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        deadline = time.monotonic() + min(self.timeout_s, timeout_s or self.timeout_s)
         delay_s = 0.5
         while True:
             problem = self._post(body, deadline)

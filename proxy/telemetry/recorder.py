@@ -17,7 +17,7 @@ from proxy.policy import Policy
 from proxy.telemetry.logs import content_fields
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.sample import model_label, sample_of
-from proxy.telemetry.tracing import Tracing, span_attributes
+from proxy.telemetry.traces import TraceSource, span_attributes
 from proxy.upstream.capture import Capture
 
 __all__ = ["Telemetry"]
@@ -33,7 +33,7 @@ class Telemetry:
         clock: Clock,
         metrics: GatewayMetrics,
         *,
-        tracing: Tracing | None = None,
+        tracing: TraceSource | None = None,
     ) -> None:
         self._policy = policy
         self._clock = clock
