@@ -17,7 +17,7 @@ from proxy.policy import Policy
 from proxy.telemetry.logs import content_fields
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.sample import model_label, sample_of
-from proxy.telemetry.traces import TraceSource, span_attributes
+from proxy.telemetry.traces import IO_STAGES, TraceSource, span_attributes
 from proxy.upstream.capture import Capture
 
 __all__ = ["Telemetry"]
@@ -47,6 +47,10 @@ class Telemetry:
             ctx.trace = self._tracing.begin(ctx)
         if self._log_content:
             ctx.capture = Capture(_LOGGED_BYTES)
+
+    def spans_stage(self, stage: object) -> bool:
+        """May `stage` get a span of its own (so `traced` should time it)?"""
+        return self._tracing is not None and type(stage).__name__ in IO_STAGES
 
     async def traced(
         self, ctx: RequestContext, stage: Callable[[RequestContext], Awaitable[None]]
