@@ -23,6 +23,7 @@ from proxy.telemetry.otlppost import OtlpPoster
 from proxy.telemetry.samplers import head_sampler
 from proxy.telemetry.spanbatch import SpanBatcher, batch_settings
 from proxy.telemetry.spanwire import SpanFrame
+from proxy.telemetry.traces import TraceSource
 
 __all__ = ["OwnTracerProvider"]
 
@@ -35,7 +36,7 @@ class OwnTracerProvider(TracerProvider):
         self.batcher = SpanBatcher(frame.body, OtlpPoster(environ), batch_settings(environ))
         self._tracing = DirectTracing(self.batcher.add, head_sampler(environ))
 
-    def request_tracing(self) -> DirectTracing:
+    def request_tracing(self) -> TraceSource:
         return self._tracing
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:

@@ -36,6 +36,8 @@ _keys: dict[str, bytes] = {}
 def varint(value: int) -> bytes:
     if 0 <= value < 0x80:
         return SIZES[value]
+    if 0 < value < 0x4000:  # a span's or a batch's size: two bytes
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     value &= 0xFFFFFFFFFFFFFFFF  # a negative int64 is ten bytes of two's complement
     out = bytearray()
     while value >= 0x80:

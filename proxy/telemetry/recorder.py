@@ -90,7 +90,7 @@ class Telemetry:
         if ctx.trace is not None:
             recording = ctx.trace.recording
             attributes = (
-                span_attributes(ctx, usage.tokens_per_s, sample.cost_usd) if recording else {}
+                span_attributes(ctx, usage.tokens_per_s, sample.cost_usd) if recording else None
             )
             ctx.trace.finish(ctx, self._clock.monotonic(), attributes)
 

@@ -7,10 +7,12 @@ attributes and status (tests/telemetry/test_spanwire.py compares them): each spa
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.telemetry.protowire import attributes, field, fixed32, fixed64, text, varint
+from proxy.telemetry import protowire
+from proxy.telemetry.protowire import SIZES, field, fixed32, text, varint
 
 __all__ = [
     "CLIENT",
@@ -26,6 +28,10 @@ __all__ = [
 INTERNAL, SERVER, CLIENT = 1, 2, 3  # OTLP's Span.SpanKind
 _LOCAL_PARENT = b"\x85\x01" + fixed32(0x100)  # SpanFlags: has-is-remote, not remote
 _REMOTE_PARENT = b"\x85\x01" + fixed32(0x300)  # ... and remote
+_ID = struct.Struct(">HQ")  # Span.span_id, after its tag and size...
+_IDS = struct.Struct(">HQHQ")  # ... and Span.parent_span_id
+_TIMES = struct.Struct("<BQBQ")  # start and end time
+_KINDS = {kind: bytes((0x30, kind)) for kind in (INTERNAL, SERVER, CLIENT)}
 UNSET = b"\x7a\x00"
 """An empty Status field: the status is unset."""
 
@@ -48,28 +54,24 @@ def encode_span(
     kind: int,
     start_ns: int,
     end_ns: int,
-    values: Mapping[str, Any] | None,
+    attributes: bytes,
     status: bytes = UNSET,
     remote_parent: bool = False,
 ) -> bytes:
-    """One `ScopeSpans.spans` field. `trace` is span_ids(); `parent_id` 0 for none; `status`
-    UNSET or error_status(). None values in `values` are left out."""
-    parts = [trace[0], b"\x12\x08", span_id.to_bytes(8, "big"), trace[1]]
-    if parent_id:
-        parts += (b"\x22\x08", parent_id.to_bytes(8, "big"))
-    parts += (
-        text(0x2A, name),
-        b"\x30",
-        varint(kind),
-        b"\x39",
-        fixed64(start_ns),
-        b"\x41",
-        fixed64(end_ns),
-        attributes(0x4A, values),
-    )
-    parts.append(status)
-    parts.append(_REMOTE_PARENT if remote_parent else _LOCAL_PARENT)
-    return field(0x12, b"".join(parts))
+    """One `ScopeSpans.spans` field. `trace` is span_ids(); `parent_id` 0 for none;
+    `attributes` the encoded `Span.attributes` fields (attrwire); `status` UNSET or
+    error_status()."""
+    ids = _IDS.pack(0x1208, span_id, 0x2208, parent_id) if parent_id else _ID.pack(0x1208, span_id)
+    encoded = name.encode()
+    size = len(encoded)
+    body = b"".join((
+        trace[0], ids[:10], trace[1], ids[10:],
+        b"\x2a", SIZES[size] if size < 0x80 else varint(size), encoded,
+        _KINDS[kind], _TIMES.pack(0x39, start_ns, 0x41, end_ns), attributes, status,
+        _REMOTE_PARENT if remote_parent else _LOCAL_PARENT,
+    ))  # fmt: skip
+    size = len(body)
+    return (b"\x12" + SIZES[size] if size < 0x80 else b"\x12" + varint(size)) + body
 
 
 class SpanFrame:
@@ -83,7 +85,7 @@ class SpanFrame:
         scope: tuple[str, str],
         resource_schema_url: str = "",
     ) -> None:
-        self._resource = field(0x0A, attributes(0x0A, resource))
+        self._resource = field(0x0A, protowire.attributes(0x0A, resource))
         name, version = scope
         self._scope = field(0x0A, (text(0x0A, name) if name else b"") + (
             text(0x12, version) if version else b""

@@ -8,8 +8,10 @@ and proxy/telemetry/directtrace.py (tokenweir's own OTLP export, no SDK span obj
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+from itertools import chain
+from typing import NamedTuple, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from proxy.apis import output_fields
@@ -18,7 +20,10 @@ from proxy.telemetry import semconv
 
 __all__ = [
     "IO_STAGES",
+    "REPEATING_KEYS",
+    "VARYING_KEYS",
     "OwnTracing",
+    "SpanAttributes",
     "TraceHooks",
     "TraceSource",
     "response_fields",
@@ -40,8 +45,9 @@ class TraceHooks(Protocol):
 
     def upstream_ended(self, now_s: float, status: int | None, error: str | None) -> None: ...
 
-    def finish(self, ctx: RequestContext, now_s: float, attributes: Mapping[str, object]) -> None:
-        """End the request span with its GenAI attributes; draw the storage stages' spans."""
+    def finish(self, ctx: RequestContext, now_s: float, attributes: SpanAttributes | None) -> None:
+        """End the request span with its GenAI attributes (None when it is not recording);
+        draw the storage stages' spans."""
 
 
 class TraceSource(Protocol):
@@ -61,8 +67,11 @@ _RESPONSE_MODEL = re.compile(rb'"model":\s*"([^"\\]{1,200})"')
 
 def _has_quota(ctx: RequestContext) -> bool:
     budget = ctx.tenant.budget if ctx.tenant else None
-    return budget is not None and any(
-        (budget.tokens_per_day, budget.tokens_per_month, budget.usd_per_day, budget.usd_per_month)
+    return budget is not None and bool(
+        budget.tokens_per_day
+        or budget.tokens_per_month
+        or budget.usd_per_day
+        or budget.usd_per_month
     )
 
 
@@ -96,49 +105,76 @@ IO_STAGES: dict[str, tuple[str, Callable[[RequestContext], bool]]] = {
 }
 
 
-def response_fields(tail: bytes) -> tuple[str | None, list[str]]:
+def response_fields(tail: bytes) -> tuple[str | None, tuple[str, ...]]:
     """The response's model and finish reasons, from its last bytes (no JSON parse)."""
     model = _RESPONSE_MODEL.search(tail)
-    reasons = [m.decode() for m in _FINISH_REASON.findall(tail)]
+    reasons = tuple([m.decode() for m in _FINISH_REASON.findall(tail)])
     return (model.group(1).decode("utf-8", "replace") if model else None), reasons
+
+
+# The request span's attribute keys: first those whose values repeat from request to request
+# (the direct path encodes each combination of them once), then those that rarely repeat.
+REPEATING_KEYS = (
+    "gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
+    "gen_ai.response.model", "gen_ai.request.max_tokens", "gen_ai.request.stream",
+    "gen_ai.response.finish_reasons", "server.address", "server.port",
+    "http.response.status_code", "error.type", "tokenweir.tenant", "tokenweir.backend",
+    "tokenweir.cache", "tokenweir.degraded", "tokenweir.shaped", "tokenweir.client_disconnected",
+)  # fmt: skip
+VARYING_KEYS = (
+    "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
+    "gen_ai.response.time_to_first_chunk", "tokenweir.request_id", "tokenweir.ttft_s",
+    "tokenweir.upstream_ttft_s", "tokenweir.tokens_per_second", "tokenweir.gateway_s",
+    "tokenweir.cost_usd",
+)  # fmt: skip
+
+
+class SpanAttributes(NamedTuple):
+    """The request span's attributes, by REPEATING_KEYS and VARYING_KEYS; None is no value."""
+
+    repeating: tuple[object, ...]
+    varying: tuple[object, ...]
+
+    def varying_items(self) -> Iterator[tuple[str, object]]:
+        return zip(VARYING_KEYS, self.varying, strict=True)
+
+    def items(self) -> Iterator[tuple[str, object]]:
+        """Every (key, value), the None values too."""
+        return chain(zip(REPEATING_KEYS, self.repeating, strict=True), self.varying_items())
+
+    def as_dict(self) -> dict[str, object]:
+        """The attributes that have a value."""
+        return {key: value for key, value in self.items() if value is not None}
 
 
 def span_attributes(
     ctx: RequestContext, tokens_per_s: float | None, cost_usd: float
-) -> dict[str, object]:
+) -> SpanAttributes:
     """The request span's attributes: gen_ai.* by the semantic conventions, tokenweir.* ours."""
     meter = ctx.meter
     response_model, reasons = response_fields(ctx.response_tail)
     backend = ctx.backend
-    address = urlsplit(backend.url) if backend else None
-    return {
-        "gen_ai.operation.name": ctx.operation,
-        "gen_ai.provider.name": semconv.PROVIDER,
-        "gen_ai.request.model": semconv.clipped(ctx.model) or None,
-        "gen_ai.response.model": response_model,
-        "gen_ai.request.max_tokens": _max_tokens(ctx),
-        "gen_ai.request.stream": ctx.stream,
-        "gen_ai.usage.input_tokens": ctx.input_tokens,
-        "gen_ai.usage.output_tokens": ctx.output_tokens,
-        "gen_ai.response.time_to_first_chunk": meter.ttft_s if ctx.stream else None,
-        "gen_ai.response.finish_reasons": reasons or None,
-        "server.address": address.hostname if address else None,
-        "server.port": address.port if address else None,
-        "http.response.status_code": ctx.status or None,
-        "error.type": semconv.clipped(ctx.error_code),
-        "tokenweir.request_id": ctx.request_id,
-        "tokenweir.tenant": ctx.tenant_name,
-        "tokenweir.backend": backend.name if backend else None,
-        "tokenweir.cache": ctx.cache,
-        "tokenweir.degraded": ",".join(ctx.degraded) or None,
-        "tokenweir.shaped": ",".join(ctx.shaped) or None,
-        "tokenweir.ttft_s": meter.ttft_s,
-        "tokenweir.upstream_ttft_s": meter.upstream_ttft_s,
-        "tokenweir.tokens_per_second": tokens_per_s,
-        "tokenweir.gateway_s": meter.gateway_s,
-        "tokenweir.cost_usd": cost_usd,
-        "tokenweir.client_disconnected": ctx.client_disconnected,
-    }
+    host, port = _server(backend.url) if backend else (None, None)
+    repeating = (
+        ctx.operation, semconv.PROVIDER, semconv.clipped(ctx.model) or None, response_model,
+        _max_tokens(ctx), ctx.stream, reasons or None, host, port, ctx.status or None,
+        semconv.clipped(ctx.error_code), ctx.tenant_name, backend.name if backend else None,
+        ctx.cache, ",".join(ctx.degraded) or None, ",".join(ctx.shaped) or None,
+        ctx.client_disconnected,
+    )  # fmt: skip
+    ttft_s = meter.ttft_s
+    varying = (
+        ctx.input_tokens, ctx.output_tokens, ttft_s if ctx.stream else None, ctx.request_id,
+        ttft_s, meter.upstream_ttft_s, tokens_per_s, meter.gateway_s, cost_usd,
+    )  # fmt: skip
+    return SpanAttributes(repeating, varying)
+
+
+@lru_cache(maxsize=256)
+def _server(url: str) -> tuple[str | None, int | None]:
+    """A backend's host and port (`server.address`, `server.port`), parsed once per URL."""
+    address = urlsplit(url)
+    return address.hostname, address.port
 
 
 def _max_tokens(ctx: RequestContext) -> int | None:

@@ -12,8 +12,6 @@ the SDK's span objects (proxy/telemetry/directtrace.py, chosen by `open_tracing`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from opentelemetry.context import Context
 from opentelemetry.trace import (
     Span,
@@ -29,7 +27,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from proxy import __version__
 from proxy.context import RequestContext
 from proxy.telemetry import semconv
-from proxy.telemetry.traces import IO_STAGES, OwnTracing, TraceSource
+from proxy.telemetry.traces import IO_STAGES, OwnTracing, SpanAttributes, TraceSource
 
 __all__ = ["RequestTrace", "Tracing", "open_tracing"]
 
@@ -139,7 +137,7 @@ class RequestTrace:
         """False when the sampler left this request out (its spans record nothing)."""
         return self.span is None or self.span.is_recording()
 
-    def finish(self, ctx: RequestContext, now_s: float, attributes: Mapping[str, object]) -> None:
+    def finish(self, ctx: RequestContext, now_s: float, attributes: SpanAttributes | None) -> None:
         """End the request span with its GenAI attributes; draw the storage stages' spans."""
         span = self._request_span(ctx)
         if not span.is_recording():
@@ -154,7 +152,8 @@ class RequestTrace:
             if io is not None and io[1](ctx):
                 child = self._tracer.start_span(io[0], parent, start_time=self._ns(started_s))
                 child.end(self._ns(ended_s))
-        span.set_attributes({k: v for k, v in attributes.items() if v is not None})  # type: ignore[misc]
+        if attributes is not None:
+            span.set_attributes(attributes.as_dict())  # type: ignore[arg-type]
         if ctx.status >= 400 or ctx.error_code:
             span.set_status(Status(StatusCode.ERROR, semconv.clipped(ctx.error_code)))
         span.end(self._ns(now_s))

@@ -21,7 +21,7 @@ def request_spans(number: int, count: int = 2) -> list[bytes]:
     """`count` spans of request `number` (its trace id)."""
     trace = span_ids(number + 1, "")
     return [
-        encode_span(trace, i + 1, 0, f"span {number}.{i}", SERVER, 1, 2, None) for i in range(count)
+        encode_span(trace, i + 1, 0, f"span {number}.{i}", SERVER, 1, 2, b"") for i in range(count)
     ]
 
 
