@@ -27,7 +27,7 @@ from proxy.telemetry.spanwire import (
     error_status,
     span_ids,
 )
-from proxy.telemetry.traces import IO_STAGES, REPEATING_KEYS, SpanAttributes
+from proxy.telemetry.traces import REPEATING_KEYS, SpanAttributes, Timed, stage_spans
 from proxy.telemetry.w3c import RANDOM_TRACE_ID, SAMPLED, RemoteParent, remote_parent, trace_headers
 
 __all__ = ["DirectTrace", "DirectTracing"]
@@ -119,7 +119,7 @@ class DirectTrace:
         self._parent = parent
         self._received_s = ctx.received_s
         self._origin_ns = int(ctx.received_wall * 1e9)
-        self._stages: list[tuple[str, float, float]] = []
+        self._stages: list[Timed] = []
         self._upstream: _Call | None = None
         if parent is None:
             trace_id = tracing.bits(128)
@@ -164,13 +164,11 @@ class DirectTrace:
         parent = self._parent
         trace = span_ids(self._trace_id, parent.state if parent is not None else "")
         spans = [] if call is None else [self._call_span(trace, call)]
-        for name, started_s, ended_s in self._stages:
-            io = IO_STAGES.get(name)
-            if io is not None and io[1](ctx):
-                spans.append(encode_span(
-                    trace, self._tracing.span_id(), self.span_id, io[0], INTERNAL,
-                    self._ns(started_s), self._ns(ended_s), b"",
-                ))  # fmt: skip
+        for name, started_s, ended_s in stage_spans(ctx, self._stages):
+            spans.append(encode_span(
+                trace, self._tracing.span_id(), self.span_id, name, INTERNAL,
+                self._ns(started_s), self._ns(ended_s), b"",
+            ))  # fmt: skip
         writer = self._tracing.attributes
         values = writer.group(REPEATING_KEYS, attributes.repeating)
         failed = ctx.status >= 400 or ctx.error_code

@@ -8,7 +8,7 @@ and proxy/telemetry/directtrace.py (tokenweir's own OTLP export, no SDK span obj
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import lru_cache
 from itertools import chain
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -24,10 +24,12 @@ __all__ = [
     "VARYING_KEYS",
     "OwnTracing",
     "SpanAttributes",
+    "Timed",
     "TraceHooks",
     "TraceSource",
     "response_fields",
     "span_attributes",
+    "stage_spans",
 ]
 
 
@@ -92,17 +94,33 @@ def _has_backend_limits(ctx: RequestContext) -> bool:
     )
 
 
-# Stage class name -> (span name, "did it touch storage for this request?").
-IO_STAGES: dict[str, tuple[str, Callable[[RequestContext], bool]]] = {
-    "Budgets": ("tokenweir.budget.reserve", _has_quota),
-    "RateLimits": ("tokenweir.rate_limit.admit", _has_limits),
-    "BackendLimits": ("tokenweir.backend_limit.admit", _has_backend_limits),
-    "ResponseCache": ("tokenweir.cache.lookup", lambda ctx: ctx.cache != "bypass"),
-    "settle": (
-        "tokenweir.settle",
-        lambda ctx: _has_quota(ctx) or _has_limits(ctx) or _has_backend_limits(ctx),
-    ),
+# Stage class name (or "settle") -> the name of the span drawn for it when it touched storage.
+IO_STAGES: dict[str, str] = {
+    "Budgets": "tokenweir.budget.reserve",
+    "RateLimits": "tokenweir.rate_limit.admit",
+    "BackendLimits": "tokenweir.backend_limit.admit",
+    "ResponseCache": "tokenweir.cache.lookup",
+    "settle": "tokenweir.settle",
 }
+
+Timed = tuple[str, float, float]
+"""A stage that ran: (stage name, started_s, ended_s)."""
+
+
+def stage_spans(ctx: RequestContext, stages: list[Timed]) -> list[Timed]:
+    """The storage stages' child spans: (span name, started_s, ended_s) for each stage that
+    touched storage for this request."""
+    if not stages:
+        return []
+    quota, limits, backend = _has_quota(ctx), _has_limits(ctx), _has_backend_limits(ctx)
+    touched = {
+        "Budgets": quota,
+        "RateLimits": limits,
+        "BackendLimits": backend,
+        "ResponseCache": ctx.cache != "bypass",
+        "settle": quota or limits or backend,
+    }
+    return [(IO_STAGES[name], start, end) for name, start, end in stages if touched.get(name)]
 
 
 def response_fields(tail: bytes) -> tuple[str | None, tuple[str, ...]]:

@@ -27,7 +27,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from proxy import __version__
 from proxy.context import RequestContext
 from proxy.telemetry import semconv
-from proxy.telemetry.traces import IO_STAGES, OwnTracing, SpanAttributes, TraceSource
+from proxy.telemetry.traces import (
+    OwnTracing,
+    SpanAttributes,
+    Timed,
+    TraceSource,
+    stage_spans,
+)
 
 __all__ = ["RequestTrace", "Tracing", "open_tracing"]
 
@@ -78,7 +84,7 @@ class RequestTrace:
         self._parent = parent
         self._received_s = ctx.received_s
         self._origin_ns = int(ctx.received_wall * 1e9)
-        self._stages: list[tuple[str, float, float]] = []
+        self._stages: list[Timed] = []
         self.span: Span | None = None
         self.upstream: Span | None = None
 
@@ -147,11 +153,9 @@ class RequestTrace:
         if self.upstream is not None:  # the relay did not close it: end it with the request
             self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
         parent = set_span_in_context(span)
-        for name, started_s, ended_s in self._stages:
-            io = IO_STAGES.get(name)
-            if io is not None and io[1](ctx):
-                child = self._tracer.start_span(io[0], parent, start_time=self._ns(started_s))
-                child.end(self._ns(ended_s))
+        for name, started_s, ended_s in stage_spans(ctx, self._stages):
+            child = self._tracer.start_span(name, parent, start_time=self._ns(started_s))
+            child.end(self._ns(ended_s))
         if attributes is not None:
             span.set_attributes(attributes.as_dict())  # type: ignore[arg-type]
         if ctx.status >= 400 or ctx.error_code:
