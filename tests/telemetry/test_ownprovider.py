@@ -166,3 +166,22 @@ def test_sampled_out_requests_are_not_exported_and_say_so_upstream() -> None:
     assert int(continued.rsplit("-", 1)[1], 16) & 1 == 1
     assert sorted(s.name for s in spans) == ["POST /chat/completions", "chat mock-llm"]
     assert {s.trace_id.hex() for s in spans} == {PARENT.split("-")[1]}
+
+
+def test_other_users_of_the_provider_get_ordinary_sdk_spans() -> None:
+    with collector() as server:
+        sdk = start_sdk({
+            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
+        })  # fmt: skip
+        assert sdk.tracer_provider is not None
+        tracer = sdk.tracer_provider.get_tracer("an-instrumentation", "2.0")
+        with tracer.start_as_current_span("work", attributes={"k": "v"}):
+            pass
+        sdk.shutdown()
+        [(_, request)] = server.spans()
+    [scope_spans] = request.resource_spans[0].scope_spans
+    assert scope_spans.scope.name == "an-instrumentation"
+    assert [(s.name, s.attributes[0].value.string_value) for s in scope_spans.spans] == [
+        ("work", "v")
+    ]
