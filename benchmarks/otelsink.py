@@ -8,6 +8,7 @@ would.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,8 @@ import httpx
 
 
 class _Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as a collector: no new connection per export
+
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", "0")))
         self.server.received += 1  # type: ignore[attr-defined]
@@ -61,3 +64,15 @@ def scraping(url: str, enabled: bool, every_s: float = 5.0) -> Iterator[None]:
         stop.set()
         if enabled:
             thread.join(timeout=15)
+
+
+def main() -> None:
+    """`python benchmarks/otelsink.py PORT`: the sink alone, in a process of its own, until killed
+    (so a benchmark that reads its own CPU time does not count the sink's)."""
+    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), _Sink)
+    server.received = 0  # type: ignore[attr-defined]
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

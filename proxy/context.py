@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from proxy.stages.budget import Reservation
     from proxy.stages.ratelimit import RateLimitHold
     from proxy.stages.route import Routed
-    from proxy.telemetry.tracing import RequestTrace
+    from proxy.telemetry.traces import TraceHooks
     from proxy.upstream.capture import Capture
 
 __all__ = ["Operation", "RequestContext", "UsageSource"]
@@ -79,7 +79,7 @@ class RequestContext:
     answered: bool = False
     released: bool = False
     upstream_completed: bool = False
-    trace: RequestTrace | None = None  # None unless tracing is configured
+    trace: TraceHooks | None = None  # None unless tracing is configured
     response_tail: bytes = b""  # the answer's last bytes: response model, finish reasons
     capture: Capture | None = None  # the answer as relayed, for the cache and `log_content`
     checkpointed: UsageRecord | None = None  # the last checkpoint; the final record supersedes it

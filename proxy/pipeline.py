@@ -44,7 +44,8 @@ class Pipeline:
         drain: Drain | None = None,
     ) -> None:
         self._auth = auth
-        self._stages = tuple(stages)
+        # Only the stages that may get a span of their own are timed for the trace.
+        self._stages = tuple((stage, telemetry.spans_stage(stage)) for stage in stages)
         self._forward = forward
         self._account = account
         self._max_body_bytes = max_body_bytes
@@ -65,11 +66,11 @@ class Pipeline:
             with anyio.CancelScope() as scope, self.drain.track(scope):
                 watcher = asyncio.create_task(watch_disconnect(receive, ctx, scope))
                 try:
-                    for stage in self._stages:
-                        if ctx.trace is None:
-                            await stage(ctx)
-                        else:
+                    for stage, timed in self._stages:
+                        if timed and ctx.trace is not None:
                             await self._telemetry.traced(ctx, stage)
+                        else:
+                            await stage(ctx)
                         if ctx.cached is not None:
                             break
                     if ctx.cached is not None and self._replay is not None:

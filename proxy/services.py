@@ -27,7 +27,8 @@ from proxy.storage.keys import open_key_store
 from proxy.storage.sessions import EndedSessions, open_ended_sessions
 from proxy.telemetry.budgets import budgets_left
 from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
-from proxy.telemetry.tracing import Tracing
+from proxy.telemetry.traces import TraceSource
+from proxy.telemetry.tracing import open_tracing
 from proxy.telemetry.workershare import WorkerShare
 from proxy.upstream.client import UpstreamClient
 from proxy.web.drain import Drain
@@ -50,7 +51,7 @@ class Services:
     storage_failures: StorageFailures
     started_wall: float
     metrics: GatewayMetrics
-    tracing: Tracing | None
+    tracing: TraceSource | None
     cache: ResponseCache
     rate_limits: RateLimits
     drain: Drain
@@ -80,7 +81,7 @@ class Services:
             clock, UpstreamClient(policy.upstream, transport), store, limit_store,
             open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None,
             failures, clock.wall(), metrics,
-            Tracing(tracer_provider) if tracer_provider else None,
+            open_tracing(tracer_provider) if tracer_provider else None,
             response_cache(policy, clock), RateLimits(limit_store, clock, failures),
             Drain(policy.server.drain_timeout), RuntimeKeys(open_key_store(policy.storage), clock),
             open_ended_sessions(policy.storage), live,

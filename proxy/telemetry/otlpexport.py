@@ -1,137 +1,36 @@
-"""The span exporter `serve` uses: OTLP/HTTP protobuf, encoded by otlpwire, posted with httpx.
+"""The SDK span exporter tokenweir's provider uses: spans encoded by otlpwire, posted by otlppost.
 
-It reads the standard variables (the signal-specific one first, then the general one):
-`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as given) or `OTEL_EXPORTER_OTLP_ENDPOINT` (plus
-`/v1/traces`; default `http://localhost:4318`), `..._HEADERS` (`k=v,k2=v2`, URL-encoded),
-`..._TIMEOUT` (milliseconds, as the specification says; default 10000), `..._COMPRESSION`
-(`gzip` or `none`), `..._CERTIFICATE`, `..._CLIENT_CERTIFICATE` and `..._CLIENT_KEY`.
-A batch the collector refuses with 429, 502, 503 or 504, or cannot take (connection error),
-is retried with back-off until the timeout; any other refusal drops the batch with a warning.
+Where spans go and how (endpoint, headers, timeout, compression, TLS, retries) is read from
+the OTEL_EXPORTER_OTLP_* variables by proxy/telemetry/otlppost.py.
 """
 
 from __future__ import annotations
 
-import gzip
-import logging
-import threading
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from urllib.parse import unquote
 
-import httpx
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from proxy import __version__
+from proxy.telemetry.otlppost import OtlpPoster
 from proxy.telemetry.otlpwire import encode_spans
 
-__all__ = ["OtlpSettings", "OtlpSpanExporter", "otlp_settings"]
-
-_log = logging.getLogger("tokenweir")
-_RETRY_STATUSES = frozenset({429, 502, 503, 504})
-
-
-def _setting(environ: Mapping[str, str], name: str) -> str | None:
-    value = environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or environ.get(
-        f"OTEL_EXPORTER_OTLP_{name}"
-    )
-    return value.strip() if value and value.strip() else None
-
-
-def _headers(text: str | None) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for pair in (text or "").split(","):
-        name, sep, value = pair.partition("=")
-        if sep and name.strip():
-            headers[unquote(name.strip()).lower()] = unquote(value.strip())
-    return headers
-
-
-@dataclass(frozen=True, slots=True)
-class OtlpSettings:
-    endpoint: str
-    headers: dict[str, str]
-    timeout_s: float
-    gzip: bool
-    verify: str | bool  # a CA bundle's path, or the system's CAs
-    cert: str | tuple[str, str] | None
-
-
-def otlp_settings(environ: Mapping[str, str]) -> OtlpSettings:
-    """Where and how to post spans, from the OTEL_* variables."""
-    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-    if not endpoint:
-        base = (environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").strip()
-        endpoint = base.rstrip("/") + "/v1/traces"
-    timeout_ms = _setting(environ, "TIMEOUT")
-    certificate = _setting(environ, "CLIENT_CERTIFICATE")
-    key = _setting(environ, "CLIENT_KEY")
-    return OtlpSettings(
-        endpoint=endpoint,
-        headers=_headers(_setting(environ, "HEADERS")),
-        timeout_s=float(timeout_ms) / 1000.0 if timeout_ms else 10.0,
-        gzip=(_setting(environ, "COMPRESSION") or "none").lower() == "gzip",
-        verify=_setting(environ, "CERTIFICATE") or True,
-        cert=(certificate, key) if certificate and key else certificate,
-    )
+__all__ = ["OtlpSpanExporter"]
 
 
 class OtlpSpanExporter(SpanExporter):
     """Called from the BatchSpanProcessor's thread only; `shutdown` may come from another."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        settings = otlp_settings(environ)
-        self.endpoint = settings.endpoint
-        self._timeout_s = settings.timeout_s
-        self._gzip = settings.gzip
-        headers = {
-            "content-type": "application/x-protobuf",
-            "user-agent": f"tokenweir/{__version__}",
-            **settings.headers,
-        }
-        if self._gzip:
-            headers["content-encoding"] = "gzip"
-        self._client = httpx.Client(
-            headers=headers, timeout=self._timeout_s, verify=settings.verify, cert=settings.cert
-        )
-        self._stopped = threading.Event()
+        self._poster = OtlpPoster(environ)
+        self.endpoint = self._poster.endpoint
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._stopped.is_set():
-            return SpanExportResult.FAILURE
-        body = encode_spans(spans)
-        if self._gzip:
-            body = gzip.compress(body, compresslevel=6)
-        deadline = time.monotonic() + self._timeout_s
-        delay_s = 0.5
-        while True:
-            problem = self._post(body, deadline)
-            if problem is None:
-                return SpanExportResult.SUCCESS
-            retryable, reason = problem
-            if not retryable or time.monotonic() + delay_s >= deadline:
-                _log.warning("dropped %d spans: %s at %s", len(spans), reason, self.endpoint)
-                return SpanExportResult.FAILURE
-            if self._stopped.wait(delay_s):
-                return SpanExportResult.FAILURE
-            delay_s *= 2
-
-    def _post(self, body: bytes, deadline: float) -> tuple[bool, str] | None:
-        """None once the collector took the batch, else (worth retrying?, why not)."""
-        try:
-            answer = self._client.post(
-                self.endpoint, content=body, timeout=max(0.001, deadline - time.monotonic())
-            )
-        except httpx.HTTPError as exc:
-            return True, f"{type(exc).__name__}: {exc}"
-        if answer.is_success:
-            return None
-        return answer.status_code in _RETRY_STATUSES, f"HTTP {answer.status_code}"
+        if self._poster.send(encode_spans(spans), len(spans)):
+            return SpanExportResult.SUCCESS
+        return SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
-        self._stopped.set()
-        self._client.close()
+        self._poster.close()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

@@ -17,7 +17,7 @@ from proxy.policy import Policy
 from proxy.telemetry.logs import content_fields
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.sample import model_label, sample_of
-from proxy.telemetry.tracing import Tracing, span_attributes
+from proxy.telemetry.traces import IO_STAGES, TraceSource, span_attributes
 from proxy.upstream.capture import Capture
 
 __all__ = ["Telemetry"]
@@ -33,7 +33,7 @@ class Telemetry:
         clock: Clock,
         metrics: GatewayMetrics,
         *,
-        tracing: Tracing | None = None,
+        tracing: TraceSource | None = None,
     ) -> None:
         self._policy = policy
         self._clock = clock
@@ -47,6 +47,10 @@ class Telemetry:
             ctx.trace = self._tracing.begin(ctx)
         if self._log_content:
             ctx.capture = Capture(_LOGGED_BYTES)
+
+    def spans_stage(self, stage: object) -> bool:
+        """May `stage` get a span of its own (so `traced` should time it)?"""
+        return self._tracing is not None and type(stage).__name__ in IO_STAGES
 
     async def traced(
         self, ctx: RequestContext, stage: Callable[[RequestContext], Awaitable[None]]
@@ -86,7 +90,7 @@ class Telemetry:
         if ctx.trace is not None:
             recording = ctx.trace.recording
             attributes = (
-                span_attributes(ctx, usage.tokens_per_s, sample.cost_usd) if recording else {}
+                span_attributes(ctx, usage.tokens_per_s, sample.cost_usd) if recording else None
             )
             ctx.trace.finish(ctx, self._clock.monotonic(), attributes)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from proxy.telemetry.otlpexport import otlp_settings
 from tests.conftest import ALPHA_KEY
 from tests.servers import replicas
 from tests.telemetry.collector import collector, policy_file
@@ -52,27 +51,3 @@ def test_spans_reach_the_collector_with_headers_gzip_and_a_retry(
     assert attributes["gen_ai.usage.output_tokens"].int_value == 7
     assert attributes["gen_ai.request.stream"].bool_value is True
     assert spans["POST /chat/completions"].parent_span_id == chat.span_id
-
-
-def test_settings_follow_the_specification() -> None:
-    settings = otlp_settings(
-        {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
-            "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
-            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=1, b = x%3Dy ,broken",
-        }
-    )
-    assert settings.endpoint == "http://collector:4318/v1/traces"
-    assert settings.timeout_s == 2.5
-    assert settings.headers == {"a": "1", "b": "x=y"}
-    assert settings.gzip is False
-    signal = otlp_settings(
-        {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://traces.example:443/custom",
-            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
-        }
-    )
-    assert signal.endpoint == "https://traces.example:443/custom"
-    assert signal.gzip is True
-    assert otlp_settings({}).endpoint == "http://localhost:4318/v1/traces"

@@ -1,0 +1,97 @@
+"""The gateway's own spans in OTLP protobuf, written from plain values (no SDK span objects).
+
+The bytes are those otlpwire writes for the SDK's spans with the same ids, names, kinds, times,
+attributes and status (tests/telemetry/test_spanwire.py compares them): each span is one
+`ScopeSpans.spans` field, and a batch wraps them once in the resource and the scope.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from proxy.telemetry import protowire
+from proxy.telemetry.protowire import SIZES, field, fixed32, text, varint
+
+__all__ = [
+    "CLIENT",
+    "INTERNAL",
+    "SERVER",
+    "UNSET",
+    "SpanFrame",
+    "encode_span",
+    "error_status",
+    "span_ids",
+]
+
+INTERNAL, SERVER, CLIENT = 1, 2, 3  # OTLP's Span.SpanKind
+_LOCAL_PARENT = b"\x85\x01" + fixed32(0x100)  # SpanFlags: has-is-remote, not remote
+_REMOTE_PARENT = b"\x85\x01" + fixed32(0x300)  # ... and remote
+_ID = struct.Struct(">HQ")  # Span.span_id, after its tag and size...
+_IDS = struct.Struct(">HQHQ")  # ... and Span.parent_span_id
+_TIMES = struct.Struct("<BQBQ")  # start and end time
+_KINDS = {kind: bytes((0x30, kind)) for kind in (INTERNAL, SERVER, CLIENT)}
+UNSET = b"\x7a\x00"
+"""An empty Status field: the status is unset."""
+
+
+def error_status(description: str | None) -> bytes:
+    """A Status field with code ERROR and the description, if any."""
+    return field(0x7A, (text(0x12, description) if description else b"") + b"\x18\x02")
+
+
+def span_ids(trace_id: int, state: str) -> tuple[bytes, bytes]:
+    """The fields every span of a trace has: its trace id, and its tracestate (b"" for none)."""
+    return b"\x0a\x10" + trace_id.to_bytes(16, "big"), text(0x1A, state) if state else b""
+
+
+def encode_span(
+    trace: tuple[bytes, bytes],
+    span_id: int,
+    parent_id: int,
+    name: str,
+    kind: int,
+    start_ns: int,
+    end_ns: int,
+    attributes: bytes,
+    status: bytes = UNSET,
+    remote_parent: bool = False,
+) -> bytes:
+    """One `ScopeSpans.spans` field. `trace` is span_ids(); `parent_id` 0 for none;
+    `attributes` the encoded `Span.attributes` fields (attrwire); `status` UNSET or
+    error_status()."""
+    ids = _IDS.pack(0x1208, span_id, 0x2208, parent_id) if parent_id else _ID.pack(0x1208, span_id)
+    encoded = name.encode()
+    size = len(encoded)
+    body = b"".join((
+        trace[0], ids[:10], trace[1], ids[10:],
+        b"\x2a", SIZES[size] if size < 0x80 else varint(size), encoded,
+        _KINDS[kind], _TIMES.pack(0x39, start_ns, 0x41, end_ns), attributes, status,
+        _REMOTE_PARENT if remote_parent else _LOCAL_PARENT,
+    ))  # fmt: skip
+    size = len(body)
+    return (b"\x12" + SIZES[size] if size < 0x80 else b"\x12" + varint(size)) + body
+
+
+class SpanFrame:
+    """Wraps encoded spans in one ExportTraceServiceRequest: one resource, one scope."""
+
+    __slots__ = ("_resource", "_scope", "_tail")
+
+    def __init__(
+        self,
+        resource: Mapping[str, Any],
+        scope: tuple[str, str],
+        resource_schema_url: str = "",
+    ) -> None:
+        self._resource = field(0x0A, protowire.attributes(0x0A, resource))
+        name, version = scope
+        self._scope = field(0x0A, (text(0x0A, name) if name else b"") + (
+            text(0x12, version) if version else b""
+        ))  # fmt: skip
+        self._tail = text(0x1A, resource_schema_url) if resource_schema_url else b""
+
+    def body(self, spans: Sequence[bytes]) -> bytes:
+        scope_spans = field(0x12, self._scope + b"".join(spans))
+        return field(0x0A, self._resource + scope_spans + self._tail)

@@ -1,0 +1,66 @@
+"""W3C trace context for the direct span path: the client's `traceparent` and `tracestate` read
+exactly as the OpenTelemetry API's TraceContextTextMapPropagator reads them, without its
+Context objects, and `traceparent` written for the backend as it writes it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from opentelemetry.trace import TraceState
+
+__all__ = ["RANDOM_TRACE_ID", "SAMPLED", "RemoteParent", "remote_parent", "trace_headers"]
+
+SAMPLED = 0x01
+RANDOM_TRACE_ID = 0x02  # trace context level 2: the trace id's low 56 bits are random
+
+# The propagator's own pattern and limits (opentelemetry.trace.propagation.tracecontext).
+_TRACEPARENT = re.compile(
+    "^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$"
+)
+_MAX_TRACEPARENT_CHARS = 512
+_MAX_TRACESTATE_CHARS = 512
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteParent:
+    """The client's span, which the request's SERVER span continues."""
+
+    trace_id: int
+    span_id: int
+    flags: int
+    state: str  # the tracestate as the API renders it again; "" for none
+
+
+def remote_parent(headers: Mapping[str, str]) -> RemoteParent | None:
+    """The client's span from its headers; None where the propagator would find none."""
+    header = headers.get("traceparent")
+    if not header or len(header) > _MAX_TRACEPARENT_CHARS:
+        return None
+    match = _TRACEPARENT.search(header)
+    if not match:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+        return None
+    if (version == "00" and rest) or version == "ff":
+        return None
+    return RemoteParent(int(trace_id, 16), int(span_id, 16), int(flags, 16), _state(headers))
+
+
+def _state(headers: Mapping[str, str]) -> str:
+    state = headers.get("tracestate")
+    if state is None or len(state) > _MAX_TRACESTATE_CHARS:
+        return ""
+    return TraceState.from_header([state]).to_header()  # rare: the API's own parser
+
+
+def trace_headers(trace_id: int, span_id: int, flags: int, state: str) -> dict[str, str]:
+    """`traceparent` (and `tracestate`, if any) carrying span `span_id` to the backend."""
+    headers = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"}
+    if state:
+        headers["tracestate"] = state
+    return headers

@@ -1,0 +1,89 @@
+"""The direct span path writes, for the same request, ids and times, the bytes the API path's
+SDK spans encode to: names, kinds, parentage, attributes, status, tracestate, all of it."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from proxy.context import RequestContext
+from proxy.telemetry.traces import TraceHooks
+from tests.conftest import make_policy
+from tests.telemetry.conftest import GAMMA
+from tests.telemetry.twopaths import RECEIVED_S, Drive, context, finish, via_api, via_direct
+
+POLICY = make_policy("http://127.0.0.1:9", extra=GAMMA)
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def answered(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
+    trace.stage_ran("Auth", RECEIVED_S, RECEIVED_S + 0.0001)
+    trace.stage_ran("Budgets", RECEIVED_S + 0.0001, RECEIVED_S + 0.0003)
+    trace.stage_ran("RateLimits", RECEIVED_S + 0.0003, RECEIVED_S + 0.0004)
+    headers = trace.upstream_started(ctx, RECEIVED_S + 0.0005)
+    ctx.status, ctx.input_tokens, ctx.output_tokens = 200, 12, 20
+    ctx.response_tail = b'"model":"mock-llm","finish_reason":"length"}]}'
+    trace.upstream_ended(RECEIVED_S + 0.0125, 200, None)
+    trace.stage_ran("settle", RECEIVED_S + 0.013, RECEIVED_S + 0.0131)
+    finish(trace, ctx, RECEIVED_S + 0.0132)
+    return headers
+
+
+def backend_failed(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
+    headers = trace.upstream_started(ctx, RECEIVED_S + 0.0005)
+    trace.upstream_ended(RECEIVED_S + 0.002, None, "upstream_error")
+    ctx.status, ctx.error_code = 502, "upstream_error"
+    finish(trace, ctx, RECEIVED_S + 0.0021)
+    return headers
+
+
+def relay_cut(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
+    """The client went away mid-stream: the backend call's span ends with the request."""
+    headers = trace.upstream_started(ctx, RECEIVED_S + 0.0005)
+    ctx.status, ctx.stream, ctx.client_disconnected = 200, True, True
+    finish(trace, ctx, RECEIVED_S + 0.5)
+    return headers
+
+
+def rejected(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
+    ctx.model, ctx.tenant_name, ctx.tenant, ctx.backend = "", None, None, None
+    ctx.status, ctx.error_code = 401, "invalid_api_key"
+    finish(trace, ctx, RECEIVED_S + 0.0002)
+    return {}
+
+
+def long_values(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
+    """Strings past 127 bytes (two-byte lengths), non-ASCII, a model name clipped."""
+    ctx.request_id = "req_" + "é" * 90
+    ctx.model = "m" * 100
+    ctx.degraded = ["shorten-under-load", "spill-to-small-model"] * 4
+    return answered(trace, ctx)
+
+
+@pytest.mark.parametrize("drive", [answered, backend_failed, relay_cut, rejected, long_values])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"traceparent": PARENT}, {"traceparent": PARENT, "tracestate": "rojo=00f067aa,congo=t61"}],
+    ids=["root", "remote-parent", "tracestate"],
+)
+@pytest.mark.parametrize("tenant", ["alpha", "gamma"])
+def test_the_same_request_makes_the_same_bytes(
+    drive: Drive, headers: dict[str, str], tenant: str
+) -> None:
+    for seed in range(3):
+        api = via_api({}, seed, partial(context, POLICY, tenant, headers), drive)
+        direct = via_direct({}, seed, partial(context, POLICY, tenant, headers), drive)
+        assert api.spans
+        assert direct.spans == api.spans
+        assert direct.headers == api.headers
+
+
+def test_a_sampled_out_request_records_nothing_and_passes_the_decision_on() -> None:
+    environ = {"OTEL_TRACES_SAMPLER": "parentbased_always_off"}
+    for headers in ({}, {"traceparent": PARENT[:-2] + "00", "tracestate": "k=v"}):
+        api = via_api(environ, 7, partial(context, POLICY, "gamma", headers), answered)
+        direct = via_direct(environ, 7, partial(context, POLICY, "gamma", headers), answered)
+        assert api.spans == direct.spans == b""
+        assert direct.headers == api.headers
+        assert int(direct.headers["traceparent"][-2:], 16) & 1 == 0
