@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import calendar
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
@@ -20,10 +20,12 @@ from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
 from proxy.policy.model import Budget
+from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.base import Counter, QuotaStore, StorageError
+from proxy.storage.joint import Reserve
 
-__all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "Reservation"]
+__all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "QuotaPlan", "Reservation"]
 
 # Without a bound on output a reservation could be overspent; this is the bound a quota'd
 # request gets when neither the client nor `max_output_tokens` set one.
@@ -51,6 +53,21 @@ class Reservation:
         self.charged = [0] * len(self.quotas)
 
 
+@dataclass(slots=True)
+class QuotaPlan:
+    """A reservation to make for the request as it stands, and what a refusal is judged by."""
+
+    reservation: Reservation
+    input_tokens: int
+    output_tokens: int
+    amounts: list[int]
+    step: Reserve
+
+    @property
+    def steps(self) -> tuple[Reserve]:
+        return (self.step,)
+
+
 class Budgets:
     def __init__(
         self,
@@ -67,56 +84,73 @@ class Budgets:
         self._clock = clock
         self._lease_s = lease_s
         self._charges_failing = False
+        self._quotas = _DailyQuotas()
 
     async def __call__(self, ctx: RequestContext) -> None:
+        plan = taken(ctx, QuotaPlan) or self.plan(ctx)
+        if plan is None or ctx.tenant is None:
+            return
+        for _ in range(len(plan.reservation.quotas) + 1):
+            step = plan.step
+            if not step.taken:  # else the prefetch took it, and undoes it if it timed out
+                await step.run(self._store)
+                if step.error is not None:
+                    # A reservation that timed out may still be made once storage catches up:
+                    # release it then, or it would hold the quota until its lease ends.
+                    self._failures.undo_later(step.error, *step.undo(self._store))
+            if step.error is not None:
+                self._failures.decide("quota", ctx.tenant.limits, step.error)
+                return
+            if not step.refused:
+                plan.reservation.renewer = asyncio.create_task(self._keep_leased(plan.reservation))
+                ctx.reservation = plan.reservation
+                return
+            if not self.replan(ctx, plan):
+                raise self._refusal(plan)
+            plan = self.plan(ctx)
+            if plan is None:
+                return
+        raise RuntimeError("quota reservation did not settle on an amount")
+
+    def plan(self, ctx: RequestContext) -> QuotaPlan | None:
+        """Input + allowed output on each of the tenant's quotas; None without quotas."""
         if ctx.tenant is None or ctx.tenant_name is None:
             raise RuntimeError("auth must run before budgets")
         now = self._clock.wall()
-        quotas = _quotas(ctx.tenant_name, ctx.tenant.budget, now)
+        quotas = self._quotas.of(ctx.tenant_name, ctx.tenant.budget, now)
         if not quotas:
-            return
-        reservation = Reservation(_scope(ctx.tenant_name), uuid.uuid4().hex, quotas)
-        try:
-            await self._reserve(ctx, reservation, now)
-        except StorageError as exc:
-            # A reservation that timed out may still be made once storage catches up: release
-            # it then (settling nothing used), or it would hold the quota until its lease ends.
-            counters = [q.counter for q in reservation.quotas]
-            nothing = [0] * len(counters)
+            return None
+        reservation = Reservation(_scope(ctx.tenant_name), secrets.token_hex(16), quotas)
+        input_tokens, output_tokens = ctx.counted_input_tokens or 0, self._output_bound(ctx)
+        amounts = [self._amount(ctx.model, q, input_tokens, output_tokens) for q in quotas]
+        step = Reserve(
+            reservation.scope, reservation.lease_id, [q.counter for q in quotas], amounts,
+            lease_until=now + self._lease_s, now=now,
+        )  # fmt: skip
+        return QuotaPlan(reservation, input_tokens, output_tokens, amounts, step)
 
-            def release() -> Awaitable[None]:
-                return self._store.settle(
-                    reservation.scope, reservation.lease_id, counters, nothing
-                )
+    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+        """After a refusal, with `stop_stream_at_budget`: bound the answer to the output that
+        still fits the refusing quota, and say so (True), for a new reservation."""
+        if not isinstance(plan, QuotaPlan) or not plan.step.refused:
+            return False
+        refusal = plan.step.answer
+        if refusal is None:
+            return False
+        quota = plan.reservation.quotas[refusal.index]
+        left = refusal.used + refusal.reserved
+        fits = self._output_that_fits(ctx.model, quota, left, plan.input_tokens)
+        if not _may_shorten(ctx) or not 1 <= fits < plan.output_tokens:
+            return False
+        _shorten(ctx, fits)
+        return True
 
-            self._failures.undo_later(exc, release, self._lease_s)
-            self._failures.decide("quota", ctx.tenant.limits, exc)
-            return
-        reservation.renewer = asyncio.create_task(self._keep_leased(reservation))
-        ctx.reservation = reservation
-
-    async def _reserve(self, ctx: RequestContext, reservation: Reservation, now: float) -> None:
-        """Reserve input + output; with `stop_stream_at_budget`, shrink the output to what fits."""
-        input_tokens = ctx.counted_input_tokens or 0
-        output_tokens = self._output_bound(ctx)
-        counters = [q.counter for q in reservation.quotas]
-        for _ in range(len(counters) + 1):
-            amounts = [
-                self._amount(ctx.model, q, input_tokens, output_tokens) for q in reservation.quotas
-            ]
-            refusal = await self._store.reserve(
-                reservation.scope, reservation.lease_id, counters, amounts,
-                lease_until=now + self._lease_s, now=now,
-            )  # fmt: skip
-            if refusal is None:
-                return
-            quota = reservation.quotas[refusal.index]
-            left = refusal.used + refusal.reserved
-            fits = self._output_that_fits(ctx.model, quota, left, input_tokens)
-            if not _may_shorten(ctx) or not 1 <= fits < output_tokens:
-                raise _refused(quota, refusal.used, refusal.reserved, amounts[refusal.index], now)
-            output_tokens = _shorten(ctx, fits)
-        raise RuntimeError("quota reservation did not settle on an amount")
+    def _refusal(self, plan: QuotaPlan) -> InsufficientQuota:
+        refusal = plan.step.answer
+        if refusal is None:
+            raise RuntimeError("the reservation was not refused")
+        quota, needed = plan.reservation.quotas[refusal.index], plan.amounts[refusal.index]
+        return _refused(quota, refusal.used, refusal.reserved, needed, plan.step.now)
 
     def _amount(self, model: str, quota: _Quota, input_tokens: int, output_tokens: int) -> int:
         if quota.in_usd:
@@ -232,6 +266,22 @@ def _shorten(ctx: RequestContext, output_tokens: int) -> int:
 def _scope(tenant: str) -> str:
     # The hash tag keeps one tenant's keys in one Redis Cluster slot.
     return f"tw:{{{tenant}}}"
+
+
+class _DailyQuotas:
+    """Each tenant's quotas, built once a (UTC) day: their counters change only at midnight."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, tuple[Budget, float, tuple[_Quota, ...]]] = {}
+
+    def of(self, tenant: str, budget: Budget, now: float) -> tuple[_Quota, ...]:
+        built = self._built.get(tenant)
+        day = now - now % 86400
+        if built is not None and built[0] is budget and built[1] == day:
+            return built[2]
+        quotas = _quotas(tenant, budget, now)
+        self._built[tenant] = (budget, day, quotas)
+        return quotas
 
 
 def _quotas(tenant: str, budget: Budget, now: float) -> tuple[_Quota, ...]:
