@@ -7,7 +7,6 @@ A running stream's checkpoints book its usage so far on the key's counters, as o
 
 from __future__ import annotations
 
-import asyncio
 import calendar
 import contextlib
 import secrets
@@ -26,6 +25,7 @@ from proxy.stages.ratelimit import format_reset, per_minute
 from proxy.storage.base import Counter, QuotaStore, StorageError
 from proxy.storage.joint import Admit, Reserve, Step
 from proxy.storage.limits import Bucket, LimitStore
+from proxy.together import nothing
 
 __all__ = ["KeyAllowances", "KeyPlan"]
 
@@ -169,12 +169,12 @@ class KeyAllowances:
                 hold.scope, hold.lease_id, hold.counters, [grown] * len(hold.counters)
             )
 
-    async def settle(self, ctx: RequestContext) -> None:
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
         """Book what the request used on the key's counters (less what checkpoints booked), true
-        its token bucket up; once. Both calls are made before either is awaited."""
+        its token bucket up; once. The store calls are made now; the awaitable ends with them."""
         hold = self._holds.pop(ctx, None)
         if hold is None:
-            return
+            return nothing()
         used = 0 if hold.refused else (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
         calls: list[Awaitable[None]] = []
         if hold.counters:
@@ -185,10 +185,14 @@ class KeyAllowances:
             bucket, charged = hold.tpm
             now = self._clock.wall()
             calls.append(self._limits.settle(hold.scope, bucket, used - charged, now=now))
-        for outcome in await asyncio.gather(*calls, return_exceptions=True):
-            # A StorageError: the lease expires on its own; the use is still in the ledger.
-            if isinstance(outcome, BaseException) and not isinstance(outcome, StorageError):
-                raise outcome
+        return _quietly(calls)
+
+
+async def _quietly(calls: list[Awaitable[None]]) -> None:
+    """A failed settlement: the lease expires on its own; the use is still in the ledger."""
+    for call in calls:
+        with contextlib.suppress(StorageError):
+            await call
 
 
 def _buckets(scope: str, allowance: KeyAllowance, tokens: int) -> tuple[list[Bucket], list[int]]:

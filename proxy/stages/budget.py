@@ -6,7 +6,6 @@ with `stop_stream_at_budget`, when only a shorter answer fits what is left of a 
 
 from __future__ import annotations
 
-import asyncio
 import calendar
 import logging
 import secrets
@@ -21,9 +20,11 @@ from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
 from proxy.policy.model import Budget
 from proxy.stages.prefetch import Plan, taken
-from proxy.stages.storagepolicy import StorageFailures
+from proxy.stages.renewal import Renewal
+from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import Counter, QuotaStore, StorageError
 from proxy.storage.joint import Reserve
+from proxy.together import nothing
 
 __all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "QuotaPlan", "Reservation"]
 
@@ -46,7 +47,7 @@ class Reservation:
     scope: str
     lease_id: str
     quotas: tuple[_Quota, ...]
-    renewer: asyncio.Task[None] | None = None
+    renewer: Renewal | None = None
     charged: list[int] = field(default_factory=list)  # booked by checkpoints, per quota
 
     def __post_init__(self) -> None:
@@ -102,7 +103,7 @@ class Budgets:
                 self._failures.decide("quota", ctx.tenant.limits, step.error)
                 return
             if not step.refused:
-                plan.reservation.renewer = asyncio.create_task(self._keep_leased(plan.reservation))
+                plan.reservation.renewer = self._keep_leased(plan.reservation)
                 ctx.reservation = plan.reservation
                 return
             if not self.replan(ctx, plan):
@@ -168,11 +169,12 @@ class Budgets:
     def holding(self, ctx: RequestContext) -> bool:
         return ctx.reservation is not None
 
-    async def settle(self, ctx: RequestContext) -> None:
-        """Release the reservation and book what was really used; runs once, in `finally`."""
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+        """Release the reservation and book what was really used; runs once, in `finally`. The
+        store call is made now; the awaitable ends with it."""
         reservation, ctx.reservation = ctx.reservation, None
         if reservation is None:
-            return
+            return nothing()
         if reservation.renewer is not None:
             reservation.renewer.cancel()
         input_tokens = (
@@ -181,11 +183,9 @@ class Budgets:
         used = self._used(ctx.model, reservation, input_tokens or 0, ctx.output_tokens or 0)
         rest = [u - c for u, c in zip(used, reservation.charged, strict=True)]  # may be < 0
         counters = [q.counter for q in reservation.quotas]
-        try:
-            await self._store.settle(reservation.scope, reservation.lease_id, counters, rest)
-        except StorageError as exc:
-            # The lease expires on its own; the use is lost from the quota but not from the ledger.
-            _log.warning("could not settle quota for %s: %s", ctx.tenant_name, exc)
+        settling = self._store.settle(reservation.scope, reservation.lease_id, counters, rest)
+        # Failing, the lease expires on its own: the use is lost from the quota, not the ledger.
+        return warned(settling, _log, "could not settle quota for %s: %s", ctx.tenant_name)
 
     def charge_so_far(
         self, ctx: RequestContext, input_tokens: int, output_tokens: int
@@ -232,15 +232,14 @@ class Budgets:
             ctx.shaped.append("max_tokens")
         return ctx.output_allowance
 
-    async def _keep_leased(self, reservation: Reservation) -> None:
+    def _keep_leased(self, reservation: Reservation) -> Renewal:
         """Renew the lease while the request runs (a long stream outlives one lease)."""
-        while True:
-            await asyncio.sleep(self._lease_s / 3)
-            try:
-                until = self._clock.wall() + self._lease_s
-                await self._store.renew(reservation.scope, reservation.lease_id, lease_until=until)
-            except StorageError as exc:
-                _log.warning("could not renew a quota lease: %s", exc)
+
+        def renew() -> Awaitable[bool]:
+            until = self._clock.wall() + self._lease_s
+            return self._store.renew(reservation.scope, reservation.lease_id, lease_until=until)
+
+        return Renewal(renew, self._lease_s, _log, "a quota lease")
 
 
 def _may_shorten(ctx: RequestContext) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, replace
 
 import anyio
@@ -27,9 +27,11 @@ from proxy.context import RequestContext
 from proxy.policy.model import Backend, CacheSpec
 from proxy.stages.forward import SSE_HEADERS
 from proxy.stages.prefetch import Plan, taken
+from proxy.stages.storagepolicy import warned
 from proxy.storage.base import StorageError
 from proxy.storage.cache import CacheEntry, CacheStore
 from proxy.storage.joint import Lookup
+from proxy.together import nothing
 from proxy.upstream.capture import Capture
 
 __all__ = ["LookupPlan", "ResponseCache"]
@@ -132,33 +134,35 @@ class ResponseCache:
     def holding(self, ctx: RequestContext) -> bool:
         return ctx.cache_plan is not None
 
-    async def settle(self, ctx: RequestContext) -> None:
-        """Store a miss's answer if it is complete; a failed or cut-off one never is."""
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+        """Store a miss's answer if it is complete (a failed or cut-off one never is). An exact
+        entry's store call is made now; the awaitable ends with it."""
         plan, ctx.cache_plan = ctx.cache_plan, None
         tenant = ctx.tenant
         if plan is None or tenant is None or not _complete(ctx):
-            return
+            return nothing()
         answer = self._answer_of(ctx, plan, tenant.cache)
         if answer is None:
-            return
+            return nothing()
         value = answer.encode()
         if len(value) > tenant.cache.max_entry_bytes:
-            return
-        vector = graph = None
-        if plan.vector is not None and plan.key.question is not None and self._index:
-            vector = pack(plan.vector, plan.key.question)
-            graph = await self._index.graph(tenant.cache)
+            return nothing()
         # A tenant with a `cache: serve_stale` rule keeps answers one more ttl, to serve stale.
         stale = any(rule.then.cache == "serve_stale" for rule in tenant.degrade)
         entry = CacheEntry(
             plan.key.tenant, plan.key.exact, value, self._clock.wall(),
             tenant.cache.ttl * 2 if stale else tenant.cache.ttl,
-            tenant.cache.max_entries, plan.partition, vector, graph,
+            tenant.cache.max_entries, plan.partition,
         )  # fmt: skip
-        try:
-            await self._store.put(entry)
-        except StorageError as exc:
-            _log.warning("could not store an answer in the cache: %s", exc)
+        if plan.vector is not None and plan.key.question is not None and self._index:
+            return self._put_with_vector(entry, pack(plan.vector, plan.key.question), tenant.cache)
+        return warned(self._store.put(entry), _log, "could not store an answer in the cache: %s")
+
+    async def _put_with_vector(self, entry: CacheEntry, vector: bytes, spec: CacheSpec) -> None:
+        """An entry findable by meaning, in the vector engine the tenant's spec chooses."""
+        if self._index is not None:
+            entry = replace(entry, vector=vector, graph=await self._index.graph(spec))
+        await warned(self._store.put(entry), _log, "could not store an answer in the cache: %s")
 
     async def replay(self, ctx: RequestContext, send: Send) -> None:
         """Send the hit the way the backend would have: one whole body, or SSE chunks."""

@@ -18,7 +18,8 @@ from proxy.context import RequestContext
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.policy.model import Limits, LimitSet
 from proxy.stages.prefetch import Plan, taken
-from proxy.stages.storagepolicy import StorageFailures
+from proxy.stages.renewal import Renewal
+from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Admit
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
@@ -45,7 +46,7 @@ class RateLimitHold:
     lease_s: float
     slots: tuple[SlotPool, ...]
     token_buckets: tuple[tuple[Bucket, int], ...] = ()
-    renewer: asyncio.Task[None] | None = None
+    renewer: Renewal | None = None
 
 
 @dataclass(slots=True)
@@ -143,43 +144,48 @@ class RateLimits:
             (b, cost) for b, cost in zip(buckets, costs, strict=True) if b.key.endswith(":tpm")
         )
         if hold.slots:
-            hold.renewer = asyncio.create_task(self._keep_leased(hold))
+            hold.renewer = self._keep_leased(hold)
         ctx.rate_limits.append(hold)
 
     def holding(self, ctx: RequestContext) -> bool:
         return bool(ctx.rate_limits)
 
-    async def settle(self, ctx: RequestContext) -> None:
-        """Free the slots and true the token buckets up to real usage; runs once, in
-        `finally`. Every call is made before any is awaited, so Redis gets them together."""
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+        """Free the slots and true the token buckets up to real usage; runs once, in `finally`.
+        The store calls are made now; the awaitable ends with them."""
         holds, ctx.rate_limits = ctx.rate_limits, []
         used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
         now = self._clock.wall()
-        releases: list[tuple[RateLimitHold, Awaitable[None]]] = []
+        releases: list[tuple[str, Awaitable[None]]] = []
         true_ups: list[Awaitable[None]] = []
         for hold in holds:
             if hold.renewer is not None:
                 hold.renewer.cancel()
             if hold.slots:
-                releases.append(
-                    (hold, self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id))
-                )
+                released = self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
+                releases.append((hold.scope, released))
             true_ups += [
                 self._store.settle(hold.scope, bucket, used - charged, now=now)
                 for bucket, charged in hold.token_buckets
                 if used != charged
             ]
-        outcomes = await asyncio.gather(
-            *(released for _, released in releases), *true_ups, return_exceptions=True
-        )
-        for index, outcome in enumerate(outcomes):
-            if isinstance(outcome, StorageError):
-                what = "free the slots" if index < len(releases) else "true up the token bucket"
-                _log.warning("could not %s of %s: %s", what, ctx.tenant_name, outcome)
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            elif index < len(releases):
-                self._wake_next(releases[index][0].scope)
+        return self._settled(ctx.tenant_name, releases, true_ups)
+
+    async def _settled(
+        self,
+        tenant: str | None,
+        releases: list[tuple[str, Awaitable[None]]],
+        true_ups: list[Awaitable[None]],
+    ) -> None:
+        for scope, released in releases:
+            try:
+                await released
+            except StorageError as exc:
+                _log.warning("could not free the slots of %s: %s", tenant, exc)
+            else:
+                self._wake_next(scope)
+        for trued in true_ups:
+            await warned(trued, _log, "could not true up the token bucket of %s: %s", tenant)
 
     async def _admit(self, plan: LimitPlan, limits: Limits) -> Admission:
         """Admit now, or with `queue_timeout`, wait in this tenant's FIFO line for a slot."""
@@ -234,16 +240,14 @@ class RateLimits:
         if line and not line[0].done():
             line[0].set_result(None)
 
-    async def _keep_leased(self, hold: RateLimitHold) -> None:
-        while True:
-            await asyncio.sleep(hold.lease_s / 3)
-            try:
-                until = self._clock.wall() + hold.lease_s
-                await self._store.renew(
-                    hold.scope, hold.slots, lease_id=hold.lease_id, lease_until=until
-                )
-            except StorageError as exc:
-                _log.warning("could not renew a concurrency lease: %s", exc)
+    def _keep_leased(self, hold: RateLimitHold) -> Renewal:
+        def renew() -> Awaitable[bool]:
+            until = self._clock.wall() + hold.lease_s
+            return self._store.renew(
+                hold.scope, hold.slots, lease_id=hold.lease_id, lease_until=until
+            )
+
+        return Renewal(renew, hold.lease_s, _log, "a concurrency lease")
 
 
 def _token_cost(ctx: RequestContext) -> int:
