@@ -7,7 +7,6 @@ releasing, booking). redis-py's errors become StorageError here, per operation.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -158,9 +157,11 @@ class RedisLink:
     async def _send(self, calls: Sequence[LuaCall], *, gate: bool) -> bool:
         """One script call; False if a gate should stop (a call refused or failed)."""
         args: list[Arg] = ["gate" if gate else "each", len(calls)]
+        keys: list[str] = []
         for call in calls:
-            args += [call.name, len(call.keys), len(call.args), *call.args]
-        keys = list(itertools.chain.from_iterable(call.keys for call in calls))
+            args.extend((call.name, len(call.keys), len(call.args)))
+            args.extend(call.args)
+            keys.extend(call.keys)
         try:
             replies = await self._script(keys=keys, args=args)
         except REDIS_ERRORS as exc:
