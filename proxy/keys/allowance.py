@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import calendar
 import contextlib
-import secrets
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from proxy.context import RequestContext
 from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.stages.budget import DEFAULT_OUTPUT_BOUND
+from proxy.stages.leases import LeaseIds
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.ratelimit import format_reset, per_minute
 from proxy.storage.base import Counter, QuotaStore, StorageError
@@ -64,12 +64,13 @@ class KeyAllowances:
         self._limits = limits
         self._clock = clock
         self._holds: dict[RequestContext, _Hold] = {}
+        self._lease_ids = LeaseIds()
 
     def note(self, ctx: RequestContext, record: KeyRecord) -> None:
         """Auth found a runtime key; only one with an allowance of its own needs more."""
         if not record.allowance.empty:
             scope = f"tw:{{{record.tenant}}}:key:{record.id}"
-            self._holds[ctx] = _Hold(record, scope, secrets.token_hex(16))
+            self._holds[ctx] = _Hold(record, scope, self._lease_ids.next())
 
     async def __call__(self, ctx: RequestContext) -> None:
         plan = taken(ctx, KeyPlan) or self.plan(ctx)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import calendar
 import logging
-import secrets
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -19,8 +18,8 @@ from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
 from proxy.policy.model import Budget
+from proxy.stages.leases import LeaseIds, Renewal
 from proxy.stages.prefetch import Plan, taken
-from proxy.stages.renewal import Renewal
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import Counter, QuotaStore, StorageError
 from proxy.storage.joint import Reserve
@@ -86,6 +85,7 @@ class Budgets:
         self._lease_s = lease_s
         self._charges_failing = False
         self._quotas = _DailyQuotas()
+        self._lease_ids = LeaseIds()
 
     async def __call__(self, ctx: RequestContext) -> None:
         plan = taken(ctx, QuotaPlan) or self.plan(ctx)
@@ -121,7 +121,7 @@ class Budgets:
         quotas = self._quotas.of(ctx.tenant_name, ctx.tenant.budget, now)
         if not quotas:
             return None
-        reservation = Reservation(_scope(ctx.tenant_name), secrets.token_hex(16), quotas)
+        reservation = Reservation(_scope(ctx.tenant_name), self._lease_ids.next(), quotas)
         input_tokens, output_tokens = ctx.counted_input_tokens or 0, self._output_bound(ctx)
         amounts = [self._amount(ctx.model, q, input_tokens, output_tokens) for q in quotas]
         step = Reserve(

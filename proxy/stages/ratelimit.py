@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import secrets
 from collections import deque
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
@@ -17,8 +16,8 @@ from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.policy.model import Limits, LimitSet
+from proxy.stages.leases import LeaseIds, Renewal
 from proxy.stages.prefetch import Plan, taken
-from proxy.stages.renewal import Renewal
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Admit
@@ -69,6 +68,7 @@ class RateLimits:
         self._failures = failures
         self._clock = clock
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
+        self._lease_ids = LeaseIds()
 
     async def __call__(self, ctx: RequestContext) -> None:
         plan = taken(ctx, LimitPlan) or self.plan(ctx)
@@ -97,7 +97,7 @@ class RateLimits:
         buckets, costs, slots = _limits_for(scope, limits, ctx.model, _token_cost(ctx))
         if not buckets and not slots:
             return None
-        hold = RateLimitHold(scope, secrets.token_hex(16), limits.lease_ttl, slots)
+        hold = RateLimitHold(scope, self._lease_ids.next(), limits.lease_ttl, slots)
         return LimitPlan(hold, buckets, costs, self._step(hold, buckets, costs))
 
     def replan(self, ctx: RequestContext, plan: Plan) -> bool:
@@ -112,7 +112,7 @@ class RateLimits:
         buckets, costs, slots = _limits_for(scope, backend.limits, "", _token_cost(ctx))
         if not buckets and not slots:
             return
-        hold = RateLimitHold(scope, secrets.token_hex(16), tenant.limits.lease_ttl, slots)
+        hold = RateLimitHold(scope, self._lease_ids.next(), tenant.limits.lease_ttl, slots)
         try:
             admission = await self._try(hold, buckets, costs)
         except StorageError as exc:

@@ -1,15 +1,31 @@
-"""Keep a request's lease (a quota reservation, concurrency slots) alive while it runs: renewed
-every third of its length by a timer of the event loop, not a task per request."""
+"""A request's leases (a quota reservation, concurrency slots): their ids, and their renewal
+while it runs, every third of their length, by a timer of the event loop (not a task each)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 
 from proxy.storage.base import StorageError
 
-__all__ = ["Renewal"]
+__all__ = ["LeaseIds", "Renewal"]
+
+
+class LeaseIds:
+    """Ids no other lease has, on this replica or another: a random prefix per maker, then a
+    count (os.urandom per lease is a system call; an id needs to be unique, not secret)."""
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(8)
+        self._count = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):x}"
 
 
 class Renewal:

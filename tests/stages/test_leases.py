@@ -1,4 +1,4 @@
-"""A held lease is renewed again and again while its request runs, and never after it ends."""
+"""Leases: ids no two share, renewed again and again while their request runs, never after."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from proxy.stages.renewal import Renewal
+from proxy.stages.leases import LeaseIds, Renewal
 from proxy.storage import StorageError
 
 pytestmark = pytest.mark.anyio
@@ -36,3 +36,9 @@ async def test_a_lease_is_renewed_until_cancelled_and_a_failure_does_not_stop_it
         await asyncio.sleep(0.1)  # several periods: none comes after the cancel
     assert len(calls) == renewed
     assert "could not renew a test lease: redis: down" in caplog.text
+
+
+def test_lease_ids_are_unique_across_makers() -> None:
+    one, two = LeaseIds(), LeaseIds()
+    ids = [maker.next() for maker in (one, two) for _ in range(1000)]
+    assert len(set(ids)) == len(ids)
