@@ -7,7 +7,8 @@ policy of `overhead.py --features all` (Qwen tokenizer, the whole budget card, r
 max_concurrent, the exact cache, a SQLite ledger; all on that Redis). For each level it resets
 Redis's INFO commandstats, sends `--requests` non-stream requests `level` at a time with
 `tokenweir bench`, and divides each command's count by the requests answered. Script calls
-(EVALSHA and EVAL) are the storage round trips; the rest is shown by command.
+(EVALSHA and EVAL) are the storage round trips; Redis's own CPU time per request is shown
+(INFO cpu, whatever it spent it on), and every command by name (those the scripts run too).
 Results: benchmarks/results/storage-calls.{json,md}.
 """
 
@@ -29,9 +30,11 @@ from overhead import gateway_config
 from tests.redis_server import private_redis
 
 _IGNORED = {"config|resetstat", "info", "config", "ping"}
+_SUMMARY = ("requests", "script_calls", "redis_cpu_us")
 
 
 def commands(admin: redis.Redis) -> dict[str, int]:
+    """Calls per command since the last reset."""
     stats = admin.info("commandstats")
     return {
         name.removeprefix("cmdstat_"): int(row["calls"])
@@ -40,14 +43,27 @@ def commands(admin: redis.Redis) -> dict[str, int]:
     }
 
 
+def redis_cpu_s(admin: redis.Redis) -> float:
+    """The Redis process's CPU time (its own clock, unlike commandstats' wall-clock `usec`,
+    which grows whenever a busy machine takes the core from Redis mid-script)."""
+    cpu = admin.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def level_calls(admin: redis.Redis, url: str, concurrency: int, requests: int) -> dict[str, float]:
     admin.config_resetstat()
+    cpu_before = redis_cpu_s(admin)
     done = bench(url, concurrency, requests, stream=False, tokens=16)
     answered = max(1, int(done["ok"]))
-    counted = commands(admin)
-    per_request = {name: calls / answered for name, calls in sorted(counted.items())}
+    redis_cpu_us = (redis_cpu_s(admin) - cpu_before) / answered * 1e6
+    per_request = {name: calls / answered for name, calls in sorted(commands(admin).items())}
     scripts = per_request.get("evalsha", 0.0) + per_request.get("eval", 0.0)
-    return {"requests": answered, "script_calls": scripts, **per_request}
+    return {
+        "requests": answered,
+        "script_calls": scripts,
+        "redis_cpu_us": redis_cpu_us,
+        **per_request,
+    }
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -55,16 +71,19 @@ def markdown(report: dict[str, Any]) -> str:
         f"Run {report['when']} on {report['machine']}; {report['requests']:,} non-stream "
         "requests per level, every feature on (overhead.py --features all's policy).",
         "",
-        "| in flight | script calls / request | every command / request |",
-        "|---:|---:|---|",
+        "| in flight | script calls / request | Redis CPU µs / request "
+        "| every command / request (the scripts' own included) |",
+        "|---:|---:|---:|---|",
     ]
     for level, row in report["levels"].items():
         others = ", ".join(
             f"{name} {value:.2f}"
             for name, value in row.items()
-            if name not in ("requests", "script_calls") and value >= 0.005
+            if name not in _SUMMARY and value >= 0.005
         )
-        lines.append(f"| {level} | {row['script_calls']:.2f} | {others} |")
+        lines.append(
+            f"| {level} | {row['script_calls']:.2f} | {row['redis_cpu_us']:.1f} | {others} |"
+        )
     return "\n".join(lines) + "\n"
 
 
