@@ -50,6 +50,7 @@ from proxy.stages.checkpoint import Checkpoint
 from proxy.stages.degrade import Degrade
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
+from proxy.stages.prefetch import Prefetch
 from proxy.stages.ratelimit import BackendLimits
 from proxy.stages.route import Route as RouteStage
 from proxy.stages.shape import Shape
@@ -126,7 +127,8 @@ class Gateway:
     ) -> Gateway:
         """The per-policy objects on `services`; what the policy did not change is reused
         from `previous` (backend health and in-flight counts, loaded tokenizers)."""
-        clock, store, failures = services.clock, services.store, services.storage_failures
+        clock, storage, failures = services.clock, services.storage, services.storage_failures
+        store = storage.quotas
         same_routing = previous is not None and (
             previous.policy.backends,
             previous.policy.models,
@@ -144,7 +146,7 @@ class Gateway:
         prices = PriceTable(policy)
         budgets = Budgets(store, prices, clock, failures)
         rate_limits, cache = services.rate_limits, services.cache
-        key_limits = KeyAllowances(store, services.limit_store, clock)
+        key_limits = KeyAllowances(store, storage.limits, clock)
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
         route = RouteStage(pools, services.upstream, clock, rate_limits.admit_backend)
         settlers: list[Settler] = [route, rate_limits, budgets, key_limits, cache]
@@ -162,6 +164,7 @@ class Gateway:
                 Parse(policy.models),
                 Attribute(),
                 Shape(counters),
+                Prefetch(storage, [budgets, rate_limits, key_limits, cache], failures),
                 budgets,
                 rate_limits,
                 key_limits,
@@ -195,7 +198,7 @@ class Gateway:
 
     @property
     def store(self) -> QuotaStore:
-        return self.services.store
+        return self.services.storage.quotas
 
     @property
     def ledger(self) -> Ledger | None:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from proxy.cache.plan import CachePlan
     from proxy.ledger.base import UsageRecord
     from proxy.stages.budget import Reservation
+    from proxy.stages.prefetch import Planned
     from proxy.stages.ratelimit import RateLimitHold
     from proxy.stages.route import Routed
     from proxy.telemetry.traces import TraceHooks
@@ -64,6 +65,7 @@ class RequestContext:
     degraded: list[str] = field(default_factory=list)
     degraded_shadow: list[str] = field(default_factory=list)  # rules that would have fired
     route: Routed | None = None
+    planned: Planned | None = None  # the admission stages' storage steps, taken together
     counted_input_tokens: int | None = None
     output_allowance: int | None = None
     reservation: Reservation | None = None

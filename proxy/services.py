@@ -22,7 +22,8 @@ from proxy.stages.cache import ResponseCache
 from proxy.stages.checkpoint import CheckpointSweep
 from proxy.stages.ratelimit import RateLimits
 from proxy.stages.storagepolicy import StorageFailures
-from proxy.storage import LimitStore, QuotaStore, open_cache_store, open_limit_store, open_store
+from proxy.storage import QuotaStore, Storage, open_storage
+from proxy.storage.cache import CacheStore
 from proxy.storage.keys import open_key_store
 from proxy.storage.sessions import EndedSessions, open_ended_sessions
 from proxy.telemetry.budgets import budgets_left
@@ -45,8 +46,7 @@ class Services:
 
     clock: Clock
     upstream: UpstreamClient
-    store: QuotaStore
-    limit_store: LimitStore
+    storage: Storage
     ledger: Ledger | None
     storage_failures: StorageFailures
     started_wall: float
@@ -71,22 +71,25 @@ class Services:
         otel: OtelProviders | None = None,
         live: LiveGateway | None = None,
     ) -> Services:
-        store = store or open_store(policy.storage)
+        storage = open_storage(policy.storage)
+        if store is not None:
+            storage = storage.with_quotas(store)
         failures = StorageFailures(clock)
-        limit_store = open_limit_store(policy.storage)
         tracer_provider = otel.tracer_provider if otel else None
         metrics = GatewayMetrics(WorkerShare.from_environment())  # --workers N: summed
         live = live or LiveGateway()
+        quotas = storage.quotas
         return cls(
-            clock, UpstreamClient(policy.upstream, transport), store, limit_store,
+            clock, UpstreamClient(policy.upstream, transport), storage,
             open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None,
             failures, clock.wall(), metrics,
             open_tracing(tracer_provider) if tracer_provider else None,
-            response_cache(policy, clock), RateLimits(limit_store, clock, failures),
+            response_cache(policy, clock, storage.cache),
+            RateLimits(storage.limits, clock, failures),
             Drain(policy.server.drain_timeout), RuntimeKeys(open_key_store(policy.storage), clock),
             open_ended_sessions(policy.storage), live,
             otel.metrics_push(
-                metrics, lambda: budgets_left(live.current.policy, store, clock.wall())
+                metrics, lambda: budgets_left(live.current.policy, quotas, clock.wall())
             ) if otel else None,
         )  # fmt: skip
 
@@ -109,9 +112,10 @@ class Services:
             await bounded("ended sessions", self.ended_sessions.aclose())
             await bounded("storage undo tasks", self.storage_failures.aclose())
             await bounded("the upstream pool", self.upstream.aclose())
-            await bounded("the quota store", self.store.aclose())
-            await bounded("the limit store", self.limit_store.aclose())
+            await bounded("the quota store", self.storage.quotas.aclose())
+            await bounded("the limit store", self.storage.limits.aclose())
             await bounded("the response cache", self.cache.aclose())
+            await bounded("the storage connection", self.storage.aclose())
         finally:
             if self.ledger is not None:
                 await self.ledger.aclose()
@@ -130,7 +134,7 @@ async def bounded(what: str, closing: Awaitable[None]) -> None:
         _log.error("shutdown: closing %s took over %.0f s; left behind", what, _CLOSE_TIMEOUT_S)
 
 
-def response_cache(policy: Policy, clock: Clock) -> ResponseCache:
+def response_cache(policy: Policy, clock: Clock, store: CacheStore) -> ResponseCache:
     semantic = [name for name, t in policy.tenants.items() if t.cache.mode == "semantic"]
     if semantic and policy.embedder is None:
         _log.warning(
@@ -139,7 +143,6 @@ def response_cache(policy: Policy, clock: Clock) -> ResponseCache:
             ", ".join(semantic),
         )
     timeout_s = policy.embedder.timeout if policy.embedder else 0.0
-    store = open_cache_store(policy.storage)
     return ResponseCache(
         store, clock, open_embedder(policy), embed_timeout_s=timeout_s, backends=policy.backends
     )

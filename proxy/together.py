@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Iterable, Sequence
 
-__all__ = ["cancelled", "together"]
+__all__ = ["cancelled", "in_turn", "nothing", "together"]
 
 
 async def together(calls: Sequence[Awaitable[None]]) -> None:
@@ -24,3 +24,21 @@ async def cancelled(tasks: Iterable[asyncio.Task[None] | None]) -> None:
     for task in running:
         task.cancel()
     await asyncio.gather(*running, return_exceptions=True)
+
+
+async def in_turn(calls: Sequence[Awaitable[None]]) -> None:
+    """Wait for calls whose work is already under way (their storage calls made), one after
+    another, with no task each; if one raises, the others are still waited for, and the first
+    error is raised."""
+    first: BaseException | None = None
+    for call in calls:
+        try:
+            await call
+        except BaseException as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+async def nothing() -> None:
+    """An awaitable with nothing left to do."""

@@ -14,6 +14,7 @@ from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.tools import mockbackend
 from tests.redis_cluster import ClusterProcesses, redis_cluster
+from tests.redis_sentinel import SentinelTopology
 from tests.redis_server import RedisProcess
 from tests.servers import serve
 
@@ -112,10 +113,30 @@ def redis_cluster_url(redis_cluster_server: ClusterProcesses) -> str:
     return redis_cluster_server.url
 
 
-@pytest.fixture(params=["memory", "redis", "redis-cluster"])
+@pytest.fixture(scope="session")
+def redis_sentinel_server() -> Iterator[SentinelTopology]:
+    """One private Sentinel topology (a primary, its replica, a sentinel) for the session; slow
+    to call a primary down, so a loaded machine does not fail it over between tests."""
+    topology = SentinelTopology(down_after_ms=10_000)
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.close()
+
+
+@pytest.fixture
+def redis_sentinel_url(redis_sentinel_server: SentinelTopology) -> str:
+    """The session's Sentinel-named primary, emptied for this test."""
+    with redis.Redis.from_url(redis_sentinel_server.primary_url()) as admin:
+        admin.flushdb()
+    return redis_sentinel_server.url
+
+
+@pytest.fixture(params=["memory", "redis", "redis-sentinel", "redis-cluster"])
 def storage_url(request: pytest.FixtureRequest) -> str:
-    """`memory`, or a real Redis or Redis Cluster emptied for this test: a storage contract
-    test taking it runs once on each."""
+    """`memory`, or a real Redis, Sentinel-named primary or Redis Cluster emptied for this
+    test: a storage contract test taking it runs once on each."""
     if request.param == "memory":
         return "memory"
     url: str = request.getfixturevalue(f"{request.param.replace('-', '_')}_url")

@@ -10,20 +10,24 @@ from __future__ import annotations
 import calendar
 import contextlib
 import time
-import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.stages.budget import DEFAULT_OUTPUT_BOUND
-from proxy.stages.ratelimit import format_reset
+from proxy.stages.leases import LeaseIds
+from proxy.stages.prefetch import Plan, taken
+from proxy.stages.ratelimit import format_reset, per_minute
 from proxy.storage.base import Counter, QuotaStore, StorageError
+from proxy.storage.joint import Admit, Reserve, Step
 from proxy.storage.limits import Bucket, LimitStore
+from proxy.together import nothing
 
-__all__ = ["KeyAllowances"]
+__all__ = ["KeyAllowances", "KeyPlan"]
 
 # A dead replica's reservation for a key is released after this (none is renewed).
 _LEASE_S = 600.0
@@ -40,63 +44,89 @@ class _Hold:
     charged: int = 0  # booked by checkpoints of the running request (stages/checkpoint.py)
 
 
+@dataclass(slots=True)
+class KeyPlan:
+    """The key's reservation on its own counters, then its own buckets; either may be None."""
+
+    hold: _Hold
+    tokens: int
+    reserve: Reserve | None
+    admit: Admit | None
+
+    @property
+    def steps(self) -> tuple[Step[Any], ...]:
+        return tuple(step for step in (self.reserve, self.admit) if step is not None)
+
+
 class KeyAllowances:
     def __init__(self, store: QuotaStore, limits: LimitStore, clock: Clock) -> None:
         self._store = store
         self._limits = limits
         self._clock = clock
         self._holds: dict[RequestContext, _Hold] = {}
+        self._lease_ids = LeaseIds()
 
     def note(self, ctx: RequestContext, record: KeyRecord) -> None:
         """Auth found a runtime key; only one with an allowance of its own needs more."""
         if not record.allowance.empty:
             scope = f"tw:{{{record.tenant}}}:key:{record.id}"
-            self._holds[ctx] = _Hold(record, scope, uuid.uuid4().hex)
+            self._holds[ctx] = _Hold(record, scope, self._lease_ids.next())
 
     async def __call__(self, ctx: RequestContext) -> None:
+        plan = taken(ctx, KeyPlan) or self.plan(ctx)
+        if plan is None:
+            return
+        hold, tokens = plan.hold, plan.tokens
+        if plan.reserve is not None:
+            if not plan.reserve.taken:
+                await plan.reserve.run(self._store)
+            refusal = plan.reserve.answer  # a StorageError goes up as it is
+            if refusal is not None:
+                hold.refused = True
+                counter = plan.reserve.counters[refusal.index]
+                raise InsufficientQuota(
+                    f"This API key's own quota is used up: {counter.limit} tokens, "
+                    f"{refusal.used} used and {refusal.reserved} held by requests in flight, "
+                    f"and this request needs up to {tokens}.",
+                    retry_after_s=max(1.0, counter.expires_at - 86400 - plan.reserve.now),
+                )
+            hold.counters = tuple(plan.reserve.counters)
+        if plan.admit is not None:
+            if not plan.admit.taken:
+                await plan.admit.run(self._limits)
+            self._admitted(hold, plan.admit, tokens)
+
+    def plan(self, ctx: RequestContext) -> KeyPlan | None:
+        """The key's counters and buckets for this request; None for a key without its own."""
         hold = self._holds.get(ctx)
         if hold is None:
-            return
+            return None
         allowance, now = hold.record.allowance, self._clock.wall()
         tokens = (ctx.counted_input_tokens or 0) + (ctx.output_allowance or DEFAULT_OUTPUT_BOUND)
         if ctx.operation == "embeddings":
             tokens = ctx.counted_input_tokens or 0
         counters = _counters(hold.scope, allowance, now)
+        reserve = None
         if counters:
-            refusal = await self._store.reserve(
+            reserve = Reserve(
                 hold.scope, hold.lease_id, counters, [tokens] * len(counters),
                 lease_until=now + _LEASE_S, now=now,
             )  # fmt: skip
-            if refusal is not None:
-                hold.refused = True
-                counter = counters[refusal.index]
-                raise InsufficientQuota(
-                    f"This API key's own quota is used up: {counter.limit} tokens, "
-                    f"{refusal.used} used and {refusal.reserved} held by requests in flight, "
-                    f"and this request needs up to {tokens}.",
-                    retry_after_s=max(1.0, counter.expires_at - 86400 - now),
-                )
-            hold.counters = counters
-        await self._admit(ctx, hold, allowance, tokens, now)
+        buckets, costs = _buckets(hold.scope, allowance, tokens)
+        admit = None
+        if buckets:
+            admit = Admit(
+                hold.scope, buckets, costs, (), lease_id=hold.lease_id, lease_until=now, now=now
+            )
+        return KeyPlan(hold, tokens, reserve, admit)
 
-    async def _admit(
-        self, ctx: RequestContext, hold: _Hold, allowance: KeyAllowance, tokens: int, now: float
-    ) -> None:
-        buckets: list[Bucket] = []
-        costs: list[int] = []
-        if allowance.requests_per_minute:
-            rpm = allowance.requests_per_minute
-            buckets.append(Bucket(f"{hold.scope}:rl:rpm", rpm, rpm / 60.0))
-            costs.append(1)
-        if allowance.tokens_per_minute:
-            tpm = allowance.tokens_per_minute
-            buckets.append(Bucket(f"{hold.scope}:rl:tpm", tpm, tpm / 60.0))
-            costs.append(tokens)
-        if not buckets:
-            return
-        admission = await self._limits.admit(
-            hold.scope, buckets, costs, (), lease_id=hold.lease_id, lease_until=now, now=now
-        )
+    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+        return False
+
+    def _admitted(self, hold: _Hold, step: Admit, tokens: int) -> None:
+        """Refuse as the key's buckets did, or note its tokens-per-minute charge to true up."""
+        admission = step.answer  # a StorageError goes up as it is
+        buckets, costs = step.buckets, step.costs
         if not admission.admitted:
             hold.refused = True
             index = admission.refused or 0
@@ -114,7 +144,7 @@ class KeyAllowances:
                 f"{bucket.capacity}). Please try again in {format_reset(admission.retry_after_s)}.",
                 retry_after_s=admission.retry_after_s,
             )
-        if allowance.tokens_per_minute:
+        if hold.record.allowance.tokens_per_minute:
             hold.tpm = (buckets[-1], costs[-1])
 
     def holding(self, ctx: RequestContext) -> bool:
@@ -140,25 +170,36 @@ class KeyAllowances:
                 hold.scope, hold.lease_id, hold.counters, [grown] * len(hold.counters)
             )
 
-    async def settle(self, ctx: RequestContext) -> None:
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
         """Book what the request used on the key's counters (less what checkpoints booked), true
-        its token bucket up; once."""
+        its token bucket up; once. The store calls are made now; the awaitable ends with them."""
         hold = self._holds.pop(ctx, None)
         if hold is None:
-            return
+            return nothing()
         used = 0 if hold.refused else (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
-        try:
-            if hold.counters:
-                rest = used - hold.charged  # may be < 0: the backend's count was lower
-                await self._store.settle(
-                    hold.scope, hold.lease_id, hold.counters, [rest] * len(hold.counters)
-                )
-            if hold.tpm is not None and used != hold.tpm[1]:
-                bucket, charged = hold.tpm
-                now = self._clock.wall()
-                await self._limits.settle(hold.scope, bucket, used - charged, now=now)
-        except StorageError:
-            return  # the lease expires on its own; the use is still in the ledger
+        calls: list[Awaitable[None]] = []
+        if hold.counters:
+            rest = used - hold.charged  # may be < 0: the backend's count was lower
+            counters, rests = hold.counters, [rest] * len(hold.counters)
+            calls.append(self._store.settle(hold.scope, hold.lease_id, counters, rests))
+        if hold.tpm is not None and used != hold.tpm[1]:
+            bucket, charged = hold.tpm
+            now = self._clock.wall()
+            calls.append(self._limits.settle(hold.scope, bucket, used - charged, now=now))
+        return _quietly(calls)
+
+
+async def _quietly(calls: list[Awaitable[None]]) -> None:
+    """A failed settlement: the lease expires on its own; the use is still in the ledger."""
+    for call in calls:
+        with contextlib.suppress(StorageError):
+            await call
+
+
+def _buckets(scope: str, allowance: KeyAllowance, tokens: int) -> tuple[list[Bucket], list[int]]:
+    rpm, tpm = allowance.requests_per_minute, allowance.tokens_per_minute
+    pairs = list(per_minute(f"{scope}:rl", rpm, tpm, tokens))
+    return [bucket for bucket, _ in pairs], [cost for _, cost in pairs]
 
 
 def _counters(scope: str, allowance: KeyAllowance, now: float) -> tuple[Counter, ...]:

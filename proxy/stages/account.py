@@ -9,7 +9,7 @@ says `log_content: true`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -23,7 +23,7 @@ from proxy.stages.usage import bill, count_unreported_input
 from proxy.telemetry.logs import ACCESS_LOGGER
 from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.semconv import MAX_TEXT_CHARS, clipped
-from proxy.together import together
+from proxy.together import in_turn
 from proxy.tokens import TokenCounters
 
 __all__ = ["ACCESS_LOGGER", "UNKNOWN_MODEL", "Account", "Settler"]
@@ -38,7 +38,9 @@ class Settler(Protocol):
     def holding(self, ctx: RequestContext) -> bool:
         """True if `ctx` holds something of this stage's, for `settle` to give back."""
 
-    async def settle(self, ctx: RequestContext) -> None: ...
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+        """Give it back: the storage calls are made when this is called (so Redis gets every
+        stage's in one call), the awaitable ends when they are done."""
 
 
 class Account:
@@ -81,9 +83,9 @@ class Account:
                 await count_unreported_input(ctx, self._counters)
         bill(ctx, counter)
         settling_s = self._clock.monotonic()
-        # Each store is settled on its own, so their round trips overlap (and with Redis go
-        # out in one write): the answer's end waits for the slowest, not for their sum.
-        await together([hold.settle(ctx) for hold in self._holds if hold.holding(ctx)])
+        # Every stage makes its storage calls before any is waited for: with Redis they go out
+        # as one call, and the answer's end waits for that one round trip.
+        await in_turn([hold.settle(ctx) for hold in self._holds if hold.holding(ctx)])
         self._telemetry.settle_ran(ctx, settling_s)
 
     async def __call__(self, ctx: RequestContext) -> None:

@@ -6,11 +6,9 @@ with `stop_stream_at_budget`, when only a shorter answer fits what is left of a 
 
 from __future__ import annotations
 
-import asyncio
 import calendar
 import logging
 import time
-import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
@@ -20,10 +18,14 @@ from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
 from proxy.policy.model import Budget
-from proxy.stages.storagepolicy import StorageFailures
+from proxy.stages.leases import LeaseIds, Renewal
+from proxy.stages.prefetch import Plan, taken
+from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import Counter, QuotaStore, StorageError
+from proxy.storage.joint import Reserve
+from proxy.together import nothing
 
-__all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "Reservation"]
+__all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "QuotaPlan", "Reservation"]
 
 # Without a bound on output a reservation could be overspent; this is the bound a quota'd
 # request gets when neither the client nor `max_output_tokens` set one.
@@ -44,11 +46,26 @@ class Reservation:
     scope: str
     lease_id: str
     quotas: tuple[_Quota, ...]
-    renewer: asyncio.Task[None] | None = None
+    renewer: Renewal | None = None
     charged: list[int] = field(default_factory=list)  # booked by checkpoints, per quota
 
     def __post_init__(self) -> None:
         self.charged = [0] * len(self.quotas)
+
+
+@dataclass(slots=True)
+class QuotaPlan:
+    """A reservation to make for the request as it stands, and what a refusal is judged by."""
+
+    reservation: Reservation
+    input_tokens: int
+    output_tokens: int
+    amounts: list[int]
+    step: Reserve
+
+    @property
+    def steps(self) -> tuple[Reserve]:
+        return (self.step,)
 
 
 class Budgets:
@@ -67,56 +84,74 @@ class Budgets:
         self._clock = clock
         self._lease_s = lease_s
         self._charges_failing = False
+        self._quotas = _DailyQuotas()
+        self._lease_ids = LeaseIds()
 
     async def __call__(self, ctx: RequestContext) -> None:
+        plan = taken(ctx, QuotaPlan) or self.plan(ctx)
+        if plan is None or ctx.tenant is None:
+            return
+        for _ in range(len(plan.reservation.quotas) + 1):
+            step = plan.step
+            if not step.taken:  # else the prefetch took it, and undoes it if it timed out
+                await step.run(self._store)
+                if step.error is not None:
+                    # A reservation that timed out may still be made once storage catches up:
+                    # release it then, or it would hold the quota until its lease ends.
+                    self._failures.undo_later(step.error, *step.undo(self._store))
+            if step.error is not None:
+                self._failures.decide("quota", ctx.tenant.limits, step.error)
+                return
+            if not step.refused:
+                plan.reservation.renewer = self._keep_leased(plan.reservation)
+                ctx.reservation = plan.reservation
+                return
+            if not self.replan(ctx, plan):
+                raise self._refusal(plan)
+            plan = self.plan(ctx)
+            if plan is None:
+                return
+        raise RuntimeError("quota reservation did not settle on an amount")
+
+    def plan(self, ctx: RequestContext) -> QuotaPlan | None:
+        """Input + allowed output on each of the tenant's quotas; None without quotas."""
         if ctx.tenant is None or ctx.tenant_name is None:
             raise RuntimeError("auth must run before budgets")
         now = self._clock.wall()
-        quotas = _quotas(ctx.tenant_name, ctx.tenant.budget, now)
+        quotas = self._quotas.of(ctx.tenant_name, ctx.tenant.budget, now)
         if not quotas:
-            return
-        reservation = Reservation(_scope(ctx.tenant_name), uuid.uuid4().hex, quotas)
-        try:
-            await self._reserve(ctx, reservation, now)
-        except StorageError as exc:
-            # A reservation that timed out may still be made once storage catches up: release
-            # it then (settling nothing used), or it would hold the quota until its lease ends.
-            counters = [q.counter for q in reservation.quotas]
-            nothing = [0] * len(counters)
+            return None
+        reservation = Reservation(_scope(ctx.tenant_name), self._lease_ids.next(), quotas)
+        input_tokens, output_tokens = ctx.counted_input_tokens or 0, self._output_bound(ctx)
+        amounts = [self._amount(ctx.model, q, input_tokens, output_tokens) for q in quotas]
+        step = Reserve(
+            reservation.scope, reservation.lease_id, [q.counter for q in quotas], amounts,
+            lease_until=now + self._lease_s, now=now,
+        )  # fmt: skip
+        return QuotaPlan(reservation, input_tokens, output_tokens, amounts, step)
 
-            def release() -> Awaitable[None]:
-                return self._store.settle(
-                    reservation.scope, reservation.lease_id, counters, nothing
-                )
+    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+        """After a refusal, with `stop_stream_at_budget`: bound the answer to the output that
+        still fits the refusing quota, and say so (True), for a new reservation."""
+        if not isinstance(plan, QuotaPlan) or not plan.step.refused:
+            return False
+        refusal = plan.step.answer
+        if refusal is None:
+            return False
+        quota = plan.reservation.quotas[refusal.index]
+        left = refusal.used + refusal.reserved
+        fits = self._output_that_fits(ctx.model, quota, left, plan.input_tokens)
+        if not _may_shorten(ctx) or not 1 <= fits < plan.output_tokens:
+            return False
+        _shorten(ctx, fits)
+        return True
 
-            self._failures.undo_later(exc, release, self._lease_s)
-            self._failures.decide("quota", ctx.tenant.limits, exc)
-            return
-        reservation.renewer = asyncio.create_task(self._keep_leased(reservation))
-        ctx.reservation = reservation
-
-    async def _reserve(self, ctx: RequestContext, reservation: Reservation, now: float) -> None:
-        """Reserve input + output; with `stop_stream_at_budget`, shrink the output to what fits."""
-        input_tokens = ctx.counted_input_tokens or 0
-        output_tokens = self._output_bound(ctx)
-        counters = [q.counter for q in reservation.quotas]
-        for _ in range(len(counters) + 1):
-            amounts = [
-                self._amount(ctx.model, q, input_tokens, output_tokens) for q in reservation.quotas
-            ]
-            refusal = await self._store.reserve(
-                reservation.scope, reservation.lease_id, counters, amounts,
-                lease_until=now + self._lease_s, now=now,
-            )  # fmt: skip
-            if refusal is None:
-                return
-            quota = reservation.quotas[refusal.index]
-            left = refusal.used + refusal.reserved
-            fits = self._output_that_fits(ctx.model, quota, left, input_tokens)
-            if not _may_shorten(ctx) or not 1 <= fits < output_tokens:
-                raise _refused(quota, refusal.used, refusal.reserved, amounts[refusal.index], now)
-            output_tokens = _shorten(ctx, fits)
-        raise RuntimeError("quota reservation did not settle on an amount")
+    def _refusal(self, plan: QuotaPlan) -> InsufficientQuota:
+        refusal = plan.step.answer
+        if refusal is None:
+            raise RuntimeError("the reservation was not refused")
+        quota, needed = plan.reservation.quotas[refusal.index], plan.amounts[refusal.index]
+        return _refused(quota, refusal.used, refusal.reserved, needed, plan.step.now)
 
     def _amount(self, model: str, quota: _Quota, input_tokens: int, output_tokens: int) -> int:
         if quota.in_usd:
@@ -134,11 +169,12 @@ class Budgets:
     def holding(self, ctx: RequestContext) -> bool:
         return ctx.reservation is not None
 
-    async def settle(self, ctx: RequestContext) -> None:
-        """Release the reservation and book what was really used; runs once, in `finally`."""
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+        """Release the reservation and book what was really used; runs once, in `finally`. The
+        store call is made now; the awaitable ends with it."""
         reservation, ctx.reservation = ctx.reservation, None
         if reservation is None:
-            return
+            return nothing()
         if reservation.renewer is not None:
             reservation.renewer.cancel()
         input_tokens = (
@@ -147,11 +183,9 @@ class Budgets:
         used = self._used(ctx.model, reservation, input_tokens or 0, ctx.output_tokens or 0)
         rest = [u - c for u, c in zip(used, reservation.charged, strict=True)]  # may be < 0
         counters = [q.counter for q in reservation.quotas]
-        try:
-            await self._store.settle(reservation.scope, reservation.lease_id, counters, rest)
-        except StorageError as exc:
-            # The lease expires on its own; the use is lost from the quota but not from the ledger.
-            _log.warning("could not settle quota for %s: %s", ctx.tenant_name, exc)
+        settling = self._store.settle(reservation.scope, reservation.lease_id, counters, rest)
+        # Failing, the lease expires on its own: the use is lost from the quota, not the ledger.
+        return warned(settling, _log, "could not settle quota for %s: %s", ctx.tenant_name)
 
     def charge_so_far(
         self, ctx: RequestContext, input_tokens: int, output_tokens: int
@@ -198,15 +232,14 @@ class Budgets:
             ctx.shaped.append("max_tokens")
         return ctx.output_allowance
 
-    async def _keep_leased(self, reservation: Reservation) -> None:
+    def _keep_leased(self, reservation: Reservation) -> Renewal:
         """Renew the lease while the request runs (a long stream outlives one lease)."""
-        while True:
-            await asyncio.sleep(self._lease_s / 3)
-            try:
-                until = self._clock.wall() + self._lease_s
-                await self._store.renew(reservation.scope, reservation.lease_id, lease_until=until)
-            except StorageError as exc:
-                _log.warning("could not renew a quota lease: %s", exc)
+
+        def renew() -> Awaitable[bool]:
+            until = self._clock.wall() + self._lease_s
+            return self._store.renew(reservation.scope, reservation.lease_id, lease_until=until)
+
+        return Renewal(renew, self._lease_s, _log, "a quota lease")
 
 
 def _may_shorten(ctx: RequestContext) -> bool:
@@ -232,6 +265,22 @@ def _shorten(ctx: RequestContext, output_tokens: int) -> int:
 def _scope(tenant: str) -> str:
     # The hash tag keeps one tenant's keys in one Redis Cluster slot.
     return f"tw:{{{tenant}}}"
+
+
+class _DailyQuotas:
+    """Each tenant's quotas, built once a (UTC) day: their counters change only at midnight."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, tuple[Budget, float, tuple[_Quota, ...]]] = {}
+
+    def of(self, tenant: str, budget: Budget, now: float) -> tuple[_Quota, ...]:
+        built = self._built.get(tenant)
+        day = now - now % 86400
+        if built is not None and built[0] is budget and built[1] == day:
+            return built[2]
+        quotas = _quotas(tenant, budget, now)
+        self._built[tenant] = (budget, day, quotas)
+        return quotas
 
 
 def _quotas(tenant: str, budget: Budget, now: float) -> tuple[_Quota, ...]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, replace
 
 import anyio
 from starlette.types import Send
@@ -26,15 +26,31 @@ from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.policy.model import Backend, CacheSpec
 from proxy.stages.forward import SSE_HEADERS
+from proxy.stages.prefetch import Plan, taken
+from proxy.stages.storagepolicy import warned
 from proxy.storage.base import StorageError
 from proxy.storage.cache import CacheEntry, CacheStore
+from proxy.storage.joint import Lookup
+from proxy.together import nothing
 from proxy.upstream.capture import Capture
 
-__all__ = ["ResponseCache"]
+__all__ = ["LookupPlan", "ResponseCache"]
 
 _log = logging.getLogger("tokenweir.cache")
 # A stream's SSE framing is several times its text; its capture may be this much larger.
 _SSE_OVERHEAD = 16
+
+
+@dataclass(slots=True)
+class LookupPlan:
+    """The exact lookup of the request's answer."""
+
+    key: CacheKey
+    step: Lookup
+
+    @property
+    def steps(self) -> tuple[Lookup]:
+        return (self.step,)
 
 
 class ResponseCache:
@@ -58,27 +74,25 @@ class ResponseCache:
         self._index = SemanticIndex(store, verifier=verifier) if embedder is not None else None
 
     async def __call__(self, ctx: RequestContext) -> None:
-        tenant = ctx.tenant
-        if tenant is None or tenant.cache.mode == "off" or ctx.tenant_name is None:
+        plan = taken(ctx, LookupPlan) or self.plan(ctx)
+        if plan is None or ctx.tenant is None:
             return
-        if ctx.headers.get("x-tokenweir-cache", "").lower() == "bypass":
-            return
-        key = cache_key(ctx.tenant_name, ctx.model, ctx.operation, ctx.body, tenant.cache)
-        if key is None:
-            return
+        tenant, key = ctx.tenant, plan.key
         spec = tenant.cache
         # A second lookup in this request (a degradation rule's looser bar) reuses the vector.
-        plan = ctx.cache_plan if ctx.cache_plan is not None else CachePlan(key)
+        cache_plan = ctx.cache_plan if ctx.cache_plan is not None else CachePlan(key)
         try:
-            answer = await self._exact(key, ctx.cache_serve_stale)
+            if not plan.step.taken:
+                await plan.step.run(self._store)
+            answer = self._fresh(plan.step.answer, ctx.cache_serve_stale)
             if answer is None and key.partition is not None:
-                answer = await self._semantic(ctx, key, spec, plan)
+                answer = await self._semantic(ctx, key, spec, cache_plan)
         except StorageError as exc:
             _log.warning("cache storage failed, serving without the cache: %s", exc)
             return
         if answer is None:
-            ctx.cache, ctx.cache_plan = "miss", plan
-            self._capture(ctx, plan, spec.max_entry_bytes * _SSE_OVERHEAD)
+            ctx.cache, ctx.cache_plan = "miss", cache_plan
+            self._capture(ctx, cache_plan, spec.max_entry_bytes * _SSE_OVERHEAD)
             return
         ctx.cache = "hit" if ctx.cache_similarity is None else "semantic-hit"
         ctx.cached = answer
@@ -87,6 +101,21 @@ class ResponseCache:
         charged = tenant.budget.charge_cache_hits
         ctx.input_tokens = answer.prompt_tokens if charged else 0
         ctx.output_tokens = answer.completion_tokens if charged else 0
+
+    def plan(self, ctx: RequestContext) -> LookupPlan | None:
+        """The exact lookup, unless the cache is off for this tenant or request."""
+        tenant = ctx.tenant
+        if tenant is None or tenant.cache.mode == "off" or ctx.tenant_name is None:
+            return None
+        if ctx.headers.get("x-tokenweir-cache", "").lower() == "bypass":
+            return None
+        key = cache_key(ctx.tenant_name, ctx.model, ctx.operation, ctx.body, tenant.cache)
+        if key is None:
+            return None
+        return LookupPlan(key, Lookup(key.tenant, key.exact, now=self._clock.wall()))
+
+    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+        return False
 
     def _capture(self, ctx: RequestContext, plan: CachePlan, limit: int) -> None:
         """A stream is folded as it passes (its bytes are not kept for it); a whole answer kept."""
@@ -105,33 +134,35 @@ class ResponseCache:
     def holding(self, ctx: RequestContext) -> bool:
         return ctx.cache_plan is not None
 
-    async def settle(self, ctx: RequestContext) -> None:
-        """Store a miss's answer if it is complete; a failed or cut-off one never is."""
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+        """Store a miss's answer if it is complete (a failed or cut-off one never is). An exact
+        entry's store call is made now; the awaitable ends with it."""
         plan, ctx.cache_plan = ctx.cache_plan, None
         tenant = ctx.tenant
         if plan is None or tenant is None or not _complete(ctx):
-            return
+            return nothing()
         answer = self._answer_of(ctx, plan, tenant.cache)
         if answer is None:
-            return
+            return nothing()
         value = answer.encode()
         if len(value) > tenant.cache.max_entry_bytes:
-            return
-        vector = graph = None
-        if plan.vector is not None and plan.key.question is not None and self._index:
-            vector = pack(plan.vector, plan.key.question)
-            graph = await self._index.graph(tenant.cache)
+            return nothing()
         # A tenant with a `cache: serve_stale` rule keeps answers one more ttl, to serve stale.
         stale = any(rule.then.cache == "serve_stale" for rule in tenant.degrade)
         entry = CacheEntry(
             plan.key.tenant, plan.key.exact, value, self._clock.wall(),
             tenant.cache.ttl * 2 if stale else tenant.cache.ttl,
-            tenant.cache.max_entries, plan.partition, vector, graph,
+            tenant.cache.max_entries, plan.partition,
         )  # fmt: skip
-        try:
-            await self._store.put(entry)
-        except StorageError as exc:
-            _log.warning("could not store an answer in the cache: %s", exc)
+        if plan.vector is not None and plan.key.question is not None and self._index:
+            return self._put_with_vector(entry, pack(plan.vector, plan.key.question), tenant.cache)
+        return warned(self._store.put(entry), _log, "could not store an answer in the cache: %s")
+
+    async def _put_with_vector(self, entry: CacheEntry, vector: bytes, spec: CacheSpec) -> None:
+        """An entry findable by meaning, in the vector engine the tenant's spec chooses."""
+        if self._index is not None:
+            entry = replace(entry, vector=vector, graph=await self._index.graph(spec))
+        await warned(self._store.put(entry), _log, "could not store an answer in the cache: %s")
 
     async def replay(self, ctx: RequestContext, send: Send) -> None:
         """Send the hit the way the backend would have: one whole body, or SSE chunks."""
@@ -161,10 +192,6 @@ class ResponseCache:
         if self._embedder is not None:
             await self._embedder.aclose()
         await self._store.aclose()
-
-    async def _exact(self, key: CacheKey, stale_ok: bool) -> Answer | None:
-        raw = await self._store.get(key.tenant, key.exact, now=self._clock.wall())
-        return self._fresh(raw, stale_ok)
 
     async def _semantic(
         self, ctx: RequestContext, key: CacheKey, spec: CacheSpec, plan: CachePlan

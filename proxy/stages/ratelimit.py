@@ -8,21 +8,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import uuid
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.policy.model import Limits, LimitSet
-from proxy.stages.storagepolicy import StorageFailures
+from proxy.stages.leases import LeaseIds, Renewal
+from proxy.stages.prefetch import Plan, taken
+from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
+from proxy.storage.joint import Admit
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
-from proxy.together import together
 
-__all__ = ["BackendLimits", "RateLimitHold", "RateLimits", "format_reset"]
+__all__ = [
+    "BackendLimits",
+    "LimitPlan",
+    "RateLimitHold",
+    "RateLimits",
+    "format_reset",
+    "per_minute",
+]
 
 _log = logging.getLogger("tokenweir.ratelimit")
 _QUEUE_POLL_S = 0.05
@@ -37,7 +45,21 @@ class RateLimitHold:
     lease_s: float
     slots: tuple[SlotPool, ...]
     token_buckets: tuple[tuple[Bucket, int], ...] = ()
-    renewer: asyncio.Task[None] | None = None
+    renewer: Renewal | None = None
+
+
+@dataclass(slots=True)
+class LimitPlan:
+    """An admission to ask for the request as it stands."""
+
+    hold: RateLimitHold
+    buckets: list[Bucket]
+    costs: list[int]
+    step: Admit
+
+    @property
+    def steps(self) -> tuple[Admit]:
+        return (self.step,)
 
 
 class RateLimits:
@@ -46,26 +68,40 @@ class RateLimits:
         self._failures = failures
         self._clock = clock
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
+        self._lease_ids = LeaseIds()
 
     async def __call__(self, ctx: RequestContext) -> None:
+        plan = taken(ctx, LimitPlan) or self.plan(ctx)
+        if plan is None or ctx.tenant is None:
+            return
+        limits = ctx.tenant.limits
+        prefetched = plan.step.taken  # the prefetch undoes what a timed-out step took
+        try:
+            admission = await self._admit(plan, limits)
+        except StorageError as exc:
+            if not prefetched or exc is not plan.step.error:
+                self._undo_later(exc, plan.hold)
+            self._failures.decide("rate_limit", limits, exc)
+            return
+        ctx.rate_limit_headers = _headers(plan.buckets, admission.buckets)
+        if not admission.admitted:
+            raise _refused(plan.buckets, plan.hold.slots, plan.costs, admission)
+        self._hold(ctx, plan.hold, plan.buckets, plan.costs)
+
+    def plan(self, ctx: RequestContext) -> LimitPlan | None:
+        """The tenant's buckets and slot pools (and its limits on this model); None without."""
         if ctx.tenant is None or ctx.tenant_name is None:
             raise RuntimeError("auth must run before rate limits")
         limits = ctx.tenant.limits
         scope = f"tw:{{{ctx.tenant_name}}}"
         buckets, costs, slots = _limits_for(scope, limits, ctx.model, _token_cost(ctx))
         if not buckets and not slots:
-            return
-        hold = RateLimitHold(scope, uuid.uuid4().hex, limits.lease_ttl, slots)
-        try:
-            admission = await self._admit(ctx, hold, buckets, costs, limits)
-        except StorageError as exc:
-            self._undo_later(exc, hold)
-            self._failures.decide("rate_limit", limits, exc)
-            return
-        ctx.rate_limit_headers = _headers(buckets, admission.buckets)
-        if not admission.admitted:
-            raise _refused(buckets, slots, costs, admission)
-        self._hold(ctx, hold, buckets, costs)
+            return None
+        hold = RateLimitHold(scope, self._lease_ids.next(), limits.lease_ttl, slots)
+        return LimitPlan(hold, buckets, costs, self._step(hold, buckets, costs))
+
+    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+        return False
 
     async def admit_backend(self, ctx: RequestContext) -> None:
         """The chosen backend's own limits, shared by every tenant: a full backend is a 503."""
@@ -76,7 +112,7 @@ class RateLimits:
         buckets, costs, slots = _limits_for(scope, backend.limits, "", _token_cost(ctx))
         if not buckets and not slots:
             return
-        hold = RateLimitHold(scope, uuid.uuid4().hex, tenant.limits.lease_ttl, slots)
+        hold = RateLimitHold(scope, self._lease_ids.next(), tenant.limits.lease_ttl, slots)
         try:
             admission = await self._try(hold, buckets, costs)
         except StorageError as exc:
@@ -108,57 +144,55 @@ class RateLimits:
             (b, cost) for b, cost in zip(buckets, costs, strict=True) if b.key.endswith(":tpm")
         )
         if hold.slots:
-            hold.renewer = asyncio.create_task(self._keep_leased(hold))
+            hold.renewer = self._keep_leased(hold)
         ctx.rate_limits.append(hold)
 
     def holding(self, ctx: RequestContext) -> bool:
         return bool(ctx.rate_limits)
 
-    async def settle(self, ctx: RequestContext) -> None:
-        """Free the slots and true the token buckets up to real usage, all at once; runs once,
-        in `finally`."""
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+        """Free the slots and true the token buckets up to real usage; runs once, in `finally`.
+        The store calls are made now; the awaitable ends with them."""
         holds, ctx.rate_limits = ctx.rate_limits, []
         used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
         now = self._clock.wall()
-        calls: list[Awaitable[None]] = []
+        releases: list[tuple[str, Awaitable[None]]] = []
+        true_ups: list[Awaitable[None]] = []
         for hold in holds:
             if hold.renewer is not None:
                 hold.renewer.cancel()
             if hold.slots:
-                calls.append(self._release(ctx, hold))
-            calls += [
-                self._true_up(ctx, hold.scope, bucket, used - charged, now)
+                released = self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
+                releases.append((hold.scope, released))
+            true_ups += [
+                self._store.settle(hold.scope, bucket, used - charged, now=now)
                 for bucket, charged in hold.token_buckets
                 if used != charged
             ]
-        await together(calls)
+        return self._settled(ctx.tenant_name, releases, true_ups)
 
-    async def _release(self, ctx: RequestContext, hold: RateLimitHold) -> None:
-        try:
-            await self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
-        except StorageError as exc:
-            _log.warning("could not free the slots of %s: %s", ctx.tenant_name, exc)
-        else:
-            self._wake_next(hold.scope)
-
-    async def _true_up(
-        self, ctx: RequestContext, scope: str, bucket: Bucket, delta: int, now: float
-    ) -> None:
-        try:
-            await self._store.settle(scope, bucket, delta, now=now)
-        except StorageError as exc:
-            _log.warning("could not true up the token bucket of %s: %s", ctx.tenant_name, exc)
-
-    async def _admit(
+    async def _settled(
         self,
-        ctx: RequestContext,
-        hold: RateLimitHold,
-        buckets: list[Bucket],
-        costs: list[int],
-        limits: Limits,
-    ) -> Admission:
+        tenant: str | None,
+        releases: list[tuple[str, Awaitable[None]]],
+        true_ups: list[Awaitable[None]],
+    ) -> None:
+        for scope, released in releases:
+            try:
+                await released
+            except StorageError as exc:
+                _log.warning("could not free the slots of %s: %s", tenant, exc)
+            else:
+                self._wake_next(scope)
+        for trued in true_ups:
+            await warned(trued, _log, "could not true up the token bucket of %s: %s", tenant)
+
+    async def _admit(self, plan: LimitPlan, limits: Limits) -> Admission:
         """Admit now, or with `queue_timeout`, wait in this tenant's FIFO line for a slot."""
-        admission = await self._try(hold, buckets, costs)
+        hold, buckets, costs = plan.hold, plan.buckets, plan.costs
+        if not plan.step.taken:
+            await plan.step.run(self._store)
+        admission = plan.step.answer
         if (
             admission.admitted
             or limits.queue_timeout is None
@@ -189,28 +223,31 @@ class RateLimits:
                 self._queues.pop(hold.scope, None)
             self._wake_next(hold.scope)
 
-    async def _try(self, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]) -> Admission:
+    def _step(self, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]) -> Admit:
         now = self._clock.wall()
-        return await self._store.admit(
+        return Admit(
             hold.scope, buckets, costs, hold.slots,
             lease_id=hold.lease_id, lease_until=now + hold.lease_s, now=now,
         )  # fmt: skip
+
+    async def _try(self, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]) -> Admission:
+        step = self._step(hold, buckets, costs)
+        await step.run(self._store)
+        return step.answer
 
     def _wake_next(self, scope: str) -> None:
         line = self._queues.get(scope)
         if line and not line[0].done():
             line[0].set_result(None)
 
-    async def _keep_leased(self, hold: RateLimitHold) -> None:
-        while True:
-            await asyncio.sleep(hold.lease_s / 3)
-            try:
-                until = self._clock.wall() + hold.lease_s
-                await self._store.renew(
-                    hold.scope, hold.slots, lease_id=hold.lease_id, lease_until=until
-                )
-            except StorageError as exc:
-                _log.warning("could not renew a concurrency lease: %s", exc)
+    def _keep_leased(self, hold: RateLimitHold) -> Renewal:
+        def renew() -> Awaitable[bool]:
+            until = self._clock.wall() + hold.lease_s
+            return self._store.renew(
+                hold.scope, hold.slots, lease_id=hold.lease_id, lease_until=until
+            )
+
+        return Renewal(renew, hold.lease_s, _log, "a concurrency lease")
 
 
 def _token_cost(ctx: RequestContext) -> int:
@@ -228,17 +265,25 @@ def _limits_for(
     if isinstance(limits, Limits) and model in limits.per_model:
         levels.append((f"{scope}:rl:m:{model}", limits.per_model[model]))
     for prefix, level in levels:
-        if level.requests_per_minute:
-            rpm = level.requests_per_minute
-            buckets.append(Bucket(f"{prefix}:rpm", rpm, rpm / 60.0))
-            costs.append(1)
-        if level.tokens_per_minute:
-            tpm = level.tokens_per_minute
-            buckets.append(Bucket(f"{prefix}:tpm", tpm, tpm / 60.0))
-            costs.append(tokens)
+        for bucket, cost in per_minute(
+            prefix, level.requests_per_minute, level.tokens_per_minute, tokens
+        ):
+            buckets.append(bucket)
+            costs.append(cost)
         if level.max_concurrent:
             slots.append(SlotPool(f"{prefix}:slots", level.max_concurrent))
     return buckets, costs, tuple(slots)
+
+
+def per_minute(
+    prefix: str, requests: int | None, tokens_per_minute: int | None, tokens: int
+) -> Iterator[tuple[Bucket, int]]:
+    """The requests- and tokens-per-minute buckets under `prefix`, each with this request's
+    cost (one request, `tokens` tokens)."""
+    if requests:
+        yield Bucket(f"{prefix}:rpm", requests, requests / 60.0), 1
+    if tokens_per_minute:
+        yield Bucket(f"{prefix}:tpm", tokens_per_minute, tokens_per_minute / 60.0), tokens
 
 
 def _slot_refused(admission: Admission, buckets: list[Bucket]) -> bool:

@@ -16,7 +16,7 @@ from proxy.policy.model import Limits
 from proxy.storage.base import StorageError
 from proxy.together import cancelled
 
-__all__ = ["StorageFailures"]
+__all__ = ["StorageFailures", "warned"]
 
 _log = logging.getLogger("tokenweir.storage")
 
@@ -78,3 +78,12 @@ class StorageFailures:
 
     async def aclose(self) -> None:
         await cancelled(list(self._undoing))
+
+
+async def warned(call: Awaitable[object], log: logging.Logger, message: str, *args: object) -> None:
+    """Wait for a storage call already made; if it fails, log `message` % (*args, error) as a
+    warning (settling: a lease expires on its own, the use is still in the ledger)."""
+    try:
+        await call
+    except StorageError as exc:
+        log.warning(message, *args, exc)

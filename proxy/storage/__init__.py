@@ -1,9 +1,11 @@
-"""Where shared state lives: one contract per concern, a memory and a Redis implementation."""
+"""Where shared state lives: one contract per concern, a memory and a Redis implementation, and
+the facade the gateway opens once (`open_storage`)."""
 
 from proxy.storage.base import Counter, QuotaStore, Refusal, StorageError
 from proxy.storage.cache import CacheEntry, CacheStore
 from proxy.storage.cache_memory import MemoryCacheStore
 from proxy.storage.cache_redis import RedisCacheStore
+from proxy.storage.facade import RedisStorage, Storage, open_storage
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
 from proxy.storage.limits_memory import MemoryLimitStore
 from proxy.storage.limits_redis import RedisLimitStore
@@ -25,12 +27,15 @@ __all__ = [
     "QuotaStore",
     "RedisCacheStore",
     "RedisLimitStore",
+    "RedisStorage",
     "RedisStore",
     "Refusal",
     "SlotPool",
+    "Storage",
     "StorageError",
     "open_cache_store",
     "open_limit_store",
+    "open_storage",
     "open_store",
 ]
 

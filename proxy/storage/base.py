@@ -4,11 +4,13 @@ A quota counter holds `used` (settled) and `reserved` (held by requests in fligh
 reserves on several counters at once or on none; its reservation is a lease that expires if the
 replica holding it dies, so a crash never leaks quota for longer than the lease. A long request
 books its usage so far as it runs (`charge`), so a crash loses at most what came since.
+`renew`, `settle` and `charge` are sent when called, not when awaited (Redis sends the calls of
+one turn of the event loop together): a caller with several makes them all, then awaits them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,25 +53,25 @@ class QuotaStore(Protocol):
         """Hold `amounts` on all `counters` or on none; None when held. Expired leases in
         `scope` (the tenant's key prefix) are released first."""
 
-    async def renew(self, scope: str, lease_id: str, *, lease_until: float) -> bool:
+    def renew(self, scope: str, lease_id: str, *, lease_until: float) -> Awaitable[bool]:
         """Extend a held lease; False if it had already expired and been released."""
 
-    async def settle(
+    def settle(
         self,
         scope: str,
         lease_id: str,
         counters: Sequence[Counter],
         used: Sequence[int],
-    ) -> None:
+    ) -> Awaitable[None]:
         """Release the lease's reservation and add the actual `used` amounts, atomically."""
 
-    async def charge(
+    def charge(
         self,
         scope: str,
         lease_id: str,
         counters: Sequence[Counter],
         amounts: Sequence[int],
-    ) -> bool:
+    ) -> Awaitable[bool]:
         """Book usage so far of a request still running: add `amounts` to `used` and take them
         off the lease's reservation (never below zero), atomically, so used + reserved stays
         put; the lease keeps the rest. False if the lease had already expired or been settled

@@ -6,6 +6,7 @@ namespace (its own dict, its own Redis hash tag): no lookup can reach another te
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -106,14 +107,16 @@ class CacheStore(Protocol):
     async def get(self, tenant: str, key: str, *, now: float) -> bytes | None:
         """The stored value (and mark it used at `now`), or None."""
 
-    async def put(self, entry: CacheEntry) -> None:
-        """Store the entry, evicting expired and least recently used ones beyond the limit."""
+    def put(self, entry: CacheEntry) -> Awaitable[None]:
+        """Store the entry, evicting expired and least recently used ones beyond the limit.
+        Sent when called, not when awaited (Redis sends the calls of one turn of the event loop
+        together)."""
 
     async def vectors(self, tenant: str, partition: str, after: str) -> tuple[VectorRows, str]:
         """Up to VECTOR_PAGE of the partition's vectors added after `after`, and the new cursor."""
 
-    async def forget(self, tenant: str, key: str) -> None:
-        """Drop an entry and its vector (a lookup found it stale)."""
+    def forget(self, tenant: str, key: str) -> Awaitable[None]:
+        """Drop an entry and its vector (a lookup found it stale); sent when called."""
 
     def redis_engines(self) -> tuple[VectorEngine, ...]:
         """Redis's vector engines on the store's server, in `auto`'s order; none without one."""

@@ -9,7 +9,7 @@ itself: RediSearch's FT.SEARCH (cache_ft.py) or Redis 8's vector sets (cache_vse
 from __future__ import annotations
 
 import math
-from importlib import resources
+from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,9 @@ import numpy as np
 from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorEngine, VectorRows
 from proxy.storage.cache_ft import RedisSearchVectors
 from proxy.storage.cache_vset import RedisVectorSets
-from proxy.storage.redisconn import StoreRedis, translated
+from proxy.storage.joint import Lookup
+from proxy.storage.redisconn import translated
+from proxy.storage.redislink import Arg, LuaCall, OnLink, nothing
 
 __all__ = ["RedisCacheStore"]
 
@@ -25,36 +27,36 @@ __all__ = ["RedisCacheStore"]
 _KEEP_TTLS = 2
 
 
-def _script(name: str) -> str:
-    lua = resources.files("proxy.storage") / "lua"
-    prelude = (lua / "cache_drop.lua").read_text(encoding="utf-8")
-    return prelude + (lua / name).read_text(encoding="utf-8")
+class RedisCacheStore(OnLink):
+    """Given a URL, on a link of its own; given a link, on one it shares with the other stores."""
 
+    _what = "cache storage"
 
-class RedisCacheStore:
-    def __init__(
-        self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
-    ) -> None:
-        self._conn = StoreRedis(
-            url, timeout_s=timeout_s, max_connections=max_connections, multiplex=multiplex
-        )
-        scripts = self._conn.scripts
-        self._get = scripts.register_script(_script("cache_get.lua"))
-        self._put = scripts.register_script(_script("cache_put.lua"))
-        self._forget = scripts.register_script(_script("cache_forget.lua"))
+    def _opened(self) -> None:
         # auto's order, measured (docs/benchmarks.md, "semantic cache engines"): FT.SEARCH first
         self._engines: tuple[VectorEngine, ...] = (
-            RedisSearchVectors(self._conn.client, _prefix),
-            RedisVectorSets(self._conn.client, _prefix),
+            RedisSearchVectors(self._link.client, _prefix),
+            RedisVectorSets(self._link.client, _prefix),
+        )
+
+    def call(self, step: Lookup) -> LuaCall:
+        """The lookup as one operation of the link's script; its outcome goes to `step`."""
+        prefix = _prefix(step.tenant)
+        return LuaCall(
+            "cache_get",
+            [f"{prefix}x:{step.key}", f"{prefix}lru"],
+            [step.now, step.key],
+            lambda value: step.answered(value if isinstance(value, bytes) else None),
+            step.failed,
+            self._what,
         )
 
     async def get(self, tenant: str, key: str, *, now: float) -> bytes | None:
-        prefix = _prefix(tenant)
-        with translated("cache storage"):
-            value = await self._get(keys=[f"{prefix}x:{key}", f"{prefix}lru"], args=[now, key])
-        return value if isinstance(value, bytes) else None
+        step = Lookup(tenant, key, now=now)
+        await self._link.run([self.call(step)])
+        return step.answer
 
-    async def put(self, entry: CacheEntry) -> None:
+    def put(self, entry: CacheEntry) -> Awaitable[None]:
         prefix = _prefix(entry.tenant)
         partition = entry.partition if entry.vector is not None else None
         ttl_ms = max(1, math.ceil(entry.ttl_s * 1000))
@@ -65,24 +67,20 @@ class RedisCacheStore:
             f"{prefix}vec",
             f"{prefix}v:{partition or '-'}",
         ]
-        args: list[str | bytes | float] = [
+        args: list[Arg] = [
             entry.key, entry.value, ttl_ms, entry.now, entry.now - entry.ttl_s,
             entry.max_entries, prefix, partition or "", entry.vector or b"", ttl_ms * _KEEP_TTLS,
             engine.marker if engine is not None else "",
         ]  # fmt: skip
-        with translated("cache storage"):
-            await self._put(keys=keys, args=args)
-        if partition is not None and entry.vector is not None and entry.graph and engine:
-            vector, question = _float32(entry.vector)
-            engine.add(
-                entry.tenant, partition, entry.key, vector, question,
-                graph=entry.graph, ttl_ms=ttl_ms, keep_ms=ttl_ms * _KEEP_TTLS,
-            )  # fmt: skip
+        stored = self._link.later("cache_put", keys, args, nothing, what=self._what)
+        if partition is None or entry.vector is None or entry.graph is None or engine is None:
+            return stored
+        return _indexed(stored, engine, entry, partition, ttl_ms)
 
     async def vectors(self, tenant: str, partition: str, after: str) -> tuple[VectorRows, str]:
         stream = f"{_prefix(tenant)}v:{partition}"
-        with translated("cache storage"):
-            found: list[Any] | None = await self._conn.client.xrange(
+        with translated(self._what):
+            found: list[Any] | None = await self._link.client.xrange(
                 stream, min=f"({after}", max="+", count=VECTOR_PAGE
             )
         if not found:
@@ -90,11 +88,10 @@ class RedisCacheStore:
         rows = [(_text(fields[b"k"]), bytes(fields[b"v"])) for _, fields in found]
         return rows, _text(found[-1][0])
 
-    async def forget(self, tenant: str, key: str) -> None:
+    def forget(self, tenant: str, key: str) -> Awaitable[None]:
         prefix = _prefix(tenant)
         keys = [f"{prefix}x:{key}", f"{prefix}lru", f"{prefix}vec"]
-        with translated("cache storage"):
-            await self._forget(keys=keys, args=[prefix, key])
+        return self._link.later("cache_forget", keys, [prefix, key], nothing, what=self._what)
 
     def redis_engines(self) -> tuple[VectorEngine, ...]:
         return self._engines
@@ -109,16 +106,27 @@ class RedisCacheStore:
         for engine in self._engines:
             await engine.flush()
 
-    async def ping(self) -> None:
-        with translated("cache storage"):
-            await self._conn.scripts.ping()
-
     async def aclose(self) -> None:
         try:
             for engine in self._engines:
                 await engine.aclose()
         finally:
-            await self._conn.aclose()
+            await super().aclose()
+
+
+async def _indexed(
+    stored: Awaitable[None], engine: VectorEngine, entry: CacheEntry, partition: str, ttl_ms: int
+) -> None:
+    """Once the entry is stored, its vector is queued for the engine's index (which checks
+    that the entry still lives)."""
+    await stored
+    if entry.vector is None or entry.graph is None:
+        return
+    vector, question = _float32(entry.vector)
+    engine.add(
+        entry.tenant, partition, entry.key, vector, question,
+        graph=entry.graph, ttl_ms=ttl_ms, keep_ms=ttl_ms * _KEEP_TTLS,
+    )  # fmt: skip
 
 
 def _text(value: Any) -> str:

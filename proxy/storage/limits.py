@@ -7,7 +7,7 @@ the numbers each implementation reads atomically; implementations only read, che
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,7 +86,9 @@ class LimitStore(Protocol):
     replicas: a bucket never refills backwards (its timestamp only moves forward), so a replica
     whose clock runs d seconds ahead grants at most d * refill_per_s tokens early, and purges
     other replicas' slot leases up to d seconds early; keep lease TTLs well above the skew.
-    Every key must start with `scope` (the tenant's prefix with its hash tag).
+    Every key must start with `scope` (the tenant's prefix with its hash tag). `settle`,
+    `release` and `renew` are sent when called, not when awaited (Redis sends the calls of one
+    turn of the event loop together): a caller with several makes them all, then awaits them.
     """
 
     async def admit(
@@ -103,16 +105,16 @@ class LimitStore(Protocol):
         """Charge every bucket its cost and take a slot (leased until `lease_until`) in every
         pool, or change nothing. Expired leases in the pools are released first."""
 
-    async def settle(self, scope: str, bucket: Bucket, delta: int, *, now: float) -> None:
+    def settle(self, scope: str, bucket: Bucket, delta: int, *, now: float) -> Awaitable[None]:
         """Charge `delta` more tokens (may go negative: later requests wait) or refund them
         (delta < 0; never above capacity)."""
 
-    async def release(self, scope: str, slots: Sequence[SlotPool], *, lease_id: str) -> None:
+    def release(self, scope: str, slots: Sequence[SlotPool], *, lease_id: str) -> Awaitable[None]:
         """Give the lease's slots back; releasing an unknown or expired lease does nothing."""
 
-    async def renew(
+    def renew(
         self, scope: str, slots: Sequence[SlotPool], *, lease_id: str, lease_until: float
-    ) -> bool:
+    ) -> Awaitable[bool]:
         """Extend the lease in every pool; False (and nothing changes) if any pool has already
         released it (it expired and a later admission purged it, or was released)."""
 

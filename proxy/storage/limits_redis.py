@@ -1,16 +1,16 @@
-"""Rate-limit state on Redis, shared by every replica; each operation is one Lua script call.
+"""Rate-limit state on Redis, shared by every replica; each operation is one Lua function
+(lua/admit.lua, limits_*.lua) run through the link's one script.
 
 Buckets are hashes {tokens, ts} that expire once they would be full again; slot pools are
-sorted sets (lease id -> lease expiry) that expire after their latest lease. redis-py errors
-become StorageError here.
+sorted sets (lease id -> lease expiry) that expire after their latest lease.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from importlib import resources
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
+from proxy.storage.joint import Admit
 from proxy.storage.limits import (
     Admission,
     Bucket,
@@ -20,32 +20,30 @@ from proxy.storage.limits import (
     check_scope,
     judge,
 )
-from proxy.storage.redisconn import StoreRedis, translated
+from proxy.storage.redislink import Arg, LuaCall, OnLink, nothing
 
 __all__ = ["RedisLimitStore"]
 
 
-def _script(name: str, *, bucket_prelude: bool = False) -> str:
-    lua = resources.files("proxy.storage") / "lua"
-    body = (lua / name).read_text(encoding="utf-8")
-    if not bucket_prelude:
-        return body
-    return (lua / "limits_bucket.lua").read_text(encoding="utf-8") + body
+class RedisLimitStore(OnLink):
+    """Given a URL, on a link of its own; given a link, on one it shares with the other stores."""
 
+    def call(self, step: Admit) -> LuaCall:
+        """The admission as one operation of the link's script; its outcome goes to `step`."""
+        buckets, costs, slots = step.buckets, step.costs, step.slots
+        keys = [*(b.key for b in buckets), *(p.key for p in slots)]
+        check_scope(step.scope, keys)
+        args: list[Arg] = [step.now, step.lease_id, step.lease_until, len(buckets)]
+        for bucket, cost in zip(buckets, costs, strict=True):
+            args += [bucket.capacity, bucket.refill_per_s, cost]
+        args += [pool.size for pool in slots]
 
-class RedisLimitStore:
-    def __init__(
-        self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
-    ) -> None:
-        self._conn = StoreRedis(
-            url, timeout_s=timeout_s, max_connections=max_connections, multiplex=multiplex
-        )
-        scripts = self._conn.scripts
-        self._admit = scripts.register_script(_script("admit.lua", bucket_prelude=True))
-        self._settle = scripts.register_script(_script("limits_settle.lua", bucket_prelude=True))
-        self._peek = scripts.register_script(_script("limits_peek.lua", bucket_prelude=True))
-        self._release = scripts.register_script(_script("limits_release.lua"))
-        self._renew = scripts.register_script(_script("limits_renew.lua"))
+        def answered(reply: Any) -> None:
+            tokens = [float(t) for t in reply[1 : len(buckets) + 1]]
+            held = [int(n) for n in reply[len(buckets) + 1 :]]
+            step.answered(judge(buckets, costs, tokens, slots, held))
+
+        return LuaCall("admit", keys, args, answered, step.failed)
 
     async def admit(
         self,
@@ -58,53 +56,36 @@ class RedisLimitStore:
         lease_until: float,
         now: float,
     ) -> Admission:
-        keys = [*(b.key for b in buckets), *(p.key for p in slots)]
-        check_scope(scope, keys)
-        args: list[Any] = [now, lease_id, lease_until, len(buckets)]
-        for bucket, cost in zip(buckets, costs, strict=True):
-            args += [bucket.capacity, bucket.refill_per_s, cost]
-        args += [pool.size for pool in slots]
-        with translated():
-            reply = await self._admit(keys=keys, args=args)
-        tokens = [float(t) for t in reply[1 : len(buckets) + 1]]
-        held = [int(n) for n in reply[len(buckets) + 1 :]]
-        return judge(buckets, costs, tokens, slots, held)
+        step = Admit(
+            scope, buckets, costs, slots, lease_id=lease_id, lease_until=lease_until, now=now
+        )
+        await self._link.run([self.call(step)])
+        return step.answer
 
-    async def settle(self, scope: str, bucket: Bucket, delta: int, *, now: float) -> None:
+    def settle(self, scope: str, bucket: Bucket, delta: int, *, now: float) -> Awaitable[None]:
         check_scope(scope, [bucket.key])
-        args = [bucket.capacity, bucket.refill_per_s, delta, now]
-        with translated():
-            await self._settle(keys=[bucket.key], args=args)
+        args: list[Arg] = [bucket.capacity, bucket.refill_per_s, delta, now]
+        return self._link.later("limits_settle", [bucket.key], args, nothing)
 
-    async def release(self, scope: str, slots: Sequence[SlotPool], *, lease_id: str) -> None:
+    def release(self, scope: str, slots: Sequence[SlotPool], *, lease_id: str) -> Awaitable[None]:
         keys = [pool.key for pool in slots]
         check_scope(scope, keys)
-        with translated():
-            await self._release(keys=keys, args=[lease_id])
+        return self._link.later("limits_release", keys, [lease_id], nothing)
 
-    async def renew(
+    def renew(
         self, scope: str, slots: Sequence[SlotPool], *, lease_id: str, lease_until: float
-    ) -> bool:
+    ) -> Awaitable[bool]:
         keys = [pool.key for pool in slots]
         check_scope(scope, keys)
-        with translated():
-            return bool(await self._renew(keys=keys, args=[lease_id, lease_until]))
+        return self._link.later("limits_renew", keys, [lease_id, lease_until], bool)
 
     async def peek(
         self, scope: str, buckets: Sequence[Bucket], *, now: float
     ) -> tuple[BucketState, ...]:
         keys = [bucket.key for bucket in buckets]
         check_scope(scope, keys)
-        args: list[Any] = [now]
+        args: list[Arg] = [now]
         for bucket in buckets:
             args += [bucket.capacity, bucket.refill_per_s]
-        with translated():
-            reply = await self._peek(keys=keys, args=args)
+        reply = await self._link.one("limits_peek", keys, args)
         return tuple(bucket_state(b, float(t)) for b, t in zip(buckets, reply, strict=True))
-
-    async def ping(self) -> None:
-        with translated():
-            await self._conn.scripts.ping()
-
-    async def aclose(self) -> None:
-        await self._conn.aclose()

@@ -1,40 +1,39 @@
-"""Quota counters on Redis, shared by every replica; each operation is one Lua script call.
+"""Quota counters on Redis, shared by every replica; each operation is one Lua function
+(lua/reserve.lua, settle.lua, charge.lua, renew.lua) run through the link's one script.
 
 Keys carry the tenant's hash tag (`tw:{tenant}:...`), so one tenant's keys share a Redis Cluster
-slot and a script may touch them together. redis-py errors become StorageError here.
+slot and a script may touch them together.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from importlib import resources
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from proxy.storage.base import Counter, Refusal
-from proxy.storage.redisconn import Call, StoreRedis, send_all, translated
+from proxy.storage.joint import Reserve
+from proxy.storage.redisconn import Call, send_all, translated
+from proxy.storage.redislink import Arg, LuaCall, OnLink, nothing
 
 __all__ = ["RedisStore"]
 
 
-def _script(name: str, *, prelude: bool = False) -> str:
-    lua = resources.files("proxy.storage") / "lua"
-    body = (lua / name).read_text(encoding="utf-8")
-    return (lua / "release_expired.lua").read_text(encoding="utf-8") + body if prelude else body
+class RedisStore(OnLink):
+    """Given a URL, on a link of its own; given a link, on one it shares with the other stores."""
 
-
-class RedisStore:
-    def __init__(
-        self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
-    ) -> None:
-        self._conn = StoreRedis(
-            url, timeout_s=timeout_s, max_connections=max_connections, multiplex=multiplex
+    def call(self, step: Reserve) -> LuaCall:
+        """The reservation as one operation of the link's script; its outcome goes to `step`."""
+        args: list[Arg] = [step.lease_id, step.lease_until, step.now]
+        for counter, amount in zip(step.counters, step.amounts, strict=True):
+            args += [counter.limit, amount, math.ceil(counter.expires_at)]
+        return LuaCall(
+            "reserve",
+            _keys(step.scope, step.counters),
+            args,
+            lambda reply: step.answered(_refusal(reply)),
+            step.failed,
         )
-        scripts = self._conn.scripts
-        self._reserve = scripts.register_script(_script("reserve.lua", prelude=True))
-        self._settle = scripts.register_script(_script("settle.lua", prelude=True))
-        self._renew = scripts.register_script(_script("renew.lua"))
-        self._charge = scripts.register_script(_script("charge.lua"))
 
     async def reserve(
         self,
@@ -46,53 +45,45 @@ class RedisStore:
         lease_until: float,
         now: float,
     ) -> Refusal | None:
-        args: list[Any] = [lease_id, lease_until, now]
-        for counter, amount in zip(counters, amounts, strict=True):
-            args += [counter.limit, amount, math.ceil(counter.expires_at)]
-        with translated():
-            answer = await self._reserve(keys=_keys(scope, counters), args=args)
-        if not answer:
-            return None
-        index, used, reserved = (int(x) for x in answer)
-        return Refusal(index, used, reserved)
+        step = Reserve(scope, lease_id, counters, amounts, lease_until=lease_until, now=now)
+        await self._link.run([self.call(step)])
+        return step.answer
 
-    async def renew(self, scope: str, lease_id: str, *, lease_until: float) -> bool:
-        with translated():
-            return bool(await self._renew(keys=[scope + ":leases"], args=[lease_id, lease_until]))
+    def renew(self, scope: str, lease_id: str, *, lease_until: float) -> Awaitable[bool]:
+        return self._link.later("renew", [scope + ":leases"], [lease_id, lease_until], bool)
 
-    async def settle(
+    def settle(
         self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
-    ) -> None:
-        with translated():
-            await self._settle(keys=_keys(scope, counters), args=_booking(lease_id, counters, used))
+    ) -> Awaitable[None]:
+        keys, args = _keys(scope, counters), _booking(lease_id, counters, used)
+        return self._link.later("settle", keys, args, nothing)
 
-    async def charge(
+    def charge(
         self, scope: str, lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]
-    ) -> bool:
-        args = _booking(lease_id, counters, amounts)
-        with translated():
-            return bool(await self._charge(keys=_keys(scope, counters), args=args))
+    ) -> Awaitable[bool]:
+        keys, args = _keys(scope, counters), _booking(lease_id, counters, amounts)
+        return self._link.later("charge", keys, args, bool)
 
     async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
         with translated():
-            rows = await send_all(self._conn.client, [_used_and_reserved(c.key) for c in counters])
+            rows = await send_all(self._link.client, [_used_and_reserved(c.key) for c in counters])
         return [(int(used or 0), int(reserved or 0)) for used, reserved in rows]
 
-    async def ping(self) -> None:
-        with translated():
-            await self._conn.scripts.ping()
 
-    async def aclose(self) -> None:
-        await self._conn.aclose()
+def _refusal(reply: Any) -> Refusal | None:
+    if not reply:
+        return None
+    index, used, reserved = (int(x) for x in reply)
+    return Refusal(index, used, reserved)
 
 
 def _used_and_reserved(key: str) -> Call:
     return lambda client: client.hmget(key, "used", "reserved")
 
 
-def _booking(lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]) -> list[Any]:
+def _booking(lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]) -> list[Arg]:
     """ARGV of settle.lua and charge.lua: the lease, then each counter's amount and expiry."""
-    args: list[Any] = [lease_id]
+    args: list[Arg] = [lease_id]
     for counter, amount in zip(counters, amounts, strict=True):
         args += [amount, math.ceil(counter.expires_at)]
     return args

@@ -4,7 +4,7 @@
 --       bucket, then size per pool
 -- Returns {1 admitted | 0 refused, each bucket's tokens before charging (%.17g), each pool's
 -- live leases before taking a slot}; proxy/storage/limits.py:judge derives the verdict from them
--- with the same checks (tokens >= cost, leases < size).
+-- with the same checks (tokens >= cost, leases < size); a refusal also returns true.
 local now, count = tonumber(ARGV[1]), tonumber(ARGV[4])
 local reply, after = {1}, {}
 for i = 1, count do
@@ -26,7 +26,7 @@ for i = count + 1, #KEYS do
   reply[i + 1] = held
 end
 if reply[1] == 0 then
-  return reply
+  return reply, true
 end
 for i = 1, count do
   keep(KEYS[i], after[i][1], after[i][2], after[i][3], after[i][4])

@@ -1,12 +1,12 @@
 -- Shared by cache_put.lua and cache_forget.lua: remove one entry, its LRU member and its vector.
--- KEYS[2] the tenant's LRU zset   KEYS[3] the tenant's hash: entry key -> "partition stream-id"
+-- `lru` the tenant's LRU zset, `locations` the tenant's hash: entry key -> "partition stream-id".
 -- `prefix` is the tenant's key prefix ("tw:{tenant}:cache:"), so every key shares its hash tag.
 -- A vector in the partition's vector set (Redis 8) is located as "partition *", one in a
 -- RediSearch hash (prefix .. 'f:' .. member) as "partition #".
-local function drop(prefix, member)
+local function drop(lru, locations, prefix, member)
   redis.call('DEL', prefix .. 'x:' .. member)
-  redis.call('ZREM', KEYS[2], member)
-  local where = redis.call('HGET', KEYS[3], member)
+  redis.call('ZREM', lru, member)
+  local where = redis.call('HGET', locations, member)
   if where then
     local space = string.find(where, ' ', 1, true)
     local partition, id = string.sub(where, 1, space - 1), string.sub(where, space + 1)
@@ -17,6 +17,6 @@ local function drop(prefix, member)
     else
       redis.call('XDEL', prefix .. 'v:' .. partition, id)
     end
-    redis.call('HDEL', KEYS[3], member)
+    redis.call('HDEL', locations, member)
   end
 end

@@ -7,17 +7,17 @@
 --       the stream; '*' the partition's vector set, '#' a RediSearch hash: the caller adds the
 --       vector there after this script)
 local prefix = ARGV[7]
-drop(prefix, ARGV[1])
+drop(KEYS[2], KEYS[3], prefix, ARGV[1])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 -- An entry last used before stale_before has outlived its TTL; bounded work per call.
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5], 'LIMIT', 0, 64)) do
-  drop(prefix, member)
+  drop(KEYS[2], KEYS[3], prefix, member)
 end
 local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[6])
 if over > 0 then
   for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, over - 1)) do
-    drop(prefix, member)
+    drop(KEYS[2], KEYS[3], prefix, member)
   end
 end
 if ARGV[8] ~= '' and ARGV[11] ~= '' then

@@ -1,4 +1,4 @@
--- Shared prelude (prepended to admit.lua, limits_settle.lua, limits_peek.lua): a token bucket is
+-- Shared by admit.lua, limits_settle.lua and limits_peek.lua: a token bucket is
 -- a hash {tokens, ts}, absent when full. `refilled` mirrors proxy/storage/limits.py:refilled
 -- operation for operation, so Redis and memory agree to the last bit.
 local function refilled(key, capacity, rate, now)

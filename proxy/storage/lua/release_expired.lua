@@ -1,7 +1,7 @@
--- Shared prelude (prepended to reserve.lua): release the reservations of expired leases.
--- KEYS[1] lease expiry zset, KEYS[2] lease holdings hash; `now` is set by the including script.
-local function release(lease_id)
-  local held = redis.call('HGET', KEYS[2], lease_id)
+-- Shared by reserve.lua and settle.lua: release the reservation a lease holds.
+-- `leases` is the lease expiry zset, `holdings` the hash of what each lease holds.
+local function release(leases, holdings, lease_id)
+  local held = redis.call('HGET', holdings, lease_id)
   if held then
     for key, amount in pairs(cjson.decode(held)) do
       if redis.call('EXISTS', key) == 1 then
@@ -10,7 +10,7 @@ local function release(lease_id)
         end
       end
     end
-    redis.call('HDEL', KEYS[2], lease_id)
+    redis.call('HDEL', holdings, lease_id)
   end
-  redis.call('ZREM', KEYS[1], lease_id)
+  redis.call('ZREM', leases, lease_id)
 end

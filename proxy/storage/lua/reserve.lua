@@ -1,10 +1,11 @@
 -- Reserve amounts on every counter or on none.
 -- KEYS: 1 lease zset, 2 lease holdings hash, 3.. counter hashes {used, reserved}
 -- ARGV: 1 lease id, 2 lease until, 3 now, then per counter: limit, amount, expire-at (unix s)
--- Returns false when held, else {index (0-based), used, reserved} of the first refusing counter.
+-- Returns false when held, else {index (0-based), used, reserved} of the first refusing counter
+-- and true (refused).
 local now = tonumber(ARGV[3])
 for _, expired in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
-  release(expired)
+  release(KEYS[1], KEYS[2], expired)
 end
 local count = #KEYS - 2
 for i = 1, count do
@@ -14,7 +15,7 @@ for i = 1, count do
   local used = tonumber(redis.call('HGET', key, 'used') or '0')
   local reserved = tonumber(redis.call('HGET', key, 'reserved') or '0')
   if used + reserved + amount > limit then
-    return {i - 1, used, reserved}
+    return {i - 1, used, reserved}, true
   end
 end
 local held = {}

@@ -1,7 +1,7 @@
 -- Release a lease's reservation (if it has not expired already) and add what was really used.
 -- KEYS: 1 lease zset, 2 lease holdings hash, 3.. counter hashes
 -- ARGV: 1 lease id, then per counter: used amount, expire-at (unix s)
-release(ARGV[1])
+release(KEYS[1], KEYS[2], ARGV[1])
 for i = 1, #KEYS - 2 do
   local key = KEYS[i + 2]
   redis.call('HINCRBY', key, 'used', ARGV[i * 2])

@@ -1,0 +1,64 @@
+"""A request's leases (a quota reservation, concurrency slots): their ids, and their renewal
+while it runs, every third of their length, by a timer of the event loop (not a task each)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+
+from proxy.storage.base import StorageError
+
+__all__ = ["LeaseIds", "Renewal"]
+
+
+class LeaseIds:
+    """Ids no other lease has, on this replica or another: a random prefix per maker, then a
+    count (os.urandom per lease is a system call; an id needs to be unique, not secret)."""
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(8)
+        self._count = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):x}"
+
+
+class Renewal:
+    """Calls `renew` every `lease_s / 3` seconds until cancelled; a renewal that fails is
+    logged as `what` and the next one is tried all the same."""
+
+    __slots__ = ("_every_s", "_handle", "_log", "_renew", "_what")
+
+    def __init__(
+        self,
+        renew: Callable[[], Awaitable[object]],
+        lease_s: float,
+        log: logging.Logger,
+        what: str,
+    ) -> None:
+        self._renew = renew
+        self._every_s = lease_s / 3
+        self._log = log
+        self._what = what
+        self._handle = asyncio.get_running_loop().call_later(self._every_s, self._due)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    def _due(self) -> None:
+        self._handle = asyncio.get_running_loop().call_later(self._every_s, self._due)
+        asyncio.ensure_future(self._renew()).add_done_callback(self._done)
+
+    def _done(self, renewal: asyncio.Future[object]) -> None:
+        if renewal.cancelled():
+            return
+        error = renewal.exception()
+        if isinstance(error, StorageError):
+            self._log.warning("could not renew %s: %s", self._what, error)
+        elif error is not None:
+            raise error

@@ -1,0 +1,87 @@
+"""One storage round trip for the admission stages that follow it (budgets, rate limits, a key's
+allowance, the exact cache lookup): each plans its storage steps, storage takes them together,
+and each stage then reads its own outcomes as if it had called its store itself.
+
+Writes planned. Storage takes the steps in stage order and stops after the first that refuses
+or fails, so what is applied is what the stages' own calls, one after another, would apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from proxy.context import RequestContext
+from proxy.stages.storagepolicy import StorageFailures
+from proxy.storage.facade import Storage
+from proxy.storage.joint import Step
+
+__all__ = ["Plan", "Planned", "Planner", "Prefetch", "taken"]
+
+P = TypeVar("P")
+# A stage that shortens the request after a refusal (stop_stream_at_budget) has every stage
+# plan again; one shortening per quota at most, as Budgets allows on its own.
+_ROUNDS = 5
+
+
+class Plan(Protocol):
+    @property
+    def steps(self) -> Sequence[Step[Any]]:
+        """The storage steps the stage takes, in its order."""
+
+
+class Planner(Protocol):
+    def plan(self, ctx: RequestContext) -> Plan | None:
+        """The stage's storage steps for `ctx` as it stands; None when it takes none."""
+
+    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+        """After the steps were taken: True when the stage changed the request in answer (a
+        shorter answer that fits a quota), so that every stage plans again."""
+
+
+class Planned:
+    """Each stage's plan, by its type, until the stage takes it (once: a second run of a stage,
+    as degradation's second cache lookup, plans and calls on its own)."""
+
+    __slots__ = ("_plans",)
+
+    def __init__(self, plans: Iterable[object]) -> None:
+        self._plans = {type(plan): plan for plan in plans}
+
+    def take(self, kind: type[P]) -> P | None:
+        plan = self._plans.pop(kind, None)
+        return plan if isinstance(plan, kind) else None
+
+
+def taken(ctx: RequestContext, kind: type[P]) -> P | None:
+    """The stage's plan with its outcomes, if the prefetch made one for it."""
+    return ctx.planned.take(kind) if ctx.planned is not None else None
+
+
+class Prefetch:
+    def __init__(
+        self, storage: Storage, planners: Sequence[Planner], failures: StorageFailures
+    ) -> None:
+        self._storage = storage
+        self._planners = tuple(planners)
+        self._failures = failures
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        plans: list[tuple[Planner, Plan]] = []
+        for _ in range(_ROUNDS):
+            plans = [(p, plan) for p in self._planners if (plan := p.plan(ctx)) is not None]
+            steps = [step for _, plan in plans for step in plan.steps]
+            if not steps:
+                return
+            await self._storage.admit(steps)
+            self._undo_late(steps)
+            if not any(planner.replan(ctx, plan) for planner, plan in plans):
+                break
+        ctx.planned = Planned(plan for _, plan in plans)
+
+    def _undo_late(self, steps: Sequence[Step[Any]]) -> None:
+        """A call that timed out may still be applied once storage catches up: what its steps
+        hold is given back then (the stages only apply their failure policy)."""
+        for step in steps:
+            if step.error is not None and (undo := step.undo_in(self._storage)) is not None:
+                self._failures.undo_later(step.error, *undo)

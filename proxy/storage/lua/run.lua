@@ -1,0 +1,34 @@
+-- The stores' one script: run operations in order, each a function of its own KEYS and ARGV
+-- (`OPS`, the other files here, put before this by proxy/storage/redislink.py), so one call
+-- can carry several: a request's admission, or every settlement sent in one turn of the loop.
+-- KEYS: every operation's keys in turn.
+-- ARGV: 1 mode, 2 operation count, then per operation: name, key count, argument count, its
+-- arguments. Mode 'gate' stops after the first operation that refuses (returns true as its
+-- second value) or fails; mode 'each' runs every one, whatever the others did.
+-- Returns per operation run, in order: {1, reply}, {2, reply} when it refused, or {0, error}.
+-- One failing operation (pcall) leaves the others' effects and replies as they were.
+local gate = ARGV[1] == 'gate'
+local replies, k, a = {}, 0, 3
+for n = 1, tonumber(ARGV[2]) do
+  local op, nkeys, nargs = OPS[ARGV[a]], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local keys, args = {}, {}
+  for i = 1, nkeys do
+    keys[i] = KEYS[k + i]
+  end
+  for i = 1, nargs do
+    args[i] = ARGV[a + 2 + i]
+  end
+  k, a = k + nkeys, a + 3 + nargs
+  local ok, reply, refused = pcall(op, keys, args)
+  if not ok then
+    replies[n] = {0, type(reply) == 'table' and reply.err or tostring(reply)}
+  elseif reply == nil then
+    replies[n] = {1, false}
+  else
+    replies[n] = {refused and 2 or 1, reply}
+  end
+  if gate and replies[n][1] ~= 1 then
+    break
+  end
+end
+return replies

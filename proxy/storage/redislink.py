@@ -1,0 +1,255 @@
+"""One Redis connection for every store: the one Lua script holding all their operations
+(lua/*.lua, dispatched by lua/run.lua), calls that carry several operations in one round trip,
+and a batch per turn of the event loop for the operations whose answer can wait (settling,
+releasing, booking). redis-py's errors become StorageError here, per operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, TypeVar
+
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
+
+from proxy.storage.base import StorageError
+from proxy.storage.joint import Step
+from proxy.storage.redisconn import REDIS_ERRORS, RedisClient, StoreRedis, translated
+from proxy.storage.redisurl import is_cluster_url
+
+__all__ = ["OPERATIONS", "LuaCall", "OnLink", "RedisLink", "nothing", "ops_script"]
+
+Arg = str | bytes | int | float
+R = TypeVar("R")
+
+# Each file's body is one operation (a function of its own KEYS and ARGV); run.lua calls them.
+OPERATIONS = (
+    "reserve", "settle", "charge", "renew",
+    "admit", "limits_settle", "limits_release", "limits_renew", "limits_peek",
+    "cache_get", "cache_put", "cache_forget",
+)  # fmt: skip
+_HELPERS = ("release_expired", "limits_bucket", "cache_drop")
+_FAILED, _RAN = 0, 1  # run.lua's statuses; 2 is ran and refused
+
+
+def ops_script() -> str:
+    """The helpers, each operation as `local function op_NAME(KEYS, ARGV)`, then run.lua."""
+    lua = resources.files("proxy.storage") / "lua"
+    parts = [(lua / f"{name}.lua").read_text(encoding="utf-8") for name in _HELPERS]
+    for name in OPERATIONS:
+        body = (lua / f"{name}.lua").read_text(encoding="utf-8")
+        parts.append(f"local function op_{name}(KEYS, ARGV)\n{body}\nend\n")
+    table = ", ".join(f"{name} = op_{name}" for name in OPERATIONS)
+    parts.append(f"local OPS = {{{table}}}\n")
+    parts.append((lua / "run.lua").read_text(encoding="utf-8"))
+    return "".join(parts)
+
+
+def nothing(_: object) -> None:
+    """What a settling operation's reply tells its caller."""
+    return None
+
+
+@dataclass(slots=True, eq=False)
+class LuaCall:
+    """One operation for run.lua, and what to do with its outcome: `answered(reply)` or
+    `failed(error)`; neither when a gate stopped before it (an earlier one refused)."""
+
+    name: str
+    keys: Sequence[str]
+    args: Sequence[Arg]
+    answered: Callable[[Any], None] = nothing
+    failed: Callable[[StorageError], None] = nothing
+    what: str = "redis"  # how its errors begin: "redis", "cache storage"
+
+    def error(self, cause: BaseException) -> StorageError:
+        error = StorageError(f"{self.what}: {cause}")
+        error.__cause__ = cause
+        return error
+
+
+class RedisLink:
+    """Connects on first use; `run` sends calls now, `later` with the others of this turn."""
+
+    def __init__(
+        self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
+    ) -> None:
+        self._conn = StoreRedis(
+            url, timeout_s=timeout_s, max_connections=max_connections, multiplex=multiplex
+        )
+        self._script = self._conn.scripts.register_script(ops_script())
+        self._cluster = is_cluster_url(url)
+        self._pending: list[LuaCall] = []
+        self._sending: set[asyncio.Task[None]] = set()
+
+    @property
+    def client(self) -> RedisClient:
+        """redis-py's client, for commands other than the operations (reads, streams)."""
+        return self._conn.client
+
+    async def run(self, calls: Sequence[LuaCall], *, gate: bool = False) -> None:
+        """Send `calls` (one script call per hash slot; one in all off a cluster) and hand each
+        its outcome. With `gate`, in order, stopping after the first that refuses or fails."""
+        if gate:
+            for group in self._runs_by_slot(calls):
+                if not await self._send(group, gate=True):
+                    return
+            return
+        groups = self._by_slot(calls)
+        if len(groups) == 1:
+            await self._send(groups[0], gate=False)
+        else:
+            await asyncio.gather(*(self._send(group, gate=False) for group in groups))
+
+    async def one(
+        self, name: str, keys: Sequence[str], args: Sequence[Arg], *, what: str = "redis"
+    ) -> Any:
+        """The reply of one operation sent now; raises the StorageError it met."""
+        step: Step[Any] = Step()
+        await self.run([LuaCall(name, keys, args, step.answered, step.failed, what)])
+        return step.answer
+
+    def later(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        read: Callable[[Any], R],
+        *,
+        what: str = "redis",
+    ) -> asyncio.Future[R]:
+        """The reply of an operation (as `read` reads it) sent with every other one asked for
+        in this turn of the event loop, in one call: a caller with several makes them all,
+        then awaits them."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[R] = loop.create_future()
+        call = LuaCall(name, keys, args, _resolver(done, read), _failer(done), what)
+        if not self._pending:
+            task = loop.create_task(self._send_pending())
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        self._pending.append(call)
+        return done
+
+    async def ping(self, what: str = "redis") -> None:
+        with translated(what):
+            await self._conn.scripts.ping()
+
+    async def aclose(self) -> None:
+        """Sends what is pending (a settlement queued at shutdown still counts), then closes."""
+        try:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+        finally:
+            await self._conn.aclose()
+
+    async def _send_pending(self) -> None:
+        calls, self._pending = self._pending, []
+        try:
+            await self.run(calls)
+        except BaseException:
+            for call in calls:  # cancelled while sending: no caller may wait for ever
+                call.failed(call.error(ConnectionError("the Redis link was closed")))
+            raise
+
+    async def _send(self, calls: Sequence[LuaCall], *, gate: bool) -> bool:
+        """One script call; False if a gate should stop (a call refused or failed)."""
+        args: list[Arg] = ["gate" if gate else "each", len(calls)]
+        keys: list[str] = []
+        for call in calls:
+            args.extend((call.name, len(call.keys), len(call.args)))
+            args.extend(call.args)
+            keys.extend(call.keys)
+        try:
+            replies = await self._script(keys=keys, args=args)
+        except REDIS_ERRORS as exc:
+            for call in calls:
+                call.failed(call.error(exc))
+            return False
+        for call, (status, reply) in zip(calls, replies, strict=False):
+            if status == _FAILED:
+                call.failed(call.error(ResponseError(_text(reply))))
+            else:
+                call.answered(reply)
+        return len(replies) == len(calls) and all(status == _RAN for status, _ in replies)
+
+    def _by_slot(self, calls: Sequence[LuaCall]) -> list[Sequence[LuaCall]]:
+        """One group per hash slot on a cluster; else one. A call without keys goes alone
+        (redis-py sends it to any node)."""
+        if not self._cluster or len(calls) < 2:
+            return [calls]
+        groups: dict[int, list[LuaCall]] = {}
+        for index, call in enumerate(calls):
+            groups.setdefault(_slot(call) if call.keys else -1 - index, []).append(call)
+        return list(groups.values())
+
+    def _runs_by_slot(self, calls: Sequence[LuaCall]) -> list[Sequence[LuaCall]]:
+        """Consecutive calls on one hash slot, in order (a gate's order is its meaning)."""
+        if not self._cluster or len(calls) < 2:
+            return [calls]
+        runs: list[list[LuaCall]] = []
+        for call in calls:
+            if runs and call.keys and runs[-1][-1].keys and _slot(call) == _slot(runs[-1][-1]):
+                runs[-1].append(call)
+            else:
+                runs.append([call])
+        return list(runs)
+
+
+class OnLink:
+    """A store on a Redis link: its own (given a URL), or one it shares with the other stores
+    (given the link; its owner closes it)."""
+
+    _what = "redis"  # how the store's errors begin
+
+    def __init__(
+        self,
+        link: str | RedisLink,
+        *,
+        timeout_s: float = 1.0,
+        max_connections: int = 64,
+        multiplex: bool = True,
+    ) -> None:
+        self._owns_link = isinstance(link, str)
+        if isinstance(link, str):
+            link = RedisLink(
+                link, timeout_s=timeout_s, max_connections=max_connections, multiplex=multiplex
+            )
+        self._link = link
+        self._opened()
+
+    def _opened(self) -> None:
+        """What a store builds on its link (its vector engines, say)."""
+
+    async def ping(self) -> None:
+        await self._link.ping(self._what)
+
+    async def aclose(self) -> None:
+        if self._owns_link:
+            await self._link.aclose()
+
+
+def _resolver(done: asyncio.Future[R], read: Callable[[Any], R]) -> Callable[[Any], None]:
+    def answered(reply: Any) -> None:
+        if not done.done():
+            done.set_result(read(reply))
+
+    return answered
+
+
+def _failer(done: asyncio.Future[Any]) -> Callable[[StorageError], None]:
+    def failed(error: StorageError) -> None:
+        if not done.done():
+            done.set_exception(error)
+
+    return failed
+
+
+def _slot(call: LuaCall) -> int:
+    return key_slot(call.keys[0].encode())
+
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)

@@ -1,0 +1,44 @@
+"""Leases: ids no two share, renewed again and again while their request runs, never after."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from proxy.stages.leases import LeaseIds, Renewal
+from proxy.storage import StorageError
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_lease_is_renewed_until_cancelled_and_a_failure_does_not_stop_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[int] = []
+    third = asyncio.Event()
+
+    async def renew() -> bool:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise StorageError("redis: down")
+        if len(calls) == 3:
+            third.set()
+        return True
+
+    with caplog.at_level(logging.WARNING, logger="tokenweir.test"):
+        renewal = Renewal(renew, 0.03, logging.getLogger("tokenweir.test"), "a test lease")
+        async with asyncio.timeout(30):  # a limit, not a measurement
+            await third.wait()
+        renewal.cancel()
+        renewed = len(calls)
+        await asyncio.sleep(0.1)  # several periods: none comes after the cancel
+    assert len(calls) == renewed
+    assert "could not renew a test lease: redis: down" in caplog.text
+
+
+def test_lease_ids_are_unique_across_makers() -> None:
+    one, two = LeaseIds(), LeaseIds()
+    ids = [maker.next() for maker in (one, two) for _ in range(1000)]
+    assert len(set(ids)) == len(ids)

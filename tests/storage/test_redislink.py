@@ -1,0 +1,106 @@
+"""The stores' one Redis link: the calls of one turn of the event loop go in one script call (one
+per hash slot on a cluster), each with its own outcome, and a failing one fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from proxy.storage import Counter, RedisStorage, StorageError
+from proxy.storage.cache import CacheEntry
+from proxy.storage.joint import Admit, Reserve
+from proxy.storage.limits import Bucket, BucketState, SlotPool
+from proxy.storage.redisconn import connect
+
+pytestmark = pytest.mark.anyio
+
+NOW = 1_800_000_000.0
+ACME, GLOBEX = "tw:{acme}", "tw:{globex}"
+DAY = Counter("tw:{acme}:q:tokens:d:20261129", limit=1000, expires_at=2_000_000_000)
+MONTH = Counter("tw:{acme}:q:tokens:m:202611", limit=5000, expires_at=2_000_000_000)
+OTHER_DAY = Counter("tw:{globex}:q:tokens:d:20261129", limit=1000, expires_at=2_000_000_000)
+POOL = SlotPool("tw:{acme}:rl:slots", size=1)
+TPM = Bucket("tw:{acme}:rl:tpm", capacity=1200, refill_per_s=20.0)
+
+
+@pytest.fixture(params=["redis", "redis-sentinel", "redis-cluster"])
+def any_redis(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(f"{request.param.replace('-', '_')}_url"))
+
+
+async def test_calls_made_together_are_all_applied_each_with_its_outcome(any_redis: str) -> None:
+    storage = RedisStorage(any_redis, timeout_s=10.0)
+    quotas, limits, cache = storage.quotas, storage.limits, storage.cache
+    assert await quotas.reserve(ACME, "r1", [DAY], [300], lease_until=NOW + 60, now=NOW) is None
+    assert (
+        await limits.admit(ACME, [], [], [POOL], lease_id="r1", lease_until=NOW + 60, now=NOW)
+    ).admitted
+    calls = [
+        quotas.settle(ACME, "r1", [DAY], [120]),
+        quotas.settle(GLOBEX, "r2", [OTHER_DAY], [7]),
+        limits.release(ACME, [POOL], lease_id="r1"),
+        limits.settle(ACME, TPM, 200, now=NOW),
+        cache.put(CacheEntry("acme", "k", b"answer", NOW, ttl_s=60.0, max_entries=10)),
+        quotas.charge(ACME, "gone", [DAY], [5]),
+    ]
+    outcomes = await asyncio.gather(*calls)
+    assert outcomes == [None, None, None, None, None, False]  # `charge`: no such lease
+    assert await quotas.read([DAY, OTHER_DAY]) == [(125, 0), (7, 0)]
+    assert await limits.peek(ACME, [TPM], now=NOW) == (BucketState(1200, 1000, 10.0),)
+    assert await cache.get("acme", "k", now=NOW) == b"answer"
+    assert (
+        await limits.admit(ACME, [], [], [POOL], lease_id="r3", lease_until=NOW + 60, now=NOW)
+    ).admitted
+    await storage.aclose()
+
+
+async def test_calls_made_in_one_turn_are_one_script_call(redis_url: str) -> None:
+    storage = RedisStorage(redis_url)
+    await storage.quotas.settle(ACME, "warm", [DAY], [0])  # the server learns the script
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.config_resetstat()
+        await asyncio.gather(
+            storage.quotas.settle(ACME, "r1", [DAY], [10]),
+            storage.quotas.settle(GLOBEX, "r2", [OTHER_DAY], [20]),
+            storage.limits.release(ACME, [POOL], lease_id="r1"),
+        )
+        stats = admin.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] == 1
+    await storage.aclose()
+
+
+async def test_a_failing_call_fails_alone(any_redis: str) -> None:
+    storage = RedisStorage(any_redis, timeout_s=10.0)
+    admin = connect(any_redis, timeout_s=10.0, max_connections=2)
+    await admin.set(MONTH.key, "not a hash")
+    await admin.aclose()
+    broken = storage.quotas.settle(ACME, "r1", [MONTH], [10])
+    fine = storage.quotas.settle(ACME, "r1", [DAY], [10])
+    with pytest.raises(StorageError, match="WRONGTYPE"):
+        await broken
+    await fine
+    assert await storage.quotas.read([DAY]) == [(10, 0)]
+    await storage.aclose()
+
+
+async def test_closing_sends_what_is_pending_first(any_redis: str) -> None:
+    storage = RedisStorage(any_redis, timeout_s=10.0)
+    settled = storage.quotas.settle(ACME, "r1", [DAY], [42])
+    await storage.aclose()
+    await settled
+    again = RedisStorage(any_redis, timeout_s=10.0)
+    assert await again.quotas.read([DAY]) == [(42, 0)]
+    await again.aclose()
+
+
+async def test_a_gate_across_hash_slots_stops_at_the_first_refusal(redis_cluster_url: str) -> None:
+    storage = RedisStorage(redis_cluster_url, timeout_s=10.0)
+    refused = Reserve(ACME, "r1", [DAY], [5000], lease_until=NOW + 60, now=NOW)
+    later = Admit(GLOBEX, [], [], [SlotPool("tw:{globex}:rl:slots", 1)], lease_id="r1",
+                  lease_until=NOW + 60, now=NOW)  # fmt: skip
+    await storage.admit([refused, later])
+    assert refused.refused
+    assert not later.taken
+    await storage.aclose()
