@@ -26,8 +26,9 @@ from redis.exceptions import ResponseError
 
 from proxy.storage.base import StorageError
 from proxy.storage.cache import Graph, VectorHit
-from proxy.storage.cache_writer import BatchedWriter, run
-from proxy.storage.redisconn import Call, RedisClient, translated
+from proxy.storage.cache_writer import BatchedWriter, Command
+from proxy.storage.redisconn import RedisClient, translated
+from proxy.storage.resp import Multiplexed
 
 __all__ = ["RedisSearchVectors", "index_name", "vector_key"]
 
@@ -60,10 +61,16 @@ class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
     name: Literal["search", "vsets"] = "search"
     marker = "#"
 
-    def __init__(self, client: RedisClient, prefix_of: Callable[[str], str]) -> None:
-        super().__init__(client, prefix_of)
+    def __init__(
+        self,
+        client: RedisClient,
+        prefix_of: Callable[[str], str],
+        *,
+        writes: Multiplexed | None = None,
+    ) -> None:
+        super().__init__(client, prefix_of, writes=writes)
         lua = resources.files("proxy.storage") / "lua" / "cache_ft_add.lua"
-        self._add = client.register_script(lua.read_text(encoding="utf-8"))
+        self._add = self._lua(lua.read_text(encoding="utf-8"))
         self._created: set[str] = set()
 
     async def available(self) -> bool:
@@ -125,16 +132,12 @@ class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
                     raise
             self._created.add(name)
 
-    def _commands(self, write: _Add | _Remove) -> list[Call]:
+    def _commands(self, write: _Add | _Remove) -> list[Command]:
         if isinstance(write, _Remove):
-            return [partial(run, ("DEL", write.key))]
+            return [("DEL", write.key)]
         keys = [vector_key(write.prefix, write.member), f"{write.prefix}x:{write.member}"]
         dim = len(write.vector) // 4
-        args: list[str | bytes] = [_tag(write.partition), write.question, f"v{dim}", write.vector]
-        return [partial(self._script, keys, args)]
-
-    def _script(self, keys: list[str], args: list[str | bytes], client: Any) -> Any:
-        return self._add(keys=keys, args=args, client=client)
+        return [self._add(keys, [_tag(write.partition), write.question, f"v{dim}", write.vector])]
 
 
 async def _ft(command: tuple[Any, ...], prefix: str, client: Any) -> Any:

@@ -18,6 +18,7 @@ from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorEngine, VectorRow
 from proxy.storage.cache_ft import RedisSearchVectors
 from proxy.storage.cache_vset import RedisVectorSets
 from proxy.storage.redisconn import StoreRedis, translated
+from proxy.storage.resp import Multiplexed, can_multiplex
 
 __all__ = ["RedisCacheStore"]
 
@@ -42,10 +43,11 @@ class RedisCacheStore:
         self._get = scripts.register_script(_script("cache_get.lua"))
         self._put = scripts.register_script(_script("cache_put.lua"))
         self._forget = scripts.register_script(_script("cache_forget.lua"))
-        # auto's order, measured (docs/benchmarks.md, "semantic cache engines"): FT.SEARCH first
+        # auto's order, measured (docs/benchmarks.md, "semantic cache engines"): FT.SEARCH first.
+        # Each engine's writer has a connection of its own: no lookup waits behind its writes.
         self._engines: tuple[VectorEngine, ...] = (
-            RedisSearchVectors(self._conn.client, _prefix),
-            RedisVectorSets(self._conn.client, _prefix),
+            RedisSearchVectors(self._conn.client, _prefix, writes=_own(url, timeout_s, multiplex)),
+            RedisVectorSets(self._conn.client, _prefix, writes=_own(url, timeout_s, multiplex)),
         )
 
     async def get(self, tenant: str, key: str, *, now: float) -> bytes | None:
@@ -67,7 +69,9 @@ class RedisCacheStore:
         ]
         args: list[str | bytes | float] = [
             entry.key, entry.value, ttl_ms, entry.now, entry.now - entry.ttl_s,
-            entry.max_entries, prefix, partition or "", entry.vector or b"", ttl_ms * _KEEP_TTLS,
+            entry.max_entries, prefix, partition or "",
+            # the stream's copy; an engine's is sent by its writer
+            entry.vector if engine is None and entry.vector else b"", ttl_ms * _KEEP_TTLS,
             engine.marker if engine is not None else "",
         ]  # fmt: skip
         with translated("cache storage"):
@@ -130,6 +134,12 @@ def _float32(packed: bytes) -> tuple[bytes, str]:
     dim = int.from_bytes(packed[:2], "little")
     vector = np.frombuffer(packed, dtype=np.float16, count=dim, offset=2).astype(np.float32)
     return vector.tobytes(), packed[2 + 2 * dim :].decode()
+
+
+def _own(url: str, timeout_s: float, multiplex: bool) -> Multiplexed | None:
+    """A connection of its own (opened on its first write) where the URL allows one; else the
+    writer goes through redis-py's pool (Sentinel, Cluster, or `multiplex` off)."""
+    return Multiplexed(url, timeout_s=timeout_s) if multiplex and can_multiplex(url) else None
 
 
 def _prefix(tenant: str) -> str:
