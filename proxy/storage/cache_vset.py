@@ -8,18 +8,15 @@ graph, and a vector whose entry is gone by the time it is written is removed aga
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from importlib import resources
 from typing import Any, Literal
 
 import orjson
 
 from proxy.storage.cache import Graph, VectorHit
 from proxy.storage.cache_writer import BatchedWriter, Command, run
-from proxy.storage.redisconn import RedisClient, translated
-from proxy.storage.resp import Multiplexed
+from proxy.storage.redisconn import translated
 
 __all__ = ["RedisVectorSets", "set_key"]
 
@@ -49,17 +46,7 @@ class _Remove:
 class RedisVectorSets(BatchedWriter[_Add | _Remove]):
     name: Literal["search", "vsets"] = "vsets"
     marker = "*"
-
-    def __init__(
-        self,
-        client: RedisClient,
-        prefix_of: Callable[[str], str],
-        *,
-        writes: Multiplexed | None = None,
-    ) -> None:
-        super().__init__(client, prefix_of, writes=writes)
-        lua = resources.files("proxy.storage") / "lua" / "cache_vset_check.lua"
-        self._check = self._lua(lua.read_text(encoding="utf-8"))
+    script_name = "cache_vset_check.lua"
 
     async def available(self) -> bool:
         return await self._probe(partial(run, ("VCARD", "tw:{probe}:cache:s:-")))
@@ -95,7 +82,7 @@ class RedisVectorSets(BatchedWriter[_Add | _Remove]):
         return [
             vadd + options,
             ("PEXPIRE", write.key, write.keep_ms),
-            self._check([write.key, write.entry], [write.member]),
+            self._script([write.key, write.entry], [write.member]),
         ]
 
 

@@ -11,7 +11,8 @@ import hashlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeAlias, TypeVar
+from importlib import resources
+from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -55,10 +56,13 @@ class Lua:
 
 
 class BatchedWriter(Generic[W]):
-    """Subclasses say what each queued write sends (`_commands`) and how to probe the server.
+    """Subclasses say what each queued write sends (`_commands`, with their one script
+    `script_name` as `self._script`) and how to probe the server.
 
     Writes go out on `writes` (a connection of the writer's own) where given, else through
     `client` (a pipeline, or on a cluster each command to its node)."""
+
+    script_name: ClassVar[str]  # in proxy/storage/lua
 
     def __init__(
         self,
@@ -73,7 +77,9 @@ class BatchedWriter(Generic[W]):
         self._available: bool | None = None
         self._queue: deque[W] = deque()
         self._writer: asyncio.Task[None] | None = None
-        self._scripts: dict[str, Lua] = {}
+        lua = resources.files("proxy.storage") / "lua" / self.script_name
+        self._script = Lua(lua.read_text(encoding="utf-8"))
+        self._prepared: set[str] = set()  # what `_before` made ready (RediSearch's indexes)
         self._hurry = False
 
     async def _probe(self, call: Call) -> bool:
@@ -113,11 +119,6 @@ class BatchedWriter(Generic[W]):
         if self._writes is not None:
             await self._writes.aclose()
 
-    def _lua(self, text: str) -> Lua:
-        script = Lua(text)
-        self._scripts[script.sha] = script
-        return script
-
     def _enqueue(self, write: W) -> None:
         if len(self._queue) >= _QUEUE_LIMIT:
             return
@@ -152,7 +153,7 @@ class BatchedWriter(Generic[W]):
         errors: list[ResponseError] = []
         for command, reply in zip(commands, await self._send(commands), strict=True):
             if _no_script(reply):
-                again.append(("EVAL", self._scripts[command[1]].text, *command[2:]))
+                again.append(("EVAL", self._script.text, *command[2:]))
             elif isinstance(reply, ResponseError):
                 errors.append(reply)
         if again:
