@@ -108,10 +108,10 @@ class RedisCacheStore:
             return None
         return next(e for e in self._engines if e.name == entry.graph.engine)
 
-    async def flush_vectors(self) -> None:
-        """Wait until queued vector writes are sent (tests, benchmarks)."""
+    async def flush_vectors(self, *, hurry: bool = False) -> None:
+        """Wait until queued vector writes are sent (tests, benchmarks); `hurry`: unpaced."""
         for engine in self._engines:
-            await engine.flush()
+            await engine.flush(hurry=hurry)
 
     async def ping(self) -> None:
         with translated("cache storage"):

@@ -31,7 +31,7 @@ Command: TypeAlias = tuple[Any, ...]
 
 # Writes per batch: a lookup reaching Redis while a batch is being added waits behind at most
 # this many graph insertions.
-_BATCH = 8
+_BATCH = 4
 # The share of time the writer has a batch in flight: after a batch that took t seconds (its
 # encoding here, its insertions in Redis), it waits t * (1 - share) / share before the next. Slow
 # insertions (a busy Redis, a big graph) thus slow the writer down with them.
@@ -100,17 +100,21 @@ class BatchedWriter(Generic[W]):
     def pending(self) -> int:
         return len(self._queue)
 
-    async def flush(self) -> None:
-        """Wait until every queued write has been sent, at the writer's pace (tests)."""
-        while self._writer is not None and not self._writer.done():
-            await asyncio.shield(self._writer)
+    async def flush(self, *, hurry: bool = False) -> None:
+        """Wait until every queued write has been sent: at the writer's pace, or with `hurry`
+        at full speed (shutdown; a benchmark's setup)."""
+        self._hurry = hurry
+        try:
+            while self._writer is not None and not self._writer.done():
+                await asyncio.shield(self._writer)
+        finally:
+            self._hurry = False
 
     async def aclose(self) -> None:
         """Send what is queued at full speed, for up to 2 s, then stop."""
-        self._hurry = True
         try:
             async with asyncio.timeout(2.0):
-                await self.flush()
+                await self.flush(hurry=True)
         except (TimeoutError, StorageError):
             _log.warning("%d semantic cache vectors not written at shutdown", len(self._queue))
         if self._writer is not None:
