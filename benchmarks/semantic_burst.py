@@ -10,7 +10,9 @@ the store's background writer, as the gateway does). Where the burst runs (`--mo
 - `loop-entries`: in the lookups' loop, entries only, no vector (what storing answers costs
   without any vector write: the floor `loop` can come down to).
 
-Each burst is set beside a quiet loop measured just before it. Besides the lookups' latency as
+Each burst is set beside a quiet loop measured just before it; modes alternate, `--repeats`
+times, and each figure is the median over the repeats (the quiet loops' p50 range shows how much
+the shared machine alone moved it). Besides the lookups' latency as
 the client sees it, Redis's side: its main thread's CPU share over the phase (INFO cpu) and the
 lookup command's own time per call (INFO commandstats), so waiting in Redis can be told from
 searching slower.
@@ -131,16 +133,19 @@ async def burst_rows(
         rows = np.concatenate([cached, filler(cached, args.size - len(cached))])
         await load(store, index, rows, asker.spec)
         await warmed(index, queries[0], asker.spec)
-        for n, mode in enumerate(args.modes.split(",")):
-            before, began = side.read(), time.perf_counter()
-            quiet = side.phase(before, await asker.rounds(2), time.perf_counter() - began)
-            new = filler(cached, args.burst, seed=11 + n)
-            during, timing = await _during(mode, store, asker, side, new, f"burst{n}", args)
-            table.append({
-                "engine": engine, "mode": mode, "size": args.size, "burst": args.burst,
-                **timing, "quiet": quiet.summary(), "during": during.summary(),
-            })  # fmt: skip
-            print(json.dumps(table[-1]), file=sys.stderr, flush=True)
+        for repeat in range(args.repeats):
+            for n, mode in enumerate(args.modes.split(",")):
+                before, began = side.read(), time.perf_counter()
+                quiet = side.phase(before, await asker.rounds(2), time.perf_counter() - began)
+                new = filler(cached, args.burst, seed=11 + 10 * repeat + n)
+                tenant = f"burst{repeat}-{n}"
+                during, timing = await _during(mode, store, asker, side, new, tenant, args)
+                table.append({
+                    "engine": engine, "mode": mode, "repeat": repeat, "size": args.size,
+                    "burst": args.burst, **timing, "quiet": quiet.summary(),
+                    "during": during.summary(),
+                })  # fmt: skip
+                print(json.dumps(table[-1]), file=sys.stderr, flush=True)
     finally:
         side.close()
         await index.aclose()
@@ -219,24 +224,49 @@ async def child(redis_url: str, engine: str, saved: Path, tenant: str) -> None:
         await store.aclose()
 
 
+def medians(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per engine and mode: each figure the median over the repeats, and the range of
+    the quiet windows' p50 (how much the machine alone moved it)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in table:
+        groups.setdefault((row["engine"], row["mode"]), []).append(row)
+    out = []
+    for (engine, mode), rows in groups.items():
+        merged: dict[str, Any] = {"engine": engine, "mode": mode, "repeats": len(rows)}
+        for key in ("stored_s", "written_s"):
+            merged[key] = round(statistics.median(r[key] for r in rows), 1)
+        for phase in ("quiet", "during"):
+            merged[phase] = {
+                stat: round(statistics.median(r[phase][stat] for r in rows), 3)
+                for stat in rows[0][phase]
+            }
+        quiet_p50 = [r["quiet"]["p50_ms"] for r in rows]
+        merged["quiet_p50_range"] = f"{min(quiet_p50)}-{max(quiet_p50)}"
+        out.append(merged)
+    return out
+
+
 def markdown(table: list[dict[str, Any]], load_avg: str) -> str:
     lines = [
-        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {load_avg}.",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {load_avg}; "
+        "medians of the repeats.",
         "",
-        "| engine | burst from | entries stored in s | vectors written in s "
-        "| quiet p50 / p95 / p99 / max ms | during p50 / p95 / p99 / max ms "
+        "| engine | burst from | repeats | entries stored in s | vectors written in s "
+        "| quiet p50 / p95 / p99 / max ms | quiet p50 range ms "
+        "| during p50 / p95 / p99 / max ms "
         "| Redis main thread busy quiet / during | lookup µs in Redis quiet / during "
         "| lookups during |",
-        "|---|---|---:|---:|---|---|---|---|---:|",
+        "|---|---|---:|---:|---:|---|---|---|---|---|---:|",
     ]
-    for row in table:
+    for row in medians(table):
         q, d = row["quiet"], row["during"]
         lines.append(
-            f"| {row['engine']} | {row['mode']} | {row['stored_s']} | {row['written_s']} "
-            f"| {q['p50_ms']} / {q['p95_ms']} / {q['p99_ms']} / {q['max_ms']} "
+            f"| {row['engine']} | {row['mode']} | {row['repeats']} | {row['stored_s']} "
+            f"| {row['written_s']} | {q['p50_ms']} / {q['p95_ms']} / {q['p99_ms']} / {q['max_ms']} "
+            f"| {row['quiet_p50_range']} "
             f"| {d['p50_ms']} / {d['p95_ms']} / {d['p99_ms']} / {d['max_ms']} "
             f"| {q['redis_main_busy']:.0%} / {d['redis_main_busy']:.0%} "
-            f"| {q['lookup_usec']} / {d['lookup_usec']} | {d['lookups']:,} |"
+            f"| {q['lookup_usec']:.0f} / {d['lookup_usec']:.0f} | {d['lookups']:,.0f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -246,7 +276,8 @@ def main() -> int:
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--data", type=Path, default=DATA / "qqp_dev.jsonl")
     parser.add_argument("--size", type=int, default=10_000)
-    parser.add_argument("--burst", type=int, default=20_000)
+    parser.add_argument("--burst", type=int, default=5_000)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--engines", default="redis-search,redis-vsets")
     parser.add_argument("--modes", default="loop,process", help=f"any of {', '.join(MODES)}")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
