@@ -10,7 +10,9 @@ the store's background writer, as the gateway does). Where the burst runs (`--mo
 - `loop-entries`: in the lookups' loop, entries only, no vector (what storing answers costs
   without any vector write: the floor `loop` can come down to).
 
-Each burst is set beside a quiet loop measured just before it; modes alternate, `--repeats`
+Lookups during a burst are told apart by when they ran: while its entries were being stored,
+and after that, while only its vectors were still being written. Each burst is set beside a
+quiet loop measured just before it; modes alternate, `--repeats`
 times, and each figure is the median over the repeats (the quiet loops' p50 range shows how much
 the shared machine alone moved it). Besides the lookups' latency as
 the client sees it, Redis's side: its main thread's CPU share over the phase (INFO cpu) and the
@@ -60,16 +62,25 @@ class Phase:
     lookup_usec: float
 
     def summary(self) -> dict[str, float]:
-        took = self.took_ms
-        return {
-            "lookups": len(took),
-            "p50_ms": round(statistics.median(took), 3),
-            "p95_ms": round(statistics.quantiles(took, n=20)[18], 3),
-            "p99_ms": round(statistics.quantiles(took, n=100)[98], 3),
-            "max_ms": round(max(took), 1),
+        busy = {
             "redis_main_busy": round(self.main_cpu_s / self.wall_s, 2),
             "lookup_usec": round(self.lookup_usec),
         }
+        return latencies(self.took_ms) | busy
+
+
+def latencies(took_ms: list[float]) -> dict[str, float]:
+    """Count, p50, p95, p99 and max of lookup times (NaN for fewer than 20 lookups)."""
+    if len(took_ms) < 20:
+        nan = float("nan")
+        return {"lookups": len(took_ms), "p50_ms": nan, "p95_ms": nan, "p99_ms": nan, "max_ms": nan}
+    return {
+        "lookups": len(took_ms),
+        "p50_ms": round(statistics.median(took_ms), 3),
+        "p95_ms": round(statistics.quantiles(took_ms, n=20)[18], 3),
+        "p99_ms": round(statistics.quantiles(took_ms, n=100)[98], 3),
+        "max_ms": round(max(took_ms), 1),
+    }
 
 
 class RedisSide:
@@ -111,12 +122,15 @@ class Asker:
                 took_ms.append((time.perf_counter() - began) * 1000)
         return took_ms
 
-    async def until(self, done: asyncio.Future[Any]) -> list[float]:
-        """The partition's first questions, over and over, until `done`."""
-        took_ms: list[float] = []
+    async def until(self, done: asyncio.Future[Any]) -> list[tuple[float, float]]:
+        """The partition's first questions, over and over, until `done`: (seconds since the
+        start, milliseconds taken) of each."""
+        began = time.perf_counter()
+        took: list[tuple[float, float]] = []
         while not done.done():
-            took_ms += await self.rounds(1, self.queries[:20])
-        return took_ms
+            for took_ms in await self.rounds(1, self.queries[:20]):
+                took.append((time.perf_counter() - began, took_ms))
+        return took
 
 
 async def burst_rows(
@@ -139,11 +153,14 @@ async def burst_rows(
                 quiet = side.phase(before, await asker.rounds(2), time.perf_counter() - began)
                 new = filler(cached, args.burst, seed=11 + 10 * repeat + n)
                 tenant = f"burst{repeat}-{n}"
-                during, timing = await _during(mode, store, asker, side, new, tenant, args)
+                during, took, timing = await _during(mode, store, asker, side, new, tenant, args)
+                storing = [ms for at_s, ms in took if at_s < timing["stored_s"]]
+                writing = [ms for at_s, ms in took if at_s >= timing["stored_s"]]
                 table.append({
                     "engine": engine, "mode": mode, "repeat": repeat, "size": args.size,
                     "burst": args.burst, **timing, "quiet": quiet.summary(),
-                    "during": during.summary(),
+                    "during": during.summary(), "storing": latencies(storing),
+                    "writing": latencies(writing),
                 })  # fmt: skip
                 print(json.dumps(table[-1]), file=sys.stderr, flush=True)
     finally:
@@ -156,8 +173,9 @@ async def burst_rows(
 async def _during(
     mode: str, store: RedisCacheStore, asker: Asker, side: RedisSide, rows: np.ndarray,
     tenant: str, args: argparse.Namespace,
-) -> tuple[Phase, dict[str, float]]:  # fmt: skip
-    """Lookups while the burst is stored in `mode`; how long storing and writing took."""
+) -> tuple[Phase, list[tuple[float, float]], dict[str, float]]:  # fmt: skip
+    """Lookups while the burst is stored in `mode` (all, and each one's time from the start);
+    how long storing and writing took."""
     if mode == "process":
         return await _during_child(asker, side, rows, tenant, args)
     graph = await asker.index.graph(asker.spec) if mode == "loop" else None
@@ -165,12 +183,13 @@ async def _during(
     writing = asyncio.ensure_future(stored(store, rows, graph, tenant))
     took = await asker.until(writing)
     timing = await writing
-    return side.phase(before, took, time.perf_counter() - began), timing
+    wall_s = time.perf_counter() - began
+    return side.phase(before, [ms for _, ms in took], wall_s), took, timing
 
 
 async def _during_child(
     asker: Asker, side: RedisSide, rows: np.ndarray, tenant: str, args: argparse.Namespace
-) -> tuple[Phase, dict[str, float]]:
+) -> tuple[Phase, list[tuple[float, float]], dict[str, float]]:
     with tempfile.TemporaryDirectory() as folder:
         saved = Path(folder) / "burst.npy"
         np.save(saved, rows)
@@ -189,8 +208,9 @@ async def _during_child(
         answer = asyncio.ensure_future(child.stdout.readline())
         took = await asker.until(answer)
         timing = json.loads(await answer)
+        wall_s = time.perf_counter() - began
         await child.wait()
-    return side.phase(before, took, time.perf_counter() - began), timing
+    return side.phase(before, [ms for _, ms in took], wall_s), took, timing
 
 
 async def stored(
@@ -206,7 +226,7 @@ async def stored(
         await store.put(entry)
     stored_s = time.perf_counter() - began
     await store.flush_vectors()
-    return {"stored_s": round(stored_s, 1), "written_s": round(time.perf_counter() - began, 1)}
+    return {"stored_s": stored_s, "written_s": time.perf_counter() - began}
 
 
 async def child(redis_url: str, engine: str, saved: Path, tenant: str) -> None:
@@ -235,10 +255,10 @@ def medians(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
         merged: dict[str, Any] = {"engine": engine, "mode": mode, "repeats": len(rows)}
         for key in ("stored_s", "written_s"):
             merged[key] = round(statistics.median(r[key] for r in rows), 1)
-        for phase in ("quiet", "during"):
+        for phase in ("quiet", "during", "storing", "writing"):
+            measured = [r[phase] for r in rows if r[phase]["lookups"] >= 20] or [rows[0][phase]]
             merged[phase] = {
-                stat: round(statistics.median(r[phase][stat] for r in rows), 3)
-                for stat in rows[0][phase]
+                stat: round(statistics.median(m[stat] for m in measured), 3) for stat in measured[0]
             }
         quiet_p50 = [r["quiet"]["p50_ms"] for r in rows]
         merged["quiet_p50_range"] = f"{min(quiet_p50)}-{max(quiet_p50)}"
@@ -246,27 +266,31 @@ def medians(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _ms(phase: dict[str, float]) -> str:
+    if phase["lookups"] < 20:
+        return "-"
+    return f"{phase['p50_ms']} / {phase['p95_ms']} / {phase['p99_ms']}"
+
+
 def markdown(table: list[dict[str, Any]], load_avg: str) -> str:
     lines = [
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {load_avg}; "
         "medians of the repeats.",
         "",
-        "| engine | burst from | repeats | entries stored in s | vectors written in s "
-        "| quiet p50 / p95 / p99 / max ms | quiet p50 range ms "
-        "| during p50 / p95 / p99 / max ms "
-        "| Redis main thread busy quiet / during | lookup µs in Redis quiet / during "
-        "| lookups during |",
-        "|---|---|---:|---:|---:|---|---|---|---|---|---:|",
+        "| engine | burst from | entries stored in s | vectors written in s "
+        "| quiet p50 / p95 / p99 ms | quiet p50 range ms | while storing p50 / p95 / p99 ms "
+        "| then while writing vectors p50 / p95 / p99 ms | max ms quiet / during "
+        "| Redis main thread busy quiet / during | lookup µs in Redis quiet / during |",
+        "|---|---|---:|---:|---|---|---|---|---|---|---|",
     ]
     for row in medians(table):
         q, d = row["quiet"], row["during"]
         lines.append(
-            f"| {row['engine']} | {row['mode']} | {row['repeats']} | {row['stored_s']} "
-            f"| {row['written_s']} | {q['p50_ms']} / {q['p95_ms']} / {q['p99_ms']} / {q['max_ms']} "
-            f"| {row['quiet_p50_range']} "
-            f"| {d['p50_ms']} / {d['p95_ms']} / {d['p99_ms']} / {d['max_ms']} "
+            f"| {row['engine']} | {row['mode']} | {row['stored_s']} | {row['written_s']} "
+            f"| {_ms(q)} | {row['quiet_p50_range']} | {_ms(row['storing'])} "
+            f"| {_ms(row['writing'])} | {q['max_ms']} / {d['max_ms']} "
             f"| {q['redis_main_busy']:.0%} / {d['redis_main_busy']:.0%} "
-            f"| {q['lookup_usec']:.0f} / {d['lookup_usec']:.0f} | {d['lookups']:,.0f} |"
+            f"| {q['lookup_usec']:.0f} / {d['lookup_usec']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
