@@ -109,25 +109,28 @@ async def test_a_lookup_never_waits_behind_writes_redis_is_holding(
     store, index = cache
     engine = engine_named(store, name)
     graph = await index.graph(spec)
-    [first, *rest] = burst(401, graph)
-    await store.put(first)
+    assert graph is not None
+    rows = unit_rows(401, seed=5)
+    await store.put(burst(1, graph)[0])
     await store.flush_vectors()
-    for entry in rest:
-        await store.put(entry)  # their entries are stored, their vectors queued
+    with redis.Redis.from_url(redis8_url) as admin, admin.pipeline() as pipe:
+        for n in range(1, 401):  # the burst's entries, stored before Redis holds writes
+            pipe.set(f"tw:{{t}}:cache:x:b{n}", b"v", px=3_600_000)
+        pipe.execute()
     with writes_held(redis8_url):
-        queued = engine.pending()
-        assert queued > 0
-        # a batch taken from the queue from now on is held in Redis
-        await until(lambda: engine.pending() < queued, "the writer's next batch")
-        held, written = engine.pending(), redis_vectors(redis8_url, name, "t", "p")
-        row = unit_rows(401, seed=5)[0]
+        for n in range(1, 401):
+            engine.add("t", "p", f"b{n}", rows[n].tobytes(), "q", graph=graph, ttl_ms=3_600_000,
+                       keep_ms=3_600_000)  # fmt: skip
+        # the writer's first batch, taken from the queue and sent, is held in Redis
+        await until(lambda: engine.pending() < 400, "the writer's first batch")
+        held = engine.pending()
         async with asyncio.timeout(20.0):
-            found = await index.nearest("t", "p", row, "q", 0.99, spec)
+            found = await index.nearest("t", "p", rows[0], "q", 0.99, spec)
         assert found is not None
         assert found.key == "b0"
         await asyncio.sleep(0.2)
         # answered while the writer still waits for its batch
-        assert (engine.pending(), redis_vectors(redis8_url, name, "t", "p")) == (held, written)
+        assert (engine.pending(), redis_vectors(redis8_url, name, "t", "p")) == (held, 1)
     await store.flush_vectors()
     assert redis_vectors(redis8_url, name, "t", "p") == 401
 
