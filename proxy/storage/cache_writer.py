@@ -1,6 +1,6 @@
 """What Redis's vector engines share: the probe for the engine's commands, and one background
-task that sends queued vector writes (storing an answer never waits for the index) in small
-batches, paced, on a connection no lookup uses, so a burst of new vectors leaves Redis's main
+task that sends queued vector writes (storing an answer never waits for the index) one at a
+time, paced, on a connection no lookup uses, so a burst of new vectors leaves Redis's main
 thread and this process's event loop free for lookups (docs/benchmarks.md, issue 18's burst).
 """
 
@@ -29,9 +29,11 @@ _log = logging.getLogger("tokenweir.cache")
 Command: TypeAlias = tuple[Any, ...]
 """One Redis command, as its arguments."""
 
-# Writes per batch: a lookup reaching Redis while a batch is being added waits behind at most
-# this many graph insertions.
-_BATCH = 4
+# Writes per batch. One: RediSearch adds to its graph in Redis's main thread, and a lookup
+# arriving meanwhile waits behind every insertion of the batch (with 4, other tenants' lookup
+# p95 rose by half while a burst was written, with 1 by a tenth: docs/benchmarks.md); vector
+# sets search their graph in a thread, where 1 and 4 measured alike.
+_BATCH = 1
 # The share of time the writer has a batch in flight: after a batch that took t seconds (its
 # encoding here, its insertions in Redis), it waits t * (1 - share) / share before the next. Slow
 # insertions (a busy Redis, a big graph) thus slow the writer down with them.
