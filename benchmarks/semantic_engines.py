@@ -40,7 +40,7 @@ def filler(vectors: np.ndarray, count: int, seed: int = 7) -> np.ndarray:
 async def load(store: CacheStore, index: SemanticIndex, rows: np.ndarray, spec: CacheSpec) -> float:
     """Seconds to hold `rows` in the engine: entries stored as the gateway stores them, and on
     Redis their vectors written by the store's batched background writer (into RediSearch's
-    hashes or the vector set, as `spec.vector_search` and the server choose)."""
+    hashes or the vector set, as `spec.vector_search` and the server choose), unpaced."""
     began = time.perf_counter()
     graph = await index.graph(spec)
     for n, row in enumerate(rows):
@@ -48,9 +48,9 @@ async def load(store: CacheStore, index: SemanticIndex, rows: np.ndarray, spec: 
                            pack(row, "q"), graph)  # fmt: skip
         await store.put(entry)
         if isinstance(store, RedisCacheStore) and n % 2000 == 1999:
-            await store.flush_vectors()
+            await store.flush_vectors(hurry=True)
     if isinstance(store, RedisCacheStore):
-        await store.flush_vectors()
+        await store.flush_vectors(hurry=True)
     return time.perf_counter() - began
 
 

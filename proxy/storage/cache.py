@@ -96,8 +96,8 @@ class VectorEngine(Protocol):
     def pending(self) -> int:
         """Vectors queued for writing."""
 
-    async def flush(self) -> None:
-        """Wait until every queued write has been sent."""
+    async def flush(self, *, hurry: bool = False) -> None:
+        """Wait until every queued write has been sent (`hurry`: at full speed, unpaced)."""
 
     async def aclose(self) -> None:
         """Send what is queued (briefly), then stop writing."""

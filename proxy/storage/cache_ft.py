@@ -15,10 +15,8 @@ node of its slot.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from importlib import resources
 from typing import Any, Literal
 
 from redis.asyncio.cluster import RedisCluster
@@ -26,8 +24,8 @@ from redis.exceptions import ResponseError
 
 from proxy.storage.base import StorageError
 from proxy.storage.cache import Graph, VectorHit
-from proxy.storage.cache_writer import BatchedWriter, run
-from proxy.storage.redisconn import Call, RedisClient, translated
+from proxy.storage.cache_writer import BatchedWriter, Command
+from proxy.storage.redisconn import translated
 
 __all__ = ["RedisSearchVectors", "index_name", "vector_key"]
 
@@ -59,12 +57,7 @@ class _Remove:
 class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
     name: Literal["search", "vsets"] = "search"
     marker = "#"
-
-    def __init__(self, client: RedisClient, prefix_of: Callable[[str], str]) -> None:
-        super().__init__(client, prefix_of)
-        lua = resources.files("proxy.storage") / "lua" / "cache_ft_add.lua"
-        self._add = client.register_script(lua.read_text(encoding="utf-8"))
-        self._created: set[str] = set()
+    script_name = "cache_ft_add.lua"
 
     async def available(self) -> bool:
         return await self._probe(partial(_ft, ("FT._LIST",), "tw:{probe}:cache:"))
@@ -85,7 +78,7 @@ class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
                 found = await _ft(command, prefix, self._client)
         except StorageError as exc:
             if isinstance(exc.__cause__, ResponseError) and _no_index(str(exc)):
-                self._created.discard(name)  # nothing written yet, or the database was emptied
+                self._prepared.discard(name)  # nothing written yet, or the database was emptied
                 return []
             raise
         named = (_named(hit, vector_key(prefix, "")) for hit in _hits(found))
@@ -110,7 +103,7 @@ class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
                 continue
             dim = len(write.vector) // 4
             name = index_name(write.prefix, dim)
-            if name in self._created:
+            if name in self._prepared:
                 continue
             schema = (
                 "ON", "HASH", "PREFIX", 1, vector_key(write.prefix, ""), "SCHEMA", "p", "TAG",
@@ -123,18 +116,15 @@ class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
             except StorageError as exc:
                 if "index already exists" not in str(exc).lower():
                     raise
-            self._created.add(name)
+            self._prepared.add(name)
 
-    def _commands(self, write: _Add | _Remove) -> list[Call]:
+    def _commands(self, write: _Add | _Remove) -> list[Command]:
         if isinstance(write, _Remove):
-            return [partial(run, ("DEL", write.key))]
+            return [("DEL", write.key)]
         keys = [vector_key(write.prefix, write.member), f"{write.prefix}x:{write.member}"]
         dim = len(write.vector) // 4
-        args: list[str | bytes] = [_tag(write.partition), write.question, f"v{dim}", write.vector]
-        return [partial(self._script, keys, args)]
-
-    def _script(self, keys: list[str], args: list[str | bytes], client: Any) -> Any:
-        return self._add(keys=keys, args=args, client=client)
+        args = [_tag(write.partition), write.question, f"v{dim}", write.vector]
+        return [self._script(keys, args)]
 
 
 async def _ft(command: tuple[Any, ...], prefix: str, client: Any) -> Any:

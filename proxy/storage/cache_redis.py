@@ -19,7 +19,8 @@ from proxy.storage.cache_ft import RedisSearchVectors
 from proxy.storage.cache_vset import RedisVectorSets
 from proxy.storage.joint import Lookup
 from proxy.storage.redisconn import translated
-from proxy.storage.redislink import Arg, LuaCall, OnLink, nothing
+from proxy.storage.redislink import Arg, LuaCall, OnLink, RedisLink, nothing
+from proxy.storage.resp import Multiplexed, can_multiplex
 
 __all__ = ["RedisCacheStore"]
 
@@ -35,8 +36,9 @@ class RedisCacheStore(OnLink):
     def _opened(self) -> None:
         # auto's order, measured (docs/benchmarks.md, "semantic cache engines"): FT.SEARCH first
         self._engines: tuple[VectorEngine, ...] = (
-            RedisSearchVectors(self._link.client, _prefix),
-            RedisVectorSets(self._link.client, _prefix),
+            # Each engine's writer has a connection of its own: no lookup waits behind its writes.
+            RedisSearchVectors(self._link.client, _prefix, writes=_own(self._link)),
+            RedisVectorSets(self._link.client, _prefix, writes=_own(self._link)),
         )
 
     def call(self, step: Lookup) -> LuaCall:
@@ -69,7 +71,9 @@ class RedisCacheStore(OnLink):
         ]
         args: list[Arg] = [
             entry.key, entry.value, ttl_ms, entry.now, entry.now - entry.ttl_s,
-            entry.max_entries, prefix, partition or "", entry.vector or b"", ttl_ms * _KEEP_TTLS,
+            entry.max_entries, prefix, partition or "",
+            # the stream's copy; an engine's is sent by its writer
+            entry.vector if engine is None and entry.vector else b"", ttl_ms * _KEEP_TTLS,
             engine.marker if engine is not None else "",
         ]  # fmt: skip
         stored = self._link.later("cache_put", keys, args, nothing, what=self._what)
@@ -101,10 +105,10 @@ class RedisCacheStore(OnLink):
             return None
         return next(e for e in self._engines if e.name == entry.graph.engine)
 
-    async def flush_vectors(self) -> None:
-        """Wait until queued vector writes are sent (tests, benchmarks)."""
+    async def flush_vectors(self, *, hurry: bool = False) -> None:
+        """Wait until queued vector writes are sent (tests, benchmarks); `hurry`: unpaced."""
         for engine in self._engines:
-            await engine.flush()
+            await engine.flush(hurry=hurry)
 
     async def aclose(self) -> None:
         try:
@@ -138,6 +142,14 @@ def _float32(packed: bytes) -> tuple[bytes, str]:
     dim = int.from_bytes(packed[:2], "little")
     vector = np.frombuffer(packed, dtype=np.float16, count=dim, offset=2).astype(np.float32)
     return vector.tobytes(), packed[2 + 2 * dim :].decode()
+
+
+def _own(link: RedisLink) -> Multiplexed | None:
+    """A connection of its own (opened on its first write) where the URL allows one; else the
+    writer goes through redis-py's pool (Sentinel, Cluster, or multiplexing off)."""
+    if not (link.multiplex and can_multiplex(link.url)):
+        return None
+    return Multiplexed(link.url, timeout_s=link.timeout_s)
 
 
 def _prefix(tenant: str) -> str:

@@ -2,7 +2,8 @@
 
 A partition's set is `tw:{tenant}:cache:s:<partition>`, in the tenant's hash tag like its entries,
 so isolation is by key name and on a Redis Cluster the set lives in the tenant's slot. Writes are
-queued and sent in batches by one background task: storing an answer never waits for the graph.
+queued and sent in paced batches by one background task: storing an answer never waits for the
+graph, and a vector whose entry is gone by the time it is written is removed again.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any, Literal
 import orjson
 
 from proxy.storage.cache import Graph, VectorHit
-from proxy.storage.cache_writer import BatchedWriter, run
-from proxy.storage.redisconn import Call, translated
+from proxy.storage.cache_writer import BatchedWriter, Command, run
+from proxy.storage.redisconn import translated
 
 __all__ = ["RedisVectorSets", "set_key"]
 
@@ -27,6 +28,7 @@ def set_key(prefix: str, partition: str) -> str:
 @dataclass(frozen=True, slots=True)
 class _Add:
     key: str
+    entry: str
     member: str
     vector: bytes
     question: str
@@ -44,6 +46,7 @@ class _Remove:
 class RedisVectorSets(BatchedWriter[_Add | _Remove]):
     name: Literal["search", "vsets"] = "vsets"
     marker = "*"
+    script_name = "cache_vset_check.lua"
 
     async def available(self) -> bool:
         return await self._probe(partial(run, ("VCARD", "tw:{probe}:cache:s:-")))
@@ -61,21 +64,26 @@ class RedisVectorSets(BatchedWriter[_Add | _Remove]):
         self, tenant: str, partition: str, member: str, vector: bytes, question: str,
         *, graph: Graph, ttl_ms: int, keep_ms: int,
     ) -> None:  # fmt: skip
-        key = set_key(self._prefix_of(tenant), partition)
+        prefix = self._prefix_of(tenant)
+        key, entry = set_key(prefix, partition), f"{prefix}x:{member}"
         m, ef = graph.m, graph.ef_construction
-        self._enqueue(_Add(key, member, vector, question, m, ef, keep_ms))
+        self._enqueue(_Add(key, entry, member, vector, question, m, ef, keep_ms))
 
     def remove(self, tenant: str, partition: str, key: str) -> None:
         self._enqueue(_Remove(set_key(self._prefix_of(tenant), partition), key))
 
-    def _commands(self, write: _Add | _Remove) -> list[Call]:
+    def _commands(self, write: _Add | _Remove) -> list[Command]:
         if isinstance(write, _Remove):
-            return [partial(run, ("VREM", write.key, write.member))]
+            return [("VREM", write.key, write.member)]
         attributes = orjson.dumps({"q": write.question})
         # CAS: the graph's neighbour search runs in a Redis thread, lookups are not held up by it.
         vadd = ("VADD", write.key, "FP32", write.vector, write.member, "CAS", "NOQUANT")
         options = ("SETATTR", attributes, "M", write.m, "EF", write.ef)
-        return [partial(run, vadd + options), partial(run, ("PEXPIRE", write.key, write.keep_ms))]
+        return [
+            vadd + options,
+            ("PEXPIRE", write.key, write.keep_ms),
+            self._script([write.key, write.entry], [write.member]),
+        ]
 
 
 def _hit(member: Any, scored: Any) -> VectorHit:

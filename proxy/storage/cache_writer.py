@@ -1,40 +1,88 @@
-"""What Redis's vector engines share: one background task that sends queued vector writes in
-batches (storing an answer never waits for the index), and the probe for the engine's commands.
+"""What Redis's vector engines share: the probe for the engine's commands, and one background
+task that sends queued vector writes (storing an answer never waits for the index) one at a
+time, paced, on a connection no lookup uses, so a burst of new vectors leaves Redis's main
+thread and this process's event loop free for lookups (docs/benchmarks.md, issue 18's burst).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.storage.base import StorageError
-from proxy.storage.redisconn import Call, RedisClient, send_all, translated
+from proxy.storage.redisconn import Call, RedisClient, translated
+from proxy.storage.resp import Multiplexed
 
-__all__ = ["BatchedWriter", "run"]
+__all__ = ["BatchedWriter", "Command", "Lua", "run"]
 
 _log = logging.getLogger("tokenweir.cache")
-# Writes per pipeline; a full queue drops new vectors (their answers are still cached exactly).
-_BATCH = 64
+Command: TypeAlias = tuple[Any, ...]
+"""One Redis command, as its arguments."""
+
+# Writes per batch. One: RediSearch adds to its graph in Redis's main thread, and a lookup
+# arriving meanwhile waits behind every insertion of the batch (with 4, other tenants' lookup
+# p95 rose by half while a burst was written, with 1 by a tenth: docs/benchmarks.md); vector
+# sets search their graph in a thread, where 1 and 4 measured alike.
+_BATCH = 1
+# The share of time the writer has a batch in flight: after a batch that took t seconds (its
+# encoding here, its insertions in Redis), it waits t * (1 - share) / share before the next. Slow
+# insertions (a busy Redis, a big graph) thus slow the writer down with them.
+_SHARE = 0.25
+# A full queue drops new vectors (their answers are still cached exactly); from this many
+# queued, the writer goes at full speed to keep from dropping any.
 _QUEUE_LIMIT = 20_000
+_HURRY_FROM = 16_000
 
 W = TypeVar("W")
 
 
-class BatchedWriter(Generic[W]):
-    """Subclasses say what each queued write sends (`_commands`) and how to probe the server."""
+class Lua:
+    """A script the writer sends as EVALSHA, and again as EVAL where the server lacks it."""
 
-    def __init__(self, client: RedisClient, prefix_of: Callable[[str], str]) -> None:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+    def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Command:
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+class BatchedWriter(Generic[W]):
+    """Subclasses say what each queued write sends (`_commands`, with their one script
+    `script_name` as `self._script`) and how to probe the server.
+
+    Writes go out on `writes` (a connection of the writer's own) where given, else through
+    `client` (a pipeline, or on a cluster each command to its node)."""
+
+    script_name: ClassVar[str]  # in proxy/storage/lua
+
+    def __init__(
+        self,
+        client: RedisClient,
+        prefix_of: Callable[[str], str],
+        *,
+        writes: Multiplexed | None = None,
+    ) -> None:
         self._client = client
+        self._writes = writes
         self._prefix_of = prefix_of  # a tenant's key prefix, its hash tag
         self._available: bool | None = None
         self._queue: deque[W] = deque()
         self._writer: asyncio.Task[None] | None = None
+        lua = resources.files("proxy.storage") / "lua" / self.script_name
+        self._script = Lua(lua.read_text(encoding="utf-8"))
+        self._prepared: set[str] = set()  # what `_before` made ready (RediSearch's indexes)
+        self._hurry = False
 
     async def _probe(self, call: Call) -> bool:
         """True if `call` is understood: asked once, then remembered (again if unreachable)."""
@@ -54,20 +102,28 @@ class BatchedWriter(Generic[W]):
     def pending(self) -> int:
         return len(self._queue)
 
-    async def flush(self) -> None:
-        """Wait until every queued write has been sent (tests, shutdown)."""
-        while self._writer is not None and not self._writer.done():
-            await asyncio.shield(self._writer)
+    async def flush(self, *, hurry: bool = False) -> None:
+        """Wait until every queued write has been sent: at the writer's pace, or with `hurry`
+        at full speed (shutdown; a benchmark's setup)."""
+        self._hurry = hurry
+        try:
+            while self._writer is not None and not self._writer.done():
+                await asyncio.shield(self._writer)
+        finally:
+            self._hurry = False
 
     async def aclose(self) -> None:
+        """Send what is queued at full speed, for up to 2 s, then stop."""
         try:
             async with asyncio.timeout(2.0):
-                await self.flush()
+                await self.flush(hurry=True)
         except (TimeoutError, StorageError):
             _log.warning("%d semantic cache vectors not written at shutdown", len(self._queue))
         if self._writer is not None:
             self._writer.cancel()
             await asyncio.gather(self._writer, return_exceptions=True)
+        if self._writes is not None:
+            await self._writes.aclose()
 
     def _enqueue(self, write: W) -> None:
         if len(self._queue) >= _QUEUE_LIMIT:
@@ -79,21 +135,63 @@ class BatchedWriter(Generic[W]):
     async def _before(self, batch: list[W]) -> None:
         """Called before a batch is sent (e.g. to create the indexes it writes to)."""
 
-    def _commands(self, write: W) -> list[Call]:
+    def _commands(self, write: W) -> list[Command]:
         raise NotImplementedError
 
     async def _write(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._queue:
+            began = loop.time()
             batch = [self._queue.popleft() for _ in range(min(_BATCH, len(self._queue)))]
-            calls: list[Call] = []
-            for write in batch:
-                calls.extend(self._commands(write))
+            commands = [command for write in batch for command in self._commands(write)]
             try:
                 await self._before(batch)
                 with translated("cache storage"):
-                    await send_all(self._client, calls)
+                    await self._sent(commands)
             except StorageError as exc:
                 _log.warning("could not write %d semantic cache vectors: %s", len(batch), exc)
+            if self._queue and not self._hurry and len(self._queue) < _HURRY_FROM:
+                await asyncio.sleep((loop.time() - began) * (1.0 - _SHARE) / _SHARE)
+
+    async def _sent(self, commands: list[Command]) -> None:
+        """Send `commands`; those of scripts the server did not know again as EVAL."""
+        again: list[Command] = []
+        errors: list[ResponseError] = []
+        for command, reply in zip(commands, await self._send(commands), strict=True):
+            if _no_script(reply):
+                again.append(("EVAL", self._script.text, *command[2:]))
+            elif isinstance(reply, ResponseError):
+                errors.append(reply)
+        if again:
+            replies = await self._send(again)
+            errors += [reply for reply in replies if isinstance(reply, ResponseError)]
+        if errors:
+            raise StorageError(f"cache storage: {len(errors)} writes refused: {errors[0]}")
+
+    async def _send(self, commands: list[Command]) -> list[Any]:
+        """Replies in order, an error reply as its value."""
+        if self._writes is not None:
+            return await self._writes.execute_many(commands)
+        client = self._client
+        if isinstance(client, RedisCluster):
+            sent = (client.execute_command(*command) for command in commands)
+            replies = await asyncio.gather(*sent, return_exceptions=True)
+            for reply in replies:
+                if isinstance(reply, BaseException) and not isinstance(reply, ResponseError):
+                    raise reply
+            return replies
+        async with client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            replies = await pipe.execute(raise_on_error=False)
+        return list(replies)
+
+
+def _no_script(reply: Any) -> bool:
+    """redis-py names it NoScriptError; a raw reply says "NOSCRIPT ..." (resp.py)."""
+    if isinstance(reply, NoScriptError):
+        return True
+    return isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
 
 
 def run(command: tuple[Any, ...], client: Any) -> Any:

@@ -77,6 +77,7 @@ class RedisLink:
     def __init__(
         self, url: str, *, timeout_s: float = 1.0, max_connections: int = 64, multiplex: bool = True
     ) -> None:
+        self.url, self.timeout_s, self.multiplex = url, timeout_s, multiplex
         self._conn = StoreRedis(
             url, timeout_s=timeout_s, max_connections=max_connections, multiplex=multiplex
         )

@@ -154,6 +154,29 @@ class Multiplexed:
             connection = await self._connect()
         return await self._answer(connection, _pack(args))
 
+    async def execute_many(self, commands: Sequence[Sequence[_Arg]]) -> list[Any]:
+        """The replies of `commands`, sent in order in one write, as a pipeline's: an error
+        reply is returned as its value (a ResponseError); a lost connection or no reply to the
+        last within `timeout_s` raises, as for one call."""
+        if not commands:
+            return []
+        connection = self._open
+        if connection is None or connection.lost is not None:
+            connection = await self._connect()
+        calls = [connection.send(_pack(command)) for command in commands]
+        # Replies come in order: the last one answered means every one was.
+        expiry = asyncio.get_running_loop().call_later(
+            self._timeout_s, connection.expire, calls[-1], self
+        )
+        try:
+            replies = await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            expiry.cancel()
+        for reply in replies:
+            if isinstance(reply, BaseException) and not isinstance(reply, ResponseError):
+                raise reply
+        return replies
+
     async def __aenter__(self) -> Multiplexed:
         return self
 

@@ -276,6 +276,7 @@ async def test_vector_set_replies_read_the_same_in_resp3(redis8_url: str) -> Non
     client = aioredis.Redis.from_url(redis8_url, protocol=3)
     sets = RedisVectorSets(client, lambda tenant: f"tw:{{{tenant}}}:cache:")
     try:
+        await client.set("tw:{t}:cache:x:k", b"v", px=60_000)  # its entry (none: no vector)
         row = unit_rows(1)[0]
         graph = Graph("vsets", 16, 200)
         sets.add("t", "p", "k", row.tobytes(), "museum hours", graph=graph, ttl_ms=60_000,

@@ -1,0 +1,147 @@
+"""The vector writer under a burst, on a real Redis 8, for both of Redis's engines: every vector
+of a burst is written at the writer's own pace, the per-tenant entry limit still applies to the
+vectors (none outlives its entry), lookups never wait behind writes Redis is holding, and
+shutdown sends what is still queued."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+import redis
+
+from proxy.cache.semantic import SemanticIndex
+from proxy.cache.vectors import pack
+from proxy.policy.model import CacheSpec
+from proxy.storage import CacheEntry, RedisCacheStore
+from proxy.storage.cache import Graph
+from tests.cache.test_vector_engines import NOW, REDIS8, engine_named, redis_vectors, unit_rows
+from tests.redis8 import redis8_server, redis8_url
+
+__all__ = ["redis8_server", "redis8_url"]
+
+pytestmark = pytest.mark.anyio
+
+
+def burst(n: int, graph: Graph | None, *, max_entries: int = 10_000) -> list[CacheEntry]:
+    rows = unit_rows(n, seed=5)
+    return [
+        CacheEntry("t", f"b{i}", b"v", NOW + i, 3600.0, max_entries, "p", pack(row, "q"), graph)
+        for i, row in enumerate(rows)
+    ]
+
+
+@pytest.fixture
+async def cache(redis8_url: str) -> AsyncIterator[tuple[RedisCacheStore, SemanticIndex]]:
+    """A store whose calls may wait 30 s: long enough to outlast the writes Redis is holding."""
+    store = RedisCacheStore(redis8_url, timeout_s=30.0)
+    index = SemanticIndex(store)
+    try:
+        yield store, index
+    finally:
+        await index.aclose()
+        await store.aclose()
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(2000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"waited 20 s for {what}")
+
+
+@contextmanager
+def writes_held(url: str) -> Iterator[None]:
+    """Redis holds every write command (and every command behind one on its connection) until
+    the block ends; reads go on (CLIENT PAUSE ... WRITE)."""
+    with redis.Redis.from_url(url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+        try:
+            yield
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+
+
+@pytest.mark.parametrize(("spec", "name"), REDIS8)
+async def test_every_vector_of_a_burst_is_written(
+    redis8_url: str, cache: tuple[RedisCacheStore, SemanticIndex], spec: CacheSpec, name: str
+) -> None:
+    store, index = cache
+    entries = burst(300, await index.graph(spec))
+    for entry in entries:
+        await store.put(entry)
+    assert engine_named(store, name).pending() > 0  # the puts did not wait for the vectors
+    await store.flush_vectors()  # at the writer's pace, not hurried
+    assert redis_vectors(redis8_url, name, "t", "p") == 300
+    for n in (0, 150, 299):
+        row = unit_rows(300, seed=5)[n]
+        found = await index.nearest("t", "p", row, "q", 0.99, spec)
+        assert found is not None
+        assert found.key == f"b{n}"
+
+
+@pytest.mark.parametrize(("spec", "name"), REDIS8)
+async def test_a_burst_beyond_the_entry_limit_leaves_no_vector_without_its_entry(
+    redis8_url: str, cache: tuple[RedisCacheStore, SemanticIndex], spec: CacheSpec, name: str
+) -> None:
+    store, index = cache
+    # each put evicts the oldest entry once 40 are held, mostly before its vector is written
+    for entry in burst(200, await index.graph(spec), max_entries=40):
+        await store.put(entry)
+    await store.flush_vectors()
+    assert redis_vectors(redis8_url, name, "t", "p") == 40
+    with redis.Redis.from_url(redis8_url) as admin:
+        held = {key.decode() for key in admin.scan_iter("tw:{t}:cache:x:*")}
+    assert held == {f"tw:{{t}}:cache:x:b{i}" for i in range(160, 200)}
+    rows = unit_rows(200, seed=5)
+    for n in (0, 100, 159):  # evicted: no vector of theirs is offered any more
+        found = await index.nearest("t", "p", rows[n], "q", 0.99, spec)
+        assert found is None or found.key != f"b{n}"
+
+
+@pytest.mark.parametrize(("spec", "name"), REDIS8)
+async def test_a_lookup_never_waits_behind_writes_redis_is_holding(
+    redis8_url: str, cache: tuple[RedisCacheStore, SemanticIndex], spec: CacheSpec, name: str
+) -> None:
+    store, index = cache
+    engine = engine_named(store, name)
+    graph = await index.graph(spec)
+    assert graph is not None
+    rows = unit_rows(401, seed=5)
+    await store.put(burst(1, graph)[0])
+    await store.flush_vectors()
+    with redis.Redis.from_url(redis8_url) as admin, admin.pipeline() as pipe:
+        for n in range(1, 401):  # the burst's entries, stored before Redis holds writes
+            pipe.set(f"tw:{{t}}:cache:x:b{n}", b"v", px=3_600_000)
+        pipe.execute()
+    with writes_held(redis8_url):
+        for n in range(1, 401):
+            engine.add("t", "p", f"b{n}", rows[n].tobytes(), "q", graph=graph, ttl_ms=3_600_000,
+                       keep_ms=3_600_000)  # fmt: skip
+        # the writer's first batch, taken from the queue and sent, is held in Redis
+        await until(lambda: engine.pending() < 400, "the writer's first batch")
+        held = engine.pending()
+        async with asyncio.timeout(20.0):
+            found = await index.nearest("t", "p", rows[0], "q", 0.99, spec)
+        assert found is not None
+        assert found.key == "b0"
+        await asyncio.sleep(0.2)
+        # answered while the writer still waits for its batch
+        assert (engine.pending(), redis_vectors(redis8_url, name, "t", "p")) == (held, 1)
+    await store.flush_vectors()
+    assert redis_vectors(redis8_url, name, "t", "p") == 401
+
+
+@pytest.mark.parametrize(("spec", "name"), REDIS8)
+async def test_closing_the_store_sends_what_is_still_queued(
+    redis8_url: str, cache: tuple[RedisCacheStore, SemanticIndex], spec: CacheSpec, name: str
+) -> None:
+    store, index = cache
+    for entry in burst(120, await index.graph(spec)):
+        await store.put(entry)
+    assert engine_named(store, name).pending() > 0
+    await store.aclose()  # at full speed, unpaced (closing again at the end changes nothing)
+    assert redis_vectors(redis8_url, name, "t", "p") == 120
