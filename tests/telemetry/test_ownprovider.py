@@ -25,6 +25,9 @@ VARYING = {
     "tokenweir.request_id", "gen_ai.response.time_to_first_chunk", "tokenweir.ttft_s",
     "tokenweir.upstream_ttft_s", "tokenweir.tokens_per_second", "tokenweir.gateway_s",
 }  # fmt: skip
+# Absent when a stream's tokens all reach the gateway in one read (no time between the first
+# and the last to divide by), which a loaded machine can make happen on either path.
+TIMING_DEPENDENT = {"tokenweir.tokens_per_second"}
 
 
 @dataclass
@@ -95,7 +98,7 @@ def shape(spans: list[Span]) -> list[tuple[object, ...]]:
     shapes = []
     for span in spans:
         parent = by_id.get(span.parent_span_id)
-        values = {a.key: a.value for a in span.attributes}
+        values = {a.key: a.value for a in span.attributes if a.key not in TIMING_DEPENDENT}
         fixed = sorted((k, str(v)) for k, v in values.items() if k not in VARYING)
         varying = sorted((k, v.WhichOneof("value")) for k, v in values.items() if k in VARYING)
         shapes.append((
