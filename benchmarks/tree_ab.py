@@ -1,11 +1,13 @@
 """Gateway CPU per non-stream request, every feature on, for two source trees in one run.
 
     python benchmarks/tree_ab.py --base DIR [--rounds 6] [--requests 3000] [--levels 64,1]
+        [--features all|off]
 
 DIR is another checkout (say `git worktree add DIR main`, or `git archive main | tar -x -C
 DIR`, with `shared/` beside it as here). Starts one redis-server per tree, the unpaced
 simulated backend, and a `tokenweir serve` from each tree on overhead.py's `--features all`
-policy with tracing and OTLP metrics exported, both running throughout. Each round sends the
+policy with tracing and OTLP metrics exported (or, with `--features off`, the bare gateway:
+auth only, no Redis, no telemetry), both running throughout. Each round sends the
 same load through one, then the other (the order alternating by round), and reads each
 gateway's CPU time from /proc and its Redis's INFO commandstats around its own run. Reports
 medians over the rounds: CPU µs per request, requests/s, and Redis script calls per request.
@@ -92,15 +94,17 @@ def compare(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         endpoint, _ = stack.enter_context(otlp_sink())
-        os.environ.update(TELEMETRY_ENV)
-        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+        if args.features == "all":
+            os.environ.update(TELEMETRY_ENV)
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
         unpaced = ["mock-backend", "--tokens-per-second", "inf"]
         mock = stack.enter_context(started(unpaced, "/v1/models", work / "mock.log"))
         gateways: dict[str, tuple[Process, redis.Redis]] = {}
         for name, tree in trees.items():
             redis_url = stack.enter_context(private_redis())
             (work / name).mkdir()
-            config = gateway_config(mock.url, work / name, redis_url)
+            storage = redis_url if args.features == "all" else None
+            config = gateway_config(mock.url, work / name, storage)
             gateway = stack.enter_context(gateway_of(tree, config, work / f"{name}.log"))
             gateways[name] = (gateway, stack.enter_context(redis.Redis.from_url(redis_url)))
             warm_up(gateway)
@@ -137,8 +141,13 @@ def markdown(report: dict[str, Any]) -> str:
     intro = (
         f"Run {report['when']} on {report['machine']}; load average {report['load']}; "
         f"{report['requests']:,} non-stream requests per run, medians of {report['rounds']} "
-        "rounds alternating the trees; every feature on (overhead.py --features all, tracing "
-        "and OTLP metrics exported). `base` is the tree given, `this` this checkout."
+        "rounds alternating the trees; "
+        + (
+            "every feature on (overhead.py --features all, tracing and OTLP metrics exported)"
+            if report["features"] == "all"
+            else "the bare gateway (overhead.py's plain policy: auth only)"
+        )
+        + ". `base` is the tree given, `this` this checkout."
     )
     return "\n".join([intro, "", *table(COLUMNS, rows)]) + "\n"
 
@@ -149,16 +158,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--levels", default="64,1")
+    parser.add_argument("--features", choices=("all", "off"), default="all")
     args = parser.parse_args()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "load": load, "requests": args.requests, "rounds": args.rounds,
+        "features": args.features,
         "base": str(args.base.resolve()),
         "levels": compare(args, args.base.resolve()),
     }  # fmt: skip
-    publish("tree-ab", report, markdown(report))
+    publish("tree-ab" if args.features == "all" else "tree-ab-off", report, markdown(report))
     return 0
 
 
