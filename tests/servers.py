@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import subprocess
@@ -33,10 +34,10 @@ def free_port() -> int:
     It comes from below the kernel's ephemeral range, never from `bind(0)`: a port from that
     range can be taken, before the server binds it, as the local port of any outgoing
     connection the suite makes (a CI run lost a cluster node that way). No port is handed out
-    twice in one run."""
-    low = _ephemeral_low()
+    twice in one run: each pytest-xdist worker draws from a slice of the range of its own."""
+    first, end = _worker_slice(_PORTS_FROM, _ephemeral_low())
     while True:
-        port = _random.randrange(_PORTS_FROM, low)
+        port = _random.randrange(first, end)
         if port in _handed_out:
             continue
         with socket.socket() as probe:
@@ -51,6 +52,16 @@ def free_port() -> int:
 _PORTS_FROM = 20000
 _handed_out: set[int] = set()
 _random = random.Random()  # noqa: S311 (a port, not a secret)
+
+
+def _worker_slice(first: int, end: int) -> tuple[int, int]:
+    """Worker k of n's share of [first, end) (the whole of it outside pytest-xdist), so that two
+    workers never probe, and then start a server on, the same port at once."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    size = (end - first) // max(count, 1)
+    start = first + int(worker or 0) * size
+    return start, start + size
 
 
 def _ephemeral_low() -> int:
