@@ -7,7 +7,8 @@ DIR is another checkout (say `git worktree add DIR main`, or `git archive main |
 DIR`, with `shared/` beside it as here). Starts one redis-server per tree, the unpaced
 simulated backend, and a `tokenweir serve` from each tree on overhead.py's `--features all`
 policy with tracing and OTLP metrics exported (or, with `--features off`, the bare gateway:
-auth only, no Redis, no telemetry), both running throughout. Each round sends the
+auth only, no telemetry; its redis-server is started but unused, so its script calls read 0),
+both running throughout. Each round sends the
 same load through one, then the other (the order alternating by round), and reads each
 gateway's CPU time from /proc and its Redis's INFO commandstats around its own run. Reports
 medians over the rounds: CPU µs per request, requests/s, and Redis script calls per request.
