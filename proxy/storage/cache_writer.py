@@ -38,8 +38,9 @@ _BATCH = 1
 # encoding here, its insertions in Redis), it waits t * (1 - share) / share before the next. Slow
 # insertions (a busy Redis, a big graph) thus slow the writer down with them.
 _SHARE = 0.25
-# A full queue drops new vectors (their answers are still cached exactly); from this many
-# queued, the writer goes at full speed to keep from dropping any.
+# A full queue drops new vectors (their answers are still cached exactly, and a warning says how
+# many were dropped); from this many queued, the writer goes at full speed to keep from dropping
+# any.
 _QUEUE_LIMIT = 20_000
 _HURRY_FROM = 16_000
 
@@ -83,6 +84,7 @@ class BatchedWriter(Generic[W]):
         self._script = Lua(lua.read_text(encoding="utf-8"))
         self._prepared: set[str] = set()  # what `_before` made ready (RediSearch's indexes)
         self._hurry = False
+        self._dropped = 0  # vectors dropped since the queue was last full
 
     async def _probe(self, call: Call) -> bool:
         """True if `call` is understood: asked once, then remembered (again if unreachable)."""
@@ -127,7 +129,19 @@ class BatchedWriter(Generic[W]):
 
     def _enqueue(self, write: W) -> None:
         if len(self._queue) >= _QUEUE_LIMIT:
+            if not self._dropped:
+                _log.warning(
+                    "semantic cache vector queue full (%d): new vectors are dropped until it "
+                    "drains (their answers are still cached exactly)", _QUEUE_LIMIT,
+                )  # fmt: skip
+            self._dropped += 1
             return
+        if self._dropped:
+            _log.warning(
+                "%d semantic cache vectors were dropped while the queue was full: those "
+                "answers are hits for the same question only", self._dropped,
+            )  # fmt: skip
+            self._dropped = 0
         self._queue.append(write)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write())

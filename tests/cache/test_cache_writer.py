@@ -6,6 +6,7 @@ shutdown sends what is still queued."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
@@ -15,7 +16,7 @@ import redis
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
 from proxy.policy.model import CacheSpec
-from proxy.storage import CacheEntry, RedisCacheStore
+from proxy.storage import CacheEntry, RedisCacheStore, cache_writer
 from proxy.storage.cache import Graph
 from tests.cache.test_vector_engines import NOW, REDIS8, engine_named, redis_vectors, unit_rows
 from tests.redis8 import redis8_server, redis8_url
@@ -145,3 +146,43 @@ async def test_closing_the_store_sends_what_is_still_queued(
     assert engine_named(store, name).pending() > 0
     await store.aclose()  # at full speed, unpaced (closing again at the end changes nothing)
     assert redis_vectors(redis8_url, name, "t", "p") == 120
+
+
+@pytest.mark.parametrize(("spec", "name"), REDIS8)
+async def test_a_full_queue_drops_new_vectors_and_says_how_many(
+    redis8_url: str,
+    cache: tuple[RedisCacheStore, SemanticIndex],
+    spec: CacheSpec,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, index = cache
+    engine = engine_named(store, name)
+    graph = await index.graph(spec)
+    assert graph is not None
+    monkeypatch.setattr(cache_writer, "_QUEUE_LIMIT", 20)
+    rows = unit_rows(32, seed=5)
+    with redis.Redis.from_url(redis8_url) as admin, admin.pipeline() as pipe:
+        for n in range(32):
+            pipe.set(f"tw:{{t}}:cache:x:b{n}", b"v", px=3_600_000)
+        pipe.execute()
+    with caplog.at_level(logging.WARNING, logger="tokenweir.cache"):
+        for n in range(30):  # queued at once: the writer has not run yet
+            engine.add("t", "p", f"b{n}", rows[n].tobytes(), "q", graph=graph, ttl_ms=3_600_000,
+                       keep_ms=3_600_000)  # fmt: skip
+        assert engine.pending() == 20
+        assert caplog.messages == [
+            "semantic cache vector queue full (20): new vectors are dropped until it drains "
+            "(their answers are still cached exactly)"
+        ]
+        await store.flush_vectors()
+        assert redis_vectors(redis8_url, name, "t", "p") == 20
+        engine.add("t", "p", "b31", rows[31].tobytes(), "q", graph=graph, ttl_ms=3_600_000,
+                   keep_ms=3_600_000)  # fmt: skip
+        assert caplog.messages[1].startswith("10 semantic cache vectors were dropped")
+    await store.flush_vectors()
+    assert redis_vectors(redis8_url, name, "t", "p") == 21
+    for n, kept in ((5, True), (25, False), (31, True)):  # a dropped one is no semantic hit
+        found = await index.nearest("t", "p", rows[n], "q", 0.999, spec)
+        assert (found is not None and found.key == f"b{n}") is kept
