@@ -7,6 +7,9 @@ the store's background writer, as the gateway does). Where the burst runs (`--mo
 
 - `loop`: in the lookups' own event loop, its calls between theirs (one replica doing both);
 - `process`: in a process of its own with its own store (another replica on the same Redis);
+- `process-apart`: the same, storing into another Redis server (`--apart-url`) on this machine:
+  nothing of the burst reaches the lookups' Redis, only the machine's cores are shared, so what
+  it costs the lookups is the cost of two busy processes more on the same cores;
 - `loop-entries`: in the lookups' loop, entries only, no vector (what storing answers costs
   without any vector write: the floor `loop` can come down to).
 
@@ -48,7 +51,7 @@ from proxy.policy.model import CacheSpec
 from proxy.storage.cache import CacheEntry, Graph
 from proxy.storage.cache_redis import RedisCacheStore
 
-MODES = ("loop", "process", "loop-entries")
+MODES = ("loop", "process", "process-apart", "loop-entries")
 _LOOKUP_COMMAND = {"redis-search": "FT.SEARCH", "redis-vsets": "VSIM"}
 
 
@@ -136,8 +139,9 @@ class Asker:
 async def burst_rows(
     engine: str, cached: np.ndarray, queries: np.ndarray, args: argparse.Namespace
 ) -> list[dict[str, Any]]:
-    with Redis.from_url(args.redis_url) as admin:
-        admin.flushdb()
+    for url in {args.redis_url, args.apart_url or args.redis_url}:
+        with Redis.from_url(url) as admin:
+            admin.flushdb()
     store = RedisCacheStore(args.redis_url)
     index = SemanticIndex(store)
     side = RedisSide(args.redis_url, engine)
@@ -158,7 +162,7 @@ async def burst_rows(
                 writing = [ms for at_s, ms in took if at_s >= timing["stored_s"]]
                 table.append({
                     "engine": engine, "mode": mode, "repeat": repeat, "size": args.size,
-                    "burst": args.burst, **timing, "quiet": quiet.summary(),
+                    "burst": args.burst, "rate": args.rate, **timing, "quiet": quiet.summary(),
                     "during": during.summary(), "storing": latencies(storing),
                     "writing": latencies(writing),
                 })  # fmt: skip
@@ -176,11 +180,12 @@ async def _during(
 ) -> tuple[Phase, list[tuple[float, float]], dict[str, float]]:  # fmt: skip
     """Lookups while the burst is stored in `mode` (all, and each one's time from the start);
     how long storing and writing took."""
-    if mode == "process":
-        return await _during_child(asker, side, rows, tenant, args)
+    if mode.startswith("process"):
+        url = args.apart_url if mode == "process-apart" else args.redis_url
+        return await _during_child(asker, side, rows, tenant, url, args)
     graph = await asker.index.graph(asker.spec) if mode == "loop" else None
     before, began = side.read(), time.perf_counter()
-    writing = asyncio.ensure_future(stored(store, rows, graph, tenant))
+    writing = asyncio.ensure_future(stored(store, rows, graph, tenant, args.rate))
     took = await asker.until(writing)
     timing = await writing
     wall_s = time.perf_counter() - began
@@ -188,14 +193,19 @@ async def _during(
 
 
 async def _during_child(
-    asker: Asker, side: RedisSide, rows: np.ndarray, tenant: str, args: argparse.Namespace
+    asker: Asker,
+    side: RedisSide,
+    rows: np.ndarray,
+    tenant: str,
+    url: str,
+    args: argparse.Namespace,
 ) -> tuple[Phase, list[tuple[float, float]], dict[str, float]]:
     with tempfile.TemporaryDirectory() as folder:
         saved = Path(folder) / "burst.npy"
         np.save(saved, rows)
         child = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--redis-url", args.redis_url, "--child", str(saved),
-            "--engines", asker.spec.vector_search, "--tenant", tenant,
+            sys.executable, __file__, "--redis-url", url, "--child", str(saved),
+            "--engines", asker.spec.vector_search, "--tenant", tenant, "--rate", str(args.rate),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert child.stdin is not None
@@ -214,12 +224,15 @@ async def _during_child(
 
 
 async def stored(
-    store: RedisCacheStore, rows: np.ndarray, graph: Graph | None, tenant: str
+    store: RedisCacheStore, rows: np.ndarray, graph: Graph | None, tenant: str, rate: float
 ) -> dict[str, float]:
     """The burst: every entry stored (the entry script), its vector queued (with a `graph`),
-    then all written; seconds until the last entry was stored and until every vector was."""
+    then all written; seconds until the last entry was stored and until every vector was.
+    `rate` entries a second at most (0: as fast as they go)."""
     began = time.perf_counter()
     for n, row in enumerate(rows):
+        if rate and (ahead := began + n / rate - time.perf_counter()) > 0:
+            await asyncio.sleep(ahead)
         partition, vector = (PARTITION, pack(row, "q")) if graph else (None, None)
         entry = CacheEntry(tenant, f"b{n}", b"", time.time(), 86_400.0, 10**7, partition,
                            vector, graph)  # fmt: skip
@@ -229,7 +242,7 @@ async def stored(
     return {"stored_s": stored_s, "written_s": time.perf_counter() - began}
 
 
-async def child(redis_url: str, engine: str, saved: Path, tenant: str) -> None:
+async def child(redis_url: str, engine: str, saved: Path, tenant: str, rate: float) -> None:
     """The burst in a process of its own: "ready", then on "go" the burst, then its timing."""
     rows = np.load(saved)
     store = RedisCacheStore(redis_url)
@@ -238,7 +251,7 @@ async def child(redis_url: str, engine: str, saved: Path, tenant: str) -> None:
         graph = await index.graph(CacheSpec(mode="semantic", vector_search=engine))  # type: ignore[arg-type]
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        print(json.dumps(await stored(store, rows, graph, tenant)), flush=True)
+        print(json.dumps(await stored(store, rows, graph, tenant, rate)), flush=True)
     finally:
         await index.aclose()
         await store.aclose()
@@ -273,9 +286,11 @@ def _ms(phase: dict[str, float]) -> str:
 
 
 def markdown(table: list[dict[str, Any]], load_avg: str) -> str:
+    rate = table[0].get("rate") if table else None
+    pace = f"at most {rate:g} entries a second" if rate else "as fast as they go"
     lines = [
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {load_avg}; "
-        "medians of the repeats.",
+        f"bursts of {table[0]['burst'] if table else 0} entries, {pace}; medians of the repeats.",
         "",
         "| engine | burst from | entries stored in s | vectors written in s "
         "| quiet p50 / p95 / p99 ms | quiet p50 range ms | while storing p50 / p95 / p99 ms "
@@ -304,11 +319,19 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--engines", default="redis-search,redis-vsets")
     parser.add_argument("--modes", default="loop,process", help=f"any of {', '.join(MODES)}")
+    parser.add_argument(
+        "--rate", type=float, default=0.0,
+        help="entries the burst stores a second at most (0: as fast as it can)",
+    )  # fmt: skip
+    parser.add_argument("--apart-url", help="another Redis 8, for --modes process-apart")
+    parser.add_argument("--out", default="semantic_burst", help="results file name, no suffix")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--tenant", default="burst", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if "process-apart" in args.modes and not args.apart_url:
+        parser.error("--modes process-apart needs --apart-url")
     if args.child:
-        asyncio.run(child(args.redis_url, args.engines, args.child, args.tenant))
+        asyncio.run(child(args.redis_url, args.engines, args.child, args.tenant, args.rate))
         return 0
     cached, queries, _ = engine_inputs(qqp_rows(args.data))
     load_avg = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -319,8 +342,8 @@ def main() -> int:
     ]
     load_avg += " at the start, " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " at the end"
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "semantic_burst.json").write_text(json.dumps(table, indent=2) + "\n")
-    (RESULTS / "semantic_burst.md").write_text(markdown(table, load_avg), encoding="utf-8")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(table, indent=2) + "\n")
+    (RESULTS / f"{args.out}.md").write_text(markdown(table, load_avg), encoding="utf-8")
     print(markdown(table, load_avg))
     return 0
 

@@ -1,0 +1,67 @@
+"""Reading a request body within the size cap and time limit; noticing when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import anyio
+from starlette.types import Receive
+
+from proxy.context import RequestContext
+from proxy.errors import BadRequest, BodyTooLarge, RequestTimeout
+
+__all__ = ["ClientGone", "read_body", "watch_disconnect"]
+
+
+class ClientGone(Exception):
+    """The client hung up before the request body arrived."""
+
+
+async def read_body(
+    receive: Receive, headers: Mapping[str, str], limit: int, timeout_s: float | None = None
+) -> bytes:
+    """The whole body; 413 past `limit` bytes, 408 if it has not all arrived within `timeout_s`."""
+    declared = headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequest("Invalid Content-Length header.")
+        if int(declared) > limit:
+            raise _too_large(limit)
+    # asyncio's own timeout: no cancel scope is open yet, and anyio's costs several times more.
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _receive_all(receive, limit)
+    except TimeoutError:
+        raise RequestTimeout(f"The request body did not arrive within {timeout_s} s.") from None
+
+
+async def _receive_all(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def watch_disconnect(receive: Receive, ctx: RequestContext, scope: anyio.CancelScope) -> None:
+    """Cancel `scope` (the upstream call with it) the moment the client disconnects."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not ctx.answered:
+                ctx.client_disconnected = True
+                scope.cancel()
+            return
+
+
+def _too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"The request body is larger than this gateway accepts ({limit} bytes).")
