@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from proxy.clock import SystemClock
 from proxy.context import RequestContext
 from proxy.ledger import UsageRecord
 from proxy.policy import Policy, load_policy
+from proxy.stages import Stage, Traced
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.sdk import OtelSdk, start_sdk
@@ -55,9 +56,11 @@ from proxy.upstream.meter import StreamMeter
 SETUPS = ("none", "sdk", "direct")
 PACE_EVERY, PAUSE_S = 32, 0.002
 OTEL = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none"}
-# The plain gateway's stages, by the names the recorder times them under.
-STAGE_NAMES = ("Parse", "Attribute", "Shape", "Budgets", "RateLimits", "KeyAllowances",
-               "ResponseCache", "Degrade", "Route", "BackendLimits", "Checkpoint")  # fmt: skip
+# The plain gateway's stages: the span name of each the recorder times (None: not timed).
+STAGE_SPANS = (
+    None, None, None, "tokenweir.budget.reserve", "tokenweir.rate_limit.admit", None,
+    "tokenweir.cache.lookup", None, None, "tokenweir.backend_limit.admit", None,
+)  # fmt: skip
 REQUEST_HEADERS = Headers(raw=[
     (b"host", b"127.0.0.1:8080"), (b"authorization", b"Bearer bench-key"),
     (b"content-type", b"application/json"), (b"user-agent", b"OpenAI/Python 1.97.0"),
@@ -65,14 +68,21 @@ REQUEST_HEADERS = Headers(raw=[
 TAIL = b'"model":"mock-llm","choices":[{"finish_reason":"length"}],"usage":{}}'
 
 
-def _stage(name: str) -> Callable[[RequestContext], Any]:
-    async def run(ctx: RequestContext) -> None:
+def _stage(span_name: str | None) -> Stage:
+    """A stage that does nothing; a timed one never touched storage (the plain policy has no
+    quota, limit or cache), so, as in the gateway, it is timed and draws no span."""
+
+    async def run(self: object, ctx: RequestContext) -> None:
         return None
 
-    return type(name, (), {"__call__": staticmethod(run)})()  # type: ignore[no-any-return]
+    attributes: dict[str, Any] = {"__call__": run}
+    if span_name is not None:
+        attributes |= {"span_name": span_name, "given_back_at_settle": True,
+                       "touched": lambda self, ctx: False}  # fmt: skip
+    return type("Stage", (), attributes)()  # type: ignore[no-any-return]
 
 
-STAGES = [_stage(name) for name in STAGE_NAMES]
+STAGES = [_stage(name) for name in STAGE_SPANS]
 
 
 def usage_of(ctx: RequestContext) -> UsageRecord:
@@ -85,7 +95,11 @@ def usage_of(ctx: RequestContext) -> UsageRecord:
 
 
 async def one_request(
-    telemetry: Telemetry, stages: list[tuple[Any, bool]], policy: Policy, clock: SystemClock, n: int
+    telemetry: Telemetry,
+    stages: list[tuple[Stage, Traced | None]],
+    policy: Policy,
+    clock: SystemClock,
+    n: int,
 ) -> None:
     """The recorder's calls for one non-stream request, in the pipeline's order."""
     now = clock.monotonic()
@@ -95,8 +109,8 @@ async def one_request(
     ctx.tenant_name, ctx.tenant, ctx.model = "bench", policy.tenants["bench"], "mock-llm"
     ctx.body = {"model": "mock-llm", "messages": [], "max_tokens": 16}
     for stage, timed in stages:  # as the pipeline runs them
-        if timed and ctx.trace is not None:
-            await telemetry.traced(ctx, stage)
+        if timed is not None and ctx.trace is not None:
+            await telemetry.traced(ctx, timed)
         else:
             await stage(ctx)
     ctx.backend = policy.backends[0]
@@ -115,7 +129,7 @@ def loop_once(
     """(process CPU µs, loop thread CPU µs) per request, export included."""
     clock = SystemClock()
 
-    stages = [(stage, telemetry.spans_stage(stage)) for stage in STAGES]
+    stages = list(zip(STAGES, telemetry.timed_stages(STAGES), strict=True))
 
     async def run() -> None:
         for i in range(n):

@@ -12,7 +12,6 @@ import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +24,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.clock import Clock, SystemClock
-from proxy.cost import PriceTable
 from proxy.errors import GatewayError, InternalError, NotFound
-from proxy.keys.allowance import KeyAllowances
-from proxy.ledger import Ledger
-from proxy.pipeline import Pipeline
+from proxy.gateway import Gateway
 from proxy.policy import Policy, load_policy
 from proxy.reload import (
     WATCH_ENV,
@@ -39,30 +35,13 @@ from proxy.reload import (
     Reloader,
     policy_digest,
 )
-from proxy.routing import Pools, Prober
-from proxy.services import OtelProviders, Services, bounded
-from proxy.stages.account import Account, Settler
-from proxy.stages.attribute import Attribute
-from proxy.stages.auth import Authenticate, CurrentKeyring, Keyring
-from proxy.stages.budget import Budgets
-from proxy.stages.cache import ResponseCache
-from proxy.stages.checkpoint import Checkpoint
-from proxy.stages.degrade import Degrade
-from proxy.stages.forward import Forward
-from proxy.stages.parse import Parse
-from proxy.stages.prefetch import Prefetch
-from proxy.stages.ratelimit import BackendLimits
-from proxy.stages.route import Route as RouteStage
-from proxy.stages.shape import Shape
-from proxy.stages.storagepolicy import StorageFailures
+from proxy.services import OtelProviders, bounded
+from proxy.stages.auth import CurrentKeyring
 from proxy.storage import (
     QuotaStore,
 )
 from proxy.telemetry.logs import flush_access_log
 from proxy.telemetry.otelenv import otel_wanted
-from proxy.telemetry.recorder import Telemetry
-from proxy.tokens import TokenCounters
-from proxy.upstream.client import UpstreamClient
 from proxy.web.admin import admin_routes
 from proxy.web.agents import CountTokens, MessagesEndpoint
 from proxy.web.dashboard import DashboardPages
@@ -78,7 +57,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_POLICY",
     "SESSION_SECRET_ENV",
-    "Gateway",
     "OtelProviders",
     "create_app",
     "create_served_app",
@@ -88,143 +66,6 @@ DEFAULT_POLICY = Path(__file__).parent / "policies" / "default.yaml"
 SESSION_SECRET_ENV = "TOKENWEIR_SESSION_SECRET"  # noqa: S105 - a variable name, not a secret
 SESSION_TTL_S = 12 * 3600.0
 _log = logging.getLogger("tokenweir")
-
-
-@dataclass(frozen=True, slots=True)
-class Gateway:
-    """Everything a request needs under one policy: immutable, swapped whole on a reload; each
-    request takes the one current at its start and keeps it to its end."""
-
-    policy: Policy
-    policy_hash: str
-    services: Services
-    keyring: Keyring
-    pipeline: Pipeline
-    telemetry: Telemetry
-    pools: Pools
-    prober: Prober
-    counters: TokenCounters
-
-    @classmethod
-    def build(
-        cls,
-        policy: Policy,
-        clock: Clock,
-        transport: httpx.AsyncBaseTransport | None = None,
-        store: QuotaStore | None = None,
-        otel: OtelProviders | None = None,
-        policy_hash: str = "",
-        live: LiveGateway | None = None,
-    ) -> Gateway:
-        services = Services.open(policy, clock, transport, store, otel, live)
-        gateway = cls.assemble(policy, policy_hash, services, None)
-        services.live.current = gateway
-        return gateway
-
-    @classmethod
-    def assemble(
-        cls, policy: Policy, policy_hash: str, services: Services, previous: Gateway | None
-    ) -> Gateway:
-        """The per-policy objects on `services`; what the policy did not change is reused
-        from `previous` (backend health and in-flight counts, loaded tokenizers)."""
-        clock, storage, failures = services.clock, services.storage, services.storage_failures
-        store = storage.quotas
-        same_routing = previous is not None and (
-            previous.policy.backends,
-            previous.policy.models,
-        ) == (policy.backends, policy.models)
-        if previous is not None and same_routing:
-            pools, prober = previous.pools, previous.prober
-        else:
-            pools = Pools(policy, clock)
-            prober = Prober(pools, services.upstream, policy.upstream.probe_interval)
-        if previous is not None and previous.policy.models == policy.models:
-            counters = previous.counters
-        else:
-            counters = TokenCounters(policy)
-        keyring = Keyring(policy, services.keys)
-        prices = PriceTable(policy)
-        budgets = Budgets(store, prices, clock, failures)
-        rate_limits, cache = services.rate_limits, services.cache
-        key_limits = KeyAllowances(store, storage.limits, clock)
-        telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
-        route = RouteStage(pools, services.upstream, clock, rate_limits.admit_backend)
-        settlers: list[Settler] = [route, rate_limits, budgets, key_limits, cache]
-        account = Account(
-            clock, settlers, prices, services.ledger, telemetry, counters=counters,
-            models=policy.models,
-        )  # fmt: skip
-        checkpoint = Checkpoint(
-            services.checkpoints, [budgets, key_limits], services.ledger, account.usage_record,
-            prices, counters,
-        )  # fmt: skip
-        pipeline = Pipeline(
-            auth=Authenticate(keyring, policy.tenants, key_limits.note),
-            stages=[
-                Parse(policy.models),
-                Attribute(),
-                Shape(counters),
-                Prefetch(storage, [budgets, rate_limits, key_limits, cache], failures),
-                budgets,
-                rate_limits,
-                key_limits,
-                cache,
-                Degrade(pools, clock, store, failures, cache),
-                route,
-                BackendLimits(rate_limits),
-                checkpoint,
-            ],
-            forward=Forward(route, clock, telemetry, policy.upstream),
-            account=account,
-            max_body_bytes=policy.server.max_body_bytes,
-            telemetry=telemetry,
-            replay=cache.replay,
-            body_timeout_s=policy.server.body_timeout,
-            drain=services.drain,
-        )
-        return cls(policy, policy_hash, services, keyring, pipeline, telemetry, pools, prober,
-                   counters)  # fmt: skip
-
-    def reloaded(self, policy: Policy, policy_hash: str) -> Gateway:
-        return self.assemble(policy, policy_hash, self.services, self)
-
-    @property
-    def clock(self) -> Clock:
-        return self.services.clock
-
-    @property
-    def upstream(self) -> UpstreamClient:
-        return self.services.upstream
-
-    @property
-    def store(self) -> QuotaStore:
-        return self.services.storage.quotas
-
-    @property
-    def ledger(self) -> Ledger | None:
-        return self.services.ledger
-
-    @property
-    def storage_failures(self) -> StorageFailures:
-        return self.services.storage_failures
-
-    @property
-    def started_wall(self) -> float:
-        return self.services.started_wall
-
-    @property
-    def cache(self) -> ResponseCache:
-        return self.services.cache
-
-    async def start(self) -> None:
-        await self.services.start()
-        self.prober.start()
-
-    async def aclose(self) -> None:
-        try:
-            await bounded("the backend prober", self.prober.aclose())
-        finally:
-            await self.services.aclose()
 
 
 def create_app(
@@ -254,7 +95,7 @@ def create_app(
     watching = watch if watch is not None else os.environ.get(WATCH_ENV) == "1"
     # Workers and replicas that share the secret accept each other's dashboard logins.
     secret = os.environ.get(SESSION_SECRET_ENV, "").encode() or secrets.token_bytes(32)
-    live = LiveGateway()
+    live: LiveGateway[Gateway] = LiveGateway()
     # Bearer keys on the dashboard and /api/usage follow reloads and runtime keys; a session
     # cookie is checked against the keys of the policy serving now.
     keyring = CurrentKeyring(lambda: live.current.keyring)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from proxy.policy.model import Backend, Tenant
 from proxy.upstream.meter import StreamMeter
@@ -12,15 +12,12 @@ from proxy.upstream.meter import StreamMeter
 if TYPE_CHECKING:
     from proxy.cache.answer import Answer
     from proxy.cache.plan import CachePlan
+    from proxy.holds import Planned, RateLimitHold, Reservation, Routed
     from proxy.ledger.base import UsageRecord
-    from proxy.stages.budget import Reservation
-    from proxy.stages.prefetch import Planned
-    from proxy.stages.ratelimit import RateLimitHold
-    from proxy.stages.route import Routed
-    from proxy.telemetry.traces import TraceHooks
+    from proxy.telemetry.spanattrs import SpanAttributes
     from proxy.upstream.capture import Capture
 
-__all__ = ["Operation", "RequestContext", "UsageSource"]
+__all__ = ["Operation", "RequestContext", "TraceHooks", "UsageSource"]
 
 Operation = Literal["chat", "text_completion", "embeddings", "responses", "messages"]
 UsageSource = Literal["backend", "counted", "estimated", "counted_output", "cache"]
@@ -28,6 +25,25 @@ UsageSource = Literal["backend", "counted", "estimated", "counted_output", "cach
 the backend's usage; the gateway's count (exact tokenizer) or estimate (no tokenizer) when the
 backend sent none it could believe; the backend's input with the gateway's larger output count;
 a cache hit's stored usage."""
+
+
+class TraceHooks(Protocol):
+    """One request's spans, as the recorder drives them (monotonic times, seconds)."""
+
+    @property
+    def recording(self) -> bool:
+        """False when the sampler left this request out (its spans record nothing)."""
+
+    def stage_ran(self, name: str, started_s: float, ended_s: float) -> None: ...
+
+    def upstream_started(self, ctx: RequestContext, now_s: float) -> dict[str, str]:
+        """Open the backend call's span; returns the headers that carry it to the backend."""
+
+    def upstream_ended(self, now_s: float, status: int | None, error: str | None) -> None: ...
+
+    def finish(self, ctx: RequestContext, now_s: float, attributes: SpanAttributes | None) -> None:
+        """End the request span with its GenAI attributes (None when it is not recording);
+        draw the storage stages' spans."""
 
 
 @dataclass(slots=True, eq=False)

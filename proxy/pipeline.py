@@ -11,15 +11,15 @@ from collections.abc import Awaitable, Callable, Sequence
 import anyio
 from starlette.types import Message, Receive, Send
 
+from proxy.asgi.body import ClientGone, read_body, watch_disconnect
+from proxy.asgi.drain import Drain
+from proxy.asgi.respond import send_error
 from proxy.context import RequestContext
 from proxy.errors import GatewayError, ShuttingDown
 from proxy.stages import Stage
 from proxy.stages.account import Account
 from proxy.stages.forward import Forward
 from proxy.telemetry.recorder import Telemetry
-from proxy.web.body import ClientGone, read_body, watch_disconnect
-from proxy.web.drain import Drain
-from proxy.web.respond import send_error
 
 __all__ = ["Pipeline", "Replay"]
 
@@ -45,7 +45,7 @@ class Pipeline:
     ) -> None:
         self._auth = auth
         # Only the stages that may get a span of their own are timed for the trace.
-        self._stages = tuple((stage, telemetry.spans_stage(stage)) for stage in stages)
+        self._stages = tuple(zip(stages, telemetry.timed_stages(stages), strict=True))
         self._forward = forward
         self._account = account
         self._max_body_bytes = max_body_bytes
@@ -67,8 +67,8 @@ class Pipeline:
                 watcher = asyncio.create_task(watch_disconnect(receive, ctx, scope))
                 try:
                     for stage, timed in self._stages:
-                        if timed and ctx.trace is not None:
-                            await self._telemetry.traced(ctx, stage)
+                        if timed is not None and ctx.trace is not None:
+                            await self._telemetry.traced(ctx, timed)
                         else:
                             await stage(ctx)
                         if ctx.cached is not None:

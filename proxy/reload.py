@@ -17,16 +17,13 @@ import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, Self, TypeVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import BadRequest
 from proxy.policy import Policy, PolicyError, Problem, parse_policy
 from proxy.together import cancelled
-
-if TYPE_CHECKING:
-    from proxy.app import Gateway
 
 __all__ = [
     "SUPERVISOR_ENV",
@@ -91,23 +88,47 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-class LiveGateway:
+class Prober(Protocol):
+    def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Reloadable(Protocol):
+    """What a reload needs of a gateway (proxy/gateway.py's `Gateway`)."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def policy_hash(self) -> str: ...
+
+    @property
+    def prober(self) -> Prober: ...
+
+    def reloaded(self, policy: Policy, policy_hash: str) -> Self: ...
+
+
+G = TypeVar("G", bound=Reloadable)
+
+
+class LiveGateway(Generic[G]):
     """The gateway that new requests get; `swap` replaces it."""
 
     def __init__(self) -> None:
-        self._current: Gateway | None = None
+        self._current: G | None = None
 
     @property
-    def current(self) -> Gateway:
+    def current(self) -> G:
         if self._current is None:
             raise RuntimeError("the gateway is not built yet")
         return self._current
 
     @current.setter
-    def current(self, gateway: Gateway) -> None:
+    def current(self, gateway: G) -> None:
         self._current = gateway
 
-    async def swap(self, new: Gateway) -> None:
+    async def swap(self, new: G) -> None:
         old, self._current = self._current, new
         if old is not None and old.prober is not new.prober:
             new.prober.start()
@@ -132,10 +153,10 @@ def restart_needed(old: Policy, new: Policy) -> list[str]:
     return [name for name in RESTART_SECTIONS if getattr(old, name) != getattr(new, name)]
 
 
-class Reloader:
+class Reloader(Generic[G]):
     """Loads the policy file again on request, on SIGHUP and (with `watch`) when it changes."""
 
-    def __init__(self, live: LiveGateway, source: PolicySource | None, *, watch: bool) -> None:
+    def __init__(self, live: LiveGateway[G], source: PolicySource | None, *, watch: bool) -> None:
         self._live = live
         self._path = source.path if source else None
         self._watch = watch and source is not None

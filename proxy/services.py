@@ -12,12 +12,12 @@ from typing import Protocol
 import httpx
 from opentelemetry.trace import TracerProvider
 
+from proxy.asgi.drain import Drain
 from proxy.cache import open_embedder
 from proxy.clock import Clock
 from proxy.keys.runtime import RuntimeKeys
 from proxy.ledger import Ledger, open_ledger
 from proxy.policy import Policy
-from proxy.reload import LiveGateway
 from proxy.stages.cache import ResponseCache
 from proxy.stages.checkpoint import CheckpointSweep
 from proxy.stages.ratelimit import RateLimits
@@ -32,7 +32,6 @@ from proxy.telemetry.traces import TraceSource
 from proxy.telemetry.tracing import open_tracing
 from proxy.telemetry.workershare import WorkerShare
 from proxy.upstream.client import UpstreamClient
-from proxy.web.drain import Drain
 
 __all__ = ["MetricsPusher", "OtelProviders", "Services", "bounded", "response_cache"]
 
@@ -57,7 +56,6 @@ class Services:
     drain: Drain
     keys: RuntimeKeys
     ended_sessions: EndedSessions
-    live: LiveGateway
     metrics_push: MetricsPusher | None = None
     checkpoints: CheckpointSweep = field(default_factory=CheckpointSweep)
 
@@ -69,15 +67,17 @@ class Services:
         transport: httpx.AsyncBaseTransport | None = None,
         store: QuotaStore | None = None,
         otel: OtelProviders | None = None,
-        live: LiveGateway | None = None,
+        current_policy: Callable[[], Policy] | None = None,
     ) -> Services:
+        """`current_policy` is the policy serving now (after reloads), for the budgets the
+        metrics export reads; `policy` if not given."""
         storage = open_storage(policy.storage)
         if store is not None:
             storage = storage.with_quotas(store)
         failures = StorageFailures(clock)
         tracer_provider = otel.tracer_provider if otel else None
         metrics = GatewayMetrics(WorkerShare.from_environment())  # --workers N: summed
-        live = live or LiveGateway()
+        serving = current_policy or (lambda: policy)
         quotas = storage.quotas
         return cls(
             clock, UpstreamClient(policy.upstream, transport), storage,
@@ -87,9 +87,9 @@ class Services:
             response_cache(policy, clock, storage.cache),
             RateLimits(storage.limits, clock, failures),
             Drain(policy.server.drain_timeout), RuntimeKeys(open_key_store(policy.storage), clock),
-            open_ended_sessions(policy.storage), live,
+            open_ended_sessions(policy.storage),
             otel.metrics_push(
-                metrics, lambda: budgets_left(live.current.policy, quotas, clock.wall())
+                metrics, lambda: budgets_left(serving(), quotas, clock.wall())
             ) if otel else None,
         )  # fmt: skip
 

@@ -11,7 +11,7 @@ from proxy.policy.model import Backend, CircuitSpec
 from proxy.routing.circuit import Circuit
 
 if TYPE_CHECKING:
-    from proxy.context import RequestContext
+    from proxy.upstream.meter import StreamMeter
 
 __all__ = ["WINDOW_S", "BackendHealth", "Window"]
 
@@ -54,7 +54,7 @@ class BackendHealth:
         self.backend = backend
         self.circuit = Circuit(spec)
         self.probe_error: str | None = None  # what the last active probe found wrong
-        self.active: set[RequestContext] = set()  # requests in flight on this backend
+        self.active: set[StreamMeter] = set()  # requests in flight on this backend, by meter
         self.ttft = Window()
         self.tokens_per_s = Window()
         self.outcomes = Window()  # 1.0 for a failure, 0.0 for a success
@@ -72,7 +72,7 @@ class BackendHealth:
 
     def waiting(self) -> int:
         """Requests in flight that have had no token yet: queued or prefilling at the backend."""
-        return sum(1 for ctx in self.active if ctx.meter.first_token_s is None)
+        return sum(1 for meter in self.active if meter.first_token_s is None)
 
     def failed(self, now_s: float) -> None:
         self.circuit.failed(now_s)

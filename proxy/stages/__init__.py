@@ -1,12 +1,33 @@
-"""The request path, one small stage per job; each reads and writes the RequestContext."""
+"""The request path, one small stage per job; each reads and writes the RequestContext.
 
-from typing import Protocol
+A stage says itself what else it is: `Traced` (it gets a child span of the request's when it
+used storage), a settler (proxy/stages/account.py `Settler`: it holds something until the
+request ends). The gateway derives the traced stages and the settlers from the stage list, so a
+new stage is its file and one line in proxy/gateway.py.
+"""
+
+from typing import ClassVar, Protocol, runtime_checkable
 
 from proxy.context import RequestContext
 
-__all__ = ["Stage"]
+__all__ = ["Stage", "Traced"]
 
 
 class Stage(Protocol):
     async def __call__(self, ctx: RequestContext) -> None:
         """Do this stage's one job on `ctx`, or raise a GatewayError to reject the request."""
+
+
+@runtime_checkable
+class Traced(Protocol):
+    """A stage timed for the request's trace: a child span named `span_name` is drawn when
+    `touched` says it used storage for the request (checked as it ends)."""
+
+    span_name: ClassVar[str]
+    # True when what the stage takes is given back in the settle call: the settle span is
+    # drawn for a request when such a stage touched storage.
+    given_back_at_settle: ClassVar[bool]
+
+    async def __call__(self, ctx: RequestContext) -> None: ...
+
+    def touched(self, ctx: RequestContext) -> bool: ...

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Collection, Sequence
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import orjson
 
@@ -26,12 +26,13 @@ from proxy.telemetry.semconv import MAX_TEXT_CHARS, clipped
 from proxy.together import in_turn
 from proxy.tokens import TokenCounters
 
-__all__ = ["ACCESS_LOGGER", "UNKNOWN_MODEL", "Account", "Settler"]
+__all__ = ["ACCESS_LOGGER", "UNKNOWN_MODEL", "Account", "Settler", "settlers_of"]
 
 UNKNOWN_MODEL = "<unknown>"
 """How a model name the policy does not know (a 404) is recorded: never the client's string."""
 
 
+@runtime_checkable
 class Settler(Protocol):
     """A stage that holds something for a request (a slot, a reservation) until it ends."""
 
@@ -41,6 +42,12 @@ class Settler(Protocol):
     def settle(self, ctx: RequestContext) -> Awaitable[None]:
         """Give it back: the storage calls are made when this is called (so Redis gets every
         stage's in one call), the awaitable ends when they are done."""
+
+
+def settlers_of(stages: Sequence[object]) -> list[Settler]:
+    """The stages that hold something until a request ends, in the order they give it back:
+    the last taken first."""
+    return [stage for stage in reversed(stages) if isinstance(stage, Settler)]
 
 
 class Account:

@@ -10,13 +10,15 @@ import calendar
 import logging
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from proxy.apis import output_fields
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
+from proxy.holds import Quota, Reservation
 from proxy.policy.model import Budget
 from proxy.stages.leases import LeaseIds, Renewal
 from proxy.stages.prefetch import Plan, taken
@@ -25,32 +27,13 @@ from proxy.storage.base import Counter, QuotaStore, StorageError
 from proxy.storage.joint import Reserve
 from proxy.together import nothing
 
-__all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "QuotaPlan", "Reservation"]
+__all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "QuotaPlan"]
 
 # Without a bound on output a reservation could be overspent; this is the bound a quota'd
 # request gets when neither the client nor `max_output_tokens` set one.
 DEFAULT_OUTPUT_BOUND = 4096
 _NUSD_PER_USD = 1_000_000_000
 _log = logging.getLogger("tokenweir.budget")
-
-
-@dataclass(frozen=True, slots=True)
-class _Quota:
-    name: str  # the policy key, e.g. "tokens_per_day"
-    in_usd: bool
-    counter: Counter
-
-
-@dataclass(slots=True)
-class Reservation:
-    scope: str
-    lease_id: str
-    quotas: tuple[_Quota, ...]
-    renewer: Renewal | None = None
-    charged: list[int] = field(default_factory=list)  # booked by checkpoints, per quota
-
-    def __post_init__(self) -> None:
-        self.charged = [0] * len(self.quotas)
 
 
 @dataclass(slots=True)
@@ -69,6 +52,9 @@ class QuotaPlan:
 
 
 class Budgets:
+    span_name: ClassVar[str] = "tokenweir.budget.reserve"
+    given_back_at_settle: ClassVar[bool] = True
+
     def __init__(
         self,
         store: QuotaStore,
@@ -86,6 +72,16 @@ class Budgets:
         self._charges_failing = False
         self._quotas = _DailyQuotas()
         self._lease_ids = LeaseIds()
+
+    def touched(self, ctx: RequestContext) -> bool:
+        """The tenant has a quota: the stage reserved against it in storage."""
+        budget = ctx.tenant.budget if ctx.tenant else None
+        return budget is not None and bool(
+            budget.tokens_per_day
+            or budget.tokens_per_month
+            or budget.usd_per_day
+            or budget.usd_per_month
+        )
 
     async def __call__(self, ctx: RequestContext) -> None:
         plan = taken(ctx, QuotaPlan) or self.plan(ctx)
@@ -153,12 +149,12 @@ class Budgets:
         quota, needed = plan.reservation.quotas[refusal.index], plan.amounts[refusal.index]
         return _refused(quota, refusal.used, refusal.reserved, needed, plan.step.now)
 
-    def _amount(self, model: str, quota: _Quota, input_tokens: int, output_tokens: int) -> int:
+    def _amount(self, model: str, quota: Quota, input_tokens: int, output_tokens: int) -> int:
         if quota.in_usd:
             return self._prices.cost_nusd(model, input_tokens, output_tokens)
         return input_tokens + output_tokens
 
-    def _output_that_fits(self, model: str, quota: _Quota, taken: int, input_tokens: int) -> int:
+    def _output_that_fits(self, model: str, quota: Quota, taken: int, input_tokens: int) -> int:
         """The most output tokens this quota still holds beside the input (may be < 1)."""
         room = quota.counter.limit - taken - self._amount(model, quota, input_tokens, 0)
         if not quota.in_usd:
@@ -271,9 +267,9 @@ class _DailyQuotas:
     """Each tenant's quotas, built once a (UTC) day: their counters change only at midnight."""
 
     def __init__(self) -> None:
-        self._built: dict[str, tuple[Budget, float, tuple[_Quota, ...]]] = {}
+        self._built: dict[str, tuple[Budget, float, tuple[Quota, ...]]] = {}
 
-    def of(self, tenant: str, budget: Budget, now: float) -> tuple[_Quota, ...]:
+    def of(self, tenant: str, budget: Budget, now: float) -> tuple[Quota, ...]:
         built = self._built.get(tenant)
         day = now - now % 86400
         if built is not None and built[0] is budget and built[1] == day:
@@ -283,7 +279,7 @@ class _DailyQuotas:
         return quotas
 
 
-def _quotas(tenant: str, budget: Budget, now: float) -> tuple[_Quota, ...]:
+def _quotas(tenant: str, budget: Budget, now: float) -> tuple[Quota, ...]:
     day, month = time.gmtime(now), time.gmtime(now)
     day_end = calendar.timegm((day.tm_year, day.tm_mon, day.tm_mday + 1, 0, 0, 0))
     next_month = (month.tm_year + month.tm_mon // 12, month.tm_mon % 12 + 1, 1, 0, 0, 0)
@@ -297,7 +293,7 @@ def _quotas(tenant: str, budget: Budget, now: float) -> tuple[_Quota, ...]:
         ("usd_per_month", True, budget.usd_per_month, f"usd:m:{month_tag}", month_end),
     )
     return tuple(
-        _Quota(name, in_usd, Counter(f"{scope}:q:{key}", _limit(limit, in_usd), end + 86400))
+        Quota(name, in_usd, Counter(f"{scope}:q:{key}", _limit(limit, in_usd), end + 86400))
         for name, in_usd, limit, key, end in wanted
         if limit is not None
     )
@@ -307,7 +303,7 @@ def _limit(limit: float, in_usd: bool) -> int:
     return round(limit * _NUSD_PER_USD) if in_usd else int(limit)
 
 
-def _refused(quota: _Quota, used: int, reserved: int, needed: int, now: float) -> InsufficientQuota:
+def _refused(quota: Quota, used: int, reserved: int, needed: int, now: float) -> InsufficientQuota:
     reset_at = quota.counter.expires_at - 86400
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(reset_at))
     if quota.in_usd:

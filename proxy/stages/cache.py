@@ -10,6 +10,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import anyio
 from starlette.types import Send
@@ -56,6 +57,9 @@ class LookupPlan:
 class ResponseCache:
     """The lookup runs as a stage; `settle` stores a miss's answer once the request is over."""
 
+    span_name: ClassVar[str] = "tokenweir.cache.lookup"
+    given_back_at_settle: ClassVar[bool] = False  # a lookup holds nothing
+
     def __init__(
         self,
         store: CacheStore,
@@ -72,6 +76,10 @@ class ResponseCache:
         # The verifier's backends: whichever a tenant's `cache.verifier.backend` names.
         verifier = Reranker(backends) if backends and embedder is not None else None
         self._index = SemanticIndex(store, verifier=verifier) if embedder is not None else None
+
+    def touched(self, ctx: RequestContext) -> bool:
+        """The request was looked up (not bypassed)."""
+        return ctx.cache != "bypass"
 
     async def __call__(self, ctx: RequestContext) -> None:
         plan = taken(ctx, LookupPlan) or self.plan(ctx)

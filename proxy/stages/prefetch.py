@@ -8,15 +8,16 @@ or fails, so what is applied is what the stages' own calls, one after another, w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 from proxy.context import RequestContext
+from proxy.holds import Planned
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.facade import Storage
 from proxy.storage.joint import Step
 
-__all__ = ["Plan", "Planned", "Planner", "Prefetch", "taken"]
+__all__ = ["Plan", "Planner", "Prefetch", "taken"]
 
 P = TypeVar("P")
 # A stage that shortens the request after a refusal (stop_stream_at_budget) has every stage
@@ -37,20 +38,6 @@ class Planner(Protocol):
     def replan(self, ctx: RequestContext, plan: Plan) -> bool:
         """After the steps were taken: True when the stage changed the request in answer (a
         shorter answer that fits a quota), so that every stage plans again."""
-
-
-class Planned:
-    """Each stage's plan, by its type, until the stage takes it (once: a second run of a stage,
-    as degradation's second cache lookup, plans and calls on its own)."""
-
-    __slots__ = ("_plans",)
-
-    def __init__(self, plans: Iterable[object]) -> None:
-        self._plans = {type(plan): plan for plan in plans}
-
-    def take(self, kind: type[P]) -> P | None:
-        plan = self._plans.pop(kind, None)
-        return plan if isinstance(plan, kind) else None
 
 
 def taken(ctx: RequestContext, kind: type[P]) -> P | None:

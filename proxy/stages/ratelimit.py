@@ -11,10 +11,12 @@ import math
 from collections import deque
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, UpstreamUnavailable
+from proxy.holds import RateLimitHold
 from proxy.policy.model import Limits, LimitSet
 from proxy.stages.leases import LeaseIds, Renewal
 from proxy.stages.prefetch import Plan, taken
@@ -26,7 +28,6 @@ from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, Slo
 __all__ = [
     "BackendLimits",
     "LimitPlan",
-    "RateLimitHold",
     "RateLimits",
     "format_reset",
     "per_minute",
@@ -34,18 +35,6 @@ __all__ = [
 
 _log = logging.getLogger("tokenweir.ratelimit")
 _QUEUE_POLL_S = 0.05
-
-
-@dataclass(slots=True)
-class RateLimitHold:
-    """What an admitted request holds until it is settled."""
-
-    scope: str
-    lease_id: str
-    lease_s: float
-    slots: tuple[SlotPool, ...]
-    token_buckets: tuple[tuple[Bucket, int], ...] = ()
-    renewer: Renewal | None = None
 
 
 @dataclass(slots=True)
@@ -63,12 +52,25 @@ class LimitPlan:
 
 
 class RateLimits:
+    span_name: ClassVar[str] = "tokenweir.rate_limit.admit"
+    given_back_at_settle: ClassVar[bool] = True
+
     def __init__(self, store: LimitStore, clock: Clock, failures: StorageFailures) -> None:
         self._store = store
         self._failures = failures
         self._clock = clock
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
         self._lease_ids = LeaseIds()
+
+    def touched(self, ctx: RequestContext) -> bool:
+        """The tenant has limits: the stage admitted the request against them in storage."""
+        limits = ctx.tenant.limits if ctx.tenant else None
+        return limits is not None and bool(
+            limits.requests_per_minute
+            or limits.tokens_per_minute
+            or limits.max_concurrent
+            or limits.per_model
+        )
 
     async def __call__(self, ctx: RequestContext) -> None:
         plan = taken(ctx, LimitPlan) or self.plan(ctx)
@@ -360,8 +362,18 @@ def _on_model(key: str) -> str:
 class BackendLimits:
     """The stage after routing: the chosen backend's limits (settled by `RateLimits.settle`)."""
 
+    span_name: ClassVar[str] = "tokenweir.backend_limit.admit"
+    given_back_at_settle: ClassVar[bool] = True
+
     def __init__(self, limits: RateLimits) -> None:
         self._limits = limits
+
+    def touched(self, ctx: RequestContext) -> bool:
+        """The chosen backend has limits: the stage admitted the request against them."""
+        limits = ctx.backend.limits if ctx.backend else None
+        return limits is not None and bool(
+            limits.requests_per_minute or limits.tokens_per_minute or limits.max_concurrent
+        )
 
     async def __call__(self, ctx: RequestContext) -> None:
         await self._limits.admit_backend(ctx)

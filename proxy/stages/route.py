@@ -9,7 +9,6 @@ backend's health with the outcome, TTFT and tokens/s.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -17,26 +16,16 @@ import httpx
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.holds import Routed
 from proxy.policy.model import Backend
 from proxy.routing.health import BackendHealth
 from proxy.routing.pool import Pools
 from proxy.upstream.client import CONNECT_TIMEOUT_CODE, UpstreamOpener
 
-__all__ = ["Route", "Routed"]
+__all__ = ["Route"]
 
 Admit = Callable[[RequestContext], Awaitable[None]]
 """The chosen backend's own limits (RateLimits.admit_backend); raises if the backend is full."""
-
-
-@dataclass(slots=True)
-class Routed:
-    """The backend a request holds in flight, and what it has tried."""
-
-    home: str  # the model asked for (after degradation): its fallbacks are the ones tried
-    health: BackendHealth
-    tried: list[str] = field(default_factory=list)
-    attempt_s: float = 0.0
-    opened: bool = False
 
 
 class Route:
@@ -88,7 +77,7 @@ class Route:
         if routed is None:
             return
         health = routed.health
-        health.active.discard(ctx)
+        health.active.discard(ctx.meter)
         if not routed.opened:
             if health.name not in routed.tried:
                 health.circuit.abandoned()
@@ -132,9 +121,9 @@ class Route:
         return None
 
     def _take(self, ctx: RequestContext, routed: Routed, health: BackendHealth) -> None:
-        routed.health.active.discard(ctx)
+        routed.health.active.discard(ctx.meter)
         routed.health = health
-        health.active.add(ctx)
+        health.active.add(ctx.meter)
         health.circuit.picked(self._clock.monotonic())
         ctx.backend = health.backend
 

@@ -18,6 +18,7 @@ from proxy.policy.model import Backend
 from proxy.telemetry import semconv
 from proxy.telemetry.attrwire import AttributeWriter
 from proxy.telemetry.samplers import HeadSampler
+from proxy.telemetry.spanattrs import REPEATING_KEYS, SpanAttributes
 from proxy.telemetry.spanwire import (
     CLIENT,
     INTERNAL,
@@ -27,7 +28,7 @@ from proxy.telemetry.spanwire import (
     error_status,
     span_ids,
 )
-from proxy.telemetry.traces import REPEATING_KEYS, SpanAttributes, Timed, stage_spans
+from proxy.telemetry.traces import Timed
 from proxy.telemetry.w3c import RANDOM_TRACE_ID, SAMPLED, RemoteParent, remote_parent, trace_headers
 
 __all__ = ["DirectTrace", "DirectTracing"]
@@ -164,7 +165,7 @@ class DirectTrace:
         parent = self._parent
         trace = span_ids(self._trace_id, parent.state if parent is not None else "")
         spans = [] if call is None else [self._call_span(trace, call)]
-        for name, started_s, ended_s in stage_spans(ctx, self._stages):
+        for name, started_s, ended_s in self._stages:
             spans.append(encode_span(
                 trace, self._tracing.span_id(), self.span_id, name, INTERNAL,
                 self._ns(started_s), self._ns(ended_s), b"",

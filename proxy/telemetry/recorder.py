@@ -8,22 +8,24 @@ recorded exactly once per request, in `finish`, which Account calls from the pip
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.ledger import UsageRecord
 from proxy.policy import Policy
+from proxy.stages import Stage, Traced
 from proxy.telemetry.logs import content_fields
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.sample import model_label, sample_of
-from proxy.telemetry.traces import IO_STAGES, TraceSource, span_attributes
+from proxy.telemetry.traces import TraceSource, span_attributes
 from proxy.upstream.capture import Capture
 
 __all__ = ["Telemetry"]
 
 # `log_content` keeps a stream's relayed bytes to log its text; a longer answer logs none.
 _LOGGED_BYTES = 16 * 1024 * 1024
+SETTLE_SPAN = "tokenweir.settle"
 
 
 class Telemetry:
@@ -40,6 +42,7 @@ class Telemetry:
         self._tracing = tracing
         self._log_content = policy.log_content
         self.metrics = metrics
+        self._given_back: tuple[Traced, ...] = ()
 
     def begin(self, ctx: RequestContext) -> None:
         """A request arrived (before auth)."""
@@ -48,20 +51,25 @@ class Telemetry:
         if self._log_content:
             ctx.capture = Capture(_LOGGED_BYTES)
 
-    def spans_stage(self, stage: object) -> bool:
-        """May `stage` get a span of its own (so `traced` should time it)?"""
-        return self._tracing is not None and type(stage).__name__ in IO_STAGES
+    def timed_stages(self, stages: Sequence[Stage]) -> list[Traced | None]:
+        """For each of the pipeline's `stages`, itself if it may get a span of its own (so
+        `traced` should run it), else None; None for all without tracing. Remembers those whose
+        holds the settle call gives back, for the settle span."""
+        if self._tracing is None:
+            return [None] * len(stages)
+        timed = [stage if isinstance(stage, Traced) else None for stage in stages]
+        self._given_back = tuple(s for s in timed if s is not None and s.given_back_at_settle)
+        return timed
 
-    async def traced(
-        self, ctx: RequestContext, stage: Callable[[RequestContext], Awaitable[None]]
-    ) -> None:
-        """Run a stage, noting its times for the trace (only called when `ctx.trace` is set)."""
+    async def traced(self, ctx: RequestContext, stage: Traced) -> None:
+        """Run a stage; its span is drawn if it touched storage (only called when `ctx.trace`
+        is set)."""
         started_s = self._clock.monotonic()
         try:
             await stage(ctx)
         finally:
-            if ctx.trace is not None:
-                ctx.trace.stage_ran(type(stage).__name__, started_s, self._clock.monotonic())
+            if ctx.trace is not None and stage.touched(ctx):
+                ctx.trace.stage_ran(stage.span_name, started_s, self._clock.monotonic())
 
     def upstream_started(self, ctx: RequestContext) -> dict[str, str]:
         """The backend call begins; returns headers for it (W3C `traceparent` when tracing)."""
@@ -76,8 +84,9 @@ class Telemetry:
             ctx.trace.upstream_ended(self._clock.monotonic(), status, error)
 
     def settle_ran(self, ctx: RequestContext, started_s: float) -> None:
-        if ctx.trace is not None:
-            ctx.trace.stage_ran("settle", started_s, self._clock.monotonic())
+        """The settle span is drawn when a stage whose holds it gives back touched storage."""
+        if ctx.trace is not None and any(stage.touched(ctx) for stage in self._given_back):
+            ctx.trace.stage_ran(SETTLE_SPAN, started_s, self._clock.monotonic())
 
     def finish(self, ctx: RequestContext, usage: UsageRecord) -> None:
         """Record the settled request: metrics, then the trace's end."""

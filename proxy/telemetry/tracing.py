@@ -27,12 +27,11 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from proxy import __version__
 from proxy.context import RequestContext
 from proxy.telemetry import semconv
+from proxy.telemetry.spanattrs import SpanAttributes
 from proxy.telemetry.traces import (
     OwnTracing,
-    SpanAttributes,
     Timed,
     TraceSource,
-    stage_spans,
 )
 
 __all__ = ["RequestTrace", "Tracing", "open_tracing"]
@@ -153,7 +152,7 @@ class RequestTrace:
         if self.upstream is not None:  # the relay did not close it: end it with the request
             self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
         parent = set_span_in_context(span)
-        for name, started_s, ended_s in stage_spans(ctx, self._stages):
+        for name, started_s, ended_s in self._stages:
             child = self._tracer.start_span(name, parent, start_time=self._ns(started_s))
             child.end(self._ns(ended_s))
         if attributes is not None:

@@ -7,15 +7,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import httptools
 import httpx
 
 from proxy.upstream.deadline import Expiry, FirstByteTimeout, ReadDeadline, TotalTimeout
-
-if TYPE_CHECKING:
-    from proxy.upstream.connection import Connection
 
 __all__ = ["Exchange", "ExchangeLimits", "ResponseHeadTooLarge", "StaleConnection"]
 
@@ -39,6 +36,20 @@ class ResponseHeadTooLarge(httpx.RemoteProtocolError):
     """The response head passed its byte or header-count cap."""
 
 
+class Carrier(Protocol):
+    """What an exchange needs of its connection (proxy/upstream/connection.py)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def reused(self) -> bool: ...
+
+    def set_reading(self, paused: bool) -> None: ...
+
+    def detach(self, exchange: Exchange, reusable: bool) -> None: ...
+
+
 class StaleConnection(Exception):
     """A reused keep-alive connection was closed by the server before any response byte."""
 
@@ -52,7 +63,7 @@ class Exchange(httpx.AsyncByteStream):
 
     def __init__(
         self,
-        connection: Connection,
+        connection: Carrier,
         request: httpx.Request,
         limits: ExchangeLimits,
         keep_alive: bool,

@@ -13,14 +13,14 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from proxy.asgi.body import ClientGone, read_body
+from proxy.asgi.respond import send_error, send_json
 from proxy.errors import BadRequest, GatewayError, NotFound, PermissionDenied, StorageUnavailable
 from proxy.keys.record import KeyRequest, beyond_tenant
 from proxy.storage.base import StorageError
-from proxy.web.body import ClientGone, read_body
-from proxy.web.respond import send_error, send_json
 
 if TYPE_CHECKING:
-    from proxy.app import Gateway
+    from proxy.gateway import Gateway
     from proxy.reload import Reloader
 
 __all__ = ["admin_routes"]
@@ -72,7 +72,7 @@ def _check_admin(gateway: Gateway, authorization: str | None) -> None:
 
 
 async def _reload(gateway: Gateway, scope: Scope, receive: Receive) -> tuple[int, object]:
-    reloader: Reloader = scope["state"]["reloader"]
+    reloader: Reloader[Gateway] = scope["state"]["reloader"]
     result = await reloader.reload("admin API")
     if result.changed:
         reloader.tell_siblings()

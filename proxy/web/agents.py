@@ -12,18 +12,18 @@ from starlette.types import Receive, Scope, Send
 from proxy.apis import AGENT_APIS
 from proxy.apis import messages as messages_api
 from proxy.apis.anthropic import AnthropicErrors, with_api_key
+from proxy.asgi.body import ClientGone, read_body
+from proxy.asgi.respond import send_error, send_json
 from proxy.context import RequestContext
 from proxy.errors import BadRequest, GatewayError
 from proxy.stages.parse import Parse, check_fields
 from proxy.tokens import TokenizerError
 from proxy.upstream.meter import StreamMeter
-from proxy.web.body import ClientGone, read_body
 from proxy.web.openai import OpenAIEndpoint
 from proxy.web.requestid import REQUEST_ID_KEY
-from proxy.web.respond import send_error, send_json
 
 if TYPE_CHECKING:
-    from proxy.app import Gateway
+    from proxy.gateway import Gateway
 
 __all__ = ["CountTokens", "MessagesEndpoint"]
 

@@ -26,7 +26,7 @@ from proxy.web.session import COOKIE_NAME, Sessions, Viewer
 from proxy.web.usage import ledger_of, parse_window
 
 if TYPE_CHECKING:
-    from proxy.app import Gateway
+    from proxy.gateway import Gateway
 
 __all__ = ["DashboardPages"]
 

@@ -9,14 +9,14 @@ import orjson
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
+from proxy.asgi.respond import send_error, send_json
 from proxy.context import Operation, RequestContext
 from proxy.errors import GatewayError, ModelNotFound
 from proxy.upstream.meter import StreamMeter
 from proxy.web.requestid import REQUEST_ID_KEY
-from proxy.web.respond import send_error, send_json
 
 if TYPE_CHECKING:
-    from proxy.app import Gateway
+    from proxy.gateway import Gateway
 
 __all__ = ["ModelList", "OpenAIEndpoint"]
 

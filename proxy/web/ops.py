@@ -11,12 +11,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import QueryParams
 from starlette.types import Receive, Scope, Send
 
+from proxy.asgi.respond import send_json
 from proxy.storage import StorageError
 from proxy.telemetry.budgets import budgets_left
-from proxy.web.respond import send_json
 
 if TYPE_CHECKING:
-    from proxy.app import Gateway
+    from proxy.gateway import Gateway
 
 __all__ = ["Health", "Metrics", "Ready"]
 

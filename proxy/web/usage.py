@@ -18,17 +18,17 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from proxy.asgi.respond import send_error, send_json
 from proxy.errors import BadRequest, GatewayError, NotFound, StorageUnavailable
 from proxy.ledger import Bucket, GroupBy, Ledger, LedgerError, UsageQuery, UsageRow
 from proxy.ledger.attribution import HOUR_RETENTION_S
 from proxy.ledger.base import ATTRIBUTES
 from proxy.ledger.present import format_usd, iso_utc, parse_moment
 from proxy.ledger.query import total_of, window
-from proxy.web.respond import send_error, send_json
 from proxy.web.session import Sessions, Viewer
 
 if TYPE_CHECKING:
-    from proxy.app import Gateway
+    from proxy.gateway import Gateway
 
 __all__ = [
     "FIELDS",

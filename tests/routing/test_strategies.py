@@ -39,7 +39,7 @@ def _chat(system: str, user: str) -> RequestContext:
 def test_least_inflight_prefers_the_idlest_and_rotates_ties() -> None:
     healths = _healths(3)
     strategy = LeastInflight()
-    healths[0].active.add(_chat("s", "busy"))
+    healths[0].active.add(_chat("s", "busy").meter)
     firsts = [strategy.order(healths, _chat("s", str(i)))[0].name for i in range(4)]
     assert "r0" not in firsts
     assert set(firsts) == {"r1", "r2"}
@@ -75,13 +75,13 @@ def _affinity_run(in_flight: int, factor: float) -> tuple[float, float]:
         load = sum(h.inflight for h in healths) + 1
         bound = max(MIN_AFFINITY_BOUND, math.ceil(factor * load / len(healths)))
         chosen = strategy.order(healths, ctx)[0]
-        chosen.active.add(ctx)
+        chosen.active.add(ctx.meter)
         worst = max(worst, max(h.inflight for h in healths) / bound)
         placed.setdefault(prompt, Counter())[chosen.name] += 1
         running.append((chosen, ctx))
         if len(running) >= in_flight:
             done, finished = running.popleft()
-            done.active.discard(finished)
+            done.active.discard(finished.meter)
     return sum(c.most_common(1)[0][1] for c in placed.values()) / 4000, worst
 
 
@@ -107,7 +107,7 @@ def test_a_hot_prefix_spills_to_its_next_replica_when_its_own_is_full() -> None:
     strategy = PrefixAffinity([h.backend for h in healths], 1.25)
     home = strategy.order(healths, _chat("hot", "0"))[0]
     for i in range(MIN_AFFINITY_BOUND):
-        home.active.add(_chat("hot", f"running {i}"))
+        home.active.add(_chat("hot", f"running {i}").meter)
     order = strategy.order(healths, _chat("hot", "next"))
     assert order[0] is not home
     assert order[-1] is home

@@ -69,7 +69,7 @@ class Setup:
         now = self.clock.monotonic()
         if kind == "inflight":
             for _ in range(int(amount)):
-                health.active.add(self.ctx())
+                health.active.add(self.ctx().meter)
         elif kind == "ttft":
             for _ in range(10):
                 health.ttft.add(now, float(amount))

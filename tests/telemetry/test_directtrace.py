@@ -7,8 +7,7 @@ from functools import partial
 
 import pytest
 
-from proxy.context import RequestContext
-from proxy.telemetry.traces import TraceHooks
+from proxy.context import RequestContext, TraceHooks
 from tests.conftest import make_policy
 from tests.telemetry.conftest import GAMMA
 from tests.telemetry.twopaths import RECEIVED_S, Drive, context, finish, via_api, via_direct

@@ -20,13 +20,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from proxy import __version__
-from proxy.context import RequestContext
+from proxy.context import RequestContext, TraceHooks
 from proxy.policy import Policy
 from proxy.telemetry.directtrace import DirectTracing
 from proxy.telemetry.otlpwire import encode_spans
 from proxy.telemetry.samplers import head_sampler
 from proxy.telemetry.spanwire import SpanFrame
-from proxy.telemetry.traces import TraceHooks, TraceSource, span_attributes
+from proxy.telemetry.traces import TraceSource, span_attributes
 from proxy.telemetry.tracing import Tracing
 from proxy.upstream.meter import StreamMeter
 

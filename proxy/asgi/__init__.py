@@ -1,0 +1,3 @@
+"""The ASGI plumbing under the routes and the pipeline: reading a request's body and watching
+for the client leaving, sending an answer or an error, and the graceful drain. Nothing here
+knows a route or a stage."""

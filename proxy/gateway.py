@@ -1,0 +1,185 @@
+"""The composition root: every collaborator a request needs under one policy, built in one place
+(`Gateway.assemble`) from what outlives a reload (`Services`). The routes (proxy/web) and the app
+factory (proxy/app.py) sit above it; nothing below imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from proxy.clock import Clock
+from proxy.cost import PriceTable
+from proxy.keys.allowance import KeyAllowances
+from proxy.ledger import Ledger
+from proxy.pipeline import Pipeline
+from proxy.policy import Policy
+from proxy.reload import LiveGateway
+from proxy.routing import Pools, Prober
+from proxy.services import OtelProviders, Services, bounded
+from proxy.stages import Stage
+from proxy.stages.account import Account, settlers_of
+from proxy.stages.attribute import Attribute
+from proxy.stages.auth import Authenticate, Keyring
+from proxy.stages.budget import Budgets
+from proxy.stages.cache import ResponseCache
+from proxy.stages.checkpoint import Checkpoint
+from proxy.stages.degrade import Degrade
+from proxy.stages.forward import Forward
+from proxy.stages.parse import Parse
+from proxy.stages.prefetch import Prefetch
+from proxy.stages.ratelimit import BackendLimits
+from proxy.stages.route import Route
+from proxy.stages.shape import Shape
+from proxy.stages.storagepolicy import StorageFailures
+from proxy.storage import QuotaStore
+from proxy.telemetry.recorder import Telemetry
+from proxy.tokens import TokenCounters
+from proxy.upstream.client import UpstreamClient
+
+__all__ = ["Gateway"]
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """Everything a request needs under one policy: immutable, swapped whole on a reload; each
+    request takes the one current at its start and keeps it to its end."""
+
+    policy: Policy
+    policy_hash: str
+    services: Services
+    keyring: Keyring
+    pipeline: Pipeline
+    telemetry: Telemetry
+    pools: Pools
+    prober: Prober
+    counters: TokenCounters
+
+    @classmethod
+    def build(
+        cls,
+        policy: Policy,
+        clock: Clock,
+        transport: httpx.AsyncBaseTransport | None = None,
+        store: QuotaStore | None = None,
+        otel: OtelProviders | None = None,
+        policy_hash: str = "",
+        live: LiveGateway[Gateway] | None = None,
+    ) -> Gateway:
+        """The first gateway of a process, made `live`'s current one."""
+        serving: LiveGateway[Gateway] = live if live is not None else LiveGateway()
+        services = Services.open(
+            policy, clock, transport, store, otel, lambda: serving.current.policy
+        )
+        gateway = cls.assemble(policy, policy_hash, services, None)
+        serving.current = gateway
+        return gateway
+
+    @classmethod
+    def assemble(
+        cls, policy: Policy, policy_hash: str, services: Services, previous: Gateway | None
+    ) -> Gateway:
+        """The per-policy objects on `services`; what the policy did not change is reused
+        from `previous` (backend health and in-flight counts, loaded tokenizers)."""
+        clock, storage, failures = services.clock, services.storage, services.storage_failures
+        store = storage.quotas
+        same_routing = previous is not None and (
+            previous.policy.backends,
+            previous.policy.models,
+        ) == (policy.backends, policy.models)
+        if previous is not None and same_routing:
+            pools, prober = previous.pools, previous.prober
+        else:
+            pools = Pools(policy, clock)
+            prober = Prober(pools, services.upstream, policy.upstream.probe_interval)
+        if previous is not None and previous.policy.models == policy.models:
+            counters = previous.counters
+        else:
+            counters = TokenCounters(policy)
+        keyring = Keyring(policy, services.keys)
+        prices = PriceTable(policy)
+        budgets = Budgets(store, prices, clock, failures)
+        rate_limits, cache = services.rate_limits, services.cache
+        key_limits = KeyAllowances(store, storage.limits, clock)
+        telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
+        route = Route(pools, services.upstream, clock, rate_limits.admit_backend)
+        # The request path after auth. The stages say themselves whether they hold something
+        # until the request ends (settled, last first) and whether they are traced.
+        stages: list[Stage] = [
+            Parse(policy.models),
+            Attribute(),
+            Shape(counters),
+            Prefetch(storage, [budgets, rate_limits, key_limits, cache], failures),
+            budgets,
+            rate_limits,
+            key_limits,
+            cache,
+            Degrade(pools, clock, store, failures, cache),
+            route,
+            BackendLimits(rate_limits),
+        ]
+        account = Account(
+            clock, settlers_of(stages), prices, services.ledger, telemetry, counters=counters,
+            models=policy.models,
+        )  # fmt: skip
+        checkpoint = Checkpoint(
+            services.checkpoints, [budgets, key_limits], services.ledger, account.usage_record,
+            prices, counters,
+        )  # fmt: skip
+        pipeline = Pipeline(
+            auth=Authenticate(keyring, policy.tenants, key_limits.note),
+            stages=[*stages, checkpoint],  # checkpoints bill what the account settles
+            forward=Forward(route, clock, telemetry, policy.upstream),
+            account=account,
+            max_body_bytes=policy.server.max_body_bytes,
+            telemetry=telemetry,
+            replay=cache.replay,
+            body_timeout_s=policy.server.body_timeout,
+            drain=services.drain,
+        )
+        return cls(
+            policy=policy, policy_hash=policy_hash, services=services, keyring=keyring,
+            pipeline=pipeline, telemetry=telemetry, pools=pools, prober=prober, counters=counters,
+        )  # fmt: skip
+
+    def reloaded(self, policy: Policy, policy_hash: str) -> Gateway:
+        return self.assemble(policy, policy_hash, self.services, self)
+
+    @property
+    def clock(self) -> Clock:
+        return self.services.clock
+
+    @property
+    def upstream(self) -> UpstreamClient:
+        return self.services.upstream
+
+    @property
+    def store(self) -> QuotaStore:
+        return self.services.storage.quotas
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return self.services.ledger
+
+    @property
+    def storage_failures(self) -> StorageFailures:
+        return self.services.storage_failures
+
+    @property
+    def started_wall(self) -> float:
+        return self.services.started_wall
+
+    @property
+    def cache(self) -> ResponseCache:
+        return self.services.cache
+
+    async def start(self) -> None:
+        await self.services.start()
+        self.prober.start()
+
+    async def aclose(self) -> None:
+        try:
+            await bounded("the backend prober", self.prober.aclose())
+        finally:
+            await self.services.aclose()

@@ -1,0 +1,76 @@
+"""What a request holds while it runs, as its context carries it: the quota reservation (budget
+stage), the rate-limit hold (rate-limit stage), the backend it is routed to (route stage) and the
+admission plans prefetched for it. They live here, below the stages that make them, so that the
+context imports no stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from proxy.routing.health import BackendHealth
+from proxy.stages.leases import Renewal
+from proxy.storage.base import Counter
+from proxy.storage.limits import Bucket, SlotPool
+
+__all__ = ["Planned", "Quota", "RateLimitHold", "Reservation", "Routed"]
+
+P = TypeVar("P")
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    name: str  # the policy key, e.g. "tokens_per_day"
+    in_usd: bool
+    counter: Counter
+
+
+@dataclass(slots=True)
+class Reservation:
+    scope: str
+    lease_id: str
+    quotas: tuple[Quota, ...]
+    renewer: Renewal | None = None
+    charged: list[int] = field(default_factory=list)  # booked by checkpoints, per quota
+
+    def __post_init__(self) -> None:
+        self.charged = [0] * len(self.quotas)
+
+
+@dataclass(slots=True)
+class RateLimitHold:
+    """What an admitted request holds until it is settled."""
+
+    scope: str
+    lease_id: str
+    lease_s: float
+    slots: tuple[SlotPool, ...]
+    token_buckets: tuple[tuple[Bucket, int], ...] = ()
+    renewer: Renewal | None = None
+
+
+@dataclass(slots=True)
+class Routed:
+    """The backend a request holds in flight, and what it has tried."""
+
+    home: str  # the model asked for (after degradation): its fallbacks are the ones tried
+    health: BackendHealth
+    tried: list[str] = field(default_factory=list)
+    attempt_s: float = 0.0
+    opened: bool = False
+
+
+class Planned:
+    """Each stage's plan, by its type, until the stage takes it (once: a second run of a stage,
+    as degradation's second cache lookup, plans and calls on its own)."""
+
+    __slots__ = ("_plans",)
+
+    def __init__(self, plans: Iterable[object]) -> None:
+        self._plans = {type(plan): plan for plan in plans}
+
+    def take(self, kind: type[P]) -> P | None:
+        plan = self._plans.pop(kind, None)
+        return plan if isinstance(plan, kind) else None
