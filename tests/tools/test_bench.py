@@ -14,7 +14,7 @@ import pytest
 
 from proxy.tools.bench.run import BenchConfig, LevelResult, add_arguments, main, run_level
 from proxy.tools.bench.stats import summarize
-from proxy.tools.mockbackend import create_app
+from proxy.tools.mock.backend import create_app
 from tests.servers import serve
 from tests.tools.backendclock import BackendClock, worst_stall
 
