@@ -1,6 +1,6 @@
 """Can the mock backend pace N concurrent streams at T tokens/s each on one core?
 
-Runs `proxy.tools.mockbackend.run` (uvloop + httptools) pinned to core 0 with `taskset`, drives
+Runs `proxy.tools.mock.backend.run` (uvloop + httptools) pinned to core 0 with `taskset`, drives
 the streams from this process pinned to core 1 over raw asyncio sockets, and counts tokens by
 counting `data: ` lines. Usage: python benchmarks/mock_capacity.py [--streams 64] [--tps 750]
 """
@@ -143,7 +143,7 @@ def _free_port() -> int:
 
 def _start_server(port: int, ttft_ms: float, tps: float) -> subprocess.Popen[bytes]:
     code = (
-        "from proxy.tools.mockbackend import run; "
+        "from proxy.tools.mock.backend import run; "
         f"run(port={port}, ttft_ms={ttft_ms}, tokens_per_second={tps})"
     )
     cmd = ["taskset", "-c", str(SERVER_CORE), sys.executable, "-c", code]

@@ -27,8 +27,10 @@ from proxy.reload import SUPERVISOR_ENV, WATCH_ENV
 from proxy.storage.redisurl import is_redis_url
 from proxy.telemetry.logs import log_config
 from proxy.telemetry.workershare import METRICS_DIR_ENV
-from proxy.tools import bench, keys, mockbackend, report
+from proxy.tools import keys, report
+from proxy.tools.bench import run as bench
 from proxy.tools.demo import run_demo
+from proxy.tools.mock import backend as mockbackend
 from proxy.web.slowclient import protocol_with_header_timeout
 
 __all__ = ["main"]

@@ -12,7 +12,7 @@ import redis
 from proxy.app import create_app
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.redis_cluster import ClusterProcesses, redis_cluster
 from tests.redis_sentinel import SentinelTopology
 from tests.redis_server import RedisProcess

@@ -21,8 +21,9 @@ from proxy.app import DEFAULT_POLICY, create_app
 from proxy.ledger import LedgerError, open_ledger
 from proxy.ledger.present import iso_utc
 from proxy.policy import load_policy
-from proxy.tools import demotraffic, mockbackend, report
+from proxy.tools import demotraffic, report
 from proxy.tools.background import BackgroundServer
+from proxy.tools.mock import backend as mockbackend
 
 __all__ = ["DEMO_ADMIN_KEY", "DEMO_KEYS", "DEMO_POLICY", "run_demo"]
 

@@ -14,7 +14,7 @@ import pytest
 
 from proxy.policy import PolicyError, parse_policy
 from proxy.policy.units import hash_key
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.reliability.state import AUTH, KEY, policy_text
 from tests.servers import replicas, serve
 

@@ -11,7 +11,7 @@ import openai
 from proxy.app import create_app
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.servers import serve
 
 

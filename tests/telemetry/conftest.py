@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.app import create_app
 from proxy.policy.units import hash_key
 from proxy.telemetry.sdk import OtelSdk
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.conftest import make_policy
 from tests.servers import serve
 

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
 from tests.tools.backendclock import BackendClock, worst_stall

@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.telemetry import semconv
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY
 from tests.servers import replicas, serve
 from tests.telemetry.collector import Collector, collector, policy_file

@@ -13,7 +13,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from proxy.app import create_app
 from proxy.telemetry.ownprovider import OwnTracerProvider
 from proxy.telemetry.sdk import start_sdk
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
 from tests.telemetry.collector import collector

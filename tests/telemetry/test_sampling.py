@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
 from proxy.app import create_app
 from proxy.telemetry.sdk import OtelSdk
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
 from tests.telemetry.conftest import HeaderRecorder

@@ -12,9 +12,9 @@ import httpx
 import orjson
 import pytest
 
-from proxy.tools.bench import BenchConfig, LevelResult, add_arguments, main, run_level
-from proxy.tools.benchstats import summarize
-from proxy.tools.mockbackend import create_app
+from proxy.tools.bench.run import BenchConfig, LevelResult, add_arguments, main, run_level
+from proxy.tools.bench.stats import summarize
+from proxy.tools.mock.backend import create_app
 from tests.servers import serve
 from tests.tools.backendclock import BackendClock, worst_stall
 

@@ -8,10 +8,10 @@ from time import perf_counter
 
 import pytest
 
-from proxy.tools.benchclient import EVENTS, TOKENIZER, USAGE, RequestSample, RequestSender
-from proxy.tools.benchlevel import summarize_level
-from proxy.tools.benchprompts import Tokenizer
-from proxy.tools.benchtransport import ResponseSink, TransportFailure
+from proxy.tools.bench.client import EVENTS, TOKENIZER, USAGE, RequestSample, RequestSender
+from proxy.tools.bench.level import summarize_level
+from proxy.tools.bench.prompts import Tokenizer
+from proxy.tools.bench.transport import ResponseSink, TransportFailure
 
 
 def chunk(text: str) -> bytes:

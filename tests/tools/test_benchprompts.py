@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.tools.benchconfig import BenchConfig, BenchError
-from proxy.tools.benchprompts import (
+from proxy.tools.bench.config import BenchConfig, BenchError
+from proxy.tools.bench.prompts import (
     WORDS,
     Tokenizer,
     build_workload,

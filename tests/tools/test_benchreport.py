@@ -6,11 +6,11 @@ import io
 
 import orjson
 
-from proxy.tools.benchclient import EVENTS, RequestSample
-from proxy.tools.benchconfig import BenchConfig
-from proxy.tools.benchlevel import LevelProgress, summarize_level
-from proxy.tools.benchprompts import Workload
-from proxy.tools.benchreport import ProgressLine, format_table, result_document
+from proxy.tools.bench.client import EVENTS, RequestSample
+from proxy.tools.bench.config import BenchConfig
+from proxy.tools.bench.level import LevelProgress, summarize_level
+from proxy.tools.bench.prompts import Workload
+from proxy.tools.bench.report import ProgressLine, format_table, result_document
 
 
 def sample(tokens: int, *, error: str | None = None) -> RequestSample:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from proxy.tools.benchsse import (
+from proxy.tools.bench.sse import (
     SseEvent,
     SseParser,
     content_text,

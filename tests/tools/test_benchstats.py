@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from proxy.tools.benchstats import VERDICT_BANDS, percentile, summarize, verdict
+from proxy.tools.bench.stats import VERDICT_BANDS, percentile, summarize, verdict
 
 
 def test_percentile_interpolates_between_ranks() -> None:

@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from proxy.tools.benchtransport import TransportFailure
-from proxy.tools.benchwire import WireTransport
+from proxy.tools.bench.transport import TransportFailure
+from proxy.tools.bench.wire import WireTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

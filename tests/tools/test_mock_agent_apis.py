@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.servers import serve
 
 QUESTION = "Name three rivers of Europe."  # 5 words: 9 prompt tokens with the per-message 4

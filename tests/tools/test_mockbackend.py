@@ -17,9 +17,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.clock import FakeClock
-from proxy.tools.mockbackend import create_app
-from proxy.tools.mockstream import Outcome, Schedule, SseFormat, StreamRun, Ticker
-from proxy.tools.mocktext import TokenSource
+from proxy.tools.mock.backend import create_app
+from proxy.tools.mock.stream import Outcome, Schedule, SseFormat, StreamRun, Ticker
+from proxy.tools.mock.text import TokenSource
 from tests.servers import serve
 from tests.tools.backendclock import BackendClock
 

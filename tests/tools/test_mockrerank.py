@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.servers import serve
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from proxy.tools import mockbackend
-from proxy.tools.mocksim import LoadModel
+from proxy.tools.mock import backend as mockbackend
+from proxy.tools.mock.sim import LoadModel
 from tests.servers import serve
 from tests.tools.backendclock import BackendClock
 

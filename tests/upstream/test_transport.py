@@ -13,8 +13,8 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from proxy.tools import mockbackend
-from proxy.tools.mockasgi import read_body, respond, run_lifespan
+from proxy.tools.mock import backend as mockbackend
+from proxy.tools.mock.asgi import read_body, respond, run_lifespan
 from proxy.upstream.transport import PooledTransport
 from tests.servers import serve
 from tests.upstream.rawserver import Handler, RawServer, read_request

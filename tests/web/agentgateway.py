@@ -16,7 +16,7 @@ from proxy.app import create_app
 from proxy.ledger import UsageRecord
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.servers import serve
 from tests.shared import tokenizer_file
 from tests.web.test_billing import ledger_records

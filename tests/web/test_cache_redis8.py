@@ -14,7 +14,7 @@ import redis
 
 from proxy.app import create_app
 from proxy.policy.model import VerifierSpec
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY
 from tests.redis8 import redis8_server, redis8_url
 from tests.servers import replicas, serve

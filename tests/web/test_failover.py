@@ -15,7 +15,7 @@ from proxy.clock import FakeClock
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.routing import Pools, Prober
-from proxy.tools import mockbackend
+from proxy.tools.mock import backend as mockbackend
 from proxy.upstream.client import UpstreamClient
 from tests.servers import free_port, serve
 

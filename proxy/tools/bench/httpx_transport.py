@@ -6,7 +6,7 @@ from time import perf_counter
 
 import httpx
 
-from proxy.tools.benchtransport import ResponseSink, TransportFailure
+from proxy.tools.bench.transport import ResponseSink, TransportFailure
 
 __all__ = ["HttpxTransport"]
 

@@ -1,7 +1,7 @@
 """`tokenweir mock-backend`: a simulated OpenAI-compatible LLM server for tests, demos, benchmarks.
 
-Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank (mockrerank.py),
-/v1/responses and /v1/messages (OpenAI's Responses and Anthropic's Messages, mockagents.py);
+Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank (rerank.py),
+/v1/responses and /v1/messages (OpenAI's Responses and Anthropic's Messages, agents.py);
 GET /v1/models, /mock/stats;
 POST /mock/stats/reset. Answers are deterministic pseudo-text seeded by the prompt, one word per
 token and per SSE event. Token i is due at arrival + ttft + i / tokens_per_second; a late stream
@@ -21,7 +21,7 @@ Testing knobs, as extra fields in the request body:
 Simulations (create_app arguments and `tokenweir mock-backend` flags): `load_ttft_ms` adds that
 much TTFT per other request in flight; `prefill_ms_per_1k_tokens` adds prefill time for prompt
 tokens not in the simulated KV prefix cache, an LRU of `prefix_cache` leading-system-message
-prefixes (see mocksim.py). `fail_status` and `fail_after_tokens` apply the knobs of the same
+prefixes (see sim.py). `fail_status` and `fail_after_tokens` apply the knobs of the same
 name to every request that does not set them (a backend that always fails, or always dies).
 
 GET /mock/stats: streams_started, streams_completed (sent [DONE]), streams_cancelled (client left
@@ -45,8 +45,8 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.clock import Clock, SystemClock
-from proxy.tools.mockanswers import embedding_answer, parse_request, stream_format, whole_answer
-from proxy.tools.mockasgi import (
+from proxy.tools.mock.answers import embedding_answer, parse_request, stream_format, whole_answer
+from proxy.tools.mock.asgi import (
     ClientGone,
     left_within,
     read_body,
@@ -54,7 +54,7 @@ from proxy.tools.mockasgi import (
     respond_error,
     run_lifespan,
 )
-from proxy.tools.mockrequest import (
+from proxy.tools.mock.request import (
     CompletionRequest,
     Endpoint,
     Knobs,
@@ -63,11 +63,11 @@ from proxy.tools.mockrequest import (
     parse_json,
     parse_knobs,
 )
-from proxy.tools.mockrerank import rerank_answer
-from proxy.tools.mocksim import Faults, LoadModel
-from proxy.tools.mockstats import MockStats
-from proxy.tools.mockstream import Outcome, Schedule, StreamRun, Ticker
-from proxy.tools.mocktext import TokenSource
+from proxy.tools.mock.rerank import rerank_answer
+from proxy.tools.mock.sim import Faults, LoadModel
+from proxy.tools.mock.stats import MockStats
+from proxy.tools.mock.stream import Outcome, Schedule, StreamRun, Ticker
+from proxy.tools.mock.text import TokenSource
 
 __all__ = ["MockStats", "create_app", "run", "serve"]
 
@@ -279,7 +279,7 @@ class MockBackend:
                 await respond(send, 200, embedding_answer(request))
 
     async def _rerank(self, scope: Scope, receive: Receive, send: Send) -> None:
-        answer = rerank_answer(await self._json_body(receive))  # mockrerank.py
+        answer = rerank_answer(await self._json_body(receive))  # rerank.py
         async with self._inflight(receive) as watcher:
             if not await left_within(watcher, self._ttft_s):
                 await respond(send, 200, answer)

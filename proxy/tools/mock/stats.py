@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from proxy.tools.mockstream import Outcome
+from proxy.tools.mock.stream import Outcome
 
 __all__ = ["MockStats"]
 

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from starlette.types import Receive, Send
 
-from proxy.tools.mockrequest import MockHTTPError
+from proxy.tools.mock.request import MockHTTPError
 
 __all__ = [
     "JSON_HEADERS",

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from proxy.tools.mockrequest import MockHTTPError
+from proxy.tools.mock.request import MockHTTPError
 
 __all__ = ["rerank_answer"]
 

@@ -1,5 +1,5 @@
 """The mock backend's answers, by endpoint: whole JSON bodies and pre-encoded stream formats
-(chat and completions here; Responses and Messages in mockagents.py)."""
+(chat and completions here; Responses and Messages in agents.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from typing import Any
 
 import orjson
 
-from proxy.tools.mockagents import agent_answer, agent_stream, parse_agent
-from proxy.tools.mockrequest import (
+from proxy.tools.mock.agents import agent_answer, agent_stream, parse_agent
+from proxy.tools.mock.request import (
     CompletionRequest,
     EmbeddingRequest,
     Endpoint,
     parse_completion,
 )
-from proxy.tools.mockstream import SseFormat, StreamFormat
-from proxy.tools.mocktext import TokenSource, embedding_bytes, embedding_floats
+from proxy.tools.mock.stream import SseFormat, StreamFormat
+from proxy.tools.mock.text import TokenSource, embedding_bytes, embedding_floats
 
 __all__ = ["embedding_answer", "parse_request", "stream_format", "whole_answer"]
 

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from proxy.tools.benchclient import (
+from proxy.tools.bench.client import (
     EVENTS,
     TOKENIZER,
     UNKNOWN,
@@ -17,12 +17,12 @@ from proxy.tools.benchclient import (
     RequestSample,
     RequestSender,
 )
-from proxy.tools.benchconfig import BenchConfig, chat_completions_url
-from proxy.tools.benchhttpx import HttpxTransport
-from proxy.tools.benchprompts import Workload, build_workload, load_tokenizer
-from proxy.tools.benchstats import Summary, summarize, verdict
-from proxy.tools.benchtransport import Transport
-from proxy.tools.benchwire import WireTransport
+from proxy.tools.bench.config import BenchConfig, chat_completions_url
+from proxy.tools.bench.httpx_transport import HttpxTransport
+from proxy.tools.bench.prompts import Workload, build_workload, load_tokenizer
+from proxy.tools.bench.stats import Summary, summarize, verdict
+from proxy.tools.bench.transport import Transport
+from proxy.tools.bench.wire import WireTransport
 
 __all__ = ["LevelProgress", "LevelResult", "open_transport", "run_level", "summarize_level"]
 

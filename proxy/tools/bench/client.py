@@ -8,8 +8,8 @@ from time import perf_counter
 
 import orjson
 
-from proxy.tools.benchprompts import Tokenizer
-from proxy.tools.benchsse import (
+from proxy.tools.bench.prompts import Tokenizer
+from proxy.tools.bench.sse import (
     SseEvent,
     SseParser,
     content_text,
@@ -18,7 +18,7 @@ from proxy.tools.benchsse import (
     is_done,
     usage_completion_tokens,
 )
-from proxy.tools.benchtransport import Transport, TransportFailure
+from proxy.tools.bench.transport import Transport, TransportFailure
 
 __all__ = [
     "EVENTS",

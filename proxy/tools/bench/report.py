@@ -11,10 +11,10 @@ from typing import Any, TextIO
 
 import orjson
 
-from proxy.tools.benchclient import UNKNOWN, USAGE
-from proxy.tools.benchconfig import BenchConfig, BenchError
-from proxy.tools.benchlevel import LevelProgress, LevelResult
-from proxy.tools.benchprompts import Workload
+from proxy.tools.bench.client import UNKNOWN, USAGE
+from proxy.tools.bench.config import BenchConfig, BenchError
+from proxy.tools.bench.level import LevelProgress, LevelResult
+from proxy.tools.bench.prompts import Workload
 
 __all__ = [
     "CPU_WARNING_FRACTION",

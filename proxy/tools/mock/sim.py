@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from proxy.tools.mockrequest import Knobs
-from proxy.tools.mocktext import count_words
+from proxy.tools.mock.request import Knobs
+from proxy.tools.mock.text import count_words
 
 __all__ = ["Faults", "LoadModel"]
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.tools.mockrequest import (
+from proxy.tools.mock.request import (
     TOKENS_PER_MESSAGE,
     CompletionRequest,
     Endpoint,
@@ -27,7 +27,7 @@ from proxy.tools.mockrequest import (
     int_field,
     model_of,
 )
-from proxy.tools.mocktext import TokenSource, count_words
+from proxy.tools.mock.text import TokenSource, count_words
 
 __all__ = ["EventFormat", "agent_answer", "agent_stream", "parse_agent"]
 

@@ -1,6 +1,6 @@
 """`tokenweir bench`: measure an OpenAI-compatible endpoint level by level of concurrency.
 
-Flags, the run across levels and the exit status; the work is in the sibling bench* modules.
+Flags, the run across levels and the exit status; the work is in the sibling modules.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
-from proxy.tools.benchconfig import (
+from proxy.tools.bench.config import (
     HTTP_CLIENTS,
     BenchConfig,
     BenchError,
@@ -21,9 +21,9 @@ from proxy.tools.benchconfig import (
     parse_duration_s,
     parse_extra_body,
 )
-from proxy.tools.benchlevel import LevelProgress, LevelResult, open_transport, run_level
-from proxy.tools.benchprompts import Workload, build_workload, load_tokenizer
-from proxy.tools.benchreport import (
+from proxy.tools.bench.level import LevelProgress, LevelResult, open_transport, run_level
+from proxy.tools.bench.prompts import Workload, build_workload, load_tokenizer
+from proxy.tools.bench.report import (
     ProgressLine,
     config_json,
     format_table,
@@ -32,7 +32,7 @@ from proxy.tools.benchreport import (
     write_json,
     write_plot,
 )
-from proxy.tools.benchstats import VERDICT_BANDS, Summary, percentile, verdict
+from proxy.tools.bench.stats import VERDICT_BANDS, Summary, percentile, verdict
 
 __all__ = [
     "VERDICT_BANDS",

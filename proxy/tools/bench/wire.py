@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from proxy.tools.benchtransport import ResponseSink, TransportFailure
+from proxy.tools.bench.transport import ResponseSink, TransportFailure
 
 __all__ = ["WireTransport"]
 

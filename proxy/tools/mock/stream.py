@@ -17,7 +17,7 @@ import orjson
 from starlette.types import Send
 
 from proxy.clock import Clock
-from proxy.tools.mocktext import TokenSource
+from proxy.tools.mock.text import TokenSource
 
 __all__ = ["Outcome", "Schedule", "SseFormat", "StreamFormat", "StreamRun", "Ticker"]
 

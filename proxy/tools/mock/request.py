@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.tools.mocktext import count_words
+from proxy.tools.mock.text import count_words
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",

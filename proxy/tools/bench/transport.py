@@ -1,7 +1,7 @@
 """The bench's one-method seam to the network: POST a body, feed the response into a sink.
 
-Two implementations: `benchwire` (HTTP/1.1 on asyncio and httptools, the default, cheap per
-event) and `benchhttpx` (httpx: proxies from the environment, but ~5x the CPU per SSE event).
+Two implementations: `wire` (HTTP/1.1 on asyncio and httptools, the default, cheap per
+event) and `httpx_transport` (httpx: proxies from the environment, but ~5x the CPU per SSE event).
 """
 
 from __future__ import annotations

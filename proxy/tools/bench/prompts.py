@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.tools.benchconfig import BenchConfig, BenchError
+from proxy.tools.bench.config import BenchConfig, BenchError
 
 __all__ = [
     "WORDS",

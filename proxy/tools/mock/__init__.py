@@ -1,0 +1,1 @@
+"""`tokenweir mock-backend`: the simulated OpenAI-compatible backend (backend.py) and its parts."""
