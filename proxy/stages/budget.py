@@ -13,12 +13,12 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from proxy.apis import output_fields
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
 from proxy.holds import Quota, Reservation
+from proxy.outgoing import bound_output
 from proxy.policy.model import Budget
 from proxy.stages.leases import LeaseIds, Renewal
 from proxy.stages.prefetch import Plan, taken
@@ -139,7 +139,7 @@ class Budgets:
         fits = self._output_that_fits(ctx.model, quota, left, plan.input_tokens)
         if not _may_shorten(ctx) or not 1 <= fits < plan.output_tokens:
             return False
-        _shorten(ctx, fits)
+        bound_output(ctx, fits, "budget")  # the backend ends it with finish_reason length
         return True
 
     def _refusal(self, plan: QuotaPlan) -> InsufficientQuota:
@@ -223,10 +223,8 @@ class Budgets:
         if ctx.operation == "embeddings":
             return 0
         if ctx.output_allowance is None:
-            field = output_fields(ctx.operation)[-1]
-            ctx.body[field] = ctx.output_allowance = DEFAULT_OUTPUT_BOUND
-            ctx.shaped.append("max_tokens")
-        return ctx.output_allowance
+            bound_output(ctx, DEFAULT_OUTPUT_BOUND, "max_tokens")
+        return ctx.output_allowance or 0
 
     def _keep_leased(self, reservation: Reservation) -> Renewal:
         """Renew the lease while the request runs (a long stream outlives one lease)."""
@@ -243,19 +241,6 @@ def _may_shorten(ctx: RequestContext) -> bool:
     return (
         tenant is not None and tenant.budget.stop_stream_at_budget and ctx.operation != "embeddings"
     )
-
-
-def _shorten(ctx: RequestContext, output_tokens: int) -> int:
-    """Bound the answer to `output_tokens`: the backend then ends it with finish_reason length."""
-    *others, field = output_fields(ctx.operation)
-    ctx.body[field] = output_tokens
-    for other in others:
-        if other in ctx.body:
-            ctx.body[other] = output_tokens
-    ctx.output_allowance = output_tokens
-    if "budget" not in ctx.shaped:
-        ctx.shaped.append("budget")
-    return output_tokens
 
 
 def _scope(tenant: str) -> str:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from proxy.apis import output_fields
 from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import GatewayError, RateLimited, UpstreamUnavailable
+from proxy.outgoing import bound_output, set_model
 from proxy.policy.model import DegradeRule, DegradeThen, DegradeWhen, Tenant
 from proxy.routing.pool import Pools, PoolSignals
 from proxy.stages import Stage
@@ -146,9 +146,9 @@ class Degrade:
         if then.reject is not None:
             raise _rejection(rule.name, then)
         if then.max_output_tokens is not None and ctx.operation != "embeddings":
-            _clamp_output(ctx, then.max_output_tokens)
+            bound_output(ctx, then.max_output_tokens, None)  # recorded as the rule's name
         if then.model is not None and then.model != ctx.model:
-            ctx.model = ctx.body["model"] = then.model
+            set_model(ctx, then.model)
         if then.cache is not None or then.similarity is not None:
             ctx.cache_serve_stale = then.cache == "serve_stale"
             ctx.cache_min_similarity = then.similarity
@@ -174,18 +174,6 @@ class Degrade:
             code="overloaded",
             retry_after_s=1.0,
         )
-
-
-def _clamp_output(ctx: RequestContext, limit: int) -> None:
-    body = ctx.body
-    keys = output_fields(ctx.operation)
-    for key in keys:
-        value = body.get(key)
-        if isinstance(value, int) and value > limit:
-            body[key] = limit
-    if not any(key in body for key in keys):
-        body[keys[-1]] = limit
-    ctx.output_allowance = min(ctx.output_allowance or limit, limit)
 
 
 def _rejection(name: str, then: DegradeThen) -> GatewayError:

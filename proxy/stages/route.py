@@ -17,6 +17,7 @@ from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.holds import Routed
+from proxy.outgoing import set_model
 from proxy.policy.model import Backend
 from proxy.routing.health import BackendHealth
 from proxy.routing.pool import Pools
@@ -116,7 +117,7 @@ class Route:
             candidates = [h for h in pool.available(now) if h.name not in tried]
             if candidates:
                 if pool.name != ctx.model:
-                    ctx.model = ctx.body["model"] = pool.name
+                    set_model(ctx, pool.name)
                 return pool.strategy.order(candidates, ctx)[0]
         return None
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from proxy.apis import AGENT_APIS, AgentApi, output_fields
+from proxy.apis import AGENT_APIS, AgentApi
 from proxy.context import RequestContext
 from proxy.errors import BadRequest, ContextLengthExceeded
+from proxy.outgoing import bound_output, output_allowance
 from proxy.policy.model import Budget, Tenant
 from proxy.tokens import TokenizerError
 
@@ -54,10 +55,10 @@ class Shape:
                 raise _too_long(count, budget.max_input_tokens)
             ctx.counted_input_tokens = count
         if ctx.operation != "embeddings":
-            fields = output_fields(ctx.operation)
-            _clamp_output(body, budget.max_output_tokens, ctx.shaped, fields)
+            if budget.max_output_tokens is not None:
+                bound_output(ctx, budget.max_output_tokens, "max_tokens")
             _temperature(body, budget, ctx.shaped)
-            ctx.output_allowance = _output_allowance(body, fields)
+            ctx.output_allowance = output_allowance(ctx)
 
     async def _shape_chat(self, ctx: RequestContext, tenant: Tenant) -> None:
         budget = tenant.budget
@@ -187,22 +188,6 @@ def _last_turns(messages: Sequence[Message], limit: int) -> list[Message]:
     return head + turns[starts[0] :] if starts else head + turns[keep_from:]
 
 
-def _clamp_output(
-    body: dict[str, Any], limit: int | None, shaped: list[str], names: Sequence[str]
-) -> None:
-    if limit is None:
-        return
-    fields = [f for f in names if body.get(f) is not None]
-    if not fields:
-        body[names[-1]] = limit
-        shaped.append("max_tokens")
-        return
-    if any(body[f] > limit for f in fields):
-        for field in fields:
-            body[field] = min(body[field], limit)
-        shaped.append("max_tokens")
-
-
 def _temperature(body: dict[str, Any], budget: Budget, shaped: list[str]) -> None:
     wanted = body.get("temperature")
     if budget.temperature is not None:
@@ -218,11 +203,6 @@ def _temperature(body: dict[str, Any], budget: Budget, shaped: list[str]) -> Non
     if chosen != wanted:
         body["temperature"] = chosen
         shaped.append("temperature")
-
-
-def _output_allowance(body: Mapping[str, Any], names: Sequence[str]) -> int | None:
-    values = [body[f] for f in names if body.get(f) is not None]
-    return min(values) if values else None
 
 
 def _too_long(count: int, limit: int) -> ContextLengthExceeded:
