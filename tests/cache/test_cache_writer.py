@@ -16,8 +16,9 @@ import redis
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
 from proxy.policy.model import CacheSpec
-from proxy.storage import CacheEntry, RedisCacheStore, cache_writer
+from proxy.storage import CacheEntry, RedisCacheStore
 from proxy.storage.cache import Graph
+from proxy.storage.redis import cache_writer
 from tests.cache.test_vector_engines import NOW, REDIS8, engine_named, redis_vectors, unit_rows
 from tests.redis8 import redis8_server, redis8_url
 

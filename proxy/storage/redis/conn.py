@@ -19,13 +19,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from proxy.storage.base import StorageError
-from proxy.storage.redisurl import (
+from proxy.storage.redis.resp import Multiplexed, can_multiplex
+from proxy.storage.redis.url import (
     SENTINEL_SCHEME,
     is_cluster_url,
     parse_cluster_url,
     parse_sentinel_url,
 )
-from proxy.storage.resp import Multiplexed, can_multiplex
 
 __all__ = [
     "REDIS_ERRORS",

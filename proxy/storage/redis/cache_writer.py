@@ -20,8 +20,8 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.storage.base import StorageError
-from proxy.storage.redisconn import Call, RedisClient, translated
-from proxy.storage.resp import Multiplexed
+from proxy.storage.redis.conn import Call, RedisClient, translated
+from proxy.storage.redis.resp import Multiplexed
 
 __all__ = ["BatchedWriter", "Command", "Lua", "run"]
 
@@ -65,7 +65,7 @@ class BatchedWriter(Generic[W]):
     Writes go out on `writes` (a connection of the writer's own) where given, else through
     `client` (a pipeline, or on a cluster each command to its node)."""
 
-    script_name: ClassVar[str]  # in proxy/storage/lua
+    script_name: ClassVar[str]  # in proxy/storage/redis/lua
 
     def __init__(
         self,
@@ -80,7 +80,7 @@ class BatchedWriter(Generic[W]):
         self._available: bool | None = None
         self._queue: deque[W] = deque()
         self._writer: asyncio.Task[None] | None = None
-        lua = resources.files("proxy.storage") / "lua" / self.script_name
+        lua = resources.files("proxy.storage.redis") / "lua" / self.script_name
         self._script = Lua(lua.read_text(encoding="utf-8"))
         self._prepared: set[str] = set()  # what `_before` made ready (RediSearch's indexes)
         self._hurry = False

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import orjson
 
 from proxy.storage.cache import Graph, VectorHit
-from proxy.storage.cache_writer import BatchedWriter, Command, run
-from proxy.storage.redisconn import translated
+from proxy.storage.redis.cache_writer import BatchedWriter, Command, run
+from proxy.storage.redis.conn import translated
 
 __all__ = ["RedisVectorSets", "set_key"]
 

@@ -17,8 +17,8 @@ from redis.exceptions import ResponseError
 
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Step
-from proxy.storage.redisconn import REDIS_ERRORS, RedisClient, StoreRedis, translated
-from proxy.storage.redisurl import is_cluster_url
+from proxy.storage.redis.conn import REDIS_ERRORS, RedisClient, StoreRedis, translated
+from proxy.storage.redis.url import is_cluster_url
 
 __all__ = ["OPERATIONS", "LuaCall", "OnLink", "RedisLink", "nothing", "ops_script"]
 
@@ -37,7 +37,7 @@ _FAILED, _RAN = 0, 1  # run.lua's statuses; 2 is ran and refused
 
 def ops_script() -> str:
     """The helpers, each operation as `local function op_NAME(KEYS, ARGV)`, then run.lua."""
-    lua = resources.files("proxy.storage") / "lua"
+    lua = resources.files("proxy.storage.redis") / "lua"
     parts = [(lua / f"{name}.lua").read_text(encoding="utf-8") for name in _HELPERS]
     for name in OPERATIONS:
         body = (lua / f"{name}.lua").read_text(encoding="utf-8")
