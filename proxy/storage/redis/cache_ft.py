@@ -57,7 +57,7 @@ class _Remove:
 class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
     name: Literal["search", "vsets"] = "search"
     marker = "#"
-    script_name = "cache_ft_add.lua"
+    script_name = "cache_ft_add"
 
     async def available(self) -> bool:
         return await self._probe(partial(_ft, ("FT._LIST",), "tw:{probe}:cache:"))

@@ -46,7 +46,7 @@ class _Remove:
 class RedisVectorSets(BatchedWriter[_Add | _Remove]):
     name: Literal["search", "vsets"] = "vsets"
     marker = "*"
-    script_name = "cache_vset_check.lua"
+    script_name = "cache_vset_check"
 
     async def available(self) -> bool:
         return await self._probe(partial(run, ("VCARD", "tw:{probe}:cache:s:-")))

@@ -11,7 +11,6 @@ import hashlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from importlib import resources
 from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
@@ -21,6 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.storage.base import StorageError
 from proxy.storage.redis.conn import Call, RedisClient, translated
+from proxy.storage.redis.lua import script_text
 from proxy.storage.redis.resp import Multiplexed
 
 __all__ = ["BatchedWriter", "Command", "Lua", "run"]
@@ -65,7 +65,7 @@ class BatchedWriter(Generic[W]):
     Writes go out on `writes` (a connection of the writer's own) where given, else through
     `client` (a pipeline, or on a cluster each command to its node)."""
 
-    script_name: ClassVar[str]  # in proxy/storage/redis/lua
+    script_name: ClassVar[str]  # lua/<script_name>.lua
 
     def __init__(
         self,
@@ -80,8 +80,7 @@ class BatchedWriter(Generic[W]):
         self._available: bool | None = None
         self._queue: deque[W] = deque()
         self._writer: asyncio.Task[None] | None = None
-        lua = resources.files("proxy.storage.redis") / "lua" / self.script_name
-        self._script = Lua(lua.read_text(encoding="utf-8"))
+        self._script = Lua(script_text(self.script_name))
         self._prepared: set[str] = set()  # what `_before` made ready (RediSearch's indexes)
         self._hurry = False
         self._dropped = 0  # vectors dropped since the queue was last full
