@@ -1,7 +1,14 @@
 """Where shared state lives: one contract per concern (here), a memory and a Redis implementation
 of each (memory/, redis/), and the facade the gateway opens once (`open_storage`)."""
 
-from proxy.storage.base import Counter, QuotaStore, Refusal, StorageError
+from proxy.storage.base import (
+    Counter,
+    QuotaStore,
+    Refusal,
+    StorageError,
+    StorageTimeout,
+    StorageUnreachable,
+)
 from proxy.storage.cache import CacheEntry, CacheStore
 from proxy.storage.facade import RedisStorage, Storage, open_storage
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
@@ -33,6 +40,8 @@ __all__ = [
     "SlotPool",
     "Storage",
     "StorageError",
+    "StorageTimeout",
+    "StorageUnreachable",
     "open_cache_store",
     "open_limit_store",
     "open_storage",

@@ -14,11 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from proxy.storage.base import StorageError
+from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable
 from proxy.storage.redis.conn import Call, RedisClient, translated
 from proxy.storage.redis.lua import script_text
 from proxy.storage.redis.resp import Multiplexed
@@ -92,9 +90,9 @@ class BatchedWriter(Generic[W]):
                 with translated("cache storage"):
                     await call(self._client)
                 self._available = True
-            except StorageError as exc:
-                if isinstance(exc.__cause__, RedisConnectionError | RedisTimeoutError | OSError):
-                    raise  # Redis unreachable: ask again next time
+            except (StorageTimeout, StorageUnreachable):
+                raise  # Redis unreachable: ask again next time
+            except StorageError:
                 # "unknown command" (no such module or Redis before 8; redis-py's cluster client
                 # says it itself)
                 self._available = False

@@ -16,7 +16,13 @@ from redis.exceptions import ResponseError
 
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Step
-from proxy.storage.redis.conn import REDIS_ERRORS, RedisClient, StoreRedis, translated
+from proxy.storage.redis.conn import (
+    REDIS_ERRORS,
+    RedisClient,
+    StoreRedis,
+    storage_error,
+    translated,
+)
 from proxy.storage.redis.lua import script_text
 from proxy.storage.redis.url import is_cluster_url
 
@@ -64,9 +70,7 @@ class LuaCall:
     what: str = "redis"  # how its errors begin: "redis", "cache storage"
 
     def error(self, cause: BaseException) -> StorageError:
-        error = StorageError(f"{self.what}: {cause}")
-        error.__cause__ = cause
-        return error
+        return storage_error(self.what, cause)
 
 
 class RedisLink:
