@@ -16,7 +16,7 @@ from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.policy.model import Limits, LimitSet
-from proxy.stages.leases import LeaseIds, Renewal
+from proxy.stages.leases import Lease, LeaseIds
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
@@ -38,15 +38,12 @@ _QUEUE_POLL_S = 0.05
 
 
 @dataclass(slots=True)
-class RateLimitHold:
-    """What an admitted request holds until it is settled."""
+class RateLimitHold(Lease):
+    """What an admitted request holds until it is settled: its slots' lease, and what it was
+    charged on token buckets."""
 
-    scope: str
-    lease_id: str
-    lease_s: float
     slots: tuple[SlotPool, ...]
     token_buckets: tuple[tuple[Bucket, int], ...] = ()
-    renewer: Renewal | None = None
 
 
 @dataclass(slots=True)
@@ -147,7 +144,7 @@ class RateLimits:
             if limit_key(b).kind == "tokens"
         )
         if hold.slots:
-            hold.renewer = self._keep_leased(hold)
+            self._keep_leased(hold)
         ctx.rate_limits.append(hold)
 
     def holding(self, ctx: RequestContext) -> bool:
@@ -162,8 +159,7 @@ class RateLimits:
         releases: list[tuple[str, Awaitable[None]]] = []
         true_ups: list[Awaitable[None]] = []
         for hold in holds:
-            if hold.renewer is not None:
-                hold.renewer.cancel()
+            hold.end()
             if hold.slots:
                 released = self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
                 releases.append((hold.scope, released))
@@ -243,14 +239,13 @@ class RateLimits:
         if line and not line[0].done():
             line[0].set_result(None)
 
-    def _keep_leased(self, hold: RateLimitHold) -> Renewal:
-        def renew() -> Awaitable[bool]:
-            until = self._clock.wall() + hold.lease_s
+    def _keep_leased(self, hold: RateLimitHold) -> None:
+        def renew(until: float) -> Awaitable[bool]:
             return self._store.renew(
                 hold.scope, hold.slots, lease_id=hold.lease_id, lease_until=until
             )
 
-        return Renewal(renew, hold.lease_s, _log, "a concurrency lease")
+        hold.keep(renew, self._clock, _log, "a concurrency lease")
 
 
 def _token_cost(ctx: RequestContext) -> int:
