@@ -19,8 +19,8 @@ import redis
 from harness import redis_for
 
 from proxy.storage.limits import Bucket, LimitStore, SlotPool
-from proxy.storage.limits_memory import MemoryLimitStore
-from proxy.storage.limits_redis import RedisLimitStore
+from proxy.storage.memory.limits import MemoryLimitStore
+from proxy.storage.redis.limits import RedisLimitStore
 
 
 def limits(tenant: str) -> tuple[list[Bucket], list[SlotPool]]:

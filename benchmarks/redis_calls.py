@@ -6,7 +6,7 @@ Starts a private redis-server and sends `--calls` rate-limit admissions (the sto
 admit.lua script: a requests-per-minute bucket and a concurrency slot pool, one tenant per
 call's index modulo 100), `--concurrency` at a time, through each client in turn: redis-py's
 BlockingConnectionPool (what the stores used before, and still use for TLS, Sentinel and
-Cluster URLs) and proxy/storage/resp.py's one multiplexed connection. Reports this process's
+Cluster URLs) and proxy/storage/redis/resp.py's one multiplexed connection. Reports this process's
 CPU time per call and calls per second, medians over `--repeats` alternating runs. The CPU is
 the client's own (Redis runs in its own process), which is what a gateway pays per call.
 Results: benchmarks/results/redis-calls.{json,md}.
@@ -27,7 +27,7 @@ from typing import Any
 from harness import publish
 
 from proxy.storage.limits import Bucket, SlotPool
-from proxy.storage.limits_redis import RedisLimitStore
+from proxy.storage.redis.limits import RedisLimitStore
 from tests.redis_server import private_redis
 
 

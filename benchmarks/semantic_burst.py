@@ -49,7 +49,7 @@ from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
 from proxy.policy.model import CacheSpec
 from proxy.storage.cache import CacheEntry, Graph
-from proxy.storage.cache_redis import RedisCacheStore
+from proxy.storage.redis.cache import RedisCacheStore
 
 MODES = ("loop", "process", "process-apart", "loop-entries")
 _LOOKUP_COMMAND = {"redis-search": "FT.SEARCH", "redis-vsets": "VSIM"}

@@ -50,7 +50,7 @@ from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
 from proxy.policy.model import CacheSpec
 from proxy.storage.cache import CacheEntry
-from proxy.storage.cache_memory import MemoryCacheStore
+from proxy.storage.memory.cache import MemoryCacheStore
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "semcache"
 VECTORS = Path(tempfile.gettempdir()) / "tokenweir-semcache-vectors.npz"

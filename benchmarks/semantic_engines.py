@@ -22,8 +22,8 @@ from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
 from proxy.policy.model import CacheSpec, HnswSpec
 from proxy.storage.cache import CacheEntry, CacheStore
-from proxy.storage.cache_memory import MemoryCacheStore
-from proxy.storage.cache_redis import RedisCacheStore
+from proxy.storage.memory.cache import MemoryCacheStore
+from proxy.storage.redis.cache import RedisCacheStore
 
 TENANT, PARTITION = "bench", "engines"
 

@@ -24,7 +24,7 @@ from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.reload import SUPERVISOR_ENV, WATCH_ENV
-from proxy.storage.redisurl import is_redis_url
+from proxy.storage.redis.url import is_redis_url
 from proxy.telemetry.logs import log_config
 from proxy.telemetry.workershare import METRICS_DIR_ENV
 from proxy.tools import keys, report

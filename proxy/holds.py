@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from proxy.routing.health import BackendHealth
-from proxy.stages.leases import Renewal
+from proxy.stages.leases import Lease
 from proxy.storage.base import Counter
 from proxy.storage.limits import Bucket, SlotPool
 
@@ -28,11 +28,8 @@ class Quota:
 
 
 @dataclass(slots=True)
-class Reservation:
-    scope: str
-    lease_id: str
+class Reservation(Lease):
     quotas: tuple[Quota, ...]
-    renewer: Renewal | None = None
     charged: list[int] = field(default_factory=list)  # booked by checkpoints, per quota
 
     def __post_init__(self) -> None:
@@ -40,15 +37,12 @@ class Reservation:
 
 
 @dataclass(slots=True)
-class RateLimitHold:
-    """What an admitted request holds until it is settled."""
+class RateLimitHold(Lease):
+    """What an admitted request holds until it is settled: its slots' lease, and what it was
+    charged on token buckets."""
 
-    scope: str
-    lease_id: str
-    lease_s: float
     slots: tuple[SlotPool, ...]
     token_buckets: tuple[tuple[Bucket, int], ...] = ()
-    renewer: Renewal | None = None
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ _log = logging.getLogger("tokenweir.cache")
 _CANDIDATES = 4
 _DEFAULT = CacheSpec()
 # Which Redis engines each `cache.vector_search` may use; the store lists them in auto's order
-# (RediSearch, then vector sets: cache_redis.py).
+# (RediSearch, then vector sets: storage/redis/cache.py).
 _ENGINES: dict[str, tuple[str, ...]] = {
     "auto": ("search", "vsets"),
     "redis": ("search", "vsets"),

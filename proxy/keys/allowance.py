@@ -21,7 +21,7 @@ from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.stages.budget import DEFAULT_OUTPUT_BOUND
 from proxy.stages.leases import LeaseIds
 from proxy.stages.prefetch import Plan, taken
-from proxy.stages.ratelimit import format_reset, per_minute
+from proxy.stages.ratelimit import format_reset, limit_key, per_minute
 from proxy.storage.base import Counter, QuotaStore, StorageError
 from proxy.storage.joint import Admit, Reserve, Step
 from proxy.storage.limits import Bucket, LimitStore
@@ -131,7 +131,7 @@ class KeyAllowances:
             hold.refused = True
             index = admission.refused or 0
             bucket, cost = buckets[index], costs[index]
-            kind = "requests" if bucket.key.endswith(":rpm") else "tokens"
+            kind = limit_key(bucket).kind
             if admission.never:
                 raise RateLimited(
                     f"This API key's {kind}_per_minute is {bucket.capacity} and this request "
@@ -198,7 +198,7 @@ async def _quietly(calls: list[Awaitable[None]]) -> None:
 
 def _buckets(scope: str, allowance: KeyAllowance, tokens: int) -> tuple[list[Bucket], list[int]]:
     rpm, tpm = allowance.requests_per_minute, allowance.tokens_per_minute
-    pairs = list(per_minute(f"{scope}:rl", rpm, tpm, tokens))
+    pairs = list(per_minute(scope, rpm, tpm, tokens))
     return [bucket for bucket, _ in pairs], [cost for _, cost in pairs]
 
 

@@ -16,7 +16,7 @@ from proxy.ledger.base import (
 )
 from proxy.ledger.redis import RedisLedger
 from proxy.ledger.sqlite import SqliteLedger
-from proxy.storage.redisurl import is_redis_url
+from proxy.storage.redis.url import is_redis_url
 
 __all__ = [
     "Bucket",

@@ -23,7 +23,7 @@ from proxy.ledger.attribution import is_attribution
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
 from proxy.ledger.buffer import Batch
 from proxy.ledger.writer import BufferedLedger
-from proxy.storage.redisconn import REDIS_ERRORS, Call, RedisClient, connect, send_all
+from proxy.storage.redis.conn import REDIS_ERRORS, Call, RedisClient, connect, send_all
 
 __all__ = ["RedisLedger"]
 

@@ -14,7 +14,7 @@ import yaml
 from pydantic_core import ErrorDetails
 
 from proxy.policy.model import Policy
-from proxy.storage.redisurl import is_redis_url
+from proxy.storage.redis.url import is_redis_url
 
 __all__ = ["PolicyError", "Problem", "load_policy", "parse_policy"]
 

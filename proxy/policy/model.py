@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from proxy.policy.units import hash_key, parse_bytes, parse_duration_s
-from proxy.storage.redisurl import check_storage_url, is_redis_url
+from proxy.storage.redis.url import check_storage_url, is_redis_url
 
 __all__ = [
     "Backend",

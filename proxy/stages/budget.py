@@ -20,7 +20,7 @@ from proxy.errors import InsufficientQuota
 from proxy.holds import Quota, Reservation
 from proxy.outgoing import bound_output
 from proxy.policy.model import Budget
-from proxy.stages.leases import LeaseIds, Renewal
+from proxy.stages.leases import LeaseIds
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import Counter, QuotaStore, StorageError
@@ -99,7 +99,7 @@ class Budgets:
                 self._failures.decide("quota", ctx.tenant.limits, step.error)
                 return
             if not step.refused:
-                plan.reservation.renewer = self._keep_leased(plan.reservation)
+                self._keep_leased(plan.reservation)
                 ctx.reservation = plan.reservation
                 return
             if not self.replan(ctx, plan):
@@ -117,7 +117,8 @@ class Budgets:
         quotas = self._quotas.of(ctx.tenant_name, ctx.tenant.budget, now)
         if not quotas:
             return None
-        reservation = Reservation(_scope(ctx.tenant_name), self._lease_ids.next(), quotas)
+        lease_id = self._lease_ids.next()
+        reservation = Reservation(_scope(ctx.tenant_name), lease_id, self._lease_s, quotas)
         input_tokens, output_tokens = ctx.counted_input_tokens or 0, self._output_bound(ctx)
         amounts = [self._amount(ctx.model, q, input_tokens, output_tokens) for q in quotas]
         step = Reserve(
@@ -171,8 +172,7 @@ class Budgets:
         reservation, ctx.reservation = ctx.reservation, None
         if reservation is None:
             return nothing()
-        if reservation.renewer is not None:
-            reservation.renewer.cancel()
+        reservation.end()
         input_tokens = (
             ctx.input_tokens if ctx.input_tokens is not None else ctx.counted_input_tokens
         )
@@ -226,14 +226,13 @@ class Budgets:
             bound_output(ctx, DEFAULT_OUTPUT_BOUND, "max_tokens")
         return ctx.output_allowance or 0
 
-    def _keep_leased(self, reservation: Reservation) -> Renewal:
+    def _keep_leased(self, reservation: Reservation) -> None:
         """Renew the lease while the request runs (a long stream outlives one lease)."""
 
-        def renew() -> Awaitable[bool]:
-            until = self._clock.wall() + self._lease_s
+        def renew(until: float) -> Awaitable[bool]:
             return self._store.renew(reservation.scope, reservation.lease_id, lease_until=until)
 
-        return Renewal(renew, self._lease_s, _log, "a quota lease")
+        reservation.keep(renew, self._clock, _log, "a quota lease")
 
 
 def _may_shorten(ctx: RequestContext) -> bool:

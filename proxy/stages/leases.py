@@ -1,5 +1,6 @@
 """A request's leases (a quota reservation, concurrency slots): their ids, and their renewal
-while it runs, every third of their length, by a timer of the event loop (not a task each)."""
+while it runs, every third of their length, by a timer of the event loop (not a task each), each
+renewal until a lease's length after now on the injected clock."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
+from proxy.clock import Clock
 from proxy.storage.base import StorageError
 
-__all__ = ["LeaseIds", "Renewal"]
+__all__ = ["Lease", "LeaseIds", "Renewal"]
 
 
 class LeaseIds:
@@ -62,3 +65,35 @@ class Renewal:
             self._log.warning("could not renew %s: %s", self._what, error)
         elif error is not None:
             raise error
+
+
+@dataclass(slots=True)
+class Lease:
+    """A lease a request holds on storage until it is settled: its id, the scope of its keys (the
+    owner's hash tag), and its length. `keep` renews it while the request runs, `end` stops."""
+
+    scope: str
+    lease_id: str
+    lease_s: float
+    _renewal: Renewal | None = field(default=None, init=False, repr=False)
+
+    def keep(
+        self,
+        renew: Callable[[float], Awaitable[object]],
+        clock: Clock,
+        log: logging.Logger,
+        what: str,
+    ) -> None:
+        """Call `renew(until)` every third of the lease's length, `until` being the lease's
+        length after now on `clock`; a failed renewal is logged as `what`."""
+
+        def again() -> Awaitable[object]:
+            return renew(clock.wall() + self.lease_s)
+
+        self._renewal = Renewal(again, self.lease_s, log, what)
+
+    def end(self) -> None:
+        """Stop renewing (settling gives the lease back)."""
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None

@@ -18,18 +18,19 @@ from proxy.context import RequestContext
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.holds import RateLimitHold
 from proxy.policy.model import Limits, LimitSet
-from proxy.stages.leases import LeaseIds, Renewal
+from proxy.stages.leases import LeaseIds
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Admit
-from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
+from proxy.storage.limits import Admission, Bucket, BucketState, LimitKey, LimitStore, SlotPool
 
 __all__ = [
     "BackendLimits",
     "LimitPlan",
     "RateLimits",
     "format_reset",
+    "limit_key",
     "per_minute",
 ]
 
@@ -143,10 +144,12 @@ class RateLimits:
         self, ctx: RequestContext, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]
     ) -> None:
         hold.token_buckets = tuple(
-            (b, cost) for b, cost in zip(buckets, costs, strict=True) if b.key.endswith(":tpm")
+            (b, cost)
+            for b, cost in zip(buckets, costs, strict=True)
+            if limit_key(b).kind == "tokens"
         )
         if hold.slots:
-            hold.renewer = self._keep_leased(hold)
+            self._keep_leased(hold)
         ctx.rate_limits.append(hold)
 
     def holding(self, ctx: RequestContext) -> bool:
@@ -161,8 +164,7 @@ class RateLimits:
         releases: list[tuple[str, Awaitable[None]]] = []
         true_ups: list[Awaitable[None]] = []
         for hold in holds:
-            if hold.renewer is not None:
-                hold.renewer.cancel()
+            hold.end()
             if hold.slots:
                 released = self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
                 releases.append((hold.scope, released))
@@ -242,14 +244,13 @@ class RateLimits:
         if line and not line[0].done():
             line[0].set_result(None)
 
-    def _keep_leased(self, hold: RateLimitHold) -> Renewal:
-        def renew() -> Awaitable[bool]:
-            until = self._clock.wall() + hold.lease_s
+    def _keep_leased(self, hold: RateLimitHold) -> None:
+        def renew(until: float) -> Awaitable[bool]:
             return self._store.renew(
                 hold.scope, hold.slots, lease_id=hold.lease_id, lease_until=until
             )
 
-        return Renewal(renew, hold.lease_s, _log, "a concurrency lease")
+        hold.keep(renew, self._clock, _log, "a concurrency lease")
 
 
 def _token_cost(ctx: RequestContext) -> int:
@@ -263,29 +264,41 @@ def _limits_for(
     buckets: list[Bucket] = []
     costs: list[int] = []
     slots: list[SlotPool] = []
-    levels: list[tuple[str, Limits | LimitSet]] = [(f"{scope}:rl", limits)]
+    levels: list[tuple[str | None, Limits | LimitSet]] = [(None, limits)]
     if isinstance(limits, Limits) and model in limits.per_model:
-        levels.append((f"{scope}:rl:m:{model}", limits.per_model[model]))
-    for prefix, level in levels:
+        levels.append((model, limits.per_model[model]))
+    for on_model, level in levels:
         for bucket, cost in per_minute(
-            prefix, level.requests_per_minute, level.tokens_per_minute, tokens
+            scope, level.requests_per_minute, level.tokens_per_minute, tokens, model=on_model
         ):
             buckets.append(bucket)
             costs.append(cost)
         if level.max_concurrent:
-            slots.append(SlotPool(f"{prefix}:slots", level.max_concurrent))
+            slots.append(LimitKey(scope, "slots", on_model).pool(level.max_concurrent))
     return buckets, costs, tuple(slots)
 
 
 def per_minute(
-    prefix: str, requests: int | None, tokens_per_minute: int | None, tokens: int
+    scope: str,
+    requests: int | None,
+    tokens_per_minute: int | None,
+    tokens: int,
+    *,
+    model: str | None = None,
 ) -> Iterator[tuple[Bucket, int]]:
-    """The requests- and tokens-per-minute buckets under `prefix`, each with this request's
-    cost (one request, `tokens` tokens)."""
+    """The requests- and tokens-per-minute buckets of `scope` (on `model`, or on every model),
+    each with this request's cost (one request, `tokens` tokens)."""
     if requests:
-        yield Bucket(f"{prefix}:rpm", requests, requests / 60.0), 1
+        yield LimitKey(scope, "requests", model).bucket(requests), 1
     if tokens_per_minute:
-        yield Bucket(f"{prefix}:tpm", tokens_per_minute, tokens_per_minute / 60.0), tokens
+        yield LimitKey(scope, "tokens", model).bucket(tokens_per_minute), tokens
+
+
+def limit_key(limit: Bucket | SlotPool) -> LimitKey:
+    """Which limit a bucket or pool of this stage is (each is built from its LimitKey)."""
+    if limit.name is None:
+        raise ValueError(f"{limit.key} was not built from a LimitKey")
+    return limit.name
 
 
 def _slot_refused(admission: Admission, buckets: list[Bucket]) -> bool:
@@ -296,7 +309,7 @@ def _headers(buckets: list[Bucket], states: tuple[BucketState, ...]) -> list[tup
     """OpenAI's six headers; with a per-model limit too, the tighter of each kind is shown."""
     tightest: dict[bytes, BucketState] = {}
     for bucket, state in zip(buckets, states, strict=True):
-        kind = b"requests" if bucket.key.endswith(":rpm") else b"tokens"
+        kind = b"requests" if limit_key(bucket).kind == "requests" else b"tokens"
         if kind not in tightest or state.remaining < tightest[kind].remaining:
             tightest[kind] = state
     headers: list[tuple[bytes, bytes]] = []
@@ -330,14 +343,12 @@ def _refused(
     retry_s = admission.retry_after_s
     if index >= len(buckets):
         pool = slots[index - len(buckets)]
-        what = f"max_concurrent{_on_model(pool.key)}: {pool.size} requests in flight"
+        what = f"max_concurrent{_on_model(limit_key(pool))}: {pool.size} requests in flight"
     else:
-        bucket, kind = (
-            buckets[index],
-            "requests" if buckets[index].key.endswith(":rpm") else "tokens",
-        )
+        bucket = buckets[index]
+        name = limit_key(bucket)
         what = (
-            f"{kind}_per_minute{_on_model(bucket.key)}: limit {bucket.capacity}, "
+            f"{name.kind}_per_minute{_on_model(name)}: limit {bucket.capacity}, "
             f"this request needs {costs[index]}"
         )
         if costs[index] > bucket.capacity:
@@ -353,10 +364,9 @@ def _refused(
     )
 
 
-def _on_model(key: str) -> str:
-    """` on model NAME` for a per-model limit's key (`...:rl:m:NAME:rpm`), else nothing."""
-    _, marker, rest = key.partition(":rl:m:")
-    return f" on model {rest.rsplit(':', 1)[0]}" if marker else ""
+def _on_model(name: LimitKey) -> str:
+    """` on model NAME` for a per-model limit, else nothing."""
+    return f" on model {name.model}" if name.model is not None else ""
 
 
 class BackendLimits:

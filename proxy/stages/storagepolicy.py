@@ -8,12 +8,10 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-import redis.exceptions
-
 from proxy.clock import Clock, SystemClock
 from proxy.errors import StorageUnavailable
 from proxy.policy.model import Limits
-from proxy.storage.base import StorageError
+from proxy.storage.base import StorageError, StorageTimeout
 from proxy.together import cancelled
 
 __all__ = ["StorageFailures", "warned"]
@@ -57,7 +55,7 @@ class StorageFailures:
         repeat) is sent once the storage answers again, and once more half a second later for
         a late call that reaches it after the first; after `within_s` the lease has ended
         anyway. A refused connection ran nothing, so it needs no undo."""
-        if not isinstance(exc.__cause__, (TimeoutError, redis.exceptions.TimeoutError)):
+        if not isinstance(exc, StorageTimeout):
             return
         task = asyncio.create_task(self._undo(undo, within_s))
         self._undoing.add(task)

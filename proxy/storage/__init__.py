@@ -1,17 +1,24 @@
-"""Where shared state lives: one contract per concern, a memory and a Redis implementation, and
-the facade the gateway opens once (`open_storage`)."""
+"""Where shared state lives: one contract per concern (here), a memory and a Redis implementation
+of each (memory/, redis/), and the facade the gateway opens once (`open_storage`)."""
 
-from proxy.storage.base import Counter, QuotaStore, Refusal, StorageError
+from proxy.storage.base import (
+    Counter,
+    QuotaStore,
+    Refusal,
+    StorageError,
+    StorageTimeout,
+    StorageUnreachable,
+)
 from proxy.storage.cache import CacheEntry, CacheStore
-from proxy.storage.cache_memory import MemoryCacheStore
-from proxy.storage.cache_redis import RedisCacheStore
 from proxy.storage.facade import RedisStorage, Storage, open_storage
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
-from proxy.storage.limits_memory import MemoryLimitStore
-from proxy.storage.limits_redis import RedisLimitStore
-from proxy.storage.memory import MemoryStore
-from proxy.storage.redis import RedisStore
-from proxy.storage.redisurl import check_storage_url
+from proxy.storage.memory.cache import MemoryCacheStore
+from proxy.storage.memory.limits import MemoryLimitStore
+from proxy.storage.memory.quota import MemoryStore
+from proxy.storage.redis.cache import RedisCacheStore
+from proxy.storage.redis.limits import RedisLimitStore
+from proxy.storage.redis.quota import RedisStore
+from proxy.storage.redis.url import check_storage_url
 
 __all__ = [
     "Admission",
@@ -33,6 +40,8 @@ __all__ = [
     "SlotPool",
     "Storage",
     "StorageError",
+    "StorageTimeout",
+    "StorageUnreachable",
     "open_cache_store",
     "open_limit_store",
     "open_storage",

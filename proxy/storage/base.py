@@ -14,11 +14,32 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Counter", "QuotaStore", "Refusal", "StorageError"]
+__all__ = [
+    "Counter",
+    "QuotaStore",
+    "Refusal",
+    "StorageError",
+    "StorageTimeout",
+    "StorageUnreachable",
+]
 
 
 class StorageError(Exception):
-    """The storage could not be reached or answered wrongly; callers apply their failure policy."""
+    """The storage could not be reached or answered wrongly; callers apply their failure policy.
+
+    StorageError             an error reply, or trouble of no kind below
+     +- StorageTimeout       no answer in time: the call may still run once the storage catches up
+     +- StorageUnreachable   no connection (refused, lost or closed)
+    """
+
+
+class StorageTimeout(StorageError):
+    """A call had no answer within its timeout: it may have run, or run later, and taken what
+    nobody gives back until its lease ends (StorageFailures.undo_later)."""
+
+
+class StorageUnreachable(StorageError):
+    """The storage could not be connected to, or the connection was lost or closed."""
 
 
 @dataclass(frozen=True, slots=True)

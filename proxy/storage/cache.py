@@ -70,7 +70,8 @@ class VectorHit:
 
 class VectorEngine(Protocol):
     """Redis's own vector search, every index in the tenant's hash tag: vector sets (one per
-    partition, cache_vset.py) or RediSearch (one index per tenant and dimension, cache_ft.py)."""
+    partition, redis/cache_vset.py) or RediSearch (one index per tenant and dimension,
+    redis/cache_ft.py)."""
 
     name: Literal["search", "vsets"]
     marker: str

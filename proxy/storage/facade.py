@@ -8,16 +8,16 @@ from typing import Any
 
 from proxy.storage.base import QuotaStore
 from proxy.storage.cache import CacheStore
-from proxy.storage.cache_memory import MemoryCacheStore
-from proxy.storage.cache_redis import RedisCacheStore
 from proxy.storage.joint import Admit, Lookup, Reserve, Step
 from proxy.storage.limits import LimitStore
-from proxy.storage.limits_memory import MemoryLimitStore
-from proxy.storage.limits_redis import RedisLimitStore
-from proxy.storage.memory import MemoryStore
-from proxy.storage.redis import RedisStore
-from proxy.storage.redislink import LuaCall, RedisLink
-from proxy.storage.redisurl import check_storage_url
+from proxy.storage.memory.cache import MemoryCacheStore
+from proxy.storage.memory.limits import MemoryLimitStore
+from proxy.storage.memory.quota import MemoryStore
+from proxy.storage.redis.cache import RedisCacheStore
+from proxy.storage.redis.limits import RedisLimitStore
+from proxy.storage.redis.link import LuaCall, RedisLink
+from proxy.storage.redis.quota import RedisStore
+from proxy.storage.redis.url import check_storage_url
 
 __all__ = ["RedisStorage", "Storage", "open_storage"]
 

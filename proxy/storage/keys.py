@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from proxy.storage.keys_memory import MemoryKeyStore
-from proxy.storage.keys_redis import RedisKeyStore
-from proxy.storage.redisurl import check_storage_url
+from proxy.storage.memory.keys import MemoryKeyStore
+from proxy.storage.redis.keys import RedisKeyStore
+from proxy.storage.redis.url import check_storage_url
 
 __all__ = ["KeyStore", "open_key_store"]
 

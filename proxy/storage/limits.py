@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Final, Literal, Protocol
 
 __all__ = [
     "SLOT_RETRY_S",
     "Admission",
     "Bucket",
     "BucketState",
+    "LimitKey",
     "LimitStore",
     "SlotPool",
     "bucket_state",
@@ -25,6 +26,30 @@ __all__ = [
 ]
 
 SLOT_RETRY_S = 1.0  # a full slot pool frees when some generation ends: no time can be computed
+_SUFFIXES: Final = {"requests": "rpm", "tokens": "tpm", "slots": "slots"}
+
+
+@dataclass(frozen=True, slots=True)
+class LimitKey:
+    """Which rate limit a bucket or slot pool is: whose (`scope`, with its hash tag), what it
+    counts, and on which model (None: on every model). Its store key is derived from these,
+    `<scope>:rl[:m:<model>]:rpm|tpm|slots`, and nothing reads them back out of a key."""
+
+    scope: str
+    kind: Literal["requests", "tokens", "slots"]
+    model: str | None = None
+
+    @property
+    def key(self) -> str:
+        level = f"{self.scope}:rl" if self.model is None else f"{self.scope}:rl:m:{self.model}"
+        return f"{level}:{_SUFFIXES[self.kind]}"
+
+    def bucket(self, per_minute: int) -> Bucket:
+        """The bucket of a per-minute limit: bursts up to it, refills it over a minute."""
+        return Bucket(self.key, per_minute, per_minute / 60.0, name=self)
+
+    def pool(self, size: int) -> SlotPool:
+        return SlotPool(self.key, size, name=self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +59,8 @@ class Bucket:
     key: str  # e.g. "tw:{tenant}:rl:rpm": the tenant's hash tag keeps a request's keys together
     capacity: int  # the per-minute limit
     refill_per_s: float  # capacity / 60 normally
+    # The limit it is (LimitKey.bucket); stores read only `key`, and bare buckets have none.
+    name: LimitKey | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.capacity < 0 or not self.refill_per_s > 0:
@@ -46,6 +73,7 @@ class SlotPool:
 
     key: str
     size: int
+    name: LimitKey | None = field(default=None, kw_only=True)  # as Bucket's
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from proxy.storage.redisconn import connect, translated
-from proxy.storage.redisurl import check_storage_url
+from proxy.storage.redis.conn import connect, translated
+from proxy.storage.redis.url import check_storage_url
 
 __all__ = ["EndedSessions", "MemoryEndedSessions", "RedisEndedSessions", "open_ended_sessions"]
 

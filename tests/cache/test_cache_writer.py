@@ -16,10 +16,14 @@ import redis
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
 from proxy.policy.model import CacheSpec
-from proxy.storage import CacheEntry, RedisCacheStore, cache_writer
+from proxy.storage import CacheEntry, RedisCacheStore, StorageUnreachable
 from proxy.storage.cache import Graph
+from proxy.storage.redis import cache_writer
+from proxy.storage.redis.cache_vset import RedisVectorSets
+from proxy.storage.redis.conn import connect
 from tests.cache.test_vector_engines import NOW, REDIS8, engine_named, redis_vectors, unit_rows
 from tests.redis8 import redis8_server, redis8_url
+from tests.redis_server import RedisProcess
 
 __all__ = ["redis8_server", "redis8_url"]
 
@@ -186,3 +190,23 @@ async def test_a_full_queue_drops_new_vectors_and_says_how_many(
     for n, kept in ((5, True), (25, False), (31, True)):  # a dropped one is no semantic hit
         found = await index.nearest("t", "p", rows[n], "q", 0.999, spec)
         assert (found is not None and found.key == f"b{n}") is kept
+
+
+async def test_the_engines_are_asked_for_again_after_redis_was_unreachable() -> None:
+    """A probe that found Redis down says nothing of its commands: the next one asks again;
+    an answer (Redis 7 knows no vector sets) is remembered."""
+    server = RedisProcess()
+    server.start()
+    client = connect(server.url, timeout_s=2.0, max_connections=2)
+    engine = RedisVectorSets(client, lambda tenant: f"tw:{{{tenant}}}:cache:")
+    try:
+        server.kill()
+        with pytest.raises(StorageUnreachable):
+            await engine.available()
+        server.start()
+        assert not await engine.available()
+        server.kill()
+        assert not await engine.available()  # remembered: not asked again
+    finally:
+        await client.aclose()
+        server.close()

@@ -19,7 +19,7 @@ from proxy.cache.vectors import pack
 from proxy.policy.model import CacheSpec
 from proxy.storage import CacheEntry, CacheStore, MemoryCacheStore, RedisCacheStore
 from proxy.storage.cache import Graph, VectorEngine
-from proxy.storage.cache_vset import RedisVectorSets
+from proxy.storage.redis.cache_vset import RedisVectorSets
 from tests.redis8 import redis8_cluster_server, redis8_cluster_url, redis8_server, redis8_url
 
 __all__ = ["redis8_cluster_server", "redis8_cluster_url", "redis8_server", "redis8_url"]

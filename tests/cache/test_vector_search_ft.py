@@ -21,7 +21,7 @@ from proxy.cache.vectors import pack
 from proxy.policy.model import CacheSpec, HnswSpec
 from proxy.storage import CacheEntry, RedisCacheStore
 from proxy.storage.cache import Graph
-from proxy.storage.cache_ft import RedisSearchVectors
+from proxy.storage.redis.cache_ft import RedisSearchVectors
 from tests.cache.test_vector_engines import NOW, unit_rows
 from tests.redis8 import redis8_cluster_server, redis8_cluster_url, redis8_server, redis8_url
 

@@ -165,3 +165,25 @@ async def test_storage_failure_follows_the_tenants_policy_and_is_counted() -> No
         await stage(request(closed))
     assert failures.counts == {"rate_limit:open": 1, "rate_limit:closed": 1}
     assert failures.last_error == "connection refused"
+
+
+def test_the_store_keys_are_those_every_replica_shares() -> None:
+    """Replicas of older versions on the same Redis count on the same keys."""
+    stage = RateLimits(MemoryLimitStore(), FakeClock(start_wall=1000.0), StorageFailures())
+    per_model = LimitSet(requests_per_minute=1, tokens_per_minute=5, max_concurrent=1)
+    limits = Limits(
+        requests_per_minute=10, tokens_per_minute=100, max_concurrent=2,
+        per_model={"qwen:7b": per_model},
+    )  # fmt: skip
+    ctx = request(limits)
+    ctx.model = "qwen:7b"
+    plan = stage.plan(ctx)
+    assert plan is not None
+    assert [b.key for b in plan.buckets] == [
+        "tw:{acme}:rl:rpm", "tw:{acme}:rl:tpm",
+        "tw:{acme}:rl:m:qwen:7b:rpm", "tw:{acme}:rl:m:qwen:7b:tpm",
+    ]  # fmt: skip
+    assert [p.key for p in plan.hold.slots] == [
+        "tw:{acme}:rl:slots",
+        "tw:{acme}:rl:m:qwen:7b:slots",
+    ]

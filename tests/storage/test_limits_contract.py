@@ -12,8 +12,8 @@ import redis
 
 from proxy.storage.base import StorageError
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitStore, SlotPool
-from proxy.storage.limits_memory import MemoryLimitStore
-from proxy.storage.limits_redis import RedisLimitStore
+from proxy.storage.memory.limits import MemoryLimitStore
+from proxy.storage.redis.limits import RedisLimitStore
 
 SCOPE = "tw:{acme}"
 RPM = Bucket("tw:{acme}:rl:rpm", capacity=60, refill_per_s=1.0)

@@ -12,7 +12,7 @@ from proxy.storage import Counter, RedisStorage, StorageError
 from proxy.storage.cache import CacheEntry
 from proxy.storage.joint import Admit, Reserve
 from proxy.storage.limits import Bucket, BucketState, SlotPool
-from proxy.storage.redisconn import connect
+from proxy.storage.redis.conn import connect
 
 pytestmark = pytest.mark.anyio
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.storage.redisurl import (
+from proxy.storage.redis.url import (
     ClusterURL,
     SentinelURL,
     check_storage_url,

@@ -16,8 +16,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.storage.limits import SlotPool
-from proxy.storage.limits_redis import RedisLimitStore
-from proxy.storage.resp import Multiplexed, can_multiplex
+from proxy.storage.redis.limits import RedisLimitStore
+from proxy.storage.redis.resp import Multiplexed, can_multiplex
 from tests.redis_server import RedisProcess, frozen, tls_redis
 from tests.servers import free_port
 

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorEngine, VectorRows
-from proxy.storage.cache_ft import RedisSearchVectors
-from proxy.storage.cache_vset import RedisVectorSets
 from proxy.storage.joint import Lookup
-from proxy.storage.redisconn import translated
-from proxy.storage.redislink import Arg, LuaCall, OnLink, RedisLink, nothing
-from proxy.storage.resp import Multiplexed, can_multiplex
+from proxy.storage.redis.cache_ft import RedisSearchVectors
+from proxy.storage.redis.cache_vset import RedisVectorSets
+from proxy.storage.redis.conn import translated
+from proxy.storage.redis.link import Arg, LuaCall, OnLink, RedisLink, nothing
+from proxy.storage.redis.resp import Multiplexed, can_multiplex
 
 __all__ = ["RedisCacheStore"]
 

@@ -3,9 +3,8 @@ both under one hash tag (`tw:{keys}`) so one script changes them together on a c
 
 from __future__ import annotations
 
-from importlib import resources
-
-from proxy.storage.redisconn import connect, translated
+from proxy.storage.redis.conn import connect, translated
+from proxy.storage.redis.lua import script_text
 
 __all__ = ["RedisKeyStore"]
 
@@ -16,8 +15,7 @@ _VERSION = "tw:{keys}:version"
 class RedisKeyStore:
     def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
         self._client = connect(url, timeout_s=timeout_s, max_connections=8)
-        lua = resources.files("proxy.storage") / "lua" / "keys_write.lua"
-        self._write = self._client.register_script(lua.read_text(encoding="utf-8"))
+        self._write = self._client.register_script(script_text("keys_write"))
 
     async def put(self, key_id: str, record: bytes) -> None:
         with translated("key storage"):

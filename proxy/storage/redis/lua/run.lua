@@ -1,5 +1,5 @@
 -- The stores' one script: run operations in order, each a function of its own KEYS and ARGV
--- (`OPS`, the other files here, put before this by proxy/storage/redislink.py), so one call
+-- (`OPS`, the other files here, put before this by proxy/storage/redis/link.py), so one call
 -- can carry several: a request's admission, or every settlement sent in one turn of the loop.
 -- KEYS: every operation's keys in turn.
 -- ARGV: 1 mode, 2 operation count, then per operation: name, key count, argument count, its

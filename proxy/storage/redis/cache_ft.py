@@ -24,8 +24,8 @@ from redis.exceptions import ResponseError
 
 from proxy.storage.base import StorageError
 from proxy.storage.cache import Graph, VectorHit
-from proxy.storage.cache_writer import BatchedWriter, Command
-from proxy.storage.redisconn import translated
+from proxy.storage.redis.cache_writer import BatchedWriter, Command
+from proxy.storage.redis.conn import translated
 
 __all__ = ["RedisSearchVectors", "index_name", "vector_key"]
 
@@ -57,7 +57,7 @@ class _Remove:
 class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
     name: Literal["search", "vsets"] = "search"
     marker = "#"
-    script_name = "cache_ft_add.lua"
+    script_name = "cache_ft_add"
 
     async def available(self) -> bool:
         return await self._probe(partial(_ft, ("FT._LIST",), "tw:{probe}:cache:"))

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import orjson
 
 from proxy.storage.cache import Graph, VectorHit
-from proxy.storage.cache_writer import BatchedWriter, Command, run
-from proxy.storage.redisconn import translated
+from proxy.storage.redis.cache_writer import BatchedWriter, Command, run
+from proxy.storage.redis.conn import translated
 
 __all__ = ["RedisVectorSets", "set_key"]
 
@@ -46,7 +46,7 @@ class _Remove:
 class RedisVectorSets(BatchedWriter[_Add | _Remove]):
     name: Literal["search", "vsets"] = "vsets"
     marker = "*"
-    script_name = "cache_vset_check.lua"
+    script_name = "cache_vset_check"
 
     async def available(self) -> bool:
         return await self._probe(partial(run, ("VCARD", "tw:{probe}:cache:s:-")))

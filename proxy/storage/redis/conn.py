@@ -18,14 +18,14 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from proxy.storage.base import StorageError
-from proxy.storage.redisurl import (
+from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable
+from proxy.storage.redis.resp import Multiplexed, can_multiplex
+from proxy.storage.redis.url import (
     SENTINEL_SCHEME,
     is_cluster_url,
     parse_cluster_url,
     parse_sentinel_url,
 )
-from proxy.storage.resp import Multiplexed, can_multiplex
 
 __all__ = [
     "REDIS_ERRORS",
@@ -35,6 +35,7 @@ __all__ = [
     "StoreRedis",
     "connect",
     "send_all",
+    "storage_error",
     "translated",
 ]
 
@@ -107,7 +108,20 @@ def translated(what: str = "redis") -> Iterator[None]:
     try:
         yield
     except REDIS_ERRORS as exc:
-        raise StorageError(f"{what}: {exc}") from exc
+        raise storage_error(what, exc) from exc
+
+
+def storage_error(what: str, cause: BaseException) -> StorageError:
+    """`cause` (redis-py's error, the socket's, asyncio's timeout) as the StorageError it is: a
+    timeout, no connection, or other trouble; its message begins with `what`."""
+    kind: type[StorageError] = StorageError
+    if isinstance(cause, TimeoutError | RedisTimeoutError):  # TimeoutError is an OSError
+        kind = StorageTimeout
+    elif isinstance(cause, RedisConnectionError | OSError):
+        kind = StorageUnreachable
+    error = kind(f"{what}: {cause}")
+    error.__cause__ = cause
+    return error
 
 
 async def send_all(client: RedisClient, calls: Sequence[Call]) -> list[Any]:

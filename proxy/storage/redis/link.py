@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, TypeVar
 
 from redis.crc import key_slot
@@ -17,8 +16,15 @@ from redis.exceptions import ResponseError
 
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Step
-from proxy.storage.redisconn import REDIS_ERRORS, RedisClient, StoreRedis, translated
-from proxy.storage.redisurl import is_cluster_url
+from proxy.storage.redis.conn import (
+    REDIS_ERRORS,
+    RedisClient,
+    StoreRedis,
+    storage_error,
+    translated,
+)
+from proxy.storage.redis.lua import script_text
+from proxy.storage.redis.url import is_cluster_url
 
 __all__ = ["OPERATIONS", "LuaCall", "OnLink", "RedisLink", "nothing", "ops_script"]
 
@@ -37,14 +43,12 @@ _FAILED, _RAN = 0, 1  # run.lua's statuses; 2 is ran and refused
 
 def ops_script() -> str:
     """The helpers, each operation as `local function op_NAME(KEYS, ARGV)`, then run.lua."""
-    lua = resources.files("proxy.storage") / "lua"
-    parts = [(lua / f"{name}.lua").read_text(encoding="utf-8") for name in _HELPERS]
+    parts = [script_text(name) for name in _HELPERS]
     for name in OPERATIONS:
-        body = (lua / f"{name}.lua").read_text(encoding="utf-8")
-        parts.append(f"local function op_{name}(KEYS, ARGV)\n{body}\nend\n")
+        parts.append(f"local function op_{name}(KEYS, ARGV)\n{script_text(name)}\nend\n")
     table = ", ".join(f"{name} = op_{name}" for name in OPERATIONS)
     parts.append(f"local OPS = {{{table}}}\n")
-    parts.append((lua / "run.lua").read_text(encoding="utf-8"))
+    parts.append(script_text("run"))
     return "".join(parts)
 
 
@@ -66,9 +70,7 @@ class LuaCall:
     what: str = "redis"  # how its errors begin: "redis", "cache storage"
 
     def error(self, cause: BaseException) -> StorageError:
-        error = StorageError(f"{self.what}: {cause}")
-        error.__cause__ = cause
-        return error
+        return storage_error(self.what, cause)
 
 
 class RedisLink:

@@ -8,7 +8,7 @@ admission costs about a third of the client CPU it does through redis-py's pool 
 86 µs; benchmarks/redis_calls.py, docs/benchmarks.md).
 
 Used for the stores' Lua scripts on one-server `redis://` and `rediss://` URLs (can_multiplex);
-Sentinel and Cluster URLs, and every other command, go through redis-py (redisconn.py). Errors
+Sentinel and Cluster URLs, and every other command, go through redis-py (conn.py). Errors
 are redis-py's exception types, so `translated` turns them into StorageError as it does
 redis-py's own. A call is sent once and never again: a reply lost with its connection fails the
 call (the script may have run); a call with no reply within `timeout_s` fails with TimeoutError

@@ -11,17 +11,15 @@ import hashlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from importlib import resources
 from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from proxy.storage.base import StorageError
-from proxy.storage.redisconn import Call, RedisClient, translated
-from proxy.storage.resp import Multiplexed
+from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable
+from proxy.storage.redis.conn import Call, RedisClient, translated
+from proxy.storage.redis.lua import script_text
+from proxy.storage.redis.resp import Multiplexed
 
 __all__ = ["BatchedWriter", "Command", "Lua", "run"]
 
@@ -65,7 +63,7 @@ class BatchedWriter(Generic[W]):
     Writes go out on `writes` (a connection of the writer's own) where given, else through
     `client` (a pipeline, or on a cluster each command to its node)."""
 
-    script_name: ClassVar[str]  # in proxy/storage/lua
+    script_name: ClassVar[str]  # lua/<script_name>.lua
 
     def __init__(
         self,
@@ -80,8 +78,7 @@ class BatchedWriter(Generic[W]):
         self._available: bool | None = None
         self._queue: deque[W] = deque()
         self._writer: asyncio.Task[None] | None = None
-        lua = resources.files("proxy.storage") / "lua" / self.script_name
-        self._script = Lua(lua.read_text(encoding="utf-8"))
+        self._script = Lua(script_text(self.script_name))
         self._prepared: set[str] = set()  # what `_before` made ready (RediSearch's indexes)
         self._hurry = False
         self._dropped = 0  # vectors dropped since the queue was last full
@@ -93,9 +90,9 @@ class BatchedWriter(Generic[W]):
                 with translated("cache storage"):
                     await call(self._client)
                 self._available = True
-            except StorageError as exc:
-                if isinstance(exc.__cause__, RedisConnectionError | RedisTimeoutError | OSError):
-                    raise  # Redis unreachable: ask again next time
+            except (StorageTimeout, StorageUnreachable):
+                raise  # Redis unreachable: ask again next time
+            except StorageError:
                 # "unknown command" (no such module or Redis before 8; redis-py's cluster client
                 # says it itself)
                 self._available = False

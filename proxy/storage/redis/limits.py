@@ -20,7 +20,7 @@ from proxy.storage.limits import (
     check_scope,
     judge,
 )
-from proxy.storage.redislink import Arg, LuaCall, OnLink, nothing
+from proxy.storage.redis.link import Arg, LuaCall, OnLink, nothing
 
 __all__ = ["RedisLimitStore"]
 

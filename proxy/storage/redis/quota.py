@@ -13,8 +13,8 @@ from typing import Any
 
 from proxy.storage.base import Counter, Refusal
 from proxy.storage.joint import Reserve
-from proxy.storage.redisconn import Call, send_all, translated
-from proxy.storage.redislink import Arg, LuaCall, OnLink, nothing
+from proxy.storage.redis.conn import Call, send_all, translated
+from proxy.storage.redis.link import Arg, LuaCall, OnLink, nothing
 
 __all__ = ["RedisStore"]
 

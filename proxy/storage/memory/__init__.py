@@ -1,0 +1,2 @@
+"""The storage contracts in this process's memory: the embedded default for one gateway process
+(quota, limits, cache, keys)."""
