@@ -54,6 +54,11 @@ class Pipeline:
         self._body_timeout_s = body_timeout_s
         self.drain = drain or Drain(0.0)
 
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """The stages after auth, in order."""
+        return tuple(stage for stage, _ in self._stages)
+
     async def run(self, ctx: RequestContext, receive: Receive, send: Send) -> None:
         """Answer the request on `send`; errors, disconnects and successes are all settled."""
         self._telemetry.begin(ctx)
