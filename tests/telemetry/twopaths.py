@@ -119,9 +119,15 @@ def _run(source: TraceSource, ctx: RequestContext, drive: Drive) -> Outcome:
 
 
 def sdk_sampler(environ: Mapping[str, str]) -> sampling.Sampler:
-    """What the SDK makes of OTEL_TRACES_SAMPLER(_ARG) (it reads them from os.environ)."""
-    with mock.patch.dict(os.environ):
-        for name in _SAMPLER_VARIABLES:
-            os.environ.pop(name, None)
-        os.environ.update({name: environ[name] for name in _SAMPLER_VARIABLES if name in environ})
+    """What the SDK makes of OTEL_TRACES_SAMPLER(_ARG), which it reads with os.getenv. Only
+    os.getenv is replaced, never os.environ itself: setenv while another thread (a server's)
+    reads the C environment can crash the process (it did, once, in a suite run)."""
+    real = os.getenv
+
+    def getenv(name: str, default: str | None = None) -> str | None:
+        if name in _SAMPLER_VARIABLES:
+            return environ.get(name, default)
+        return real(name, default)
+
+    with mock.patch.object(os, "getenv", getenv):
         return sampling._get_from_env_or_default()
