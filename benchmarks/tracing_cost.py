@@ -59,7 +59,7 @@ OTEL = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none"}
 # The plain gateway's stages: the span name of each the recorder times (None: not timed).
 STAGE_SPANS = (
     None, None, None, "tokenweir.budget.reserve", "tokenweir.rate_limit.admit", None,
-    "tokenweir.cache.lookup", None, None, "tokenweir.backend_limit.admit", None,
+    "tokenweir.cache.lookup", None, "tokenweir.backend_limit.admit", None,
 )  # fmt: skip
 REQUEST_HEADERS = Headers(raw=[
     (b"host", b"127.0.0.1:8080"), (b"authorization", b"Bearer bench-key"),

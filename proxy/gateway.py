@@ -17,6 +17,7 @@ from proxy.pipeline import Pipeline
 from proxy.policy import Policy
 from proxy.reload import LiveGateway
 from proxy.routing import Pools, Prober
+from proxy.routing.attempts import Attempts
 from proxy.services import OtelProviders, Services, bounded
 from proxy.stages import Stage
 from proxy.stages.account import Account, settlers_of
@@ -29,7 +30,6 @@ from proxy.stages.degrade import Degrade
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
 from proxy.stages.prefetch import Prefetch
-from proxy.stages.ratelimit import BackendLimits
 from proxy.stages.route import Route
 from proxy.stages.shape import Shape
 from proxy.stages.storagepolicy import StorageFailures
@@ -103,7 +103,7 @@ class Gateway:
         rate_limits, cache = services.rate_limits, services.cache
         key_limits = KeyAllowances(store, storage.limits, clock)
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
-        route = Route(pools, services.upstream, clock, rate_limits.admit_backend)
+        attempts = Attempts(pools, services.upstream, clock, rate_limits.admit_backend)
         # The request path after auth. The stages say themselves whether they hold something
         # until the request ends (settled, last first) and whether they are traced.
         stages: list[Stage] = [
@@ -116,8 +116,7 @@ class Gateway:
             key_limits,
             cache,
             Degrade(pools, clock, store, failures, cache),
-            route,
-            BackendLimits(rate_limits),
+            Route(attempts),
         ]
         account = Account(
             clock, settlers_of(stages), prices, services.ledger, telemetry, counters=counters,
@@ -130,7 +129,7 @@ class Gateway:
         pipeline = Pipeline(
             auth=Authenticate(keyring, policy.tenants, key_limits.note),
             stages=[*stages, checkpoint],  # checkpoints bill what the account settles
-            forward=Forward(route, clock, telemetry, policy.upstream),
+            forward=Forward(attempts, clock, telemetry, policy.upstream),
             account=account,
             max_body_bytes=policy.server.max_body_bytes,
             telemetry=telemetry,

@@ -26,7 +26,6 @@ from proxy.storage.joint import Admit
 from proxy.storage.limits import Admission, Bucket, BucketState, LimitKey, LimitStore, SlotPool
 
 __all__ = [
-    "BackendLimits",
     "LimitPlan",
     "RateLimits",
     "format_reset",
@@ -367,23 +366,3 @@ def _refused(
 def _on_model(name: LimitKey) -> str:
     """` on model NAME` for a per-model limit, else nothing."""
     return f" on model {name.model}" if name.model is not None else ""
-
-
-class BackendLimits:
-    """The stage after routing: the chosen backend's limits (settled by `RateLimits.settle`)."""
-
-    span_name: ClassVar[str] = "tokenweir.backend_limit.admit"
-    given_back_at_settle: ClassVar[bool] = True
-
-    def __init__(self, limits: RateLimits) -> None:
-        self._limits = limits
-
-    def touched(self, ctx: RequestContext) -> bool:
-        """The chosen backend has limits: the stage admitted the request against them."""
-        limits = ctx.backend.limits if ctx.backend else None
-        return limits is not None and bool(
-            limits.requests_per_minute or limits.tokens_per_minute or limits.max_concurrent
-        )
-
-    async def __call__(self, ctx: RequestContext) -> None:
-        await self._limits.admit_backend(ctx)

@@ -1,142 +1,38 @@
-"""Which backend serves the request, and failover to another before the first byte.
-
-Writes backend, route (the backend held in flight, for settling) and, on a fallback, model.
-The stage picks the first backend; `open` is the upstream opener Forward calls, retrying a
-connect error or 5xx on the next backend (bounded by `max_attempts`); `settle` feeds the
-backend's health with the outcome, TTFT and tokens/s.
+"""Which backend serves the request: the stage holds the first of the model's pool (or a
+fallback model's) that is available and admits the request on its own limits; Forward's upstream
+call then fails over through the same `Attempts` (proxy/routing/attempts.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable
+from typing import ClassVar
 
-import httpx
-
-from proxy.clock import Clock
 from proxy.context import RequestContext
-from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from proxy.holds import Routed
-from proxy.outgoing import set_model
-from proxy.policy.model import Backend
-from proxy.routing.health import BackendHealth
-from proxy.routing.pool import Pools
-from proxy.upstream.client import CONNECT_TIMEOUT_CODE, UpstreamOpener
+from proxy.routing.attempts import Attempts
 
 __all__ = ["Route"]
 
-Admit = Callable[[RequestContext], Awaitable[None]]
-"""The chosen backend's own limits (RateLimits.admit_backend); raises if the backend is full."""
-
 
 class Route:
-    def __init__(
-        self, pools: Pools, upstream: UpstreamOpener, clock: Clock, admit: Admit | None = None
-    ) -> None:
-        self._pools = pools
-        self._upstream = upstream
-        self._clock = clock
-        self._admit = admit
+    span_name: ClassVar[str] = "tokenweir.backend_limit.admit"
+    given_back_at_settle: ClassVar[bool] = True
+
+    def __init__(self, attempts: Attempts) -> None:
+        self._attempts = attempts
 
     async def __call__(self, ctx: RequestContext) -> None:
-        home = ctx.model
-        health = self._choose(ctx, home, ())
-        if health is None:
-            raise self._unavailable(home)
-        ctx.route = Routed(home, health)
-        self._take(ctx, ctx.route, health)
+        await self._attempts.begin(ctx)
 
-    async def open(
-        self, ctx: RequestContext, body: dict[str, Any], extra_headers: Mapping[str, str] = {}
-    ) -> tuple[Backend, httpx.Response]:
-        """Open the upstream call; a failure before the first byte moves to another backend."""
-        routed = ctx.route
-        if routed is None:
-            raise RuntimeError("route must run before the upstream call")
-        while True:
-            routed.attempt_s = self._clock.monotonic()
-            try:
-                backend, response = await self._upstream.open(ctx, body, extra_headers)
-            except UpstreamError as exc:
-                routed.health.failed(self._clock.monotonic())
-                routed.tried.append(routed.health.name)
-                if not _retryable(exc) or not await self._fail_over(ctx, routed):
-                    raise
-                if body.get("model") != ctx.model:
-                    body = {**body, "model": ctx.model}
-                continue
-            routed.opened = True
-            routed.health.circuit.succeeded()
-            return backend, response
-
-    def holding(self, ctx: RequestContext) -> bool:
-        return ctx.route is not None
-
-    async def settle(self, ctx: RequestContext) -> None:
-        """Release the backend and record how it served; runs once, in `finally`."""
-        routed, ctx.route = ctx.route, None
-        if routed is None:
-            return
-        health = routed.health
-        health.active.discard(ctx.meter)
-        if not routed.opened:
-            if health.name not in routed.tried:
-                health.circuit.abandoned()
-            return
-        now = self._clock.monotonic()
-        if not (ctx.upstream_completed or ctx.client_disconnected):
-            health.failed(now)  # it broke off mid-answer
-            return
-        meter = ctx.meter
-        first_s = meter.upstream_first_byte_s
-        ttft_s = None if first_s is None or not ctx.stream else first_s - routed.attempt_s
-        health.served(now, ttft_s, meter.tokens_per_s(ctx.output_tokens or 0))
-
-    async def _fail_over(self, ctx: RequestContext, routed: Routed) -> bool:
-        """Move the request to the next backend that admits it; False if none is left."""
-        max_attempts = self._pools.pool(routed.home).spec.max_attempts
-        while len(routed.tried) < max_attempts:
-            health = self._choose(ctx, routed.home, routed.tried)
-            if health is None:
-                return False
-            self._take(ctx, routed, health)
-            if self._admit is None:
-                return True
-            try:
-                await self._admit(ctx)
-            except UpstreamUnavailable:
-                routed.tried.append(health.name)  # full, not failed: no mark on its health
-                health.circuit.abandoned()
-                continue
-            return True
-        return False
-
-    def _choose(self, ctx: RequestContext, home: str, tried: Sequence[str]) -> BackendHealth | None:
-        now = self._clock.monotonic()
-        for pool in self._pools.chain(home):
-            candidates = [h for h in pool.available(now) if h.name not in tried]
-            if candidates:
-                if pool.name != ctx.model:
-                    set_model(ctx, pool.name)
-                return pool.strategy.order(candidates, ctx)[0]
-        return None
-
-    def _take(self, ctx: RequestContext, routed: Routed, health: BackendHealth) -> None:
-        routed.health.active.discard(ctx.meter)
-        routed.health = health
-        health.active.add(ctx.meter)
-        health.circuit.picked(self._clock.monotonic())
-        ctx.backend = health.backend
-
-    def _unavailable(self, model: str) -> UpstreamUnavailable:
-        return UpstreamUnavailable(
-            f"No backend for model {model!r} is available (circuits open or probes failing); "
-            "try again shortly.",
-            retry_after_s=self._pools.retry_after_s(model),
+    def touched(self, ctx: RequestContext) -> bool:
+        """The chosen backend has limits: the request was admitted against them in storage."""
+        limits = ctx.backend.limits if ctx.backend else None
+        return limits is not None and bool(
+            limits.requests_per_minute or limits.tokens_per_minute or limits.max_concurrent
         )
 
+    def holding(self, ctx: RequestContext) -> bool:
+        return self._attempts.holding(ctx)
 
-def _retryable(exc: UpstreamError) -> bool:
-    """Connect errors and 5xx; a read or first-byte timeout is not retried (the backend may be
-    generating, and a retry would double its work)."""
-    return not isinstance(exc, UpstreamTimeout) or exc.code == CONNECT_TIMEOUT_CODE
+    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+        return self._attempts.settle(ctx)

@@ -35,8 +35,9 @@ _Target: TypeAlias = tuple[httpx.URL, list[tuple[bytes, bytes]]]
 
 
 class UpstreamOpener(Protocol):
-    """What Forward calls to start the upstream call: the client itself, or the route stage,
-    which fails over to another backend before the first byte."""
+    """What Forward calls to start the upstream call: the client itself, or a request's
+    `Attempts` (proxy/routing/attempts.py), which fail over to another backend before the
+    first byte."""
 
     async def open(
         self, ctx: RequestContext, body: dict[str, Any], extra_headers: Mapping[str, str] = {}

@@ -13,6 +13,7 @@ import pytest
 from proxy.app import create_app
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
+from proxy.tools.mock import backend as mockbackend
 from tests.servers import serve
 
 KEY = "tw-limits-key"
@@ -160,6 +161,36 @@ tenants:
     assert "max_concurrent: 2 requests in flight" in full.json()["error"]["message"]
     assert int(full.headers["retry-after"]) >= 1
     assert after.status_code == 200
+
+
+def test_a_full_backend_is_passed_over_for_one_that_admits_the_request(backend_url: str) -> None:
+    """Not a 503 while another backend of the model has room: the first pick too moves on."""
+    with serve(mockbackend.create_app()) as big_url:
+        # Smooth weighted round robin at 1000:1 picks small-gpu first every time.
+        policy = parse_policy(
+            f"""
+backends:
+  - {{name: small-gpu, url: "{backend_url}/v1", models: [mock-llm], weight: 1000,
+     limits: {{max_concurrent: 1}}}}
+  - {{name: big-gpu, url: "{big_url}/v1", models: [mock-llm], weight: 1}}
+models: {{mock-llm: {{routing: weighted}}}}
+tenants:
+  app: {{api_keys: [{hash_key(KEY)}], models: [mock-llm], priority: high}}
+""",
+            environ={},
+        )
+        body = {**CHAT, "stream": True, "max_tokens": 5000, "mock_completion_tokens": 5000}
+        auth = {"authorization": f"Bearer {KEY}"}
+        with serve(create_app(policy)) as url:
+            with httpx.stream(
+                "POST", url + "/v1/chat/completions", json=body, headers=auth
+            ) as held:
+                lines = held.iter_lines()  # kept: a discarded iterator closes the response
+                next(lines)
+                passed_over = httpx.post(url + "/v1/chat/completions", json=CHAT, headers=auth)
+        big_served = httpx.get(big_url + "/mock/stats").json()["requests_total"]
+    assert passed_over.status_code == 200
+    assert big_served == 1
 
 
 def test_a_client_that_leaves_frees_its_slot_at_once(backend_url: str) -> None:
