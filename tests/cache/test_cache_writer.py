@@ -210,3 +210,44 @@ async def test_the_engines_are_asked_for_again_after_redis_was_unreachable() -> 
     finally:
         await client.aclose()
         server.close()
+
+
+def store_connections(url: str) -> int:
+    """Connections to Redis but this one and the one holding writes (CLIENT PAUSE)."""
+    with redis.Redis.from_url(url) as admin:
+        clients = admin.client_list()
+    return sum(1 for c in clients if c["cmd"] not in ("client|list", "client|pause"))
+
+
+@pytest.mark.parametrize(("spec", "name"), REDIS8)
+async def test_a_shutdown_cut_short_still_closes_the_writers_connection(
+    redis8_url: str, spec: CacheSpec, name: str
+) -> None:
+    """Shutdown bounds each step (services.bounded): a cache close cancelled while its vectors
+    cannot be written still closes the writer's own connection, which would otherwise outlive
+    the event loop."""
+    store = RedisCacheStore(redis8_url, timeout_s=30.0)
+    index = SemanticIndex(store)
+    try:
+        graph = await index.graph(spec)
+        engine = engine_named(store, name)
+        with redis.Redis.from_url(redis8_url) as admin:
+            admin.set("tw:{t}:cache:x:b0", b"v", px=3_600_000)
+        engine.add("t", "p", "b0", unit_rows(1, seed=5)[0].tobytes(), "q", graph=graph,
+                   ttl_ms=3_600_000, keep_ms=3_600_000)  # fmt: skip
+        await store.flush_vectors()
+        assert store_connections(redis8_url) == 2  # the store's, and its writer's own
+        with writes_held(redis8_url):
+            engine.add("t", "p", "b1", unit_rows(2, seed=5)[1].tobytes(), "q", graph=graph,
+                       ttl_ms=3_600_000, keep_ms=3_600_000)  # fmt: skip
+            closing = asyncio.ensure_future(store.aclose())
+            await asyncio.sleep(0.5)  # flushing: the write is held
+            assert not closing.done()
+            closing.cancel()
+            await asyncio.gather(closing, return_exceptions=True)
+            await until(
+                lambda: not store_connections(redis8_url), "the store's connections to close"
+            )
+    finally:
+        await index.aclose()
+        await store.aclose()

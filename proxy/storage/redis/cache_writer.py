@@ -112,17 +112,21 @@ class BatchedWriter(Generic[W]):
             self._hurry = False
 
     async def aclose(self) -> None:
-        """Send what is queued at full speed, for up to 2 s, then stop."""
+        """Send what is queued at full speed, for up to 2 s, then stop. The writer's connection
+        is closed even if this is cancelled (a shutdown step that ran out of time): a socket
+        left open outlives the event loop."""
         try:
-            async with asyncio.timeout(2.0):
-                await self.flush(hurry=True)
-        except (TimeoutError, StorageError):
-            _log.warning("%d semantic cache vectors not written at shutdown", len(self._queue))
-        if self._writer is not None:
-            self._writer.cancel()
-            await asyncio.gather(self._writer, return_exceptions=True)
-        if self._writes is not None:
-            await self._writes.aclose()
+            try:
+                async with asyncio.timeout(2.0):
+                    await self.flush(hurry=True)
+            except (TimeoutError, StorageError):
+                _log.warning("%d semantic cache vectors not written at shutdown", len(self._queue))
+            if self._writer is not None:
+                self._writer.cancel()
+                await asyncio.gather(self._writer, return_exceptions=True)
+        finally:
+            if self._writes is not None:
+                await self._writes.aclose()
 
     def _enqueue(self, write: W) -> None:
         if len(self._queue) >= _QUEUE_LIMIT:
