@@ -29,7 +29,7 @@ from proxy.stages.checkpoint import Checkpoint
 from proxy.stages.degrade import Degrade
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
-from proxy.stages.prefetch import Prefetch
+from proxy.stages.prefetch import Prefetch, planners_in
 from proxy.stages.route import Route
 from proxy.stages.shape import Shape
 from proxy.stages.storagepolicy import StorageFailures
@@ -104,19 +104,23 @@ class Gateway:
         key_limits = KeyAllowances(store, storage.limits, clock)
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
         attempts = Attempts(pools, services.upstream, clock, rate_limits.admit_backend)
-        # The request path after auth. The stages say themselves whether they hold something
-        # until the request ends (settled, last first) and whether they are traced.
-        stages: list[Stage] = [
-            Parse(policy.models),
-            Attribute(),
-            Shape(counters),
-            Prefetch(storage, [budgets, rate_limits, key_limits, cache], failures),
+        # The request path after auth. The stages say themselves whether they plan storage
+        # steps (taken by the prefetch in one round trip), hold something until the request
+        # ends (settled, last first), and are traced.
+        admission: list[Stage] = [
             budgets,
             rate_limits,
             key_limits,
             cache,
             Degrade(pools, clock, store, failures, cache),
             Route(attempts),
+        ]
+        stages: list[Stage] = [
+            Parse(policy.models),
+            Attribute(),
+            Shape(counters),
+            Prefetch(storage, planners_in(admission), failures),
+            *admission,
         ]
         account = Account(
             clock, settlers_of(stages), prices, services.ledger, telemetry, counters=counters,

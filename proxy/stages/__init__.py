@@ -2,8 +2,9 @@
 
 A stage says itself what else it is: `Traced` (it gets a child span of the request's when it
 used storage), a settler (proxy/stages/account.py `Settler`: it holds something until the
-request ends). The gateway derives the traced stages and the settlers from the stage list, so a
-new stage is its file and one line in proxy/gateway.py.
+request ends), a planner (proxy/stages/prefetch.py `Planner`: its storage steps go in the one
+admission round trip). The gateway derives the traced stages, the settlers and the planners from
+the stage list, so a new stage is its file and one line in proxy/gateway.py.
 """
 
 from typing import ClassVar, Protocol, runtime_checkable

@@ -9,7 +9,7 @@ or fails, so what is applied is what the stages' own calls, one after another, w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from proxy.context import RequestContext
 from proxy.holds import Planned
@@ -17,7 +17,7 @@ from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.facade import Storage
 from proxy.storage.joint import Step
 
-__all__ = ["Plan", "Planner", "Prefetch", "taken"]
+__all__ = ["Plan", "Planner", "Prefetch", "planners_in", "taken"]
 
 P = TypeVar("P")
 # A stage that shortens the request after a refusal (stop_stream_at_budget) has every stage
@@ -31,6 +31,7 @@ class Plan(Protocol):
         """The storage steps the stage takes, in its order."""
 
 
+@runtime_checkable
 class Planner(Protocol):
     def plan(self, ctx: RequestContext) -> Plan | None:
         """The stage's storage steps for `ctx` as it stands; None when it takes none."""
@@ -38,6 +39,11 @@ class Planner(Protocol):
     def replan(self, ctx: RequestContext, plan: Plan) -> bool:
         """After the steps were taken: True when the stage changed the request in answer (a
         shorter answer that fits a quota), so that every stage plans again."""
+
+
+def planners_in(stages: Sequence[object]) -> list[Planner]:
+    """The stages that plan storage steps for the prefetch's one round trip, in their order."""
+    return [stage for stage in stages if isinstance(stage, Planner)]
 
 
 def taken(ctx: RequestContext, kind: type[P]) -> P | None:

@@ -1,6 +1,7 @@
-"""A stage says itself what else it is: a settler (it holds something until the request ends) or
-traced (it gets a child span when it used storage). The gateway derives both lists from the
-stage list, so a new stage is its file and one line in proxy/gateway.py."""
+"""A stage says itself what else it is: a planner (its storage steps go in the prefetch's one
+round trip), a settler (it holds something until the request ends) or traced (it gets a child
+span when it used storage). The gateway derives the three lists from the stage list, so a new
+stage is its file and one line in proxy/gateway.py."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from proxy.clock import SystemClock
 from proxy.context import RequestContext
 from proxy.stages import Stage
 from proxy.stages.account import settlers_of
+from proxy.stages.prefetch import Plan, planners_in
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.tracing import open_tracing
@@ -110,3 +112,22 @@ async def test_a_traced_stage_draws_its_span_and_the_settle_span_when_it_touched
     ctx.trace.finish(ctx, SystemClock().monotonic(), None)
     names = [span.name for span in exporter.get_finished_spans()]
     assert [name for name in names if name.startswith("tokenweir.")] == children
+
+
+class Planning:
+    """Plans storage steps for the prefetch's one round trip."""
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        return None
+
+    def plan(self, ctx: RequestContext) -> Plan | None:
+        return None
+
+    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+        return False
+
+
+def test_planners_are_the_stages_that_plan_in_their_order() -> None:
+    first, second = Planning(), Planning()
+    stages: list[Stage] = [Plain(), first, Holding("h"), second]
+    assert planners_in(stages) == [first, second]
