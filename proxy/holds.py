@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from proxy.leases import Lease
 from proxy.routing.health import BackendHealth
-from proxy.stages.leases import Lease
 from proxy.storage.base import Counter
 from proxy.storage.limits import Bucket, SlotPool
 

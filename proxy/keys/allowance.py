@@ -18,8 +18,8 @@ from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
+from proxy.leases import LeaseIds
 from proxy.stages.budget import DEFAULT_OUTPUT_BOUND
-from proxy.stages.leases import LeaseIds
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.ratelimit import format_reset, limit_key, per_minute
 from proxy.storage.base import Counter, QuotaStore, StorageError

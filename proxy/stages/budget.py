@@ -18,9 +18,9 @@ from proxy.context import RequestContext
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
 from proxy.holds import Quota, Reservation
+from proxy.leases import LeaseIds
 from proxy.outgoing import bound_output
 from proxy.policy.model import Budget
-from proxy.stages.leases import LeaseIds
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import Counter, QuotaStore, StorageError

@@ -17,8 +17,8 @@ from proxy.clock import Clock
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.holds import RateLimitHold
+from proxy.leases import LeaseIds
 from proxy.policy.model import Limits, LimitSet
-from proxy.stages.leases import LeaseIds
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError

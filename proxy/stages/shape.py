@@ -56,9 +56,10 @@ class Shape:
             ctx.counted_input_tokens = count
         if ctx.operation != "embeddings":
             if budget.max_output_tokens is not None:
-                bound_output(ctx, budget.max_output_tokens, "max_tokens")
+                bound_output(ctx, budget.max_output_tokens, "max_tokens")  # sets the allowance
+            else:
+                ctx.output_allowance = output_allowance(ctx)
             _temperature(body, budget, ctx.shaped)
-            ctx.output_allowance = output_allowance(ctx)
 
     async def _shape_chat(self, ctx: RequestContext, tenant: Tenant) -> None:
         budget = tenant.budget

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from proxy.clock import FakeClock
-from proxy.stages.leases import Lease, LeaseIds, Renewal
+from proxy.leases import Lease, LeaseIds, Renewal
 from proxy.storage import StorageError
 
 pytestmark = pytest.mark.anyio
