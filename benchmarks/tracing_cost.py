@@ -42,9 +42,11 @@ from harness import Process, bench, free_port, policy_for, publish, started, war
 from otelsink import otlp_sink
 from starlette.datastructures import Headers
 
+from proxy.apis import output_fields
 from proxy.clock import SystemClock
 from proxy.context import RequestContext
 from proxy.ledger import UsageRecord
+from proxy.outgoing import OutgoingRequest
 from proxy.policy import Policy, load_policy
 from proxy.stages import Stage, Traced
 from proxy.telemetry.metrics import GatewayMetrics
@@ -103,11 +105,12 @@ async def one_request(
 ) -> None:
     """The recorder's calls for one non-stream request, in the pipeline's order."""
     now = clock.monotonic()
-    ctx = RequestContext(f"req_{n:032x}", "chat", now, clock.wall(), StreamMeter(now),
-                         REQUEST_HEADERS)  # fmt: skip
-    telemetry.begin(ctx)
-    ctx.tenant_name, ctx.tenant, ctx.model = "bench", policy.tenants["bench"], "mock-llm"
-    ctx.body = {"model": "mock-llm", "messages": [], "max_tokens": 16}
+    arrival = RequestContext(f"req_{n:032x}", "chat", now, clock.wall(), StreamMeter(now),
+                             REQUEST_HEADERS)  # fmt: skip
+    telemetry.begin(arrival)
+    ctx = arrival.admit("bench", policy.tenants["bench"], None)
+    body = {"model": "mock-llm", "messages": [], "max_tokens": 16}
+    ctx.outgoing = OutgoingRequest(body, "mock-llm", output_fields("chat"))
     for stage, timed in stages:  # as the pipeline runs them
         if timed is not None and ctx.trace is not None:
             await telemetry.traced(ctx, timed)
@@ -116,7 +119,7 @@ async def one_request(
     ctx.backend = policy.backends[0]
     ctx.meter.sending_upstream(clock.monotonic())
     telemetry.upstream_started(ctx)
-    ctx.status, ctx.input_tokens, ctx.output_tokens, ctx.response_tail = 200, 64, 16, TAIL
+    ctx.outcome.status, ctx.input_tokens, ctx.output_tokens, ctx.outcome.tail = 200, 64, 16, TAIL
     ctx.meter.read(clock.monotonic())
     telemetry.upstream_ended(ctx, 200, None)
     telemetry.settle_ran(ctx, clock.monotonic())

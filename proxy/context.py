@@ -1,4 +1,11 @@
-"""The one object a request carries through every stage: who, what, how it went, and its timings."""
+"""The one object a request carries through every stage: who, what, how it went, and its timings.
+
+It comes in two phases. A `RequestContext` is what the route makes of an arrival; auth turns it
+into an `Admitted` one, whose tenant is known, and every stage after auth takes that type, so a
+stage that needs the tenant cannot be run before auth. What the gateway sends upstream is
+`ctx.outgoing` (proxy/outgoing.py, changed only through its methods); what came of the request
+is `ctx.outcome`, written by forward and the cache's replay, and by the pipeline when it refuses
+or loses the request."""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from proxy.outgoing import OutgoingRequest
 from proxy.policy.model import Backend, Tenant
 from proxy.upstream.meter import StreamMeter
 
@@ -17,7 +25,7 @@ if TYPE_CHECKING:
     from proxy.telemetry.spanattrs import SpanAttributes
     from proxy.upstream.capture import Capture
 
-__all__ = ["Operation", "RequestContext", "TraceHooks", "UsageSource"]
+__all__ = ["Admitted", "Operation", "Outcome", "RequestContext", "TraceHooks", "UsageSource"]
 
 Operation = Literal["chat", "text_completion", "embeddings", "responses", "messages"]
 UsageSource = Literal["backend", "counted", "estimated", "counted_output", "cache"]
@@ -60,13 +68,11 @@ class RequestContext:
     key_id: str | None = None  # the key's non-secret id (proxy.keys.record.key_id_of)
     end_user: str | None = None  # the body's `user` and the tags, as stages/attribute.py checked
     tags: tuple[str, ...] = ()
-    model: str = ""
-    body: dict[str, Any] = field(default_factory=dict)
+    outgoing: OutgoingRequest = field(default_factory=lambda: OutgoingRequest({}))
     stream: bool = False
     client_wants_usage: bool = False
     backend: Backend | None = None
-    status: int = 0
-    error_code: str | None = None
+    outcome: Outcome = field(default_factory=lambda: Outcome())
     cache: str = "bypass"
     cache_plan: CachePlan | None = None
     cached: Answer | None = None
@@ -76,31 +82,48 @@ class RequestContext:
     cache_serve_stale: bool = False
     saved_input_tokens: int = 0
     saved_output_tokens: int = 0
-    upstream_usage: dict[str, Any] | None = None
-    shaped: list[str] = field(default_factory=list)
     degraded: list[str] = field(default_factory=list)
     degraded_shadow: list[str] = field(default_factory=list)  # rules that would have fired
     route: Routed | None = None
     planned: Planned | None = None  # the admission stages' storage steps, taken together
     counted_input_tokens: int | None = None
-    output_allowance: int | None = None
     reservation: Reservation | None = None
     rate_limits: list[RateLimitHold] = field(default_factory=list)
     rate_limit_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     input_tokens: int | None = None
     output_tokens: int | None = None
-    usage_from_backend: bool = False
-    backend_usage: tuple[int, int] | None = None  # (prompt, completion), checked
-    usage_rejected: bool = False  # the backend sent usage with numbers not believed
     usage_source: UsageSource | None = None
-    client_disconnected: bool = False
-    answered: bool = False
     released: bool = False
-    upstream_completed: bool = False
     trace: TraceHooks | None = None  # None unless tracing is configured
-    response_tail: bytes = b""  # the answer's last bytes: response model, finish reasons
     capture: Capture | None = None  # the answer as relayed, for the cache and `log_content`
     checkpointed: UsageRecord | None = None  # the last checkpoint; the final record supersedes it
+
+    @property
+    def model(self) -> str:
+        """The model the request goes to (the client's until a stage changes it)."""
+        return self.outgoing.model
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The body sent upstream (the client's, as the stages changed it)."""
+        return self.outgoing.body
+
+    @property
+    def status(self) -> int:
+        return self.outcome.status
+
+    @property
+    def error_code(self) -> str | None:
+        return self.outcome.error_code
+
+    def admit(self, tenant_name: str, tenant: Tenant, key_id: str | None) -> Admitted:
+        """The request, its caller known: what the route and telemetry set on arrival, carried
+        over (auth is the first stage; nothing else is set before it)."""
+        return Admitted(
+            self.request_id, self.operation, self.received_s, self.received_wall, self.meter,
+            self.headers, outcome=self.outcome, trace=self.trace, capture=self.capture,
+            tenant_name=tenant_name, tenant=tenant, key_id=key_id,
+        )  # fmt: skip
 
     @property
     def upstream_path(self) -> str:
@@ -112,14 +135,42 @@ class RequestContext:
         if self.cache_similarity is not None:
             similarity = f"{self.cache_similarity:.4f}".encode()
             headers.append((b"x-tokenweir-cache-similarity", similarity))
-        if self.shaped:
-            headers.append((b"x-tokenweir-shaped", ",".join(self.shaped).encode()))
+        if self.outgoing.shaped:
+            headers.append((b"x-tokenweir-shaped", ",".join(self.outgoing.shaped).encode()))
         if self.degraded:
             headers.append((b"x-tokenweir-degraded", ",".join(self.degraded).encode()))
         if self.degraded_shadow:
             shadow = ",".join(self.degraded_shadow).encode()
             headers.append((b"x-tokenweir-degraded-shadow", shadow))
         return headers
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class Admitted(RequestContext):
+    """A request after auth: its tenant is known. Every stage after auth takes this type."""
+
+    tenant_name: str
+    tenant: Tenant
+
+
+@dataclass(slots=True, eq=False)
+class Outcome:
+    """What came of the request: written by forward and the cache's replay as the answer goes
+    out, and by the pipeline when it refuses the request or the client leaves."""
+
+    status: int = 0
+    error_code: str | None = None
+    answered: bool = False  # the answer's end was sent (or an error in its place)
+    completed: bool = False  # the backend's answer came whole
+    client_disconnected: bool = False
+    usage: dict[str, Any] | None = None  # the backend's usage as sent, kept with a cached answer
+    backend_usage: tuple[int, int] | None = None  # (prompt, completion), checked
+    usage_rejected: bool = False  # the backend sent usage with numbers not believed
+    tail: bytes = b""  # the answer's last bytes: response model, finish reasons
+
+    def refused(self, status: int, code: str) -> None:
+        """The gateway answered with an error of its own."""
+        self.status, self.error_code, self.answered = status, code, True
 
 
 _UPSTREAM_PATHS: dict[str, str] = {

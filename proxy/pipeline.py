@@ -14,16 +14,16 @@ from starlette.types import Message, Receive, Send
 from proxy.asgi.body import ClientGone, read_body, watch_disconnect
 from proxy.asgi.drain import Drain
 from proxy.asgi.respond import send_error
-from proxy.context import RequestContext
+from proxy.context import Admitted, Outcome, RequestContext
 from proxy.errors import GatewayError, ShuttingDown
-from proxy.stages import Stage
+from proxy.stages import Authenticator, Stage
 from proxy.stages.account import Account
 from proxy.stages.forward import Forward
 from proxy.telemetry.recorder import Telemetry
 
 __all__ = ["Pipeline", "Replay"]
 
-Replay = Callable[[RequestContext, Send], Awaitable[None]]
+Replay = Callable[[Admitted, Send], Awaitable[None]]
 """Answers a request from `ctx.cached` instead of the backend."""
 
 
@@ -32,7 +32,7 @@ class Pipeline:
 
     def __init__(
         self,
-        auth: Stage,
+        auth: Authenticator,
         stages: Sequence[Stage],
         forward: Forward,
         account: Account,
@@ -59,48 +59,53 @@ class Pipeline:
         """The stages after auth, in order."""
         return tuple(stage for stage, _ in self._stages)
 
-    async def run(self, ctx: RequestContext, receive: Receive, send: Send) -> None:
+    async def run(self, arrival: RequestContext, receive: Receive, send: Send) -> None:
         """Answer the request on `send`; errors, disconnects and successes are all settled."""
-        self._telemetry.begin(ctx)
-        send = self._releasing_before_the_end(ctx, send)
+        self._telemetry.begin(arrival)
+        ctx = arrival  # until auth admits it
         try:
-            await self._auth(ctx)
+            ctx = admitted = await self._auth(arrival)
+            send = self._releasing_before_the_end(admitted, send)
             ctx.raw_body = await read_body(
                 receive, ctx.headers, self._max_body_bytes, self._body_timeout_s
             )
             with anyio.CancelScope() as scope, self.drain.track(scope):
                 watcher = asyncio.create_task(watch_disconnect(receive, ctx, scope))
                 try:
-                    for stage, timed in self._stages:
-                        if timed is not None and ctx.trace is not None:
-                            await self._telemetry.traced(ctx, timed)
-                        else:
-                            await stage(ctx)
-                        if ctx.cached is not None:
-                            break
-                    if ctx.cached is not None and self._replay is not None:
-                        await self._replay(ctx, send)
-                    else:
-                        await self._forward(ctx, send)
+                    await self._answer(admitted, send)
                 finally:
                     watcher.cancel()
             if self.drain.was_cut(scope):
                 await _end_cut(ctx, send)
         except GatewayError as exc:
-            ctx.error_code = exc.code or exc.type
-            if not ctx.status:
-                ctx.status = exc.status
-                ctx.answered = True
+            code = exc.code or exc.type
+            if ctx.status:  # a stream broke off: its error event is sent already
+                ctx.outcome.error_code = code
+            else:
+                ctx.outcome.refused(exc.status, code)
                 await send_error(send, exc, ctx.gateway_headers())
         except ClientGone:
-            ctx.client_disconnected = True
+            ctx.outcome.client_disconnected = True
         finally:
             if not ctx.status:
-                _record_unanswered(ctx)
+                _record_unanswered(ctx.outcome)
             with anyio.CancelScope(shield=True):
                 await self._account(ctx)
 
-    def _releasing_before_the_end(self, ctx: RequestContext, send: Send) -> Send:
+    async def _answer(self, ctx: Admitted, send: Send) -> None:
+        for stage, timed in self._stages:
+            if timed is not None and ctx.trace is not None:
+                await self._telemetry.traced(ctx, timed)
+            else:
+                await stage(ctx)
+            if ctx.cached is not None:
+                break
+        if ctx.cached is not None and self._replay is not None:
+            await self._replay(ctx, send)
+        else:
+            await self._forward(ctx, send)
+
+    def _releasing_before_the_end(self, ctx: Admitted, send: Send) -> Send:
         """`send`, but the request's holds are settled before its answer's last byte goes out."""
         release = self._account.release
 
@@ -114,24 +119,23 @@ class Pipeline:
         return releasing
 
 
-def _record_unanswered(ctx: RequestContext) -> None:
+def _record_unanswered(outcome: Outcome) -> None:
     """A request that ended with no status sent: the client left first (499, as nginx logs
     it), or an unexpected error escaped the stages (500: the outermost handler answers it)."""
-    if ctx.client_disconnected:
-        ctx.status, ctx.error_code = 499, ctx.error_code or "client_closed"
+    if outcome.client_disconnected:
+        outcome.status, outcome.error_code = 499, outcome.error_code or "client_closed"
     else:
-        ctx.status, ctx.error_code = 500, ctx.error_code or "internal_error"
+        outcome.status, outcome.error_code = 500, outcome.error_code or "internal_error"
 
 
 async def _end_cut(ctx: RequestContext, send: Send) -> None:
     """The drain timeout ended this request: a 503 if nothing was sent yet, else (on a stream)
     an OpenAI-shaped error event and no [DONE], so the client cannot take it as complete."""
     error = ShuttingDown("The gateway is shutting down; retry the request.", retry_after_s=1)
-    if ctx.answered:
+    if ctx.outcome.answered:
         return
     if not ctx.status:
         raise error
-    ctx.error_code = error.code
-    ctx.answered = True
+    ctx.outcome.refused(ctx.status, error.code)  # the status sent stays
     ending = b"data: " + error.to_json() + b"\n\n" if ctx.stream else b""
     await send({"type": "http.response.body", "body": ending, "more_body": False})

@@ -8,17 +8,15 @@ from typing import Any
 
 import pytest
 
-from proxy.context import Operation, RequestContext
-from proxy.outgoing import bound_output, output_allowance, set_model
-from proxy.upstream.meter import StreamMeter
+from proxy.apis import output_fields
+from proxy.context import Operation
+from proxy.outgoing import OutgoingRequest
 
 
-def context(operation: Operation, **body: Any) -> RequestContext:
-    ctx = RequestContext("r", operation, 0.0, 0.0, StreamMeter(0.0))
-    ctx.body = {"model": "m", **body}
-    ctx.model = "m"
-    ctx.output_allowance = output_allowance(ctx)
-    return ctx
+def outgoing(operation: Operation, **body: Any) -> OutgoingRequest:
+    request = OutgoingRequest({"model": "m", **body}, "m", output_fields(operation))
+    request.allow_as_sent()
+    return request
 
 
 @pytest.mark.parametrize(
@@ -41,22 +39,22 @@ def test_the_answer_is_bounded_by_lowering_never_raising(
     allowance: int,
     shaped: list[str],
 ) -> None:
-    ctx = context(operation, **body)
-    bound_output(ctx, limit, "budget")
-    assert ctx.body == {"model": "m", **sent}
-    assert ctx.output_allowance == allowance
-    assert ctx.shaped == shaped
+    request = outgoing(operation, **body)
+    request.bound_output(limit, "budget")
+    assert request.body == {"model": "m", **sent}
+    assert request.allowance == allowance
+    assert request.shaped == shaped
 
 
 def test_the_reason_is_recorded_once_and_none_records_nothing() -> None:
-    ctx = context("chat", max_tokens=900)
-    bound_output(ctx, 800, "budget")
-    bound_output(ctx, 700, "budget")
-    bound_output(ctx, 600, None)  # a degradation rule records its own name
-    assert (ctx.body["max_tokens"], ctx.output_allowance, ctx.shaped) == (600, 600, ["budget"])
+    request = outgoing("chat", max_tokens=900)
+    request.bound_output(800, "budget")
+    request.bound_output(700, "budget")
+    request.bound_output(600, None)  # a degradation rule records its own name
+    assert (request.body["max_tokens"], request.allowance, request.shaped) == (600, 600, ["budget"])
 
 
 def test_a_new_model_goes_into_the_body_too() -> None:
-    ctx = context("chat")
-    set_model(ctx, "small")
-    assert (ctx.model, ctx.body["model"]) == ("small", "small")
+    request = outgoing("chat")
+    request.set_model("small")
+    assert (request.model, request.body["model"]) == ("small", "small")

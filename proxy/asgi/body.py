@@ -57,8 +57,8 @@ async def watch_disconnect(receive: Receive, ctx: RequestContext, scope: anyio.C
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            if not ctx.answered:
-                ctx.client_disconnected = True
+            if not ctx.outcome.answered:
+                ctx.outcome.client_disconnected = True
                 scope.cancel()
             return
 

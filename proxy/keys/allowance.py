@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.clock import Clock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.leases import LeaseIds
@@ -63,16 +63,16 @@ class KeyAllowances:
         self._store = store
         self._limits = limits
         self._clock = clock
-        self._holds: dict[RequestContext, _Hold] = {}
+        self._holds: dict[Admitted, _Hold] = {}
         self._lease_ids = LeaseIds()
 
-    def note(self, ctx: RequestContext, record: KeyRecord) -> None:
+    def note(self, ctx: Admitted, record: KeyRecord) -> None:
         """Auth found a runtime key; only one with an allowance of its own needs more."""
         if not record.allowance.empty:
             scope = f"tw:{{{record.tenant}}}:key:{record.id}"
             self._holds[ctx] = _Hold(record, scope, self._lease_ids.next())
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         plan = taken(ctx, KeyPlan) or self.plan(ctx)
         if plan is None:
             return
@@ -96,13 +96,13 @@ class KeyAllowances:
                 await plan.admit.run(self._limits)
             self._admitted(hold, plan.admit, tokens)
 
-    def plan(self, ctx: RequestContext) -> KeyPlan | None:
+    def plan(self, ctx: Admitted) -> KeyPlan | None:
         """The key's counters and buckets for this request; None for a key without its own."""
         hold = self._holds.get(ctx)
         if hold is None:
             return None
         allowance, now = hold.record.allowance, self._clock.wall()
-        tokens = (ctx.counted_input_tokens or 0) + (ctx.output_allowance or DEFAULT_OUTPUT_BOUND)
+        tokens = (ctx.counted_input_tokens or 0) + (ctx.outgoing.allowance or DEFAULT_OUTPUT_BOUND)
         if ctx.operation == "embeddings":
             tokens = ctx.counted_input_tokens or 0
         counters = _counters(hold.scope, allowance, now)
@@ -120,7 +120,7 @@ class KeyAllowances:
             )
         return KeyPlan(hold, tokens, reserve, admit)
 
-    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+    def replan(self, ctx: Admitted, plan: Plan) -> bool:
         return False
 
     def _admitted(self, hold: _Hold, step: Admit, tokens: int) -> None:
@@ -147,11 +147,11 @@ class KeyAllowances:
         if hold.record.allowance.tokens_per_minute:
             hold.tpm = (buckets[-1], costs[-1])
 
-    def holding(self, ctx: RequestContext) -> bool:
+    def holding(self, ctx: Admitted) -> bool:
         return ctx in self._holds
 
     def charge_so_far(
-        self, ctx: RequestContext, input_tokens: int, output_tokens: int
+        self, ctx: Admitted, input_tokens: int, output_tokens: int
     ) -> Awaitable[None] | None:
         """The booking of a running stream's usage so far on the key's counters (what grew since
         the last one), or None; noted at once, so `settle` books only the rest."""
@@ -170,7 +170,7 @@ class KeyAllowances:
                 hold.scope, hold.lease_id, hold.counters, [grown] * len(hold.counters)
             )
 
-    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+    def settle(self, ctx: Admitted) -> Awaitable[None]:
         """Book what the request used on the key's counters (less what checkpoints booked), true
         its token bucket up; once. The store calls are made now; the awaitable ends with them."""
         hold = self._holds.pop(ctx, None)

@@ -14,32 +14,31 @@ from typing import Any
 import httpx
 
 from proxy.clock import Clock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.holds import Routed
-from proxy.outgoing import set_model
 from proxy.policy.model import Backend
 from proxy.routing.health import BackendHealth
 from proxy.routing.pool import Pools
-from proxy.upstream.client import CONNECT_TIMEOUT_CODE, UpstreamOpener
+from proxy.upstream.client import CONNECT_TIMEOUT_CODE, UpstreamClient
 
 __all__ = ["Admit", "Attempts"]
 
-Admit = Callable[[RequestContext], Awaitable[None]]
+Admit = Callable[[Admitted, Backend], Awaitable[None]]
 """The chosen backend's own limits (RateLimits.admit_backend); raises UpstreamUnavailable if
 the backend is full."""
 
 
 class Attempts:
     def __init__(
-        self, pools: Pools, upstream: UpstreamOpener, clock: Clock, admit: Admit | None = None
+        self, pools: Pools, upstream: UpstreamClient, clock: Clock, admit: Admit | None = None
     ) -> None:
         self._pools = pools
         self._upstream = upstream
         self._clock = clock
         self._admit = admit
 
-    async def begin(self, ctx: RequestContext) -> None:
+    async def begin(self, ctx: Admitted) -> Routed:
         """Hold the first backend that is available and admits the request; a 503 if none."""
         home = ctx.model
         health = self._choose(ctx, home, ())
@@ -50,18 +49,19 @@ class Attempts:
         full = await self._refusal(ctx, routed)
         if full is not None and not await self._fail_over(ctx, routed):
             raise full
+        return routed
 
     async def open(
-        self, ctx: RequestContext, body: dict[str, Any], extra_headers: Mapping[str, str] = {}
+        self, ctx: Admitted, body: dict[str, Any], extra_headers: Mapping[str, str] = {}
     ) -> tuple[Backend, httpx.Response]:
-        """Open the upstream call; a failure before the first byte moves to another backend."""
-        routed = ctx.route
-        if routed is None:
-            raise RuntimeError("route must run before the upstream call")
+        """Open the upstream call; a failure before the first byte moves to another backend.
+        A request the Route stage did not hold a backend for is routed here first."""
+        routed = ctx.route or await self.begin(ctx)
         while True:
             routed.attempt_s = self._clock.monotonic()
             try:
-                backend, response = await self._upstream.open(ctx, body, extra_headers)
+                backend = routed.health.backend
+                response = await self._upstream.open(ctx, backend, body, extra_headers)
             except UpstreamError as exc:
                 routed.health.failed(self._clock.monotonic())
                 routed.tried.append(routed.health.name)
@@ -74,10 +74,10 @@ class Attempts:
             routed.health.circuit.succeeded()
             return backend, response
 
-    def holding(self, ctx: RequestContext) -> bool:
+    def holding(self, ctx: Admitted) -> bool:
         return ctx.route is not None
 
-    async def settle(self, ctx: RequestContext) -> None:
+    async def settle(self, ctx: Admitted) -> None:
         """Release the backend and record how it served; runs once, in `finally`."""
         routed, ctx.route = ctx.route, None
         if routed is None:
@@ -89,7 +89,7 @@ class Attempts:
                 health.circuit.abandoned()
             return
         now = self._clock.monotonic()
-        if not (ctx.upstream_completed or ctx.client_disconnected):
+        if not (ctx.outcome.completed or ctx.outcome.client_disconnected):
             health.failed(now)  # it broke off mid-answer
             return
         meter = ctx.meter
@@ -97,7 +97,7 @@ class Attempts:
         ttft_s = None if first_s is None or not ctx.stream else first_s - routed.attempt_s
         health.served(now, ttft_s, meter.tokens_per_s(ctx.output_tokens or 0))
 
-    async def _fail_over(self, ctx: RequestContext, routed: Routed) -> bool:
+    async def _fail_over(self, ctx: Admitted, routed: Routed) -> bool:
         """Move the request to the next backend that admits it; False if none is left."""
         max_attempts = self._pools.pool(routed.home).spec.max_attempts
         while len(routed.tried) < max_attempts:
@@ -109,30 +109,30 @@ class Attempts:
                 return True
         return False
 
-    async def _refusal(self, ctx: RequestContext, routed: Routed) -> UpstreamUnavailable | None:
+    async def _refusal(self, ctx: Admitted, routed: Routed) -> UpstreamUnavailable | None:
         """Admit the request on the held backend's limits: None, or why it is full (the
         backend is then tried, with no mark on its health: full is not failed)."""
         if self._admit is None:
             return None
         try:
-            await self._admit(ctx)
+            await self._admit(ctx, routed.health.backend)
         except UpstreamUnavailable as full:
             routed.tried.append(routed.health.name)
             routed.health.circuit.abandoned()
             return full
         return None
 
-    def _choose(self, ctx: RequestContext, home: str, tried: Sequence[str]) -> BackendHealth | None:
+    def _choose(self, ctx: Admitted, home: str, tried: Sequence[str]) -> BackendHealth | None:
         now = self._clock.monotonic()
         for pool in self._pools.chain(home):
             candidates = [h for h in pool.available(now) if h.name not in tried]
             if candidates:
                 if pool.name != ctx.model:
-                    set_model(ctx, pool.name)
+                    ctx.outgoing.set_model(pool.name)
                 return pool.strategy.order(candidates, ctx)[0]
         return None
 
-    def _take(self, ctx: RequestContext, routed: Routed, health: BackendHealth) -> None:
+    def _take(self, ctx: Admitted, routed: Routed, health: BackendHealth) -> None:
         routed.health.active.discard(ctx.meter)
         routed.health = health
         health.active.add(ctx.meter)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.policy.model import Backend, Routing
 from proxy.routing.health import BackendHealth
 
@@ -36,9 +36,7 @@ MIN_AFFINITY_BOUND = 4
 
 
 class Strategy(Protocol):
-    def order(
-        self, candidates: Sequence[BackendHealth], ctx: RequestContext
-    ) -> list[BackendHealth]:
+    def order(self, candidates: Sequence[BackendHealth], ctx: Admitted) -> list[BackendHealth]:
         """`candidates` (available, in policy order), best first."""
 
 
@@ -48,9 +46,7 @@ class LeastInflight:
     def __init__(self) -> None:
         self._turn = itertools.count()
 
-    def order(
-        self, candidates: Sequence[BackendHealth], ctx: RequestContext
-    ) -> list[BackendHealth]:
+    def order(self, candidates: Sequence[BackendHealth], ctx: Admitted) -> list[BackendHealth]:
         n = len(candidates)
         turn = next(self._turn)
         ranked = sorted(
@@ -66,9 +62,7 @@ class Weighted:
     def __init__(self) -> None:
         self._current: dict[str, int] = {}
 
-    def order(
-        self, candidates: Sequence[BackendHealth], ctx: RequestContext
-    ) -> list[BackendHealth]:
+    def order(self, candidates: Sequence[BackendHealth], ctx: Admitted) -> list[BackendHealth]:
         current = self._current
         total = 0
         for health in candidates:
@@ -100,9 +94,7 @@ class PrefixAffinity:
         self._hashes = [h for h, _ in points]
         self._owners = [name for _, name in points]
 
-    def order(
-        self, candidates: Sequence[BackendHealth], ctx: RequestContext
-    ) -> list[BackendHealth]:
+    def order(self, candidates: Sequence[BackendHealth], ctx: Admitted) -> list[BackendHealth]:
         by_name = {h.name: h for h in candidates}
         walk: list[BackendHealth] = []
         start = bisect.bisect(self._hashes, _hash64(prefix_key(ctx)))
@@ -127,7 +119,7 @@ def strategy_for(routing: Routing, backends: Sequence[Backend], load_factor: flo
     return LeastInflight()
 
 
-def prefix_key(ctx: RequestContext) -> bytes:
+def prefix_key(ctx: Admitted) -> bytes:
     """What requests sharing a KV-cacheable prefix have in common: for chat, the leading system
     (or developer) messages, else the first message; else the prompt's first characters."""
     body = ctx.body

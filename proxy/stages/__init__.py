@@ -1,4 +1,5 @@
-"""The request path, one small stage per job; each reads and writes the RequestContext.
+"""The request path, one small stage per job. Auth (an `Authenticator`) turns the arrival into
+an `Admitted` context; each stage after it reads and writes that.
 
 A stage says itself what else it is: `Traced` (it gets a child span of the request's when it
 used storage), a settler (proxy/stages/account.py `Settler`: it holds something until the
@@ -9,13 +10,18 @@ the stage list, so a new stage is its file and one line in proxy/gateway.py.
 
 from typing import ClassVar, Protocol, runtime_checkable
 
-from proxy.context import RequestContext
+from proxy.context import Admitted, RequestContext
 
-__all__ = ["Stage", "Traced"]
+__all__ = ["Authenticator", "Stage", "Traced"]
+
+
+class Authenticator(Protocol):
+    async def __call__(self, ctx: RequestContext) -> Admitted:
+        """The request, its caller known; or AuthenticationFailed."""
 
 
 class Stage(Protocol):
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         """Do this stage's one job on `ctx`, or raise a GatewayError to reject the request."""
 
 
@@ -29,6 +35,6 @@ class Traced(Protocol):
     # drawn for a request when such a stage touched storage.
     given_back_at_settle: ClassVar[bool]
 
-    async def __call__(self, ctx: RequestContext) -> None: ...
+    async def __call__(self, ctx: Admitted) -> None: ...
 
-    def touched(self, ctx: RequestContext) -> bool: ...
+    def touched(self, ctx: Admitted) -> bool: ...

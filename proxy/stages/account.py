@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 import orjson
 
 from proxy.clock import Clock
-from proxy.context import RequestContext
+from proxy.context import Admitted, RequestContext
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
 from proxy.stages.usage import bill, count_unreported_input
@@ -36,10 +36,10 @@ UNKNOWN_MODEL = "<unknown>"
 class Settler(Protocol):
     """A stage that holds something for a request (a slot, a reservation) until it ends."""
 
-    def holding(self, ctx: RequestContext) -> bool:
+    def holding(self, ctx: Admitted) -> bool:
         """True if `ctx` holds something of this stage's, for `settle` to give back."""
 
-    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+    def settle(self, ctx: Admitted) -> Awaitable[None]:
         """Give it back: the storage calls are made when this is called (so Redis gets every
         stage's in one call), the awaitable ends when they are done."""
 
@@ -86,9 +86,11 @@ class Account:
         counter = None
         if self._counters is not None and self._known(ctx.model):
             counter = self._counters.for_model(ctx.model)
-            if ctx.backend_usage is None and ctx.counted_input_tokens is None:
+            if ctx.outcome.backend_usage is None and ctx.counted_input_tokens is None:
                 await count_unreported_input(ctx, self._counters)
         bill(ctx, counter)
+        if not isinstance(ctx, Admitted):  # refused at auth: it holds nothing
+            return
         settling_s = self._clock.monotonic()
         # Every stage makes its storage calls before any is waited for: with Redis they go out
         # as one call, and the answer's end waits for that one round trip.
@@ -126,9 +128,9 @@ class Account:
             ttft_ms=_ms(meter.ttft_s),
             tokens_per_s=_round(meter.tokens_per_s(output_tokens)),
             duration_ms=_ms(self._clock.monotonic() - ctx.received_s) or 0.0,
-            shaped=tuple(ctx.shaped),
+            shaped=tuple(ctx.outgoing.shaped),
             degraded=tuple(ctx.degraded),
-            client_disconnected=ctx.client_disconnected,
+            client_disconnected=ctx.outcome.client_disconnected,
             saved_input_tokens=ctx.saved_input_tokens,
             saved_output_tokens=ctx.saved_output_tokens,
             saved_cost_nusd=self._saved_cost_nusd(ctx),
@@ -177,10 +179,10 @@ class Account:
             "output_tokens": ctx.output_tokens,
             "usage_source": usage.usage_source,
             "usage": usage.usage_source,  # the field's name before usage_source; same value
-            "usage_rejected": ctx.usage_rejected or None,
+            "usage_rejected": ctx.outcome.usage_rejected or None,
             "counted_input_tokens": ctx.counted_input_tokens,
             "cost_usd": usage.cost_nusd / 1e9,
-            "shaped": ctx.shaped or None,
+            "shaped": ctx.outgoing.shaped or None,
             "degraded": ctx.degraded or None,
             "degraded_shadow": ctx.degraded_shadow or None,
             "ttft_ms": usage.ttft_ms,
@@ -191,7 +193,7 @@ class Account:
             "tokens_per_s": usage.tokens_per_s,
             "duration_ms": usage.duration_ms,
             "gateway_ms": _ms(meter.gateway_s),
-            "completed": ctx.upstream_completed or (ctx.cached is not None and ctx.answered),
+            "completed": ctx.outcome.completed or (ctx.cached is not None and ctx.outcome.answered),
             "client_disconnected": usage.client_disconnected,
         }
 

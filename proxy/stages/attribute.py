@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import BadRequest
 
 __all__ = ["MAX_TAGS", "MAX_TAG_CHARS", "MAX_USER_CHARS", "TAGS_HEADER", "Attribute"]
@@ -28,7 +28,7 @@ _TAG_RULE = (
 
 
 class Attribute:
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         metadata = ctx.body.get("metadata")
         if ctx.operation == "messages":  # Anthropic names the end user in metadata.user_id
             given = metadata.get("user_id") if isinstance(metadata, dict) else None

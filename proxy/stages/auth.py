@@ -1,4 +1,5 @@
-"""Who is calling: the bearer key, hashed, compared in constant time. Writes tenant, tenant_name.
+"""Who is calling: the bearer key, hashed, compared in constant time. Makes the arrival an
+`Admitted` context (tenant, tenant_name and key_id).
 
 Keys come from the policy file and, created at runtime, from the gateway's storage."""
 
@@ -8,7 +9,7 @@ import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 
-from proxy.context import RequestContext
+from proxy.context import Admitted, RequestContext
 from proxy.errors import AuthenticationFailed
 from proxy.keys.record import KeyRecord, policy_key_id
 from proxy.keys.runtime import RuntimeKeys
@@ -85,7 +86,7 @@ class CurrentKeyring(Keyring):
         return self._current().is_admin(authorization)
 
 
-KeyNoted = Callable[[RequestContext, KeyRecord], None]
+KeyNoted = Callable[[Admitted, KeyRecord], None]
 """Told of each request made with a runtime key (which may carry its own budget and limits)."""
 
 
@@ -97,12 +98,12 @@ class Authenticate:
         self._tenants = tenants
         self._on_key = on_key
 
-    async def __call__(self, ctx: RequestContext) -> None:
-        name, ctx.key_id, record = self._keyring.identify_key(ctx.headers.get("authorization"))
-        ctx.tenant_name = name
-        ctx.tenant = self._tenants[name]
+    async def __call__(self, ctx: RequestContext) -> Admitted:
+        name, key_id, record = self._keyring.identify_key(ctx.headers.get("authorization"))
+        admitted = ctx.admit(name, self._tenants[name], key_id)
         if record is not None and self._on_key is not None:
-            self._on_key(ctx, record)
+            self._on_key(admitted, record)
+        return admitted
 
 
 def _presented_digest(authorization: str | None) -> bytes:

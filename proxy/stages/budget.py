@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from proxy.clock import Clock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
 from proxy.holds import Quota, Reservation
 from proxy.leases import LeaseIds
-from proxy.outgoing import bound_output
 from proxy.policy.model import Budget
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
@@ -73,19 +72,19 @@ class Budgets:
         self._quotas = _DailyQuotas()
         self._lease_ids = LeaseIds()
 
-    def touched(self, ctx: RequestContext) -> bool:
+    def touched(self, ctx: Admitted) -> bool:
         """The tenant has a quota: the stage reserved against it in storage."""
-        budget = ctx.tenant.budget if ctx.tenant else None
-        return budget is not None and bool(
+        budget = ctx.tenant.budget
+        return bool(
             budget.tokens_per_day
             or budget.tokens_per_month
             or budget.usd_per_day
             or budget.usd_per_month
         )
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         plan = taken(ctx, QuotaPlan) or self.plan(ctx)
-        if plan is None or ctx.tenant is None:
+        if plan is None:
             return
         for _ in range(len(plan.reservation.quotas) + 1):
             step = plan.step
@@ -109,10 +108,8 @@ class Budgets:
                 return
         raise RuntimeError("quota reservation did not settle on an amount")
 
-    def plan(self, ctx: RequestContext) -> QuotaPlan | None:
+    def plan(self, ctx: Admitted) -> QuotaPlan | None:
         """Input + allowed output on each of the tenant's quotas; None without quotas."""
-        if ctx.tenant is None or ctx.tenant_name is None:
-            raise RuntimeError("auth must run before budgets")
         now = self._clock.wall()
         quotas = self._quotas.of(ctx.tenant_name, ctx.tenant.budget, now)
         if not quotas:
@@ -127,7 +124,7 @@ class Budgets:
         )  # fmt: skip
         return QuotaPlan(reservation, input_tokens, output_tokens, amounts, step)
 
-    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+    def replan(self, ctx: Admitted, plan: Plan) -> bool:
         """After a refusal, with `stop_stream_at_budget`: bound the answer to the output that
         still fits the refusing quota, and say so (True), for a new reservation."""
         if not isinstance(plan, QuotaPlan) or not plan.step.refused:
@@ -140,7 +137,7 @@ class Budgets:
         fits = self._output_that_fits(ctx.model, quota, left, plan.input_tokens)
         if not _may_shorten(ctx) or not 1 <= fits < plan.output_tokens:
             return False
-        bound_output(ctx, fits, "budget")  # the backend ends it with finish_reason length
+        ctx.outgoing.bound_output(fits, "budget")  # the backend ends it with finish_reason length
         return True
 
     def _refusal(self, plan: QuotaPlan) -> InsufficientQuota:
@@ -163,10 +160,10 @@ class Budgets:
         per_million = self._prices.cost_nusd(model, 0, 1_000_000)
         return room * 1_000_000 // per_million if per_million else DEFAULT_OUTPUT_BOUND
 
-    def holding(self, ctx: RequestContext) -> bool:
+    def holding(self, ctx: Admitted) -> bool:
         return ctx.reservation is not None
 
-    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+    def settle(self, ctx: Admitted) -> Awaitable[None]:
         """Release the reservation and book what was really used; runs once, in `finally`. The
         store call is made now; the awaitable ends with it."""
         reservation, ctx.reservation = ctx.reservation, None
@@ -184,7 +181,7 @@ class Budgets:
         return warned(settling, _log, "could not settle quota for %s: %s", ctx.tenant_name)
 
     def charge_so_far(
-        self, ctx: RequestContext, input_tokens: int, output_tokens: int
+        self, ctx: Admitted, input_tokens: int, output_tokens: int
     ) -> Awaitable[None] | None:
         """The booking of a running request's usage so far on its quotas (what grew since the
         last one), or None. Noted on the reservation at once, so `settle` books only the rest
@@ -219,12 +216,12 @@ class Budgets:
     ) -> list[int]:
         return [self._amount(model, q, input_tokens, output_tokens) for q in reservation.quotas]
 
-    def _output_bound(self, ctx: RequestContext) -> int:
+    def _output_bound(self, ctx: Admitted) -> int:
         if ctx.operation == "embeddings":
             return 0
-        if ctx.output_allowance is None:
-            bound_output(ctx, DEFAULT_OUTPUT_BOUND, "max_tokens")
-        return ctx.output_allowance or 0
+        if ctx.outgoing.allowance is None:
+            ctx.outgoing.bound_output(DEFAULT_OUTPUT_BOUND, "max_tokens")
+        return ctx.outgoing.allowance or 0
 
     def _keep_leased(self, reservation: Reservation) -> None:
         """Renew the lease while the request runs (a long stream outlives one lease)."""
@@ -235,11 +232,8 @@ class Budgets:
         reservation.keep(renew, self._clock, _log, "a quota lease")
 
 
-def _may_shorten(ctx: RequestContext) -> bool:
-    tenant = ctx.tenant
-    return (
-        tenant is not None and tenant.budget.stop_stream_at_budget and ctx.operation != "embeddings"
-    )
+def _may_shorten(ctx: Admitted) -> bool:
+    return ctx.tenant.budget.stop_stream_at_budget and ctx.operation != "embeddings"
 
 
 def _scope(tenant: str) -> str:

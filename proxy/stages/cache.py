@@ -24,7 +24,7 @@ from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import pack
 from proxy.cache.verify import Reranker
 from proxy.clock import Clock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.policy.model import Backend, CacheSpec
 from proxy.stages.forward import SSE_HEADERS
 from proxy.stages.prefetch import Plan, taken
@@ -77,13 +77,13 @@ class ResponseCache:
         verifier = Reranker(backends) if backends and embedder is not None else None
         self._index = SemanticIndex(store, verifier=verifier) if embedder is not None else None
 
-    def touched(self, ctx: RequestContext) -> bool:
+    def touched(self, ctx: Admitted) -> bool:
         """The request was looked up (not bypassed)."""
         return ctx.cache != "bypass"
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         plan = taken(ctx, LookupPlan) or self.plan(ctx)
-        if plan is None or ctx.tenant is None:
+        if plan is None:
             return
         tenant, key = ctx.tenant, plan.key
         spec = tenant.cache
@@ -110,10 +110,10 @@ class ResponseCache:
         ctx.input_tokens = answer.prompt_tokens if charged else 0
         ctx.output_tokens = answer.completion_tokens if charged else 0
 
-    def plan(self, ctx: RequestContext) -> LookupPlan | None:
+    def plan(self, ctx: Admitted) -> LookupPlan | None:
         """The exact lookup, unless the cache is off for this tenant or request."""
         tenant = ctx.tenant
-        if tenant is None or tenant.cache.mode == "off" or ctx.tenant_name is None:
+        if tenant.cache.mode == "off":
             return None
         if ctx.headers.get("x-tokenweir-cache", "").lower() == "bypass":
             return None
@@ -122,10 +122,10 @@ class ResponseCache:
             return None
         return LookupPlan(key, Lookup(key.tenant, key.exact, now=self._clock.wall()))
 
-    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+    def replan(self, ctx: Admitted, plan: Plan) -> bool:
         return False
 
-    def _capture(self, ctx: RequestContext, plan: CachePlan, limit: int) -> None:
+    def _capture(self, ctx: Admitted, plan: CachePlan, limit: int) -> None:
         """A stream is folded as it passes (its bytes are not kept for it); a whole answer kept."""
         capture = ctx.capture
         if ctx.stream:
@@ -139,15 +139,15 @@ class ResponseCache:
         else:
             capture.widen(limit)  # `log_content` keeps a stream this long too, as it always has
 
-    def holding(self, ctx: RequestContext) -> bool:
+    def holding(self, ctx: Admitted) -> bool:
         return ctx.cache_plan is not None
 
-    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+    def settle(self, ctx: Admitted) -> Awaitable[None]:
         """Store a miss's answer if it is complete (a failed or cut-off one never is). An exact
         entry's store call is made now; the awaitable ends with it."""
         plan, ctx.cache_plan = ctx.cache_plan, None
         tenant = ctx.tenant
-        if plan is None or tenant is None or not _complete(ctx):
+        if plan is None or not _complete(ctx):
             return nothing()
         answer = self._answer_of(ctx, plan, tenant.cache)
         if answer is None:
@@ -172,7 +172,7 @@ class ResponseCache:
             entry = replace(entry, vector=vector, graph=await self._index.graph(spec))
         await warned(self._store.put(entry), _log, "could not store an answer in the cache: %s")
 
-    async def replay(self, ctx: RequestContext, send: Send) -> None:
+    async def replay(self, ctx: Admitted, send: Send) -> None:
         """Send the hit the way the backend would have: one whole body, or SSE chunks."""
         answer = ctx.cached
         if answer is None:
@@ -187,10 +187,10 @@ class ResponseCache:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
             ]
-        ctx.status = 200
+        ctx.outcome.status = 200
         start = {"type": "http.response.start", "status": 200}
         await send({**start, "headers": [*headers, *ctx.gateway_headers()]})
-        ctx.answered = True
+        ctx.outcome.answered = True
         await send({"type": "http.response.body", "body": body, "more_body": False})
         ctx.meter.answered_locally(self._clock.monotonic())
 
@@ -202,7 +202,7 @@ class ResponseCache:
         await self._store.aclose()
 
     async def _semantic(
-        self, ctx: RequestContext, key: CacheKey, spec: CacheSpec, plan: CachePlan
+        self, ctx: Admitted, key: CacheKey, spec: CacheSpec, plan: CachePlan
     ) -> Answer | None:
         if self._embedder is None or self._index is None or key.question is None:
             return None
@@ -235,8 +235,8 @@ class ResponseCache:
         answer = Answer.decode(raw)
         return answer if stale_ok or answer.expires_wall > self._clock.wall() else None
 
-    def _answer_of(self, ctx: RequestContext, plan: CachePlan, spec: CacheSpec) -> Answer | None:
-        usage = ctx.upstream_usage or {
+    def _answer_of(self, ctx: Admitted, plan: CachePlan, spec: CacheSpec) -> Answer | None:
+        usage = ctx.outcome.usage or {
             "prompt_tokens": ctx.input_tokens or 0,
             "completion_tokens": ctx.output_tokens or 0,
             "total_tokens": (ctx.input_tokens or 0) + (ctx.output_tokens or 0),
@@ -251,13 +251,13 @@ class ResponseCache:
         return replace(answer, expires_wall=self._clock.wall() + spec.ttl)
 
 
-def _complete(ctx: RequestContext) -> bool:
+def _complete(ctx: Admitted) -> bool:
     return (
         ctx.cache == "miss"
         and ctx.status == 200
-        and ctx.upstream_completed
+        and ctx.outcome.completed
         and ctx.error_code is None
-        and not ctx.client_disconnected
+        and not ctx.outcome.client_disconnected
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
 from proxy.stages.usage import relayed_output
@@ -26,10 +26,10 @@ class Booker(Protocol):
     """A holder of a running request's quota reservation (the tenant's budgets, a runtime key's
     own allowance) that can book its usage so far."""
 
-    def holding(self, ctx: RequestContext) -> bool: ...
+    def holding(self, ctx: Admitted) -> bool: ...
 
     def charge_so_far(
-        self, ctx: RequestContext, input_tokens: int, output_tokens: int
+        self, ctx: Admitted, input_tokens: int, output_tokens: int
     ) -> Awaitable[None] | None: ...
 
 
@@ -39,7 +39,7 @@ class CheckpointSweep:
 
     def __init__(self, interval_s: float = CHECKPOINT_INTERVAL_S) -> None:
         self._interval_s = interval_s
-        self._open: dict[RequestContext, Checkpoint] = {}
+        self._open: dict[Admitted, Checkpoint] = {}
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -51,7 +51,7 @@ class CheckpointSweep:
         """The sweeping task while any stream is watched; None when there is none."""
         return self._task
 
-    def watch(self, ctx: RequestContext, point: Checkpoint) -> None:
+    def watch(self, ctx: Admitted, point: Checkpoint) -> None:
         """Checkpoint `ctx` with `point` (its gateway's) until it is released."""
         self._open[ctx] = point
         if self._task is None:
@@ -94,7 +94,7 @@ class Checkpoint:
         sweep: CheckpointSweep,
         bookers: Sequence[Booker],
         ledger: Ledger | None,
-        record: Callable[[RequestContext], UsageRecord],
+        record: Callable[[Admitted], UsageRecord],
         prices: PriceTable,
         counters: TokenCounters,
     ) -> None:
@@ -105,14 +105,14 @@ class Checkpoint:
         self._prices = prices
         self._counters = counters
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         if ctx.stream and (self._ledger is not None or any(b.holding(ctx) for b in self._bookers)):
             self._sweep.watch(ctx, self)
 
-    def take(self, ctx: RequestContext) -> list[Awaitable[None]]:
+    def take(self, ctx: Admitted) -> list[Awaitable[None]]:
         """Record `ctx`'s usage so far in the ledger, if it grew, and return its quota bookings
         (none when there is nothing new to book). Nothing before the stream's first token."""
-        if ctx.answered or ctx.released:
+        if ctx.outcome.answered or ctx.released:
             return []  # its final settle is under way
         output = relayed_output(ctx)
         if output == 0:
@@ -126,7 +126,7 @@ class Checkpoint:
         bookings = (b.charge_so_far(ctx, input_tokens, output) for b in self._bookers)
         return [booking for booking in bookings if booking is not None]
 
-    def _point(self, ctx: RequestContext, input_tokens: int, output_tokens: int) -> UsageRecord:
+    def _point(self, ctx: Admitted, input_tokens: int, output_tokens: int) -> UsageRecord:
         """The request's record as it stands, with the usage so far. No TTFT or speed sample:
         the final record brings those (and superseding takes back only plain counters)."""
         exact = self._counters.for_model(ctx.model).exact

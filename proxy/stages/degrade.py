@@ -11,9 +11,8 @@ import logging
 from typing import Literal
 
 from proxy.clock import Clock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import GatewayError, RateLimited, UpstreamUnavailable
-from proxy.outgoing import bound_output, set_model
 from proxy.policy.model import DegradeRule, DegradeThen, DegradeWhen, Tenant
 from proxy.routing.pool import Pools, PoolSignals
 from proxy.stages import Stage
@@ -35,7 +34,7 @@ _log = logging.getLogger("tokenweir.degrade")
 class _Signals:
     """The request's signals, each read at most once and only if a rule asks for it."""
 
-    def __init__(self, stage: Degrade, ctx: RequestContext) -> None:
+    def __init__(self, stage: Degrade, ctx: Admitted) -> None:
         self._stage = stage
         self._ctx = ctx
         self._pool: PoolSignals | None = None
@@ -70,10 +69,8 @@ class Degrade:
         self._failures = failures
         self._cache = cache
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         tenant = ctx.tenant
-        if tenant is None:
-            raise RuntimeError("auth must run before degradation")
         signals = _Signals(self, ctx)
         live, shadow = await self._first_matches(tenant, signals)
         if shadow is not None:
@@ -128,7 +125,7 @@ class Degrade:
                 return False
         return True
 
-    async def budget_used(self, ctx: RequestContext) -> float | None:
+    async def budget_used(self, ctx: Admitted) -> float | None:
         """The largest settled fraction of the tenant's quotas (None: no quotas, or unreadable)."""
         reservation = ctx.reservation
         if reservation is None:
@@ -141,23 +138,23 @@ class Degrade:
             return None
         return max(used / c.limit for c, (used, _) in zip(counters, readings, strict=True))
 
-    async def _apply(self, ctx: RequestContext, rule: DegradeRule) -> Priority:
+    async def _apply(self, ctx: Admitted, rule: DegradeRule) -> Priority:
         then = rule.then
         if then.reject is not None:
             raise _rejection(rule.name, then)
         if then.max_output_tokens is not None and ctx.operation != "embeddings":
-            bound_output(ctx, then.max_output_tokens, None)  # recorded as the rule's name
+            ctx.outgoing.bound_output(then.max_output_tokens, None)  # recorded as the rule's name
         if then.model is not None and then.model != ctx.model:
-            set_model(ctx, then.model)
+            ctx.outgoing.set_model(then.model)
         if then.cache is not None or then.similarity is not None:
             ctx.cache_serve_stale = then.cache == "serve_stale"
             ctx.cache_min_similarity = then.similarity
             if ctx.cache == "miss" and self._cache is not None:
                 await self._cache(ctx)  # look again, at the looser bar
-        priority: Priority = then.priority or (ctx.tenant.priority if ctx.tenant else "normal")
+        priority: Priority = then.priority or ctx.tenant.priority
         return priority
 
-    def _shed(self, ctx: RequestContext, priority: Priority, *, shadow: bool) -> None:
+    def _shed(self, ctx: Admitted, priority: Priority, *, shadow: bool) -> None:
         """Refuse the request if its priority is shed at the model's current load."""
         shed_at = SHED_AT.get(priority)
         if shed_at is None:

@@ -1,6 +1,7 @@
 """Upstream stream-through: send the request to the chosen backend and relay its answer as it comes.
 
-Writes status, input_tokens, output_tokens, usage_from_backend, upstream_completed and the meter.
+Writes the outcome (status, whether the answer came whole, its tail, the backend's usage)
+and the meter.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from starlette.types import Send
 
 from proxy.apis import AGENT_APIS, EventForwarder
 from proxy.clock import Clock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import (
     GatewayError,
     UpstreamBadResponse,
@@ -50,7 +51,7 @@ class Forward:
         self._telemetry = telemetry
         self._spec = spec
 
-    async def __call__(self, ctx: RequestContext, send: Send) -> None:
+    async def __call__(self, ctx: Admitted, send: Send) -> None:
         # The agent APIs' streams always carry usage; only chat and completions must ask.
         asking = ctx.stream and ctx.operation not in AGENT_APIS
         body = _asking_for_usage(ctx.body) if asking else ctx.body
@@ -70,11 +71,11 @@ class Forward:
             # Closing a half-read response drops its connection, which stops the backend.
             with anyio.CancelScope(shield=True):
                 await response.aclose()
-            error = None if ctx.upstream_completed else ctx.error_code or "incomplete"
+            error = None if ctx.outcome.completed else ctx.error_code or "incomplete"
             self._telemetry.upstream_ended(ctx, response.status_code, error)
 
     async def _relay_stream(
-        self, ctx: RequestContext, backend: Backend, response: httpx.Response, send: Send
+        self, ctx: Admitted, backend: Backend, response: httpx.Response, send: Send
     ) -> None:
         monotonic = self._clock.monotonic
         meter = ctx.meter
@@ -110,22 +111,22 @@ class Forward:
             ending = sse.finish()
             if capture is not None:
                 capture.add(ending)
-            ctx.upstream_completed = True
+            ctx.outcome.completed = True
         except UpstreamError as exc:
             if not ctx.status:
                 raise  # nothing sent yet: the client gets a proper error status instead
-            ctx.error_code = exc.code
+            ctx.outcome.error_code = exc.code
             # An OpenAI-shaped error event, and no [DONE]: the client must not take it as complete.
             ending = b"data: " + exc.to_json() + b"\n\n"
         if not ctx.status:
             await self._start(ctx, send, SSE_HEADERS)
-        ctx.answered = True
-        ctx.response_tail = before_last + last + ending
+        ctx.outcome.answered = True
+        ctx.outcome.tail = before_last + last + ending
         _take_usage(ctx, sse.usage)
         await send({"type": "http.response.body", "body": ending, "more_body": False})
 
     async def _relay_whole(
-        self, ctx: RequestContext, backend: Backend, response: httpx.Response, send: Send
+        self, ctx: Admitted, backend: Backend, response: httpx.Response, send: Send
     ) -> None:
         limit = self._spec.max_response_bytes
         with translate(backend):
@@ -139,21 +140,21 @@ class Forward:
         if problem is not None:
             raise UpstreamBadResponse(f"backend {backend.name!r} answered 200, but {problem}")
         ctx.meter.read(self._clock.monotonic())
-        ctx.upstream_completed = True
+        ctx.outcome.completed = True
         if ctx.capture is not None:
             ctx.capture.add(raw)
-        ctx.response_tail = raw
+        ctx.outcome.tail = raw
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(raw)).encode()),
         ]
         await self._start(ctx, send, headers)
-        ctx.answered = True
+        ctx.outcome.answered = True
         _take_usage(ctx, _usage_of(raw))
         await send({"type": "http.response.body", "body": raw, "more_body": False})
         ctx.meter.wrote(self._clock.monotonic(), 1)
 
-    def _content_deadline(self, ctx: RequestContext, backend: Backend) -> ContentDeadline:
+    def _content_deadline(self, ctx: Admitted, backend: Backend) -> ContentDeadline:
         spec = self._spec
         first_s = backend.first_byte_timeout or spec.first_byte_timeout or spec.read_timeout
         sent_s = ctx.meter.upstream_sent_s
@@ -161,10 +162,8 @@ class Forward:
             sent_s = self._clock.monotonic()
         return ContentDeadline(sent_s, first_s, spec.read_timeout)
 
-    async def _start(
-        self, ctx: RequestContext, send: Send, headers: list[tuple[bytes, bytes]]
-    ) -> None:
-        ctx.status = 200
+    async def _start(self, ctx: Admitted, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+        ctx.outcome.status = 200
         await send(
             {
                 "type": "http.response.start",

@@ -10,9 +10,10 @@ from typing import Any
 
 import orjson
 
-from proxy.apis import AGENT_APIS
-from proxy.context import Operation, RequestContext
+from proxy.apis import AGENT_APIS, output_fields
+from proxy.context import Admitted, Operation
 from proxy.errors import BadRequest, InvalidJSON, ModelNotFound, PermissionDenied
+from proxy.outgoing import OutgoingRequest
 from proxy.stages.jsoncheck import Check, boolean, fields, invalid_type, missing
 from proxy.stages.openai_schema import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, PROMPT
 
@@ -34,7 +35,7 @@ class Parse:
     def __init__(self, models: Collection[str]) -> None:
         self._models = frozenset(models)
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         body = self.read(ctx)
         api = AGENT_APIS.get(ctx.operation)
         if api is not None:
@@ -48,19 +49,18 @@ class Parse:
             ctx.stream = body.get("stream") is True
             ctx.client_wants_usage = _stream_options(body, ctx.stream)
 
-    def read(self, ctx: RequestContext) -> dict[str, Any]:
-        """The body as a JSON object, its model one the tenant may use: writes body, model."""
+    def read(self, ctx: Admitted) -> dict[str, Any]:
+        """The body as a JSON object, its model one the tenant may use: the outgoing request."""
         body = _load(ctx.raw_body)
-        ctx.body = body
-        ctx.model = _model(body)
+        ctx.outgoing = OutgoingRequest(body, _model(body), output_fields(ctx.operation))
         self._check_access(ctx)
         _check_depth(ctx.raw_body, body)
         return body
 
-    def _check_access(self, ctx: RequestContext) -> None:
+    def _check_access(self, ctx: Admitted) -> None:
         if ctx.model not in self._models:
             raise ModelNotFound.named(ctx.model)
-        if ctx.tenant is None or ctx.model not in ctx.tenant.models:
+        if ctx.model not in ctx.tenant.models:
             raise PermissionDenied(
                 f"Your API key may not use the model `{ctx.model}`.", param="model"
             )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.holds import Planned
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.facade import Storage
@@ -33,10 +33,10 @@ class Plan(Protocol):
 
 @runtime_checkable
 class Planner(Protocol):
-    def plan(self, ctx: RequestContext) -> Plan | None:
+    def plan(self, ctx: Admitted) -> Plan | None:
         """The stage's storage steps for `ctx` as it stands; None when it takes none."""
 
-    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+    def replan(self, ctx: Admitted, plan: Plan) -> bool:
         """After the steps were taken: True when the stage changed the request in answer (a
         shorter answer that fits a quota), so that every stage plans again."""
 
@@ -46,7 +46,7 @@ def planners_in(stages: Sequence[object]) -> list[Planner]:
     return [stage for stage in stages if isinstance(stage, Planner)]
 
 
-def taken(ctx: RequestContext, kind: type[P]) -> P | None:
+def taken(ctx: Admitted, kind: type[P]) -> P | None:
     """The stage's plan with its outcomes, if the prefetch made one for it."""
     return ctx.planned.take(kind) if ctx.planned is not None else None
 
@@ -59,7 +59,7 @@ class Prefetch:
         self._planners = tuple(planners)
         self._failures = failures
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         plans: list[tuple[Planner, Plan]] = []
         for _ in range(_ROUNDS):
             plans = [(p, plan) for p in self._planners if (plan := p.plan(ctx)) is not None]

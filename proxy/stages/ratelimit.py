@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from proxy.clock import Clock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.holds import RateLimitHold
 from proxy.leases import LeaseIds
-from proxy.policy.model import Limits, LimitSet
+from proxy.policy.model import Backend, Limits, LimitSet
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
@@ -62,19 +62,19 @@ class RateLimits:
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
         self._lease_ids = LeaseIds()
 
-    def touched(self, ctx: RequestContext) -> bool:
+    def touched(self, ctx: Admitted) -> bool:
         """The tenant has limits: the stage admitted the request against them in storage."""
-        limits = ctx.tenant.limits if ctx.tenant else None
-        return limits is not None and bool(
+        limits = ctx.tenant.limits
+        return bool(
             limits.requests_per_minute
             or limits.tokens_per_minute
             or limits.max_concurrent
             or limits.per_model
         )
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         plan = taken(ctx, LimitPlan) or self.plan(ctx)
-        if plan is None or ctx.tenant is None:
+        if plan is None:
             return
         limits = ctx.tenant.limits
         prefetched = plan.step.taken  # the prefetch undoes what a timed-out step took
@@ -90,10 +90,8 @@ class RateLimits:
             raise _refused(plan.buckets, plan.hold.slots, plan.costs, admission)
         self._hold(ctx, plan.hold, plan.buckets, plan.costs)
 
-    def plan(self, ctx: RequestContext) -> LimitPlan | None:
+    def plan(self, ctx: Admitted) -> LimitPlan | None:
         """The tenant's buckets and slot pools (and its limits on this model); None without."""
-        if ctx.tenant is None or ctx.tenant_name is None:
-            raise RuntimeError("auth must run before rate limits")
         limits = ctx.tenant.limits
         scope = f"tw:{{{ctx.tenant_name}}}"
         buckets, costs, slots = _limits_for(scope, limits, ctx.model, _token_cost(ctx))
@@ -102,14 +100,12 @@ class RateLimits:
         hold = RateLimitHold(scope, self._lease_ids.next(), limits.lease_ttl, slots)
         return LimitPlan(hold, buckets, costs, self._step(hold, buckets, costs))
 
-    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+    def replan(self, ctx: Admitted, plan: Plan) -> bool:
         return False
 
-    async def admit_backend(self, ctx: RequestContext) -> None:
+    async def admit_backend(self, ctx: Admitted, backend: Backend) -> None:
         """The chosen backend's own limits, shared by every tenant: a full backend is a 503."""
-        backend, tenant = ctx.backend, ctx.tenant
-        if backend is None or tenant is None:
-            raise RuntimeError("route must run before backend limits")
+        tenant = ctx.tenant
         scope = f"tw:{{backend:{backend.name}}}"
         buckets, costs, slots = _limits_for(scope, backend.limits, "", _token_cost(ctx))
         if not buckets and not slots:
@@ -140,7 +136,7 @@ class RateLimits:
         self._failures.undo_later(exc, release, hold.lease_s)
 
     def _hold(
-        self, ctx: RequestContext, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]
+        self, ctx: Admitted, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]
     ) -> None:
         hold.token_buckets = tuple(
             (b, cost)
@@ -151,10 +147,10 @@ class RateLimits:
             self._keep_leased(hold)
         ctx.rate_limits.append(hold)
 
-    def holding(self, ctx: RequestContext) -> bool:
+    def holding(self, ctx: Admitted) -> bool:
         return bool(ctx.rate_limits)
 
-    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+    def settle(self, ctx: Admitted) -> Awaitable[None]:
         """Free the slots and true the token buckets up to real usage; runs once, in `finally`.
         The store calls are made now; the awaitable ends with them."""
         holds, ctx.rate_limits = ctx.rate_limits, []
@@ -252,8 +248,8 @@ class RateLimits:
         hold.keep(renew, self._clock, _log, "a concurrency lease")
 
 
-def _token_cost(ctx: RequestContext) -> int:
-    return (ctx.counted_input_tokens or 0) + (ctx.output_allowance or 0)
+def _token_cost(ctx: Admitted) -> int:
+    return (ctx.counted_input_tokens or 0) + (ctx.outgoing.allowance or 0)
 
 
 def _limits_for(

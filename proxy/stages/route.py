@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import ClassVar
 
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.routing.attempts import Attempts
 
 __all__ = ["Route"]
@@ -21,18 +21,18 @@ class Route:
     def __init__(self, attempts: Attempts) -> None:
         self._attempts = attempts
 
-    async def __call__(self, ctx: RequestContext) -> None:
-        await self._attempts.begin(ctx)
+    async def __call__(self, ctx: Admitted) -> None:
+        await self._attempts.begin(ctx)  # Forward opens the call through it
 
-    def touched(self, ctx: RequestContext) -> bool:
+    def touched(self, ctx: Admitted) -> bool:
         """The chosen backend has limits: the request was admitted against them in storage."""
         limits = ctx.backend.limits if ctx.backend else None
         return limits is not None and bool(
             limits.requests_per_minute or limits.tokens_per_minute or limits.max_concurrent
         )
 
-    def holding(self, ctx: RequestContext) -> bool:
+    def holding(self, ctx: Admitted) -> bool:
         return self._attempts.holding(ctx)
 
-    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+    def settle(self, ctx: Admitted) -> Awaitable[None]:
         return self._attempts.settle(ctx)

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from proxy.apis import AGENT_APIS, AgentApi
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import BadRequest, ContextLengthExceeded
-from proxy.outgoing import bound_output, output_allowance
+from proxy.outgoing import OutgoingRequest
 from proxy.policy.model import Budget, Tenant
 from proxy.tokens import TokenizerError
 
@@ -38,10 +38,8 @@ class Shape:
     def __init__(self, counter: InputCounter) -> None:
         self._counter = _Checked(counter)
 
-    async def __call__(self, ctx: RequestContext) -> None:
-        if ctx.tenant is None:
-            raise RuntimeError("auth must run before shape")
-        tenant, body = ctx.tenant, ctx.body
+    async def __call__(self, ctx: Admitted) -> None:
+        tenant, outgoing = ctx.tenant, ctx.outgoing
         budget = tenant.budget
         api = AGENT_APIS.get(ctx.operation)
         if ctx.operation == "chat":
@@ -50,47 +48,49 @@ class Shape:
             await self._shape_agent(ctx, tenant, api)
         elif _needs_count(tenant):
             field = "prompt" if ctx.operation == "text_completion" else "input"
-            count = await self._counter.count_prompt(ctx.model, body[field])
+            count = await self._counter.count_prompt(ctx.model, outgoing.body[field])
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
                 raise _too_long(count, budget.max_input_tokens)
             ctx.counted_input_tokens = count
         if ctx.operation != "embeddings":
             if budget.max_output_tokens is not None:
-                bound_output(ctx, budget.max_output_tokens, "max_tokens")  # sets the allowance
+                outgoing.bound_output(budget.max_output_tokens, "max_tokens")  # and the allowance
             else:
-                ctx.output_allowance = output_allowance(ctx)
-            _temperature(body, budget, ctx.shaped)
+                outgoing.allow_as_sent()
+            _temperature(outgoing, budget)
 
-    async def _shape_chat(self, ctx: RequestContext, tenant: Tenant) -> None:
+    async def _shape_chat(self, ctx: Admitted, tenant: Tenant) -> None:
         budget = tenant.budget
-        messages: list[Message] = list(ctx.body["messages"])
+        outgoing = ctx.outgoing
+        messages: list[Message] = list(outgoing.body["messages"])
+        shaped: list[str] = []
         if budget.system_prompt is not None and not _starts_with(messages, budget.system_prompt):
             messages.insert(0, {"role": "system", "content": budget.system_prompt})
-            ctx.shaped.append("system_prompt")
+            shaped.append("system_prompt")
         if budget.history_limit is not None:
             kept = _last_turns(messages, budget.history_limit)
             if len(kept) < len(messages):
                 messages = kept
-                ctx.shaped.append("history")
+                shaped.append("history")
         if _needs_count(tenant):
-            tools = ctx.body.get("tools")
+            tools = outgoing.body.get("tools")
             count = await self._counter.count_chat(ctx.model, messages, tools)
             limit = budget.max_input_tokens
             if limit is not None and count > limit:
                 if budget.on_input_overflow == "reject":
                     raise _too_long(count, limit)
                 messages, count = await self._trim(ctx.model, messages, tools, limit)
-                ctx.shaped.append("input")
+                shaped.append("input")
             ctx.counted_input_tokens = count
-        if "system_prompt" in ctx.shaped or "history" in ctx.shaped or "input" in ctx.shaped:
-            ctx.body["messages"] = messages
+        if shaped:
+            outgoing.set_messages(messages, shaped)
 
-    async def _shape_agent(self, ctx: RequestContext, tenant: Tenant, api: AgentApi) -> None:
+    async def _shape_agent(self, ctx: Admitted, tenant: Tenant, api: AgentApi) -> None:
         """The Responses and Messages APIs: the system prompt and the input limit (an input
         over it is refused; these APIs' histories are not trimmed)."""
         budget = tenant.budget
         if budget.system_prompt is not None and api.add_system(ctx.body, budget.system_prompt):
-            ctx.shaped.append("system_prompt")
+            ctx.outgoing.record("system_prompt")  # the API's own rules put it in place
         if _needs_count(tenant):
             messages, tools = api.to_chat(ctx.body)
             count = await self._counter.count_chat(ctx.model, messages, tools)
@@ -189,8 +189,8 @@ def _last_turns(messages: Sequence[Message], limit: int) -> list[Message]:
     return head + turns[starts[0] :] if starts else head + turns[keep_from:]
 
 
-def _temperature(body: dict[str, Any], budget: Budget, shaped: list[str]) -> None:
-    wanted = body.get("temperature")
+def _temperature(outgoing: OutgoingRequest, budget: Budget) -> None:
+    wanted = outgoing.body.get("temperature")
     if budget.temperature is not None:
         chosen: float | None = budget.temperature
     elif budget.temperature_max is not None:
@@ -202,8 +202,7 @@ def _temperature(body: dict[str, Any], budget: Budget, shaped: list[str]) -> Non
     else:
         return
     if chosen != wanted:
-        body["temperature"] = chosen
-        shaped.append("temperature")
+        outgoing.set_field("temperature", chosen, "temperature")
 
 
 def _too_long(count: int, limit: int) -> ContextLengthExceeded:

@@ -60,7 +60,7 @@ def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
     if ctx.operation != "embeddings" and not isinstance(usage.get("completion_tokens"), int):
         checked = None  # a generation's usage without its output count is not a usage
     if checked is None:
-        ctx.usage_rejected = True
+        ctx.outcome.usage_rejected = True
         backend = ctx.backend.name if ctx.backend else None
         _log.warning(
             "backend %r reported usage the gateway does not believe (%s); billing its own counts",
@@ -68,9 +68,8 @@ def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
             orjson.dumps({k: usage.get(k) for k in _FIELDS}).decode()[:200],
         )
         return
-    ctx.upstream_usage = usage  # what the cache keeps with the answer
-    ctx.backend_usage = checked
-    ctx.usage_from_backend = True
+    ctx.outcome.usage = usage  # what the cache keeps with the answer
+    ctx.outcome.backend_usage = checked
 
 
 def checked_usage(usage: dict[str, Any]) -> tuple[int, int] | None:
@@ -113,8 +112,8 @@ def bill(ctx: RequestContext, counter: TokenCounter | None) -> None:
         return
     exact = counter is None or counter.exact
     counted_out = _counted_output(ctx, counter)
-    if ctx.backend_usage is not None:
-        prompt, completion = ctx.backend_usage
+    if ctx.outcome.backend_usage is not None:
+        prompt, completion = ctx.outcome.backend_usage
         ctx.input_tokens, ctx.output_tokens = prompt, completion
         ctx.usage_source = "backend"
         if counted_out is not None and _beats(counted_out, completion, ctx.stream or exact):
@@ -132,7 +131,7 @@ def backend_answered(ctx: RequestContext) -> bool:
     (its work is then billed); an error status bills only the usage a backend reported."""
     if ctx.status == 200:
         return True
-    return ctx.client_disconnected and ctx.route is not None and ctx.route.opened
+    return ctx.outcome.client_disconnected and ctx.route is not None and ctx.route.opened
 
 
 async def count_unreported_input(ctx: RequestContext, counters: TokenCounters) -> None:
@@ -170,13 +169,13 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
     choices = _choices(ctx)
     if ctx.stream:
         events = ctx.meter.token_events
-        if ctx.backend_usage is None or ctx.operation in AGENT_APIS:
+        if ctx.outcome.backend_usage is None or ctx.operation in AGENT_APIS:
             return events  # the agent APIs' token events are their text deltas only
         return max(0, events - _TEXTLESS_PER_CHOICE * choices)
     # A whole answer is counted only when needed: no usage to believe, or several choices.
-    if counter is None or (ctx.backend_usage is not None and choices == 1):
+    if counter is None or (ctx.outcome.backend_usage is not None and choices == 1):
         return None
-    return _count_answer(ctx.response_tail, ctx.operation, counter)
+    return _count_answer(ctx.outcome.tail, ctx.operation, counter)
 
 
 def relayed_output(ctx: RequestContext) -> int:

@@ -116,7 +116,7 @@ def content_fields(ctx: RequestContext) -> dict[str, object]:
         relayed = ctx.capture.data() if ctx.capture is not None else None
         completion = _streamed_text(relayed or b"")
     else:
-        completion = _whole_text(ctx.response_tail)
+        completion = _whole_text(ctx.outcome.tail)
     return {"prompt": prompt, "completion": completion}
 
 

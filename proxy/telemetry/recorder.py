@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.clock import Clock
-from proxy.context import RequestContext
+from proxy.context import Admitted, RequestContext
 from proxy.ledger import UsageRecord
 from proxy.policy import Policy
 from proxy.stages import Stage, Traced
@@ -61,7 +61,7 @@ class Telemetry:
         self._given_back = tuple(s for s in timed if s is not None and s.given_back_at_settle)
         return timed
 
-    async def traced(self, ctx: RequestContext, stage: Traced) -> None:
+    async def traced(self, ctx: Admitted, stage: Traced) -> None:
         """Run a stage; its span is drawn if it touched storage (only called when `ctx.trace`
         is set)."""
         started_s = self._clock.monotonic()
@@ -83,7 +83,7 @@ class Telemetry:
         if ctx.trace is not None:
             ctx.trace.upstream_ended(self._clock.monotonic(), status, error)
 
-    def settle_ran(self, ctx: RequestContext, started_s: float) -> None:
+    def settle_ran(self, ctx: Admitted, started_s: float) -> None:
         """The settle span is drawn when a stage whose holds it gives back touched storage."""
         if ctx.trace is not None and any(stage.touched(ctx) for stage in self._given_back):
             ctx.trace.stage_ran(SETTLE_SPAN, started_s, self._clock.monotonic())

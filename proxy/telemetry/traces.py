@@ -57,15 +57,15 @@ def span_attributes(
 ) -> SpanAttributes:
     """The request span's attributes: gen_ai.* by the semantic conventions, tokenweir.* ours."""
     meter = ctx.meter
-    response_model, reasons = response_fields(ctx.response_tail)
+    response_model, reasons = response_fields(ctx.outcome.tail)
     backend = ctx.backend
     host, port = _server(backend.url) if backend else (None, None)
     repeating = (
         ctx.operation, semconv.PROVIDER, semconv.clipped(ctx.model) or None, response_model,
         _max_tokens(ctx), ctx.stream, reasons or None, host, port, ctx.status or None,
         semconv.clipped(ctx.error_code), ctx.tenant_name, backend.name if backend else None,
-        ctx.cache, ",".join(ctx.degraded) or None, ",".join(ctx.shaped) or None,
-        ctx.client_disconnected,
+        ctx.cache, ",".join(ctx.degraded) or None, ",".join(ctx.outgoing.shaped) or None,
+        ctx.outcome.client_disconnected,
     )  # fmt: skip
     ttft_s = meter.ttft_s
     varying = (

@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypeAlias
 import httpx
 import orjson
 
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.model import Backend, UpstreamSpec
 from proxy.upstream.deadline import FirstByteTimeout, TotalTimeout
@@ -35,12 +35,11 @@ _Target: TypeAlias = tuple[httpx.URL, list[tuple[bytes, bytes]]]
 
 
 class UpstreamOpener(Protocol):
-    """What Forward calls to start the upstream call: the client itself, or a request's
-    `Attempts` (proxy/routing/attempts.py), which fail over to another backend before the
-    first byte."""
+    """What Forward calls to start the upstream call: `Attempts` (proxy/routing/attempts.py),
+    which open it on the request's backend and fail over to another before the first byte."""
 
     async def open(
-        self, ctx: RequestContext, body: dict[str, Any], extra_headers: Mapping[str, str] = {}
+        self, ctx: Admitted, body: dict[str, Any], extra_headers: Mapping[str, str] = {}
     ) -> tuple[Backend, httpx.Response]: ...
 
 
@@ -83,14 +82,15 @@ class UpstreamClient:
         await self._client.aclose()
 
     async def open(
-        self, ctx: RequestContext, body: dict[str, Any], extra_headers: Mapping[str, str] = {}
-    ) -> tuple[Backend, httpx.Response]:
-        """Start the upstream call; the caller must `aclose()` the response. Non-2xx raise.
-
-        `extra_headers` (the trace context, `traceparent`) go to the backend as they are."""
-        backend = ctx.backend
-        if backend is None:
-            raise RuntimeError("route must run before the upstream call")
+        self,
+        ctx: Admitted,
+        backend: Backend,
+        body: dict[str, Any],
+        extra_headers: Mapping[str, str] = {},
+    ) -> httpx.Response:
+        """Start the upstream call to `backend`; the caller must `aclose()` the response.
+        Non-2xx raise. `extra_headers` (the trace context, `traceparent`) go to the backend as
+        they are."""
         request = self._request(backend, ctx.upstream_path, ctx.request_id, body, extra_headers)
         with translate(backend):
             response = await self._transport.handle_async_request(request)
@@ -102,7 +102,7 @@ class UpstreamClient:
             finally:
                 await response.aclose()
             raise status_error(backend, response, raw)
-        return backend, response
+        return response
 
     def _request(
         self,

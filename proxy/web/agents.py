@@ -69,8 +69,8 @@ class CountTokens:
 
     async def _count(self, gateway: Gateway, ctx: RequestContext, receive: Receive) -> int:
         policy = gateway.policy
-        name, _ = gateway.keyring.identify(ctx.headers.get("authorization"))
-        ctx.tenant_name, ctx.tenant = name, policy.tenants[name]
+        name, key_id, _ = gateway.keyring.identify_key(ctx.headers.get("authorization"))
+        ctx = ctx.admit(name, policy.tenants[name], key_id)
         server = policy.server
         ctx.raw_body = await read_body(
             receive, ctx.headers, server.max_body_bytes, server.body_timeout

@@ -6,7 +6,7 @@ import math
 import random
 from collections import Counter, deque
 
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.policy.model import Backend, CircuitSpec
 from proxy.routing.health import BackendHealth
 from proxy.routing.strategies import (
@@ -16,7 +16,7 @@ from proxy.routing.strategies import (
     Weighted,
     prefix_key,
 )
-from proxy.upstream.meter import StreamMeter
+from tests.contexts import admitted
 
 
 def _healths(count: int, weights: tuple[int, ...] = ()) -> list[BackendHealth]:
@@ -28,12 +28,9 @@ def _healths(count: int, weights: tuple[int, ...] = ()) -> list[BackendHealth]:
     return [BackendHealth(b, CircuitSpec()) for b in backends]
 
 
-def _chat(system: str, user: str) -> RequestContext:
-    ctx = RequestContext("id", "chat", 0.0, 0.0, StreamMeter(0.0))
-    ctx.body = {
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    }
-    return ctx
+def _chat(system: str, user: str) -> Admitted:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return admitted(body={"model": "m", "messages": messages})
 
 
 def test_least_inflight_prefers_the_idlest_and_rotates_ties() -> None:
@@ -55,8 +52,7 @@ def test_weighted_turns_follow_the_weights() -> None:
 def test_prefix_key_is_the_system_prompt_or_else_the_first_message() -> None:
     assert prefix_key(_chat("sys", "a")) == prefix_key(_chat("sys", "b"))
     assert prefix_key(_chat("sys", "a")) != prefix_key(_chat("other", "a"))
-    ctx = RequestContext("id", "text_completion", 0.0, 0.0, StreamMeter(0.0))
-    ctx.body = {"prompt": "once upon a time"}
+    ctx = admitted(body={"prompt": "once upon a time"}, operation="text_completion")
     assert prefix_key(ctx)
 
 
@@ -67,7 +63,7 @@ def _affinity_run(in_flight: int, factor: float) -> tuple[float, float]:
     strategy = PrefixAffinity([h.backend for h in healths], factor)
     rng = random.Random(7)  # noqa: S311 - a reproducible workload, not a secret
     placed: dict[int, Counter[str]] = {}
-    running: deque[tuple[BackendHealth, RequestContext]] = deque()
+    running: deque[tuple[BackendHealth, Admitted]] = deque()
     worst = 0.0
     for i in range(4000):
         prompt = rng.randrange(8)

@@ -7,19 +7,19 @@ from typing import Any
 
 import pytest
 
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import BadRequest
 from proxy.stages.attribute import MAX_TAGS, MAX_USER_CHARS, Attribute
 from proxy.stages.auth import Keyring
-from proxy.upstream.meter import StreamMeter
 from tests.conftest import ALPHA_KEY, make_policy
+from tests.contexts import admitted
 
 pytestmark = pytest.mark.anyio
 
 
-async def attributed(body: dict[str, Any], tags: str | None = None) -> RequestContext:
+async def attributed(body: dict[str, Any], tags: str | None = None) -> Admitted:
     headers = {} if tags is None else {"x-tokenweir-tags": tags}
-    ctx = RequestContext("id", "chat", 0.0, 0.0, StreamMeter(0.0), headers=headers, body=body)
+    ctx = admitted(body=body, headers=headers)
     await Attribute()(ctx)
     return ctx
 

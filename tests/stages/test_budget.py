@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.clock import FakeClock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota, StorageUnavailable
 from proxy.policy import Policy, parse_policy
@@ -18,7 +18,7 @@ from proxy.policy.units import hash_key
 from proxy.stages.budget import DEFAULT_OUTPUT_BOUND, Budgets
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import Counter, MemoryStore, StorageError
-from proxy.upstream.meter import StreamMeter
+from tests.contexts import admitted
 
 # 2027-01-15 12:00 UTC
 NOON = 1_800_000_000.0 - (1_800_000_000 % 86400) + 43200
@@ -37,22 +37,17 @@ pytestmark = pytest.mark.anyio
 
 def request(
     budget: Budget, *, counted: int = 100, allowance: int | None = 50, limits: Limits | None = None
-) -> RequestContext:
+) -> Admitted:
     tenant = Tenant(
         api_keys=(hash_key("k"),), models=("m",), budget=budget, limits=limits or Limits()
     )
-    return RequestContext(
-        request_id="r",
-        operation="chat",
-        received_s=0.0,
-        received_wall=NOON,
-        meter=StreamMeter(0.0),
-        tenant=tenant,
+    return admitted(
+        tenant,
+        {"model": "m", "messages": []},
         tenant_name="acme",
-        model="m",
-        body={"model": "m", "messages": []},
-        counted_input_tokens=counted,
-        output_allowance=allowance,
+        received_wall=NOON,
+        counted=counted,
+        allowance=allowance,
     )
 
 
@@ -112,7 +107,7 @@ async def test_unbounded_output_gets_the_default_bound() -> None:
     ctx = request(Budget(tokens_per_month=100_000), allowance=None)
     await stage(ctx)
     assert ctx.body["max_tokens"] == DEFAULT_OUTPUT_BOUND
-    assert ctx.shaped == ["max_tokens"]
+    assert ctx.outgoing.shaped == ["max_tokens"]
     assert ctx.reservation is not None
     assert await store.read([ctx.reservation.quotas[0].counter]) == [
         (0, 100 + DEFAULT_OUTPUT_BOUND)
@@ -139,7 +134,7 @@ async def test_stop_stream_at_budget_shortens_the_answer_to_what_is_left() -> No
     ctx = request(Budget(tokens_per_day=260, stop_stream_at_budget=True))
     await stage(ctx)
     assert ctx.body["max_tokens"] == 10  # 260 - 150 held - 100 input
-    assert ctx.shaped == ["budget"]
+    assert ctx.outgoing.shaped == ["budget"]
     assert ctx.reservation is not None
     assert await store.read([ctx.reservation.quotas[0].counter]) == [(0, 260)]
     with pytest.raises(InsufficientQuota):  # nothing left for any output
@@ -152,7 +147,7 @@ async def test_stop_stream_at_budget_with_a_usd_quota() -> None:
     ctx = request(Budget(usd_per_day=0.00014, stop_stream_at_budget=True))
     await stage(ctx)
     assert ctx.body["max_tokens"] == 20
-    assert ctx.output_allowance == 20
+    assert ctx.outgoing.allowance == 20
 
 
 class Unreachable:

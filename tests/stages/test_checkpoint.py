@@ -64,7 +64,7 @@ class Gateway:
             self.keys.note(ctx, key)
             await self.keys(ctx)
         await self.point(ctx)
-        ctx.status = 200
+        ctx.outcome.status = 200
         assert ctx.reservation is not None
         self.counters = [q.counter for q in ctx.reservation.quotas]
         return ctx
@@ -121,8 +121,8 @@ async def test_the_final_settle_books_the_rest_and_its_record_replaces_the_check
     relay(ctx, 25)
     await gateway.sweep.sweep()
     assert await gateway.quota() == (145, 455)
-    ctx.answered = True
-    ctx.backend_usage = (90, 46)  # the backend's own usage, smaller in, larger out
+    ctx.outcome.answered = True
+    ctx.outcome.backend_usage = (90, 46)  # the backend's own usage, smaller in, larger out
     await gateway.account(ctx)
     await gateway.sweep.sweep()  # forgets the released request
     assert gateway.sweep.watching == 0
@@ -209,8 +209,8 @@ async def test_a_runtime_keys_own_quota_is_checkpointed_and_settled_once(
     await gateway.sweep.sweep()
     assert (await gateway.store.read([day]))[0] == (120, 480)  # booked while running
     assert await gateway.quota() == (120, 480)  # as on the tenant's
-    ctx.answered = True
-    ctx.backend_usage = (90, 46)
+    ctx.outcome.answered = True
+    ctx.outcome.backend_usage = (90, 46)
     await gateway.account(ctx)
     assert (await gateway.store.read([day]))[0] == (136, 0)  # 90 + 46, once
     assert await gateway.quota() == (136, 0)

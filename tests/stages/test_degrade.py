@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.clock import FakeClock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.cost import PriceTable
 from proxy.errors import GatewayError, RateLimited, UpstreamUnavailable
 from proxy.policy import Policy, parse_policy
@@ -16,7 +16,7 @@ from proxy.stages.budget import Budgets
 from proxy.stages.degrade import SHED_RULE, Degrade
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import MemoryStore, StorageError
-from proxy.upstream.meter import StreamMeter
+from tests.contexts import admitted
 
 pytestmark = pytest.mark.anyio
 
@@ -52,17 +52,11 @@ class Setup:
         self.budgets = Budgets(self.store, PriceTable(policy), self.clock, self.failures)
         self.stage = Degrade(self.pools, self.clock, self.store, self.failures)
 
-    def ctx(self, tenant: str = "t") -> RequestContext:
-        ctx = RequestContext("id", "chat", 0.0, 0.0, StreamMeter(0.0))
-        ctx.tenant_name, ctx.tenant = tenant, self.policy.tenants[tenant]
-        ctx.model = "m"
-        ctx.body = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 500,
-        }
-        ctx.counted_input_tokens, ctx.output_allowance = 10, 500
-        return ctx
+    def ctx(self, tenant: str = "t") -> Admitted:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}
+        return admitted(
+            self.policy.tenants[tenant], body, tenant_name=tenant, counted=10, allowance=500
+        )
 
     async def signal(self, kind: str, amount: float | bool) -> None:
         health = self.pools.health["a"]
@@ -78,14 +72,14 @@ class Setup:
                 (health.failed(now) if i < amount else health.served(now, None, None))
         elif kind == "budget":
             used = self.ctx()
-            used.counted_input_tokens, used.output_allowance = int(amount), 0
+            used.counted_input_tokens, used.outgoing.allowance = int(amount), 0
             await self.budgets(used)
             used.input_tokens, used.output_tokens = int(amount), 0
             await self.budgets.settle(used)
         elif amount:
             self.failures.decide("quota", self.policy.tenants["t"].limits, StorageError("down"))
 
-    async def run(self, ctx: RequestContext) -> RequestContext:
+    async def run(self, ctx: Admitted) -> Admitted:
         await self.budgets(ctx)
         await self.stage(ctx)
         return ctx

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.clock import FakeClock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota, RateLimited, StorageUnavailable
 from proxy.policy import parse_policy
@@ -23,7 +23,7 @@ from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import Storage, StorageError, open_storage
 from proxy.storage.joint import Step
 from proxy.storage.limits import Bucket
-from proxy.upstream.meter import StreamMeter
+from tests.contexts import admitted
 
 pytestmark = pytest.mark.anyio
 
@@ -71,22 +71,20 @@ class Gateway:
             self.budgets, self.limits, self.cache,
         ]  # fmt: skip
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         for stage in self.stages:
             await stage(ctx)
 
 
-def request(budget: Budget, limits: Limits, *, allowance: int | None = 50) -> RequestContext:
+def request(budget: Budget, limits: Limits, *, allowance: int | None = 50) -> Admitted:
     tenant = Tenant(
         api_keys=(hash_key("k"),), models=("m",), budget=budget, limits=limits,
         cache=CacheSpec(mode="exact"),
     )  # fmt: skip
-    return RequestContext(
-        request_id="r", operation="chat", received_s=0.0, received_wall=NOON,
-        meter=StreamMeter(0.0), tenant=tenant, tenant_name="acme", model="m",
-        body={"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0},
-        counted_input_tokens=100, output_allowance=allowance,
-    )  # fmt: skip
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    return admitted(
+        tenant, body, tenant_name="acme", received_wall=NOON, counted=100, allowance=allowance
+    )
 
 
 async def test_every_stage_answered_by_one_storage_call() -> None:

@@ -8,28 +8,24 @@ from typing import Any
 import pytest
 
 from proxy.clock import FakeClock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.errors import RateLimited, StorageUnavailable
 from proxy.policy.model import Limits, LimitSet, Tenant
 from proxy.policy.units import hash_key
 from proxy.stages.ratelimit import RateLimits, format_reset
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import MemoryLimitStore, StorageError
-from proxy.upstream.meter import StreamMeter
+from tests.contexts import admitted
 
 pytestmark = pytest.mark.anyio
 
 
-def request(limits: Limits, *, counted: int = 100, allowance: int = 50) -> RequestContext:
+def request(limits: Limits, *, counted: int = 100, allowance: int = 50) -> Admitted:
     tenant = Tenant(api_keys=(hash_key("k"),), models=("m",), limits=limits)
-    return RequestContext(
-        request_id="r", operation="chat", received_s=0.0, received_wall=0.0,
-        meter=StreamMeter(0.0), tenant=tenant, tenant_name="acme", model="m",
-        counted_input_tokens=counted, output_allowance=allowance,
-    )  # fmt: skip
+    return admitted(tenant, tenant_name="acme", counted=counted, allowance=allowance)
 
 
-def headers(ctx: RequestContext) -> dict[str, str]:
+def headers(ctx: Admitted) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in ctx.rate_limit_headers}
 
 
@@ -129,7 +125,7 @@ async def test_per_model_limits_apply_on_top_of_the_tenants() -> None:
     with pytest.raises(RateLimited, match="requests_per_minute on model m: limit 1"):
         await stage(request(limits))
     other = request(limits)
-    other.model = "n"
+    other.outgoing.set_model("n")
     await stage(other)
     assert headers(other)["x-ratelimit-remaining-requests"] == "8"
 
@@ -176,7 +172,7 @@ def test_the_store_keys_are_those_every_replica_shares() -> None:
         per_model={"qwen:7b": per_model},
     )  # fmt: skip
     ctx = request(limits)
-    ctx.model = "qwen:7b"
+    ctx.outgoing.set_model("qwen:7b")
     plan = stage.plan(ctx)
     assert plan is not None
     assert [b.key for b in plan.buckets] == [

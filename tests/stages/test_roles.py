@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proxy.clock import SystemClock
-from proxy.context import RequestContext
+from proxy.context import Admitted
 from proxy.stages import Stage
 from proxy.stages.account import settlers_of
 from proxy.stages.prefetch import Plan, planners_in
@@ -22,15 +22,15 @@ from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.tracing import open_tracing
 from proxy.together import nothing
-from proxy.upstream.meter import StreamMeter
 from tests.conftest import make_policy
+from tests.contexts import admitted
 
 pytestmark = pytest.mark.anyio
 
 
 class Plain:
-    async def __call__(self, ctx: RequestContext) -> None:
-        ctx.shaped.append("plain")
+    async def __call__(self, ctx: Admitted) -> None:
+        ctx.outgoing.shaped.append("plain")
 
 
 class Holding:
@@ -39,13 +39,13 @@ class Holding:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    async def __call__(self, ctx: RequestContext) -> None:
-        ctx.shaped.append(self.name)
+    async def __call__(self, ctx: Admitted) -> None:
+        ctx.outgoing.shaped.append(self.name)
 
-    def holding(self, ctx: RequestContext) -> bool:
-        return self.name in ctx.shaped
+    def holding(self, ctx: Admitted) -> bool:
+        return self.name in ctx.outgoing.shaped
 
-    def settle(self, ctx: RequestContext) -> Awaitable[None]:
+    def settle(self, ctx: Admitted) -> Awaitable[None]:
         ctx.degraded.append(self.name)
         return nothing()
 
@@ -56,10 +56,10 @@ class Looked:
     span_name: ClassVar[str] = "tokenweir.test.look"
     given_back_at_settle: ClassVar[bool] = True
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         return None
 
-    def touched(self, ctx: RequestContext) -> bool:
+    def touched(self, ctx: Admitted) -> bool:
         return "look" in ctx.tags
 
 
@@ -69,8 +69,10 @@ def test_settlers_are_the_stages_that_hold_something_last_first() -> None:
     assert settlers_of(stages) == [second, first]
 
 
-def context(*tags: str) -> RequestContext:
-    return RequestContext("r", "chat", 0.0, 0.0, StreamMeter(0.0), tags=tags)
+def context(*tags: str) -> Admitted:
+    ctx = admitted()
+    ctx.tags = tags
+    return ctx
 
 
 def telemetry(exporter: InMemorySpanExporter | None) -> Telemetry:
@@ -108,7 +110,7 @@ async def test_a_traced_stage_draws_its_span_and_the_settle_span_when_it_touched
     await recorder.traced(ctx, looked)
     recorder.settle_ran(ctx, SystemClock().monotonic())
     assert ctx.trace is not None
-    ctx.status = 200
+    ctx.outcome.status = 200
     ctx.trace.finish(ctx, SystemClock().monotonic(), None)
     names = [span.name for span in exporter.get_finished_spans()]
     assert [name for name in names if name.startswith("tokenweir.")] == children
@@ -117,13 +119,13 @@ async def test_a_traced_stage_draws_its_span_and_the_settle_span_when_it_touched
 class Planning:
     """Plans storage steps for the prefetch's one round trip."""
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: Admitted) -> None:
         return None
 
-    def plan(self, ctx: RequestContext) -> Plan | None:
+    def plan(self, ctx: Admitted) -> Plan | None:
         return None
 
-    def replan(self, ctx: RequestContext, plan: Plan) -> bool:
+    def replan(self, ctx: Admitted, plan: Plan) -> bool:
         return False
 
 

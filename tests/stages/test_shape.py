@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from proxy.clock import FakeClock
-from proxy.context import RequestContext
+from proxy.context import Admitted, Operation
 from proxy.errors import ContextLengthExceeded
 from proxy.policy.model import Budget, Tenant
 from proxy.policy.units import hash_key
 from proxy.stages.shape import Shape
-from proxy.upstream.meter import StreamMeter
+from tests.contexts import admitted
 
 
 class WordCounter:
@@ -34,21 +34,9 @@ class WordCounter:
         return len(str(prompt).split())
 
 
-def context(budget: Budget, body: dict[str, Any], operation: str = "chat") -> RequestContext:
-    clock = FakeClock()
+def context(budget: Budget, body: dict[str, Any], operation: Operation = "chat") -> Admitted:
     tenant = Tenant(api_keys=(hash_key("k"),), models=("m",), budget=budget)
-    ctx = RequestContext(
-        request_id="r",
-        operation=operation,  # type: ignore[arg-type]
-        received_s=0.0,
-        received_wall=clock.wall(),
-        meter=StreamMeter(0.0),
-        tenant=tenant,
-        tenant_name="t",
-        model="m",
-        body=body,
-    )
-    return ctx
+    return admitted(tenant, body, operation=operation, received_wall=FakeClock().wall())
 
 
 def chat(*pairs: tuple[str, str], **extra: Any) -> dict[str, Any]:
@@ -62,10 +50,10 @@ async def test_untouched_request_is_counted_once_and_not_shaped() -> None:
     counter = WordCounter()
     ctx = context(Budget(tokens_per_day=1000), chat(("user", "one two three")))
     await Shape(counter)(ctx)
-    assert ctx.shaped == []
+    assert ctx.outgoing.shaped == []
     assert ctx.counted_input_tokens == 7
     assert counter.calls == 1
-    assert ctx.output_allowance is None
+    assert ctx.outgoing.allowance is None
 
 
 async def test_nothing_is_counted_when_no_limit_needs_the_count() -> None:
@@ -74,7 +62,7 @@ async def test_nothing_is_counted_when_no_limit_needs_the_count() -> None:
     await Shape(counter)(ctx)
     assert counter.calls == 0
     assert ctx.counted_input_tokens is None
-    assert ctx.shaped == ["system_prompt", "max_tokens"]
+    assert ctx.outgoing.shaped == ["system_prompt", "max_tokens"]
 
 
 async def test_system_prompt_is_enforced_first_and_not_doubled() -> None:
@@ -82,10 +70,10 @@ async def test_system_prompt_is_enforced_first_and_not_doubled() -> None:
     ctx = context(budget, chat(("system", "be a pirate"), ("user", "hi")))
     await Shape(WordCounter())(ctx)
     assert [m["content"] for m in ctx.body["messages"]] == ["你是智能客服助手", "be a pirate", "hi"]
-    assert ctx.shaped == ["system_prompt"]
+    assert ctx.outgoing.shaped == ["system_prompt"]
     again = context(budget, chat(("system", "你是智能客服助手"), ("user", "hi")))
     await Shape(WordCounter())(again)
-    assert again.shaped == []
+    assert again.outgoing.shaped == []
 
 
 async def test_history_limit_keeps_system_and_last_turns_from_a_user_message() -> None:
@@ -98,7 +86,7 @@ async def test_history_limit_keeps_system_and_last_turns_from_a_user_message() -
     ctx = context(Budget(history_limit=3), chat(*turns))
     await Shape(WordCounter())(ctx)
     assert [m["content"] for m in ctx.body["messages"]] == ["s", "u2", "a2", "u3"]
-    assert ctx.shaped == ["history"]
+    assert ctx.outgoing.shaped == ["history"]
 
 
 async def test_max_input_tokens_drops_oldest_turns_until_it_fits() -> None:
@@ -110,7 +98,7 @@ async def test_max_input_tokens_drops_oldest_turns_until_it_fits() -> None:
     # system 5 + user 14 + assistant 14 + last 6 = 39 <= 40
     assert [m["role"] for m in ctx.body["messages"]] == ["system", "user", "assistant", "user"]
     assert ctx.counted_input_tokens == 39
-    assert ctx.shaped == ["input"]
+    assert ctx.outgoing.shaped == ["input"]
 
 
 async def test_newest_message_alone_too_long_is_context_length_exceeded() -> None:
@@ -134,15 +122,15 @@ async def test_max_output_tokens_clamps_or_sets() -> None:
     ctx = context(budget, chat(("user", "hi"), max_tokens=1000, max_completion_tokens=64))
     await Shape(WordCounter())(ctx)
     assert (ctx.body["max_tokens"], ctx.body["max_completion_tokens"]) == (128, 64)
-    assert ctx.output_allowance == 64
-    assert ctx.shaped == ["max_tokens"]
+    assert ctx.outgoing.allowance == 64
+    assert ctx.outgoing.shaped == ["max_tokens"]
     unset = context(budget, chat(("user", "hi")))
     await Shape(WordCounter())(unset)
     assert unset.body["max_tokens"] == 128
-    assert unset.output_allowance == 128
+    assert unset.outgoing.allowance == 128
     within = context(budget, chat(("user", "hi"), max_tokens=100))
     await Shape(WordCounter())(within)
-    assert within.shaped == []
+    assert within.outgoing.shaped == []
 
 
 @pytest.mark.parametrize(
@@ -164,7 +152,7 @@ async def test_temperature(
     ctx = context(budget, chat(("user", "hi"), **extra))
     await Shape(WordCounter())(ctx)
     assert ctx.body.get("temperature") == expected
-    assert ("temperature" in ctx.shaped) is shaped
+    assert ("temperature" in ctx.outgoing.shaped) is shaped
 
 
 async def test_completions_and_embeddings_are_counted_and_limited() -> None:

@@ -23,7 +23,7 @@ async def test_a_responses_cap_is_max_output_tokens_never_max_tokens() -> None:
     ctx = context(Budget(max_output_tokens=64), body, "responses")
     await Shape(WordCounter())(ctx)
     assert body == {"model": "m", "input": "hi", "max_output_tokens": 64}
-    assert (ctx.output_allowance, ctx.shaped) == (64, ["max_tokens"])
+    assert (ctx.outgoing.allowance, ctx.outgoing.shaped) == (64, ["max_tokens"])
 
 
 async def test_a_messages_cap_is_max_tokens() -> None:
@@ -31,7 +31,7 @@ async def test_a_messages_cap_is_max_tokens() -> None:
     ctx = context(Budget(max_output_tokens=64), body, "messages")
     await Shape(WordCounter())(ctx)
     assert body["max_tokens"] == 64
-    assert ctx.output_allowance == 64
+    assert ctx.outgoing.allowance == 64
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ async def test_the_system_prompt_goes_first_in_messages_system(given: Any, expec
     ctx = context(Budget(system_prompt="Be safe."), body, "messages")
     await Shape(WordCounter())(ctx)
     assert body["system"] == expected
-    assert ("system_prompt" in ctx.shaped) == (given != expected)
+    assert ("system_prompt" in ctx.outgoing.shaped) == (given != expected)
 
 
 async def test_the_system_prompt_goes_first_in_responses_instructions() -> None:
@@ -125,7 +125,7 @@ async def test_a_quotad_request_without_a_cap_gets_the_default_in_its_own_field(
     ctx = context(Budget(tokens_per_day=10_000), body, "responses")
     ctx.counted_input_tokens = 5
     await stage(ctx)
-    assert body["max_output_tokens"] == ctx.output_allowance == DEFAULT_OUTPUT_BOUND
+    assert body["max_output_tokens"] == ctx.outgoing.allowance == DEFAULT_OUTPUT_BOUND
     assert "max_tokens" not in body
     await stage.settle(ctx)
 
@@ -134,8 +134,8 @@ async def test_stop_stream_at_budget_shortens_a_message_in_max_tokens() -> None:
     stage, _ = budgets()
     body: dict[str, Any] = {"model": "m", "max_tokens": 5000, "messages": []}
     ctx = context(Budget(tokens_per_day=1000, stop_stream_at_budget=True), body, "messages")
-    ctx.counted_input_tokens, ctx.output_allowance = 100, 5000
+    ctx.counted_input_tokens, ctx.outgoing.allowance = 100, 5000
     await stage(ctx)
-    assert body["max_tokens"] == ctx.output_allowance == 900
+    assert body["max_tokens"] == ctx.outgoing.allowance == 900
     assert set(body) == {"model", "max_tokens", "messages"}
     await stage.settle(ctx)

@@ -8,6 +8,7 @@ from functools import partial
 import pytest
 
 from proxy.context import RequestContext, TraceHooks
+from proxy.outgoing import OutgoingRequest
 from tests.conftest import make_policy
 from tests.telemetry.conftest import GAMMA
 from tests.telemetry.twopaths import RECEIVED_S, Drive, context, finish, via_api, via_direct
@@ -21,8 +22,8 @@ def answered(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
     trace.stage_ran("Budgets", RECEIVED_S + 0.0001, RECEIVED_S + 0.0003)
     trace.stage_ran("RateLimits", RECEIVED_S + 0.0003, RECEIVED_S + 0.0004)
     headers = trace.upstream_started(ctx, RECEIVED_S + 0.0005)
-    ctx.status, ctx.input_tokens, ctx.output_tokens = 200, 12, 20
-    ctx.response_tail = b'"model":"mock-llm","finish_reason":"length"}]}'
+    ctx.outcome.status, ctx.input_tokens, ctx.output_tokens = 200, 12, 20
+    ctx.outcome.tail = b'"model":"mock-llm","finish_reason":"length"}]}'
     trace.upstream_ended(RECEIVED_S + 0.0125, 200, None)
     trace.stage_ran("settle", RECEIVED_S + 0.013, RECEIVED_S + 0.0131)
     finish(trace, ctx, RECEIVED_S + 0.0132)
@@ -32,7 +33,7 @@ def answered(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
 def backend_failed(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
     headers = trace.upstream_started(ctx, RECEIVED_S + 0.0005)
     trace.upstream_ended(RECEIVED_S + 0.002, None, "upstream_error")
-    ctx.status, ctx.error_code = 502, "upstream_error"
+    ctx.outcome.status, ctx.outcome.error_code = 502, "upstream_error"
     finish(trace, ctx, RECEIVED_S + 0.0021)
     return headers
 
@@ -40,14 +41,14 @@ def backend_failed(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
 def relay_cut(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
     """The client went away mid-stream: the backend call's span ends with the request."""
     headers = trace.upstream_started(ctx, RECEIVED_S + 0.0005)
-    ctx.status, ctx.stream, ctx.client_disconnected = 200, True, True
+    ctx.outcome.status, ctx.stream, ctx.outcome.client_disconnected = 200, True, True
     finish(trace, ctx, RECEIVED_S + 0.5)
     return headers
 
 
 def rejected(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
-    ctx.model, ctx.tenant_name, ctx.tenant, ctx.backend = "", None, None, None
-    ctx.status, ctx.error_code = 401, "invalid_api_key"
+    ctx.outgoing, ctx.tenant_name, ctx.tenant, ctx.backend = OutgoingRequest({}), None, None, None
+    ctx.outcome.status, ctx.outcome.error_code = 401, "invalid_api_key"
     finish(trace, ctx, RECEIVED_S + 0.0002)
     return {}
 
@@ -55,7 +56,7 @@ def rejected(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
 def long_values(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
     """Strings past 127 bytes (two-byte lengths), non-ASCII, a model name clipped."""
     ctx.request_id = "req_" + "é" * 90
-    ctx.model = "m" * 100
+    ctx.outgoing.set_model("m" * 100)
     ctx.degraded = ["shorten-under-load", "spill-to-small-model"] * 4
     return answered(trace, ctx)
 

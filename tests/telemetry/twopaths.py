@@ -20,7 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from proxy import __version__
-from proxy.context import RequestContext, TraceHooks
+from proxy.context import Admitted, RequestContext, TraceHooks
+from proxy.outgoing import OutgoingRequest
 from proxy.policy import Policy
 from proxy.telemetry.directtrace import DirectTracing
 from proxy.telemetry.otlpwire import encode_spans
@@ -64,11 +65,11 @@ class Outcome:
     headers: dict[str, str]  # what upstream_started gave the backend call
 
 
-Drive = Callable[[TraceHooks, RequestContext], dict[str, str]]
+Drive = Callable[[TraceHooks, Admitted], dict[str, str]]
 
 
-def context(policy: Policy, tenant: str, headers: Mapping[str, str]) -> RequestContext:
-    ctx = RequestContext(
+def context(policy: Policy, tenant: str, headers: Mapping[str, str]) -> Admitted:
+    arrival = RequestContext(
         request_id="req_0123456789abcdef",
         operation="chat",
         received_s=RECEIVED_S,
@@ -76,9 +77,9 @@ def context(policy: Policy, tenant: str, headers: Mapping[str, str]) -> RequestC
         meter=StreamMeter(RECEIVED_S),
         headers=headers,
     )
-    ctx.tenant_name, ctx.tenant = tenant, policy.tenants[tenant]
-    ctx.model, ctx.backend = "mock-llm", policy.backends[0]
-    ctx.body = {"model": "mock-llm", "max_tokens": 20}
+    ctx = arrival.admit(tenant, policy.tenants[tenant], None)
+    ctx.outgoing = OutgoingRequest({"model": "mock-llm", "max_tokens": 20}, "mock-llm")
+    ctx.backend = policy.backends[0]
     return ctx
 
 
@@ -89,7 +90,7 @@ def finish(trace: TraceHooks, ctx: RequestContext, now_s: float) -> None:
 
 
 def via_api(
-    environ: Mapping[str, str], seed: int, new_ctx: Callable[[], RequestContext], drive: Drive
+    environ: Mapping[str, str], seed: int, new_ctx: Callable[[], Admitted], drive: Drive
 ) -> Outcome:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(
@@ -103,7 +104,7 @@ def via_api(
 
 
 def via_direct(
-    environ: Mapping[str, str], seed: int, new_ctx: Callable[[], RequestContext], drive: Drive
+    environ: Mapping[str, str], seed: int, new_ctx: Callable[[], Admitted], drive: Drive
 ) -> Outcome:
     queued: list[bytes] = []
     bits = random.Random(seed).getrandbits  # noqa: S311 (ids, as the SDK makes them)
@@ -114,7 +115,7 @@ def via_direct(
     return outcome
 
 
-def _run(source: TraceSource, ctx: RequestContext, drive: Drive) -> Outcome:
+def _run(source: TraceSource, ctx: Admitted, drive: Drive) -> Outcome:
     return Outcome(b"", drive(source.begin(ctx), ctx))
 
 
