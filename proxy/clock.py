@@ -1,11 +1,21 @@
-"""Time sources: the monotonic clock for durations, wall time for records; fakeable in tests."""
+"""Time sources: the monotonic clock for durations, wall time for records, and timers on it;
+fakeable in tests."""
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
 import time
+from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "FakeClock", "SystemClock"]
+__all__ = ["Clock", "FakeClock", "SystemClock", "Timer"]
+
+
+class Timer(Protocol):
+    def cancel(self) -> None:
+        """The callback will not be called (if it has not been already)."""
 
 
 class Clock(Protocol):
@@ -14,6 +24,10 @@ class Clock(Protocol):
 
     def wall(self) -> float:
         """Seconds since the Unix epoch, for records people read."""
+
+    def call_later(self, delay_s: float, callback: Callable[[], object]) -> Timer:
+        """Call `callback` once, `delay_s` seconds from now on this clock (from the running
+        event loop's thread)."""
 
 
 class SystemClock:
@@ -25,15 +39,20 @@ class SystemClock:
     def wall(self) -> float:
         return time.time()
 
+    def call_later(self, delay_s: float, callback: Callable[[], object]) -> Timer:
+        return asyncio.get_running_loop().call_later(delay_s, callback)
+
 
 class FakeClock:
-    """A clock that moves only when told to."""
+    """A clock that moves only when told to; its timers fire as `advance` passes them."""
 
-    __slots__ = ("_mono", "_wall")
+    __slots__ = ("_mono", "_order", "_timers", "_wall")
 
     def __init__(self, start_wall: float = 1_800_000_000.0) -> None:
         self._mono = 0.0
         self._wall = start_wall
+        self._timers: list[tuple[float, int, _FakeTimer]] = []
+        self._order = itertools.count()  # timers due at the same time fire in the order set
 
     def monotonic(self) -> float:
         return self._mono
@@ -41,6 +60,33 @@ class FakeClock:
     def wall(self) -> float:
         return self._wall
 
+    def call_later(self, delay_s: float, callback: Callable[[], object]) -> Timer:
+        timer = _FakeTimer(callback)
+        heapq.heappush(self._timers, (self._mono + delay_s, next(self._order), timer))
+        return timer
+
     def advance(self, seconds: float) -> None:
-        self._mono += seconds
-        self._wall += seconds
+        """Move on by `seconds`, firing each timer due on the way at its time, in order (a
+        timer a callback sets fires too if it falls due before the end)."""
+        end_mono, end_wall = self._mono + seconds, self._wall + seconds
+        while self._timers and self._timers[0][0] <= end_mono:
+            due, _, timer = heapq.heappop(self._timers)
+            self._wall += due - self._mono
+            self._mono = due
+            timer.fire()
+        self._mono, self._wall = end_mono, end_wall
+
+
+class _FakeTimer:
+    __slots__ = ("_callback",)
+
+    def __init__(self, callback: Callable[[], object]) -> None:
+        self._callback: Callable[[], object] | None = callback
+
+    def cancel(self) -> None:
+        self._callback = None
+
+    def fire(self) -> None:
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback()

@@ -1,6 +1,6 @@
 """A request's leases (a quota reservation, concurrency slots): their ids, and their renewal
-while it runs, every third of their length, by a timer of the event loop (not a task each), each
-renewal until a lease's length after now on the injected clock."""
+while it runs, every third of their length, by a timer on the injected clock (not a task each),
+each renewal until a lease's length after now on that clock."""
 
 from __future__ import annotations
 
@@ -32,29 +32,31 @@ class LeaseIds:
 
 
 class Renewal:
-    """Calls `renew` every `lease_s / 3` seconds until cancelled; a renewal that fails is
-    logged as `what` and the next one is tried all the same."""
+    """Calls `renew` every `lease_s / 3` seconds on `clock` until cancelled; a renewal that
+    fails is logged as `what` and the next one is tried all the same."""
 
-    __slots__ = ("_every_s", "_handle", "_log", "_renew", "_what")
+    __slots__ = ("_clock", "_every_s", "_log", "_renew", "_timer", "_what")
 
     def __init__(
         self,
         renew: Callable[[], Awaitable[object]],
         lease_s: float,
+        clock: Clock,
         log: logging.Logger,
         what: str,
     ) -> None:
         self._renew = renew
         self._every_s = lease_s / 3
+        self._clock = clock
         self._log = log
         self._what = what
-        self._handle = asyncio.get_running_loop().call_later(self._every_s, self._due)
+        self._timer = clock.call_later(self._every_s, self._due)
 
     def cancel(self) -> None:
-        self._handle.cancel()
+        self._timer.cancel()
 
     def _due(self) -> None:
-        self._handle = asyncio.get_running_loop().call_later(self._every_s, self._due)
+        self._timer = self._clock.call_later(self._every_s, self._due)
         asyncio.ensure_future(self._renew()).add_done_callback(self._done)
 
     def _done(self, renewal: asyncio.Future[object]) -> None:
@@ -90,7 +92,7 @@ class Lease:
         def again() -> Awaitable[object]:
             return renew(clock.wall() + self.lease_s)
 
-        self._renewal = Renewal(again, self.lease_s, log, what)
+        self._renewal = Renewal(again, self.lease_s, clock, log, what)
 
     def end(self) -> None:
         """Stop renewing (settling gives the lease back)."""

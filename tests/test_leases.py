@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from proxy.clock import FakeClock
+from proxy.clock import FakeClock, SystemClock
 from proxy.leases import Lease, LeaseIds, Renewal
 from proxy.storage import StorageError
 
@@ -29,7 +29,8 @@ async def test_a_lease_is_renewed_until_cancelled_and_a_failure_does_not_stop_it
         return True
 
     with caplog.at_level(logging.WARNING, logger="tokenweir.test"):
-        renewal = Renewal(renew, 0.03, logging.getLogger("tokenweir.test"), "a test lease")
+        log = logging.getLogger("tokenweir.test")
+        renewal = Renewal(renew, 0.03, SystemClock(), log, "a test lease")
         async with asyncio.timeout(30):  # a limit, not a measurement
             await third.wait()
         renewal.cancel()
@@ -39,27 +40,30 @@ async def test_a_lease_is_renewed_until_cancelled_and_a_failure_does_not_stop_it
     assert "could not renew a test lease: redis: down" in caplog.text
 
 
-async def test_a_lease_is_held_until_its_length_after_now_on_the_injected_clock() -> None:
+async def test_a_lease_is_renewed_as_the_injected_clock_passes_thirds_of_its_length() -> None:
     clock = FakeClock(start_wall=1000.0)
-    lease = Lease("tw:{acme}", "l1", 0.03)
+    lease = Lease("tw:{acme}", "l1", 30.0)
     untils: list[float] = []
-    twice = asyncio.Event()
 
     async def renew(until: float) -> bool:
         untils.append(until)
-        clock.advance(5.0)
-        if len(untils) == 2:
-            twice.set()
         return True
 
+    async def advance(seconds: float) -> None:
+        clock.advance(seconds)
+        for _ in range(3):  # the renewals the timers started run
+            await asyncio.sleep(0)
+
     lease.keep(renew, clock, logging.getLogger("tokenweir.test"), "a test lease")
-    async with asyncio.timeout(30):  # a limit, not a measurement
-        await twice.wait()
+    await advance(9.9)
+    assert untils == []  # not a third of the lease yet, however long the test takes
+    await advance(0.1)
+    assert untils == [1040.0]  # a lease's length after now on the clock
+    await advance(25.0)  # two thirds more, each renewed at its time
+    assert untils == [1040.0, 1050.0, 1060.0]
     lease.end()
-    renewed = len(untils)
-    await asyncio.sleep(0.1)  # several periods: none comes after the end
-    assert untils[:2] == pytest.approx([1000.03, 1005.03])
-    assert len(untils) == renewed
+    await advance(100.0)
+    assert untils == [1040.0, 1050.0, 1060.0]  # none after the end
 
 
 def test_lease_ids_are_unique_across_makers() -> None:

@@ -165,3 +165,23 @@ async def test_storage_failure_follows_the_tenants_policy() -> None:
     assert admitted.reservation is None
     with pytest.raises(StorageUnavailable):
         await stage(request(Budget(tokens_per_day=10), limits=Limits(on_storage_error="closed")))
+
+
+async def test_a_long_request_keeps_its_reservation_past_its_lease_by_renewing_it() -> None:
+    """The lease is renewed on the injected clock: five lease lengths on, the first request's
+    reservation still counts against the quota, and only its settle frees it."""
+    clock, store = FakeClock(start_wall=NOON), MemoryStore()
+    stage = Budgets(store, PriceTable(POLICY), clock, StorageFailures(), lease_s=60.0)
+    budget = Budget(tokens_per_day=200)
+    first = request(budget)  # 100 input + 50 output reserved
+    await stage(first)
+    for _ in range(15):  # 300 s, a renewal due every 20 s
+        clock.advance(20.0)
+        await asyncio.sleep(0)  # the renewal the timer started runs
+    with pytest.raises(InsufficientQuota):
+        await stage(request(budget))  # 150 + 150 > 200: the first still holds its 150
+    first.input_tokens, first.output_tokens = 100, 50
+    await stage.settle(first)
+    with pytest.raises(InsufficientQuota):
+        await stage(request(budget))  # 150 used + 150 > 200
+    await stage(request(budget, counted=10, allowance=20))  # 150 + 30 fits
