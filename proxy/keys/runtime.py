@@ -38,8 +38,10 @@ class RuntimeKeys:
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
-        await cancelled([task])
-        await self._store.aclose()
+        try:
+            await cancelled([task])
+        finally:  # a shutdown step cut short still closes the store's connection
+            await self._store.aclose()
 
     def lookup(self, digest: bytes) -> KeyRecord | None:
         """The live (known, unexpired) key with this SHA-256 digest. Found by the digest, then
