@@ -8,8 +8,10 @@ import base64
 import binascii
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import tiktoken
+import tiktoken_ext.openai_public  # type: ignore[import-untyped]
 
 from proxy.tokens.base import CountText, TokenCounter, TokenizerError
 from proxy.tokens.builtin_templates import builtin_template
@@ -31,8 +33,9 @@ def load_encoding(name: str) -> TokenCounter:
     if name not in tiktoken.list_encoding_names():
         known = ", ".join(sorted(tiktoken.list_encoding_names()))
         raise TokenizerError(f"unknown tiktoken encoding {name!r}; known: {known}")
+    constructor = tiktoken_ext.openai_public.ENCODING_CONSTRUCTORS.get(name)
     try:
-        encoding = tiktoken.get_encoding(name)
+        encoding = lean(constructor()) if constructor else tiktoken.get_encoding(name)
     except (OSError, ValueError) as exc:
         raise TokenizerError(
             f"cannot load tiktoken encoding {name!r} ({exc.__class__.__name__}: {exc}); tiktoken"
@@ -66,13 +69,26 @@ def encoding_from_file(path: Path, family_name: str | None) -> tuple[tiktoken.En
     """A tiktoken-format file of a built-in family (recognised by its size, or named)."""
     ranks = read_ranks(path)
     family = family_for(len(ranks), family_name)
-    encoding = tiktoken.Encoding(
-        name=family.name,
-        pat_str=family.pattern,
-        mergeable_ranks=ranks,
-        special_tokens=dict(family.special_tokens),
+    encoding = lean(
+        {
+            "name": family.name,
+            "pat_str": family.pattern,
+            "mergeable_ranks": ranks,
+            "special_tokens": dict(family.special_tokens),
+        }
     )
     return encoding, family
+
+
+def lean(spec: dict[str, Any]) -> tiktoken.Encoding:
+    """The encoding `spec` describes (tiktoken.Encoding's arguments), its ranks held by
+    tiktoken's Rust core only: the Python dict it is built from (20-30 MB for a vocabulary of
+    150-200k tokens) is emptied once the core has copied it. tiktoken keeps that dict only to
+    pickle an encoding, which the gateway never does."""
+    ranks: dict[bytes, int] = spec["mergeable_ranks"]
+    encoding = tiktoken.Encoding(**spec)
+    ranks.clear()
+    return encoding
 
 
 def load_file(path: Path, family_name: str | None) -> TokenCounter:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -128,6 +130,21 @@ def test_published_ids_by_name_and_by_path(name: str, text: str, ids: list[int])
     assert tiktoken.get_encoding(name).encode_ordinary(text) == ids
     assert from_file.encode_ordinary(text) == ids
     assert load_counter(f"tiktoken:{name}", model="gpt").count_text(text) == len(ids)
+
+
+def test_an_encoding_keeps_its_ranks_in_tiktokens_core_only() -> None:
+    """The 200k ranks read from the file (24 MB of Python objects) are not kept once tiktoken's
+    Rust core has its copy: loading leaves well under a megabyte of Python objects behind."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        encoding, _ = encoding_from_file(tokenizer_file("o200k_base.tiktoken"), None)
+        gc.collect()
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < 1_000_000
+    assert encoding.encode_ordinary("2 + 2 = 4") == [17, 659, 220, 17, 314, 220, 19]
 
 
 def test_file_and_cache_agree_on_the_corpus(encoding_name: str) -> None:
