@@ -2,20 +2,23 @@
 
 Every embedder returns unit-length float32 vectors and raises EmbedderUnavailable when it cannot;
 the cache then steps aside and the request is served as if there were no cache.
+
+numpy is imported by the first vector made (proxy/cache/vectors.py says why).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
-import numpy as np
 import orjson
 
-from proxy.cache.vectors import Vector
 from proxy.policy.model import Backend
+
+if TYPE_CHECKING:
+    from proxy.cache.vectors import Vector
 
 __all__ = ["BackendEmbedder", "Embedder", "EmbedderUnavailable", "normalise"]
 
@@ -74,6 +77,8 @@ class BackendEmbedder:
 
 
 def _first_vector(raw: bytes, backend: str) -> Vector:
+    import numpy as np
+
     try:
         values = orjson.loads(raw)["data"][0]["embedding"]
         vector = np.asarray(values, dtype=np.float32)

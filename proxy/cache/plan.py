@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from proxy.cache.answer import StreamFold
 from proxy.cache.key import CacheKey
-from proxy.cache.vectors import Vector
+
+if TYPE_CHECKING:
+    from proxy.cache.vectors import Vector
 
 __all__ = ["CachePlan"]
 

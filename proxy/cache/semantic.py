@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from proxy.cache.guards import compatible
-from proxy.cache.mirror import Mirrors
-from proxy.cache.vectors import Vector
 from proxy.cache.verify import Reranker, VerifierUnavailable
 from proxy.policy.model import CacheSpec
 from proxy.storage.base import StorageError
 from proxy.storage.cache import CacheStore, Graph, VectorEngine, VectorHit
+
+if TYPE_CHECKING:
+    from proxy.cache.vectors import Vector
 
 __all__ = ["Match", "SemanticIndex"]
 
@@ -49,6 +49,8 @@ class SemanticIndex:
     def __init__(
         self, store: CacheStore, *, max_rows: int = 1_000_000, verifier: Reranker | None = None
     ) -> None:
+        from proxy.cache.mirror import Mirrors  # and numpy, only where the semantic cache is on
+
         self._mirrors = Mirrors(store, max_rows=max_rows)
         self._engines = store.redis_engines()
         self._verifier = verifier
@@ -78,7 +80,7 @@ class SemanticIndex:
         floor = threshold if verifier is None else min(threshold, verifier.min_similarity)
         engine = await self._engine(spec)
         if engine is not None:
-            vector = np.ascontiguousarray(query, dtype=np.float32).tobytes()
+            vector = query.astype("float32", copy=False).tobytes()
             ef = spec.hnsw.ef_runtime
             hits = await engine.nearest(tenant, partition, vector, count=_CANDIDATES, ef=ef)
         else:

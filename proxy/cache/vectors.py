@@ -9,6 +9,9 @@ from __future__ import annotations
 import struct
 from typing import Protocol
 
+# numpy is imported at their top only by the semantic cache's own modules (this one, mirror.py,
+# embed_local.py), which load when the semantic cache is on or first makes a vector: a gateway
+# without it never loads numpy (about 15 MB of RSS).
 import numpy as np
 import numpy.typing as npt
 

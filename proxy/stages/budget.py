@@ -196,7 +196,7 @@ class Budgets:
         reservation.charged = [c + g for c, g in zip(reservation.charged, grown, strict=True)]
         return self._charge(ctx.tenant_name, reservation, grown)
 
-    async def _charge(self, tenant: str | None, reservation: Reservation, grown: list[int]) -> None:
+    async def _charge(self, tenant: str, reservation: Reservation, grown: list[int]) -> None:
         counters = [q.counter for q in reservation.quotas]
         try:
             await self._store.charge(reservation.scope, reservation.lease_id, counters, grown)

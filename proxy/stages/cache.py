@@ -21,7 +21,6 @@ from proxy.cache.key import CacheKey, cache_key
 from proxy.cache.plan import CachePlan
 from proxy.cache.replay import replay_response, replay_stream
 from proxy.cache.semantic import SemanticIndex
-from proxy.cache.vectors import pack
 from proxy.cache.verify import Reranker
 from proxy.clock import Clock
 from proxy.context import Admitted
@@ -163,6 +162,8 @@ class ResponseCache:
             tenant.cache.max_entries, plan.partition,
         )  # fmt: skip
         if plan.vector is not None and plan.key.question is not None and self._index:
+            from proxy.cache.vectors import pack  # numpy: loaded once a question has a vector
+
             return self._put_with_vector(entry, pack(plan.vector, plan.key.question), tenant.cache)
         return warned(self._store.put(entry), _log, "could not store an answer in the cache: %s")
 

@@ -172,7 +172,7 @@ class RateLimits:
 
     async def _settled(
         self,
-        tenant: str | None,
+        tenant: str,
         releases: list[tuple[str, Awaitable[None]]],
         true_ups: list[Awaitable[None]],
     ) -> None:

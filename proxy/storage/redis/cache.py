@@ -13,8 +13,6 @@ import math
 from collections.abc import Awaitable
 from typing import Any
 
-import numpy as np
-
 from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorEngine, VectorRows
 from proxy.storage.joint import Lookup
 from proxy.storage.redis.cache_ft import RedisSearchVectors
@@ -140,6 +138,8 @@ def _text(value: Any) -> str:
 
 def _float32(packed: bytes) -> tuple[bytes, str]:
     """A packed vector (vectors.pack: dimension, float16 values, question) as float32 bytes."""
+    import numpy as np  # only the semantic cache's vectors come here (vectors.py says why)
+
     dim = int.from_bytes(packed[:2], "little")
     vector = np.frombuffer(packed, dtype=np.float16, count=dim, offset=2).astype(np.float32)
     return vector.tobytes(), packed[2 + 2 * dim :].decode()
