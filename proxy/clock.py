@@ -26,8 +26,8 @@ class Clock(Protocol):
         """Seconds since the Unix epoch, for records people read."""
 
     def call_later(self, delay_s: float, callback: Callable[[], object]) -> Timer:
-        """Call `callback` once, `delay_s` seconds from now on this clock (from the running
-        event loop's thread)."""
+        """Call `callback` once, `delay_s` seconds from now on this clock, on the event loop
+        it was set from."""
 
 
 class SystemClock:
@@ -78,15 +78,34 @@ class FakeClock:
 
 
 class _FakeTimer:
-    __slots__ = ("_callback",)
+    """Fires on the event loop it was set from: a test thread advancing the clock of a gateway
+    served in another thread hands the callback to that loop."""
+
+    __slots__ = ("_callback", "_loop")
 
     def __init__(self, callback: Callable[[], object]) -> None:
         self._callback: Callable[[], object] | None = callback
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
 
     def cancel(self) -> None:
         self._callback = None
 
     def fire(self) -> None:
         callback, self._callback = self._callback, None
-        if callback is not None:
+        if callback is None:
+            return
+        loop = self._loop
+        if loop is None or _running_loop() is loop:
             callback()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(callback)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 from proxy.clock import FakeClock
 
 
@@ -34,3 +37,31 @@ def test_a_timer_set_by_a_callback_fires_in_the_same_advance_when_due() -> None:
     clock.call_later(1.0, every_second)
     clock.advance(3.5)
     assert times == [1.0, 2.0, 3.0]
+
+
+def test_a_timer_set_on_a_loop_fires_on_that_loop_when_another_thread_advances() -> None:
+    """A gateway served in a thread of its own, its fake clock advanced by the test's thread:
+    the timer's callback runs in the server's loop, as a real timer's would."""
+    clock = FakeClock()
+    ran_in: list[threading.Thread] = []
+    fired = threading.Event()
+    set_up = threading.Event()
+
+    def serve() -> None:
+        async def main() -> None:
+            def note() -> None:
+                ran_in.append(threading.current_thread())
+                fired.set()
+
+            clock.call_later(1.0, note)
+            set_up.set()
+            await asyncio.to_thread(fired.wait, 30)  # a limit, not a measurement
+
+        asyncio.run(main())
+
+    server = threading.Thread(target=serve)
+    server.start()
+    assert set_up.wait(30)
+    clock.advance(1.0)
+    server.join(30)
+    assert ran_in == [server]
