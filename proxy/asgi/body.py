@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import anyio
 from starlette.types import Receive
@@ -11,7 +11,7 @@ from starlette.types import Receive
 from proxy.context import RequestContext
 from proxy.errors import BadRequest, BodyTooLarge, RequestTimeout
 
-__all__ = ["ClientGone", "read_body", "watch_disconnect"]
+__all__ = ["ClientGone", "read_body", "receive_all", "watch_disconnect"]
 
 
 class ClientGone(Exception):
@@ -31,12 +31,14 @@ async def read_body(
     # asyncio's own timeout: no cancel scope is open yet, and anyio's costs several times more.
     try:
         async with asyncio.timeout(timeout_s):
-            return await _receive_all(receive, limit)
+            return await receive_all(receive, limit, _too_large)
     except TimeoutError:
         raise RequestTimeout(f"The request body did not arrive within {timeout_s} s.") from None
 
 
-async def _receive_all(receive: Receive, limit: int) -> bytes:
+async def receive_all(receive: Receive, limit: int, too_large: Callable[[int], Exception]) -> bytes:
+    """Every chunk of the body; `too_large(limit)` is raised past `limit` bytes, ClientGone if
+    the client leaves first."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -46,7 +48,7 @@ async def _receive_all(receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from starlette.types import Receive, Send
 
+from proxy.asgi.body import ClientGone, receive_all
 from proxy.tools.mock.request import MockHTTPError
 
 __all__ = [
@@ -26,10 +27,6 @@ MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 JSON_HEADERS: Final = ((b"content-type", b"application/json"),)
 
 
-class ClientGone(Exception):
-    """The client disconnected before the request body was read."""
-
-
 async def respond(
     send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = JSON_HEADERS
 ) -> None:
@@ -45,19 +42,11 @@ async def respond_error(send: Send, error: MockHTTPError, *, anthropic: bool = F
 
 
 async def read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise MockHTTPError(413, "Request body too large for the mock backend.")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    return await receive_all(receive, MAX_BODY_BYTES, _too_large)
+
+
+def _too_large(limit: int) -> MockHTTPError:
+    return MockHTTPError(413, "Request body too large for the mock backend.")
 
 
 async def run_lifespan(receive: Receive, send: Send) -> None:
