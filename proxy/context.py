@@ -55,6 +55,26 @@ class TraceHooks(Protocol):
 
 
 @dataclass(slots=True, eq=False)
+class Outcome:
+    """What came of the request: written by forward and the cache's replay as the answer goes
+    out, and by the pipeline when it refuses the request or the client leaves."""
+
+    status: int = 0
+    error_code: str | None = None
+    answered: bool = False  # the answer's end was sent (or an error in its place)
+    completed: bool = False  # the backend's answer came whole
+    client_disconnected: bool = False
+    usage: dict[str, Any] | None = None  # the backend's usage as sent, kept with a cached answer
+    backend_usage: tuple[int, int] | None = None  # (prompt, completion), checked
+    usage_rejected: bool = False  # the backend sent usage with numbers not believed
+    tail: bytes = b""  # the answer's last bytes: response model, finish reasons
+
+    def refused(self, status: int, code: str) -> None:
+        """The gateway answered with an error of its own."""
+        self.status, self.error_code, self.answered = status, code, True
+
+
+@dataclass(slots=True, eq=False)
 class RequestContext:
     request_id: str
     operation: Operation
@@ -72,7 +92,7 @@ class RequestContext:
     stream: bool = False
     client_wants_usage: bool = False
     backend: Backend | None = None
-    outcome: Outcome = field(default_factory=lambda: Outcome())
+    outcome: Outcome = field(default_factory=Outcome)
     cache: str = "bypass"
     cache_plan: CachePlan | None = None
     cached: Answer | None = None
@@ -121,7 +141,8 @@ class RequestContext:
         over (auth is the first stage; nothing else is set before it)."""
         return Admitted(
             self.request_id, self.operation, self.received_s, self.received_wall, self.meter,
-            self.headers, outcome=self.outcome, trace=self.trace, capture=self.capture,
+            self.headers, outgoing=self.outgoing, outcome=self.outcome, trace=self.trace,
+            capture=self.capture,
             tenant_name=tenant_name, tenant=tenant, key_id=key_id,
         )  # fmt: skip
 
@@ -151,26 +172,6 @@ class Admitted(RequestContext):
 
     tenant_name: str
     tenant: Tenant
-
-
-@dataclass(slots=True, eq=False)
-class Outcome:
-    """What came of the request: written by forward and the cache's replay as the answer goes
-    out, and by the pipeline when it refuses the request or the client leaves."""
-
-    status: int = 0
-    error_code: str | None = None
-    answered: bool = False  # the answer's end was sent (or an error in its place)
-    completed: bool = False  # the backend's answer came whole
-    client_disconnected: bool = False
-    usage: dict[str, Any] | None = None  # the backend's usage as sent, kept with a cached answer
-    backend_usage: tuple[int, int] | None = None  # (prompt, completion), checked
-    usage_rejected: bool = False  # the backend sent usage with numbers not believed
-    tail: bytes = b""  # the answer's last bytes: response model, finish reasons
-
-    def refused(self, status: int, code: str) -> None:
-        """The gateway answered with an error of its own."""
-        self.status, self.error_code, self.answered = status, code, True
 
 
 _UPSTREAM_PATHS: dict[str, str] = {

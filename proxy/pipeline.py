@@ -136,6 +136,6 @@ async def _end_cut(ctx: RequestContext, send: Send) -> None:
         return
     if not ctx.status:
         raise error
-    ctx.outcome.refused(ctx.status, error.code)  # the status sent stays
+    ctx.outcome.error_code, ctx.outcome.answered = error.code, True  # the status sent stays
     ending = b"data: " + error.to_json() + b"\n\n" if ctx.stream else b""
     await send({"type": "http.response.body", "body": ending, "more_body": False})

@@ -35,7 +35,7 @@ def load_encoding(name: str) -> TokenCounter:
         raise TokenizerError(f"unknown tiktoken encoding {name!r}; known: {known}")
     constructor = tiktoken_ext.openai_public.ENCODING_CONSTRUCTORS.get(name)
     try:
-        encoding = lean(constructor()) if constructor else tiktoken.get_encoding(name)
+        encoding = _lean(constructor()) if constructor else tiktoken.get_encoding(name)
     except (OSError, ValueError) as exc:
         raise TokenizerError(
             f"cannot load tiktoken encoding {name!r} ({exc.__class__.__name__}: {exc}); tiktoken"
@@ -69,7 +69,7 @@ def encoding_from_file(path: Path, family_name: str | None) -> tuple[tiktoken.En
     """A tiktoken-format file of a built-in family (recognised by its size, or named)."""
     ranks = read_ranks(path)
     family = family_for(len(ranks), family_name)
-    encoding = lean(
+    encoding = _lean(
         {
             "name": family.name,
             "pat_str": family.pattern,
@@ -80,7 +80,7 @@ def encoding_from_file(path: Path, family_name: str | None) -> tuple[tiktoken.En
     return encoding, family
 
 
-def lean(spec: dict[str, Any]) -> tiktoken.Encoding:
+def _lean(spec: dict[str, Any]) -> tiktoken.Encoding:
     """The encoding `spec` describes (tiktoken.Encoding's arguments), its ranks held by
     tiktoken's Rust core only: the Python dict it is built from (20-30 MB for a vocabulary of
     150-200k tokens) is emptied once the core has copied it. tiktoken keeps that dict only to
