@@ -86,7 +86,7 @@ class Forward:
             else EventForwarder(api.events)
         )
         ending = before_last = last = b""
-        capture = ctx.capture
+        capture, outcome = ctx.capture, ctx.outcome
         content = self._content_deadline(ctx, backend)
         try:
             with translate(backend):
@@ -101,7 +101,7 @@ class Forward:
                     elif content.passed(now_s):
                         raise _no_content(backend)
                     if out:
-                        if not ctx.status:
+                        if not outcome.status:  # per chunk: a field, not ctx's property
                             await self._start(ctx, send, SSE_HEADERS)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         meter.wrote(monotonic(), token_events)
