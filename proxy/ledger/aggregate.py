@@ -20,7 +20,6 @@ __all__ = [
     "CellKey",
     "Granularity",
     "Tally",
-    "fold",
     "period_start",
     "roll_up",
 ]
@@ -148,17 +147,6 @@ def period_start(ts: float, granularity: Granularity) -> int:
     return int(ts // size) * size
 
 
-def fold(records: Iterable[UsageRecord]) -> tuple[dict[CellKey, Tally], dict[CellKey, Tally]]:
-    """A batch's increments to the hour cells and to the day cells; a record that supersedes a
-    checkpoint takes the checkpoint's share back out, so a request counts once, as last seen."""
-    hours: dict[CellKey, Tally] = {}
-    for record in records:
-        _hour_tally(hours, record).add(record)
-        if record.supersedes is not None:
-            _hour_tally(hours, record.supersedes).withdraw(record.supersedes)
-    return hours, roll_up(hours)
-
-
 _K = TypeVar("_K", bound=tuple[Any, ...])
 
 
@@ -172,14 +160,6 @@ def roll_up(hours: dict[_K, Tally]) -> dict[_K, Tally]:
             day = days[day_key] = Tally()
         day.merge(tally)
     return days
-
-
-def _hour_tally(hours: dict[CellKey, Tally], record: UsageRecord) -> Tally:
-    key = (record.tenant, period_start(record.ts, "hour"), record.model, record.backend)
-    tally = hours.get(key)
-    if tally is None:
-        tally = hours[key] = Tally()
-    return tally
 
 
 def _bump(counts: histogram.Histogram, index: int) -> None:

@@ -9,10 +9,10 @@ kept HOUR_RETENTION_S, day cells as long as the rest of the ledger.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from proxy.ledger.aggregate import DAY_S, Tally, period_start, roll_up
+from proxy.ledger.aggregate import DAY_S, CellKey, Tally, period_start, roll_up
 from proxy.ledger.base import ATTRIBUTES, UsageRecord
 
 if TYPE_CHECKING:
@@ -23,8 +23,9 @@ __all__ = [
     "MAX_NAMED",
     "OTHER",
     "AttrKey",
+    "Folded",
     "capped",
-    "fold_attributes",
+    "fold",
     "is_attribution",
 ]
 
@@ -37,45 +38,64 @@ older windows are answered from day cells, widened to whole UTC days."""
 
 AttrKey = tuple[str | None, int, str, str]
 """(tenant, period start, dimension, value); value '' is a request without one."""
+_K = TypeVar("_K", bound=tuple[object, ...])
 
 
 def is_attribution(q: UsageQuery) -> bool:
     return q.group_by in ATTRIBUTES
 
 
-def values_of(record: UsageRecord, dimension: str) -> tuple[str, ...]:
-    if dimension == "key":
-        return (record.key_id or "",)
-    if dimension == "user":
-        return (record.user or "",)
-    return tuple(dict.fromkeys(record.tags)) or ("",)
+_Group = tuple[str | None, int, str | None, str | None, str, str, tuple[str, ...]]
+"""(tenant, hour start, model, backend, key, user, distinct tags): the finest cell a record
+adds to; '' (or ('',) for tags) is a request without one."""
 
 
-def fold_attributes(
-    records: Iterable[UsageRecord],
-) -> tuple[dict[AttrKey, Tally], dict[AttrKey, Tally]]:
-    """A batch's increments to the hour and day cells of every dimension (not yet capped)."""
-    hours: dict[AttrKey, Tally] = {}
+class Folded(NamedTuple):
+    """A batch's increments to every hour and day cell (attribution cells not yet capped)."""
+
+    hours: dict[CellKey, Tally]
+    days: dict[CellKey, Tally]
+    attr_hours: dict[AttrKey, Tally]
+    attr_days: dict[AttrKey, Tally]
+
+
+def fold(records: Iterable[UsageRecord]) -> Folded:
+    """A batch's increments. A record that supersedes a checkpoint takes the checkpoint's share
+    back out, so a request counts once, as last seen.
+
+    Each record is added once, to its finest cell; the cells the ledger stores (by model and
+    backend, by key, user and tag) are then sums of those, so a batch's cost grows with its
+    records' distinct (tenant, hour, model, backend, key, user, tags), not its records times
+    the cells each lands in.
+    """
+    groups: dict[_Group, Tally] = {}
     for record in records:
-        for key in _cells(record):
-            _tally(hours, key).add(record)
-        if record.supersedes is not None:  # the request's checkpoint is counted once, as now
-            for key in _cells(record.supersedes):
-                _tally(hours, key).withdraw(record.supersedes)
-    return hours, roll_up(hours)
+        _tally(groups, _group_of(record)).add(record)
+        if record.supersedes is not None:
+            _tally(groups, _group_of(record.supersedes)).withdraw(record.supersedes)
+    hours: dict[CellKey, Tally] = {}
+    attr_hours: dict[AttrKey, Tally] = {}
+    for (tenant, start, model, backend, key, user, tags), tally in groups.items():
+        _tally(hours, (tenant, start, model, backend)).merge(tally)
+        _tally(attr_hours, (tenant, start, "key", key)).merge(tally)
+        _tally(attr_hours, (tenant, start, "user", user)).merge(tally)
+        for tag in tags:
+            _tally(attr_hours, (tenant, start, "tag", tag)).merge(tally)
+    return Folded(hours, roll_up(hours), attr_hours, roll_up(attr_hours))
 
 
-def _cells(record: UsageRecord) -> Iterator[AttrKey]:
-    start = period_start(record.ts, "hour")
-    for dimension in ATTRIBUTES:
-        for value in values_of(record, dimension):
-            yield (record.tenant, start, dimension, value)
+def _group_of(record: UsageRecord) -> _Group:
+    tags = tuple(dict.fromkeys(record.tags)) if record.tags else ("",)
+    return (
+        record.tenant, period_start(record.ts, "hour"), record.model, record.backend,
+        record.key_id or "", record.user or "", tags,
+    )  # fmt: skip
 
 
-def _tally(hours: dict[AttrKey, Tally], key: AttrKey) -> Tally:
-    tally = hours.get(key)
+def _tally(cells: dict[_K, Tally], key: _K) -> Tally:
+    tally = cells.get(key)
     if tally is None:
-        tally = hours[key] = Tally()
+        tally = cells[key] = Tally()
     return tally
 
 

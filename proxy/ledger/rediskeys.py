@@ -13,8 +13,8 @@ from urllib.parse import quote, unquote
 import orjson
 
 from proxy.ledger import histogram
-from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally, fold
-from proxy.ledger.attribution import HOUR_RETENTION_S, MAX_NAMED, OTHER, fold_attributes
+from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally
+from proxy.ledger.attribution import HOUR_RETENTION_S, MAX_NAMED, OTHER, AttrKey, fold
 from proxy.ledger.base import ATTRIBUTES, UsageRecord, record_values
 
 __all__ = [
@@ -115,7 +115,7 @@ def script_call(
     args.append(len(records))
     for r in records:
         args += [_checkpoint_link(r), encode_record(r)]
-    hours, days = fold(records)
+    hours, days, attr_hours, attr_days = fold(records)
     levels: tuple[tuple[int, Granularity, dict[CellKey, Tally]], ...] = (
         (3, "hour", hours),
         (4, "day", days),
@@ -126,7 +126,7 @@ def script_call(
             keys.append(agg_key(tenant_tag, granularity, name))
             fields = _fields(tally)
             args += [slot, name, start, len(fields) // 2, *fields]
-    _attribution_call(tenant_tag, records, ttl_s, keys, args)
+    _attribution_call(tenant_tag, records, ttl_s, keys, args, attr_hours, attr_days)
     return keys, args
 
 
@@ -145,9 +145,11 @@ def _attribution_call(
     ttl_s: int,
     keys: list[str],
     args: list[str | int | bytes],
+    hours: dict[AttrKey, Tally],
+    days: dict[AttrKey, Tally],
 ) -> None:
-    """The last KEYS are the six attribution indexes; ARGV ends with their cells, capped by
-    the script (see proxy.ledger.attribution)."""
+    """The last KEYS are the six attribution indexes; ARGV ends with their cells (`hours`
+    and `days`, folded), capped by the script (see proxy.ledger.attribution)."""
     newest = int(max(r.ts for r in records))
     hour_ttl = int(HOUR_RETENTION_S)
     first = len(keys) + 1
@@ -157,7 +159,6 @@ def _attribution_call(
             slots[granularity, dimension] = first + len(slots)
             keys.append(attr_index_key(tenant_tag, granularity, dimension))
     args += [newest - hour_ttl, hour_ttl, newest - ttl_s, ttl_s, MAX_NAMED, OTHER]
-    hours, days = fold_attributes(records)
     cells = [*(("hour", k, t) for k, t in hours.items()), *(("day", k, t) for k, t in days.items())]
     args.append(len(cells))
     for granularity, (_, start, dimension, value), tally in cells:

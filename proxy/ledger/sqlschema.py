@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from proxy.ledger import histogram, sqlattr
-from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally, fold
-from proxy.ledger.attribution import fold_attributes, is_attribution
+from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally
+from proxy.ledger.attribution import fold, is_attribution
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, record_values
 from proxy.ledger.query import Span
 
@@ -187,8 +187,7 @@ def write_batch(
     `checkpoints` maps each running request's checkpoint (its `link`) to its raw row: a record
     that supersedes one replaces that row. Updated only once the transaction commits.
     """
-    hours, days = fold(records)
-    attr_hours, attr_days = fold_attributes(records)
+    hours, days, attr_hours, attr_days = fold(records)
     linked = any(r.checkpoint or r.supersedes is not None for r in records)
     rows = dict(checkpoints) if linked else checkpoints
     conn.execute("BEGIN IMMEDIATE")

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from proxy.ledger import GroupBy, UsageQuery, UsageRow
-from proxy.ledger.aggregate import fold
-from proxy.ledger.attribution import HOUR_RETENTION_S, MAX_NAMED, OTHER
+from proxy.ledger.attribution import HOUR_RETENTION_S, MAX_NAMED, OTHER, fold
 from proxy.ledger.sqlschema import _CELL_COLUMNS, _MIGRATIONS, APPLICATION_ID, _cell_row
 from tests.ledger.factory import DAY_S, HOUR_S, T0, record
 from tests.ledger.test_contract import opened, write
@@ -117,7 +116,7 @@ async def test_a_v3_database_is_migrated_and_old_usage_counts_as_none(tmp_path: 
     """Usage a v3 gateway recorded shows as "none" in every breakdown, so breakdowns still sum
     to the totals; new records are attributed."""
     path = tmp_path / "ledger.db"
-    hours, days = fold([record(1, cost_nusd=5)])
+    hours, days, _, _ = fold([record(1, cost_nusd=5)])
     with closing(sqlite3.connect(path)) as conn:
         for step in _MIGRATIONS[:3]:
             for statement in step:
