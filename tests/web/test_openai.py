@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import openai
 import pytest
@@ -131,10 +133,15 @@ def test_every_answer_has_request_id_and_cache_header(gateway_url: str) -> None:
     with httpx.Client(base_url=gateway_url) as http:
         ok = http.post("/v1/chat/completions", json=body, headers=headers)
         bad = http.post("/v1/chat/completions", json={"model": "mock-llm"}, headers=headers)
-        fresh = http.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer x"})
+        fresh = [
+            http.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer x"})
+            for _ in range(2)
+        ]
     assert ok.headers["x-request-id"] == "trace-42"
     assert bad.headers["x-request-id"] == "trace-42"
-    assert fresh.headers["x-request-id"].startswith("req_")
+    made = [answer.headers["x-request-id"] for answer in fresh]
+    assert all(re.fullmatch("req_[0-9a-f]{32}", found) for found in made)  # 128 random bits
+    assert made[0] != made[1]
     assert ok.headers["x-tokenweir-cache"] == "bypass"
 
 
