@@ -90,9 +90,19 @@ class Forward:
         content = self._content_deadline(ctx, backend)
         try:
             with translate(backend):
-                chunks = response.aiter_raw()
-                first = await _first_events(backend, response, chunks, content, monotonic)
-                async for raw in _replay(first, chunks):
+                chunks = _raw_reads(response)
+                held = await _first_events(backend, response, chunks, content, monotonic)
+                held.reverse()
+                while True:
+                    # The held first reads, then the stream's own: read straight from it, not
+                    # through httpx's aiter_raw (two generators and a chunker a token).
+                    if held:
+                        raw = held.pop()
+                    else:
+                        try:
+                            raw = await chunks.__anext__()
+                        except StopAsyncIteration:
+                            break
                     now_s = monotonic()
                     meter.read(now_s)
                     out, token_events = sse.feed(raw)
@@ -204,11 +214,16 @@ async def _first_events(
     return reads
 
 
-async def _replay(first: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    for raw in first:
-        yield raw
-    async for raw in rest:
-        yield raw
+def _raw_reads(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The response body's reads as they come, as `aiter_raw` yields them (no decoding), from
+    the response's own stream; once only, as aiter_raw allows."""
+    if response.is_stream_consumed:
+        raise httpx.StreamConsumed()
+    response.is_stream_consumed = True
+    stream = response.stream
+    if not isinstance(stream, httpx.AsyncByteStream):
+        raise TypeError("a streamed answer needs an async byte stream")
+    return aiter(stream)
 
 
 def _no_content(backend: Backend) -> UpstreamTimeout:
