@@ -66,6 +66,12 @@ DEFAULT_POLICY = Path(__file__).parent / "policies" / "default.yaml"
 SESSION_SECRET_ENV = "TOKENWEIR_SESSION_SECRET"  # noqa: S105 - a variable name, not a secret
 SESSION_TTL_S = 12 * 3600.0
 _log = logging.getLogger("tokenweir")
+SERVING_GC_THRESHOLDS = (5000, 20, 20)
+"""The collector's thresholds in a serving process (CPython's are 700, 10, 10). A request
+allocates thousands of container objects, and with tens in flight most are still alive when the
+young generation fills: at 700 it is collected several times a request and the survivors
+traversed again in the older generations, about a tenth of the all-on gateway's CPU. Measured
+in docs/benchmarks.md ("Issue 16: the collector's thresholds")."""
 
 
 def create_app(
@@ -86,7 +92,7 @@ def create_app(
     TOKENWEIR_WATCH=1, when it changes). `otel` gives tracer/meter providers; without it, the
     OTEL_* environment may configure the SDK here, in the process (each uvicorn worker) that
     serves the app. `freeze_gc` moves what startup built out of the garbage collector's way
-    (`gc.freeze`), for a serving process."""
+    (`gc.freeze`) and collects less often (SERVING_GC_THRESHOLDS), for a serving process."""
     if policy is None:
         config = config or Path(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
     source = PolicySource.read(config) if config is not None else None
@@ -115,6 +121,7 @@ def create_app(
             # collector's full passes, which otherwise pause every stream for 35-60 ms.
             gc.collect()
             gc.freeze()
+            gc.set_threshold(*SERVING_GC_THRESHOLDS)
         try:
             yield {"gateway": gateway, "live": live, "reloader": reloader}
         finally:
