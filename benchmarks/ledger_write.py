@@ -1,0 +1,114 @@
+"""The SQLite ledger writer's CPU per record, by batch size, for this tree and optionally another.
+
+    python benchmarks/ledger_write.py [--base DIR] [--batches 8,32,128] [--records 20000]
+                                      [--rounds 5]
+
+Writes `--records` records like the all-on benchmark's (one tenant, model, backend and key, no
+user or tags, non-stream) through `sqlschema.write_batch` into a fresh database, `--batches`
+records a transaction (the writer commits every 50 ms: about 32 a batch at 600 requests/s), and
+reads the thread's CPU time. With `--base DIR` the same runs happen for the tree in DIR, each
+tree in its own process, the rounds alternating; medians over the rounds.
+Results: benchmarks/results/ledger-write.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+
+
+def measure(batch: int, records: int) -> float:
+    """CPU µs per record for `records` written `batch` at a time (this process's tree)."""
+    from proxy.ledger import sqlschema
+    from proxy.ledger.base import UsageRecord
+
+    now = time.time()
+    rows = [_record(now + n / 1000, f"req_{n:032x}", UsageRecord) for n in range(records)]
+    with tempfile.TemporaryDirectory() as tmp:
+        conn = sqlschema.connect(Path(tmp) / "ledger.db", busy_timeout_s=5.0, writer=True)
+        checkpoints: dict[str, int] = {}
+        started = time.thread_time()
+        for i in range(0, records, batch):
+            sqlschema.write_batch(conn, rows[i : i + batch], checkpoints)
+        spent = time.thread_time() - started
+        conn.close()
+    return spent / records * 1e6
+
+
+def _record(ts: float, request_id: str, record: Any) -> Any:
+    return record(
+        ts=ts, request_id=request_id, tenant="bench", model="mock-llm", backend="mock",
+        operation="chat", stream=False, status=200, error=None, input_tokens=64,
+        output_tokens=16, cost_nusd=12_800, cache="miss", ttft_ms=None, tokens_per_s=None,
+        duration_ms=1.2, shaped=(), degraded=(), client_disconnected=False,
+        key_id="sha256:b0962662e937", usage_source="backend",
+    )  # fmt: skip
+
+
+def run_in(tree: Path, batch: int, records: int) -> float:
+    """`measure` in a fresh interpreter importing the tree in `tree`."""
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import ledger_write as w; "
+    code += f"print(w.measure({batch}, {records}))"
+    found = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True
+    )
+    return float(found.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", type=Path)
+    parser.add_argument("--batches", default="8,32,128")
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    trees = {"this": HERE.parent} | ({"base": args.base.resolve()} if args.base else {})
+    batches = [int(b) for b in args.batches.split(",")]
+    runs: dict[str, dict[int, list[float]]] = {name: {b: [] for b in batches} for name in trees}
+    for round_ in range(args.rounds):
+        names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
+        for batch in batches:
+            for name in names:
+                runs[name][batch].append(run_in(trees[name], batch, args.records))
+    report: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_before": round(os.getloadavg()[0], 2),
+        "rounds": args.rounds,
+        "records": args.records,
+        "median_us_per_record": {
+            name: {b: statistics.median(found) for b, found in by_batch.items()}
+            for name, by_batch in runs.items()
+        },
+    }
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "ledger-write.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        f"Run {report['when']} on {report['machine']}; load average {report['load_before']}; "
+        f"{args.records:,} records a run, medians of {args.rounds} rounds.",
+        "",
+        "| batch | " + " | ".join(f"{name} µs/record" for name in trees) + " |",
+        "|---:|" + "---:|" * len(trees),
+    ]
+    for batch in batches:
+        cells = [f"{report['median_us_per_record'][name][batch]:.1f}" for name in trees]
+        lines.append(f"| {batch} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    (HERE / "results" / "ledger-write.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
