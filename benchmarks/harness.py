@@ -86,10 +86,19 @@ class Process:
 def started(args: list[str], probe: str, log: Path) -> Iterator[Process]:
     port = free_port()
     command = [sys.executable, "-m", "proxy", *args, "--port", str(port)]
+    with running(command, port, probe, log, " ".join(args)) as process:
+        yield process
+
+
+@contextmanager
+def running(
+    command: list[str], port: int, probe: str, log: Path, name: str, cwd: Path | None = None
+) -> Iterator[Process]:
+    """`command` (output to `log`), once it answers `probe` on `port`; stopped at the end."""
     with log.open("wb") as out:
-        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        popen = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_answering(url + probe, popen, f"{' '.join(args)} did not start; see {log}")
+    wait_answering(url + probe, popen, f"{name} did not start; see {log}")
     try:
         yield Process(popen, url)
     finally:

@@ -23,7 +23,6 @@ import contextlib
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,9 +40,9 @@ from harness import (
     free_port,
     policy_for,
     publish,
+    running,
     started,
     table,
-    wait_answering,
     warm_up,
 )
 
@@ -67,15 +66,8 @@ def relay(kind: str, target: str, log: Path) -> Iterator[Process]:
                    f"TCP:127.0.0.1:{upstream},nodelay"]  # fmt: skip
     else:
         command = [sys.executable, __file__, "--relay", str(port), upstream]
-    with log.open("wb") as out:
-        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_answering(url + "/v1/models", popen, f"{kind} relay did not start; see {log}")
-    try:
-        yield Process(popen, url)
-    finally:
-        popen.terminate()
-        popen.wait(timeout=30)
+    with running(command, port, "/v1/models", log, f"the {kind} relay") as process:
+        yield process
 
 
 def level_run(

@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,9 +38,9 @@ from harness import (
     cell,
     free_port,
     publish,
+    running,
     started,
     table,
-    wait_answering,
     warm_up,
 )
 from otelsink import otlp_sink
@@ -57,15 +56,8 @@ def gateway_of(tree: Path, config: Path, log: Path) -> Iterator[Process]:
     """`tokenweir serve` run from `tree` (`python -m proxy` imports the package from its cwd)."""
     port = free_port()
     command = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
-    with log.open("wb") as out:
-        popen = subprocess.Popen(command, cwd=tree, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_answering(url + "/healthz", popen, f"the gateway of {tree} did not start; see {log}")
-    try:
-        yield Process(popen, url)
-    finally:
-        popen.terminate()
-        popen.wait(timeout=30)
+    with running(command, port, "/healthz", log, f"the gateway of {tree}", cwd=tree) as process:
+        yield process
 
 
 def script_calls(admin: redis.Redis) -> int:
