@@ -19,9 +19,12 @@ from proxy.tools.background import BackgroundServer
 
 
 @contextmanager
-def serve(app: ASGIApp, *, start_timeout_s: float = 10.0) -> Iterator[str]:
-    """Serve `app` on a free 127.0.0.1 port; yields its base URL, e.g. ``http://127.0.0.1:41234``."""
-    server = BackgroundServer(app)
+def serve(
+    app: ASGIApp, *, start_timeout_s: float = 10.0, tls: tuple[Path, Path] | None = None
+) -> Iterator[str]:
+    """Serve `app` on a free 127.0.0.1 port; yields its base URL, e.g. ``http://127.0.0.1:41234``
+    (https with `tls`, a certificate and key: tests/certs.py)."""
+    server = BackgroundServer(app, tls=tls)
     try:
         yield server.start(start_timeout_s)
     finally:

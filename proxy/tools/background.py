@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 from types import TracebackType
 
 import uvicorn
@@ -14,9 +15,17 @@ __all__ = ["BackgroundServer"]
 
 
 class BackgroundServer:
-    """Serves `app` on `host:port` (port 0: a free one) from a daemon thread until `stop()`."""
+    """Serves `app` on `host:port` (port 0: a free one) from a daemon thread until `stop()`;
+    over https with `tls`, a (certificate, key) pair of PEM files."""
 
-    def __init__(self, app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
@@ -29,7 +38,10 @@ class BackgroundServer:
             ws="none",
             http="httptools",
             timeout_graceful_shutdown=2,
+            ssl_certfile=tls[0] if tls else None,
+            ssl_keyfile=tls[1] if tls else None,
         )
+        self._scheme = "https" if tls else "http"
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
@@ -37,7 +49,7 @@ class BackgroundServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self._scheme}://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 10.0) -> str:
         """Start serving; returns the base URL once the server accepts connections."""

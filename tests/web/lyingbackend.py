@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -86,7 +87,8 @@ async def _send(send: Send, status: int, body: bytes, content_type: bytes) -> No
 
 
 @contextmanager
-def lying_backend() -> Iterator[tuple[LyingBackend, str]]:
+def lying_backend(tls: tuple[Path, Path] | None = None) -> Iterator[tuple[LyingBackend, str]]:
+    """The backend and its URL (https with `tls`, a certificate and key)."""
     app = LyingBackend()
-    with serve(app) as url:
+    with serve(app, tls=tls) as url:
         yield app, url
