@@ -98,8 +98,8 @@ def running(
     with log.open("wb") as out:
         popen = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_answering(url + probe, popen, f"{name} did not start; see {log}")
-    try:
+    try:  # one that never answers is stopped too
+        wait_answering(url + probe, popen, f"{name} did not start; see {log}")
         yield Process(popen, url)
     finally:
         popen.terminate()
