@@ -67,11 +67,12 @@ SESSION_SECRET_ENV = "TOKENWEIR_SESSION_SECRET"  # noqa: S105 - a variable name,
 SESSION_TTL_S = 12 * 3600.0
 _log = logging.getLogger("tokenweir")
 SERVING_GC_THRESHOLDS = (5000, 20, 20)
-"""The collector's thresholds in a serving process (CPython's are 700, 10, 10). A request
-allocates thousands of container objects, and with tens in flight most are still alive when the
-young generation fills: at 700 it is collected several times a request and the survivors
-traversed again in the older generations, about a tenth of the all-on gateway's CPU. Measured
-in docs/benchmarks.md ("Issue 16: the collector's thresholds")."""
+"""The collector's thresholds in a serving process (CPython's are 700, 10, 10). With tens of
+requests in flight, most of what the young generation holds when it fills belongs to requests
+still running: at 700 it was collected about once every five requests, and each time its
+survivors moved on to be traversed again in the older generations, about a tenth of the all-on
+gateway's CPU. Measured in docs/benchmarks.md (issue 16's "four small cuts": the collector's
+thresholds)."""
 
 
 def create_app(
