@@ -1,16 +1,16 @@
 """Span attributes as OTLP `Span.attributes` fields, fast for the values that repeat.
 
 Most of a request span's attributes repeat from one request to the next (operation, model,
-tenant, backend, status, port, flags): a group of them is encoded once per combination of
-values, and any other integer or boolean (key, value) pair once; strings outside a group
-(request ids) and floats (timings, cost) rarely repeat and are written as they come. The
-bytes are protowire.attributes' (tests/telemetry/test_attrwire.py compares them).
+tenant, backend, status, port, flags): the direct span path keeps the encoding of each
+combination of them (proxy/telemetry/directtrace.py), and this writer keeps any integer or
+boolean (key, value) pair's; strings (request ids) and floats (timings, cost) rarely repeat
+and are written as they come, a float's key prefix kept. The bytes are
+protowire.attributes' (tests/telemetry/test_attrwire.py compares them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
 
 from proxy.telemetry.protowire import SIZES, attributes, double, encoded_key, varint
 
@@ -18,31 +18,39 @@ __all__ = ["AttributeWriter"]
 
 _TAG = 0x4A  # Span.attributes
 _HEAD = bytes((_TAG,))
-_Kept = TypeVar("_Kept", tuple[str, object], tuple[object, ...])
+_Kept = tuple[str, object]
 
 
 class AttributeWriter:
     """Called from one thread (the event loop). Keeps at most `kept` encodings of each kind;
     when one kind's are full they are dropped and gathered again."""
 
-    __slots__ = ("_bools", "_floats", "_groups", "_ints", "_keys", "_limit")
+    __slots__ = ("_bools", "_floats", "_ints", "_keys", "_limit")
 
     def __init__(self, kept: int = 4096) -> None:
         self._limit = kept
         self._keys: dict[str, bytes] = {}  # KeyValue.key fields
         self._floats: dict[str, bytes] = {}  # a float's KeyValue, up to the number
-        self._groups: dict[tuple[object, ...], bytes] = {}
         self._ints: dict[tuple[str, object], bytes] = {}
         self._bools: dict[tuple[str, object], bytes] = {}
 
-    def group(self, keys: tuple[str, ...], values: tuple[object, ...]) -> bytes:
-        """The fields of `keys` and their `values`: each combination of values is encoded
-        once. The keys, and the type of the value at each place, must not change from one call
-        to the next (True == 1 would find 1's encoding)."""
-        encoded = self._groups.get(values)
-        if encoded is None:
-            encoded = self._keep(self._groups, values, self.pairs(zip(keys, values, strict=True)))
-        return encoded
+    def values(self, keys: tuple[str, ...], values: tuple[object, ...]) -> bytes:
+        """The fields of `keys` and their `values`, in order, None values left out: pairs()'s
+        bytes, with a float's key found without a call (timings and cost are floats)."""
+        floats = self._floats
+        parts: list[bytes] = []
+        append = parts.append
+        for key, value in zip(keys, values, strict=True):
+            if value is None:
+                continue
+            if type(value) is float:
+                append(floats.get(key) or self._float_prefix(key))
+                append(double(value))
+            elif isinstance(value, str):
+                append(self._text(key, value))
+            else:
+                append(self._pair(key, value))
+        return b"".join(parts)
 
     def pairs(self, items: Iterable[tuple[str, object]]) -> bytes:
         """The fields of `items`, in order; None values are left out."""
@@ -54,15 +62,20 @@ class AttributeWriter:
                 append((self._floats.get(key) or self._float_prefix(key)) + double(value))
             elif isinstance(value, str):
                 append(self._text(key, value))
-            elif kind is int or kind is bool:
-                kept = self._ints if kind is int else self._bools
-                encoded = kept.get((key, value))
-                if encoded is None:
-                    encoded = self._keep(kept, (key, value), attributes(_TAG, {key: value}))
-                append(encoded)
             elif value is not None:
-                append(attributes(_TAG, {key: value}))
+                append(self._pair(key, value))
         return b"".join(parts)
+
+    def _pair(self, key: str, value: object) -> bytes:
+        """A value that is not a float, a str or None: integers and booleans kept."""
+        kind = type(value)
+        if kind is not int and kind is not bool:
+            return attributes(_TAG, {key: value})
+        kept = self._ints if kind is int else self._bools
+        encoded = kept.get((key, value))
+        if encoded is None:
+            encoded = self._keep(kept, (key, value), attributes(_TAG, {key: value}))
+        return encoded
 
     def _text(self, key: str, value: str) -> bytes:
         data = value.encode()

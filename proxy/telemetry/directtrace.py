@@ -15,35 +15,49 @@ from collections.abc import Callable
 
 from proxy.context import RequestContext
 from proxy.policy.model import Backend
-from proxy.telemetry import semconv
 from proxy.telemetry.attrwire import AttributeWriter
 from proxy.telemetry.samplers import HeadSampler
-from proxy.telemetry.spanattrs import REPEATING_KEYS, SpanAttributes
+from proxy.telemetry.spanattrs import REPEATING_KEYS, VARYING_KEYS, SpanAttributes
 from proxy.telemetry.spanwire import (
     CLIENT,
     INTERNAL,
+    LOCAL_PARENT,
+    REMOTE_PARENT,
     SERVER,
     UNSET,
-    encode_span,
     error_status,
+    framed_span,
+    span_head,
     span_ids,
 )
 from proxy.telemetry.traces import Timed
 from proxy.telemetry.w3c import RANDOM_TRACE_ID, SAMPLED, RemoteParent, remote_parent, trace_headers
 
-__all__ = ["DirectTrace", "DirectTracing"]
+__all__ = ["DirectTrace", "DirectTracing", "Finished", "spans_of"]
 
 _UPSTREAM_ERROR = error_status(None)
-_KEPT_CALLS = 1024
+_KEPT = 1024  # encodings of backend calls, and of the request span's repeating part
+# Where the request span's name and status come from among its repeating values.
+_OPERATION, _MODEL, _STATUS, _ERROR = (
+    REPEATING_KEYS.index(key)
+    for key in ("gen_ai.operation.name", "gen_ai.request.model", "http.response.status_code",
+                "error.type")
+)  # fmt: skip
+Encoded = tuple[bytes, bytes, bytes]
+"""What spans alike share: span_head(), the attributes and the status, encoded once."""
+Finished = tuple["DirectTrace", SpanAttributes, int, tuple[int, ...]]
+"""A request's spans as it finished, to be written: its trace, the request span's attributes
+and end (ns), and the span ids of its storage stages' spans."""
 
 
 class DirectTracing:
-    """Starts a DirectTrace per request; `bits` is the id source (random.getrandbits, the
-    SDK's RandomIdGenerator's; tests pass a seeded one)."""
+    """Starts a DirectTrace per request, which hands `queue` its spans when it finishes, with
+    how many there are, for spans_of() to write. `bits` is the id source (random.getrandbits,
+    the SDK's RandomIdGenerator's; tests pass a seeded one)."""
 
     def __init__(
         self,
-        queue: Callable[[list[bytes]], None],
+        queue: Callable[[Finished, int], None],
         sampler: HeadSampler,
         bits: Callable[[int], int] = random.getrandbits,
     ) -> None:
@@ -51,7 +65,9 @@ class DirectTracing:
         self.sampler = sampler
         self.bits = bits
         self.attributes = AttributeWriter()
-        self._calls: dict[tuple[object, ...], tuple[str, bytes]] = {}
+        self._calls: dict[tuple[object, ...], Encoded] = {}
+        self._requests: dict[tuple[object, ...], Encoded] = {}
+        self._heads: dict[str, bytes] = {}  # a storage stage's span head, by its name
 
     def begin(self, ctx: RequestContext) -> DirectTrace:
         parent = remote_parent(ctx.headers) if "traceparent" in ctx.headers else None
@@ -59,9 +75,9 @@ class DirectTracing:
 
     def call(
         self, backend: Backend | None, path: str, status: int | None, error: str | None
-    ) -> tuple[str, bytes]:
-        """A backend call span's name and attributes (method, backend, URL, status, error),
-        the same for every call to that backend's path that ends alike: encoded once."""
+    ) -> Encoded:
+        """A backend call span's name, attributes (method, backend, URL, status, error) and
+        status, the same for every call to that backend's path that ends alike."""
         key = (backend.name, backend.url, path, status, error) if backend else (path, status, error)
         found = self._calls.get(key)
         if found is None:
@@ -71,11 +87,33 @@ class DirectTracing:
                 values["url.full"] = backend.url + path
             values["http.response.status_code"] = status
             values["error.type"] = error
-            found = (f"POST {path}", self.attributes.pairs(values.items()))
-            if len(self._calls) >= _KEPT_CALLS:
-                self._calls.clear()
-            self._calls[key] = found
+            found = (span_head(f"POST {path}", CLIENT), self.attributes.pairs(values.items()),
+                     UNSET if error is None else _UPSTREAM_ERROR)  # fmt: skip
+            _keep(self._calls, key, found)
         return found
+
+    def request(self, repeating: tuple[object, ...]) -> Encoded:
+        """The request span's name, repeating attributes and status: all follow from the
+        repeating values (operation, model, status, error among them), so each combination is
+        encoded once. The type at each place must not change (True == 1 would find 1's)."""
+        found = self._requests.get(repeating)
+        if found is None:
+            model, status, error = repeating[_MODEL], repeating[_STATUS], repeating[_ERROR]
+            failed = (isinstance(status, int) and status >= 400) or bool(error)
+            found = (
+                span_head(f"{repeating[_OPERATION]} {model or ''}".rstrip(), SERVER),
+                self.attributes.pairs(zip(REPEATING_KEYS, repeating, strict=True)),
+                error_status(str(error) if error else None) if failed else UNSET,
+            )
+            _keep(self._requests, repeating, found)
+        return found
+
+    def stage_head(self, name: str) -> bytes:
+        """A storage stage's span name and kind."""
+        head = self._heads.get(name)
+        if head is None:
+            head = self._heads[name] = span_head(name, INTERNAL)
+        return head
 
     def span_id(self) -> int:
         span_id = self.bits(64)
@@ -84,44 +122,79 @@ class DirectTracing:
         return span_id
 
 
-class _Call:
-    """The backend call's span, open until the relay ends it."""
+def spans_of(finished: Finished) -> list[bytes]:
+    """A finished request's spans, each a `ScopeSpans.spans` field: the backend call's, the
+    storage stages', the request's. From one thread at a time per DirectTracing (its
+    batcher's): it keeps the encodings of what repeats."""
+    trace, attributes, end_ns, stage_ids = finished
+    tracing = trace._tracing
+    parent, span_id = trace._parent, trace.span_id
+    ids = span_ids(trace._trace_id, parent.state if parent is not None else "")
+    spans = []
+    if trace._call_id:
+        head, values, status = tracing.call(
+            trace._backend, trace._path, trace._call_status, trace._call_error
+        )
+        spans.append(framed_span(
+            ids, trace._call_id, span_id, head, trace._call_start_ns, trace._call_end_ns,
+            values, status, LOCAL_PARENT,
+        ))  # fmt: skip
+    stages = trace._stages or ()
+    for stage_id, (name, started_s, ended_s) in zip(stage_ids, stages, strict=True):
+        spans.append(framed_span(
+            ids, stage_id, span_id, tracing.stage_head(name), trace._ns(started_s),
+            trace._ns(ended_s), b"", UNSET, LOCAL_PARENT,
+        ))  # fmt: skip
+    head, values, status = tracing.request(attributes.repeating)
+    spans.append(framed_span(
+        ids, span_id, parent.span_id if parent is not None else 0, head, trace._origin_ns,
+        end_ns, values + tracing.attributes.values(VARYING_KEYS, attributes.varying), status,
+        REMOTE_PARENT if parent is not None else LOCAL_PARENT,
+    ))  # fmt: skip
+    return spans
 
-    __slots__ = ("backend", "end_ns", "error", "path", "span_id", "start_ns", "status")
 
-    def __init__(self, span_id: int, ctx: RequestContext, start_ns: int) -> None:
-        self.span_id = span_id
-        self.backend = ctx.backend
-        self.path = ctx.upstream_path
-        self.start_ns = start_ns
-        self.end_ns = 0
-        self.status: int | None = None
-        self.error: str | None = None
+def _keep(kept: dict[tuple[object, ...], Encoded], key: tuple[object, ...], found: Encoded) -> None:
+    if len(kept) >= _KEPT:
+        kept.clear()
+    kept[key] = found
 
 
 class DirectTrace:
-    """One request's spans. Monotonic times become wall-clock nanoseconds via `received_*`."""
+    """One request's spans. Monotonic times become wall-clock nanoseconds via `received_*`.
+    The backend call's span is open from upstream_started (`_call_id` set) to upstream_ended
+    (`_call_end_ns` set)."""
 
     __slots__ = (
+        "_backend",
+        "_call_end_ns",
+        "_call_error",
+        "_call_id",
+        "_call_start_ns",
+        "_call_status",
         "_flags",
         "_origin_ns",
         "_parent",
+        "_path",
         "_received_s",
         "_stages",
         "_trace_id",
         "_tracing",
-        "_upstream",
         "recording",
         "span_id",
     )
+    _backend: Backend | None
+    _path: str
+    _call_status: int | None
+    _call_error: str | None
 
     def __init__(self, tracing: DirectTracing, parent: RemoteParent | None, ctx: RequestContext):
         self._tracing = tracing
         self._parent = parent
         self._received_s = ctx.received_s
         self._origin_ns = int(ctx.received_wall * 1e9)
-        self._stages: list[Timed] = []
-        self._upstream: _Call | None = None
+        self._stages: list[Timed] | None = None
+        self._call_id = self._call_start_ns = self._call_end_ns = 0
         if parent is None:
             trace_id = tracing.bits(128)
             while not trace_id:
@@ -138,53 +211,34 @@ class DirectTrace:
         return self._origin_ns + int((monotonic_s - self._received_s) * 1e9)
 
     def stage_ran(self, name: str, started_s: float, ended_s: float) -> None:
+        if self._stages is None:
+            self._stages = []
         self._stages.append((name, started_s, ended_s))
 
     def upstream_started(self, ctx: RequestContext, now_s: float) -> dict[str, str]:
         state = self._parent.state if self._parent is not None else ""
         if not self.recording:  # sampled out: pass the decision on, build nothing more
             return trace_headers(self._trace_id, self.span_id, self._flags, state)
-        call = self._upstream = _Call(self._tracing.span_id(), ctx, self._ns(now_s))
-        return trace_headers(self._trace_id, call.span_id, self._flags, state)
+        self._call_id = self._tracing.span_id()
+        self._call_start_ns = self._ns(now_s)
+        self._backend, self._path = ctx.backend, ctx.upstream_path
+        self._call_status = self._call_error = None
+        return trace_headers(self._trace_id, self._call_id, self._flags, state)
 
     def upstream_ended(self, now_s: float, status: int | None, error: str | None) -> None:
-        call = self._upstream
-        if call is None or call.end_ns:
+        if not self._call_id or self._call_end_ns:
             return
-        call.end_ns = self._ns(now_s)
-        call.status, call.error = status, error
+        self._call_end_ns = self._ns(now_s)
+        self._call_status, self._call_error = status, error
 
     def finish(self, ctx: RequestContext, now_s: float, attributes: SpanAttributes | None) -> None:
-        """Write the request's spans (the backend call, the storage stages, the request) and
-        queue them for export."""
+        """End the request: its spans are queued to be written (DirectTracing.spans) and
+        exported. The ids of its storage stages' spans are drawn now, in order."""
         if not self.recording or attributes is None:
             return
-        call = self._upstream
-        if call is not None and not call.end_ns:  # the relay did not close it: end it now
+        if self._call_id and not self._call_end_ns:  # the relay did not close it: end it now
             self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
-        parent = self._parent
-        trace = span_ids(self._trace_id, parent.state if parent is not None else "")
-        spans = [] if call is None else [self._call_span(trace, call)]
-        for name, started_s, ended_s in self._stages:
-            spans.append(encode_span(
-                trace, self._tracing.span_id(), self.span_id, name, INTERNAL,
-                self._ns(started_s), self._ns(ended_s), b"",
-            ))  # fmt: skip
-        writer = self._tracing.attributes
-        values = writer.group(REPEATING_KEYS, attributes.repeating)
-        failed = ctx.status >= 400 or ctx.error_code
-        spans.append(encode_span(
-            trace, self.span_id, parent.span_id if parent is not None else 0,
-            f"{ctx.operation} {semconv.clipped(ctx.model)}".rstrip(), SERVER,
-            self._origin_ns, self._ns(now_s), values + writer.pairs(attributes.varying_items()),
-            error_status(semconv.clipped(ctx.error_code)) if failed else UNSET,
-            parent is not None,
-        ))  # fmt: skip
-        self._tracing.queue(spans)
-
-    def _call_span(self, trace: tuple[bytes, bytes], call: _Call) -> bytes:
-        name, values = self._tracing.call(call.backend, call.path, call.status, call.error)
-        return encode_span(
-            trace, call.span_id, self.span_id, name, CLIENT, call.start_ns, call.end_ns,
-            values, UNSET if call.error is None else _UPSTREAM_ERROR,
-        )  # fmt: skip
+        tracing = self._tracing
+        stage_ids = tuple([tracing.span_id() for _ in self._stages]) if self._stages else ()
+        spans = 1 + len(stage_ids) + (1 if self._call_id else 0)
+        tracing.queue((self, attributes, self._ns(now_s), stage_ids), spans)

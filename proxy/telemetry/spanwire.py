@@ -17,17 +17,21 @@ from proxy.telemetry.protowire import SIZES, field, fixed32, text, varint
 __all__ = [
     "CLIENT",
     "INTERNAL",
+    "LOCAL_PARENT",
+    "REMOTE_PARENT",
     "SERVER",
     "UNSET",
     "SpanFrame",
     "encode_span",
     "error_status",
+    "framed_span",
+    "span_head",
     "span_ids",
 ]
 
 INTERNAL, SERVER, CLIENT = 1, 2, 3  # OTLP's Span.SpanKind
-_LOCAL_PARENT = b"\x85\x01" + fixed32(0x100)  # SpanFlags: has-is-remote, not remote
-_REMOTE_PARENT = b"\x85\x01" + fixed32(0x300)  # ... and remote
+LOCAL_PARENT = b"\x85\x01" + fixed32(0x100)  # SpanFlags: has-is-remote, not remote
+REMOTE_PARENT = b"\x85\x01" + fixed32(0x300)  # ... and remote
 _ID = struct.Struct(">HQ")  # Span.span_id, after its tag and size...
 _IDS = struct.Struct(">HQHQ")  # ... and Span.parent_span_id
 _TIMES = struct.Struct("<BQBQ")  # start and end time
@@ -46,6 +50,36 @@ def span_ids(trace_id: int, state: str) -> tuple[bytes, bytes]:
     return b"\x0a\x10" + trace_id.to_bytes(16, "big"), text(0x1A, state) if state else b""
 
 
+def span_head(name: str, kind: int) -> bytes:
+    """A span's name and kind fields, which framed_span takes encoded (spans alike share them)."""
+    encoded = name.encode()
+    size = len(encoded)
+    return b"".join((b"\x2a", SIZES[size] if size < 0x80 else varint(size), encoded, _KINDS[kind]))
+
+
+def framed_span(
+    trace: tuple[bytes, bytes],
+    span_id: int,
+    parent_id: int,
+    head: bytes,
+    start_ns: int,
+    end_ns: int,
+    attributes: bytes,
+    status: bytes,
+    flags: bytes,
+) -> bytes:
+    """One `ScopeSpans.spans` field from its parts: `trace` is span_ids(); `parent_id` 0 for
+    none; `head` span_head(); `attributes` the encoded `Span.attributes` fields (attrwire);
+    `status` UNSET or error_status(); `flags` LOCAL_PARENT or REMOTE_PARENT."""
+    ids = _IDS.pack(0x1208, span_id, 0x2208, parent_id) if parent_id else _ID.pack(0x1208, span_id)
+    body = b"".join((
+        trace[0], ids[:10], trace[1], ids[10:], head,
+        _TIMES.pack(0x39, start_ns, 0x41, end_ns), attributes, status, flags,
+    ))  # fmt: skip
+    size = len(body)
+    return (b"\x12" + SIZES[size] if size < 0x80 else b"\x12" + varint(size)) + body
+
+
 def encode_span(
     trace: tuple[bytes, bytes],
     span_id: int,
@@ -58,20 +92,11 @@ def encode_span(
     status: bytes = UNSET,
     remote_parent: bool = False,
 ) -> bytes:
-    """One `ScopeSpans.spans` field. `trace` is span_ids(); `parent_id` 0 for none;
-    `attributes` the encoded `Span.attributes` fields (attrwire); `status` UNSET or
-    error_status()."""
-    ids = _IDS.pack(0x1208, span_id, 0x2208, parent_id) if parent_id else _ID.pack(0x1208, span_id)
-    encoded = name.encode()
-    size = len(encoded)
-    body = b"".join((
-        trace[0], ids[:10], trace[1], ids[10:],
-        b"\x2a", SIZES[size] if size < 0x80 else varint(size), encoded,
-        _KINDS[kind], _TIMES.pack(0x39, start_ns, 0x41, end_ns), attributes, status,
-        _REMOTE_PARENT if remote_parent else _LOCAL_PARENT,
-    ))  # fmt: skip
-    size = len(body)
-    return (b"\x12" + SIZES[size] if size < 0x80 else b"\x12" + varint(size)) + body
+    """One `ScopeSpans.spans` field, as framed_span() with the head encoded here."""
+    return framed_span(
+        trace, span_id, parent_id, span_head(name, kind), start_ns, end_ns, attributes, status,
+        REMOTE_PARENT if remote_parent else LOCAL_PARENT,
+    )  # fmt: skip
 
 
 class SpanFrame:

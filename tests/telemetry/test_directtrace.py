@@ -9,6 +9,8 @@ import pytest
 
 from proxy.context import RequestContext, TraceHooks
 from proxy.outgoing import OutgoingRequest
+from proxy.telemetry.directtrace import DirectTracing
+from proxy.telemetry.samplers import head_sampler
 from tests.conftest import make_policy
 from tests.telemetry.conftest import GAMMA
 from tests.telemetry.twopaths import RECEIVED_S, Drive, context, finish, via_api, via_direct
@@ -30,12 +32,21 @@ def answered(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
     return headers
 
 
-def backend_failed(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
-    headers = trace.upstream_started(ctx, RECEIVED_S + 0.0005)
-    trace.upstream_ended(RECEIVED_S + 0.002, None, "upstream_error")
-    ctx.outcome.status, ctx.outcome.error_code = 502, "upstream_error"
-    finish(trace, ctx, RECEIVED_S + 0.0021)
-    return headers
+def failing(error: str) -> Drive:
+    """The backend call fails with `error`, and so does the request (502)."""
+
+    def backend_failed(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
+        headers = trace.upstream_started(ctx, RECEIVED_S + 0.0005)
+        trace.upstream_ended(RECEIVED_S + 0.002, None, error)
+        ctx.outcome.status, ctx.outcome.error_code = 502, error
+        finish(trace, ctx, RECEIVED_S + 0.0021)
+        return headers
+
+    return backend_failed
+
+
+backend_failed = failing("upstream_error")
+timed_out = failing("upstream_timeout")  # the same status, another description
 
 
 def relay_cut(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
@@ -61,12 +72,20 @@ def long_values(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
     return answered(trace, ctx)
 
 
-@pytest.mark.parametrize("drive", [answered, backend_failed, relay_cut, rejected, long_values])
-@pytest.mark.parametrize(
-    "headers",
-    [{}, {"traceparent": PARENT}, {"traceparent": PARENT, "tracestate": "rojo=00f067aa,congo=t61"}],
-    ids=["root", "remote-parent", "tracestate"],
-)
+def degraded(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
+    """As `answered`, but degraded: only a late repeating attribute differs."""
+    ctx.degraded = ["shorten-under-load"]
+    return answered(trace, ctx)
+
+
+DRIVES = [answered, degraded, backend_failed, timed_out, relay_cut, rejected, long_values]
+HEADERS = [
+    {}, {"traceparent": PARENT}, {"traceparent": PARENT, "tracestate": "rojo=00f067aa,congo=t61"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("drive", DRIVES)
+@pytest.mark.parametrize("headers", HEADERS, ids=["root", "remote-parent", "tracestate"])
 @pytest.mark.parametrize("tenant", ["alpha", "gamma"])
 def test_the_same_request_makes_the_same_bytes(
     drive: Drive, headers: dict[str, str], tenant: str
@@ -77,6 +96,22 @@ def test_the_same_request_makes_the_same_bytes(
         assert api.spans
         assert direct.spans == api.spans
         assert direct.headers == api.headers
+
+
+def test_what_one_request_leaves_behind_changes_no_other_requests_bytes() -> None:
+    """One tracer keeps the encodings of what repeats (a backend call, the request span's name,
+    status and repeating attributes); requests that differ in any of it, in turn and again,
+    each come out as a fresh tracer writes them."""
+    tracing = DirectTracing(lambda finished, spans: None, head_sampler({}))
+    for round_ in range(2):
+        for drive in DRIVES:
+            for headers in HEADERS:
+                for tenant in ("alpha", "gamma"):
+                    new_ctx = partial(context, POLICY, tenant, headers)
+                    fresh = via_direct({}, round_, new_ctx, drive)
+                    kept = via_direct({}, round_, new_ctx, drive, tracing)
+                    assert kept.spans == fresh.spans, (round_, drive.__name__, headers, tenant)
+                    assert kept.spans
 
 
 def test_a_sampled_out_request_records_nothing_and_passes_the_decision_on() -> None:
