@@ -11,7 +11,9 @@ reporting medians over the repeats:
   asyncio loop that pauses 2 ms every 32 requests (as a server waits on its sockets; the export
   thread runs then), and reads its own CPU time, every thread's, until the last span has been
   posted to a stand-in collector in another process (benchmarks/otelsink.py). The queue is
-  made large enough that no span is dropped. Also shown: the loop thread's share alone.
+  made large enough that no span is dropped. The collector runs as `tokenweir serve` sets
+  it (SERVING_GC_THRESHOLDS): tracing's objects cost what they cost a serving gateway. Also
+  shown: the loop thread's share alone.
 - serve: three `tokenweir serve` processes on the plain policy, in front of one unpaced
   `tokenweir mock-backend`: without OTEL_*, with `TOKENWEIR_TRACE_PATH=sdk` (the SDK's spans
   and batch processor) and with the default direct path, each exporting over OTLP/HTTP to a
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import platform
 import statistics
@@ -43,6 +46,7 @@ from otelsink import otlp_sink
 from starlette.datastructures import Headers
 
 from proxy.apis import output_fields
+from proxy.app import SERVING_GC_THRESHOLDS
 from proxy.clock import SystemClock
 from proxy.context import RequestContext
 from proxy.ledger import UsageRecord
@@ -176,6 +180,7 @@ def sink_process() -> Iterator[str]:
 
 def loop_suite(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
     queue = str(args.loop_requests * 10)  # room for every span: none is dropped
+    gc.set_threshold(*SERVING_GC_THRESHOLDS)
     with (
         sink_process() as endpoint,
         environment(
