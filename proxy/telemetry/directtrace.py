@@ -33,7 +33,7 @@ from proxy.telemetry.spanwire import (
 from proxy.telemetry.traces import Timed
 from proxy.telemetry.w3c import RANDOM_TRACE_ID, SAMPLED, RemoteParent, remote_parent, trace_headers
 
-__all__ = ["DirectTrace", "DirectTracing", "Finished", "spans_of"]
+__all__ = ["DirectTrace", "DirectTracing"]
 
 _UPSTREAM_ERROR = error_status(None)
 _KEPT = 1024  # encodings of backend calls, and of the request span's repeating part
@@ -45,19 +45,15 @@ _OPERATION, _MODEL, _STATUS, _ERROR = (
 )  # fmt: skip
 Encoded = tuple[bytes, bytes, bytes]
 """What spans alike share: span_head(), the attributes and the status, encoded once."""
-Finished = tuple["DirectTrace", SpanAttributes, int, tuple[int, ...]]
-"""A request's spans as it finished, to be written: its trace, the request span's attributes
-and end (ns), and the span ids of its storage stages' spans."""
 
 
 class DirectTracing:
-    """Starts a DirectTrace per request, which hands `queue` its spans when it finishes, with
-    how many there are, for spans_of() to write. `bits` is the id source (random.getrandbits,
-    the SDK's RandomIdGenerator's; tests pass a seeded one)."""
+    """Starts a DirectTrace per request; `bits` is the id source (random.getrandbits, the
+    SDK's RandomIdGenerator's; tests pass a seeded one)."""
 
     def __init__(
         self,
-        queue: Callable[[Finished, int], None],
+        queue: Callable[[list[bytes]], None],
         sampler: HeadSampler,
         bits: Callable[[int], int] = random.getrandbits,
     ) -> None:
@@ -120,38 +116,6 @@ class DirectTracing:
         while not span_id:  # 0 is the invalid id
             span_id = self.bits(64)
         return span_id
-
-
-def spans_of(finished: Finished) -> list[bytes]:
-    """A finished request's spans, each a `ScopeSpans.spans` field: the backend call's, the
-    storage stages', the request's. From one thread at a time per DirectTracing (its
-    batcher's): it keeps the encodings of what repeats."""
-    trace, attributes, end_ns, stage_ids = finished
-    tracing = trace._tracing
-    parent, span_id = trace._parent, trace.span_id
-    ids = span_ids(trace._trace_id, parent.state if parent is not None else "")
-    spans = []
-    if trace._call_id:
-        head, values, status = tracing.call(
-            trace._backend, trace._path, trace._call_status, trace._call_error
-        )
-        spans.append(framed_span(
-            ids, trace._call_id, span_id, head, trace._call_start_ns, trace._call_end_ns,
-            values, status, LOCAL_PARENT,
-        ))  # fmt: skip
-    stages = trace._stages or ()
-    for stage_id, (name, started_s, ended_s) in zip(stage_ids, stages, strict=True):
-        spans.append(framed_span(
-            ids, stage_id, span_id, tracing.stage_head(name), trace._ns(started_s),
-            trace._ns(ended_s), b"", UNSET, LOCAL_PARENT,
-        ))  # fmt: skip
-    head, values, status = tracing.request(attributes.repeating)
-    spans.append(framed_span(
-        ids, span_id, parent.span_id if parent is not None else 0, head, trace._origin_ns,
-        end_ns, values + tracing.attributes.values(VARYING_KEYS, attributes.varying), status,
-        REMOTE_PARENT if parent is not None else LOCAL_PARENT,
-    ))  # fmt: skip
-    return spans
 
 
 def _keep(kept: dict[tuple[object, ...], Encoded], key: tuple[object, ...], found: Encoded) -> None:
@@ -232,13 +196,32 @@ class DirectTrace:
         self._call_status, self._call_error = status, error
 
     def finish(self, ctx: RequestContext, now_s: float, attributes: SpanAttributes | None) -> None:
-        """End the request: its spans are queued to be written (DirectTracing.spans) and
-        exported. The ids of its storage stages' spans are drawn now, in order."""
+        """Write the request's spans (the backend call, the storage stages, the request) and
+        queue them for export."""
         if not self.recording or attributes is None:
             return
-        if self._call_id and not self._call_end_ns:  # the relay did not close it: end it now
-            self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
-        tracing = self._tracing
-        stage_ids = tuple([tracing.span_id() for _ in self._stages]) if self._stages else ()
-        spans = 1 + len(stage_ids) + (1 if self._call_id else 0)
-        tracing.queue((self, attributes, self._ns(now_s), stage_ids), spans)
+        tracing, parent, span_id = self._tracing, self._parent, self.span_id
+        ids = span_ids(self._trace_id, parent.state if parent is not None else "")
+        spans = []
+        if self._call_id:
+            if not self._call_end_ns:  # the relay did not close it: end it now
+                self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
+            head, values, status = tracing.call(
+                self._backend, self._path, self._call_status, self._call_error
+            )
+            spans.append(framed_span(
+                ids, self._call_id, span_id, head, self._call_start_ns, self._call_end_ns,
+                values, status, LOCAL_PARENT,
+            ))  # fmt: skip
+        for name, started_s, ended_s in self._stages or ():
+            spans.append(framed_span(
+                ids, tracing.span_id(), span_id, tracing.stage_head(name), self._ns(started_s),
+                self._ns(ended_s), b"", UNSET, LOCAL_PARENT,
+            ))  # fmt: skip
+        head, values, status = tracing.request(attributes.repeating)
+        spans.append(framed_span(
+            ids, span_id, parent.span_id if parent is not None else 0, head, self._origin_ns,
+            self._ns(now_s), values + tracing.attributes.values(VARYING_KEYS, attributes.varying),
+            status, REMOTE_PARENT if parent is not None else LOCAL_PARENT,
+        ))  # fmt: skip
+        tracing.queue(spans)

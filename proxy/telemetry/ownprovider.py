@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from proxy import __version__
-from proxy.telemetry.directtrace import DirectTracing, Finished, spans_of
+from proxy.telemetry.directtrace import DirectTracing
 from proxy.telemetry.otlpexport import OtlpSpanExporter
 from proxy.telemetry.otlppost import OtlpPoster
 from proxy.telemetry.samplers import head_sampler
@@ -33,9 +33,7 @@ class OwnTracerProvider(TracerProvider):
         super().__init__(resource=resource)
         self.add_span_processor(BatchSpanProcessor(OtlpSpanExporter(environ)))
         frame = SpanFrame(resource.attributes, ("tokenweir", __version__), resource.schema_url)
-        self.batcher: SpanBatcher[Finished] = SpanBatcher(
-            spans_of, frame.body, OtlpPoster(environ), batch_settings(environ)
-        )
+        self.batcher = SpanBatcher(frame.body, OtlpPoster(environ), batch_settings(environ))
         self._tracing = DirectTracing(self.batcher.add, head_sampler(environ))
 
     def request_tracing(self) -> TraceSource:

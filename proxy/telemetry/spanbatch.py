@@ -1,10 +1,4 @@
-"""The direct span path's batch processor: finished requests queued, their spans encoded and
-posted in batches by one thread.
-
-The event loop queues each request's spans as it finished them, not yet encoded; the thread
-encodes a batch of them at a time and posts it. The same encoding costs the process about a
-third less CPU run back to back for a batch than run on the event loop between each request's
-other work (docs/benchmarks.md, "Issue 16 point 3"), and it leaves the event loop sooner.
+"""The direct span path's batch processor: encoded spans queued, posted in batches by one thread.
 
 It follows the SDK's BatchSpanProcessor and reads the same variables: every
 `OTEL_BSP_SCHEDULE_DELAY` ms (default 5000), or as soon as `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`
@@ -19,20 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol
 
 __all__ = ["BatchSettings", "Sender", "SpanBatcher", "batch_settings"]
 
 _log = logging.getLogger("tokenweir")
-Finished = TypeVar("Finished")
-# Spans written between two chances for the event loop to take the GIL: a batch of 512 takes
-# the thread milliseconds to write, as long as CPython's switch interval (5 ms).
-_YIELD_EVERY = 64
 
 
 class Sender(Protocol):
@@ -76,28 +65,20 @@ def _ms(environ: Mapping[str, str], name: str, default: int) -> int:
         return default
 
 
-class SpanBatcher(Generic[Finished]):
+class SpanBatcher:
     """`add` is called by the gateway's event loop (one thread: the queue bound is checked
-    without a lock); one thread of its own encodes (`encode`: a request's spans, each a
-    `ScopeSpans.spans` field) and posts. The spans queued are those added less those taken,
-    each count written by one thread only."""
+    without a lock); one thread of its own posts."""
 
     def __init__(
-        self,
-        encode: Callable[[Finished], list[bytes]],
-        frame: Callable[[Sequence[bytes]], bytes],
-        sender: Sender,
-        settings: BatchSettings,
+        self, frame: Callable[[Sequence[bytes]], bytes], sender: Sender, settings: BatchSettings
     ) -> None:
-        self._encode = encode
         self._frame = frame
         self._sender = sender
         self._settings = settings
         self._batch = settings.max_export_batch_size
         self._limit = settings.max_queue_size
         self._timeout_s = settings.export_timeout_s
-        self._queue: deque[tuple[Finished, int]] = deque()
-        self._ready: list[bytes] = []  # encoded, left over from the last batch taken
+        self._queue: deque[bytes] = deque()
         self.dropped_spans = 0
         self._logged_drops = 0
         self._stopping = False
@@ -106,22 +87,19 @@ class SpanBatcher(Generic[Finished]):
 
     def _start_thread(self) -> None:
         self._queue.clear()  # in a forked child: the parent's spans are the parent's to post
-        self._ready = []
-        self._added = self._taken = 0
         self._exporting = threading.Lock()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenweir-spans", daemon=True)
         self._thread.start()
 
-    def add(self, finished: Finished, spans: int) -> None:
-        """Queue one request's `spans` spans, or drop them all if they do not fit."""
-        waiting = self._added - self._taken
-        if waiting + spans > self._limit or self._stopping:
-            self.dropped_spans += spans
+    def add(self, spans: list[bytes]) -> None:
+        """Queue one request's spans, or drop them all if they do not fit."""
+        queue = self._queue
+        if len(queue) + len(spans) > self._limit or self._stopping:
+            self.dropped_spans += len(spans)
             return
-        self._queue.append((finished, spans))
-        self._added += spans
-        if waiting + spans >= self._batch and not self._wake.is_set():
+        queue.extend(spans)
+        if len(queue) >= self._batch and not self._wake.is_set():
             self._wake.set()
 
     def _run(self) -> None:
@@ -149,24 +127,11 @@ class SpanBatcher(Generic[Finished]):
             self._report_drops()
 
     def _take(self, partial: bool) -> list[bytes]:
-        """At most a batch of encoded spans: a full one, or fewer if `partial`."""
-        ready, queue, batch = self._ready, self._queue, self._batch
-        if not partial and len(ready) + self._added - self._taken < batch:
+        queue = self._queue
+        if not queue or (not partial and len(queue) < self._batch):
             return []
-        written = 0
-        while len(ready) < batch and queue:
-            finished, spans = queue.popleft()
-            self._taken += spans
-            try:
-                ready.extend(self._encode(finished))
-            except Exception:  # a request's spans that cannot be written: the rest still go
-                _log.exception("writing a request's %d spans failed", spans)
-            written += spans
-            if written >= _YIELD_EVERY:  # let the event loop have the GIL, if it waits for it
-                written = 0
-                time.sleep(0)
-        self._ready = ready[batch:]
-        return ready[:batch]
+        popleft = queue.popleft
+        return [popleft() for _ in range(min(self._batch, len(queue)))]
 
     def _report_drops(self) -> None:
         dropped = self.dropped_spans

@@ -102,7 +102,7 @@ def test_what_one_request_leaves_behind_changes_no_other_requests_bytes() -> Non
     """One tracer keeps the encodings of what repeats (a backend call, the request span's name,
     status and repeating attributes); requests that differ in any of it, in turn and again,
     each come out as a fresh tracer writes them."""
-    tracing = DirectTracing(lambda finished, spans: None, head_sampler({}))
+    tracing = DirectTracing(lambda spans: None, head_sampler({}))
     for round_ in range(2):
         for drive in DRIVES:
             for headers in HEADERS:

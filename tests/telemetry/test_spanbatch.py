@@ -25,11 +25,6 @@ def request_spans(number: int, count: int = 2) -> list[bytes]:
     ]
 
 
-def finished(number: int, count: int = 2) -> tuple[list[bytes], int]:
-    """What a request hands the batcher: its spans (here encoded already), and how many."""
-    return request_spans(number, count), count
-
-
 class Recorder:
     """A Sender that keeps each batch's span names; `hold` makes it wait before taking one."""
 
@@ -55,14 +50,14 @@ class Recorder:
 def batcher(
     sender: Recorder, *, delay_s: float = 60.0, queue: int = 2048, batch: int = 512
 ) -> SpanBatcher:
-    return SpanBatcher(list, FRAME.body, sender, BatchSettings(delay_s, queue, batch, 5.0))
+    return SpanBatcher(FRAME.body, sender, BatchSettings(delay_s, queue, batch, 5.0))
 
 
 def test_a_full_batch_goes_at_once_and_none_is_larger_than_the_limit() -> None:
     sender = Recorder()
     spans = batcher(sender, batch=4)
     for number in range(5):  # 10 spans: two full batches go without waiting for the schedule
-        spans.add(*finished(number))
+        spans.add(request_spans(number))
     wait_until(lambda: sum(map(len, sender.batches)) >= 8, "two full batches")
     spans.shutdown()  # and the last two at shutdown
     assert [len(b) for b in sender.batches] == [4, 4, 2]
@@ -70,42 +65,10 @@ def test_a_full_batch_goes_at_once_and_none_is_larger_than_the_limit() -> None:
     assert names == [f"span {n}.{i}" for n in range(5) for i in range(2)]
 
 
-def test_requests_are_split_across_batches_in_order() -> None:
-    sender = Recorder()
-    spans = batcher(sender, batch=4)
-    for number in range(3):  # 9 spans, 3 a request: batches of 4 cut through requests
-        spans.add(*finished(number, count=3))
-    wait_until(lambda: len(sender.batches) >= 2, "two full batches")
-    spans.shutdown()
-    assert [len(b) for b in sender.batches] == [4, 4, 1]
-    names = [name for b in sender.batches for name in b]
-    assert names == [f"span {n}.{i}" for n in range(3) for i in range(3)]
-
-
-def test_a_request_whose_spans_cannot_be_written_is_logged_and_the_rest_go(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    def encode(spans: list[bytes]) -> list[bytes]:
-        if not spans:
-            raise ValueError("nothing to write")
-        return spans
-
-    sender = Recorder()
-    spans = SpanBatcher(encode, FRAME.body, sender, BatchSettings(60.0, 2048, 512, 5.0))
-    spans.add(*finished(0))
-    spans.add([], 2)
-    spans.add(*finished(1))
-    with caplog.at_level(logging.ERROR, logger="tokenweir"):
-        spans.shutdown()
-    assert sender.batches == [["span 0.0", "span 0.1", "span 1.0", "span 1.1"]]
-    assert "writing a request's 2 spans failed" in caplog.text
-    assert "ValueError: nothing to write" in caplog.text
-
-
 def test_fewer_spans_than_a_batch_go_on_the_schedule() -> None:
     sender = Recorder()
     spans = batcher(sender, delay_s=0.05)
-    spans.add(*finished(0))
+    spans.add(request_spans(0))
     wait_until(lambda: bool(sender.batches), "the scheduled batch")
     assert sender.batches == [["span 0.0", "span 0.1"]]
     spans.shutdown()
@@ -116,10 +79,10 @@ def test_a_full_queue_drops_whole_requests_and_says_so(caplog: pytest.LogCapture
     sender.hold.clear()
     spans = batcher(sender, queue=6, batch=6)
     for number in range(3):  # a full batch: taken by the thread, which then waits in send()
-        spans.add(*finished(number))
+        spans.add(request_spans(number))
     assert sender.entered.wait(10)
     for number in range(3, 7):  # 8 spans for a queue of 6: the last request does not fit
-        spans.add(*finished(number))
+        spans.add(request_spans(number))
     assert spans.dropped_spans == 2
     with caplog.at_level(logging.WARNING, logger="tokenweir"):
         sender.hold.set()
@@ -133,12 +96,12 @@ def test_shutdown_posts_what_is_left_to_a_real_collector() -> None:
     with collector() as server:
         endpoint = f"http://127.0.0.1:{server.server_port}"
         poster = OtlpPoster({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
-        spans = SpanBatcher(list, FRAME.body, poster, BatchSettings(60.0, 100, 50, 5.0))
+        spans = SpanBatcher(FRAME.body, poster, BatchSettings(60.0, 100, 50, 5.0))
         for number in range(3):
-            spans.add(*finished(number, count=3))
+            spans.add(request_spans(number, count=3))
         assert server.spans() == []  # the schedule is a minute away
         spans.shutdown()
-        spans.add(*finished(9))  # after shutdown: dropped
+        spans.add(request_spans(9))  # after shutdown: dropped
         [(headers, request)] = server.spans()
     assert headers["content-type"] == "application/x-protobuf"
     [resource_spans] = request.resource_spans

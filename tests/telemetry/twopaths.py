@@ -23,7 +23,7 @@ from proxy import __version__
 from proxy.context import Admitted, RequestContext, TraceHooks
 from proxy.outgoing import OutgoingRequest
 from proxy.policy import Policy
-from proxy.telemetry.directtrace import DirectTracing, Finished, spans_of
+from proxy.telemetry.directtrace import DirectTracing
 from proxy.telemetry.otlpwire import encode_spans
 from proxy.telemetry.samplers import head_sampler
 from proxy.telemetry.spanwire import SpanFrame
@@ -113,17 +113,11 @@ def via_direct(
     """`tracing`, if given, is one that has seen other requests: its ids are reseeded and its
     queue replaced, and what it keeps from them stays."""
     queued: list[bytes] = []
-
-    def queue(finished: Finished, spans: int) -> None:
-        written = spans_of(finished)
-        assert len(written) == spans
-        queued.extend(written)
-
     bits = random.Random(seed).getrandbits  # noqa: S311 (ids, as the SDK makes them)
     if tracing is None:
-        tracing = DirectTracing(queue, head_sampler(environ), bits)
+        tracing = DirectTracing(queued.extend, head_sampler(environ), bits)
     else:
-        tracing.queue, tracing.bits = queue, bits
+        tracing.queue, tracing.bits = queued.extend, bits
     outcome = _run(tracing, new_ctx(), drive)
     frame = SpanFrame(RESOURCE.attributes, ("tokenweir", __version__), RESOURCE.schema_url)
     outcome.spans = frame.body(queued) if queued else b""
