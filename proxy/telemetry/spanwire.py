@@ -1,7 +1,7 @@
 """The gateway's own spans in OTLP protobuf, written from plain values (no SDK span objects).
 
 The bytes are those otlpwire writes for the SDK's spans with the same ids, names, kinds, times,
-attributes and status (tests/telemetry/test_spanwire.py compares them): each span is one
+attributes and status (tests/telemetry/test_directtrace.py compares them): each span is one
 `ScopeSpans.spans` field, and a batch wraps them once in the resource and the scope.
 """
 
@@ -22,7 +22,6 @@ __all__ = [
     "SERVER",
     "UNSET",
     "SpanFrame",
-    "encode_span",
     "error_status",
     "framed_span",
     "span_head",
@@ -78,25 +77,6 @@ def framed_span(
     ))  # fmt: skip
     size = len(body)
     return (b"\x12" + SIZES[size] if size < 0x80 else b"\x12" + varint(size)) + body
-
-
-def encode_span(
-    trace: tuple[bytes, bytes],
-    span_id: int,
-    parent_id: int,
-    name: str,
-    kind: int,
-    start_ns: int,
-    end_ns: int,
-    attributes: bytes,
-    status: bytes = UNSET,
-    remote_parent: bool = False,
-) -> bytes:
-    """One `ScopeSpans.spans` field, as framed_span() with the head encoded here."""
-    return framed_span(
-        trace, span_id, parent_id, span_head(name, kind), start_ns, end_ns, attributes, status,
-        REMOTE_PARENT if remote_parent else LOCAL_PARENT,
-    )  # fmt: skip
 
 
 class SpanFrame:

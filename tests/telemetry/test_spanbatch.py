@@ -10,7 +10,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from proxy.telemetry.otlppost import OtlpPoster
 from proxy.telemetry.spanbatch import BatchSettings, SpanBatcher, batch_settings
-from proxy.telemetry.spanwire import SERVER, SpanFrame, encode_span, span_ids
+from proxy.telemetry.spanwire import (
+    LOCAL_PARENT,
+    SERVER,
+    UNSET,
+    SpanFrame,
+    framed_span,
+    span_head,
+    span_ids,
+)
 from tests.redis_server import wait_until
 from tests.telemetry.collector import collector
 
@@ -21,8 +29,10 @@ def request_spans(number: int, count: int = 2) -> list[bytes]:
     """`count` spans of request `number` (its trace id)."""
     trace = span_ids(number + 1, "")
     return [
-        encode_span(trace, i + 1, 0, f"span {number}.{i}", SERVER, 1, 2, b"") for i in range(count)
-    ]
+        framed_span(trace, i + 1, 0, span_head(f"span {number}.{i}", SERVER), 1, 2, b"", UNSET,
+                    LOCAL_PARENT)
+        for i in range(count)
+    ]  # fmt: skip
 
 
 class Recorder:
