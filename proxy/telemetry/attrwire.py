@@ -34,32 +34,16 @@ class AttributeWriter:
         self._ints: dict[tuple[str, object], bytes] = {}
         self._bools: dict[tuple[str, object], bytes] = {}
 
-    def values(self, keys: tuple[str, ...], values: tuple[object, ...]) -> bytes:
-        """The fields of `keys` and their `values`, in order, None values left out: pairs()'s
-        bytes, with a float's key found without a call (timings and cost are floats)."""
-        floats = self._floats
-        parts: list[bytes] = []
-        append = parts.append
-        for key, value in zip(keys, values, strict=True):
-            if value is None:
-                continue
-            if type(value) is float:
-                append(floats.get(key) or self._float_prefix(key))
-                append(double(value))
-            elif isinstance(value, str):
-                append(self._text(key, value))
-            else:
-                append(self._pair(key, value))
-        return b"".join(parts)
-
     def pairs(self, items: Iterable[tuple[str, object]]) -> bytes:
         """The fields of `items`, in order; None values are left out."""
+        floats = self._floats
         parts: list[bytes] = []
         append = parts.append
         for key, value in items:
             kind = type(value)
             if kind is float:
-                append((self._floats.get(key) or self._float_prefix(key)) + double(value))
+                append(floats.get(key) or self._float_prefix(key))
+                append(double(value))
             elif isinstance(value, str):
                 append(self._text(key, value))
             elif value is not None:

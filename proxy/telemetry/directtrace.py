@@ -17,7 +17,7 @@ from proxy.context import RequestContext
 from proxy.policy.model import Backend
 from proxy.telemetry.attrwire import AttributeWriter
 from proxy.telemetry.samplers import HeadSampler
-from proxy.telemetry.spanattrs import REPEATING_KEYS, VARYING_KEYS, SpanAttributes
+from proxy.telemetry.spanattrs import REPEATING_KEYS, SpanAttributes
 from proxy.telemetry.spanwire import (
     CLIENT,
     INTERNAL,
@@ -221,7 +221,7 @@ class DirectTrace:
         head, values, status = tracing.request(attributes.repeating)
         spans.append(framed_span(
             ids, span_id, parent.span_id if parent is not None else 0, head, self._origin_ns,
-            self._ns(now_s), values + tracing.attributes.values(VARYING_KEYS, attributes.varying),
+            self._ns(now_s), values + tracing.attributes.pairs(attributes.varying_items()),
             status, REMOTE_PARENT if parent is not None else LOCAL_PARENT,
         ))  # fmt: skip
         tracing.queue(spans)

@@ -64,14 +64,12 @@ class Telemetry:
     async def traced(self, ctx: Admitted, stage: Traced) -> None:
         """Run a stage; its span is drawn if it touched storage (only called when `ctx.trace`
         is set)."""
-        clock = self._clock
-        started_s = clock.monotonic()
+        started_s = self._clock.monotonic()
         try:
             await stage(ctx)
         finally:
-            trace = ctx.trace
-            if trace is not None and stage.touched(ctx):
-                trace.stage_ran(stage.span_name, started_s, clock.monotonic())
+            if ctx.trace is not None and stage.touched(ctx):
+                ctx.trace.stage_ran(stage.span_name, started_s, self._clock.monotonic())
 
     def upstream_started(self, ctx: RequestContext) -> dict[str, str]:
         """The backend call begins; returns headers for it (W3C `traceparent` when tracing)."""

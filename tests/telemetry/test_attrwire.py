@@ -23,12 +23,3 @@ def test_every_call_gives_the_fresh_encoding() -> None:
         for _ in range(3):
             for values in VALUES:
                 assert writer.pairs(values.items()) == attributes(0x4A, values), (kept, values)
-
-
-def test_keys_and_values_give_the_fresh_encoding() -> None:
-    for kept in (1, 2, 4096):
-        writer = AttributeWriter(kept)
-        for _ in range(3):
-            for values in VALUES:
-                keys, row = tuple(values), tuple(values.values())
-                assert writer.values(keys, row) == attributes(0x4A, values), (kept, values)
