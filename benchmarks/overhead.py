@@ -72,6 +72,10 @@ TELEMETRY = {
     },
 }
 
+# Temperature 0 makes every request cacheable: each one is looked up and its answer stored
+# (bench's prompts are all different, so every lookup misses: the cost, not the savings).
+ALL_BUDGET = FULL_BUDGET.replace("temperature: 0.3", "temperature: 0")
+
 # Generous enough never to refuse the benchmark's load: the cost of checking is what is measured.
 ALL_LIMITS = (
     "{requests_per_minute: 100000000, tokens_per_minute: 10000000000, max_concurrent: 5000}"
@@ -250,11 +254,8 @@ def gateway_config(mock_url: str, work: Path, redis_url: str | None) -> Path:
     """The plain gateway, or (with Redis) every feature built so far."""
     if redis_url is None:
         return policy_for(mock_url, work)
-    # Temperature 0 makes every request cacheable: each one is looked up and its answer stored
-    # (bench's prompts are all different, so every lookup misses: the cost, not the savings).
-    deterministic = FULL_BUDGET.replace("temperature: 0.3", "temperature: 0")
     return policy_for(
-        mock_url, work, name="all", tokenizer=str(QWEN), budget=deterministic, limits=ALL_LIMITS,
+        mock_url, work, name="all", tokenizer=str(QWEN), budget=ALL_BUDGET, limits=ALL_LIMITS,
         storage=redis_url, ledger=f"sqlite:///{work / 'ledger.db'}", cache="{mode: exact}",
     )  # fmt: skip
 
