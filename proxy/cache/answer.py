@@ -8,7 +8,9 @@ text. The first such chunk is parsed and becomes a template (the bytes before an
 text); every later chunk that matches it byte for byte, with a text free of quotes and
 backslashes, is kept as that text's bytes without being parsed (OpenAI's `obfuscation`
 padding, new in every chunk, is a second hole in the template). Every other chunk (the role
-chunk, tool calls, a text with an escape, the finish chunk) is parsed on its own. When the
+chunk, tool calls, a text with an escape, the finish chunk) is parsed on its own. A read that
+holds many events (a busy gateway reads several at once) is cut apart in bulk, and halved
+around the events off the template, so it costs a few calls, not one an event. When the
 stream ends each kind of text is decoded once; nothing re-reads the stream. The answer is the
 one a parse of every chunk would give, byte for byte, and refused where that one is.
 """
@@ -24,6 +26,7 @@ __all__ = ["Answer", "StreamFold", "from_response", "from_stream"]
 
 _DATA: Final = b"data:"
 _DONE: Final = b"[DONE]"
+_EVENT_END: Final = b"\n\n"
 # Stands in for a template's text to prove the template parses as a text-only chunk.
 _PROBE: Final = "tokenweir-probe"
 # A backend whose chunks vary (a per-chunk timestamp) is not re-learned forever.
@@ -123,9 +126,7 @@ class _Template:
     the bytes from the text to it are `mid`, and its value may be any plain string.
     """
 
-    __slots__ = (
-        "between", "head", "mid", "parts", "prefix", "quotes", "slashes", "suffix", "tail",
-    )  # fmt: skip
+    __slots__ = ("between", "head", "mid", "parts", "prefix", "sep", "suffix", "tail")
 
     def __init__(self, parts: list[bytes], prefix: bytes, suffix: bytes, line: bytes, sep: bytes):
         self.parts = parts  # the text's pieces so far, which a match adds to
@@ -137,11 +138,10 @@ class _Template:
             self.mid, suffix = suffix[:hole], suffix[close:]
         self.suffix = suffix
         self.head = line + prefix  # `line`: what comes before the payload (`data: `)
+        self.sep = sep
         self.tail = suffix + sep
         # Between two texts of a read with several events on the template.
         self.between = self.tail + self.head
-        self.quotes = self.between.count(b'"')
-        self.slashes = self.between.count(b"\\")
 
     def probe(self, text: bytes) -> bytes:
         """A payload on the template with `text` in its hole or holes."""
@@ -150,25 +150,39 @@ class _Template:
     def take(self, data: bytes) -> bool:
         """Keep the texts of a read that is only events on the template, texts without escapes.
 
-        Every text is free of quotes exactly when `data` has no quotes but the templates' own:
-        the first quote after a text then starts the next `between`, so the split is exact.
+        The read is cut at its events' ends, and each event's text is what lies between the
+        template's head and suffix. Put back between the template's own bytes, the texts must
+        give the read again, byte for byte: then every event is the template around its text.
+        A text with a quote or a backslash is refused (it could end its string early, or
+        escape), and with it the whole read. Work in C over the read, not Python per event.
         """
         inner = _inside(data, self.head, self.tail)
         if inner is None:
             return False
-        if self.mid is not None:  # one event, or several read as lines
-            text = _cut(inner, self.mid)
-            if text is None:
-                return False
-            self.parts.append(text)
-            return True
-        if b'"' not in inner and b"\\" not in inner:  # the usual read: one event
+        if self.mid is None and b'"' not in inner and b"\\" not in inner:  # the usual: one event
             self.parts.append(inner)
             return True
-        texts = inner.split(self.between)
-        events = len(texts) - 1
-        if inner.count(b'"') != events * self.quotes or inner.count(b"\\") != events * self.slashes:
+        events = data.split(self.sep)
+        events.pop()  # empty: `data` ends with `tail`, which ends with `sep`
+        if self.mid is not None:
+            return self._take_padded(events)
+        start, end = len(self.head), len(self.suffix)
+        texts = [event[start : len(event) - end] for event in events]
+        plain = b"".join(texts)
+        if b'"' in plain or b"\\" in plain or self.between.join(texts) != inner:
             return False
+        self.parts += texts
+        return True
+
+    def _take_padded(self, events: list[bytes]) -> bool:
+        """`take` for a template with a second hole: event by event."""
+        texts = []
+        for event in events:
+            inner = _inside(event, self.head, self.suffix)
+            text = None if inner is None or self.mid is None else _cut(inner, self.mid)
+            if text is None:
+                return False
+            texts.append(text)
         self.parts += texts
         return True
 
@@ -234,8 +248,42 @@ class StreamFold:
             self.broken = True
             return
         template = self._template
-        if template is not None and not self._done and template.take(data):
-            return  # the usual read: events on the template, nothing parsed
+        if template is not None and not self._done:
+            if not template.take(data):  # the usual read: events on the template, nothing parsed
+                self._halves(data)
+            return
+        # An event at a time until one gives the template, then the rest in bulk.
+        start = 0
+        while self._template is None and not self.broken:
+            end = data.find(_EVENT_END, start) + len(_EVENT_END)
+            if end < len(_EVENT_END) or end >= len(data):  # the last event (or not SSE)
+                break
+            self._lines(data[start:end])
+            start = end
+        self._events(data[start:] if start else data)
+
+    def _events(self, data: bytes) -> None:
+        """Whole events: those on the template are cut apart in bulk, and a batch with others
+        is halved until each of those is alone, so a batch costs a few calls, not one an event
+        (the usual batch: only events on the template, one split, nothing parsed)."""
+        template = self._template
+        if self.broken or template is None or self._done:
+            self._lines(data)
+        elif not template.take(data):
+            self._halves(data)
+
+    def _halves(self, data: bytes) -> None:
+        """Events not all on the template: each half of them on its own, down to one event."""
+        middle = _event_end_near_middle(data)
+        if middle:
+            self._events(data[:middle])
+            self._events(data[middle:])
+        else:
+            self._lines(data)
+
+    def _lines(self, data: bytes) -> None:
+        if self.broken:
+            return
         for line in data.splitlines():
             if line.startswith(_DATA):
                 self._payload(line, data)
@@ -349,6 +397,16 @@ class StreamFold:
             return
         if isinstance(probe, dict) and _text_only(probe) == (name, _PROBE):
             self._template = template
+
+
+def _event_end_near_middle(data: bytes) -> int:
+    """Where an event of `data` ends nearest after (else before) its middle; 0 if it is one."""
+    half = len(data) // 2
+    straddles = len(_EVENT_END) - 1  # an event's end across the middle is found too
+    found = data.find(_EVENT_END, max(0, half - straddles))
+    if found < 0 or found + len(_EVENT_END) >= len(data):
+        found = data.rfind(_EVENT_END, 0, half + straddles)
+    return 0 if found < 0 else found + len(_EVENT_END)
 
 
 def _text_only(chunk: dict[str, Any]) -> tuple[str, str] | None:

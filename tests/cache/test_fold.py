@@ -60,7 +60,7 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     return seen
 
 
-@pytest.mark.parametrize("per_read", [1, 3])
+@pytest.mark.parametrize("per_read", [1, 3, 1 << 30])  # the last: the whole stream in one read
 def test_a_long_stream_folds_into_exactly_its_text(per_read: int) -> None:
     pieces = long_text(5000)
     events = [role_event(), *map(text_event, pieces), finish_event(), b"data: [DONE]\n\n"]
@@ -103,6 +103,41 @@ def test_parses_per_stream_do_not_grow_with_its_length(
         counts.append(len(parses))
     # The role chunk, the first text chunk, its template's probe, the finish chunk, the decode.
     assert counts == [5, 5]
+
+
+@pytest.mark.parametrize("escaped_every", [0, 50])
+def test_a_read_of_many_events_is_cut_apart_in_a_few_calls(
+    monkeypatch: pytest.MonkeyPatch, escaped_every: int
+) -> None:
+    """A read holding a whole stream (a busy gateway reads many events at once) is taken in
+    bulk: only the events off the template are looked at one by one, and the bulk calls grow
+    with the log of the read's length, not with its length."""
+    looked_at: list[bytes] = []
+    bulk: list[int] = []
+    payload, take = StreamFold._payload, answer_module._Template.take
+
+    def one(folded: StreamFold, line: bytes, data: bytes) -> None:
+        looked_at.append(line)
+        payload(folded, line, data)
+
+    def many(template: Any, data: bytes) -> bool:
+        bulk.append(len(data))
+        return take(template, data)
+
+    monkeypatch.setattr(StreamFold, "_payload", one)
+    monkeypatch.setattr(answer_module._Template, "take", many)
+    for n in (256, 4096):
+        looked_at.clear()
+        bulk.clear()
+        words = [' "q"' if escaped_every and i % escaped_every == 1 else f" w{i}" for i in range(n)]
+        events = [role_event(), *map(text_event, words), finish_event(), DONE]
+        answer = fold(events, per_read=len(events)).answer("chat", USAGE)
+        assert answer is not None
+        assert answer.message == {"role": "assistant", "content": "".join(words)}
+        escaped = sum(1 for word in words if '"' in word)
+        # The role chunk, the first text (its template), each escaped text, finish, [DONE].
+        assert len(looked_at) == 4 + escaped
+        assert len(bulk) <= 2 * (2 + escaped) * n.bit_length()
 
 
 def test_only_chunks_off_the_template_are_parsed(parses: list[bytes]) -> None:
@@ -231,7 +266,9 @@ def test_a_stream_past_its_limit_is_refused_and_stops_folding(parses: list[bytes
     assert fold(events, limit=size - 1).answer("chat", USAGE) is None  # [DONE] was one too many
     parses.clear()
     assert fold(events, limit=size // 2).answer("chat", USAGE) is None
-    assert len(parses) == 3  # nothing parsed once past the limit (role, first text, probe)
+    # Nothing parsed once past the limit: at most the role, the first text and its probe, and
+    # none if the limit was passed before the first batch was folded.
+    assert len(parses) <= 3
 
 
 def test_a_template_is_never_taken_from_a_look_alike_field(parses: list[bytes]) -> None:
