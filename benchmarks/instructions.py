@@ -1,13 +1,15 @@
 """Instructions per request, counted by callgrind: what each feature costs, the same every run.
 
     python benchmarks/instructions.py [--requests 300] [--concurrency 1] [--stream] [--tokens 16]
-                                      [--steps bare,redis,...] [--base DIR]
+                                      [--tps inf] [--steps bare,redis,...] [--base DIR]
 
 CPU time on this shared machine moves by a quarter from one hour to the next, and effects of
 20-50 µs a request drown in it. Callgrind counts the instructions a process executes instead:
 the same code on the same input gives the same count whatever else the machine is doing.
 
-Starts the unpaced `tokenweir mock-backend` and a private redis-server as they are, and
+Starts `tokenweir mock-backend` (unpaced, or `--tps` tokens a second: a paced stream arrives a
+token a read, as from a real engine, where an unpaced one comes in a few reads) and a private
+redis-server as they are, and
 `tokenweir serve` under `valgrind --tool=callgrind` with counting off. After a warm-up it turns
 counting on (`callgrind_control -i on`), sends `--requests` requests of `--tokens` tokens with
 `tokenweir bench` (non-stream unless `--stream`), and dumps the counts, one file per thread.
@@ -44,6 +46,7 @@ import argparse
 import contextlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -173,8 +176,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     steps: dict[str, Any] = {}
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         endpoint, _ = stack.enter_context(otlp_sink())
-        unpaced = ["mock-backend", "--tokens-per-second", "inf"]
-        mock = stack.enter_context(started(unpaced, "/v1/models", Path(tmp) / "mock.log"))
+        backend = ["mock-backend", "--tokens-per-second", args.tps]
+        mock = stack.enter_context(started(backend, "/v1/models", Path(tmp) / "mock.log"))
         redis_url = stack.enter_context(private_redis())
         for step in args.steps.split(","):
             steps[step] = {}
@@ -206,7 +209,7 @@ def markdown(report: dict[str, Any]) -> str:
     intro = (
         f"Run {report['when']} on {report['machine']}; {report['requests']} "
         f"{'streamed' if report['stream'] else 'non-stream'} requests of "
-        f"{report['tokens']} tokens, "
+        f"{report['tokens']} tokens ({report['tps']} tokens/s), "
         f"{report['concurrency']} at a time; instructions a request (callgrind). Each step adds "
         "its feature to the steps above it; `added` is the difference from the step above "
         "(for the SDK step, from the metrics step: the direct path)."
@@ -220,9 +223,12 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--tps", default="inf", help="the backend's tokens a second a stream")
     parser.add_argument("--steps", default=",".join(name for name, _ in STEPS))
     parser.add_argument("--base", type=Path)
     args = parser.parse_args()
+    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        parser.error("needs valgrind and callgrind_control (Debian: apt-get install valgrind)")
     unknown = set(args.steps.split(",")) - {name for name, _ in STEPS}
     if unknown:
         parser.error(f"unknown steps: {', '.join(sorted(unknown))}")
@@ -230,7 +236,7 @@ def main() -> int:
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "requests": args.requests, "concurrency": args.concurrency, "stream": args.stream,
-        "tokens": args.tokens,
+        "tokens": args.tokens, "tps": args.tps,
         "base": str(args.base.resolve()) if args.base else None,
         "steps": measure(args),
     }  # fmt: skip

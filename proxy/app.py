@@ -22,6 +22,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from proxy.clock import Clock, SystemClock
 from proxy.errors import GatewayError, InternalError, NotFound
@@ -45,6 +46,7 @@ from proxy.telemetry.otelenv import otel_wanted
 from proxy.web.admin import admin_routes
 from proxy.web.agents import CountTokens, MessagesEndpoint
 from proxy.web.dashboard import DashboardPages
+from proxy.web.fastlane import FastLane
 from proxy.web.openai import ModelList, OpenAIEndpoint
 from proxy.web.ops import Health, Metrics, Ready
 from proxy.web.requestid import RequestId
@@ -134,14 +136,17 @@ def create_app(
                 if sdk is not None:
                     sdk.shutdown()
 
+    inference: dict[str, ASGIApp] = {
+        "/v1/chat/completions": OpenAIEndpoint("chat"),
+        "/v1/completions": OpenAIEndpoint("text_completion"),
+        "/v1/embeddings": OpenAIEndpoint("embeddings"),
+        "/v1/responses": OpenAIEndpoint("responses"),
+        "/v1/messages": MessagesEndpoint(),
+        "/v1/messages/count_tokens": CountTokens(),
+    }
     return Starlette(
         routes=[
-            Route("/v1/chat/completions", OpenAIEndpoint("chat"), methods=["POST"]),
-            Route("/v1/completions", OpenAIEndpoint("text_completion"), methods=["POST"]),
-            Route("/v1/embeddings", OpenAIEndpoint("embeddings"), methods=["POST"]),
-            Route("/v1/responses", OpenAIEndpoint("responses"), methods=["POST"]),
-            Route("/v1/messages", MessagesEndpoint(), methods=["POST"]),
-            Route("/v1/messages/count_tokens", CountTokens(), methods=["POST"]),
+            *(Route(path, endpoint, methods=["POST"]) for path, endpoint in inference.items()),
             Route("/v1/models", ModelList(), methods=["GET"]),
             Route("/v1/models/{model_id:path}", ModelList(), methods=["GET"]),
             Route("/healthz", Health(), methods=["GET"]),
@@ -156,7 +161,11 @@ def create_app(
             Route("/dashboard/logout", pages.route("logout"), methods=["POST"]),
             Route("/dashboard/static/dashboard.css", pages.route("stylesheet"), methods=["GET"]),
         ],
-        middleware=[Middleware(CurrentGateway), Middleware(RequestId)],
+        middleware=[
+            Middleware(CurrentGateway),
+            Middleware(RequestId),
+            Middleware(FastLane, routes=inference),  # the same endpoints, past the router
+        ],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
     )
