@@ -8,9 +8,10 @@ text. The first such chunk is parsed and becomes a template (the bytes before an
 text); every later chunk that matches it byte for byte, with a text free of quotes and
 backslashes, is kept as that text's bytes without being parsed (OpenAI's `obfuscation`
 padding, new in every chunk, is a second hole in the template). Every other chunk (the role
-chunk, tool calls, a text with an escape, the finish chunk) is parsed on its own. A read that
-holds many events (a busy gateway reads several at once) is cut apart in bulk, and halved
-around the events off the template, so it costs a few calls, not one an event. When the
+chunk, tool calls, a text with an escape, the finish chunk) is parsed on its own. Reads are
+folded about 2 KB at a time (a paced stream comes a token a read), and such a batch, or a read
+that holds many events, is cut apart in bulk and halved around the events off the template: a
+few calls a batch, not one an event. When the
 stream ends each kind of text is decoded once; nothing re-reads the stream. The answer is the
 one a parse of every chunk would give, byte for byte, and refused where that one is.
 """
@@ -31,6 +32,10 @@ _EVENT_END: Final = b"\n\n"
 _PROBE: Final = "tokenweir-probe"
 # A backend whose chunks vary (a per-chunk timestamp) is not re-learned forever.
 _MAX_TEMPLATES: Final = 4
+# Reads wait to be folded until they hold this many bytes (about 8 chunks of a chat stream):
+# a batch's events on the template are cut apart together, not in Python calls for each (a
+# paced stream comes a token a read). An open stream holds at most this much more.
+_BATCH_BYTES: Final = 2048
 # Errors a malformed chunk may raise while folded; the fold gives up, the relay goes on.
 _MALFORMED: Final = (AttributeError, KeyError, IndexError, TypeError, ValueError)
 _TEXTS: Final = ("content", "reasoning_content", "refusal", "text")
@@ -221,8 +226,8 @@ class StreamFold:
     """
 
     __slots__ = (
-        "_done", "_fingerprint", "_finish", "_limit", "_model", "_size", "_template",
-        "_templates", "_texts", "_tools", "broken",
+        "_done", "_fingerprint", "_finish", "_limit", "_model", "_pending", "_pending_size",
+        "_size", "_template", "_templates", "_texts", "_tools", "broken",
     )  # fmt: skip
 
     def __init__(self, limit: int) -> None:
@@ -238,8 +243,25 @@ class StreamFold:
         self._tools: dict[int, dict[str, Any]] = {}
         self._template: _Template | None = None
         self._templates = 0
+        self._pending: list[bytes] = []
+        self._pending_size = 0
 
     def feed(self, data: bytes) -> None:
+        """Take relayed bytes (one or more whole events): folded about `_BATCH_BYTES` at a
+        time, and what is left when `answer` is asked for."""
+        self._pending.append(data)
+        self._pending_size += len(data)
+        if self._pending_size >= _BATCH_BYTES:
+            self._fold_pending()
+
+    def _fold_pending(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            self._pending_size = 0
+            self._fold(data)
+
+    def _fold(self, data: bytes) -> None:
         """Fold in relayed bytes: one or more whole events."""
         if self.broken:
             return
@@ -292,6 +314,7 @@ class StreamFold:
 
     def answer(self, operation: str, usage: dict[str, Any]) -> Answer | None:
         """The answer the stream carried, or None if it is incomplete or was refused."""
+        self._fold_pending()
         if self.broken or not self._done or self._finish is None:
             return None
         try:

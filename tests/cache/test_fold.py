@@ -47,6 +47,14 @@ def fold(events: list[bytes], *, per_read: int = 1, limit: int = 1 << 30) -> Str
     return folded
 
 
+@pytest.fixture(autouse=True, params=[1, answer_module._BATCH_BYTES, 1 << 30])
+def batch_bytes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Every test with each read folded as it comes, in batches as served, and all at once
+    at the end: the answer does not depend on where the batches fall."""
+    monkeypatch.setattr(answer_module, "_BATCH_BYTES", request.param)
+    return int(request.param)
+
+
 @pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Every JSON parse the fold makes."""
