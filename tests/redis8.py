@@ -7,9 +7,11 @@ data is); the server is stopped by its port when the session ends.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from tests.servers import free_port
 from tests.shared import REPO_ROOT, _missing
 
 SCRIPT = REPO_ROOT.parent / "shared" / "tools" / "redis8.sh"
+_START_LOCK = Path(tempfile.gettempdir()) / "tw-redis8-start.lock"
 
 
 def _script() -> Path:
@@ -33,9 +36,13 @@ def _script() -> Path:
 def redis8_server() -> Iterator[str]:
     script = _script()
     port = free_port()
-    started = subprocess.run(
-        ["bash", str(script), "start", str(port)], capture_output=True, text=True, timeout=300
-    )
+    # One start at a time: the first downloads the binaries, and two test workers starting at
+    # once would both write them while the other runs them.
+    with _START_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = subprocess.run(
+            ["bash", str(script), "start", str(port)], capture_output=True, text=True, timeout=300
+        )
     try:
         if started.returncode != 0:
             pytest.fail(f"redis8.sh could not start Redis 8: {started.stdout}{started.stderr}")
