@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from proxy.cache.answer import StreamFold
+from proxy.cache.fold import StreamFold
 from proxy.cache.key import CacheKey
 
 if TYPE_CHECKING:

@@ -15,8 +15,9 @@ from typing import ClassVar
 import anyio
 from starlette.types import Send
 
-from proxy.cache.answer import Answer, StreamFold, from_response
+from proxy.cache.answer import Answer, from_response
 from proxy.cache.embed import Embedder, EmbedderUnavailable, normalise
+from proxy.cache.fold import StreamFold
 from proxy.cache.key import CacheKey, cache_key
 from proxy.cache.plan import CachePlan
 from proxy.cache.replay import replay_response, replay_stream

@@ -8,8 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-import proxy.cache.answer as answer_module
-from proxy.cache.answer import Answer, StreamFold, from_stream
+import proxy.cache.fold as fold_module
+from proxy.cache.answer import Answer
+from proxy.cache.fold import StreamFold, from_stream
 from proxy.cache.replay import replay_response, replay_stream
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
@@ -47,11 +48,11 @@ def fold(events: list[bytes], *, per_read: int = 1, limit: int = 1 << 30) -> Str
     return folded
 
 
-@pytest.fixture(autouse=True, params=[1, answer_module._BATCH_BYTES, 1 << 30])
+@pytest.fixture(autouse=True, params=[1, fold_module._BATCH_BYTES, 1 << 30])
 def batch_bytes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """Every test with each read folded as it comes, in batches as served, and all at once
     at the end: the answer does not depend on where the batches fall."""
-    monkeypatch.setattr(answer_module, "_BATCH_BYTES", request.param)
+    monkeypatch.setattr(fold_module, "_BATCH_BYTES", request.param)
     return int(request.param)
 
 
@@ -64,7 +65,7 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
         seen.append(raw)
         return orjson.loads(raw)
 
-    monkeypatch.setattr(answer_module, "_loads", counted)
+    monkeypatch.setattr(fold_module, "_loads", counted)
     return seen
 
 
@@ -122,7 +123,7 @@ def test_a_read_of_many_events_is_cut_apart_in_a_few_calls(
     with the log of the read's length, not with its length."""
     looked_at: list[bytes] = []
     bulk: list[int] = []
-    payload, take = StreamFold._payload, answer_module._Template.take
+    payload, take = StreamFold._payload, fold_module._Template.take
 
     def one(folded: StreamFold, line: bytes, data: bytes) -> None:
         looked_at.append(line)
@@ -133,7 +134,7 @@ def test_a_read_of_many_events_is_cut_apart_in_a_few_calls(
         return take(template, data)
 
     monkeypatch.setattr(StreamFold, "_payload", one)
-    monkeypatch.setattr(answer_module._Template, "take", many)
+    monkeypatch.setattr(fold_module._Template, "take", many)
     for n in (256, 4096):
         looked_at.clear()
         bulk.clear()

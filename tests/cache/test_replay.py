@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from proxy.cache.answer import Answer, from_response, from_stream
+from proxy.cache.answer import Answer, from_response
+from proxy.cache.fold import from_stream
 from proxy.cache.replay import replay_response, replay_stream
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}

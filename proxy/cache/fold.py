@@ -1,0 +1,392 @@
+"""A stream's answer, folded in as its chunks pass (`StreamFold`), so storing it costs O(1) per
+chunk.
+
+A stream usually repeats one chunk: the same id, model and fields around a new piece of
+text. The first such chunk is parsed and becomes a template (the bytes before and after its
+text); every later chunk that matches it byte for byte, with a text free of quotes and
+backslashes, is kept as that text's bytes without being parsed (OpenAI's `obfuscation`
+padding, new in every chunk, is a second hole in the template). Every other chunk (the role
+chunk, tool calls, a text with an escape, the finish chunk) is parsed on its own. Reads are
+folded about 2 KB at a time (a paced stream comes a token a read), and such a batch, or a read
+that holds many events, is cut apart in bulk and halved around the events off the template: a
+few calls a batch, not one an event. When the stream ends each kind of text is decoded once;
+nothing re-reads the stream. The answer is the one a parse of every chunk would give, byte
+for byte, and refused where that one is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+from proxy.cache.answer import Answer
+
+__all__ = ["StreamFold", "from_stream"]
+
+_DATA: Final = b"data:"
+_DONE: Final = b"[DONE]"
+_EVENT_END: Final = b"\n\n"
+# Stands in for a template's text to prove the template parses as a text-only chunk.
+_PROBE: Final = "tokenweir-probe"
+# A backend whose chunks vary (a per-chunk timestamp) is not re-learned forever.
+_MAX_TEMPLATES: Final = 4
+# Reads wait to be folded until they hold this many bytes (about 8 chunks of a chat stream):
+# a batch's events on the template are cut apart together, not in Python calls for each (a
+# paced stream comes a token a read). An open stream holds at most this much more.
+_BATCH_BYTES: Final = 2048
+# Errors a malformed chunk may raise while folded; the fold gives up, the relay goes on.
+_MALFORMED: Final = (AttributeError, KeyError, IndexError, TypeError, ValueError)
+_TEXTS: Final = ("content", "reasoning_content", "refusal", "text")
+# A field whose value changes in every chunk: a template's second hole.
+_HOLE: Final = b'"obfuscation":"'
+
+
+def from_stream(operation: str, events: bytes, usage: dict[str, Any]) -> Answer | None:
+    """The answer a complete SSE stream carried, merged from its deltas; None if incomplete.
+
+    The whole stream at once, as the gateway folds it chunk by chunk (`StreamFold`).
+    """
+    fold = StreamFold(len(events))
+    fold.feed(events)
+    return fold.answer(operation, usage)
+
+
+def _loads(raw: bytes) -> Any:
+    """Every parse the fold makes goes through here (a test counts them)."""
+    return orjson.loads(raw)
+
+
+class _Template:
+    """The bytes around the text of a text-only chunk: as a payload, and as a whole event.
+
+    A field every chunk fills anew (OpenAI's `obfuscation`, random padding) is a second hole:
+    the bytes from the text to it are `mid`, and its value may be any plain string.
+    """
+
+    __slots__ = ("between", "head", "mid", "parts", "prefix", "sep", "suffix", "tail")
+
+    def __init__(self, parts: list[bytes], prefix: bytes, suffix: bytes, line: bytes, sep: bytes):
+        self.parts = parts  # the text's pieces so far, which a match adds to
+        self.prefix = prefix
+        self.mid: bytes | None = None
+        hole = suffix.find(_HOLE) + len(_HOLE)
+        close = suffix.find(b'"', hole)
+        if hole >= len(_HOLE) and suffix.count(_HOLE) == 1 and b"\\" not in suffix[hole:close]:
+            self.mid, suffix = suffix[:hole], suffix[close:]
+        self.suffix = suffix
+        self.head = line + prefix  # `line`: what comes before the payload (`data: `)
+        self.sep = sep
+        self.tail = suffix + sep
+        # Between two texts of a read with several events on the template.
+        self.between = self.tail + self.head
+
+    def probe(self, text: bytes) -> bytes:
+        """A payload on the template with `text` in its hole or holes."""
+        return self.prefix + text + (b"" if self.mid is None else self.mid + text) + self.suffix
+
+    def take(self, data: bytes) -> bool:
+        """Keep the texts of a read that is only events on the template, texts without escapes.
+
+        The read is cut at its events' ends, and each event's text is what lies between the
+        template's head and suffix. Put back between the template's own bytes, the texts must
+        give the read again, byte for byte: then every event is the template around its text.
+        A text with a quote or a backslash is refused (it could end its string early, or
+        escape), and with it the whole read. Work in C over the read, not Python per event.
+        """
+        inner = _inside(data, self.head, self.tail)
+        if inner is None:
+            return False
+        if self.mid is None and b'"' not in inner and b"\\" not in inner:  # the usual: one event
+            self.parts.append(inner)
+            return True
+        events = data.split(self.sep)
+        events.pop()  # empty: `data` ends with `tail`, which ends with `sep`
+        if self.mid is not None:
+            return self._take_padded(events)
+        start, end = len(self.head), len(self.suffix)
+        texts = [event[start : len(event) - end] for event in events]
+        plain = b"".join(texts)
+        if b'"' in plain or b"\\" in plain or self.between.join(texts) != inner:
+            return False
+        self.parts += texts
+        return True
+
+    def _take_padded(self, events: list[bytes]) -> bool:
+        """`take` for a template with a second hole: event by event."""
+        texts = []
+        for event in events:
+            inner = _inside(event, self.head, self.suffix)
+            text = None if inner is None or self.mid is None else _cut(inner, self.mid)
+            if text is None:
+                return False
+            texts.append(text)
+        self.parts += texts
+        return True
+
+    def text(self, payload: bytes) -> bytes | None:
+        """The text of one payload on the template, if it has no escapes."""
+        inner = _inside(payload, self.prefix, self.suffix)
+        if inner is None:
+            return None
+        if self.mid is not None:
+            return _cut(inner, self.mid)
+        return None if b'"' in inner or b"\\" in inner else inner
+
+
+def _cut(inner: bytes, mid: bytes) -> bytes | None:
+    """The text of `inner`: a text, `mid`, the second hole's value, both plain strings."""
+    end = inner.find(b'"')
+    if end < 0 or not inner.startswith(mid, end):
+        return None
+    text, other = inner[:end], inner[end + len(mid) :]
+    return None if b"\\" in text or b'"' in other or b"\\" in other else text
+
+
+def _inside(data: bytes, head: bytes, tail: bytes) -> bytes | None:
+    """What `data` has between `head` and `tail`, if it is just them around it."""
+    if len(data) < len(head) + len(tail) or not data.startswith(head) or not data.endswith(tail):
+        return None
+    return data[len(head) : len(data) - len(tail)]
+
+
+class StreamFold:
+    """Feed it the relayed bytes (whole events) in order; `answer` builds the stored answer.
+
+    Gives up for good (the answer is not stored) on anything today's guards refuse: an event
+    that is not JSON, an error event, several choices, data after `[DONE]`, more than `limit`
+    bytes. `answer` is None unless the stream ended with `[DONE]` after a finish reason.
+    """
+
+    __slots__ = (
+        "_done", "_fingerprint", "_finish", "_limit", "_model", "_pending", "_pending_size",
+        "_size", "_template", "_templates", "_texts", "_tools", "broken",
+    )  # fmt: skip
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._size = 0
+        self._done = False
+        self.broken = False
+        self._model = ""
+        self._fingerprint: str | None = None
+        self._finish: str | None = None
+        # Each text as the escaped JSON string bodies of its pieces, decoded once at the end.
+        self._texts: dict[str, list[bytes]] = {}
+        self._tools: dict[int, dict[str, Any]] = {}
+        self._template: _Template | None = None
+        self._templates = 0
+        self._pending: list[bytes] = []
+        self._pending_size = 0
+
+    def feed(self, data: bytes) -> None:
+        """Take relayed bytes (one or more whole events): folded about `_BATCH_BYTES` at a
+        time, and what is left when `answer` is asked for."""
+        self._pending.append(data)
+        self._pending_size += len(data)
+        if self._pending_size >= _BATCH_BYTES:
+            self._fold_pending()
+
+    def _fold_pending(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            self._pending_size = 0
+            self._fold(data)
+
+    def _fold(self, data: bytes) -> None:
+        """Fold in relayed bytes: one or more whole events."""
+        if self.broken:
+            return
+        self._size += len(data)
+        if self._size > self._limit:
+            self.broken = True
+            return
+        template = self._template
+        if template is not None and not self._done:
+            if not template.take(data):  # the usual read: events on the template, nothing parsed
+                self._halves(data)
+            return
+        # An event at a time until one gives the template, then the rest in bulk.
+        start = 0
+        while self._template is None and not self.broken:
+            end = data.find(_EVENT_END, start) + len(_EVENT_END)
+            if end < len(_EVENT_END) or end >= len(data):  # the last event (or not SSE)
+                break
+            self._lines(data[start:end])
+            start = end
+        self._events(data[start:] if start else data)
+
+    def _events(self, data: bytes) -> None:
+        """Whole events: those on the template are cut apart in bulk, and a batch with others
+        is halved until each of those is alone, so a batch costs a few calls, not one an event
+        (the usual batch: only events on the template, one split, nothing parsed)."""
+        template = self._template
+        if self.broken or template is None or self._done:
+            self._lines(data)
+        elif not template.take(data):
+            self._halves(data)
+
+    def _halves(self, data: bytes) -> None:
+        """Events not all on the template: each half of them on its own, down to one event."""
+        middle = _event_end_near_middle(data)
+        if middle:
+            self._events(data[:middle])
+            self._events(data[middle:])
+        else:
+            self._lines(data)
+
+    def _lines(self, data: bytes) -> None:
+        if self.broken:
+            return
+        for line in data.splitlines():
+            if line.startswith(_DATA):
+                self._payload(line, data)
+                if self.broken:
+                    return
+
+    def answer(self, operation: str, usage: dict[str, Any]) -> Answer | None:
+        """The answer the stream carried, or None if it is incomplete or was refused."""
+        self._fold_pending()
+        if self.broken or not self._done or self._finish is None:
+            return None
+        try:
+            texts = {name: _decoded(parts) for name, parts in self._texts.items()}
+        except orjson.JSONDecodeError:
+            return None
+        if operation == "text_completion":
+            text = texts.get("text", "")
+            return Answer(
+                operation, self._model, self._finish, usage, None, text, self._fingerprint
+            )
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        for name in ("content", "reasoning_content", "refusal"):
+            if name in texts:
+                message[name] = texts[name]
+        if self._tools:
+            message["tool_calls"] = [self._tools[i] for i in sorted(self._tools)]
+        return Answer(operation, self._model, self._finish, usage, message, None, self._fingerprint)
+
+    def _payload(self, line: bytes, data: bytes) -> None:
+        payload = line[len(_DATA) :].strip()
+        if self._done:  # data after [DONE]: not a stream that ended
+            self.broken = True
+            return
+        if payload == _DONE:
+            self._done = True
+            return
+        template = self._template
+        if template is not None:
+            text = template.text(payload)
+            if text is not None:
+                template.parts.append(text)
+                return
+        try:
+            chunk = _loads(payload)
+            if not isinstance(chunk, dict):
+                self.broken = True
+                return
+            piece = _text_only(chunk)
+            if piece is not None:
+                self._add_text(chunk, *piece)
+                self._learn(line, payload, data, *piece)
+            elif "error" in chunk or not self._add(chunk):
+                self.broken = True
+        except _MALFORMED:
+            self.broken = True
+
+    def _add_text(self, chunk: dict[str, Any], name: str, piece: str) -> None:
+        self._texts.setdefault(name, []).append(_escaped(piece))
+        self._model = self._model or chunk.get("model") or ""
+
+    def _add(self, chunk: dict[str, Any]) -> bool:
+        """Fold in any other chunk; False if it is not a one-choice answer's chunk."""
+        self._model = chunk.get("model") or self._model
+        self._fingerprint = chunk.get("system_fingerprint") or self._fingerprint
+        choices = chunk.get("choices") or []
+        if len(choices) > 1 or any(c.get("index", 0) != 0 for c in choices):
+            return False
+        for choice in choices:
+            self._finish = choice.get("finish_reason") or self._finish
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                delta = {"text": choice.get("text")}
+            for name in _TEXTS:
+                piece = delta.get(name)
+                if isinstance(piece, str):
+                    self._texts.setdefault(name, []).append(_escaped(piece))
+            for call in delta.get("tool_calls") or []:
+                self._add_tool_call(call)
+        return True
+
+    def _add_tool_call(self, call: dict[str, Any]) -> None:
+        merged = self._tools.setdefault(
+            int(call.get("index", 0)), {"id": "", "type": "function", "function": {}}
+        )
+        merged["id"] = call.get("id") or merged["id"]
+        merged["type"] = call.get("type") or merged["type"]
+        function = call.get("function") or {}
+        target = merged["function"]
+        if function.get("name"):
+            target["name"] = function["name"]
+        target["arguments"] = target.get("arguments", "") + (function.get("arguments") or "")
+
+    def _learn(self, line: bytes, payload: bytes, data: bytes, name: str, piece: str) -> None:
+        """Make this text-only chunk the template, if its text can be cut out of it exactly."""
+        if self._templates >= _MAX_TEMPLATES:
+            return
+        raw = piece.encode()
+        marker = b'"' + name.encode() + b'":"' + raw + b'"'
+        if not raw or b'"' in raw or b"\\" in raw:
+            return
+        if payload.count(marker) != 1 or not line.endswith(payload):  # escaped, found twice
+            return
+        self._templates += 1
+        start = payload.index(marker) + len(marker) - len(raw) - 1
+        prefix, suffix = payload[:start], payload[start + len(raw) :]
+        sep = b"\r\n\r\n" if data.endswith(b"\r\n\r\n") else b"\n\n"  # as this read's events end
+        template = _Template(self._texts[name], prefix, suffix, line[: -len(payload)], sep)
+        # Proof: the same bytes around another text are a text-only chunk of that text.
+        try:
+            probe = _loads(template.probe(_PROBE.encode()))
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(probe, dict) and _text_only(probe) == (name, _PROBE):
+            self._template = template
+
+
+def _event_end_near_middle(data: bytes) -> int:
+    """Where an event of `data` ends nearest after (else before) its middle; 0 if it is one."""
+    half = len(data) // 2
+    straddles = len(_EVENT_END) - 1  # an event's end across the middle is found too
+    found = data.find(_EVENT_END, max(0, half - straddles))
+    if found < 0 or found + len(_EVENT_END) >= len(data):
+        found = data.rfind(_EVENT_END, 0, half + straddles)
+    return 0 if found < 0 else found + len(_EVENT_END)
+
+
+def _text_only(chunk: dict[str, Any]) -> tuple[str, str] | None:
+    """(name, piece) if the chunk only carries text for choice 0, else None."""
+    choices = chunk.get("choices")
+    if not choices or len(choices) != 1:
+        return None
+    choice = choices[0]
+    delta = choice.get("delta")
+    if choice.get("finish_reason") is not None or choice.get("index", 0) != 0:
+        return None
+    if delta is None:  # a text completion's chunk
+        piece, name = choice.get("text"), "text"
+    elif len(delta) == 1 and "content" in delta:
+        piece, name = delta["content"], "content"
+    else:
+        return None
+    return (name, piece) if isinstance(piece, str) else None
+
+
+def _escaped(piece: str) -> bytes:
+    return orjson.dumps(piece)[1:-1]
+
+
+def _decoded(parts: list[bytes]) -> str:
+    text: str = _loads(b'"' + b"".join(parts) + b'"')
+    return text
