@@ -103,7 +103,7 @@ class _Template:
         events = data.split(self.sep)
         events.pop()  # empty: `data` ends with `tail`, which ends with `sep`
         if self.mid is not None:
-            return self._take_padded(events)
+            return self._take_padded(events, self.mid)
         start, end = len(self.head), len(self.suffix)
         texts = [event[start : len(event) - end] for event in events]
         plain = b"".join(texts)
@@ -112,12 +112,12 @@ class _Template:
         self.parts += texts
         return True
 
-    def _take_padded(self, events: list[bytes]) -> bool:
-        """`take` for a template with a second hole: event by event."""
+    def _take_padded(self, events: list[bytes], mid: bytes) -> bool:
+        """`take` for a template with a second hole (`mid` leads to it): event by event."""
         texts = []
         for event in events:
             inner = _inside(event, self.head, self.suffix)
-            text = None if inner is None or self.mid is None else _cut(inner, self.mid)
+            text = None if inner is None else _cut(inner, mid)
             if text is None:
                 return False
             texts.append(text)
