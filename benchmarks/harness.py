@@ -241,3 +241,18 @@ def redis_for(url: str | None) -> Iterator[str]:
 
     with private_redis() as private:
         yield private
+
+
+@contextmanager
+def otel_environment(variables: dict[str, str]) -> Iterator[None]:
+    """This process's environment (which a `tokenweir serve` it starts inherits) with
+    `variables` as the only OTEL_* and TOKENWEIR_TRACE_PATH settings."""
+    saved = dict(os.environ)
+    for name in [n for n in os.environ if n.startswith("OTEL_") or n == "TOKENWEIR_TRACE_PATH"]:
+        del os.environ[name]
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -51,13 +51,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from budgets import QWEN
-from harness import bench, cell, free_port, policy_for, publish, running, started, table
+from harness import (
+    bench,
+    cell,
+    free_port,
+    otel_environment,
+    policy_for,
+    publish,
+    running,
+    started,
+    table,
+)
 from otelsink import otlp_sink
 from overhead import ALL_BUDGET, ALL_LIMITS, TELEMETRY_ENV
 
@@ -109,18 +117,6 @@ def environ_of(step: str, endpoint: str) -> dict[str, str]:
     return {}
 
 
-@contextmanager
-def environment(variables: dict[str, str]) -> Iterator[None]:
-    """This process's environment (which the gateway inherits) with `variables` added."""
-    saved = dict(os.environ)
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def counted(tree: Path, policy: Path, work: Path, args: argparse.Namespace) -> dict[str, float]:
     """Instructions a request of `tree`'s gateway on `policy`: the loop's thread, the others."""
     port, out = free_port(), work / "callgrind.out"
@@ -150,25 +146,29 @@ def control(pid: int, *options: str) -> None:
 
 
 def wait_for_dumps(out: Path) -> list[tuple[int, int]]:
-    """(thread, instructions) of each file of the first dump (`out.1-01`, `out.1-02`, ...)."""
+    """(thread, instructions) of each file of the first dump (`out.1-01`, `out.1-02`, ...),
+    once every file is whole (ends with its totals) and no new one has come for half a second."""
     deadline = time.monotonic() + 60
-    while not (files := sorted(out.parent.glob(f"{out.name}.1-*"))):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"callgrind wrote no dump beside {out}")
-        time.sleep(0.2)
-    time.sleep(1)  # every thread's file is written before the control command returns; margin
-    found = []
-    for path in files:
-        thread = total = None
-        for line in path.read_text().splitlines():
-            if line.startswith("thread:"):
-                thread = int(line.split()[1])
-            elif line.startswith(("summary:", "totals:")):
-                total = int(line.split()[1])
-        if thread is None or total is None:
-            raise RuntimeError(f"{path} has no thread or total")
-        found.append((thread, total))
-    return found
+    seen: list[tuple[int, int]] | None = None
+    while time.monotonic() < deadline:
+        found = [read_dump(path) for path in sorted(out.parent.glob(f"{out.name}.1-*"))]
+        whole = [counts for counts in found if counts is not None]
+        if whole and len(whole) == len(found) and whole == seen:
+            return whole
+        seen = whole if len(whole) == len(found) else None
+        time.sleep(0.5)
+    raise RuntimeError(f"callgrind wrote no whole dump beside {out}")
+
+
+def read_dump(path: Path) -> tuple[int, int] | None:
+    """(thread, instructions) of one thread's dump file; None until it is written out."""
+    thread = total = None
+    for line in path.read_text().splitlines():
+        if line.startswith("thread:"):
+            thread = int(line.split()[1])
+        elif line.startswith(("summary:", "totals:")):
+            total = int(line.split()[1])
+    return None if thread is None or total is None else (thread, total)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -186,7 +186,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 work = Path(tmp) / f"{step}-{name}"
                 work.mkdir()
                 policy = policy_of(step, mock.url, redis_url, work)
-                with environment(environ_of(step, endpoint)):
+                with otel_environment(environ_of(step, endpoint)):
                     steps[step][name] = counted(tree, policy, work, args)
     return steps
 
@@ -197,7 +197,8 @@ def markdown(report: dict[str, Any]) -> str:
         ("step", None, 0), ("tree", None, 0), ("loop thread", "loop", 0),
         ("other threads", "others", 0), ("all threads", "all", 0), ("added", "added", 0),
     )  # fmt: skip
-    rows, before = [], {}
+    rows: list[list[str]] = []
+    before: dict[str, float] = {}
     for step, trees in report["steps"].items():
         for tree, found in trees.items():
             whole = found["loop"] + found["others"]

@@ -41,7 +41,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from harness import Process, bench, free_port, policy_for, publish, started, warm_up
+from harness import (
+    Process,
+    bench,
+    free_port,
+    otel_environment,
+    policy_for,
+    publish,
+    started,
+    warm_up,
+)
 from otelsink import otlp_sink
 from starlette.datastructures import Headers
 
@@ -183,7 +192,7 @@ def loop_suite(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
     gc.set_threshold(*SERVING_GC_THRESHOLDS)
     with (
         sink_process() as endpoint,
-        environment(
+        otel_environment(
             {**OTEL, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_MAX_QUEUE_SIZE": queue}
         ),
     ):
@@ -228,25 +237,10 @@ def serve_suite(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def environment(variables: dict[str, str]) -> Iterator[None]:
-    """This process's environment (which `tokenweir serve` inherits) with `variables` as the
-    only OTEL_* settings."""
-    saved = dict(os.environ)
-    for name in [n for n in os.environ if n.startswith("OTEL_") or n == "TOKENWEIR_TRACE_PATH"]:
-        del os.environ[name]
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-@contextlib.contextmanager
 def gateway(config: list[str], environ: dict[str, str], log: Path) -> Iterator[Process]:
     """`tokenweir serve` with `environ` added to the environment it inherits."""
     with contextlib.ExitStack() as stack:
-        with environment(environ):
+        with otel_environment(environ):
             process = stack.enter_context(started(config, "/healthz", log))
         yield process
 
