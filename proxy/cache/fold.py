@@ -97,7 +97,7 @@ class _Template:
         inner = _inside(data, self.head, self.tail)
         if inner is None:
             return False
-        if self.mid is None and b'"' not in inner and b"\\" not in inner:  # the usual: one event
+        if self.mid is None and _plain(inner):  # the usual: one event
             self.parts.append(inner)
             return True
         events = data.split(self.sep)
@@ -107,7 +107,7 @@ class _Template:
         start, end = len(self.head), len(self.suffix)
         texts = [event[start : len(event) - end] for event in events]
         plain = b"".join(texts)
-        if b'"' in plain or b"\\" in plain or self.between.join(texts) != inner:
+        if not _plain(plain) or self.between.join(texts) != inner:
             return False
         self.parts += texts
         return True
@@ -131,7 +131,14 @@ class _Template:
             return None
         if self.mid is not None:
             return _cut(inner, self.mid)
-        return None if b'"' in inner or b"\\" in inner else inner
+        return inner if _plain(inner) else None
+
+
+def _plain(text: bytes) -> bool:
+    """No quote and no backslash in `text`. (`find`, not `in`: on Python 3.11 `bytes in bytes`
+    first tries its operand as an integer, raising and clearing a TypeError: about 2,200
+    instructions a test, counted by callgrind, where `find` takes 1,200.)"""
+    return text.find(b'"') < 0 and text.find(b"\\") < 0
 
 
 def _cut(inner: bytes, mid: bytes) -> bytes | None:
@@ -140,7 +147,7 @@ def _cut(inner: bytes, mid: bytes) -> bytes | None:
     if end < 0 or not inner.startswith(mid, end):
         return None
     text, other = inner[:end], inner[end + len(mid) :]
-    return None if b"\\" in text or b'"' in other or b"\\" in other else text
+    return text if text.find(b"\\") < 0 and _plain(other) else None
 
 
 def _inside(data: bytes, head: bytes, tail: bytes) -> bytes | None:

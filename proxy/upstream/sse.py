@@ -59,7 +59,7 @@ class SSEForwarder:
             # a client that asks again the moment it reads [DONE] finds its slot free.
             done = out.rfind(_DATA)
             out, self._tail = out[:done], out[done:] + self._tail
-        if _USAGE_MARK in out:
+        if out.find(_USAGE_MARK) >= 0:  # not `in`: see proxy/cache/fold.py _plain
             out = self._take_usage(out, sep)
         return out, self._token_events(out)
 
