@@ -21,6 +21,7 @@ from uvicorn.supervisors import Multiprocess
 
 from proxy import __version__
 from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV
+from proxy.asgi.protocol import protocol_with_header_timeout
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.reload import SUPERVISOR_ENV, WATCH_ENV
@@ -31,7 +32,6 @@ from proxy.tools import keys, report
 from proxy.tools.bench import run as bench
 from proxy.tools.demo import run_demo
 from proxy.tools.mock import backend as mockbackend
-from proxy.web.slowclient import protocol_with_header_timeout
 
 __all__ = ["main"]
 

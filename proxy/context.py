@@ -18,6 +18,7 @@ from proxy.policy.model import Backend, Tenant
 from proxy.upstream.meter import StreamMeter
 
 if TYPE_CHECKING:
+    from proxy.asgi.direct import DirectBody
     from proxy.cache.answer import Answer
     from proxy.cache.plan import CachePlan
     from proxy.holds import Planned, RateLimitHold, Reservation, Routed
@@ -117,6 +118,7 @@ class RequestContext:
     trace: TraceHooks | None = None  # None unless tracing is configured
     capture: Capture | None = None  # the answer as relayed, for the cache and `log_content`
     checkpointed: UsageRecord | None = None  # the last checkpoint; the final record supersedes it
+    direct: DirectBody | None = None  # the server's writer for a stream's middle chunks, if lent
 
     @property
     def model(self) -> str:
@@ -142,7 +144,7 @@ class RequestContext:
         return Admitted(
             self.request_id, self.operation, self.received_s, self.received_wall, self.meter,
             self.headers, outgoing=self.outgoing, outcome=self.outcome, trace=self.trace,
-            capture=self.capture,
+            capture=self.capture, direct=self.direct,
             tenant_name=tenant_name, tenant=tenant, key_id=key_id,
         )  # fmt: skip
 

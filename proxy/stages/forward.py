@@ -14,6 +14,7 @@ import httpx
 from starlette.types import Send
 
 from proxy.apis import AGENT_APIS, EventForwarder
+from proxy.asgi.direct import DirectBody
 from proxy.clock import Clock
 from proxy.context import Admitted
 from proxy.errors import (
@@ -29,6 +30,7 @@ from proxy.stages.usage import usage_of as _usage_of
 from proxy.telemetry.recorder import Telemetry
 from proxy.upstream.client import UpstreamOpener, read_capped, translate
 from proxy.upstream.deadline import ContentDeadline
+from proxy.upstream.exchange import Exchange, Sink
 from proxy.upstream.sse import SSEForwarder
 from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, malformed_whole
 
@@ -77,21 +79,20 @@ class Forward:
     async def _relay_stream(
         self, ctx: Admitted, backend: Backend, response: httpx.Response, send: Send
     ) -> None:
-        monotonic = self._clock.monotonic
-        meter = ctx.meter
         api = AGENT_APIS.get(ctx.operation)
         sse: SSEForwarder | EventForwarder = (
             SSEForwarder(keep_usage=ctx.client_wants_usage)
             if api is None
             else EventForwarder(api.events)
         )
-        ending = before_last = last = b""
-        capture, outcome = ctx.capture, ctx.outcome
-        content = self._content_deadline(ctx, backend)
+        relay = _Relay(ctx, backend, sse, self._content_deadline(ctx, backend), self._clock)
+        ending = b""
+        outcome = ctx.outcome
+        stream = response.stream
         try:
             with translate(backend):
                 chunks = _raw_reads(response)
-                held = await _first_events(backend, response, chunks, content, monotonic)
+                held = await _first_events(backend, response, chunks, relay.content, relay.clock)
                 held.reverse()
                 while True:
                     # The held first reads, then the stream's own: read straight from it, not
@@ -103,24 +104,17 @@ class Forward:
                             raw = await chunks.__anext__()
                         except StopAsyncIteration:
                             break
-                    now_s = monotonic()
-                    meter.read(now_s)
-                    out, token_events = sse.feed(raw)
-                    if _DATA in out:
-                        content.content(now_s)
-                    elif content.passed(now_s):
-                        raise _no_content(backend)
+                    out, token_events = relay.take(raw)
                     if out:
                         if not outcome.status:  # per chunk: a field, not ctx's property
                             await self._start(ctx, send, SSE_HEADERS)
+                            if ctx.direct is not None and isinstance(stream, Exchange):
+                                stream.relay_to(relay.direct(ctx.direct))
                         await send({"type": "http.response.body", "body": out, "more_body": True})
-                        meter.wrote(monotonic(), token_events)
-                        before_last, last = last, out
-                        if capture is not None:
-                            capture.add(out)
+                        relay.sent(out, token_events)
             ending = sse.finish()
-            if capture is not None:
-                capture.add(ending)
+            if ctx.capture is not None:
+                ctx.capture.add(ending)
             ctx.outcome.completed = True
         except UpstreamError as exc:
             if not ctx.status:
@@ -128,10 +122,13 @@ class Forward:
             ctx.outcome.error_code = exc.code
             # An OpenAI-shaped error event, and no [DONE]: the client must not take it as complete.
             ending = b"data: " + exc.to_json() + b"\n\n"
+        finally:
+            if isinstance(stream, Exchange):
+                stream.relay_to(None)
         if not ctx.status:
             await self._start(ctx, send, SSE_HEADERS)
         ctx.outcome.answered = True
-        ctx.outcome.tail = before_last + last + ending
+        ctx.outcome.tail = relay.before_last + relay.last + ending
         _take_usage(ctx, sse.usage)
         await send({"type": "http.response.body", "body": ending, "more_body": False})
 
@@ -181,6 +178,64 @@ class Forward:
                 "headers": [*headers, *ctx.gateway_headers()],
             }
         )
+
+
+class _Relay:
+    """One stream's relay, read by read: what the read sends on (the meter, the SSE accounting,
+    the content deadline), and what a sent chunk leaves behind (its time, the stream's tail, the
+    capture). Fed by the relay's task, or, while the task waits, by the backend connection's
+    callback writing straight to the client (`direct`, proxy/asgi/direct.py)."""
+
+    __slots__ = ("_backend", "_capture", "_meter", "_sse", "before_last", "clock", "content",
+                 "last")  # fmt: skip
+
+    def __init__(
+        self,
+        ctx: Admitted,
+        backend: Backend,
+        sse: SSEForwarder | EventForwarder,
+        content: ContentDeadline,
+        clock: Clock,
+    ) -> None:
+        self._backend = backend
+        self._capture = ctx.capture
+        self._meter = ctx.meter
+        self._sse = sse
+        self.content = content
+        self.clock = clock.monotonic
+        self.before_last = self.last = b""
+
+    def take(self, raw: bytes) -> tuple[bytes, int]:
+        """The bytes to send on for a read, and the token events they hold."""
+        now_s = self.clock()
+        self._meter.read(now_s)
+        out, token_events = self._sse.feed(raw)
+        if out.find(_DATA) >= 0:  # not `in`: see proxy/cache/fold.py _plain
+            self.content.content(now_s)
+        elif self.content.passed(now_s):
+            raise _no_content(self._backend)
+        return out, token_events
+
+    def sent(self, out: bytes, token_events: int) -> None:
+        self._meter.wrote(self.clock(), token_events)
+        self.before_last, self.last = self.last, out
+        if self._capture is not None:
+            self._capture.add(out)
+
+    def direct(self, body: DirectBody) -> Sink:
+        """The sink for the backend's reads while the task waits: each goes to the client at
+        once if its connection can take it, else (False) to the task, whose send waits."""
+
+        def sink(raw: bytes) -> bool:
+            if not body.ready():
+                return False
+            out, token_events = self.take(raw)
+            if out:
+                body.write(out)
+                self.sent(out, token_events)
+            return True
+
+        return sink
 
 
 async def _first_events(

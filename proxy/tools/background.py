@@ -1,4 +1,5 @@
-"""An ASGI app served by uvicorn in a background thread: for the demo and for tests."""
+"""An ASGI app served by uvicorn in a background thread: for the demo and for tests, on the same
+HTTP protocol as `tokenweir serve` (proxy/asgi/protocol.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from types import TracebackType
 
 import uvicorn
 from starlette.types import ASGIApp
+
+from proxy.asgi.protocol import protocol_with_header_timeout
 
 __all__ = ["BackgroundServer"]
 
@@ -36,7 +39,7 @@ class BackgroundServer:
             log_level="warning",
             lifespan="on",
             ws="none",
-            http="httptools",
+            http=protocol_with_header_timeout(10.0),
             timeout_graceful_shutdown=2,
             ssl_certfile=tls[0] if tls else None,
             ssl_keyfile=tls[1] if tls else None,

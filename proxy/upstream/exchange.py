@@ -1,11 +1,12 @@
 """One request's exchange on a backend connection: the response parsed by httptools (its
 callbacks fill the Exchange) and handed to httpx as a byte stream that yields chunks as they
-arrive, under the exchange's deadlines and head limits."""
+arrive, under the exchange's deadlines and head limits; or, while its reader waits, handed to a
+sink in the connection's own callback (`relay_to`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -14,7 +15,7 @@ import httpx
 
 from proxy.upstream.deadline import Expiry, FirstByteTimeout, ReadDeadline, TotalTimeout
 
-__all__ = ["Exchange", "ExchangeLimits", "ResponseHeadTooLarge", "StaleConnection"]
+__all__ = ["Exchange", "ExchangeLimits", "ResponseHeadTooLarge", "Sink", "StaleConnection"]
 
 # A consumer slower than the backend: stop reading the socket above this many buffered bytes.
 PAUSE_READING_BYTES: Final = 1 << 20
@@ -30,6 +31,11 @@ class ExchangeLimits:
     total_s: float | None
     max_head_bytes: int
     max_headers: int
+
+
+Sink = Callable[[bytes], bool]
+"""Takes a read's body bytes, and says True, or leaves them to the reader (False, having done
+nothing). An exception it raises fails the exchange: the reader gets it."""
 
 
 class ResponseHeadTooLarge(httpx.RemoteProtocolError):
@@ -88,6 +94,7 @@ class Exchange(httpx.AsyncByteStream):
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Sink | None = None
         self._limits = limits
         self._head_bytes = 0
         self._deadline = ReadDeadline(
@@ -155,14 +162,37 @@ class Exchange(httpx.AsyncByteStream):
             return
         if in_head and self._head_too_large(len(data)):
             return
+        waiter = self._waiter
         if self._done:
             self._finish()
+        elif self._sink is not None and waiter is not None and not waiter.done() and self._sunk():
+            return
         elif self._buffered > PAUSE_READING_BYTES and not self._paused:
             self._paused = True
             self._conn.set_reading(True)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
+
+    def relay_to(self, sink: Sink | None) -> None:
+        """From now on, a read that comes while the reader waits (so it holds nothing older) goes
+        to `sink` first; the reader wakes only for what the sink leaves, the end, or an error.
+        The read deadline moves on with each read the sink takes, as with each the reader takes."""
+        self._sink = sink
+
+    def _sunk(self) -> bool:
+        chunks = self._chunks
+        if not chunks:
+            return False
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        try:
+            taken = self._sink is not None and self._sink(data)
+        except Exception as exc:  # the reader's to handle, as if raised where it reads
+            self._fail(exc)
+            return True
+        if taken:
+            chunks.clear()
+            self._buffered = 0
+            self._deadline.waiting()
+        return taken
 
     def _head_too_large(self, nbytes: int) -> bool:
         """Past the caps on the response head (checked after each read, so httptools holds at

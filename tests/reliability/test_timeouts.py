@@ -233,3 +233,13 @@ def test_a_backends_own_first_byte_timeout_overrides_the_shared_one(
     )
     assert answer.status_code == 200
     assert answer.json()["usage"]["completion_tokens"] == 3
+
+
+def test_the_protocol_docs_name_for_uvicorn_by_hand_is_the_one_serve_runs() -> None:
+    """docs/operations.md: under uvicorn run by hand, `--http
+    proxy.web.slowclient:HeaderTimeoutProtocol` gives the header deadline (and a stream's direct
+    writes) that `tokenweir serve` has."""
+    from proxy.asgi.protocol import HeaderTimeoutProtocol as served
+    from proxy.web.slowclient import HeaderTimeoutProtocol as documented
+
+    assert documented is served

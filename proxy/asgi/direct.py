@@ -1,0 +1,72 @@
+"""A stream's middle chunks written straight to the client's connection, past the ASGI stack.
+
+A relayed token otherwise wakes the request's task, resumes every coroutine frame between the
+server and the upstream read, and goes back out through each middleware's `send` wrapper into
+uvicorn's, which frames it and writes it to the transport. Under `tokenweir serve` (uvicorn's
+httptools protocol, proxy/asgi/protocol.py) the protocol lends each request's scope its
+response cycle; while the relay's task waits for the backend, a read the cycle can take at once
+is framed as uvicorn frames it and written by the upstream connection's own callback.
+
+What that relies on, and keeps:
+- every `send` wrapper of the app passes a middle body chunk (`more_body` true) through as it
+  is; the wrappers act on the response's start and its last chunk, which still go through
+  them (the request's holds are settled before the last byte, the request id is stamped on the
+  head, the Messages API's error rewriting sees the end);
+- the cycle takes a chunk at once only while uvicorn would: the head is sent with chunked
+  framing, the body is not complete, the client is connected and its socket is not over its
+  write buffer's high-water mark (`ready`); otherwise the read goes to the task, whose `send`
+  waits for the client as before.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import MutableMapping
+from typing import Any, Final, cast
+
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+__all__ = ["SERVER_CYCLE", "DirectBody", "direct_body", "lend_cycle"]
+
+# The scope's key for a weak reference to uvicorn's response cycle (weak: the cycle holds the
+# scope, and a strong reference back would leave every request to the cyclic collector).
+SERVER_CYCLE: Final = "tokenweir.server_cycle"
+
+
+def lend_cycle(scope: object, cycle: RequestResponseCycle | None) -> None:
+    """Called by the protocol once it made the request's cycle for `scope`, before the app runs
+    (a request the protocol answers itself, such as an upgrade, has no cycle of its own)."""
+    if cycle is not None and cycle.scope is scope:
+        cast(MutableMapping[str, Any], scope)[SERVER_CYCLE] = weakref.ref(cycle)
+
+
+def direct_body(scope: MutableMapping[str, Any]) -> DirectBody | None:
+    """The request's direct writer, if its server lent one."""
+    lent: weakref.ref[RequestResponseCycle] | None = scope.get(SERVER_CYCLE)
+    cycle = None if lent is None else lent()
+    return None if cycle is None else DirectBody(cycle)
+
+
+class DirectBody:
+    """Writes a response's middle body chunks to its cycle's transport, framed as uvicorn's
+    `send` frames them."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+
+    def ready(self) -> bool:
+        """True while uvicorn's `send` would write a middle chunk at once, without waiting."""
+        cycle = self._cycle
+        return (
+            cycle.chunked_encoding is True
+            and cycle.response_started
+            and not cycle.response_complete
+            and not cycle.disconnected
+            and not cycle.flow.write_paused
+        )
+
+    def write(self, body: bytes) -> None:
+        """One non-empty middle chunk; only after `ready()` said so, in the same callback."""
+        self._cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))

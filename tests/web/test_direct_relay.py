@@ -1,0 +1,148 @@
+"""A stream's middle chunks written by the backend connection's callback straight to the client's
+(proxy/asgi/direct.py), under the same uvicorn protocol `tokenweir serve` runs: the client gets
+every byte, in order, fast or slow."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from proxy.app import create_app
+from proxy.asgi.direct import DirectBody
+from proxy.tools.mock import backend as mockbackend
+from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
+from tests.servers import serve
+
+MESSAGES: list[Any] = [{"role": "user", "content": "Tell me about weirs."}]
+
+
+class Spy:
+    """Counts the direct writer's writes, and the most its client's transport held unsent
+    after one."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.writes = 0
+        self.most_held = 0
+        write = DirectBody.write
+
+        def counting_write(body: DirectBody, data: bytes) -> None:
+            write(body, data)
+            self.writes += 1
+            held = body._cycle.transport.get_write_buffer_size()
+            self.most_held = max(self.most_held, held)
+
+        monkeypatch.setattr(DirectBody, "write", counting_write)
+
+
+def asking(tokens: int) -> dict[str, Any]:
+    """A streamed chat request for exactly `tokens` tokens of the simulated backend's text."""
+    return {
+        "model": "mock-llm",
+        "messages": MESSAGES,
+        "max_tokens": tokens,
+        "mock_completion_tokens": tokens,
+        "stream": True,
+    }
+
+
+def backend_text(backend_url: str, tokens: int) -> str:
+    """What the simulated backend answers, asked directly (its answer depends on the prompt)."""
+    body = {**asking(tokens), "stream": False}
+    answer = httpx.post(
+        backend_url + "/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {BACKEND_KEY}"},
+        timeout=30,
+    )
+    answer.raise_for_status()
+    text: str = answer.json()["choices"][0]["message"]["content"]
+    return text
+
+
+def test_a_streams_middle_chunks_go_straight_to_the_client_whole_and_in_order(
+    client: openai.OpenAI, backend_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = Spy(monkeypatch)
+    chunks = list(
+        client.chat.completions.create(
+            model="mock-llm",
+            messages=MESSAGES,
+            max_tokens=64,
+            stream=True,
+            extra_body={"mock_completion_tokens": 64},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == backend_text(backend_url, 64)
+    assert chunks[-1].usage is None or chunks[-1].usage.completion_tokens == 64
+    assert spy.writes >= 1, "no chunk went the direct way"
+
+
+@pytest.fixture(scope="module")
+def fast_gateway() -> Iterator[tuple[str, str]]:
+    """A gateway on a backend of 20,000 tokens/s: (gateway URL, backend URL)."""
+    with serve(mockbackend.create_app(tokens_per_second=20_000)) as backend_url:
+        with serve(create_app(make_policy(backend_url))) as gateway_url:
+            yield gateway_url, backend_url
+
+
+def read_stream_slowly(gateway_url: str, body: bytes) -> bytes:
+    """POST `body` with a small receive window, read nothing for 3 s, then everything."""
+    port = int(gateway_url.rsplit(":", 1)[1])
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(60)
+        sock.connect(("127.0.0.1", port))
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+            b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % (ALPHA_KEY.encode(), len(body))
+        )
+        sock.sendall(head + body)
+        received = bytearray(sock.recv(1))  # the answer began
+        time.sleep(3.0)
+        while data := sock.recv(65536):
+            received += data
+    return bytes(received)
+
+
+def dechunk(raw: bytes) -> bytes:
+    """The body of a chunked HTTP/1.1 response."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    body = bytearray()
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return bytes(body)
+        body += rest[:size]
+        assert rest[size : size + 2] == b"\r\n"
+        rest = rest[size + 2 :]
+
+
+def test_a_client_that_reads_slowly_still_gets_every_byte_in_order(
+    fast_gateway: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """About 7 MB of events while the client reads nothing for 3 s: the sockets' buffers fill,
+    uvicorn pauses writing, and the reads wait for the task's `send` until the client drains.
+    The gateway holds no more than its write buffer's high-water mark (64 KB) and a chunk: a
+    direct writer that wrote on regardless would hold megabytes."""
+    gateway_url, backend_url = fast_gateway
+    spy = Spy(monkeypatch)
+    tokens = 40_000
+    raw = read_stream_slowly(gateway_url, orjson.dumps(asking(tokens)))
+    events = [e for e in dechunk(raw).split(b"\n\n") if e.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]"
+    chunks = [orjson.loads(e[6:]) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == backend_text(backend_url, tokens)
+    assert spy.writes >= 1, "no chunk went the direct way"
+    assert spy.most_held < 1024 * 1024, f"{spy.most_held} bytes held for a slow client"
