@@ -1,7 +1,7 @@
-"""Gateway CPU per non-stream request, every feature on, for two source trees in one run.
+"""Gateway CPU per non-stream request (or per streamed token), for two source trees in one run.
 
     python benchmarks/tree_ab.py --base DIR [--rounds 6] [--requests 3000] [--levels 64,1]
-        [--features all|off]
+        [--features all|off] [--stream [--tps 750] [--tokens 256]]
 
 DIR is another checkout (say `git worktree add DIR main`, or `git archive main | tar -x -C
 DIR`, with `shared/` beside it as here). Starts one redis-server per tree, the unpaced
@@ -12,8 +12,11 @@ both running throughout. Each round sends the
 same load through one, then the other (the order alternating by round), and reads each
 gateway's CPU time from /proc and its Redis's INFO commandstats around its own run. Reports
 medians over the rounds: CPU µs per request, requests/s, and Redis script calls per request.
+With `--stream` the load is streams of `--tokens` tokens from a backend paced at `--tps` tokens
+a second (each token its own read, as from a real engine), `--requests` is per stream in flight
+(at least 16 a run), and the report is CPU µs per streamed token and the gateway's TTFT p50.
 The machine's other work hits both trees alike: what differs is the code.
-Results: benchmarks/results/tree-ab.{json,md}.
+Results: benchmarks/results/tree-ab{,-off}{,-stream}.{json,md}.
 """
 
 from __future__ import annotations
@@ -68,17 +71,27 @@ def script_calls(admin: redis.Redis) -> int:
 
 
 def one_run(
-    gateway: Process, admin: redis.Redis, concurrency: int, requests: int
+    gateway: Process, admin: redis.Redis, concurrency: int, args: argparse.Namespace
 ) -> dict[str, float]:
     calls_before, cpu_before = script_calls(admin), gateway.cpu_s()
-    done = bench(gateway.url, concurrency, requests, stream=False, tokens=16)
+    if args.stream:
+        requests = max(16, concurrency * args.requests)
+        done = bench(gateway.url, concurrency, requests, stream=True, tokens=args.tokens)
+    else:
+        done = bench(gateway.url, concurrency, args.requests, stream=False, tokens=16)
+    cpu_s = gateway.cpu_s() - cpu_before
     answered = max(1, int(done["ok"]))
-    return {
-        "cpu_us_per_request": (gateway.cpu_s() - cpu_before) / answered * 1e6,
+    found = {
         "requests_per_s": float(done["requests_per_s"]),
         "script_calls_per_request": (script_calls(admin) - calls_before) / answered,
         "errors": float(sum(done["errors"].values())),
     }
+    if args.stream:
+        found["cpu_us_per_token"] = cpu_s / max(1, int(done["output_tokens"])) * 1e6
+        found["ttft_ms"] = float(done["ttft_s"]["p50"]) * 1000
+    else:
+        found["cpu_us_per_request"] = cpu_s / answered * 1e6
+    return found
 
 
 def compare(args: argparse.Namespace, base: Path) -> dict[str, Any]:
@@ -90,8 +103,9 @@ def compare(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         if args.features == "all":
             os.environ.update(TELEMETRY_ENV)
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
-        unpaced = ["mock-backend", "--tokens-per-second", "inf"]
-        mock = stack.enter_context(started(unpaced, "/v1/models", work / "mock.log"))
+        pace = str(args.tps) if args.stream else "inf"
+        backend = ["mock-backend", "--tokens-per-second", pace]
+        mock = stack.enter_context(started(backend, "/v1/models", work / "mock.log"))
         gateways: dict[str, tuple[Process, redis.Redis]] = {}
         for name, tree in trees.items():
             redis_url = stack.enter_context(private_redis())
@@ -107,7 +121,7 @@ def compare(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
                 for name in order:
                     print(f"{level} in flight, round {round_ + 1}: {name}", file=sys.stderr)
-                    for key, value in one_run(*gateways[name], level, args.requests).items():
+                    for key, value in one_run(*gateways[name], level, args).items():
                         samples[name].add(key, value)
             levels[str(level)] = {
                 name: {key: found.median(key) for key in found.values}
@@ -123,18 +137,31 @@ COLUMNS = (
     ("req/s", "requests_per_s", 0),
     ("Redis script calls/request", "script_calls_per_request", 2),
 )
+STREAM_COLUMNS = (
+    ("streams", None, 0),
+    ("tree", None, 0),
+    ("gateway CPU µs/token", "cpu_us_per_token", 1),
+    ("TTFT p50 ms", "ttft_ms", 2),
+    ("Redis script calls/stream", "script_calls_per_request", 2),
+)
 
 
 def markdown(report: dict[str, Any]) -> str:
+    columns = STREAM_COLUMNS if report.get("stream") else COLUMNS
     rows = [
-        [level, name, *(cell(row.get(key), digits) for _, key, digits in COLUMNS if key)]
+        [level, name, *(cell(row.get(key), digits) for _, key, digits in columns if key)]
         for level, trees in report["levels"].items()
         for name, row in trees.items()
     ]
+    load = (
+        f"streams of {report['tokens']} tokens at {report['tps']:g} tokens/s, "
+        f"{report['requests']} a stream in flight per run (at least 16)"
+        if report.get("stream")
+        else f"{report['requests']:,} non-stream requests per run"
+    )
     intro = (
         f"Run {report['when']} on {report['machine']}; load average {report['load']}; "
-        f"{report['requests']:,} non-stream requests per run, medians of {report['rounds']} "
-        "rounds alternating the trees; "
+        f"{load}, medians of {report['rounds']} rounds alternating the trees; "
         + (
             "every feature on (overhead.py --features all, tracing and OTLP metrics exported)"
             if report["features"] == "all"
@@ -142,27 +169,33 @@ def markdown(report: dict[str, Any]) -> str:
         )
         + ". `base` is the tree given, `this` this checkout."
     )
-    return "\n".join([intro, "", *table(COLUMNS, rows)]) + "\n"
+    return "\n".join([intro, "", *table(columns, rows)]) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--levels", default="64,1")
     parser.add_argument("--features", choices=("all", "off"), default="all")
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--tps", type=float, default=750.0)
+    parser.add_argument("--tokens", type=int, default=256)
     args = parser.parse_args()
+    if args.requests is None:
+        args.requests = 8 if args.stream else 3000
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "load": load, "requests": args.requests, "rounds": args.rounds,
-        "features": args.features,
+        "features": args.features, "stream": args.stream, "tps": args.tps, "tokens": args.tokens,
         "base": str(args.base.resolve()),
         "levels": compare(args, args.base.resolve()),
     }  # fmt: skip
-    publish("tree-ab" if args.features == "all" else "tree-ab-off", report, markdown(report))
+    name = ("tree-ab" if args.features == "all" else "tree-ab-off") + ("-stream" * args.stream)
+    publish(name, report, markdown(report))
     return 0
 
 
