@@ -155,7 +155,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     load = (
         f"streams of {report['tokens']} tokens at {report['tps']:g} tokens/s, "
-        f"{report['requests']} a stream in flight per run (at least 16)"
+        f"{report['requests']} streams a run for each one in flight (at least 16)"
         if report.get("stream")
         else f"{report['requests']:,} non-stream requests per run"
     )

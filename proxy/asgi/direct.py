@@ -13,9 +13,9 @@ What that relies on, and keeps:
   them (the request's holds are settled before the last byte, the request id is stamped on the
   head, the Messages API's error rewriting sees the end);
 - the cycle takes a chunk at once only while uvicorn would: the head is sent with chunked
-  framing, the body is not complete, the client is connected and its socket is not over its
-  write buffer's high-water mark (`ready`); otherwise the read goes to the task, whose `send`
-  waits for the client as before.
+  framing, the body is not complete, the client is connected (and its transport not closing)
+  and its socket is not over its write buffer's high-water mark (`ready`); otherwise the read
+  goes to the task, whose `send` waits for the client as before.
 """
 
 from __future__ import annotations
@@ -57,7 +57,10 @@ class DirectBody:
         self._cycle = cycle
 
     def ready(self) -> bool:
-        """True while uvicorn's `send` would write a middle chunk at once, without waiting."""
+        """True while uvicorn's `send` would write a middle chunk at once, without waiting; and
+        the transport is not closing. (A write error closes it and only schedules the protocol's
+        `connection_lost`, which marks the cycle disconnected: uvicorn's `send`, woken later,
+        finds the mark; a callback running in between must not write to a closed transport.)"""
         cycle = self._cycle
         return (
             cycle.chunked_encoding is True
@@ -65,6 +68,7 @@ class DirectBody:
             and not cycle.response_complete
             and not cycle.disconnected
             and not cycle.flow.write_paused
+            and not cycle.transport.is_closing()
         )
 
     def write(self, body: bytes) -> None:

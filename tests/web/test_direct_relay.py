@@ -4,7 +4,9 @@ every byte, in order, fast or slow."""
 
 from __future__ import annotations
 
+import logging
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -146,3 +148,42 @@ def test_a_client_that_reads_slowly_still_gets_every_byte_in_order(
     assert text == backend_text(backend_url, tokens)
     assert spy.writes >= 1, "no chunk went the direct way"
     assert spy.most_held < 1024 * 1024, f"{spy.most_held} bytes held for a slow client"
+
+
+def test_clients_that_reset_mid_stream_are_recorded_as_gone_and_log_no_error(
+    fast_gateway: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Clients that reset their connection while their streams' chunks go the direct way: each
+    request is recorded as the client gone, and nothing is logged as an error (a direct write to
+    a closed transport raises on uvloop, which would end the request as an unexpected error)."""
+    caplog.set_level(logging.INFO)
+    gateway_url, _ = fast_gateway
+    port = int(gateway_url.rsplit(":", 1)[1])
+    body = orjson.dumps(asking(40_000))
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % (ALPHA_KEY.encode(), len(body))
+    )
+    resets = 20
+    for _ in range(resets):
+        with socket.socket() as sock:
+            sock.settimeout(30)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(head + body)
+            received = 0
+            while received < 20_000:
+                received += len(sock.recv(65536))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    deadline = time.monotonic() + 30
+    while len(access_records(caplog)) < resets and time.monotonic() < deadline:
+        time.sleep(0.05)
+    records = access_records(caplog)
+    assert len(records) == resets
+    assert all(r["client_disconnected"] and not r["completed"] for r in records), records
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
+
+
+def access_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
