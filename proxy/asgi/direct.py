@@ -26,18 +26,46 @@ from typing import Any, Final, cast
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-__all__ = ["SERVER_CYCLE", "DirectBody", "direct_body", "lend_cycle"]
+__all__ = ["SERVER_CYCLE", "DirectBody", "direct_body", "has_cycle_fields", "lend_cycle"]
 
 # The scope's key for a weak reference to uvicorn's response cycle (weak: the cycle holds the
 # scope, and a strong reference back would leave every request to the cyclic collector).
 SERVER_CYCLE: Final = "tokenweir.server_cycle"
 
 
+# What DirectBody reads of a cycle and its flow control: uvicorn's own, not its public API.
+_CYCLE_FIELDS: Final = (
+    "chunked_encoding", "response_started", "response_complete", "disconnected", "flow",
+    "transport",
+)  # fmt: skip
+# Per cycle class, whether its instances have them all (judged on the first one lent).
+_fits: dict[type, bool] = {}
+
+
 def lend_cycle(scope: object, cycle: RequestResponseCycle | None) -> None:
     """Called by the protocol once it made the request's cycle for `scope`, before the app runs
-    (a request the protocol answers itself, such as an upgrade, has no cycle of its own)."""
-    if cycle is not None and cycle.scope is scope:
+    (a request the protocol answers itself, such as an upgrade, has no cycle of its own). A
+    uvicorn whose cycles lack what DirectBody reads lends nothing: its streams go through
+    `send`, as under any other server."""
+    if cycle is None or cycle.scope is not scope:
+        return
+    fits = _fits.get(type(cycle))
+    if fits is None:
+        fits = _fits[type(cycle)] = has_cycle_fields(cycle)
+    if fits:
         cast(MutableMapping[str, Any], scope)[SERVER_CYCLE] = weakref.ref(cycle)
+
+
+def has_cycle_fields(cycle: object) -> bool:
+    """True if `cycle` has what DirectBody reads of it."""
+    flow = getattr(cycle, "flow", None)
+    transport = getattr(cycle, "transport", None)
+    return (
+        all(hasattr(cycle, name) for name in _CYCLE_FIELDS)
+        and hasattr(flow, "write_paused")
+        and callable(getattr(transport, "is_closing", None))
+        and callable(getattr(transport, "write", None))
+    )
 
 
 def direct_body(scope: MutableMapping[str, Any]) -> DirectBody | None:

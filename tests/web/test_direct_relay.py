@@ -4,20 +4,23 @@ every byte, in order, fast or slow."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import struct
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
 import orjson
 import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from proxy.app import create_app
-from proxy.asgi.direct import DirectBody
+from proxy.asgi.direct import DirectBody, direct_body, has_cycle_fields, lend_cycle
 from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
 from tests.servers import serve
@@ -187,3 +190,41 @@ def test_clients_that_reset_mid_stream_are_recorded_as_gone_and_log_no_error(
 
 def access_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
     return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
+
+
+def uvicorn_cycle() -> RequestResponseCycle:
+    """A response cycle as this uvicorn makes one for a request."""
+    transport = asyncio.Transport()
+    return RequestResponseCycle(
+        scope={"type": "http", "method": "POST"},  # type: ignore[typeddict-item]
+        transport=transport,
+        flow=FlowControl(transport),
+        logger=logging.getLogger("test"),
+        access_logger=logging.getLogger("test"),
+        access_log=False,
+        default_headers=[],
+        message_event=asyncio.Event(),
+        expect_100_continue=False,
+        keep_alive=True,
+        on_response=lambda: None,
+    )
+
+
+def test_this_uvicorns_cycles_have_what_the_direct_writer_reads() -> None:
+    """It reads uvicorn's own fields, not an API: an upgrade that renames one fails here."""
+    assert has_cycle_fields(uvicorn_cycle())
+
+
+def test_a_cycle_without_them_lends_nothing_and_its_streams_go_through_send() -> None:
+    class Renamed(RequestResponseCycle):
+        pass
+
+    cycle = Renamed.__new__(Renamed)
+    cycle.__dict__.update(vars(uvicorn_cycle()))
+    del cycle.flow
+    assert not has_cycle_fields(cycle)
+    lend_cycle(cycle.scope, cycle)
+    assert direct_body(cast(dict[str, Any], cycle.scope)) is None
+    whole = uvicorn_cycle()
+    lend_cycle(whole.scope, whole)
+    assert direct_body(cast(dict[str, Any], whole.scope)) is not None
