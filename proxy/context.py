@@ -18,7 +18,7 @@ from proxy.policy.model import Backend, Tenant
 from proxy.upstream.meter import StreamMeter
 
 if TYPE_CHECKING:
-    from proxy.asgi.direct import DirectBody
+    from proxy.asgi.direct import LentCycle
     from proxy.cache.answer import Answer
     from proxy.cache.plan import CachePlan
     from proxy.holds import Planned, RateLimitHold, Reservation, Routed
@@ -118,7 +118,7 @@ class RequestContext:
     trace: TraceHooks | None = None  # None unless tracing is configured
     capture: Capture | None = None  # the answer as relayed, for the cache and `log_content`
     checkpointed: UsageRecord | None = None  # the last checkpoint; the final record supersedes it
-    direct: DirectBody | None = None  # the server's writer for a stream's middle chunks, if lent
+    server_cycle: LentCycle | None = None  # lent by the server for a stream's direct writes
 
     @property
     def model(self) -> str:
@@ -144,7 +144,7 @@ class RequestContext:
         return Admitted(
             self.request_id, self.operation, self.received_s, self.received_wall, self.meter,
             self.headers, outgoing=self.outgoing, outcome=self.outcome, trace=self.trace,
-            capture=self.capture, direct=self.direct,
+            capture=self.capture, server_cycle=self.server_cycle,
             tenant_name=tenant_name, tenant=tenant, key_id=key_id,
         )  # fmt: skip
 

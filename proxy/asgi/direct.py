@@ -21,16 +21,20 @@ What that relies on, and keeps:
 from __future__ import annotations
 
 import weakref
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, Final, cast
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-__all__ = ["SERVER_CYCLE", "DirectBody", "direct_body", "has_cycle_fields", "lend_cycle"]
+__all__ = [
+    "SERVER_CYCLE", "DirectBody", "LentCycle", "direct_body", "has_cycle_fields", "lend_cycle",
+    "lent_cycle",
+]  # fmt: skip
 
 # The scope's key for a weak reference to uvicorn's response cycle (weak: the cycle holds the
 # scope, and a strong reference back would leave every request to the cyclic collector).
 SERVER_CYCLE: Final = "tokenweir.server_cycle"
+LentCycle = weakref.ref[RequestResponseCycle]
 
 
 # What DirectBody reads of a cycle and its flow control: uvicorn's own, not its public API.
@@ -68,9 +72,14 @@ def has_cycle_fields(cycle: object) -> bool:
     )
 
 
-def direct_body(scope: MutableMapping[str, Any]) -> DirectBody | None:
-    """The request's direct writer, if its server lent one."""
-    lent: weakref.ref[RequestResponseCycle] | None = scope.get(SERVER_CYCLE)
+def lent_cycle(scope: Mapping[str, Any]) -> LentCycle | None:
+    """What the server lent the request (nothing is built: most requests never stream)."""
+    lent: LentCycle | None = scope.get(SERVER_CYCLE)
+    return lent
+
+
+def direct_body(lent: LentCycle | None) -> DirectBody | None:
+    """A stream's direct writer, if its server lent it a cycle that is still there."""
     cycle = None if lent is None else lent()
     return None if cycle is None else DirectBody(cycle)
 

@@ -14,7 +14,7 @@ import httpx
 from starlette.types import Send
 
 from proxy.apis import AGENT_APIS, EventForwarder
-from proxy.asgi.direct import DirectBody
+from proxy.asgi.direct import DirectBody, direct_body
 from proxy.clock import Clock
 from proxy.context import Admitted
 from proxy.errors import (
@@ -108,8 +108,9 @@ class Forward:
                     if out:
                         if not outcome.status:  # per chunk: a field, not ctx's property
                             await self._start(ctx, send, SSE_HEADERS)
-                            if ctx.direct is not None and isinstance(stream, Exchange):
-                                stream.relay_to(relay.direct(ctx.direct))
+                            body = direct_body(ctx.server_cycle)
+                            if body is not None and isinstance(stream, Exchange):
+                                stream.relay_to(relay.direct(body))
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         relay.sent(out, token_events)
             ending = sse.finish()
@@ -122,9 +123,6 @@ class Forward:
             ctx.outcome.error_code = exc.code
             # An OpenAI-shaped error event, and no [DONE]: the client must not take it as complete.
             ending = b"data: " + exc.to_json() + b"\n\n"
-        finally:
-            if isinstance(stream, Exchange):
-                stream.relay_to(None)
         if not ctx.status:
             await self._start(ctx, send, SSE_HEADERS)
         ctx.outcome.answered = True

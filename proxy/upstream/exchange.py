@@ -162,29 +162,31 @@ class Exchange(httpx.AsyncByteStream):
             return
         if in_head and self._head_too_large(len(data)):
             return
-        waiter = self._waiter
+        waiter, sink = self._waiter, self._sink
         if self._done:
             self._finish()
-        elif self._sink is not None and waiter is not None and not waiter.done() and self._sunk():
+        elif sink is not None and waiter is not None and not waiter.done() and self._sunk(sink):
             return
         elif self._buffered > PAUSE_READING_BYTES and not self._paused:
             self._paused = True
             self._conn.set_reading(True)
         self._wake()
 
-    def relay_to(self, sink: Sink | None) -> None:
+    def relay_to(self, sink: Sink) -> None:
         """From now on, a read that comes while the reader waits (so it holds nothing older) goes
         to `sink` first; the reader wakes only for what the sink leaves, the end, or an error.
-        The read deadline moves on with each read the sink takes, as with each the reader takes."""
+        The read deadline moves on with each read the sink takes, as with each the reader takes.
+        A reader that stopped reading (done, failed, cancelled) waits no more: the sink is done
+        with it too."""
         self._sink = sink
 
-    def _sunk(self) -> bool:
+    def _sunk(self, sink: Sink) -> bool:
         chunks = self._chunks
         if not chunks:
             return False
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
-            taken = self._sink is not None and self._sink(data)
+            taken = sink(data)
         except Exception as exc:  # the reader's to handle, as if raised where it reads
             self._fail(exc)
             return True

@@ -9,7 +9,7 @@ import orjson
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
-from proxy.asgi.direct import direct_body
+from proxy.asgi.direct import lent_cycle
 from proxy.asgi.respond import send_error, send_json
 from proxy.context import Operation, RequestContext
 from proxy.errors import GatewayError, ModelNotFound
@@ -39,7 +39,7 @@ class OpenAIEndpoint:
             received_wall=gateway.clock.wall(),
             meter=StreamMeter(now),
             headers=Headers(scope=scope),
-            direct=direct_body(scope),
+            server_cycle=lent_cycle(scope),
         )
         await gateway.pipeline.run(ctx, receive, send)
 

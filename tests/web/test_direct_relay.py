@@ -10,7 +10,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import openai
@@ -20,7 +20,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from proxy.app import create_app
-from proxy.asgi.direct import DirectBody, direct_body, has_cycle_fields, lend_cycle
+from proxy.asgi.direct import DirectBody, direct_body, has_cycle_fields, lend_cycle, lent_cycle
 from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
 from tests.servers import serve
@@ -86,7 +86,6 @@ def test_a_streams_middle_chunks_go_straight_to_the_client_whole_and_in_order(
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == backend_text(backend_url, 64)
-    assert chunks[-1].usage is None or chunks[-1].usage.completion_tokens == 64
     assert spy.writes >= 1, "no chunk went the direct way"
 
 
@@ -224,7 +223,7 @@ def test_a_cycle_without_them_lends_nothing_and_its_streams_go_through_send() ->
     del cycle.flow
     assert not has_cycle_fields(cycle)
     lend_cycle(cycle.scope, cycle)
-    assert direct_body(cast(dict[str, Any], cycle.scope)) is None
+    assert direct_body(lent_cycle(cycle.scope)) is None
     whole = uvicorn_cycle()
     lend_cycle(whole.scope, whole)
-    assert direct_body(cast(dict[str, Any], whole.scope)) is not None
+    assert direct_body(lent_cycle(whole.scope)) is not None
