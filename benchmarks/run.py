@@ -3,7 +3,7 @@ docs/benchmarks.md (between `<!-- results: NAME -->` and `<!-- /results: NAME --
 
     python benchmarks/run.py [--repeats 3]
         [--only overhead,overhead-all,overhead-telemetry,overhead-telemetry-sampled,budgets,
-                ratelimits,dashboard,routing,redis-calls]
+                ratelimits,dashboard,routing,redis-calls,workers-scale]
 
 About 20 minutes on 2 cores. Each benchmark compares the same load direct and through tokenweir
 (or without and with a feature) in one run; see docs/benchmarks.md for what each measures.
@@ -31,6 +31,7 @@ SUITE: dict[str, list[str]] = {
     "semantic_cache": ["semantic_cache.py"],
     "routing": ["routing.py"],
     "redis-calls": ["redis_calls.py"],
+    "workers-scale": ["workers_scale.py"],  # needs wrk and nginx (Debian's packages)
 }
 
 
