@@ -1,13 +1,16 @@
 """The SQLite ledger writer's CPU per record, by batch size, for this tree and optionally another.
 
     python benchmarks/ledger_write.py [--base DIR] [--batches 8,32,128] [--records 20000]
-                                      [--rounds 5]
+                                      [--rounds 5] [--busy]
 
 Writes `--records` records like the all-on benchmark's (one tenant, model, backend and key, no
 user or tags, non-stream) through `sqlschema.write_batch` into a fresh database, `--batches`
 records a transaction (the writer commits every 50 ms: about 32 a batch at 600 requests/s), and
 reads the thread's CPU time. With `--base DIR` the same runs happen for the tree in DIR, each
-tree in its own process, the rounds alternating; medians over the rounds.
+tree in its own process, the rounds alternating; medians over the rounds. `--busy` runs a
+pure-Python loop in another thread meanwhile, as the gateway's event loop runs beside the
+writer under load, and writes a batch every 50 ms, as the writer does: every time the writer
+lets go of the GIL (each SQLite statement's step) it must take it back from that thread.
 Results: benchmarks/results/ledger-write.{json,md}.
 """
 
@@ -21,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,9 +32,14 @@ from typing import Any
 HERE = Path(__file__).parent
 
 
-def measure(batch: int, records: int) -> float:
-    """CPU µs per record for `records` written `batch` at a time (this process's tree)."""
+def measure(batch: int, records: int, busy: bool = False) -> float:
+    """CPU µs per record for `records` written `batch` at a time (this process's tree), with
+    a busy Python thread beside the writer if `busy`."""
     from proxy.ledger import sqlschema
+
+    done = threading.Event()
+    if busy:
+        threading.Thread(target=_spin, args=(done,), daemon=True).start()
 
     now = time.time()
     rows = [_record(now + n / 1000, f"req_{n:032x}") for n in range(records)]
@@ -40,9 +49,19 @@ def measure(batch: int, records: int) -> float:
         started = time.thread_time()
         for i in range(0, records, batch):
             sqlschema.write_batch(conn, rows[i : i + batch], checkpoints)
+            if busy:
+                time.sleep(0.05)  # the writer's interval (not counted: thread CPU time)
         spent = time.thread_time() - started
+        done.set()
         conn.close()
     return spent / records * 1e6
+
+
+def _spin(done: threading.Event) -> None:
+    total = 0
+    while not done.is_set():
+        for n in range(1000):  # bytecode, as the event loop's work is
+            total += n
 
 
 def _record(ts: float, request_id: str) -> Any:
@@ -58,10 +77,10 @@ def _record(ts: float, request_id: str) -> Any:
     )  # fmt: skip
 
 
-def run_in(tree: Path, batch: int, records: int) -> float:
+def run_in(tree: Path, batch: int, records: int, busy: bool) -> float:
     """`measure` in a fresh interpreter importing the tree in `tree`."""
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import ledger_write as w; "
-    code += f"print(w.measure({batch}, {records}))"
+    code += f"print(w.measure({batch}, {records}, {busy}))"
     found = subprocess.run(
         [sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True
     )
@@ -74,6 +93,7 @@ def main() -> int:
     parser.add_argument("--batches", default="8,32,128")
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--busy", action="store_true", help="a busy Python thread beside it")
     args = parser.parse_args()
     trees = {"this": HERE.parent} | ({"base": args.base.resolve()} if args.base else {})
     batches = [int(b) for b in args.batches.split(",")]
@@ -82,13 +102,14 @@ def main() -> int:
         names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
         for batch in batches:
             for name in names:
-                runs[name][batch].append(run_in(trees[name], batch, args.records))
+                runs[name][batch].append(run_in(trees[name], batch, args.records, args.busy))
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "load_before": round(os.getloadavg()[0], 2),
         "rounds": args.rounds,
         "records": args.records,
+        "busy": args.busy,
         "median_us_per_record": {
             name: {b: statistics.median(found) for b, found in by_batch.items()}
             for name, by_batch in runs.items()
@@ -98,7 +119,8 @@ def main() -> int:
     (HERE / "results" / "ledger-write.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         f"Run {report['when']} on {report['machine']}; load average {report['load_before']}; "
-        f"{args.records:,} records a run, medians of {args.rounds} rounds.",
+        f"{args.records:,} records a run, medians of {args.rounds} rounds"
+        f"{'; a busy Python thread beside the writer' if args.busy else ''}.",
         "",
         "| batch | " + " | ".join(f"{name} µs/record" for name in trees) + " |",
         "|---:|" + "---:|" * len(trees),

@@ -215,3 +215,24 @@ async def test_a_record_sqlite_cannot_store_is_dropped_alone(
     finally:
         await reader.aclose()
     assert kept == ["req-0", "req-1", "req-3", "req-4"]
+
+
+async def test_a_large_batch_is_stored_whole_and_in_order(tmp_path: Path) -> None:
+    """A batch goes in by statements of several rows (32, 16, ..., 1): 45 records written in
+    one flush come back every one, each field as appended, in the order they came."""
+    ledger = SqliteLedger(tmp_path / "ledger.db", interval_s=60.0)  # one batch, at flush
+    await ledger.start()
+    appended = [
+        record(n, tenant=f"tenant-{n % 3}", input_tokens=n, output_tokens=2 * n,
+               tags=(f"t{n}",) if n % 2 else (), shaped=("max_tokens",) if n % 5 == 0 else ())
+        for n in range(45)
+    ]  # fmt: skip
+    for item in appended:
+        ledger.append(item)
+    await ledger.flush()
+    try:
+        stored = await ledger.latest(None, 100)
+    finally:
+        await ledger.aclose()
+    assert list(reversed(stored)) == appended
+    assert ledger.stats().written == 45
