@@ -155,7 +155,7 @@ class _PrimaryPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
 def _primary(url: str, *, timeout_s: float, max_connections: int, decode: bool) -> aioredis.Redis:
     target = parse_sentinel_url(url)
     timeouts = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call, unused-ignore]
     client: aioredis.Redis = sentinel.master_for(
         target.service,
         connection_pool_class=_PrimaryPool,
