@@ -11,12 +11,12 @@ from typing import Any, Final, TypeAlias
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable
 from proxy.storage.redis.resp import Multiplexed, can_multiplex
