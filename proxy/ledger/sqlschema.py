@@ -94,7 +94,6 @@ assert len(_MIGRATIONS) == SCHEMA_VERSION  # noqa: S101 - a release-time invaria
 
 
 _ROW = f"({', '.join('?' * 28)})"
-_INSERT_RECORD = f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES {_ROW}"  # noqa: S608
 # Records go in by statements of 32, 16, ..., 1 rows (32 x 28 values is under SQLite's oldest
 # limit of 999): a batch is a few statements, not one per record. Each statement's step lets go
 # of the GIL and must take it back from a busy event loop, which costs the writer thread about
@@ -104,6 +103,7 @@ _INSERT_ROWS = {
     n: f"INSERT INTO usage_records ({_RECORD_COLUMNS}) VALUES {', '.join([_ROW] * n)}"  # noqa: S608
     for n in _CHUNKS
 }
+_INSERT_RECORD = _INSERT_ROWS[1]
 _DELETE_RECORD = "DELETE FROM usage_records WHERE id = ?"
 _UPSERT = {g: sqlattr.upsert_sql(table, _CELL_KEY) for g, table in _TABLES.items()}
 
