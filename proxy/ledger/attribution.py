@@ -27,6 +27,7 @@ __all__ = [
     "capped",
     "fold",
     "is_attribution",
+    "tally_at",
 ]
 
 OTHER = "(other)"
@@ -70,17 +71,17 @@ def fold(records: Iterable[UsageRecord]) -> Folded:
     """
     groups: dict[_Group, Tally] = {}
     for record in records:
-        _tally(groups, _group_of(record)).add(record)
+        tally_at(groups, _group_of(record)).add(record)
         if record.supersedes is not None:
-            _tally(groups, _group_of(record.supersedes)).withdraw(record.supersedes)
+            tally_at(groups, _group_of(record.supersedes)).withdraw(record.supersedes)
     hours: dict[CellKey, Tally] = {}
     attr_hours: dict[AttrKey, Tally] = {}
     for (tenant, start, model, backend, key, user, tags), tally in groups.items():
-        _tally(hours, (tenant, start, model, backend)).merge(tally)
-        _tally(attr_hours, (tenant, start, "key", key)).merge(tally)
-        _tally(attr_hours, (tenant, start, "user", user)).merge(tally)
+        tally_at(hours, (tenant, start, model, backend)).merge(tally)
+        tally_at(attr_hours, (tenant, start, "key", key)).merge(tally)
+        tally_at(attr_hours, (tenant, start, "user", user)).merge(tally)
         for tag in tags:
-            _tally(attr_hours, (tenant, start, "tag", tag)).merge(tally)
+            tally_at(attr_hours, (tenant, start, "tag", tag)).merge(tally)
     return Folded(hours, roll_up(hours), attr_hours, roll_up(attr_hours))
 
 
@@ -92,7 +93,8 @@ def _group_of(record: UsageRecord) -> _Group:
     )  # fmt: skip
 
 
-def _tally(cells: dict[_K, Tally], key: _K) -> Tally:
+def tally_at(cells: dict[_K, Tally], key: _K) -> Tally:
+    """The tally at `key`, a new one put there if there is none."""
     tally = cells.get(key)
     if tally is None:
         tally = cells[key] = Tally()
@@ -119,10 +121,5 @@ def capped(increments: dict[AttrKey, Tally], known: Known) -> dict[AttrKey, Tall
                     names.add(value)
                 else:
                     value = OTHER
-        key = (tenant, start, dimension, value)
-        found = out.get(key)
-        if found is None:
-            out[key] = tally
-        else:
-            found.merge(tally)
+        tally_at(out, (tenant, start, dimension, value)).merge(tally)
     return out
