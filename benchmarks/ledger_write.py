@@ -1,7 +1,7 @@
 """The SQLite ledger writer's CPU per record, by batch size, for this tree and optionally another.
 
     python benchmarks/ledger_write.py [--base DIR] [--batches 8,32,128] [--records 20000]
-                                      [--rounds 5] [--busy]
+                                      [--rounds 5] [--busy] [--out NAME]
 
 Writes `--records` records like the all-on benchmark's (one tenant, model, backend and key, no
 user or tags, non-stream) through `sqlschema.write_batch` into a fresh database, `--batches`
@@ -10,8 +10,10 @@ reads the thread's CPU time. With `--base DIR` the same runs happen for the tree
 tree in its own process, the rounds alternating; medians over the rounds. `--busy` runs a
 pure-Python loop in another thread meanwhile, as the gateway's event loop runs beside the
 writer under load, and writes a batch every 50 ms, as the writer does: every time the writer
-lets go of the GIL (each SQLite statement's step) it must take it back from that thread.
-Results: benchmarks/results/ledger-write.{json,md}.
+lets go of the GIL (each SQLite statement's step) it must take it back from that thread,
+waiting up to the switch interval (5 ms) each time: the wall time a batch takes then counts
+those handoffs, and is reported beside the CPU. Results: benchmarks/results/NAME.{json,md}
+(NAME is ledger-write unless given).
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from typing import Any
 HERE = Path(__file__).parent
 
 
-def measure(batch: int, records: int, busy: bool = False) -> float:
-    """CPU µs per record for `records` written `batch` at a time (this process's tree), with
-    a busy Python thread beside the writer if `busy`."""
+def measure(batch: int, records: int, busy: bool = False) -> tuple[float, float]:
+    """CPU µs per record and wall ms per batch for `records` written `batch` at a time (this
+    process's tree), with a busy Python thread beside the writer if `busy`."""
     from proxy.ledger import sqlschema
 
     done = threading.Event()
@@ -46,15 +48,17 @@ def measure(batch: int, records: int, busy: bool = False) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         conn = sqlschema.connect(Path(tmp) / "ledger.db", busy_timeout_s=5.0, writer=True)
         checkpoints: dict[str, int] = {}
-        started = time.thread_time()
+        spent = waited = 0.0
         for i in range(0, records, batch):
+            started, began = time.thread_time(), time.perf_counter()
             sqlschema.write_batch(conn, rows[i : i + batch], checkpoints)
+            spent += time.thread_time() - started
+            waited += time.perf_counter() - began
             if busy:
-                time.sleep(0.05)  # the writer's interval (not counted: thread CPU time)
-        spent = time.thread_time() - started
+                time.sleep(0.05)  # the writer's interval (not counted)
         done.set()
         conn.close()
-    return spent / records * 1e6
+    return spent / records * 1e6, waited / -(-records // batch) * 1e3
 
 
 def _spin(done: threading.Event) -> None:
@@ -77,14 +81,15 @@ def _record(ts: float, request_id: str) -> Any:
     )  # fmt: skip
 
 
-def run_in(tree: Path, batch: int, records: int, busy: bool) -> float:
+def run_in(tree: Path, batch: int, records: int, busy: bool) -> tuple[float, float]:
     """`measure` in a fresh interpreter importing the tree in `tree`."""
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import ledger_write as w; "
     code += f"print(w.measure({batch}, {records}, {busy}))"
     found = subprocess.run(
         [sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True
     )
-    return float(found.stdout.strip().splitlines()[-1])
+    cpu, wall = found.stdout.strip().splitlines()[-1].strip("()").split(",")
+    return float(cpu), float(wall)
 
 
 def main() -> int:
@@ -94,10 +99,13 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--busy", action="store_true", help="a busy Python thread beside it")
+    parser.add_argument("--out", default="ledger-write", help="results file name, no suffix")
     args = parser.parse_args()
     trees = {"this": HERE.parent} | ({"base": args.base.resolve()} if args.base else {})
     batches = [int(b) for b in args.batches.split(",")]
-    runs: dict[str, dict[int, list[float]]] = {name: {b: [] for b in batches} for name in trees}
+    runs: dict[str, dict[int, list[tuple[float, float]]]] = {
+        name: {b: [] for b in batches} for name in trees
+    }
     for round_ in range(args.rounds):
         names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
         for batch in batches:
@@ -110,28 +118,39 @@ def main() -> int:
         "rounds": args.rounds,
         "records": args.records,
         "busy": args.busy,
-        "median_us_per_record": {
-            name: {b: statistics.median(found) for b, found in by_batch.items()}
-            for name, by_batch in runs.items()
-        },
+        "median_us_per_record": _medians(runs, 0),
+        "median_wall_ms_per_batch": _medians(runs, 1),
     }
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "ledger-write.json").write_text(json.dumps(report, indent=2) + "\n")
+    (HERE / "results" / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         f"Run {report['when']} on {report['machine']}; load average {report['load_before']}; "
         f"{args.records:,} records a run, medians of {args.rounds} rounds"
         f"{'; a busy Python thread beside the writer' if args.busy else ''}.",
         "",
-        "| batch | " + " | ".join(f"{name} µs/record" for name in trees) + " |",
-        "|---:|" + "---:|" * len(trees),
+        "| batch | "
+        + " | ".join(f"{name} CPU µs/record | {name} wall ms/batch" for name in trees)
+        + " |",
+        "|---:|" + "---:|---:|" * len(trees),
     ]
     for batch in batches:
-        cells = [f"{report['median_us_per_record'][name][batch]:.1f}" for name in trees]
+        cells = [
+            f"{report['median_us_per_record'][name][batch]:.1f} | "
+            f"{report['median_wall_ms_per_batch'][name][batch]:.2f}"
+            for name in trees
+        ]
         lines.append(f"| {batch} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
-    (HERE / "results" / "ledger-write.md").write_text(text)
+    (HERE / "results" / f"{args.out}.md").write_text(text)
     print(text)
     return 0
+
+
+def _medians(runs: dict[str, dict[int, list[tuple[float, float]]]], which: int) -> Any:
+    return {
+        name: {b: statistics.median(found[which] for found in runs_) for b, runs_ in by.items()}
+        for name, by in runs.items()
+    }
 
 
 if __name__ == "__main__":
