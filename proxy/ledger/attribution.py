@@ -27,7 +27,6 @@ __all__ = [
     "capped",
     "fold",
     "is_attribution",
-    "tally_at",
 ]
 
 OTHER = "(other)"
@@ -71,17 +70,17 @@ def fold(records: Iterable[UsageRecord]) -> Folded:
     """
     groups: dict[_Group, Tally] = {}
     for record in records:
-        tally_at(groups, _group_of(record)).add(record)
+        _tally(groups, _group_of(record)).add(record)
         if record.supersedes is not None:
-            tally_at(groups, _group_of(record.supersedes)).withdraw(record.supersedes)
+            _tally(groups, _group_of(record.supersedes)).withdraw(record.supersedes)
     hours: dict[CellKey, Tally] = {}
     attr_hours: dict[AttrKey, Tally] = {}
     for (tenant, start, model, backend, key, user, tags), tally in groups.items():
-        tally_at(hours, (tenant, start, model, backend)).merge(tally)
-        tally_at(attr_hours, (tenant, start, "key", key)).merge(tally)
-        tally_at(attr_hours, (tenant, start, "user", user)).merge(tally)
+        _tally(hours, (tenant, start, model, backend)).merge(tally)
+        _tally(attr_hours, (tenant, start, "key", key)).merge(tally)
+        _tally(attr_hours, (tenant, start, "user", user)).merge(tally)
         for tag in tags:
-            tally_at(attr_hours, (tenant, start, "tag", tag)).merge(tally)
+            _tally(attr_hours, (tenant, start, "tag", tag)).merge(tally)
     return Folded(hours, roll_up(hours), attr_hours, roll_up(attr_hours))
 
 
@@ -93,8 +92,7 @@ def _group_of(record: UsageRecord) -> _Group:
     )  # fmt: skip
 
 
-def tally_at(cells: dict[_K, Tally], key: _K) -> Tally:
-    """The tally at `key`, a new one put there if there is none."""
+def _tally(cells: dict[_K, Tally], key: _K) -> Tally:
     tally = cells.get(key)
     if tally is None:
         tally = cells[key] = Tally()
@@ -121,5 +119,10 @@ def capped(increments: dict[AttrKey, Tally], known: Known) -> dict[AttrKey, Tall
                     names.add(value)
                 else:
                     value = OTHER
-        tally_at(out, (tenant, start, dimension, value)).merge(tally)
+        key = (tenant, start, dimension, value)
+        found = out.get(key)
+        if found is None:
+            out[key] = tally
+        else:
+            found.merge(tally)
     return out

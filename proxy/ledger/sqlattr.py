@@ -1,6 +1,4 @@
-"""The SQLite ledger's totals by key, user and tag: their tables, rows and reads.
-
-sqlmerge.py writes them, with the hour and day totals.
+"""The SQLite ledger's totals by key, user and tag: their tables, capped upserts and reads.
 
 Blocking calls only, run inside the writer's transaction or a reader's `asyncio.to_thread`.
 """
@@ -12,9 +10,10 @@ from typing import Any
 
 from proxy.ledger import histogram
 from proxy.ledger.aggregate import COUNTERS, Cell, Granularity, Tally
+from proxy.ledger.attribution import HOUR_RETENTION_S, AttrKey, capped
 from proxy.ledger.base import UsageQuery
 
-__all__ = ["MIGRATION", "TABLES", "cell_row", "read_cells", "tally_of"]
+__all__ = ["MIGRATION", "cell_row", "read_cells", "tally_of", "upsert_sql", "write"]
 
 TABLES: dict[Granularity, str] = {"hour": "usage_hour_attr", "day": "usage_day_attr"}
 _KEY = "tenant, period_start, dimension, value"
@@ -49,6 +48,45 @@ MIGRATION: list[str] = [
     *_table_ddl("usage_day_attr", "usage_day"),
 ]
 """Schema v3 -> v4: the records' attribution columns and the attribution totals."""
+
+
+def upsert_sql(table: str, key: str) -> str:
+    """Add a cell's counters and histograms to the row of its key (`key`: the key columns)."""
+    updates = ", ".join(f"{name} = {name} + excluded.{name}" for name in COUNTERS)
+    columns = f"{key}, {', '.join(COUNTERS)}, ttft_ms_hist, tokens_per_s_hist"
+    placeholders = ", ".join("?" * (key.count(",") + 1 + len(COUNTERS) + 2))
+    return (
+        f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
+        f"ON CONFLICT ({key}) DO UPDATE SET {updates}, "
+        "ttft_ms_hist = tw_hist_add(ttft_ms_hist, excluded.ttft_ms_hist), "
+        "tokens_per_s_hist = tw_hist_add(tokens_per_s_hist, excluded.tokens_per_s_hist)"
+    )
+
+
+_UPSERT = {granularity: upsert_sql(table, _KEY) for granularity, table in TABLES.items()}
+
+
+def write(
+    conn: sqlite3.Connection,
+    increments: dict[Granularity, dict[AttrKey, Tally]],
+    newest_ts: float,
+) -> None:
+    """Add a batch's increments (capped against what is stored) inside the open transaction,
+    and drop hour cells past their retention."""
+    for granularity, cells in increments.items():
+        table = TABLES[granularity]
+
+        def known(tenant: str | None, start: int, dimension: str, table: str = table) -> set[str]:
+            sql = (
+                f"SELECT value FROM {table} WHERE tenant = ? "  # noqa: S608
+                "AND period_start = ? AND dimension = ?"
+            )
+            return {row[0] for row in conn.execute(sql, (tenant or "", start, dimension))}
+
+        rows = [cell_row(key, tally) for key, tally in capped(cells, known).items()]
+        conn.executemany(_UPSERT[granularity], rows)
+    cutoff = int(newest_ts - HOUR_RETENTION_S)
+    conn.execute(f"DELETE FROM {TABLES['hour']} WHERE period_start < ?", (cutoff,))  # noqa: S608
 
 
 _BUCKET_SQL = {"hour": "period_start", "day": "period_start - period_start % 86400", None: "0"}

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.ledger import histogram, sqlattr, sqlmerge
+from proxy.ledger import histogram, sqlattr
 from proxy.ledger.aggregate import COUNTERS, Cell, CellKey, Granularity, Tally
 from proxy.ledger.attribution import fold, is_attribution
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, record_values
@@ -105,6 +105,7 @@ _INSERT_ROWS = {
 }
 _INSERT_RECORD = _INSERT_ROWS[1]
 _DELETE_RECORD = "DELETE FROM usage_records WHERE id = ?"
+_UPSERT = {g: sqlattr.upsert_sql(table, _CELL_KEY) for g, table in _TABLES.items()}
 
 
 def connect(path: Path, *, busy_timeout_s: float, writer: bool) -> sqlite3.Connection:
@@ -123,6 +124,7 @@ def connect(path: Path, *, busy_timeout_s: float, writer: bool) -> sqlite3.Conne
             # process; an OS crash or power cut may roll back the last commits, never corrupt.
             _set_wal(conn, busy_timeout_s)
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.create_function("tw_hist_add", 2, _hist_add, deterministic=True)
             _migrate(conn, path)
         else:
             # typeshed admits only int-valued aggregates; SQLite takes blobs just the same
@@ -195,7 +197,7 @@ def write_batch(
     `checkpoints` maps each running request's checkpoint (its `link`) to its raw row: a record
     that supersedes one replaces that row. Updated only once the transaction commits.
     """
-    folded = fold(records)
+    hours, days, attr_hours, attr_days = fold(records)
     linked = any(r.checkpoint or r.supersedes is not None for r in records)
     rows = dict(checkpoints) if linked else checkpoints
     conn.execute("BEGIN IMMEDIATE")
@@ -204,7 +206,10 @@ def write_batch(
             _insert_linked(conn, records, rows)
         else:
             _insert(conn, records)
-        sqlmerge.write_totals(conn, folded, max(r.ts for r in records))
+        conn.executemany(_UPSERT["hour"], map(_cell_row, hours.items()))
+        conn.executemany(_UPSERT["day"], map(_cell_row, days.items()))
+        newest_ts = max(r.ts for r in records)
+        sqlattr.write(conn, {"hour": attr_hours, "day": attr_days}, newest_ts)
         conn.execute("COMMIT")
     except BaseException:
         _rollback(conn)
@@ -295,6 +300,12 @@ def _cell_row(item: tuple[CellKey, Tally]) -> tuple[object, ...]:
 def _cell(row: tuple[Any, ...]) -> Cell:
     tenant, start, model, backend = row[:4]
     return Cell((tenant or None, start, model or None, backend or None), sqlattr.tally_of(row, 4))
+
+
+def _hist_add(left: bytes | None, right: bytes | None) -> bytes:
+    merged = histogram.decode(left)
+    histogram.merge_into(merged, histogram.decode(right).items())
+    return histogram.encode(merged)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
