@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from proxy.asgi.cancel import RequestScope
 from proxy.outgoing import OutgoingRequest
 from proxy.policy.model import Backend, Tenant
 from proxy.upstream.meter import StreamMeter
@@ -174,6 +175,7 @@ class Admitted(RequestContext):
 
     tenant_name: str
     tenant: Tenant
+    scope: RequestScope = field(default_factory=RequestScope)  # the client leaving cancels it
 
 
 _UPSTREAM_PATHS: dict[str, str] = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-import anyio
 from starlette.types import Message, Receive, Send
 
 from proxy.asgi.body import ClientGone, read_body, watch_disconnect
@@ -69,7 +68,8 @@ class Pipeline:
             ctx.raw_body = await read_body(
                 receive, ctx.headers, self._max_body_bytes, self._body_timeout_s
             )
-            with anyio.CancelScope() as scope, self.drain.track(scope):
+            scope = admitted.scope
+            with scope, self.drain.track(scope):
                 watcher = asyncio.create_task(watch_disconnect(receive, ctx, scope))
                 try:
                     await self._answer(admitted, send)
@@ -89,8 +89,7 @@ class Pipeline:
         finally:
             if not ctx.status:
                 _record_unanswered(ctx.outcome)
-            with anyio.CancelScope(shield=True):
-                await self._account(ctx)
+            await self._account(ctx)  # past the request's scope: nothing of it cancels this
 
     async def _answer(self, ctx: Admitted, send: Send) -> None:
         for stage, timed in self._stages:
@@ -112,7 +111,7 @@ class Pipeline:
         async def releasing(message: Message) -> None:
             # Per chunk, one lookup: a chunk has more_body, the start message has no body.
             if not message.get("more_body", False) and message["type"] == "http.response.body":
-                with anyio.CancelScope(shield=True):
+                with ctx.scope.shielded():
                     await release(ctx)
             await send(message)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 
-import anyio
 from starlette.types import Receive
 
+from proxy.asgi.cancel import RequestScope
 from proxy.context import RequestContext
 from proxy.errors import BadRequest, BodyTooLarge, RequestTimeout
 
@@ -54,7 +54,7 @@ async def receive_all(receive: Receive, limit: int, too_large: Callable[[int], E
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def watch_disconnect(receive: Receive, ctx: RequestContext, scope: anyio.CancelScope) -> None:
+async def watch_disconnect(receive: Receive, ctx: RequestContext, scope: RequestScope) -> None:
     """Cancel `scope` (the upstream call with it) the moment the client disconnects."""
     while True:
         message = await receive()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-import anyio
+from proxy.asgi.cancel import RequestScope
 
 __all__ = ["Drain"]
 
@@ -30,8 +30,8 @@ class Drain:
 
     def __init__(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._active: set[anyio.CancelScope] = set()
-        self._cut: set[anyio.CancelScope] = set()
+        self._active: set[RequestScope] = set()
+        self._cut: set[RequestScope] = set()
         self._previous: dict[int, _Handler] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -73,7 +73,7 @@ class Drain:
         self._timer = asyncio.get_running_loop().call_later(self._timeout_s, self._expire)
 
     @contextmanager
-    def track(self, scope: anyio.CancelScope) -> Iterator[None]:
+    def track(self, scope: RequestScope) -> Iterator[None]:
         """Let the drain cut `scope` when its time is up."""
         if self.expired:
             self._cut_one(scope)
@@ -83,7 +83,7 @@ class Drain:
         finally:
             self._active.discard(scope)
 
-    def was_cut(self, scope: anyio.CancelScope) -> bool:
+    def was_cut(self, scope: RequestScope) -> bool:
         """Did the drain end this scope's request (rather than the client or the request)?"""
         if scope in self._cut:
             self._cut.discard(scope)
@@ -98,7 +98,7 @@ class Drain:
         for scope in list(self._active):
             self._cut_one(scope)
 
-    def _cut_one(self, scope: anyio.CancelScope) -> None:
+    def _cut_one(self, scope: RequestScope) -> None:
         self._cut.add(scope)
         scope.cancel()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
-import anyio
 import httpx
 from starlette.types import Send
 
@@ -71,7 +70,7 @@ class Forward:
                 await self._relay_whole(ctx, backend, response, send)
         finally:
             # Closing a half-read response drops its connection, which stops the backend.
-            with anyio.CancelScope(shield=True):
+            with ctx.scope.shielded():
                 await response.aclose()
             error = None if ctx.outcome.completed else ctx.error_code or "incomplete"
             self._telemetry.upstream_ended(ctx, response.status_code, error)
