@@ -19,6 +19,7 @@ from proxy.stages import Authenticator, Stage
 from proxy.stages.account import Account
 from proxy.stages.forward import Forward
 from proxy.telemetry.recorder import Telemetry
+from proxy.tokens.segments import counting_for, done_counting
 
 __all__ = ["Pipeline", "Replay"]
 
@@ -62,8 +63,10 @@ class Pipeline:
         """Answer the request on `send`; errors, disconnects and successes are all settled."""
         self._telemetry.begin(arrival)
         ctx = arrival  # until auth admits it
+        counting = None
         try:
             ctx = admitted = await self._auth(arrival)
+            counting = counting_for(admitted.tenant_name)  # its token counts are remembered
             send = self._releasing_before_the_end(admitted, send)
             ctx.raw_body = await read_body(
                 receive, ctx.headers, self._max_body_bytes, self._body_timeout_s
@@ -89,7 +92,11 @@ class Pipeline:
         finally:
             if not ctx.status:
                 _record_unanswered(ctx.outcome)
-            await self._account(ctx)  # past the request's scope: nothing of it cancels this
+            try:
+                await self._account(ctx)  # past the request's scope: nothing of it cancels this
+            finally:
+                if counting is not None:
+                    done_counting(counting)
 
     async def _answer(self, ctx: Admitted, send: Send) -> None:
         for stage, timed in self._stages:

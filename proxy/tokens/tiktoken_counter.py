@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from proxy.tokens.builtin_templates import builtin_template
 from proxy.tokens.chat import TemplatedCounter
 from proxy.tokens.families import Family, family_for
 from proxy.tokens.openai_chat import GPT4_RULE, GPT4O_RULE, OpenAIChatRule, RuleCounter
+from proxy.tokens.segments import SegmentMemory, remembered
 
 __all__ = ["encoding_from_file", "load_encoding", "load_file", "read_ranks"]
 
@@ -25,7 +25,12 @@ __all__ = ["encoding_from_file", "load_encoding", "load_file", "read_ranks"]
 def _openai(name: str, encoding: tiktoken.Encoding, encoding_name: str) -> TokenCounter:
     """OpenAI's chat rule; special-token text counts as plain text, as OpenAI treats content."""
     rule: OpenAIChatRule = GPT4O_RULE if encoding_name.startswith("o200k") else GPT4_RULE
-    return RuleCounter(name, lambda text: len(encoding.encode_ordinary(text)), rule)
+    count = remembered(_ordinary(encoding), (), SegmentMemory())
+    return RuleCounter(name, count, rule)
+
+
+def _ordinary(encoding: tiktoken.Encoding) -> CountText:
+    return lambda text: len(encoding.encode_ordinary(text))
 
 
 def load_encoding(name: str) -> TokenCounter:
@@ -106,13 +111,7 @@ def load_file(path: Path, family_name: str | None) -> TokenCounter:
 
 
 def _special_encoder(encoding: tiktoken.Encoding, family: Family) -> CountText:
-    """Counts with every special token recognised, as Hugging Face tokenizers do."""
-    if not family.nfc:
-        return lambda text: len(encoding.encode(text, allowed_special="all"))
-
-    def count(text: str) -> int:
-        if not unicodedata.is_normalized("NFC", text):
-            text = unicodedata.normalize("NFC", text)
-        return len(encoding.encode(text, allowed_special="all"))
-
-    return count
+    """Counts with every special token recognised, as Hugging Face tokenizers do (Qwen's
+    normalising text to NFC first); the pieces between special tokens remembered."""
+    specials = encoding.special_tokens_set
+    return remembered(_ordinary(encoding), specials, SegmentMemory(), nfc=family.nfc)

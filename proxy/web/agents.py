@@ -18,6 +18,7 @@ from proxy.context import RequestContext
 from proxy.errors import BadRequest, GatewayError
 from proxy.stages.parse import Parse, check_fields
 from proxy.tokens import TokenizerError
+from proxy.tokens.segments import counting_for, done_counting
 from proxy.upstream.meter import StreamMeter
 from proxy.web.openai import OpenAIEndpoint
 from proxy.web.requestid import REQUEST_ID_KEY
@@ -81,9 +82,12 @@ class CountTokens:
         if system_prompt is not None:
             AGENT_APIS["messages"].add_system(body, system_prompt)
         chat, tools = messages_api.to_chat(body)
+        counting = counting_for(name)
         try:
             return await gateway.counters.count_chat(ctx.model, chat, tools)
         except TokenizerError as exc:
             raise BadRequest(
                 f"The messages do not fit the model's chat format: {exc}", param="messages"
             ) from exc
+        finally:
+            done_counting(counting)
