@@ -161,10 +161,12 @@ def bench_command(
     tokens: int,
     out: str,
     input_tokens: int = 64,
+    prompt_file: Path | None = None,
 ) -> list[str]:
     # A fresh prompt seed per run: a gateway with the response cache must not answer a later
     # run's prompts from an earlier run's (the overhead measured is the lookup, not the hit).
     seed = secrets.randbelow(1 << 30)
+    prompts = ["--prompt-file", str(prompt_file)] if prompt_file is not None else []
     return [
         sys.executable, "-m", "proxy", "bench", "--base-url", base_url + "/v1",
         "--api-key", KEY, "--model", "mock-llm", "--concurrency", str(concurrency),
@@ -172,6 +174,7 @@ def bench_command(
         "--input-tokens", str(input_tokens),
         "--stream" if stream else "--no-stream", "--json", out,
         "--extra-body", json.dumps({"mock_completion_tokens": tokens}), "--seed", str(seed),
+        *prompts,
     ]  # fmt: skip
 
 
@@ -183,11 +186,12 @@ def bench(
     stream: bool,
     tokens: int,
     input_tokens: int = 64,
+    prompt_file: Path | None = None,
 ) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = bench_command(
             base_url, concurrency, requests, stream=stream, tokens=tokens, out=out.name,
-            input_tokens=input_tokens,
+            input_tokens=input_tokens, prompt_file=prompt_file,
         )  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:

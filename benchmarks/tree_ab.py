@@ -1,7 +1,7 @@
 """Gateway CPU per non-stream request (or per streamed token), for two source trees in one run.
 
     python benchmarks/tree_ab.py --base DIR [--rounds 6] [--requests 3000] [--levels 64,1]
-        [--features all|off] [--stream [--tps 750] [--tokens 256]]
+        [--features all|off] [--stream [--tps 750] [--tokens 256]] [--system-words N]
 
 DIR is another checkout (say `git worktree add DIR main`, or `git archive main | tar -x -C
 DIR`, with `shared/` beside it as here). Starts one redis-server per tree, the unpaced
@@ -15,16 +15,22 @@ medians over the rounds: CPU µs per request, requests/s, and Redis script calls
 With `--stream` the load is streams of `--tokens` tokens from a backend paced at `--tps` tokens
 a second (each token its own read, as from a real engine), `--requests` is per stream in flight
 (at least 16 a run), and the report is CPU µs per streamed token and the gateway's TTFT p50.
+With `--system-words N` every request is a chat as an application sends it: the same system
+prompt of N words, then a question of its own (different in every run, so the response cache
+never answers it); without, bench's synthetic prompts of 64 tokens.
 The machine's other work hits both trees alike: what differs is the code.
-Results: benchmarks/results/tree-ab{,-off}{,-stream}.{json,md}.
+Results: benchmarks/results/tree-ab{,-off}{,-stream}{,-chats}.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
+import random
+import secrets
 import sys
 import tempfile
 import time
@@ -73,13 +79,21 @@ def script_calls(admin: redis.Redis) -> int:
 def one_run(
     gateway: Process, admin: redis.Redis, concurrency: int, args: argparse.Namespace
 ) -> dict[str, float]:
+    prompts = chats(args.system_words, args.requests) if args.system_words else None
     calls_before, cpu_before = script_calls(admin), gateway.cpu_s()
     if args.stream:
         requests = max(16, concurrency * args.requests)
-        done = bench(gateway.url, concurrency, requests, stream=True, tokens=args.tokens)
+        done = bench(
+            gateway.url, concurrency, requests, stream=True, tokens=args.tokens,
+            prompt_file=prompts,
+        )  # fmt: skip
     else:
-        done = bench(gateway.url, concurrency, args.requests, stream=False, tokens=16)
+        done = bench(
+            gateway.url, concurrency, args.requests, stream=False, tokens=16, prompt_file=prompts
+        )
     cpu_s = gateway.cpu_s() - cpu_before
+    if prompts is not None:
+        prompts.unlink()
     answered = max(1, int(done["ok"]))
     found = {
         "requests_per_s": float(done["requests_per_s"]),
@@ -92,6 +106,26 @@ def one_run(
     else:
         found["cpu_us_per_request"] = cpu_s / answered * 1e6
     return found
+
+
+_WORDS = "the of and to in a is that for it as was with be by on not this are or from at".split()
+
+
+def chats(system_words: int, count: int) -> Path:
+    """A JSONL prompt file for bench: `count` chats, one system prompt, a new question each."""
+    rng = random.Random(0)
+    system = " ".join(rng.choice(_WORDS) for _ in range(system_words)) + "."
+    run = secrets.token_hex(8)
+    lines = [
+        json.dumps({"messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Question {run}-{n}: what follows from that?"},
+        ]})
+        for n in range(count)
+    ]  # fmt: skip
+    path = Path(tempfile.gettempdir()) / f"tree-ab-chats-{run}.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def compare(args: argparse.Namespace, base: Path) -> dict[str, Any]:
@@ -159,6 +193,8 @@ def markdown(report: dict[str, Any]) -> str:
         if report.get("stream")
         else f"{report['requests']:,} non-stream requests per run"
     )
+    if report.get("system_words"):
+        load += f", each a chat with the same {report['system_words']:,}-word system prompt"
     intro = (
         f"Run {report['when']} on {report['machine']}; load average {report['load']}; "
         f"{load}, medians of {report['rounds']} rounds alternating the trees; "
@@ -182,6 +218,7 @@ def main() -> int:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--tps", type=float, default=750.0)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--system-words", type=int, default=0, help="chats with a system prompt")
     args = parser.parse_args()
     if args.requests is None:
         args.requests = 8 if args.stream else 3000
@@ -191,10 +228,12 @@ def main() -> int:
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "load": load, "requests": args.requests, "rounds": args.rounds,
         "features": args.features, "stream": args.stream, "tps": args.tps, "tokens": args.tokens,
+        "system_words": args.system_words,
         "base": str(args.base.resolve()),
         "levels": compare(args, args.base.resolve()),
     }  # fmt: skip
     name = ("tree-ab" if args.features == "all" else "tree-ab-off") + ("-stream" * args.stream)
+    name += "-chats" * bool(args.system_words)
     publish(name, report, markdown(report))
     return 0
 
