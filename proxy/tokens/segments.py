@@ -24,8 +24,6 @@ from contextvars import ContextVar, Token
 
 __all__ = ["SegmentMemory", "counting_for", "done_counting", "remembered"]
 
-MIN_CHARS = 64
-"""Shorter pieces are counted each time: their encoding costs about what a lookup saves."""
 MAX_CHARS = 4_000_000
 """The remembered pieces' characters in all, every tenant together, each piece charged
 ENTRY_CHARS more for its entry (about 5-20 MB in all)."""
@@ -47,12 +45,11 @@ def done_counting(token: Token[str | None]) -> None:
 class SegmentMemory:
     """The counts of pieces of text, by (tenant, piece), the oldest forgotten first."""
 
-    __slots__ = ("_chars", "_counts", "_lock", "_max_chars", "_min_chars")
+    __slots__ = ("_chars", "_counts", "_lock", "_max_chars")
 
-    def __init__(self, min_chars: int = MIN_CHARS, max_chars: int = MAX_CHARS) -> None:
+    def __init__(self, max_chars: int = MAX_CHARS) -> None:
         self._counts: dict[tuple[str, str], int] = {}
         self._chars = 0
-        self._min_chars = min_chars
         self._max_chars = max_chars
         self._lock = threading.Lock()  # counts also run on worker threads (long prompts)
 
@@ -66,7 +63,7 @@ class SegmentMemory:
 
     def count(self, piece: str, encode: Callable[[str], int]) -> int:
         tenant = _tenant.get()
-        if tenant is None or not self._min_chars <= len(piece) <= self._max_chars // 4:
+        if tenant is None or len(piece) > self._max_chars // 4:
             return encode(piece)
         key = (tenant, piece)
         found = self._counts.get(key)

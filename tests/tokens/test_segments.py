@@ -56,7 +56,7 @@ def test_a_remembered_count_is_tiktoken_s_count_of_the_whole_text(
     found, nfc = encoding
     specials = sorted(found.special_tokens_set)
     text = "".join(specials[p * 7 % len(specials)] if isinstance(p, int) else p for p in parts)
-    count = remembered(_ordinary(found, []), specials, SegmentMemory(min_chars=1), nfc=nfc)
+    count = remembered(_ordinary(found, []), specials, SegmentMemory(), nfc=nfc)
     counting = counting_for("alpha")
     try:
         first, again = count(text), count(text)  # the second from memory
@@ -70,7 +70,8 @@ def test_what_one_tenant_counted_is_counted_again_for_another(
 ) -> None:
     found, nfc = encoding
     system = "You are a careful assistant. " * 40  # one piece between special tokens
-    text = f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    start, end = sorted(found.special_tokens_set)[:2]  # the encoding's own (Qwen's, Llama's)
+    text = f"{start}system\n{system}{end}\n{start}user\nHi{end}\n"
     calls: list[str] = []
     memory = SegmentMemory()
     count = remembered(_ordinary(found, calls), found.special_tokens_set, memory, nfc=nfc)
@@ -83,21 +84,23 @@ def test_what_one_tenant_counted_is_counted_again_for_another(
             assert count(text) == expected
         finally:
             done_counting(counting)
-        return [piece for piece in calls if len(piece) > 100]
+        return list(calls)
 
-    assert encoded_for("alpha") != []  # alpha's first: the long piece is encoded
-    assert encoded_for("alpha") == []  # alpha's again: from memory
-    assert encoded_for("beta") != []  # beta's first: not from alpha's memory
-    assert encoded_for(None) != []  # outside a request: never remembered
-    assert encoded_for(None) != []
-    assert len(memory) == 2  # alpha's and beta's
+    pieces = encoded_for("alpha")  # alpha's first: every piece is encoded
+    assert any(len(piece) > 1000 for piece in pieces)  # the system prompt among them
+    assert encoded_for("alpha") == []  # alpha's again: all from memory
+    assert encoded_for("beta") == pieces  # beta's first: nothing from alpha's memory
+    unremembered = encoded_for(None)  # outside a request: never remembered
+    assert len(unremembered) > len(pieces)  # a piece met twice is encoded twice
+    assert encoded_for(None) == unremembered
+    assert len(memory) == 2 * len(set(pieces))  # alpha's and beta's
 
 
 def test_the_memory_forgets_the_oldest_past_its_bound(
     encoding: tuple[tiktoken.Encoding, bool],
 ) -> None:
     found, nfc = encoding
-    memory = SegmentMemory(min_chars=10, max_chars=2_000)
+    memory = SegmentMemory(max_chars=2_000)
     count = remembered(_ordinary(found, []), (), memory, nfc=nfc)
     counting = counting_for("alpha")
     try:
