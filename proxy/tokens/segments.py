@@ -1,5 +1,5 @@
-"""Token counts of long texts remembered per tenant, so a system prompt or a conversation's
-history sent again is not tokenized again.
+"""Token counts of the pieces of a chat remembered per tenant, so a system prompt or a
+conversation's history sent again is not tokenized again.
 
 tiktoken encodes a text with special tokens recognised by cutting it at each special token and
 encoding the pieces between on their own; so a text's count is its special tokens plus its
@@ -9,9 +9,9 @@ prompt costs about 270 µs of CPU; looking it up costs its hash.
 
 The memory is keyed by tenant as well as text: a tenant whose request came back faster because
 another tenant had sent the same text would learn that it had (a timing side channel). Which
-tenant is counting comes from `counting_for`, set around each count by TokenCounters; with no
-tenant set nothing is remembered. The pipeline sets it for the rest of a request once auth has
-named the tenant.
+tenant is counting comes from `counting_for`: the pipeline sets it for the rest of a request
+once auth has named the tenant (a ContextVar, so `asyncio.to_thread` carries it to a long
+prompt's count); with no tenant set nothing is remembered.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from contextvars import ContextVar, Token
 __all__ = ["SegmentMemory", "counting_for", "done_counting", "remembered"]
 
 MAX_CHARS = 4_000_000
-"""The remembered pieces' characters in all, every tenant together, each piece charged
-ENTRY_CHARS more for its entry (about 5-20 MB in all)."""
+"""The remembered pieces' characters in a memory (one a tokenizer), every tenant together, each
+piece charged ENTRY_CHARS more for its entry: about 4-5 MB of ASCII text when full."""
 ENTRY_CHARS = 128
 
 _tenant: ContextVar[str | None] = ContextVar("tokenweir_counting_for", default=None)
