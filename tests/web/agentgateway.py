@@ -50,11 +50,17 @@ class AgentGateway:
     def reset(self) -> None:
         httpx.post(self.backend_url + "/mock/stats/reset", timeout=10).raise_for_status()
 
+    def records(self, request_id: str) -> list[UsageRecord]:
+        """Every ledger row of one request as it stands (a running stream's checkpoint, or its
+        final record, which replaces the checkpoint)."""
+        return [r for r in ledger_records(self.ledger, 0) if r.request_id == request_id]
+
     def record(self, request_id: str) -> UsageRecord:
-        """The ledger's record of one request, once it is written (within 10 s)."""
+        """The ledger's final record of one request, once it is written (within 10 s): a long
+        stream's checkpoint, written while it runs, is not it."""
         deadline = time.monotonic() + 10
         while True:
-            found = [r for r in ledger_records(self.ledger, 0) if r.request_id == request_id]
+            found = [r for r in self.records(request_id) if not r.checkpoint]
             if found:
                 return found[0]
             assert time.monotonic() < deadline, f"no ledger record of {request_id}"

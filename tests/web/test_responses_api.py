@@ -4,6 +4,7 @@ billed from the Responses usage, capped, quota'd, checked, and cancelled when th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,11 +184,17 @@ def test_a_client_that_leaves_cancels_the_backend(gateway: AgentGateway) -> None
             deltas += event.type == "response.output_text.delta"
             if deltas == 20:
                 break
+        # A stream that runs a while is checkpointed (about once a second): leave after that.
+        checkpointed = time.monotonic() + 10
+        while not any(r.checkpoint for r in gateway.records(request_id)):
+            assert time.monotonic() < checkpointed, "no checkpoint of the running stream"
+            time.sleep(0.05)
         stream.close()
     wait_for_stat(gateway, "streams_cancelled", 1)
     stats = gateway.stats()
     assert stats["streams_completed"] == 0
     record = gateway.record(request_id)
+    assert gateway.records(request_id) == [record]  # the final record replaced the checkpoint
     assert record.client_disconnected is True
     # What was produced is billed, by the gateway's counts: the usage never came.
     assert record.usage_source == "counted"
