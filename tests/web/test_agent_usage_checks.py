@@ -91,7 +91,8 @@ def billed(ledger: Path, request_id: str) -> tuple[int, int, str | None]:
     """What the ledger billed the request, once its record is written (within 10 s)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        found = [r for r in ledger_records(ledger, 0) if r.request_id == request_id]
+        records = ledger_records(ledger, 0)
+        found = [r for r in records if r.request_id == request_id and not r.checkpoint]
         if found:
             return found[0].input_tokens, found[0].output_tokens, found[0].usage_source
         time.sleep(0.05)
