@@ -84,12 +84,12 @@ def _record(ts: float, request_id: str) -> Any:
 def run_in(tree: Path, batch: int, records: int, busy: bool) -> tuple[float, float]:
     """`measure` in a fresh interpreter importing the tree in `tree`."""
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import ledger_write as w; "
-    code += f"print(w.measure({batch}, {records}, {busy}))"
+    code += f"print(*w.measure({batch}, {records}, {busy}))"
     found = subprocess.run(
         [sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True
     )
-    cpu, wall = found.stdout.strip().splitlines()[-1].strip("()").split(",")
-    return float(cpu), float(wall)
+    cpu, wall = map(float, found.stdout.split()[-2:])
+    return cpu, wall
 
 
 def main() -> int:
