@@ -63,7 +63,7 @@ class SegmentMemory:
 
     def count(self, piece: str, encode: Callable[[str], int]) -> int:
         tenant = _tenant.get()
-        if tenant is None or len(piece) > self._max_chars // 4:
+        if tenant is None or len(piece) > self._max_chars // 4:  # one piece never empties it
             return encode(piece)
         key = (tenant, piece)
         found = self._counts.get(key)
