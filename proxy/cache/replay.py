@@ -6,7 +6,7 @@ words each, tool calls, finish chunk, usage chunk when asked, `[DONE]`, all in o
 
 from __future__ import annotations
 
-import secrets
+from random import getrandbits
 from typing import Any
 
 import orjson
@@ -14,6 +14,13 @@ import orjson
 from proxy.cache.answer import Answer
 
 __all__ = ["replay_response", "replay_stream"]
+
+
+def _fresh_id() -> str:
+    """96 random bits in hex, from `random` as the request ids (proxy/web/requestid.py says why
+    not os.urandom): an answer's id names it, it guards nothing."""
+    return f"{getrandbits(96):024x}"
+
 
 # Text is cut into pieces of about this many characters, on a space where there is one.
 _PIECE_CHARS = 48
@@ -32,7 +39,7 @@ def replay_response(answer: Answer, created: int) -> bytes:
         choice["text"] = answer.text
     return orjson.dumps(
         {
-            "id": prefix + secrets.token_hex(12),
+            "id": prefix + _fresh_id(),
             "object": whole,
             "created": created,
             "model": answer.model,
@@ -46,7 +53,7 @@ def replay_response(answer: Answer, created: int) -> bytes:
 def replay_stream(answer: Answer, created: int, *, include_usage: bool) -> bytes:
     _, chunk_object, prefix = _OBJECTS[answer.operation]
     head = {
-        "id": prefix + secrets.token_hex(12),
+        "id": prefix + _fresh_id(),
         "object": chunk_object,
         "created": created,
         "model": answer.model,

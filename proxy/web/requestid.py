@@ -1,13 +1,16 @@
 """Pure ASGI middleware: every answer carries `x-request-id` (the client's if sane, else new).
 
 A new id is `req_` and 128 random bits in hex, as uuid4's hex was (uuid.uuid4 cost about
-3 µs a request, most of it building a UUID object only to read its hex back).
+3 µs a request, most of it building a UUID object only to read its hex back). The bits come from
+`random`, as the trace ids do: an id is a label (a client may send its own), not a secret, and
+os.urandom lets go of the GIL for its system call, which hands the event loop's turn to whichever
+thread is waiting for it (the ledger's writer, the span exporter) in the middle of a request.
 """
 
 from __future__ import annotations
 
-import os
 import re
+from random import getrandbits
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,7 +28,7 @@ class RequestId:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        request_id = _from_client(scope) or b"req_" + os.urandom(16).hex().encode()
+        request_id = _from_client(scope) or b"req_%032x" % getrandbits(128)
         scope[REQUEST_ID_KEY] = request_id.decode()
 
         async def send_with_id(message: Message) -> None:
