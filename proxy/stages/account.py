@@ -20,7 +20,7 @@ from proxy.context import Admitted, RequestContext
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
 from proxy.stages.usage import bill, count_unreported_input
-from proxy.telemetry.logs import ACCESS_LOGGER
+from proxy.telemetry.logs import ACCESS_LOGGER, log_access_line
 from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.semconv import MAX_TEXT_CHARS, clipped
 from proxy.together import in_turn
@@ -106,7 +106,7 @@ class Account:
         if self._log.isEnabledFor(logging.INFO):
             line = self._access_line(ctx, usage)
             line.update(self._telemetry.log_fields(ctx))
-            self._log.info(orjson.dumps(line).decode())
+            log_access_line(self._log, orjson.dumps(line).decode())
 
     def usage_record(self, ctx: RequestContext) -> UsageRecord:
         meter = ctx.meter

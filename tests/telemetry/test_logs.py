@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from proxy.app import create_app
-from proxy.telemetry.logs import BatchedLines
+from proxy.telemetry.logs import PLAIN_FORMAT, BatchedLines, log_access_line
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
 from tests.servers import serve
 from tests.stages.test_account import records
@@ -93,4 +93,40 @@ def test_batched_lines_are_written_at_once_when_the_batch_is_full_and_at_close()
     log.info("d")
     handler.flush()  # what logging.shutdown does at exit
     assert stream.getvalue() == "a\nb\nc\nd\n"
+    handler.close()
+
+
+def _serving_logger(handler: BatchedLines, name: str) -> logging.Logger:
+    """A logger set up as `tokenweir serve` sets the access logger (proxy.telemetry.logs)."""
+    handler.setFormatter(logging.Formatter(PLAIN_FORMAT))
+    return _logger(handler, name)
+
+
+def test_an_access_line_skips_the_log_record_only_where_it_would_print_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As `serve` sets it up, the line goes straight to the handler and is written as logged;
+    with any formatter, filter or second handler of a user's, logging's record is made."""
+    made: list[str] = []
+    make_record = logging.Logger.makeRecord
+
+    def spied(self: logging.Logger, *args: object, **kwargs: object) -> logging.LogRecord:
+        record = make_record(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(record.getMessage())
+        return record
+
+    monkeypatch.setattr(logging.Logger, "makeRecord", spied)
+    stream = io.StringIO()
+    handler = BatchedLines(stream, flush_s=3600)
+    log = _serving_logger(handler, "tokenweir.test.batched.plain")
+    log_access_line(log, '{"status": 200, "note": "100% %s"}')
+    assert made == []  # no record: the point of the fast path
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log_access_line(log, "formatted")
+    handler.setFormatter(logging.Formatter(PLAIN_FORMAT))
+    log.addFilter(lambda record: record.getMessage() != "filtered")
+    log_access_line(log, "filtered")
+    handler.flush()
+    assert stream.getvalue() == '{"status": 200, "note": "100% %s"}\nINFO formatted\n'
+    assert made == ["formatted", "filtered"]
     handler.close()
