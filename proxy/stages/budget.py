@@ -18,7 +18,7 @@ from proxy.context import Admitted
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
 from proxy.holds import Quota, Reservation
-from proxy.leases import LeaseIds
+from proxy.leases import LeaseIds, Renewals
 from proxy.policy.model import Budget
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
@@ -71,6 +71,7 @@ class Budgets:
         self._charges_failing = False
         self._quotas = _DailyQuotas()
         self._lease_ids = LeaseIds()
+        self._renewals = Renewals(clock, _log, "a quota lease")
 
     def touched(self, ctx: Admitted) -> bool:
         """The tenant has a quota: the stage reserved against it in storage."""
@@ -229,7 +230,7 @@ class Budgets:
         def renew(until: float) -> Awaitable[bool]:
             return self._store.renew(reservation.scope, reservation.lease_id, lease_until=until)
 
-        reservation.keep(renew, self._clock, _log, "a quota lease")
+        self._renewals.keep(reservation, renew)
 
 
 def _may_shorten(ctx: Admitted) -> bool:

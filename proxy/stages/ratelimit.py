@@ -17,7 +17,7 @@ from proxy.clock import Clock
 from proxy.context import Admitted
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.holds import RateLimitHold
-from proxy.leases import LeaseIds
+from proxy.leases import LeaseIds, Renewals
 from proxy.policy.model import Backend, Limits, LimitSet
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
@@ -61,6 +61,7 @@ class RateLimits:
         self._clock = clock
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
         self._lease_ids = LeaseIds()
+        self._renewals = Renewals(clock, _log, "a concurrency lease")
 
     def touched(self, ctx: Admitted) -> bool:
         """The tenant has limits: the stage admitted the request against them in storage."""
@@ -245,7 +246,7 @@ class RateLimits:
                 hold.scope, hold.slots, lease_id=hold.lease_id, lease_until=until
             )
 
-        hold.keep(renew, self._clock, _log, "a concurrency lease")
+        self._renewals.keep(hold, renew)
 
 
 def _token_cost(ctx: Admitted) -> int:
