@@ -117,6 +117,18 @@ async def test_a_call_with_no_answer_in_time_fails_with_the_calls_behind_it(
         assert await client.execute("ECHO", "next") == b"next"
 
 
+async def test_a_calls_time_counts_from_its_own_sending_not_the_first_calls(
+    server: RedisProcess,
+) -> None:
+    """The connection's one timer is set by the first call; a call sent two seconds later,
+    and answered after two more, is within its own three and gets its reply."""
+    async with Multiplexed(url_of(server), timeout_s=3.0) as client:
+        assert await client.execute("ECHO", "first") == b"first"  # the timer: due at 3 s
+        await asyncio.sleep(2.0)
+        with frozen(url_of(server), 2):  # answers again at most 2 s after this call is sent
+            assert await client.execute("ECHO", "later") == b"later"
+
+
 async def test_a_cancelled_calls_reply_is_dropped_not_handed_to_the_next_call(
     server: RedisProcess,
 ) -> None:

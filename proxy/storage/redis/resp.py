@@ -36,6 +36,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 __all__ = ["Multiplexed", "MultiplexedScript", "can_multiplex"]
 
 _Arg = str | bytes | int | float
+# A deadline this close is taken as come: a loop's clock moves in steps (uvloop's in whole
+# milliseconds), and a timer set for less would find the same time again.
+_CLOCK_STEP_S = 0.002
 
 
 # What a URL may say for the multiplexed client to honour all of it: the server, the login and
@@ -66,9 +69,13 @@ def _tls_context(options: Mapping[str, object]) -> ssl.SSLContext:
 class _Replies(asyncio.Protocol):
     """One connection: replies parsed as they arrive, each handed to the oldest waiting call."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: Multiplexed) -> None:
+        self._where = where
+        self._timeout_s = where.timeout_s
         self._reader = hiredis.Reader(replyError=ResponseError)
         self.waiting: deque[asyncio.Future[Any]] = deque()
+        self._deadlines: deque[float] = deque()  # each waiting call's, on the loop's clock
+        self._watchdog: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport  # from connection_made, before any send
         self.closed: asyncio.Future[None]  # done once the socket is closed
         self.lost: BaseException | None = None
@@ -76,13 +83,15 @@ class _Replies(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self.closed = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.closed = self._loop.create_future()
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
-        waiting = self.waiting
+        waiting, deadlines = self.waiting, self._deadlines
         while (reply := self._reader.gets()) is not False:
             call = waiting.popleft()
+            deadlines.popleft()
             if call.done():  # timed out or cancelled: its reply is dropped
                 continue
             if isinstance(reply, ResponseError):
@@ -96,27 +105,50 @@ class _Replies(asyncio.Protocol):
         if self.lost is None:
             reason = exc or "closed by Redis"
             self.lost = RedisConnectionError(f"connection to Redis lost: {reason}")
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._deadlines.clear()
         while self.waiting:
             call = self.waiting.popleft()
             if not call.done():
                 call.set_exception(self.lost)
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
-        """Commands sent in one turn of the event loop go out in one write, at its end."""
-        loop = asyncio.get_running_loop()
+        """Commands sent in one turn of the event loop go out in one write, at its end; each
+        fails if it has no reply within the client's timeout (see `_watch`)."""
+        loop = self._loop
         call: asyncio.Future[Any] = loop.create_future()
+        deadline = loop.time() + self._timeout_s
         self.waiting.append(call)
+        self._deadlines.append(deadline)
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(deadline, self._watch)
         if not self._unsent:
             loop.call_soon(self._write)
         self._unsent.append(command)
         return call
 
-    def expire(self, call: asyncio.Future[Any], where: Multiplexed) -> None:
+    def _watch(self) -> None:
+        """One timer a connection, not one a call: it is due at the deadline of the oldest
+        call still waiting, and every later call's deadline is later (one timeout, a clock
+        that only goes on), so each call is looked at by its deadline at the latest."""
+        self._watchdog = None
+        now = self._loop.time()
+        for call, deadline in zip(self.waiting, self._deadlines, strict=True):
+            if call.done():  # cancelled: its reply is still to come, and dropped
+                continue
+            if deadline - now < _CLOCK_STEP_S:
+                self._expire(call)
+            else:
+                self._watchdog = self._loop.call_at(deadline, self._watch)
+            return  # none waits but those cancelled: the next call sets the timer
+
+    def _expire(self, call: asyncio.Future[Any]) -> None:
         """`call` had no reply in time: it fails, and so does the connection, since every
         later call waits behind it (replies come in order). A host gone without a word (no
         FIN, no RST) is thus left within one timeout, and the next call connects afresh."""
-        if call.done():
-            return
+        where = self._where
         call.set_exception(RedisTimeoutError(f"Timeout: no answer from Redis at {where}"))
         if self.lost is None:
             # A timeout, not a lost connection, for the calls behind: they were written, so
@@ -143,7 +175,7 @@ class Multiplexed:
         self._host = str(options.get("host", "localhost"))
         self._port = int(options.get("port", 6379))
         self._hello = _hello(options)
-        self._timeout_s = timeout_s
+        self.timeout_s = timeout_s
         self._open: _Replies | None = None
         self._connecting: asyncio.Lock | None = None
         self._closed = False
@@ -164,14 +196,7 @@ class Multiplexed:
         if connection is None or connection.lost is not None:
             connection = await self._connect()
         calls = [connection.send(_pack(command)) for command in commands]
-        # Replies come in order: the last one answered means every one was.
-        expiry = asyncio.get_running_loop().call_later(
-            self._timeout_s, connection.expire, calls[-1], self
-        )
-        try:
-            replies = await asyncio.gather(*calls, return_exceptions=True)
-        finally:
-            expiry.cancel()
+        replies = await asyncio.gather(*calls, return_exceptions=True)
         for reply in replies:
             if isinstance(reply, BaseException) and not isinstance(reply, ResponseError):
                 raise reply
@@ -199,20 +224,13 @@ class Multiplexed:
         # Over TLS the socket closes only after the close_notify exchange: wait for it (a loop
         # ending first would leave the socket open), but no longer than a call may take.
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(self.timeout_s):
                 await asyncio.shield(connection.closed)
         except TimeoutError:
             connection.transport.abort()
 
     async def _answer(self, connection: _Replies, command: bytes) -> Any:
-        call = connection.send(command)
-        expiry = asyncio.get_running_loop().call_later(
-            self._timeout_s, connection.expire, call, self
-        )
-        try:
-            return await call
-        finally:
-            expiry.cancel()
+        return await connection.send(command)
 
     async def _connect(self) -> _Replies:
         if self._connecting is None:
@@ -225,9 +243,9 @@ class Multiplexed:
                 raise RedisConnectionError(f"the Redis client for {self._host} is closed")
             loop = asyncio.get_running_loop()
             try:
-                async with asyncio.timeout(self._timeout_s):
+                async with asyncio.timeout(self.timeout_s):
                     _, connection = await loop.create_connection(
-                        _Replies, self._host, self._port, ssl=self._tls
+                        lambda: _Replies(self), self._host, self._port, ssl=self._tls
                     )
             except (OSError, TimeoutError) as exc:
                 raise RedisConnectionError(
@@ -246,7 +264,7 @@ class Multiplexed:
             return connection
 
     def __str__(self) -> str:
-        return f"{self._host}:{self._port} within {self._timeout_s} s"
+        return f"{self._host}:{self._port} within {self.timeout_s} s"
 
 
 def _pack(args: Sequence[_Arg]) -> bytes:
