@@ -46,7 +46,7 @@ from proxy.telemetry.otelenv import otel_wanted
 from proxy.web.admin import admin_routes
 from proxy.web.agents import CountTokens, MessagesEndpoint
 from proxy.web.dashboard import DashboardPages
-from proxy.web.fastlane import FastLane
+from proxy.web.fastlane import LanedStarlette
 from proxy.web.openai import ModelList, OpenAIEndpoint
 from proxy.web.ops import Health, Metrics, Ready
 from proxy.web.requestid import RequestId
@@ -144,7 +144,8 @@ def create_app(
         "/v1/messages": MessagesEndpoint(),
         "/v1/messages/count_tokens": CountTokens(),
     }
-    return Starlette(
+    return LanedStarlette(
+        lanes=inference,  # the same endpoints, past the middleware and the router
         routes=[
             *(Route(path, endpoint, methods=["POST"]) for path, endpoint in inference.items()),
             Route("/v1/models", ModelList(), methods=["GET"]),
@@ -164,7 +165,6 @@ def create_app(
         middleware=[
             Middleware(CurrentGateway),
             Middleware(RequestId),
-            Middleware(FastLane, routes=inference),  # the same endpoints, past the router
         ],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,

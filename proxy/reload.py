@@ -35,6 +35,7 @@ __all__ = [
     "Reloaded",
     "Reloader",
     "policy_digest",
+    "take_current",
 ]
 
 WATCH_ENV = "TOKENWEIR_WATCH"
@@ -142,10 +143,16 @@ class CurrentGateway:
         self._app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope.get("state")
-        if scope["type"] == "http" and state is not None and "live" in state:
-            state["gateway"] = state["live"].current
+        if scope["type"] == "http":
+            take_current(scope)
         await self._app(scope, receive, send)
+
+
+def take_current(scope: Scope) -> None:
+    """An HTTP request's `scope["state"]["gateway"]` becomes the gateway current now."""
+    state = scope.get("state")
+    if state is not None and "live" in state:
+        state["gateway"] = state["live"].current
 
 
 def restart_needed(old: Policy, new: Policy) -> list[str]:

@@ -14,7 +14,7 @@ from random import getrandbits
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["REQUEST_ID_KEY", "RequestId"]
+__all__ = ["REQUEST_ID_KEY", "IdSender", "RequestId", "assign_request_id"]
 
 REQUEST_ID_KEY = "tokenweir.request_id"
 _SANE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
@@ -28,15 +28,32 @@ class RequestId:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        request_id = _from_client(scope) or b"req_%032x" % getrandbits(128)
-        scope[REQUEST_ID_KEY] = request_id.decode()
+        await self._app(scope, receive, IdSender(send, assign_request_id(scope)))
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), (b"x-request-id", request_id)]
-            await send(message)
 
-        await self._app(scope, receive, send_with_id)
+def assign_request_id(scope: Scope) -> bytes:
+    """The request's id (the client's if sane, else new), also set as `scope[REQUEST_ID_KEY]`."""
+    request_id = _from_client(scope) or b"req_%032x" % getrandbits(128)
+    scope[REQUEST_ID_KEY] = request_id.decode()
+    return request_id
+
+
+class IdSender:
+    """`send`, with `x-request-id` added to the response's start; `started` once that went."""
+
+    __slots__ = ("_request_id", "_send", "started")
+
+    def __init__(self, send: Send, request_id: bytes) -> None:
+        self._send = send
+        self._request_id = request_id
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            headers = message.get("headers", ())
+            message["headers"] = [*headers, (b"x-request-id", self._request_id)]
+        await self._send(message)
 
 
 def _from_client(scope: Scope) -> bytes | None:

@@ -276,8 +276,10 @@ def test_an_internal_error_is_recorded_as_a_500(ledger_path: Path) -> None:
     with serve(create_app(policy, transport=Broken())) as gateway:
         answer = chat(gateway)
     assert answer.status_code == 500
-    # OpenAI-shaped: the outermost handler answers it, past the inference routes' fast lane.
+    # OpenAI-shaped: the app's handler answers it, from the inference routes' fast lane too,
+    # with the request's id as every other answer has.
     assert answer.json()["error"]["code"] == "internal_error"
+    assert answer.headers["x-request-id"].startswith("req_")
     [record] = ledger_records(ledger_path, 1)
     assert (record.status, record.error) == (500, "internal_error")
     assert (record.input_tokens, record.cost_nusd) == (0, 0)

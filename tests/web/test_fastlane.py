@@ -1,18 +1,27 @@
 """The inference routes' fast lane: a POST to one of their exact paths reaches its endpoint
-directly; anything else reaches the app behind it, unchanged."""
+directly, with the request id, the current gateway and the outermost error handler the
+middleware would have given it; anything else goes through the middleware and the router."""
 
 from __future__ import annotations
 
-import pytest
-from starlette.types import Message, Receive, Scope, Send
+from typing import ClassVar
 
-from proxy.web.fastlane import FastLane
+import pytest
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.reload import CurrentGateway
+from proxy.web.fastlane import LanedStarlette
+from proxy.web.requestid import REQUEST_ID_KEY, RequestId
 
 pytestmark = pytest.mark.anyio
 
 
 class Answers:
-    """An ASGI app that records the scopes it was called with."""
+    """An ASGI endpoint that records the scopes it was called with."""
 
     def __init__(self) -> None:
         self.scopes: list[Scope] = []
@@ -20,9 +29,52 @@ class Answers:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scopes.append(scope)
         await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def call(app: FastLane, scope: Scope) -> list[Message]:
+class Passes:
+    """Middleware that records the paths that went through it."""
+
+    seen: ClassVar[list[str]] = []
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            Passes.seen.append(scope["path"])
+        await self._app(scope, receive, send)
+
+
+async def _handled(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": {"code": "internal_error"}}, status_code=500)
+
+
+def app_of(lanes: dict[str, ASGIApp], behind: Answers) -> LanedStarlette:
+    return LanedStarlette(
+        lanes=lanes,
+        routes=[
+            *(Route(path, endpoint, methods=["POST"]) for path, endpoint in lanes.items()),
+            Route("/v1/models", behind, methods=["GET", "POST"]),
+        ],
+        middleware=[Middleware(CurrentGateway), Middleware(RequestId), Middleware(Passes)],
+        exception_handlers={Exception: _handled},
+    )
+
+
+class Live:
+    current = "the gateway now"
+
+
+def http(method: str, path: str, headers: list[tuple[bytes, bytes]] | None = None) -> Scope:
+    return {
+        "type": "http", "method": method, "path": path, "raw_path": path.encode(),
+        "root_path": "", "query_string": b"", "headers": headers or [],
+        "state": {"live": Live()},
+    }  # fmt: skip
+
+
+async def call(app: ASGIApp, scope: Scope) -> list[Message]:
     sent: list[Message] = []
 
     async def receive() -> Message:
@@ -35,35 +87,85 @@ async def call(app: FastLane, scope: Scope) -> list[Message]:
     return sent
 
 
-def http(method: str, path: str) -> Scope:
-    return {"type": "http", "method": method, "path": path, "headers": []}
+def header(messages: list[Message], name: bytes) -> bytes | None:
+    start = next(m for m in messages if m["type"] == "http.response.start")
+    return next((value for key, value in start["headers"] if key == name), None)
 
 
 async def test_a_post_to_an_inference_path_goes_straight_to_its_endpoint() -> None:
     chat, other, behind = Answers(), Answers(), Answers()
-    lane = FastLane(behind, routes={"/v1/chat/completions": chat, "/v1/messages": other})
-    scope = http("POST", "/v1/chat/completions")
-    assert await call(lane, scope) == [
-        {"type": "http.response.start", "status": 200, "headers": []}
-    ]
+    Passes.seen = []
+    app = app_of({"/v1/chat/completions": chat, "/v1/messages": other}, behind)
+    scope = http("POST", "/v1/chat/completions", [(b"x-request-id", b"client-7")])
+    sent = await call(app, scope)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert header(sent, b"x-request-id") == b"client-7"
     assert chat.scopes == [scope]
-    assert other.scopes == behind.scopes == []
+    assert scope[REQUEST_ID_KEY] == "client-7"
+    assert scope["state"]["gateway"] == "the gateway now"
+    assert other.scopes == behind.scopes == Passes.seen == []  # past the middleware too
 
 
 @pytest.mark.parametrize(
-    "scope",
+    ("scope", "status"),
     [
-        http("GET", "/v1/chat/completions"),  # the router answers 405, as before
-        http("POST", "/v1/chat/completions/"),  # a path that is not exactly the route's
-        http("POST", "/gw/v1/chat/completions"),  # under a root_path: the router strips it
-        http("POST", "/v1/models"),
-        {"type": "websocket", "path": "/v1/chat/completions", "headers": []},
-        {"type": "lifespan"},
+        (http("GET", "/v1/chat/completions"), 405),  # the router answers, as before
+        (http("POST", "/v1/chat/completions/"), 307),  # not exactly its path: the router redirects
+        (http("POST", "/v1/models"), 200),  # a route that is not a lane
     ],
 )
-async def test_anything_else_goes_the_usual_way(scope: Scope) -> None:
+async def test_anything_else_goes_through_the_middleware_and_the_router(
+    scope: Scope, status: int
+) -> None:
     chat, behind = Answers(), Answers()
-    lane = FastLane(behind, routes={"/v1/chat/completions": chat})
-    await call(lane, scope)
-    assert behind.scopes == [scope]
+    Passes.seen = []
+    sent = await call(app_of({"/v1/chat/completions": chat}, behind), scope)
+    assert sent[0]["status"] == status
+    assert header(sent, b"x-request-id") is not None
+    assert Passes.seen == [scope["path"]]
     assert chat.scopes == []
+
+
+async def test_an_error_nothing_caught_gets_the_apps_500_then_is_raised_again() -> None:
+    async def broken(scope: Scope, receive: Receive, send: Send) -> None:
+        raise RuntimeError("a bug")
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    app = app_of({"/v1/chat/completions": broken}, Answers())
+    with pytest.raises(RuntimeError, match="a bug"):  # for the server to log
+        await app(http("POST", "/v1/chat/completions"), receive, send)
+    assert sent[0]["status"] == 500
+    assert b"internal_error" in sent[1]["body"]
+    assert (
+        header(
+            sent,
+            b"x-request-id",
+        )
+        is not None
+    )
+
+
+async def test_an_error_after_the_answer_began_sends_nothing_more() -> None:
+    async def breaks_midway(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise RuntimeError("midway")
+
+    app = app_of({"/v1/chat/completions": breaks_midway}, Answers())
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    with pytest.raises(RuntimeError, match="midway"):
+        await app(http("POST", "/v1/chat/completions"), receive, send)
+    assert [m["type"] for m in sent] == ["http.response.start"]
