@@ -24,7 +24,10 @@ __all__ = ["HeaderTimeoutProtocol", "protocol_with_header_timeout"]
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
     """The timer starts when the connection opens or a request's first byte arrives, and stops
-    when that request's headers are complete; the body has its own limit (`read_body`)."""
+    when that request's headers are complete; the body has its own limit (`read_body`). A
+    request whose headers come whole in the read that begins it (nearly all) gets no timer: it
+    is set once that read is parsed, only if the headers are not complete by then (a loop timer
+    made and cancelled per request cost more than the check)."""
 
     def __init__(
         self,
@@ -38,6 +41,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self._header_timeout_s = header_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
+        self._in_head = False  # a request's first byte came, its headers are not all here
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -47,12 +51,17 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._header_timer is None:
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_head and self._header_timer is None:
             self._arm()
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._disarm()
         super().on_headers_complete()
         lend_cycle(self.scope, self.cycle)

@@ -61,6 +61,24 @@ def _status_and_error(raw: bytes) -> tuple[int, dict[str, object]]:
     return status, orjson.loads(body)["error"]
 
 
+def _dribble_headers(sock: socket.socket) -> bytes:
+    """A header every 0.1 s (for 10 s at most), until the gateway answers and closes."""
+    answer = b""
+    for i in range(100):
+        try:
+            sock.sendall(b"x-slow-%d: 1\r\n" % i)
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        time.sleep(0.1)
+        sock.setblocking(False)
+        try:
+            answer += sock.recv(65536)
+        except BlockingIOError:
+            pass
+        sock.setblocking(True)
+    return answer
+
+
 def test_a_client_that_never_sends_headers_gets_408_and_is_closed(gateway: int) -> None:
     with _connect(gateway) as sock:
         began = time.monotonic()
@@ -74,19 +92,19 @@ def test_slowloris_dribbling_headers_is_cut_at_the_header_timeout(gateway: int) 
     with _connect(gateway) as sock:
         began = time.monotonic()
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
-        answer = b""
-        for i in range(100):  # a header every 0.1 s would go on for 10 s
-            try:
-                sock.sendall(b"x-slow-%d: 1\r\n" % i)
-            except (BrokenPipeError, ConnectionResetError):
-                break
-            time.sleep(0.1)
-            sock.setblocking(False)
-            try:
-                answer += sock.recv(65536)
-            except BlockingIOError:
-                pass
-            sock.setblocking(True)
+        answer = _dribble_headers(sock)
+        assert time.monotonic() - began < 3
+    assert answer.startswith(b"HTTP/1.1 408")
+
+
+def test_a_later_request_dribbling_its_headers_on_a_kept_connection_is_cut(gateway: int) -> None:
+    """The header deadline holds for every request of a connection, not only its first."""
+    with _connect(gateway) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert _read_response(sock).startswith(b"HTTP/1.1 200")
+        began = time.monotonic()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        answer = _dribble_headers(sock)
         assert time.monotonic() - began < 3
     assert answer.startswith(b"HTTP/1.1 408")
 
