@@ -51,7 +51,7 @@ class Renewals:
         """Call `renew(until)` for `lease` as said above, until `lease.end()`."""
         ring = self._rings.get(lease.lease_s)
         if ring is None:
-            ring = self._rings[lease.lease_s] = _Ring(lease.lease_s, self)
+            ring = self._rings[lease.lease_s] = _Ring(lease.lease_s, self._clock, self._done)
         ring.add(lease, renew)
 
     def _done(self, renewal: asyncio.Future[object]) -> None:
@@ -67,22 +67,24 @@ class Renewals:
 class _Ring:
     """The leases of one length that `Renewals` keeps, by id, with when each was last renewed."""
 
-    __slots__ = ("_every_s", "_held", "_owner", "_tick_s", "_timer", "lease_s")
+    __slots__ = ("_clock", "_done", "_every_s", "_held", "_tick_s", "_timer", "lease_s")
 
-    def __init__(self, lease_s: float, owner: Renewals) -> None:
+    def __init__(
+        self, lease_s: float, clock: Clock, done: Callable[[asyncio.Future[object]], None]
+    ) -> None:
         self.lease_s = lease_s
         self._every_s = lease_s / 3
         self._tick_s = lease_s / 6
-        self._owner = owner
+        self._clock = clock
+        self._done = done  # sees each renewal's outcome
         self._held: dict[str, tuple[Callable[[float], Awaitable[object]], float]] = {}
         self._timer: Timer | None = None
 
     def add(self, lease: Lease, renew: Callable[[float], Awaitable[object]]) -> None:
-        clock = self._owner._clock
-        self._held[lease.lease_id] = (renew, clock.monotonic())
+        self._held[lease.lease_id] = (renew, self._clock.monotonic())
         lease._kept = self
         if self._timer is None:
-            self._timer = clock.call_later(self._tick_s, self._tick)
+            self._timer = self._clock.call_later(self._tick_s, self._tick)
 
     def drop(self, lease_id: str) -> None:
         self._held.pop(lease_id, None)
@@ -91,15 +93,14 @@ class _Ring:
         if not self._held:  # started again by the next lease kept
             self._timer = None
             return
-        owner = self._owner
-        clock = owner._clock
+        clock = self._clock
         self._timer = clock.call_later(self._tick_s, self._tick)
         now = clock.monotonic()
         until = clock.wall() + self.lease_s
         for lease_id, (renew, last) in list(self._held.items()):
             if now - last >= self._every_s:
                 self._held[lease_id] = (renew, now)
-                asyncio.ensure_future(renew(until)).add_done_callback(owner._done)
+                asyncio.ensure_future(renew(until)).add_done_callback(self._done)
 
 
 @dataclass(slots=True)
