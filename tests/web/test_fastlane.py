@@ -74,8 +74,8 @@ def http(method: str, path: str, headers: list[tuple[bytes, bytes]] | None = Non
     }  # fmt: skip
 
 
-async def call(app: ASGIApp, scope: Scope) -> list[Message]:
-    sent: list[Message] = []
+async def call(app: ASGIApp, scope: Scope, sent: list[Message]) -> list[Message]:
+    """Call `app` with an empty body; what it sends goes to `sent` (kept if it raises)."""
 
     async def receive() -> Message:
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -97,7 +97,7 @@ async def test_a_post_to_an_inference_path_goes_straight_to_its_endpoint() -> No
     Passes.seen = []
     app = app_of({"/v1/chat/completions": chat, "/v1/messages": other}, behind)
     scope = http("POST", "/v1/chat/completions", [(b"x-request-id", b"client-7")])
-    sent = await call(app, scope)
+    sent = await call(app, scope, [])
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert header(sent, b"x-request-id") == b"client-7"
     assert chat.scopes == [scope]
@@ -119,7 +119,7 @@ async def test_anything_else_goes_through_the_middleware_and_the_router(
 ) -> None:
     chat, behind = Answers(), Answers()
     Passes.seen = []
-    sent = await call(app_of({"/v1/chat/completions": chat}, behind), scope)
+    sent = await call(app_of({"/v1/chat/completions": chat}, behind), scope, [])
     assert sent[0]["status"] == status
     assert header(sent, b"x-request-id") is not None
     assert Passes.seen == [scope["path"]]
@@ -130,17 +130,10 @@ async def test_an_error_nothing_caught_gets_the_apps_500_then_is_raised_again() 
     async def broken(scope: Scope, receive: Receive, send: Send) -> None:
         raise RuntimeError("a bug")
 
-    sent: list[Message] = []
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
     app = app_of({"/v1/chat/completions": broken}, Answers())
+    sent: list[Message] = []
     with pytest.raises(RuntimeError, match="a bug"):  # for the server to log
-        await app(http("POST", "/v1/chat/completions"), receive, send)
+        await call(app, http("POST", "/v1/chat/completions"), sent)
     assert sent[0]["status"] == 500
     assert b"internal_error" in sent[1]["body"]
     assert (
@@ -159,13 +152,6 @@ async def test_an_error_after_the_answer_began_sends_nothing_more() -> None:
 
     app = app_of({"/v1/chat/completions": breaks_midway}, Answers())
     sent: list[Message] = []
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
     with pytest.raises(RuntimeError, match="midway"):
-        await app(http("POST", "/v1/chat/completions"), receive, send)
+        await call(app, http("POST", "/v1/chat/completions"), sent)
     assert [m["type"] for m in sent] == ["http.response.start"]
