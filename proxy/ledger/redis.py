@@ -40,7 +40,8 @@ class _Connection:
 
 
 class RedisLedger(BufferedLedger):
-    """`append` is a deque append; the task writes every `interval_s` or `batch_records`."""
+    """`append` is a deque append; the task writes `interval_s` after the first record of a
+    batch, or at once at `batch_records`, and sleeps while there is nothing to write."""
 
     def __init__(
         self,
@@ -56,9 +57,10 @@ class RedisLedger(BufferedLedger):
         socket_timeout_s: float = 5.0,
     ) -> None:
         self._wake = asyncio.Event()
+        self._arrived = asyncio.Event()
         super().__init__(
             read_only=read_only, batch_records=batch_records, buffer_records=buffer_records,
-            flush_timeout_s=flush_timeout_s, wake=self._wake,
+            flush_timeout_s=flush_timeout_s, wake=self._wake, arrival=self._arrived,
         )  # fmt: skip
         self.url = url
         self._interval_s = interval_s
@@ -120,12 +122,18 @@ class RedisLedger(BufferedLedger):
 
     async def _run(self) -> None:
         while not self._stopping:
-            try:
-                async with asyncio.timeout(self._interval_s):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
-            self._wake.clear()
+            if not self._buffer.buffered:
+                self._writer_idle = True
+                await self._arrived.wait()
+                self._writer_idle = False
+            self._arrived.clear()
+            if not self._stopping:  # a batch gathers unless it fills, or a flush asks
+                try:
+                    async with asyncio.timeout(self._interval_s):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                self._wake.clear()
             await self._drain()
         await self._drain()  # anything appended after the last flush
 

@@ -25,7 +25,8 @@ _OUTAGES: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
 
 
 class SqliteLedger(BufferedLedger):
-    """`append` is a deque append; the thread commits every `interval_s` or `batch_records`.
+    """`append` is a deque append; the thread commits `interval_s` after the first record of a
+    batch, or at once at `batch_records`, and sleeps while there is nothing to write.
 
     A backlog (after a burst or an outage) is written `transaction_records` at a time: bigger
     transactions fold more records into each aggregate row, so the writer catches up faster.
@@ -44,9 +45,10 @@ class SqliteLedger(BufferedLedger):
         busy_timeout_s: float = 5.0,
     ) -> None:
         self._wake = threading.Event()
+        self._arrived = threading.Event()
         super().__init__(
             read_only=read_only, batch_records=batch_records, buffer_records=buffer_records,
-            flush_timeout_s=flush_timeout_s, wake=self._wake,
+            flush_timeout_s=flush_timeout_s, wake=self._wake, arrival=self._arrived,
         )  # fmt: skip
         self.path = path
         self._transaction_records = transaction_records
@@ -97,8 +99,14 @@ class SqliteLedger(BufferedLedger):
         loop.call_soon_threadsafe(_settle, ready, None)
         try:
             while not self._stopping:
-                self._wake.wait(self._interval_s)
-                self._wake.clear()
+                self._writer_idle = True  # before the look: an append after it wakes the wait
+                if not self._buffer.buffered:
+                    self._arrived.wait()
+                self._writer_idle = False
+                self._arrived.clear()
+                if not self._stopping:  # a batch gathers unless it fills, or a flush asks
+                    self._wake.wait(self._interval_s)
+                    self._wake.clear()
                 self._drain(conn)
             self._drain(conn)  # anything appended after the last flush
         finally:

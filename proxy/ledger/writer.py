@@ -31,19 +31,27 @@ class BufferedLedger:
         buffer_records: int,
         flush_timeout_s: float,
         wake: _Wake,
+        arrival: _Wake,
     ) -> None:
         self._read_only = read_only
         self._batch_records = batch_records
         self._flush_timeout_s = flush_timeout_s
         self._buffer = RecordBuffer(max_records=buffer_records)
-        self._signal = wake
+        self._signal = wake  # a full batch, a flush or close: write now
+        self._arrival = arrival  # the first record after an idle spell (or close): wake up
         self._stopping = False
         self._closed = False
+        # True while the writer waits, with no timeout, for the first record after an idle
+        # spell: an idle gateway's writer does not wake every interval to find nothing to write.
+        self._writer_idle = False
 
     def append(self, record: UsageRecord) -> None:
         if self._read_only:
             raise LedgerError("this ledger was opened read-only")
-        if self._buffer.put(bounded(record)) == self._batch_records:  # crossing, not every append
+        queued = self._buffer.put(bounded(record))
+        if queued == 1 and self._writer_idle:
+            self._arrival.set()
+        if queued == self._batch_records:  # crossings, not every append
             self._signal.set()
 
     def stats(self) -> LedgerStats:
@@ -75,6 +83,7 @@ class BufferedLedger:
         self._buffer.close()  # the writer's last drain takes what came in during the flush
         self._stopping = True
         self._signal.set()
+        self._arrival.set()
         await self._join_writer()
         self._buffer.report_unwritten()
         await self._release()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -263,3 +265,38 @@ async def test_usage_sources_are_stored_and_counted(ledger_url: str) -> None:
     stored = {r.request_id: (r.usage_source, r.counted_input_tokens) for r in latest}
     assert stored == {f"req-{i}": (source, i) for i, source in enumerate(sources)}
     assert (row.counted_requests, row.estimated_requests) == (2, 1)
+
+
+async def _written(ledger: Ledger, count: int) -> None:
+    """Wait, without a flush, until the writer has stored `count` records."""
+    deadline = time.monotonic() + 30  # the writer waits 0.05 s; a loaded machine is slower
+    while ledger.stats().written < count:
+        assert time.monotonic() < deadline, ledger.stats()
+        await asyncio.sleep(0.01)
+
+
+async def test_the_writer_sleeps_while_idle_and_the_next_record_wakes_it(ledger_url: str) -> None:
+    """An idle gateway's writer does not wake every interval to find nothing to write (each
+    such wake is CPU an idle gateway burns); a record appended after the idle spell is still
+    written on its own, with no flush to push it."""
+    async with opened(ledger_url) as ledger:
+        ledger.append(record(1))
+        await _written(ledger, 1)
+        buffer = ledger._buffer  # type: ignore[attr-defined]
+        looks: list[float] = []
+        next_batch = buffer.next_batch
+
+        def counted(max_records: int) -> object:
+            looks.append(time.monotonic())
+            return next_batch(max_records)
+
+        buffer.next_batch = counted
+        await asyncio.sleep(1.0)  # twenty writer intervals
+        idle_looks = len(looks)
+        ledger.append(record(2))
+        await _written(ledger, 2)
+        ledger.append(record(3))
+        await _written(ledger, 3)
+        latest = await ledger.latest(None, 10)
+    assert idle_looks <= 2  # 20 when it polled every interval
+    assert sorted(r.request_id for r in latest) == ["req-1", "req-2", "req-3"]
