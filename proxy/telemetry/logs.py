@@ -4,7 +4,6 @@ the prompt and completion text an access line carries when the policy says `log_
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any, TextIO
@@ -12,6 +11,7 @@ from typing import Any, TextIO
 import orjson
 
 from proxy.context import RequestContext
+from proxy.telemetry.forks import call_in_forked_child
 
 __all__ = [
     "ACCESS_LOGGER",
@@ -63,11 +63,12 @@ def log_config(level: str = "info", *, access_log: bool = True) -> dict[str, Any
 
 
 class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
-    """A stream handler that writes its lines in batches: every `flush_s`, or at once when
-    `max_lines` are waiting, or at shutdown (`flush_access_log`).
+    """A stream handler that writes its lines in batches: `flush_s` after the first line of a
+    batch, or at once when `max_lines` are waiting, or at shutdown (`flush_access_log`).
 
     A write and a flush per access line cost a system call per request; a line now reaches
-    the stream within `flush_s` (a process killed with SIGKILL loses at most that much)."""
+    the stream within `flush_s` (a process killed with SIGKILL loses at most that much). The
+    flushing thread sleeps until a line comes: an idle gateway does not wake it."""
 
     def __init__(
         self, stream: TextIO | None = None, flush_s: float = 0.2, max_lines: int = 256
@@ -76,7 +77,10 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         self._pending: list[str] = []
         self._flush_s = flush_s
         self._max_lines = max_lines
-        self._flusher_pid: int | None = None
+        self._lines_waiting = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._closed = False
+        call_in_forked_child(self._forget_parents_lines)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -104,20 +108,28 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
                 self.handleError(logging.makeLogRecord({"msg": line}))
 
     def _add(self, line: str) -> None:
-        self._pending.append(line)
-        if len(self._pending) >= self._max_lines:
+        pending = self._pending
+        pending.append(line)
+        if len(pending) >= self._max_lines:
             self._write()
-        elif self._flusher_pid != os.getpid():  # none yet, or forked since
-            self._flusher_pid = os.getpid()
-            flusher = threading.Thread(target=self._flush_often, name="tw-log", daemon=True)
-            flusher.start()
+        elif len(pending) == 1:  # the first line of a batch: the flusher writes it in flush_s
+            if self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush_often, name="tw-log", daemon=True
+                )
+                self._flusher.start()
+            self._lines_waiting.set()
 
     def flush(self) -> None:
-        self.acquire()
-        try:
-            self._write()
-        finally:
-            self.release()
+        with self.lock:  # type: ignore[union-attr]  # set by Handler.__init__
+            if not self._closed:  # a closed handler's stream may be closed too
+                self._write()
+
+    def close(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._closed = True
+        self._lines_waiting.set()  # the flusher ends
+        super().close()
 
     def _write(self) -> None:
         if self._pending:
@@ -126,9 +138,21 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         super().flush()
 
     def _flush_often(self) -> None:
-        while True:
+        waiting = self._lines_waiting
+        while not self._closed:
+            waiting.wait()
             time.sleep(self._flush_s)
+            # Cleared before the write: a line added meanwhile is in this write, or it finds
+            # the batch empty and sets the event again.
+            waiting.clear()
             self.flush()
+
+    def _forget_parents_lines(self) -> None:
+        """In a forked child: the parent writes its own pending lines; the child gets a flusher
+        of its own when it logs (threads do not survive a fork)."""
+        self._pending = []
+        self._lines_waiting = threading.Event()
+        self._flusher = None
 
 
 def log_access_line(log: logging.Logger, line: str) -> None:

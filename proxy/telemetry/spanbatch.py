@@ -11,13 +11,13 @@ spans (2048) wait, and a request whose spans do not fit is dropped whole, counte
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from proxy.telemetry.forks import call_in_forked_child
 
 __all__ = ["BatchSettings", "Sender", "SpanBatcher", "batch_settings"]
 
@@ -83,7 +83,7 @@ class SpanBatcher:
         self._logged_drops = 0
         self._stopping = False
         self._start_thread()
-        os.register_at_fork(after_in_child=_restarter(weakref.WeakMethod(self._start_thread)))
+        call_in_forked_child(self._start_thread)
 
     def _start_thread(self) -> None:
         self._queue.clear()  # in a forked child: the parent's spans are the parent's to post
@@ -155,14 +155,3 @@ class SpanBatcher:
         self._wake.set()
         self._thread.join(self._timeout_s)
         self._sender.close()
-
-
-def _restarter(start: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], None]:
-    """After a fork: the child's batcher gets a thread of its own (threads do not survive)."""
-
-    def restart() -> None:
-        method = start()
-        if method is not None:
-            method()
-
-    return restart

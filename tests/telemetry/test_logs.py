@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import time
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -79,6 +82,65 @@ def test_batched_lines_arrive_soon_without_more_traffic() -> None:
         time.sleep(0.01)
     assert stream.getvalue() == "one\ntwo\n"
     handler.close()
+
+
+def _arrives(stream: io.StringIO, text: str) -> None:
+    deadline = time.monotonic() + 30  # the flusher waits flush_s; a loaded machine is slow
+    while stream.getvalue() != text and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stream.getvalue() == text
+
+
+def test_batched_lines_flusher_sleeps_while_idle_and_the_next_line_wakes_it() -> None:
+    """An idle gateway's log flusher does not wake every flush_s to find nothing to write (each
+    wake is CPU an idle gateway burns); a line logged after the idle spell still arrives."""
+    stream = io.StringIO()
+    handler = BatchedLines(stream, flush_s=0.02)
+    log = _logger(handler, "tokenweir.test.batched.idle")
+    log.info("one")
+    _arrives(stream, "one\n")
+    flushes: list[float] = []
+    flush = handler.flush
+
+    def counted() -> None:
+        flushes.append(time.monotonic())
+        flush()
+
+    handler.flush = counted  # type: ignore[method-assign]
+    time.sleep(0.5)  # 25 rounds of a flusher that polls
+    idle_flushes = len(flushes)
+    log.info("two")
+    _arrives(stream, "one\ntwo\n")
+    handler.close()
+    assert idle_flushes <= 1
+
+
+def test_a_forked_child_writes_its_own_lines_and_not_its_parents(tmp_path: Path) -> None:
+    """A line waiting in the parent at the fork is the parent's to write, once; the child's
+    lines reach the stream through a flusher of the child's own (threads do not survive)."""
+    path = tmp_path / "access.log"
+    with path.open("w") as stream:
+        handler = BatchedLines(stream, flush_s=0.02)
+        log = _logger(handler, "tokenweir.test.batched.fork")
+        log.info("parent")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork with threads
+            pid = os.fork()
+        if pid == 0:  # the child: log, and wait for its own flusher to write the line
+            code = 1
+            try:
+                log.info("child")
+                deadline = time.monotonic() + 30
+                while "child" not in path.read_text() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                code = 0 if "child" in path.read_text() else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        handler.flush()
+        handler.close()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sorted(path.read_text().splitlines()) == ["child", "parent"]
 
 
 def test_batched_lines_are_written_at_once_when_the_batch_is_full_and_at_close() -> None:
