@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 from proxy import __version__
 from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV
 from proxy.asgi.protocol import protocol_with_header_timeout
+from proxy.asgi.server import GatewayServer
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.reload import SUPERVISOR_ENV, WATCH_ENV
@@ -144,8 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
     }
     if args.workers <= 1:
         os.environ.pop(METRICS_DIR_ENV, None)
-        uvicorn.run("proxy.app:create_served_app", **config_kwargs)
-        return 0
+        return _serve_one(uvicorn.Config("proxy.app:create_served_app", **config_kwargs))
     # Each worker learns who its supervisor is, to have an admin-API reload reach its siblings,
     # and where the workers share their metrics, for /metrics to show the whole server.
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
@@ -157,6 +158,15 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _serve_one(config: uvicorn.Config) -> int:
+    """What `uvicorn.run` does for one process, with the gateway's own server (its main loop
+    sleeps: proxy/asgi/server.py). Workers run uvicorn's, as its supervisor starts them."""
+    server = GatewayServer(config)
+    with contextlib.suppress(KeyboardInterrupt):  # the SIGINT raised again once it stopped
+        server.run()
+    return 0 if server.started else STARTUP_FAILURE
 
 
 _MEMORY_WITH_WORKERS = (
