@@ -2,6 +2,7 @@
 
     python benchmarks/tree_ab.py --base DIR [--rounds 6] [--requests 3000] [--levels 64,1]
         [--features all|off] [--stream [--tps 750] [--tokens 256]] [--system-words N]
+        [--idle SECONDS]
 
 DIR is another checkout (say `git worktree add DIR main`, or `git archive main | tar -x -C
 DIR`, with `shared/` beside it as here). Starts one redis-server per tree, the unpaced
@@ -18,8 +19,10 @@ a second (each token its own read, as from a real engine), `--requests` is per s
 With `--system-words N` every request is a chat as an application sends it: the same system
 prompt of N words, then a question of its own (different in every run, so the response cache
 never answers it); without, bench's synthetic prompts of 64 tokens.
+With `--idle S` nothing is sent: each round reads each gateway's CPU over S seconds of no load
+(its timers and background threads; a real gateway is idle between requests too).
 The machine's other work hits both trees alike: what differs is the code.
-Results: benchmarks/results/tree-ab{,-off}{,-stream}{,-chats}.{json,md}.
+Results: benchmarks/results/tree-ab{,-off}{,-stream}{,-chats}{,-idle}.{json,md}.
 """
 
 from __future__ import annotations
@@ -76,9 +79,24 @@ def script_calls(admin: redis.Redis) -> int:
     )
 
 
+def threads_cpu_s(gateway: Process) -> float:
+    """The CPU time of the gateway's threads, to the nanosecond (/proc's process total counts
+    10 ms ticks: too coarse for an idle process)."""
+    total_ns = 0
+    for task in Path(f"/proc/{gateway.popen.pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total_ns += int((task / "schedstat").read_text().split()[0])
+    return total_ns / 1e9
+
+
 def one_run(
     gateway: Process, admin: redis.Redis, concurrency: int, args: argparse.Namespace
 ) -> dict[str, float]:
+    if args.idle:
+        cpu_before, began = threads_cpu_s(gateway), time.monotonic()
+        time.sleep(args.idle)
+        spent_s = threads_cpu_s(gateway) - cpu_before
+        return {"idle_cpu_ms_per_s": spent_s / (time.monotonic() - began) * 1e3}
     prompts = chats(args.system_words, args.requests) if args.system_words else None
     calls_before, cpu_before = script_calls(admin), gateway.cpu_s()
     if args.stream:
@@ -149,7 +167,7 @@ def compare(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             gateway = stack.enter_context(gateway_of(tree, config, work / f"{name}.log"))
             gateways[name] = (gateway, stack.enter_context(redis.Redis.from_url(redis_url)))
             warm_up(gateway)
-        for level in (int(x) for x in args.levels.split(",")):
+        for level in [0] if args.idle else (int(x) for x in args.levels.split(",")):
             samples = {name: Samples() for name in trees}
             for round_ in range(args.rounds):
                 order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
@@ -180,8 +198,18 @@ STREAM_COLUMNS = (
 )
 
 
+IDLE_COLUMNS = (
+    ("in flight", None, 0),
+    ("tree", None, 0),
+    ("gateway CPU ms/s, idle", "idle_cpu_ms_per_s", 2),
+)
+
+
 def markdown(report: dict[str, Any]) -> str:
-    columns = STREAM_COLUMNS if report.get("stream") else COLUMNS
+    if report.get("idle"):
+        columns = IDLE_COLUMNS
+    else:
+        columns = STREAM_COLUMNS if report.get("stream") else COLUMNS
     rows = [
         [level, name, *(cell(row.get(key), digits) for _, key, digits in columns if key)]
         for level, trees in report["levels"].items()
@@ -193,6 +221,8 @@ def markdown(report: dict[str, Any]) -> str:
         if report.get("stream")
         else f"{report['requests']:,} non-stream requests per run"
     )
+    if report.get("idle"):
+        load = f"no load: each gateway's CPU over {report['idle']:g} s with nothing sent"
     if report.get("system_words"):
         load += f", each a chat with the same {report['system_words']:,}-word system prompt"
     intro = (
@@ -219,6 +249,7 @@ def main() -> int:
     parser.add_argument("--tps", type=float, default=750.0)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--system-words", type=int, default=0, help="chats with a system prompt")
+    parser.add_argument("--idle", type=float, default=0.0, help="seconds of no load a round")
     args = parser.parse_args()
     if args.requests is None:
         args.requests = 8 if args.stream else 3000
@@ -228,12 +259,12 @@ def main() -> int:
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "load": load, "requests": args.requests, "rounds": args.rounds,
         "features": args.features, "stream": args.stream, "tps": args.tps, "tokens": args.tokens,
-        "system_words": args.system_words,
+        "system_words": args.system_words, "idle": args.idle,
         "base": str(args.base.resolve()),
         "levels": compare(args, args.base.resolve()),
     }  # fmt: skip
     name = ("tree-ab" if args.features == "all" else "tree-ab-off") + ("-stream" * args.stream)
-    name += "-chats" * bool(args.system_words)
+    name += "-chats" * bool(args.system_words) + "-idle" * bool(args.idle)
     publish(name, report, markdown(report))
     return 0
 
