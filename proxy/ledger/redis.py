@@ -40,8 +40,9 @@ class _Connection:
 
 
 class RedisLedger(BufferedLedger):
-    """`append` is a deque append; the task writes `interval_s` after the first record of a
-    batch, or at once at `batch_records`, and sleeps while there is nothing to write."""
+    """`append` is a deque append; the task writes every `interval_s` or `batch_records`.
+    After an interval with nothing to write it sleeps until a record comes, and writes
+    `interval_s` later."""
 
     def __init__(
         self,
@@ -122,19 +123,20 @@ class RedisLedger(BufferedLedger):
 
     async def _run(self) -> None:
         while not self._stopping:
-            if not self._buffer.buffered:
-                self._writer_idle = True
-                await self._arrived.wait()
-                self._writer_idle = False
+            try:  # unless a batch fills, or a flush asks
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if self._buffer.buffered or self._stopping:
+                await self._drain()
+                continue
+            # A whole interval without a record: sleep until one comes (or close).
+            self._writer_idle = True
+            await self._arrived.wait()
+            self._writer_idle = False
             self._arrived.clear()
-            if not self._stopping:  # a batch gathers unless it fills, or a flush asks
-                try:
-                    async with asyncio.timeout(self._interval_s):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
-                self._wake.clear()
-            await self._drain()
         await self._drain()  # anything appended after the last flush
 
     async def _drain(self) -> None:

@@ -25,8 +25,9 @@ _OUTAGES: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
 
 
 class SqliteLedger(BufferedLedger):
-    """`append` is a deque append; the thread commits `interval_s` after the first record of a
-    batch, or at once at `batch_records`, and sleeps while there is nothing to write.
+    """`append` is a deque append; the thread commits every `interval_s` or `batch_records`.
+    After an interval with nothing to write it sleeps until a record comes, and commits
+    `interval_s` later.
 
     A backlog (after a burst or an outage) is written `transaction_records` at a time: bigger
     transactions fold more records into each aggregate row, so the writer catches up faster.
@@ -99,15 +100,17 @@ class SqliteLedger(BufferedLedger):
         loop.call_soon_threadsafe(_settle, ready, None)
         try:
             while not self._stopping:
+                self._wake.wait(self._interval_s)  # unless a batch fills, or a flush asks
+                self._wake.clear()
+                if self._buffer.buffered or self._stopping:
+                    self._drain(conn)
+                    continue
+                # A whole interval without a record: sleep until one comes (or close).
                 self._writer_idle = True  # before the look: an append after it wakes the wait
                 if not self._buffer.buffered:
                     self._arrived.wait()
                 self._writer_idle = False
                 self._arrived.clear()
-                if not self._stopping:  # a batch gathers unless it fills, or a flush asks
-                    self._wake.wait(self._interval_s)
-                    self._wake.clear()
-                self._drain(conn)
             self._drain(conn)  # anything appended after the last flush
         finally:
             conn.close()

@@ -63,12 +63,13 @@ def log_config(level: str = "info", *, access_log: bool = True) -> dict[str, Any
 
 
 class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
-    """A stream handler that writes its lines in batches: `flush_s` after the first line of a
-    batch, or at once when `max_lines` are waiting, or at shutdown (`flush_access_log`).
+    """A stream handler that writes its lines in batches: every `flush_s`, or at once when
+    `max_lines` are waiting, or at shutdown (`flush_access_log`).
 
     A write and a flush per access line cost a system call per request; a line now reaches
-    the stream within `flush_s` (a process killed with SIGKILL loses at most that much). The
-    flushing thread sleeps until a line comes: an idle gateway does not wake it."""
+    the stream within `flush_s` (a process killed with SIGKILL loses at most that much). After
+    `flush_s` with no line the flushing thread sleeps until one comes: an idle gateway does not
+    wake it."""
 
     def __init__(
         self, stream: TextIO | None = None, flush_s: float = 0.2, max_lines: int = 256
@@ -79,6 +80,7 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         self._max_lines = max_lines
         self._lines_waiting = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._flusher_idle = False
         self._closed = False
         call_in_forked_child(self._forget_parents_lines)
 
@@ -118,7 +120,8 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
                     target=self._flush_often, name="tw-log", daemon=True
                 )
                 self._flusher.start()
-            self._lines_waiting.set()
+            elif self._flusher_idle:
+                self._lines_waiting.set()
 
     def flush(self) -> None:
         with self.lock:  # type: ignore[union-attr]  # set by Handler.__init__
@@ -140,12 +143,16 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
     def _flush_often(self) -> None:
         waiting = self._lines_waiting
         while not self._closed:
-            waiting.wait()
             time.sleep(self._flush_s)
-            # Cleared before the write: a line added meanwhile is in this write, or it finds
-            # the batch empty and sets the event again.
+            if self._pending:
+                self.flush()
+                continue
+            # A whole flush_s without a line: sleep until one comes (or close).
+            self._flusher_idle = True  # before the look: a line after it wakes the wait
+            if not self._pending:
+                waiting.wait()
+            self._flusher_idle = False
             waiting.clear()
-            self.flush()
 
     def _forget_parents_lines(self) -> None:
         """In a forked child: the parent writes its own pending lines; the child gets a flusher
@@ -153,6 +160,7 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         self._pending = []
         self._lines_waiting = threading.Event()
         self._flusher = None
+        self._flusher_idle = False
 
 
 def log_access_line(log: logging.Logger, line: str) -> None:
