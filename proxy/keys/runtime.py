@@ -1,5 +1,6 @@
 """Runtime keys as every replica sees them: a local mirror of the key storage, refreshed when the
-storage's version changes (polled twice a second), so a revocation holds everywhere within 1 s."""
+storage's version changes (polled twice a second on shared storage), so a revocation holds
+everywhere within 1 s. On `memory` storage only this process changes the keys: no polling."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class RuntimeKeys:
 
     async def start(self) -> None:
         await self._refresh()
-        self._task = asyncio.create_task(self._poll())
+        if self._store.shared:  # else every change is this process's own, seen as it is made
+            self._task = asyncio.create_task(self._poll())
 
     async def aclose(self) -> None:
         task, self._task = self._task, None

@@ -13,6 +13,10 @@ __all__ = ["KeyStore", "open_key_store"]
 
 
 class KeyStore(Protocol):
+    # Whether another process can change the records (Redis: every replica), so the version is
+    # worth polling; `memory` keys change only through this process's own calls.
+    shared: bool
+
     async def put(self, key_id: str, record: bytes) -> None:
         """Store (or replace) one record and bump the version."""
 

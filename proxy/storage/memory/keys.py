@@ -6,6 +6,8 @@ __all__ = ["MemoryKeyStore"]
 
 
 class MemoryKeyStore:
+    shared = False  # only this process changes it: no version to poll
+
     def __init__(self) -> None:
         self._records: dict[str, bytes] = {}
         self._version = 0

@@ -13,6 +13,8 @@ _VERSION = "tw:{keys}:version"
 
 
 class RedisKeyStore:
+    shared = True  # every replica changes it: each polls the version
+
     def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
         self._client = connect(url, timeout_s=timeout_s, max_connections=8)
         self._write = self._client.register_script(script_text("keys_write"))

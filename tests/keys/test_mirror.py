@@ -1,0 +1,54 @@
+"""The runtime keys' local mirror (proxy/keys/runtime.py): on shared (Redis) storage it polls
+the version and sees another replica's changes; on `memory` storage nothing else can change the
+keys, so nothing polls, and this process's own changes hold at once."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import pytest
+
+from proxy.clock import SystemClock
+from proxy.keys.record import KeyAllowance
+from proxy.keys.runtime import RuntimeKeys
+from proxy.storage.keys import open_key_store
+
+pytestmark = pytest.mark.anyio
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+async def test_memory_keys_are_not_polled_and_changes_hold_at_once() -> None:
+    """An idle gateway on memory storage does not wake twice a second for its keys."""
+    keys = RuntimeKeys(open_key_store("memory"), SystemClock())
+    before = asyncio.all_tasks()
+    await keys.start()
+    try:
+        assert asyncio.all_tasks() == before  # no polling task
+        record, secret = await keys.create("alpha", KeyAllowance())
+        assert keys.lookup(_digest(secret)) == record
+        assert await keys.revoke(record.id)
+        assert keys.lookup(_digest(secret)) is None
+    finally:
+        await keys.aclose()
+
+
+async def test_redis_keys_are_polled_and_another_replicas_key_arrives(redis_url: str) -> None:
+    here = RuntimeKeys(open_key_store(redis_url), SystemClock())
+    there = RuntimeKeys(open_key_store(redis_url), SystemClock())
+    await here.start()
+    await there.start()
+    try:
+        record, secret = await there.create("alpha", KeyAllowance())
+        deadline = time.monotonic() + 30  # polled twice a second; a loaded machine is slow
+        while here.lookup(_digest(secret)) is None:
+            assert time.monotonic() < deadline, "the other replica's key never arrived"
+            await asyncio.sleep(0.05)
+        assert here.lookup(_digest(secret)) == record
+    finally:
+        await here.aclose()
+        await there.aclose()
