@@ -16,6 +16,7 @@ from importlib import resources
 import orjson
 from redis.commands.core import AsyncScript
 
+from proxy.doze import AsyncDoze
 from proxy.ledger import query as planner
 from proxy.ledger import rediskeys as keys
 from proxy.ledger.aggregate import Cell
@@ -58,10 +59,10 @@ class RedisLedger(BufferedLedger):
         socket_timeout_s: float = 5.0,
     ) -> None:
         self._wake = asyncio.Event()
-        self._arrived = asyncio.Event()
+        self._dozing = AsyncDoze()
         super().__init__(
             read_only=read_only, batch_records=batch_records, buffer_records=buffer_records,
-            flush_timeout_s=flush_timeout_s, wake=self._wake, arrival=self._arrived,
+            flush_timeout_s=flush_timeout_s, wake=self._wake, doze=self._dozing,
         )  # fmt: skip
         self.url = url
         self._interval_s = interval_s
@@ -129,14 +130,10 @@ class RedisLedger(BufferedLedger):
             except TimeoutError:
                 pass
             self._wake.clear()
-            if self._buffer.buffered or self._stopping:
+            if self._has_work():
                 await self._drain()
-                continue
-            # A whole interval without a record: sleep until one comes (or close).
-            self._writer_idle = True
-            await self._arrived.wait()
-            self._writer_idle = False
-            self._arrived.clear()
+            else:  # a whole interval without a record: doze until one comes (or close)
+                await self._dozing.until(self._has_work)
         await self._drain()  # anything appended after the last flush
 
     async def _drain(self) -> None:

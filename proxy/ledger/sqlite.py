@@ -12,6 +12,7 @@ import threading
 from functools import partial
 from pathlib import Path
 
+from proxy.doze import Doze
 from proxy.ledger import query as planner
 from proxy.ledger import sqlschema
 from proxy.ledger.aggregate import Cell
@@ -46,10 +47,10 @@ class SqliteLedger(BufferedLedger):
         busy_timeout_s: float = 5.0,
     ) -> None:
         self._wake = threading.Event()
-        self._arrived = threading.Event()
+        self._dozing = Doze()
         super().__init__(
             read_only=read_only, batch_records=batch_records, buffer_records=buffer_records,
-            flush_timeout_s=flush_timeout_s, wake=self._wake, arrival=self._arrived,
+            flush_timeout_s=flush_timeout_s, wake=self._wake, doze=self._dozing,
         )  # fmt: skip
         self.path = path
         self._transaction_records = transaction_records
@@ -102,15 +103,10 @@ class SqliteLedger(BufferedLedger):
             while not self._stopping:
                 self._wake.wait(self._interval_s)  # unless a batch fills, or a flush asks
                 self._wake.clear()
-                if self._buffer.buffered or self._stopping:
+                if self._has_work():
                     self._drain(conn)
-                    continue
-                # A whole interval without a record: sleep until one comes (or close).
-                self._writer_idle = True  # before the look: an append after it wakes the wait
-                if not self._buffer.buffered:
-                    self._arrived.wait()
-                self._writer_idle = False
-                self._arrived.clear()
+                else:  # a whole interval without a record: doze until one comes (or close)
+                    self._dozing.until(self._has_work)
             self._drain(conn)  # anything appended after the last flush
         finally:
             conn.close()

@@ -16,6 +16,10 @@ class _Wake(Protocol):
     def set(self) -> None: ...
 
 
+class _Doze(Protocol):
+    def wake(self) -> None: ...
+
+
 class BufferedLedger:
     """`append` is a deque append; a subclass's writer (a thread or a task) drains the buffer.
 
@@ -31,28 +35,30 @@ class BufferedLedger:
         buffer_records: int,
         flush_timeout_s: float,
         wake: _Wake,
-        arrival: _Wake,
+        doze: _Doze,
     ) -> None:
         self._read_only = read_only
         self._batch_records = batch_records
         self._flush_timeout_s = flush_timeout_s
         self._buffer = RecordBuffer(max_records=buffer_records)
         self._signal = wake  # a full batch, a flush or close: write now
-        self._arrival = arrival  # the first record after an idle spell (or close): wake up
+        # After an interval with nothing to write, the writer dozes until a record comes.
+        self._doze = doze
         self._stopping = False
         self._closed = False
-        # True while the writer waits, with no timeout, for the first record after an idle
-        # spell: an idle gateway's writer does not wake every interval to find nothing to write.
-        self._writer_idle = False
 
     def append(self, record: UsageRecord) -> None:
         if self._read_only:
             raise LedgerError("this ledger was opened read-only")
         queued = self._buffer.put(bounded(record))
-        if queued == 1 and self._writer_idle:
-            self._arrival.set()
+        if queued == 1:
+            self._doze.wake()
         if queued == self._batch_records:  # crossings, not every append
             self._signal.set()
+
+    def _has_work(self) -> bool:
+        """Something for the writer to do: records to write, or the end."""
+        return bool(self._buffer.buffered) or self._stopping
 
     def stats(self) -> LedgerStats:
         return self._buffer.stats()
@@ -83,7 +89,7 @@ class BufferedLedger:
         self._buffer.close()  # the writer's last drain takes what came in during the flush
         self._stopping = True
         self._signal.set()
-        self._arrival.set()
+        self._doze.wake()
         await self._join_writer()
         self._buffer.report_unwritten()
         await self._release()

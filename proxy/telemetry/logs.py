@@ -11,6 +11,7 @@ from typing import Any, TextIO
 import orjson
 
 from proxy.context import RequestContext
+from proxy.doze import Doze
 from proxy.telemetry.forks import call_in_forked_child
 
 __all__ = [
@@ -78,9 +79,8 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         self._pending: list[str] = []
         self._flush_s = flush_s
         self._max_lines = max_lines
-        self._lines_waiting = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._flusher_idle = False
+        self._dozing = Doze()  # the flusher's, after flush_s with no line
         self._closed = False
         call_in_forked_child(self._forget_parents_lines)
 
@@ -120,8 +120,8 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
                     target=self._flush_often, name="tw-log", daemon=True
                 )
                 self._flusher.start()
-            elif self._flusher_idle:
-                self._lines_waiting.set()
+            else:
+                self._dozing.wake()
 
     def flush(self) -> None:
         with self.lock:  # type: ignore[union-attr]  # set by Handler.__init__
@@ -131,7 +131,7 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
     def close(self) -> None:
         with self.lock:  # type: ignore[union-attr]
             self._closed = True
-        self._lines_waiting.set()  # the flusher ends
+        self._dozing.wake()  # the flusher ends
         super().close()
 
     def _write(self) -> None:
@@ -141,26 +141,22 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         super().flush()
 
     def _flush_often(self) -> None:
-        waiting = self._lines_waiting
         while not self._closed:
             time.sleep(self._flush_s)
             if self._pending:
                 self.flush()
-                continue
-            # A whole flush_s without a line: sleep until one comes (or close).
-            self._flusher_idle = True  # before the look: a line after it wakes the wait
-            if not self._pending:
-                waiting.wait()
-            self._flusher_idle = False
-            waiting.clear()
+            else:  # a whole flush_s without a line: doze until one comes (or close)
+                self._dozing.until(self._has_work)
+
+    def _has_work(self) -> bool:
+        return bool(self._pending) or self._closed
 
     def _forget_parents_lines(self) -> None:
         """In a forked child: the parent writes its own pending lines; the child gets a flusher
         of its own when it logs (threads do not survive a fork)."""
         self._pending = []
-        self._lines_waiting = threading.Event()
+        self._dozing = Doze()
         self._flusher = None
-        self._flusher_idle = False
 
 
 def log_access_line(log: logging.Logger, line: str) -> None:
