@@ -12,8 +12,8 @@ for i = 1, count do
   local key = KEYS[i + 2]
   local limit = tonumber(ARGV[1 + i * 3])
   local amount = tonumber(ARGV[2 + i * 3])
-  local used = tonumber(redis.call('HGET', key, 'used') or '0')
-  local reserved = tonumber(redis.call('HGET', key, 'reserved') or '0')
+  local counter = redis.call('HMGET', key, 'used', 'reserved') -- false where a field is missing
+  local used, reserved = tonumber(counter[1] or '0'), tonumber(counter[2] or '0')
   if used + reserved + amount > limit then
     return {i - 1, used, reserved}, true
   end
