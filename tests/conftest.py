@@ -15,7 +15,7 @@ from proxy.policy.units import hash_key
 from proxy.tools.mock import backend as mockbackend
 from tests.redis_cluster import ClusterProcesses, redis_cluster
 from tests.redis_sentinel import SentinelTopology
-from tests.redis_server import RedisProcess
+from tests.redis_server import RedisProcess, private_redis
 from tests.servers import serve
 
 ALPHA_KEY = "tw-test-alpha"
@@ -100,6 +100,22 @@ def redis_url(redis_server: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def redis_unix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One private redis-server for the session that also listens on a Unix socket; yields
+    its unix:// URL (the socket is only for this test run's user)."""
+    with private_redis(tmp_path_factory.mktemp("redis-unix") / "redis.sock") as url:
+        yield url
+
+
+@pytest.fixture
+def redis_unix_url(redis_unix_server: str) -> str:
+    """The session's Redis over its Unix socket, emptied for this test."""
+    with redis.Redis.from_url(redis_unix_server) as admin:
+        admin.flushdb()
+    return redis_unix_server
+
+
+@pytest.fixture(scope="session")
 def redis_cluster_server() -> Iterator[ClusterProcesses]:
     """One private Redis Cluster (three primaries, no replicas) for the session."""
     with redis_cluster() as cluster:
@@ -133,10 +149,10 @@ def redis_sentinel_url(redis_sentinel_server: SentinelTopology) -> str:
     return redis_sentinel_server.url
 
 
-@pytest.fixture(params=["memory", "redis", "redis-sentinel", "redis-cluster"])
+@pytest.fixture(params=["memory", "redis", "redis-unix", "redis-sentinel", "redis-cluster"])
 def storage_url(request: pytest.FixtureRequest) -> str:
-    """`memory`, or a real Redis, Sentinel-named primary or Redis Cluster emptied for this
-    test: a storage contract test taking it runs once on each."""
+    """`memory`, or a real Redis (over TCP or its Unix socket), Sentinel-named primary or Redis
+    Cluster emptied for this test: a storage contract test taking it runs once on each."""
     if request.param == "memory":
         return "memory"
     url: str = request.getfixturevalue(f"{request.param.replace('-', '_')}_url")

@@ -96,12 +96,16 @@ class RedisProcess:
 
 
 @contextmanager
-def private_redis() -> Iterator[str]:
-    """Start redis-server (no persistence) and yield its URL; stop it afterwards."""
-    server = RedisProcess()
+def private_redis(unix_socket: Path | None = None) -> Iterator[str]:
+    """Start redis-server (no persistence) and yield its URL; stop it afterwards. With
+    `unix_socket`, it listens there too and the URL is that socket's (unix://)."""
+    args = (
+        [] if unix_socket is None else ["--unixsocket", str(unix_socket), "--unixsocketperm", "700"]
+    )
+    server = RedisProcess(args)
     try:
         server.start()
-        yield server.url
+        yield server.url if unix_socket is None else f"unix://{unix_socket}?db=0"
     finally:
         server.close()
 

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.anyio
 NOW = 1_800_000_000.0
 
 
-@pytest.fixture(params=["memory", "redis", "redis-sentinel", "redis-cluster", "redis8"])
+@pytest.fixture(
+    params=["memory", "redis", "redis-unix", "redis-sentinel", "redis-cluster", "redis8"]
+)
 def any_url(request: pytest.FixtureRequest) -> str:
     """`storage_url`'s stores, and Redis 8."""
     if request.param == "memory":

@@ -25,7 +25,7 @@ POOL = SlotPool("tw:{acme}:rl:slots", size=1)
 TPM = Bucket("tw:{acme}:rl:tpm", capacity=1200, refill_per_s=20.0)
 
 
-@pytest.fixture(params=["redis", "redis-sentinel", "redis-cluster"])
+@pytest.fixture(params=["redis", "redis-unix", "redis-sentinel", "redis-cluster"])
 def any_redis(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(f"{request.param.replace('-', '_')}_url"))
 

@@ -47,10 +47,12 @@ def url_of(server: RedisProcess, db: int = 0, password: str = "") -> str:
 def test_only_one_server_urls_it_can_honour_are_multiplexed() -> None:
     assert can_multiplex("redis://:pw@10.0.0.1:6380/2")
     assert can_multiplex("rediss://h:6379/0?ssl_ca_certs=/etc/ca.pem&ssl_check_hostname=false")
+    assert can_multiplex("unix:///run/redis.sock")
+    assert can_multiplex("unix://:pw@/run/redis.sock?db=2")
     for url in (
         "redis+sentinel://h:26379/primary",
         "redis+cluster://h:7000",
-        "unix:///run/redis.sock",
+        "unix:///run/redis.sock?socket_timeout=5",
         "redis://h:6379/0?socket_timeout=5",
         "rediss://h:6379/0?ssl_ca_certs=/etc/ca.pem&protocol=3",
     ):
@@ -194,6 +196,31 @@ async def test_a_lost_connection_fails_its_calls_and_the_next_call_reconnects(
         server.start()
         await asyncio.sleep(0)
         assert await client.execute("ECHO", "restarted") == b"restarted"
+
+
+async def test_it_speaks_over_a_unix_socket_with_the_urls_login_and_database(
+    tmp_path: Path,
+) -> None:
+    """unix://: a co-located Redis without TCP; AUTH and `?db=` as for redis://."""
+    path = tmp_path / "redis.sock"
+    server = RedisProcess(["--unixsocket", str(path), "--unixsocketperm", "700"])
+    server.start()
+    try:
+        with redis.Redis.from_url(server.url) as admin:
+            admin.config_set("requirepass", "s3cret")
+        url = f"unix://:s3cret@{path}?db=4"
+        async with Multiplexed(url, timeout_s=2) as client:
+            echoed = await asyncio.gather(*(client.execute("ECHO", f"{i}") for i in range(200)))
+            await client.execute("SET", "where", "db 4 by socket")
+        assert echoed == [f"{i}".encode() for i in range(200)]
+        with redis.Redis.from_url(url_of(server, db=4, password="s3cret")) as db4:
+            assert db4.get("where") == b"db 4 by socket"  # the same server, over TCP
+    finally:
+        server.close()
+    gone = Multiplexed(f"unix://{path}", timeout_s=2)
+    with pytest.raises(RedisConnectionError, match=f"connecting to {path}"):
+        await gone.ping()  # the socket's path, in the error
+    await gone.aclose()
 
 
 async def test_a_refused_connection_fails_at_once() -> None:

@@ -7,7 +7,8 @@ together pipeline without asking to (one write and one read serve many), and a r
 admission costs about a third of the client CPU it does through redis-py's pool (30 against
 86 µs; benchmarks/redis_calls.py, docs/benchmarks.md).
 
-Used for the stores' Lua scripts on one-server `redis://` and `rediss://` URLs (can_multiplex);
+Used for the stores' Lua scripts on one-server `redis://`, `rediss://` and `unix://` URLs
+(can_multiplex);
 Sentinel and Cluster URLs, and every other command, go through redis-py (conn.py). Errors
 are redis-py's exception types, so `translated` turns them into StorageError as it does
 redis-py's own. A call is sent once and never again: a reply lost with its connection fails the
@@ -41,16 +42,18 @@ _Arg = str | bytes | int | float
 _CLOCK_STEP_S = 0.002
 
 
-# What a URL may say for the multiplexed client to honour all of it: the server, the login and
-# database, and (rediss://) redis-py's TLS options, applied through redis-py's own TLS context.
-_OWN_OPTIONS = frozenset({"host", "port", "db", "username", "password", "connection_class"})
+# What a URL may say for the multiplexed client to honour all of it: the server (its socket's
+# path for unix://), the login and database, and (rediss://) redis-py's TLS options, applied
+# through redis-py's own TLS context.
+_OWN_OPTIONS = frozenset({"host", "port", "path", "db", "username", "password", "connection_class"})
 _TLS_OPTIONS = frozenset(inspect.signature(RedisSSLContext).parameters)
 
 
 def can_multiplex(url: str) -> bool:
     """True for one server over TCP, redis://[[user]:password@]host[:port][/db], or rediss://
-    with nothing but `ssl_*` options (ssl_ca_certs, ssl_cert_reqs, ssl_check_hostname, ...)."""
-    if not url.startswith(("redis://", "rediss://")):
+    with nothing but `ssl_*` options (ssl_ca_certs, ssl_cert_reqs, ssl_check_hostname, ...), or
+    over a Unix socket, unix://[[user]:password@]/path[?db=N]."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
         return False
     return all(
         key in _OWN_OPTIONS or (key.startswith("ssl_") and key[4:] in _TLS_OPTIONS)
@@ -169,11 +172,13 @@ class Multiplexed:
 
     def __init__(self, url: str, *, timeout_s: float) -> None:
         if not can_multiplex(url):
-            raise ValueError(f"not a one-server redis:// or rediss:// URL: {url!r}")
+            raise ValueError(f"not a one-server redis://, rediss:// or unix:// URL: {url!r}")
         options = parse_url(url)
         self._tls = _tls_context(options) if url.startswith("rediss://") else None
+        self._path: str | None = options.get("path")  # unix://: the socket's path
         self._host = str(options.get("host", "localhost"))
         self._port = int(options.get("port", 6379))
+        self._where = self._path or f"{self._host}:{self._port}"
         self._hello = _hello(options)
         self.timeout_s = timeout_s
         self._open: _Replies | None = None
@@ -240,16 +245,13 @@ class Multiplexed:
             if connection is not None and connection.lost is None:
                 return connection  # another call connected while this one waited
             if self._closed:
-                raise RedisConnectionError(f"the Redis client for {self._host} is closed")
-            loop = asyncio.get_running_loop()
+                raise RedisConnectionError(f"the Redis client for {self._where} is closed")
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    _, connection = await loop.create_connection(
-                        lambda: _Replies(self), self._host, self._port, ssl=self._tls
-                    )
+                    connection = await self._open_connection()
             except (OSError, TimeoutError) as exc:
                 raise RedisConnectionError(
-                    f"Error connecting to {self._host}:{self._port}: {exc or 'timed out'}"
+                    f"Error connecting to {self._where}: {exc or 'timed out'}"
                 ) from exc
             try:
                 for command in self._hello:
@@ -259,12 +261,22 @@ class Multiplexed:
                 raise
             if self._closed:  # closed while this call was connecting
                 connection.transport.close()
-                raise RedisConnectionError(f"the Redis client for {self._host} is closed")
+                raise RedisConnectionError(f"the Redis client for {self._where} is closed")
             self._open = connection
             return connection
 
+    async def _open_connection(self) -> _Replies:
+        loop = asyncio.get_running_loop()
+        if self._path is not None:
+            _, unix = await loop.create_unix_connection(lambda: _Replies(self), self._path)
+            return unix
+        _, tcp = await loop.create_connection(
+            lambda: _Replies(self), self._host, self._port, ssl=self._tls
+        )
+        return tcp
+
     def __str__(self) -> str:
-        return f"{self._host}:{self._port} within {self.timeout_s} s"
+        return f"{self._where} within {self.timeout_s} s"
 
 
 def _pack(args: Sequence[_Arg]) -> bytes:
