@@ -21,6 +21,9 @@ prompt of N words, then a question of its own (different in every run, so the re
 never answers it); without, bench's synthetic prompts of 64 tokens.
 With `--idle S` nothing is sent: each round reads each gateway's CPU over S seconds of no load
 (its timers and background threads; a real gateway is idle between requests too).
+With `--unix-redis this` this tree's gateway reaches its redis-server over a Unix socket
+(unix://) and the base's over TCP (`--base` naming this checkout compares the two transports);
+with `--unix-redis both`, both trees' do.
 The machine's other work hits both trees alike: what differs is the code.
 Results: benchmarks/results/tree-ab{,-off}{,-stream}{,-chats}{,-idle}.{json,md}.
 """
@@ -160,7 +163,9 @@ def compare(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         mock = stack.enter_context(started(backend, "/v1/models", work / "mock.log"))
         gateways: dict[str, tuple[Process, redis.Redis]] = {}
         for name, tree in trees.items():
-            redis_url = stack.enter_context(private_redis())
+            over_unix = args.unix_redis == "both" or (args.unix_redis == "this" and name == "this")
+            unix = work / f"redis-{name}.sock" if over_unix else None
+            redis_url = stack.enter_context(private_redis(unix))
             (work / name).mkdir()
             storage = redis_url if args.features == "all" else None
             config = gateway_config(mock.url, work / name, storage)
@@ -250,6 +255,11 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--system-words", type=int, default=0, help="chats with a system prompt")
     parser.add_argument("--idle", type=float, default=0.0, help="seconds of no load a round")
+    parser.add_argument(
+        "--unix-redis",
+        choices=("this", "both"),
+        help="which trees' gateways reach their Redis over a Unix socket (else TCP)",
+    )
     args = parser.parse_args()
     if args.requests is None:
         args.requests = 8 if args.stream else 3000
