@@ -8,14 +8,13 @@ admission costs about a third of the client CPU it does through redis-py's pool 
 86 µs; benchmarks/redis_calls.py, docs/benchmarks.md).
 
 Used for the stores' Lua scripts on one-server `redis://`, `rediss://` and `unix://` URLs
-(can_multiplex);
-Sentinel and Cluster URLs, and every other command, go through redis-py (conn.py). Errors
-are redis-py's exception types, so `translated` turns them into StorageError as it does
-redis-py's own. A call is sent once and never again: a reply lost with its connection fails the
-call (the script may have run); a call with no reply within `timeout_s` fails with TimeoutError
-and closes the connection, failing the calls queued behind it at once (they could not have been
-answered first); the next call connects again. A cancelled call's reply is dropped when it
-comes.
+(can_multiplex); Sentinel and Cluster URLs, and every other command, go through redis-py
+(conn.py). Errors are redis-py's exception types, so `translated` turns them into StorageError
+as it does redis-py's own. A call is sent once and never again: a reply lost with its
+connection fails the call (the script may have run); a call with no reply within `timeout_s`
+fails with TimeoutError and closes the connection, failing the calls queued behind it at once
+(they could not have been answered first); the next call connects again. A cancelled call's
+reply is dropped when it comes.
 """
 
 from __future__ import annotations
