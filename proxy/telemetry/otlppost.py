@@ -7,19 +7,31 @@ It reads the standard variables (the signal-specific one first, then the general
 (`gzip` or `none`), `..._CERTIFICATE`, `..._CLIENT_CERTIFICATE` and `..._CLIENT_KEY`.
 A batch the collector refuses with 429, 502, 503 or 504, or cannot take (connection error),
 is retried with back-off until the timeout; any other refusal drops the batch with a warning.
+
+Posts go over one kept-alive connection with the standard library's `http.client` (a post
+costs about a quarter of the CPU it did through httpx: benchmarks.md, "Posting spans"). The
+`HTTP(S)_PROXY`, `ALL_PROXY` and `NO_PROXY` variables are honoured as httpx and the SDK's
+exporter honour them: an `http://` collector is reached through the proxy in absolute form, an
+`https://` one through a CONNECT tunnel.
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
+import http.client
 import logging
+import os
+import select
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import SplitResult, unquote, urlsplit
 
-import httpx
+import certifi
 
 from proxy import __version__
 
@@ -51,7 +63,7 @@ class OtlpSettings:
     headers: dict[str, str]
     timeout_s: float
     gzip: bool
-    verify: str | bool  # a CA bundle's path, or the system's CAs
+    verify: str | bool  # a CA bundle's path, or certifi's CAs (as httpx had)
     cert: str | tuple[str, str] | None
 
 
@@ -75,24 +87,25 @@ def otlp_settings(environ: Mapping[str, str]) -> OtlpSettings:
 
 
 class OtlpPoster:
-    """Posts encoded ExportTraceServiceRequest bodies from one exporting thread; `close` may
-    come from another (it ends a retry's wait at once)."""
+    """Posts encoded ExportTraceServiceRequest bodies from one exporting thread at a time;
+    `close` may come from another (it ends a retry's wait, or a post, at once)."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         settings = otlp_settings(environ)
         self.endpoint = settings.endpoint
         self.timeout_s = settings.timeout_s
         self._gzip = settings.gzip
-        headers = {
+        self._headers = {
             "content-type": "application/x-protobuf",
             "user-agent": f"tokenweir/{__version__}",
             **settings.headers,
         }
         if self._gzip:
-            headers["content-encoding"] = "gzip"
-        self._client = httpx.Client(
-            headers=headers, timeout=self.timeout_s, verify=settings.verify, cert=settings.cert
-        )
+            self._headers["content-encoding"] = "gzip"
+        self._route = _Route(settings, environ)
+        self._headers.update(self._route.headers)
+        self._connection: http.client.HTTPConnection | None = None
+        self._posting = threading.Lock()
         self._stopped = threading.Event()
 
     def send(self, body: bytes, spans: int, timeout_s: float | None = None) -> bool:
@@ -106,7 +119,8 @@ class OtlpPoster:
         deadline = time.monotonic() + min(self.timeout_s, timeout_s or self.timeout_s)
         delay_s = 0.5
         while True:
-            problem = self._post(body, deadline)
+            with self._posting:
+                problem = self._post(body, deadline)
             if problem is None:
                 return True
             retryable, reason = problem
@@ -119,16 +133,144 @@ class OtlpPoster:
 
     def _post(self, body: bytes, deadline: float) -> tuple[bool, str] | None:
         """None once the collector took the batch, else (worth retrying?, why not)."""
+        timeout_s = max(0.001, deadline - time.monotonic())
         try:
-            answer = self._client.post(
-                self.endpoint, content=body, timeout=max(0.001, deadline - time.monotonic())
-            )
-        except httpx.HTTPError as exc:
+            connection = self._connected(timeout_s)
+            connection.request("POST", self._route.target, body, self._headers)
+            with connection.getresponse() as answer:
+                answer.read()
+                status = answer.status
+            if answer.will_close:
+                self._drop()
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop()
             return True, f"{type(exc).__name__}: {exc}"
-        if answer.is_success:
+        if 200 <= status < 300:
             return None
-        return answer.status_code in _RETRY_STATUSES, f"HTTP {answer.status_code}"
+        return status in _RETRY_STATUSES, f"HTTP {status}"
+
+    def _connected(self, timeout_s: float) -> http.client.HTTPConnection:
+        """The kept-alive connection (unless the collector closed it meanwhile), or a new one;
+        its reads and writes time out after `timeout_s`."""
+        connection = self._connection
+        if connection is not None and connection.sock is not None and _readable(connection.sock):
+            self._drop()  # closed by the collector (or it sent what was not asked for)
+            connection = None
+        if connection is None:
+            if self._stopped.is_set():
+                raise ConnectionAbortedError("the exporter is closed")
+            connection = self._connection = self._route.connection(timeout_s)
+        connection.timeout = timeout_s
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout_s)
+        return connection
+
+    def _drop(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
 
     def close(self) -> None:
         self._stopped.set()
-        self._client.close()
+        connection = self._connection
+        if connection is not None and connection.sock is not None:
+            try:  # wakes a post blocked on the collector; it then closes the connection
+                connection.sock.shutdown(2)
+            except OSError:
+                pass
+        with self._posting:
+            self._drop()
+
+
+class _Route:
+    """How to reach the collector: straight, or through the proxy the environment names."""
+
+    def __init__(self, settings: OtlpSettings, environ: Mapping[str, str]) -> None:
+        url = urlsplit(settings.endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"the OTLP endpoint {settings.endpoint!r} is not an http(s) URL")
+        self._url = url
+        self._port = url.port or (443 if url.scheme == "https" else 80)
+        self.target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        self._tls = _tls_context(settings) if url.scheme == "https" else None
+        self._proxy = _proxy_for(url, environ)
+        self.headers: dict[str, str] = {}  # what every request carries for the route
+        if self._proxy is not None and self._tls is None:  # absolute form, as to any proxy
+            self.target = settings.endpoint
+            self.headers = _proxy_login(self._proxy)
+
+    def connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        """A new connection (opened by its first request)."""
+        host, port = self._url.hostname or "", self._port
+        if self._proxy is None:
+            return _connection(host, port, self._tls, timeout_s)
+        proxy_host, proxy_port = self._proxy.hostname or "", self._proxy.port or 80
+        connection = _connection(proxy_host, proxy_port, self._tls, timeout_s)
+        if self._tls is not None:  # CONNECT host:port, then TLS to the collector inside it
+            connection.set_tunnel(host, port, _proxy_login(self._proxy))
+        return connection
+
+
+def _connection(
+    host: str, port: int, tls: ssl.SSLContext | None, timeout_s: float
+) -> http.client.HTTPConnection:
+    if tls is not None:
+        return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=tls)
+    return http.client.HTTPConnection(host, port, timeout=timeout_s)
+
+
+def _tls_context(settings: OtlpSettings) -> ssl.SSLContext:
+    """Verifies the collector with the configured CA bundle (file or directory), else
+    certifi's; presents the client certificate if one is configured."""
+    verify = settings.verify if isinstance(settings.verify, str) else certifi.where()
+    if os.path.isdir(verify):
+        context = ssl.create_default_context(capath=verify)
+    else:
+        context = ssl.create_default_context(cafile=verify)
+    if isinstance(settings.cert, tuple):
+        context.load_cert_chain(*settings.cert)
+    elif settings.cert:
+        context.load_cert_chain(settings.cert)
+    return context
+
+
+def _proxy_for(url: SplitResult, environ: Mapping[str, str]) -> SplitResult | None:
+    """The http:// proxy `HTTP(S)_PROXY` or `ALL_PROXY` names for `url`, unless `NO_PROXY`
+    exempts its host; a proxy of another scheme is not used (a warning says so)."""
+    proxies = {
+        name[: -len("_proxy")]: value.strip()
+        for name, value in ((k.lower(), v) for k, v in environ.items())
+        if name.endswith("_proxy") and value.strip()
+    }
+    address = proxies.get(url.scheme) or proxies.get("all")
+    if not address or _bypassed(url.hostname or "", proxies.get("no", "")):
+        return None
+    proxy = urlsplit(address if "://" in address else f"http://{address}")
+    if proxy.scheme != "http" or not proxy.hostname:
+        _log.warning("OTLP export does not use the proxy %s: only http:// proxies", address)
+        return None
+    return proxy
+
+
+def _bypassed(host: str, no_proxy: str) -> bool:
+    """Whether NO_PROXY (`*`, or hosts and domain suffixes, comma-separated) exempts `host`."""
+    for entry in (e.strip().lower().lstrip(".") for e in no_proxy.split(",")):
+        if entry == "*" or (entry and (host == entry or host.endswith("." + entry))):
+            return True
+    return False
+
+
+def _proxy_login(proxy: SplitResult) -> dict[str, str]:
+    """The Proxy-Authorization header for a proxy URL with a user name, else none."""
+    if proxy.username is None:
+        return {}
+    login = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode()
+    return {"proxy-authorization": "Basic " + base64.b64encode(login).decode()}
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether an idle kept-alive socket has something to read: the collector closed it
+    (poll, not select: the gateway's descriptors go past select's 1024)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))

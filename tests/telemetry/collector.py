@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -22,11 +24,19 @@ from tests.conftest import BACKEND_KEY, BETA_KEY, policy_text
 class Collector(ThreadingHTTPServer):
     """Records every export; answers 503 to the first `refuse` of them."""
 
-    def __init__(self, refuse: int) -> None:
+    def __init__(self, refuse: int, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
+        if tls is not None:
+            self.socket = tls.wrap_socket(self.socket, server_side=True)
         self.refuse = refuse
         self.posts: list[tuple[str, dict[str, str], bytes]] = []
+        self.connections = 0
         self.lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.lock:
+            self.connections += 1
+        super().process_request(request, client_address)
 
     def _bodies(self, path: str) -> list[tuple[dict[str, str], bytes]]:
         with self.lock:
@@ -48,6 +58,7 @@ class Collector(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: Collector
+    protocol_version = "HTTP/1.1"  # keep-alive, as a collector
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
@@ -66,8 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def collector(refuse: int = 0) -> Iterator[Collector]:
-    server = Collector(refuse)
+def collector(refuse: int = 0, tls: ssl.SSLContext | None = None) -> Iterator[Collector]:
+    """A collector on 127.0.0.1 (over TLS with `tls`, a server context)."""
+    server = Collector(refuse, tls)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
