@@ -1,0 +1,118 @@
+"""CPU per OTLP span post, for this tree and optionally another.
+
+    python benchmarks/otlp_post.py [--base DIR] [--sizes 1000,115000] [--posts 200]
+                                   [--rounds 5] [--busy] [--out NAME]
+
+Posts `--posts` bodies of each size (115,000 bytes is a batch of 512 spans of the all-on
+gateway) through the tree's `OtlpPoster` to a stand-in collector in this process
+(benchmarks/otelsink.py), one post every 20 ms as the span thread posts under load, and reads
+the posting thread's CPU time around each post. Each tree runs in a fresh interpreter with the
+tree as its cwd, the rounds alternating; medians over the rounds. `--busy` runs a pure-Python
+loop in another thread meanwhile, as the gateway's event loop runs beside the span thread:
+every time the poster lets go of the GIL (each socket call) it must take it back from that
+thread. Results: benchmarks/results/NAME.{json,md} (NAME is otlp-post unless given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ledger_write import _spin
+from otelsink import otlp_sink
+
+HERE = Path(__file__).parent
+
+
+def measure(url: str, size: int, posts: int, busy: bool = False) -> float:
+    """CPU µs per post of `size` bytes to `url` (this process's tree)."""
+    from proxy.telemetry.otlppost import OtlpPoster
+
+    done = threading.Event()
+    if busy:
+        threading.Thread(target=_spin, args=(done,), daemon=True).start()
+    poster = OtlpPoster({"OTEL_EXPORTER_OTLP_ENDPOINT": url})
+    body = os.urandom(size)
+    spent = 0.0
+    for n in range(posts + 5):  # the first five open the connection and warm up
+        started = time.thread_time()
+        if not poster.send(body, 512):
+            raise RuntimeError(f"the collector at {url} did not take a post")
+        if n >= 5:
+            spent += time.thread_time() - started
+        time.sleep(0.02)
+    done.set()
+    poster.close()
+    return spent / posts * 1e6
+
+
+def run_in(tree: Path, url: str, size: int, posts: int, busy: bool) -> float:
+    """`measure` in a fresh interpreter importing the tree in `tree`."""
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import otlp_post as p; "
+    code += f"print(p.measure({url!r}, {size}, {posts}, {busy}))"
+    found = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True
+    )
+    return float(found.stdout.split()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", type=Path)
+    parser.add_argument("--sizes", default="1000,115000")
+    parser.add_argument("--posts", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--busy", action="store_true", help="a busy Python thread beside it")
+    parser.add_argument("--out", default="otlp-post", help="results file name, no suffix")
+    args = parser.parse_args()
+    trees = {"this": HERE.parent} | ({"base": args.base.resolve()} if args.base else {})
+    sizes = [int(s) for s in args.sizes.split(",")]
+    runs: dict[str, dict[int, list[float]]] = {name: {s: [] for s in sizes} for name in trees}
+    with otlp_sink() as (url, _):
+        for round_ in range(args.rounds):
+            names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
+            for size in sizes:
+                for name in names:
+                    found = run_in(trees[name], url, size, args.posts, args.busy)
+                    runs[name][size].append(found)
+    medians = {
+        name: {size: statistics.median(found) for size, found in by.items()}
+        for name, by in runs.items()
+    }
+    report: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_before": round(os.getloadavg()[0], 2),
+        "rounds": args.rounds, "posts": args.posts, "busy": args.busy,
+        "median_cpu_us_per_post": medians, "runs": runs,
+    }  # fmt: skip
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        f"Run {report['when']} on {report['machine']}; load average {report['load_before']}; "
+        f"{args.posts} posts a run, medians of {args.rounds} rounds"
+        f"{'; a busy Python thread beside the poster' if args.busy else ''}.",
+        "",
+        "| body bytes | " + " | ".join(f"{name} CPU µs/post" for name in trees) + " |",
+        "|---:|" + "---:|" * len(trees),
+    ]
+    for size in sizes:
+        cells = [f"{medians[name][size]:.0f}" for name in trees]
+        lines.append(f"| {size:,} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    (HERE / "results" / f"{args.out}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
