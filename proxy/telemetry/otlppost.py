@@ -18,6 +18,7 @@ exporter honour them: an `http://` collector is reached through the proxy in abs
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import http.client
 import logging
@@ -172,12 +173,10 @@ class OtlpPoster:
 
     def close(self) -> None:
         self._stopped.set()
-        connection = self._connection
-        if connection is not None and connection.sock is not None:
-            try:  # wakes a post blocked on the collector; it then closes the connection
-                connection.sock.shutdown(2)
-            except OSError:
-                pass
+        sock = self._connection.sock if self._connection is not None else None
+        if sock is not None:  # read once: the posting thread may be closing it meanwhile
+            with contextlib.suppress(OSError):  # wakes a post blocked on the collector
+                sock.shutdown(socket.SHUT_RDWR)
         with self._posting:
             self._drop()
 

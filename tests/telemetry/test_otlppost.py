@@ -73,14 +73,18 @@ def test_a_connection_the_collector_closed_is_replaced_before_posting() -> None:
     with _one_answer_a_connection() as (port, served):
         poster = OtlpPoster({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"})
         for n in range(3):
-            deadline = time.monotonic() + 5
-            while served[0] < n:  # the last answer's connection is closed by now
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+            _until_served(served, n)  # the last answer's connection is closed by now
             time.sleep(0.05)
             assert poster.send(_body(n), 1, timeout_s=0.45)
         poster.close()
-    assert served[0] == 3
+        _until_served(served, 3)
+
+
+def _until_served(served: list[int], count: int) -> None:
+    deadline = time.monotonic() + 10
+    while served[0] < count:
+        assert time.monotonic() < deadline, f"{served[0]} of {count} posts answered"
+        time.sleep(0.01)
 
 
 def test_tls_with_the_configured_ca_and_a_client_certificate(tmp_path: Path) -> None:
