@@ -9,7 +9,8 @@ A batch the collector refuses with 429, 502, 503 or 504, or cannot take (connect
 is retried with back-off until the timeout; any other refusal drops the batch with a warning.
 
 Posts go over one kept-alive connection with the standard library's `http.client` (a post
-costs about a quarter of the CPU it did through httpx: benchmarks.md, "Posting spans"). The
+costs less than half the CPU it did through httpx: docs/benchmarks.md, "spans posted with
+http.client"). An endpoint that is not an http(s) URL drops every batch with a warning. The
 `HTTP(S)_PROXY`, `ALL_PROXY` and `NO_PROXY` variables are honoured as httpx and the SDK's
 exporter honour them: an `http://` collector is reached through the proxy in absolute form, an
 `https://` one through a CONNECT tunnel.
@@ -134,6 +135,8 @@ class OtlpPoster:
 
     def _post(self, body: bytes, deadline: float) -> tuple[bool, str] | None:
         """None once the collector took the batch, else (worth retrying?, why not)."""
+        if self._route.unusable is not None:
+            return False, self._route.unusable
         timeout_s = max(0.001, deadline - time.monotonic())
         try:
             connection = self._connected(timeout_s)
@@ -186,8 +189,9 @@ class _Route:
 
     def __init__(self, settings: OtlpSettings, environ: Mapping[str, str]) -> None:
         url = urlsplit(settings.endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"the OTLP endpoint {settings.endpoint!r} is not an http(s) URL")
+        usable = url.scheme in ("http", "https") and bool(url.hostname)
+        # Why nothing can be posted (the gateway still starts, as the SDK's exporter would).
+        self.unusable = None if usable else "the endpoint is not an http:// or https:// URL"
         self._url = url
         self._port = url.port or (443 if url.scheme == "https" else 80)
         self.target = (url.path or "/") + (f"?{url.query}" if url.query else "")

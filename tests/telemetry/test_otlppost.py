@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
+
 from proxy.telemetry.otlppost import OtlpPoster, otlp_settings
 from tests.certs import self_signed
 from tests.telemetry.collector import Collector, collector
@@ -146,6 +148,15 @@ def test_an_https_collector_is_reached_through_a_connect_tunnel(tmp_path: Path) 
         assert _names(server) == ["span 1.0"]
     [head] = heads
     assert head.startswith(f"CONNECT 127.0.0.1:{server.server_port} HTTP/1.".encode())
+
+
+def test_an_endpoint_that_is_no_url_drops_batches_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    poster = OtlpPoster({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})  # no scheme
+    assert not poster.send(_body(1), 3)
+    poster.close()
+    assert "dropped 3 spans: the endpoint is not an http:// or https:// URL" in caplog.text
 
 
 def test_close_ends_a_post_the_collector_never_answers() -> None:
