@@ -160,16 +160,19 @@ def test_an_endpoint_that_is_no_url_drops_batches_with_a_warning(
 
 
 def test_close_ends_a_post_the_collector_never_answers() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as silent:  # connects, never answers
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # takes the post, never answers
+        silent.settimeout(30)
         port = silent.getsockname()[1]
         poster = OtlpPoster({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"})
         result: list[bool] = []
         post = threading.Thread(target=lambda: result.append(poster.send(_body(1), 1, 60.0)))
         began = time.monotonic()
         post.start()
-        time.sleep(0.3)
-        poster.close()
-        post.join(30)
+        conn, _ = silent.accept()
+        with conn:
+            assert conn.recv(65536).startswith(b"POST /v1/traces ")  # it now waits
+            poster.close()
+            post.join(30)
     assert result == [False]
     assert time.monotonic() - began < 30  # not the minute the post may take
 
