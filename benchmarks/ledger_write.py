@@ -23,13 +23,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from twotrees import add_tree_arguments, run_in, spin
+from twotrees import trees as trees_of
 
 HERE = Path(__file__).parent
 
@@ -41,7 +43,7 @@ def measure(batch: int, records: int, busy: bool = False) -> tuple[float, float]
 
     done = threading.Event()
     if busy:
-        threading.Thread(target=_spin, args=(done,), daemon=True).start()
+        threading.Thread(target=spin, args=(done,), daemon=True).start()
 
     now = time.time()
     rows = [_record(now + n / 1000, f"req_{n:032x}") for n in range(records)]
@@ -61,13 +63,6 @@ def measure(batch: int, records: int, busy: bool = False) -> tuple[float, float]
     return spent / records * 1e6, waited / -(-records // batch) * 1e3
 
 
-def _spin(done: threading.Event) -> None:
-    total = 0
-    while not done.is_set():
-        for n in range(1000):  # bytecode, as the event loop's work is
-            total += n
-
-
 def _record(ts: float, request_id: str) -> Any:
     """A record like the all-on benchmark's (imported here: the tree under test is the cwd's)."""
     from proxy.ledger.base import UsageRecord
@@ -81,27 +76,13 @@ def _record(ts: float, request_id: str) -> Any:
     )  # fmt: skip
 
 
-def run_in(tree: Path, batch: int, records: int, busy: bool) -> tuple[float, float]:
-    """`measure` in a fresh interpreter importing the tree in `tree`."""
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import ledger_write as w; "
-    code += f"print(*w.measure({batch}, {records}, {busy}))"
-    found = subprocess.run(
-        [sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True
-    )
-    cpu, wall = map(float, found.stdout.split()[-2:])
-    return cpu, wall
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", type=Path)
     parser.add_argument("--batches", default="8,32,128")
     parser.add_argument("--records", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--busy", action="store_true", help="a busy Python thread beside it")
-    parser.add_argument("--out", default="ledger-write", help="results file name, no suffix")
+    add_tree_arguments(parser, "ledger-write")
     args = parser.parse_args()
-    trees = {"this": HERE.parent} | ({"base": args.base.resolve()} if args.base else {})
+    trees = trees_of(args)
     batches = [int(b) for b in args.batches.split(",")]
     runs: dict[str, dict[int, list[tuple[float, float]]]] = {
         name: {b: [] for b in batches} for name in trees
@@ -110,7 +91,9 @@ def main() -> int:
         names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
         for batch in batches:
             for name in names:
-                runs[name][batch].append(run_in(trees[name], batch, args.records, args.busy))
+                call = f"*ledger_write.measure({batch}, {args.records}, {args.busy})"
+                cpu, wall = map(float, run_in(trees[name], "ledger_write", call)[-2:])
+                runs[name][batch].append((cpu, wall))
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",

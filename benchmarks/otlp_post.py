@@ -20,15 +20,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from ledger_write import _spin
 from otelsink import otlp_sink
+from twotrees import add_tree_arguments, run_in, spin
+from twotrees import trees as trees_of
 
 HERE = Path(__file__).parent
 
@@ -39,7 +39,7 @@ def measure(url: str, size: int, posts: int, busy: bool = False) -> float:
 
     done = threading.Event()
     if busy:
-        threading.Thread(target=_spin, args=(done,), daemon=True).start()
+        threading.Thread(target=spin, args=(done,), daemon=True).start()
     poster = OtlpPoster({"OTEL_EXPORTER_OTLP_ENDPOINT": url})
     body = os.urandom(size)
     spent = 0.0
@@ -55,26 +55,13 @@ def measure(url: str, size: int, posts: int, busy: bool = False) -> float:
     return spent / posts * 1e6
 
 
-def run_in(tree: Path, url: str, size: int, posts: int, busy: bool) -> float:
-    """`measure` in a fresh interpreter importing the tree in `tree`."""
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import otlp_post as p; "
-    code += f"print(p.measure({url!r}, {size}, {posts}, {busy}))"
-    found = subprocess.run(
-        [sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True
-    )
-    return float(found.stdout.split()[-1])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", type=Path)
     parser.add_argument("--sizes", default="1000,115000")
     parser.add_argument("--posts", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--busy", action="store_true", help="a busy Python thread beside it")
-    parser.add_argument("--out", default="otlp-post", help="results file name, no suffix")
+    add_tree_arguments(parser, "otlp-post")
     args = parser.parse_args()
-    trees = {"this": HERE.parent} | ({"base": args.base.resolve()} if args.base else {})
+    trees = trees_of(args)
     sizes = [int(s) for s in args.sizes.split(",")]
     runs: dict[str, dict[int, list[float]]] = {name: {s: [] for s in sizes} for name in trees}
     with otlp_sink() as (url, _):
@@ -82,8 +69,8 @@ def main() -> int:
             names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
             for size in sizes:
                 for name in names:
-                    found = run_in(trees[name], url, size, args.posts, args.busy)
-                    runs[name][size].append(found)
+                    call = f"otlp_post.measure({url!r}, {size}, {args.posts}, {args.busy})"
+                    runs[name][size].append(float(run_in(trees[name], "otlp_post", call)[-1]))
     medians = {
         name: {size: statistics.median(found) for size, found in by.items()}
         for name, by in runs.items()
