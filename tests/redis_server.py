@@ -95,14 +95,16 @@ class RedisProcess:
                     time.sleep(0.02)
 
 
+def listening_on(unix_socket: Path) -> list[str]:
+    """redis-server's arguments to listen on `unix_socket` as well, for this user only."""
+    return ["--unixsocket", str(unix_socket), "--unixsocketperm", "700"]
+
+
 @contextmanager
 def private_redis(unix_socket: Path | None = None) -> Iterator[str]:
     """Start redis-server (no persistence) and yield its URL; stop it afterwards. With
     `unix_socket`, it listens there too and the URL is that socket's (unix://)."""
-    args = (
-        [] if unix_socket is None else ["--unixsocket", str(unix_socket), "--unixsocketperm", "700"]
-    )
-    server = RedisProcess(args)
+    server = RedisProcess([] if unix_socket is None else listening_on(unix_socket))
     try:
         server.start()
         yield server.url if unix_socket is None else f"unix://{unix_socket}?db=0"

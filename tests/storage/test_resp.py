@@ -18,7 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from proxy.storage.limits import SlotPool
 from proxy.storage.redis.limits import RedisLimitStore
 from proxy.storage.redis.resp import Multiplexed, can_multiplex
-from tests.redis_server import RedisProcess, frozen, tls_redis
+from tests.redis_server import RedisProcess, frozen, listening_on, tls_redis
 from tests.servers import free_port
 
 pytestmark = pytest.mark.anyio
@@ -203,7 +203,7 @@ async def test_it_speaks_over_a_unix_socket_with_the_urls_login_and_database(
 ) -> None:
     """unix://: a co-located Redis without TCP; AUTH and `?db=` as for redis://."""
     path = tmp_path / "redis.sock"
-    server = RedisProcess(["--unixsocket", str(path), "--unixsocketperm", "700"])
+    server = RedisProcess(listening_on(path))
     server.start()
     try:
         with redis.Redis.from_url(server.url) as admin:
