@@ -12,7 +12,9 @@ auth only, no telemetry; its redis-server is started but unused, so its script c
 both running throughout. Each round sends the
 same load through one, then the other (the order alternating by round), and reads each
 gateway's CPU time from /proc and its Redis's INFO commandstats around its own run. Reports
-medians over the rounds: CPU µs per request, requests/s, and Redis script calls per request.
+medians over the rounds: CPU µs per request, requests/s, Redis script calls per request, and how
+often the event loop's thread blocked a request (its voluntary context switches: a loop with
+nothing to do, or the GIL held by the ledger's writer or the span exporter).
 With `--stream` the load is streams of `--tokens` tokens from a backend paced at `--tps` tokens
 a second (each token its own read, as from a real engine), `--requests` is per stream in flight
 (at least 16 a run), and the report is CPU µs per streamed token and the gateway's TTFT p50.
@@ -92,6 +94,17 @@ def threads_cpu_s(gateway: Process) -> float:
     return total_ns / 1e9
 
 
+def loop_sleeps(gateway: Process) -> int:
+    """How often the gateway's main thread (its event loop's) has blocked: an idle loop's
+    wait, or the GIL held by another thread (the ledger's writer, the span exporter)."""
+    status = Path(f"/proc/{gateway.popen.pid}/task/{gateway.popen.pid}/status").read_text()
+    return next(
+        int(line.split()[1])
+        for line in status.splitlines()
+        if line.startswith("voluntary_ctxt_switches")
+    )
+
+
 def one_run(
     gateway: Process, admin: redis.Redis, concurrency: int, args: argparse.Namespace
 ) -> dict[str, float]:
@@ -102,6 +115,7 @@ def one_run(
         return {"idle_cpu_ms_per_s": spent_s / (time.monotonic() - began) * 1e3}
     prompts = chats(args.system_words, args.requests) if args.system_words else None
     calls_before, cpu_before = script_calls(admin), gateway.cpu_s()
+    sleeps_before = loop_sleeps(gateway)
     if args.stream:
         requests = max(16, concurrency * args.requests)
         done = bench(
@@ -119,6 +133,7 @@ def one_run(
     found = {
         "requests_per_s": float(done["requests_per_s"]),
         "script_calls_per_request": (script_calls(admin) - calls_before) / answered,
+        "loop_sleeps_per_request": (loop_sleeps(gateway) - sleeps_before) / answered,
         "errors": float(sum(done["errors"].values())),
     }
     if args.stream:
@@ -193,6 +208,7 @@ COLUMNS = (
     ("gateway CPU µs/request", "cpu_us_per_request", 0),
     ("req/s", "requests_per_s", 0),
     ("Redis script calls/request", "script_calls_per_request", 2),
+    ("loop thread sleeps/request", "loop_sleeps_per_request", 2),
 )
 STREAM_COLUMNS = (
     ("streams", None, 0),
@@ -200,6 +216,7 @@ STREAM_COLUMNS = (
     ("gateway CPU µs/token", "cpu_us_per_token", 1),
     ("TTFT p50 ms", "ttft_ms", 2),
     ("Redis script calls/stream", "script_calls_per_request", 2),
+    ("loop thread sleeps/stream", "loop_sleeps_per_request", 2),
 )
 
 
