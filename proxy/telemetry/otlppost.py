@@ -13,7 +13,8 @@ costs less than half the CPU it did through httpx: docs/benchmarks.md, "spans po
 http.client"). An endpoint that is not an http(s) URL drops every batch with a warning. The
 `HTTP(S)_PROXY`, `ALL_PROXY` and `NO_PROXY` variables are honoured as httpx and the SDK's
 exporter honour them: an `http://` collector is reached through the proxy in absolute form, an
-`https://` one through a CONNECT tunnel.
+`https://` one through a CONNECT tunnel; NO_PROXY's entries may carry a port, and may be IP
+addresses or CIDR networks.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import certifi
@@ -246,7 +248,7 @@ def _proxy_for(url: SplitResult, environ: Mapping[str, str]) -> SplitResult | No
         if name.endswith("_proxy") and value.strip()
     }
     address = proxies.get(url.scheme) or proxies.get("all")
-    if not address or _bypassed(url.hostname or "", proxies.get("no", "")):
+    if not address or _bypassed(url, proxies.get("no", "")):
         return None
     proxy = urlsplit(address if "://" in address else f"http://{address}")
     if proxy.scheme != "http" or not proxy.hostname:
@@ -255,12 +257,44 @@ def _proxy_for(url: SplitResult, environ: Mapping[str, str]) -> SplitResult | No
     return proxy
 
 
-def _bypassed(host: str, no_proxy: str) -> bool:
-    """Whether NO_PROXY (`*`, or hosts and domain suffixes, comma-separated) exempts `host`."""
-    for entry in (e.strip().lower().lstrip(".") for e in no_proxy.split(",")):
-        if entry == "*" or (entry and (host == entry or host.endswith("." + entry))):
+def _bypassed(url: SplitResult, no_proxy: str) -> bool:
+    """Whether NO_PROXY exempts `url`, read as the SDK's exporter (requests) reads it: `*`; a
+    host or domain (`example.com` covers its subdomains too); an IP address or a network in
+    CIDR form (`10.0.0.0/8`); any of these with `:port` exempts that port only (an IPv6
+    address with a port in brackets: `[::1]:4318`)."""
+    host = (url.hostname or "").lower()
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        address: IPv4Address | IPv6Address | None = ip_address(host)
+    except ValueError:
+        address = None
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if entry == "*":
+            return True
+        name, only_port = _split_port(entry)
+        if not name or (only_port is not None and only_port != port):
+            continue
+        if address is not None:
+            with contextlib.suppress(ValueError):  # not an address: a name never matches one
+                if address in ip_network(name, strict=False):
+                    return True
+            continue
+        name = name.lstrip(".")
+        if host == name or host.endswith("." + name):
             return True
     return False
+
+
+def _split_port(entry: str) -> tuple[str, int | None]:
+    """A NO_PROXY entry's host (or network) and its port, if it names one."""
+    if entry.startswith("["):  # [v6] or [v6]:port
+        inside, _, rest = entry[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+        return inside, int(port) if port.isdigit() else None
+    name, sep, port = entry.rpartition(":")
+    if sep and port.isdigit() and ":" not in name:  # host:port, not a bare IPv6 address
+        return name, int(port)
+    return entry, None
 
 
 def _proxy_login(proxy: SplitResult) -> dict[str, str]:

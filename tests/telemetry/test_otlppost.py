@@ -133,6 +133,40 @@ def test_an_http_proxy_from_the_environment_forwards_with_its_login() -> None:
     assert b"\r\nproxy-authorization: Basic " + base64.b64encode(b"ops:s:cret") in head
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "no_proxy", "through_proxy"),
+    [
+        ("http://127.0.0.1:{port}/v1/traces", "example.com, 127.0.0.1:{port}", False),
+        ("http://127.0.0.1:{port}/v1/traces", "127.0.0.1:{other}", True),  # another port
+        ("http://127.0.0.1:{port}/v1/traces", "127.0.0.0/8", False),
+        ("http://127.0.0.1:{port}/v1/traces", "10.0.0.0/8,localhost,0.0.1", True),
+        # nothing listens on [::1]:9: only whether the post goes to the proxy is looked at
+        ("http://[::1]:9/v1/traces", "[::1]:9", False),
+        ("http://[::1]:9/v1/traces", "::1", False),
+        ("http://[::1]:9/v1/traces", "[::1]:10,::2", True),
+    ],
+)
+def test_no_proxy_takes_ports_networks_and_ipv6_addresses(
+    endpoint: str, no_proxy: str, through_proxy: bool
+) -> None:
+    with collector() as server, _proxy() as (proxy_port, heads):
+        port = server.server_port
+        poster = OtlpPoster({
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint.format(port=port),
+            "HTTP_PROXY": f"http://127.0.0.1:{proxy_port}",
+            "NO_PROXY": no_proxy.format(port=port, other=port + 1),
+        })  # fmt: skip
+        poster.send(_body(1), 1, timeout_s=0.3)
+        poster.close()
+        if through_proxy:  # the proxy records a head before it forwards it, maybe late
+            deadline = time.monotonic() + 10
+            while not heads and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert heads
+        else:
+            assert not heads
+
+
 def test_an_https_collector_is_reached_through_a_connect_tunnel(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
