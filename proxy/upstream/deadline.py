@@ -88,6 +88,10 @@ class ReadDeadline:
             self._first_byte = None
 
     def cancel(self) -> None:
+        """The exchange is over: no deadline passes any more. The callback is dropped too, so
+        that the exchange (whose method it is) is freed by its reference count, not the
+        garbage collector."""
+        self._expired = _never
         self.answered()
         if self._total is not None:
             self._total.cancel()
@@ -114,6 +118,10 @@ class ReadDeadline:
             self._arm()
             return
         self._expired("idle")
+
+
+def _never(kind: Expiry) -> None:
+    """What a cancelled deadline calls, should a wait arm its timer again: nothing."""
 
 
 class ContentDeadline:

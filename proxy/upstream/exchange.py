@@ -60,6 +60,10 @@ class StaleConnection(Exception):
     """A reused keep-alive connection was closed by the server before any response byte."""
 
 
+_SPENT: Final = httptools.HttpResponseParser(object())
+"""The parser of every exchange that is over: it has no callbacks, and nothing feeds it."""
+
+
 class _ExtraResponse(Exception):
     """Stops the parser when bytes follow a complete response."""
 
@@ -215,6 +219,7 @@ class Exchange(httpx.AsyncByteStream):
         if self._done or self._error is not None:
             return
         self._deadline.cancel()
+        self._let_go()
         if self.headers_done and exc is None and _delimited_by_close(self):
             self._done = True
         else:
@@ -285,13 +290,22 @@ class Exchange(httpx.AsyncByteStream):
         if self._head_only:
             self._chunks.clear()
         self._conn.detach(self, self._keep_alive and not self.writing)
+        self._let_go()
 
     def _fail(self, error: Exception) -> None:
         if self._error is None:
             self._error = error
         self._deadline.cancel()
         self._conn.detach(self, reusable=False)
+        self._let_go()
         self._wake()
+
+    def _let_go(self) -> None:
+        """The exchange is over and detached (its connection feeds it no more): drop the parser,
+        whose callbacks are this exchange's bound methods (the deadline dropped its own when
+        cancelled). Otherwise every exchange is a cycle that only the garbage collector frees,
+        with its request, headers and parser."""
+        self._parser = _SPENT
 
     async def _wait(self) -> None:
         """Sleep until the connection delivers something; at most the read deadline."""

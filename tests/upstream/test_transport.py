@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import socket
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
@@ -504,3 +506,45 @@ async def test_https_goes_to_httpx_own_transport() -> None:
             await client.get(f"https://127.0.0.1:{port}/")
         with pytest.raises(httpx.UnsupportedProtocol):
             await client.get("ftp://127.0.0.1/")
+
+
+async def half_an_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers /whole whole, /close with a body that the connection's end ends; to any other
+    path, a head and half the body, then nothing more."""
+    while True:
+        head = await read_request(reader)
+        if head.startswith(b"GET /whole "):
+            writer.write(OK_HELLO)
+        elif head.startswith(b"GET /close "):
+            writer.write(b"HTTP/1.1 200 OK\r\n\r\nbye")
+            writer.close()
+            return
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
+
+
+@pytest.mark.anyio
+async def test_an_exchange_that_ends_is_freed_without_the_garbage_collector() -> None:
+    """The response's parser and its deadline call back into the exchange: once it is over,
+    both let go of it, so it is freed (with its request, headers and parser) as soon as the
+    response is dropped, not at some later pass of the collector."""
+    transport = PooledTransport(
+        connect_timeout_s=2.0, read_timeout_s=5.0, write_timeout_s=5.0, pool_timeout_s=5.0,
+        max_connections=4,
+    )  # fmt: skip
+    gc.disable()
+    try:
+        async with RawServer(half_an_answer) as raw:
+            # read whole (twice: a reused connection), ended by a close, or dropped half-way
+            for path in ("/whole", "/whole", "/close", "/half"):
+                request = httpx.Request("GET", raw.url + path)
+                response = await transport.handle_async_request(request)
+                exchange = weakref.ref(response.stream)
+                if path != "/half":
+                    assert await response.aread() == (b"bye" if path == "/close" else b"hello")
+                await response.aclose()
+                del request, response
+                assert exchange() is None, f"{path}: the exchange is only freed by the collector"
+        await transport.aclose()
+    finally:
+        gc.enable()
