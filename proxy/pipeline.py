@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 from starlette.types import Message, Receive, Send
 
-from proxy.asgi.body import ClientGone, read_body, watch_disconnect
+from proxy.asgi.body import ClientGone, client_left, read_body, watch_disconnect
 from proxy.asgi.drain import Drain
+from proxy.asgi.protocol import watch_client
 from proxy.asgi.respond import send_error
 from proxy.context import Admitted, Outcome, RequestContext
 from proxy.errors import GatewayError, ShuttingDown
@@ -73,11 +75,20 @@ class Pipeline:
             )
             scope = admitted.scope
             with scope, self.drain.track(scope):
-                watcher = asyncio.create_task(watch_disconnect(receive, ctx, scope))
+                # The client's leaving cancels the scope: told by the connection itself under
+                # `tokenweir serve`, else seen by a task waiting on `receive`.
+                gone = partial(client_left, ctx.outcome, scope)
+                connection = watch_client(ctx.server_cycle, gone)
+                watcher = None
+                if connection is None:
+                    watcher = asyncio.create_task(watch_disconnect(receive, ctx, scope))
                 try:
                     await self._answer(admitted, send)
                 finally:
-                    watcher.cancel()
+                    if connection is not None:
+                        connection.unwatch(gone)
+                    if watcher is not None:
+                        watcher.cancel()
             if self.drain.was_cut(scope):
                 await _end_cut(ctx, send)
         except GatewayError as exc:

@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping
 from starlette.types import Receive
 
 from proxy.asgi.cancel import RequestScope
-from proxy.context import RequestContext
+from proxy.context import Outcome, RequestContext
 from proxy.errors import BadRequest, BodyTooLarge, RequestTimeout
 
-__all__ = ["ClientGone", "read_body", "receive_all", "watch_disconnect"]
+__all__ = ["ClientGone", "client_left", "read_body", "receive_all", "watch_disconnect"]
 
 
 class ClientGone(Exception):
@@ -59,10 +59,15 @@ async def watch_disconnect(receive: Receive, ctx: RequestContext, scope: Request
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            if not ctx.outcome.answered:
-                ctx.outcome.client_disconnected = True
-                scope.cancel()
+            client_left(ctx.outcome, scope)
             return
+
+
+def client_left(outcome: Outcome, scope: RequestScope) -> None:
+    """The client left: unless its answer is complete, the request is cancelled and says why."""
+    if not outcome.answered:
+        outcome.client_disconnected = True
+        scope.cancel()
 
 
 def _too_large(limit: int) -> BodyTooLarge:

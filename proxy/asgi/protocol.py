@@ -1,6 +1,7 @@
 """uvicorn's httptools protocol with a deadline on each request's line and headers (slowloris),
 lending each request's scope its response cycle for a stream's direct writes
-(proxy/asgi/direct.py).
+(proxy/asgi/direct.py), and telling the running request from its own `connection_lost` that its
+client left (`watch_client`).
 
 uvicorn times out idle keep-alive connections but not a client that dribbles its headers; this
 protocol answers such a client 408 in OpenAI's shape and closes the connection.
@@ -9,6 +10,7 @@ protocol answers such a client 408 in OpenAI's shape and closes the connection.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
 
@@ -16,10 +18,10 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from proxy.asgi.direct import lend_cycle
+from proxy.asgi.direct import LentCycle, lend_cycle
 from proxy.errors import RequestTimeout
 
-__all__ = ["HeaderTimeoutProtocol", "protocol_with_header_timeout"]
+__all__ = ["HeaderTimeoutProtocol", "protocol_with_header_timeout", "watch_client"]
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -42,6 +44,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._header_timeout_s = header_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a request's first byte came, its headers are not all here
+        self._watched: object = None  # the response cycle whose client `_gone` waits for
+        self._gone: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -50,6 +54,19 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        gone, watched = self._gone, self._watched
+        self._gone = self._watched = None
+        if gone is not None and getattr(watched, "disconnected", False):
+            gone()  # uvicorn marks a cycle disconnected only if its response was not complete
+
+    def watch(self, cycle: object, gone: Callable[[], None]) -> None:
+        """Call `gone` if the connection is lost before `cycle`'s response is complete."""
+        self._watched, self._gone = cycle, gone
+
+    def unwatch(self, gone: Callable[[], None]) -> None:
+        """Stop the watch `gone` began (a later request's watch on the connection stays)."""
+        if self._gone is gone:
+            self._gone = self._watched = None
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -88,6 +105,21 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         )
         self.transport.write(head + body)
         self.transport.close()
+
+
+def watch_client(lent: LentCycle | None, gone: Callable[[], None]) -> HeaderTimeoutProtocol | None:
+    """Have the request's connection call `gone` from its `connection_lost` if the client leaves
+    before the response is complete; returns the protocol to `unwatch` it on. None where the
+    server lent no cycle of this protocol, or the client has left already: the caller then
+    watches `receive` for `http.disconnect` in a task of its own, as under any ASGI server."""
+    cycle = None if lent is None else lent()
+    if cycle is None or cycle.disconnected:
+        return None
+    protocol = cycle.transport.get_protocol()
+    if not isinstance(protocol, HeaderTimeoutProtocol):
+        return None
+    protocol.watch(cycle, gone)
+    return protocol
 
 
 def protocol_with_header_timeout(header_timeout_s: float) -> type[asyncio.Protocol]:

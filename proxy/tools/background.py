@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -19,7 +20,8 @@ __all__ = ["BackgroundServer"]
 
 class BackgroundServer:
     """Serves `app` on `host:port` (port 0: a free one) from a daemon thread until `stop()`;
-    over https with `tls`, a (certificate, key) pair of PEM files."""
+    over https with `tls`, a (certificate, key) pair of PEM files; on `http`, one of uvicorn's
+    own HTTP protocols (`h11`, `httptools`), instead of `tokenweir serve`'s if given."""
 
     def __init__(
         self,
@@ -28,6 +30,7 @@ class BackgroundServer:
         host: str = "127.0.0.1",
         port: int = 0,
         tls: tuple[Path, Path] | None = None,
+        http: Literal["h11", "httptools"] | None = None,
     ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -39,7 +42,7 @@ class BackgroundServer:
             log_level="warning",
             lifespan="on",
             ws="none",
-            http=protocol_with_header_timeout(10.0),
+            http=http or protocol_with_header_timeout(10.0),
             timeout_graceful_shutdown=2,
             ssl_certfile=tls[0] if tls else None,
             ssl_keyfile=tls[1] if tls else None,

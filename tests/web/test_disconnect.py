@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Literal
 
 import httpx
 import orjson
 import pytest
 
-from tests.conftest import ALPHA_KEY
+from proxy.app import create_app
+from proxy.tools.background import BackgroundServer
+from tests.conftest import ALPHA_KEY, make_policy
 
 AUTH = {"authorization": f"Bearer {ALPHA_KEY}"}
 LONG = {
@@ -59,6 +62,27 @@ def test_client_abort_mid_stream_cancels_backend_within_100ms(
     assert record["completed"] is False
     assert isinstance(record["output_tokens"], int)
     assert record["output_tokens"] > 0
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_client_that_leaves_is_seen_under_uvicorns_own_protocols(
+    backend_url: str, backend: httpx.Client, http: Literal["h11", "httptools"]
+) -> None:
+    """Under `tokenweir serve` the connection itself tells the request that its client left;
+    under a server that lends no response cycle (uvicorn's own protocols here, any ASGI server)
+    a task waiting on `receive` for `http.disconnect` does, with the same effect."""
+    app = create_app(make_policy(backend_url))
+    with BackgroundServer(app, http=http) as url, httpx.Client(base_url=url, timeout=10) as client:
+        body = {**LONG, "stream": True}
+        with client.stream("POST", "/v1/chat/completions", json=body, headers=AUTH) as answer:
+            lines = answer.iter_lines()
+            assert next(lines).startswith("data:")
+            answer.close()
+            wait_for_stat(backend, "streams_cancelled", 1, within_s=5)
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/chat/completions", json=LONG, headers=AUTH, timeout=0.3)
+        wait_for_stat(backend, "requests_cancelled", 1, within_s=5)
+    assert backend.get("/mock/stats").json()["streams_completed"] == 0
 
 
 def test_client_abort_of_non_stream_request_cancels_backend(
