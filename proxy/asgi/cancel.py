@@ -3,10 +3,11 @@ next await, except inside `shielded()`, where its holds are being released or se
 
 What anyio's CancelScope gave the pipeline, for asyncio alone and at a fraction of the cost
 (anyio looks up the running library, the task and its scope stack on every scope opened, four
-times a request). Cancellation is delivered only while the task is waiting (from the disconnect
-watcher's task, the drain's timer, or a callback scheduled for the purpose), never while it
-runs: so it always lands at an await inside the scope and outside every shield, and a shield
-that ends with a cancel pending passes it on at the task's next wait.
+times a request). Cancellation is delivered only while the task is waiting (from the
+connection's `connection_lost` or the disconnect watcher's task, the drain's timer, or a
+callback scheduled for the purpose), never while it runs: so it always lands at an await
+inside the scope and outside every shield, and a shield that ends with a cancel pending passes
+it on at the task's next wait.
 """
 
 from __future__ import annotations
