@@ -71,6 +71,29 @@ async def test_calls_made_in_one_turn_are_one_script_call(redis_url: str) -> Non
     await storage.aclose()
 
 
+@pytest.mark.parametrize("which", ["redis", "redis-unix"])
+async def test_a_turns_calls_reach_a_server_that_forgot_the_script(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """A server that answers NOSCRIPT (restarted, or SCRIPT FLUSH) gets the script loaded by
+    the turn's one call that met it, and every operation of that call is applied once."""
+    url = str(request.getfixturevalue(f"{which.replace('-', '_')}_url"))
+    storage = RedisStorage(url, timeout_s=10.0)
+    await storage.quotas.settle(ACME, "warm", [DAY], [0])  # connected, the script known
+    admin = connect(url, timeout_s=10.0, max_connections=2)
+    await admin.script_flush()
+    await admin.config_resetstat()
+    await asyncio.gather(
+        storage.quotas.settle(ACME, "r1", [DAY], [10]),
+        storage.quotas.settle(GLOBEX, "r2", [OTHER_DAY], [20]),
+    )
+    assert await storage.quotas.read([DAY, OTHER_DAY]) == [(10, 0), (20, 0)]
+    stats = await admin.info("commandstats")
+    assert stats["cmdstat_eval"]["calls"] == 1  # loaded once, each settle applied once
+    await admin.aclose()
+    await storage.aclose()
+
+
 async def test_a_failing_call_fails_alone(any_redis: str) -> None:
     storage = RedisStorage(any_redis, timeout_s=10.0)
     admin = connect(any_redis, timeout_s=10.0, max_connections=2)
