@@ -13,8 +13,6 @@ it on at the task's next wait.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import TracebackType
 
 __all__ = ["RequestScope"]
@@ -68,16 +66,14 @@ class RequestScope:
         else:
             self._deliver()
 
-    @contextmanager
-    def shielded(self) -> Iterator[None]:
+    def shielded(self) -> _Shielded:
         """No cancellation from this scope lands inside; one that came meanwhile lands after."""
-        self._shields += 1
-        try:
-            yield
-        finally:
-            self._shields -= 1
-            if self.cancel_called and not self._delivered:
-                self._later()
+        return _Shielded(self)
+
+    def _unshield(self) -> None:
+        self._shields -= 1
+        if self.cancel_called and not self._delivered:
+            self._later()
 
     def _later(self) -> None:
         if self._task is not None:
@@ -87,3 +83,20 @@ class RequestScope:
         if self._open and not self._shields and not self._delivered and self._task is not None:
             self._delivered = True
             self._task.cancel()
+
+
+class _Shielded:
+    """`with scope.shielded():` (a class, not a generator: entered twice a request)."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self, scope: RequestScope) -> None:
+        self._scope = scope
+
+    def __enter__(self) -> None:
+        self._scope._shields += 1
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._scope._unshield()

@@ -7,9 +7,8 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable
+from types import FrameType, TracebackType
 
 from proxy.asgi.cancel import RequestScope
 
@@ -72,16 +71,17 @@ class Drain:
         )
         self._timer = asyncio.get_running_loop().call_later(self._timeout_s, self._expire)
 
-    @contextmanager
-    def track(self, scope: RequestScope) -> Iterator[None]:
-        """Let the drain cut `scope` when its time is up."""
+    def track(self, scope: RequestScope) -> _Tracked:
+        """`with drain.track(scope):` lets the drain cut `scope` when its time is up."""
+        return _Tracked(self, scope)
+
+    def _enter(self, scope: RequestScope) -> None:
         if self.expired:
             self._cut_one(scope)
         self._active.add(scope)
-        try:
-            yield
-        finally:
-            self._active.discard(scope)
+
+    def _leave(self, scope: RequestScope) -> None:
+        self._active.discard(scope)
 
     def was_cut(self, scope: RequestScope) -> bool:
         """Did the drain end this scope's request (rather than the client or the request)?"""
@@ -113,3 +113,20 @@ class Drain:
             # Nobody else handles it (the app runs without uvicorn's handlers): act as default.
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
+
+
+class _Tracked:
+    """What `Drain.track` returns (a class, not a generator: entered on every request)."""
+
+    __slots__ = ("_drain", "_scope")
+
+    def __init__(self, drain: Drain, scope: RequestScope) -> None:
+        self._drain, self._scope = drain, scope
+
+    def __enter__(self) -> None:
+        self._drain._enter(self._scope)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._drain._leave(self._scope)

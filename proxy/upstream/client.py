@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from types import TracebackType
 from typing import Any, Protocol, TypeAlias
 
 import httpx
 import orjson
 
 from proxy.context import Admitted
-from proxy.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import (
+    GatewayError,
+    UpstreamBadResponse,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from proxy.policy.model import Backend, UpstreamSpec
 from proxy.upstream.deadline import FirstByteTimeout, TotalTimeout
 from proxy.upstream.exchange import ResponseHeadTooLarge
@@ -157,36 +163,47 @@ class UpstreamClient:
         return None if response.status_code == 200 else f"HTTP {response.status_code}"
 
 
-@contextmanager
-def translate(backend: Backend) -> Iterator[None]:
-    """Turns httpx exceptions raised inside the block into gateway errors naming the backend."""
-    name = backend.name
-    try:
-        yield
-    except httpx.PoolTimeout as exc:
-        raise UpstreamUnavailable(
-            f"all connections to backend {name!r} are busy", retry_after_s=1
-        ) from exc
-    except httpx.ConnectTimeout as exc:
-        raise UpstreamTimeout(
+class translate:
+    """Turns httpx exceptions raised inside the block into gateway errors naming the backend.
+    (A class, not a generator: entered on every request, twice.)"""
+
+    __slots__ = ("_backend",)
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, httpx.HTTPError):
+            raise _gateway_error(self._backend.name, exc) from exc
+
+
+def _gateway_error(name: str, exc: httpx.HTTPError) -> GatewayError:
+    if isinstance(exc, httpx.PoolTimeout):
+        return UpstreamUnavailable(f"all connections to backend {name!r} are busy", retry_after_s=1)
+    if isinstance(exc, httpx.ConnectTimeout):
+        return UpstreamTimeout(
             f"backend {name!r} did not accept the connection in time", code=CONNECT_TIMEOUT_CODE
-        ) from exc
-    except FirstByteTimeout as exc:
-        raise UpstreamTimeout(
+        )
+    if isinstance(exc, FirstByteTimeout):
+        return UpstreamTimeout(
             f"backend {name!r} sent no byte of its answer within the first-byte timeout"
-        ) from exc
-    except TotalTimeout as exc:
-        raise UpstreamTimeout(
+        )
+    if isinstance(exc, TotalTimeout):
+        return UpstreamTimeout(
             f"backend {name!r} did not finish its answer within the total timeout"
-        ) from exc
-    except ResponseHeadTooLarge as exc:
-        raise UpstreamBadResponse(f"backend {name!r}: {exc}") from exc
-    except httpx.TimeoutException as exc:
-        raise UpstreamTimeout(f"backend {name!r} sent nothing within the read timeout") from exc
-    except httpx.ConnectError as exc:
-        raise UpstreamError(f"backend {name!r} refused the connection") from exc
-    except httpx.HTTPError as exc:
-        raise UpstreamError(f"backend {name!r} failed: {type(exc).__name__}") from exc
+        )
+    if isinstance(exc, ResponseHeadTooLarge):
+        return UpstreamBadResponse(f"backend {name!r}: {exc}")
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(f"backend {name!r} sent nothing within the read timeout")
+    if isinstance(exc, httpx.ConnectError):
+        return UpstreamError(f"backend {name!r} refused the connection")
+    return UpstreamError(f"backend {name!r} failed: {type(exc).__name__}")
 
 
 def _target(url: str, api_key: str | None) -> _Target:
