@@ -27,7 +27,7 @@ from proxy.policy.model import Backend, UpstreamSpec
 from proxy.stages.usage import take_usage as _take_usage
 from proxy.stages.usage import usage_of as _usage_of
 from proxy.telemetry.recorder import Telemetry
-from proxy.upstream.client import UpstreamOpener, read_capped, translate
+from proxy.upstream.client import UpstreamOpener, raw_reads, read_capped, translate
 from proxy.upstream.deadline import ContentDeadline
 from proxy.upstream.exchange import Exchange, Sink
 from proxy.upstream.sse import SSEForwarder
@@ -90,7 +90,7 @@ class Forward:
         stream = response.stream
         try:
             with translate(backend):
-                chunks = _raw_reads(response)
+                chunks = raw_reads(response)
                 held = await _first_events(backend, response, chunks, relay.content, relay.clock)
                 held.reverse()
                 while True:
@@ -264,18 +264,6 @@ async def _first_events(
         message = f"backend {backend.name!r} answered a stream, but {check.problem}"
         raise UpstreamBadResponse(message)
     return reads
-
-
-def _raw_reads(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The response body's reads as they come, as `aiter_raw` yields them (no decoding), from
-    the response's own stream; once only, as aiter_raw allows."""
-    if response.is_stream_consumed:
-        raise httpx.StreamConsumed()
-    response.is_stream_consumed = True
-    stream = response.stream
-    if not isinstance(stream, httpx.AsyncByteStream):
-        raise TypeError("a streamed answer needs an async byte stream")
-    return aiter(stream)
 
 
 def _no_content(backend: Backend) -> UpstreamTimeout:

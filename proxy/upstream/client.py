@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any, Protocol, TypeAlias
 
@@ -28,6 +28,7 @@ __all__ = [
     "UpstreamClient",
     "UpstreamOpener",
     "UpstreamRejected",
+    "raw_reads",
     "read_capped",
     "translate",
 ]
@@ -229,18 +230,31 @@ def _headers(backend: Backend, request_id: str | None) -> dict[str, str]:
 
 async def read_capped(response: httpx.Response, limit_bytes: int) -> bytes | None:
     """The whole body, or None if it is longer than `limit_bytes` (by its Content-Length, before
-    reading any of it, or once what came passes the limit)."""
+    reading any of it, or once what came passes the limit). The caller closes the response."""
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit_bytes:
         return None
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_raw():
+    async for chunk in raw_reads(response):
         size += len(chunk)
         if size > limit_bytes:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def raw_reads(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The response body's reads as they come, as `aiter_raw` yields them (no decoding), from
+    the response's own stream (past aiter_raw's generator and its two context managers); once
+    only, as aiter_raw allows. The caller closes the response."""
+    if response.is_stream_consumed:
+        raise httpx.StreamConsumed()
+    response.is_stream_consumed = True
+    stream = response.stream
+    if not isinstance(stream, httpx.AsyncByteStream):
+        raise TypeError("a backend's answer needs an async byte stream")
+    return aiter(stream)
 
 
 async def _read_head(response: httpx.Response) -> bytes:
