@@ -19,9 +19,6 @@ those handoffs, and is reported beside the CPU. Results: benchmarks/results/NAME
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,10 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from twotrees import add_tree_arguments, run_in, spin
+from twotrees import add_tree_arguments, alternating, run_facts, run_in, spin
 from twotrees import trees as trees_of
-
-HERE = Path(__file__).parent
 
 
 def measure(batch: int, records: int, busy: bool = False) -> tuple[float, float]:
@@ -87,25 +82,20 @@ def main() -> int:
     runs: dict[str, dict[int, list[tuple[float, float]]]] = {
         name: {b: [] for b in batches} for name in trees
     }
-    for round_ in range(args.rounds):
-        names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
+    for names in alternating(trees, args.rounds):
         for batch in batches:
             for name in names:
                 call = f"*ledger_write.measure({batch}, {args.records}, {args.busy})"
                 cpu, wall = map(float, run_in(trees[name], "ledger_write", call)[-2:])
                 runs[name][batch].append((cpu, wall))
     report: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
-        "load_before": round(os.getloadavg()[0], 2),
+        **run_facts(),
         "rounds": args.rounds,
         "records": args.records,
         "busy": args.busy,
         "median_us_per_record": _medians(runs, 0),
         "median_wall_ms_per_batch": _medians(runs, 1),
     }
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         f"Run {report['when']} on {report['machine']}; load average {report['load_before']}; "
         f"{args.records:,} records a run, medians of {args.rounds} rounds"
@@ -123,9 +113,9 @@ def main() -> int:
             for name in trees
         ]
         lines.append(f"| {batch} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    (HERE / "results" / f"{args.out}.md").write_text(text)
-    print(text)
+    from harness import publish  # here: a measured child imports this module, not the package
+
+    publish(args.out, report, "\n".join(lines) + "\n")
     return 0
 
 

@@ -16,21 +16,16 @@ thread. Results: benchmarks/results/NAME.{json,md} (NAME is otlp-post unless giv
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from otelsink import otlp_sink
-from twotrees import add_tree_arguments, run_in, spin
+from twotrees import add_tree_arguments, alternating, run_facts, run_in, spin
 from twotrees import trees as trees_of
-
-HERE = Path(__file__).parent
 
 
 def measure(url: str, size: int, posts: int, busy: bool = False) -> float:
@@ -65,8 +60,7 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     runs: dict[str, dict[int, list[float]]] = {name: {s: [] for s in sizes} for name in trees}
     with otlp_sink() as (url, _):
-        for round_ in range(args.rounds):
-            names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
+        for names in alternating(trees, args.rounds):
             for size in sizes:
                 for name in names:
                     call = f"otlp_post.measure({url!r}, {size}, {args.posts}, {args.busy})"
@@ -76,14 +70,9 @@ def main() -> int:
         for name, by in runs.items()
     }
     report: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
-        "load_before": round(os.getloadavg()[0], 2),
-        "rounds": args.rounds, "posts": args.posts, "busy": args.busy,
+        **run_facts(), "rounds": args.rounds, "posts": args.posts, "busy": args.busy,
         "median_cpu_us_per_post": medians, "runs": runs,
     }  # fmt: skip
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         f"Run {report['when']} on {report['machine']}; load average {report['load_before']}; "
         f"{args.posts} posts a run, medians of {args.rounds} rounds"
@@ -95,9 +84,9 @@ def main() -> int:
     for size in sizes:
         cells = [f"{medians[name][size]:.0f}" for name in trees]
         lines.append(f"| {size:,} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    (HERE / "results" / f"{args.out}.md").write_text(text)
-    print(text)
+    from harness import publish  # here: a measured child imports this module, not the package
+
+    publish(args.out, report, "\n".join(lines) + "\n")
     return 0
 
 

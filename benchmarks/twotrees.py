@@ -5,10 +5,15 @@ Nothing here imports the package (harness.py does, from this checkout)."""
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).parent
 
@@ -24,6 +29,22 @@ def add_tree_arguments(parser: argparse.ArgumentParser, out: str) -> None:
 def trees(args: argparse.Namespace) -> dict[str, Path]:
     """This checkout, and the one `--base` names."""
     return {"this": HERE.parent} | ({"base": args.base.resolve()} if args.base else {})
+
+
+def alternating(trees: dict[str, Path], rounds: int) -> Iterator[list[str]]:
+    """The trees' names in each round's order: as given, then reversed, and so on."""
+    names = list(trees)
+    for round_ in range(rounds):
+        yield names if round_ % 2 == 0 else names[::-1]
+
+
+def run_facts() -> dict[str, Any]:
+    """When and on what a run began: its report's first fields."""
+    return {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_before": round(os.getloadavg()[0], 2),
+    }
 
 
 def run_in(tree: Path, module: str, call: str) -> list[str]:
