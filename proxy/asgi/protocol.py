@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any, cast
 
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from proxy.asgi.direct import LentCycle, lend_cycle
@@ -44,7 +44,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._header_timeout_s = header_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a request's first byte came, its headers are not all here
-        self._watched: object = None  # the response cycle whose client `_gone` waits for
+        self._watched: RequestResponseCycle | None = None  # the cycle `_gone` watches
         self._gone: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -56,10 +56,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         gone, watched = self._gone, self._watched
         self._gone = self._watched = None
-        if gone is not None and getattr(watched, "disconnected", False):
+        if gone is not None and watched is not None and watched.disconnected:
             gone()  # uvicorn marks a cycle disconnected only if its response was not complete
 
-    def watch(self, cycle: object, gone: Callable[[], None]) -> None:
+    def watch(self, cycle: RequestResponseCycle, gone: Callable[[], None]) -> None:
         """Call `gone` if the connection is lost before `cycle`'s response is complete."""
         self._watched, self._gone = cycle, gone
 
