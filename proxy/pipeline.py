@@ -13,6 +13,7 @@ from starlette.types import Message, Receive, Send
 
 from proxy.asgi.body import ClientGone, client_left, read_body, watch_disconnect
 from proxy.asgi.drain import Drain
+from proxy.asgi.held import HeldHead, hold_head
 from proxy.asgi.protocol import watch_client
 from proxy.asgi.respond import send_error
 from proxy.context import Admitted, Outcome, RequestContext
@@ -123,15 +124,26 @@ class Pipeline:
             await self._forward(ctx, send)
 
     def _releasing_before_the_end(self, ctx: Admitted, send: Send) -> Send:
-        """`send`, but the request's holds are settled before its answer's last byte goes out."""
+        """`send`, but the request's holds are settled before its answer's last byte goes out,
+        and a whole answer's head is held to go out with its body (proxy/asgi/held.py)."""
         release = self._account.release
+        held: HeldHead | None = None
 
         async def releasing(message: Message) -> None:
+            nonlocal held
             # Per chunk, one lookup: a chunk has more_body, the start message has no body.
-            if not message.get("more_body", False) and message["type"] == "http.response.body":
-                with ctx.scope.shielded():
-                    await release(ctx)
-            await send(message)
+            if not message.get("more_body", False):
+                if message["type"] == "http.response.body":
+                    with ctx.scope.shielded():
+                        await release(ctx)
+                elif message["type"] == "http.response.start" and not ctx.stream:
+                    held = hold_head(ctx.server_cycle)
+            try:
+                await send(message)
+            finally:
+                if held is not None and message["type"] == "http.response.body":
+                    held.release()
+                    held = None
 
         return releasing
 

@@ -1,0 +1,68 @@
+"""A whole answer's head held back until its body is sent, to go out with it in one write.
+
+uvicorn writes a response's head to the connection as soon as the app sends
+`http.response.start`, and its body on the next `send`: two writes (two system calls, two TCP
+segments for the client to read) for a non-stream answer, of about 14 µs of the gateway's CPU
+each (docs/benchmarks.md, "One write a whole answer"). Under `tokenweir serve` the request's
+scope carries its response cycle (proxy/asgi/direct.py); while held, the cycle's transport is a
+stand-in that keeps what uvicorn writes, and `release` writes it as one and gives the cycle its
+transport back. uvicorn's `send` writes through `cycle.transport` and may close it; a close
+writes what was held first, so the bytes and their order are uvicorn's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from proxy.asgi.direct import LentCycle
+
+__all__ = ["HeldHead", "hold_head"]
+
+
+def hold_head(lent: LentCycle | None) -> HeldHead | None:
+    """Hold the writes of the request's cycle from now (its head is about to be sent) until
+    `release`. None where the server lent no cycle, or the response has started already."""
+    cycle = None if lent is None else lent()
+    if cycle is None or cycle.response_started or isinstance(cycle.transport, HeldHead):
+        return None
+    return HeldHead(cycle)
+
+
+class HeldHead(asyncio.Transport):
+    """The cycle's transport while held: keeps writes, passes the rest on."""
+
+    __slots__ = ("_cycle", "_parts", "_transport")
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:  # no super(): nothing of its own
+        self._cycle = cycle
+        self._transport = cycle.transport
+        self._parts: list[bytes] = []
+        cycle.transport = self
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._parts.append(bytes(data))
+
+    def release(self) -> None:
+        """Write what was held, as one, unless the connection is closing; the cycle writes to
+        its own transport from now on."""
+        if self._cycle.transport is self:
+            self._cycle.transport = self._transport
+        parts, self._parts = self._parts, []
+        if parts and not self._transport.is_closing():
+            self._transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def close(self) -> None:
+        self.release()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
