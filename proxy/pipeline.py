@@ -125,7 +125,7 @@ class Pipeline:
 
     def _releasing_before_the_end(self, ctx: Admitted, send: Send) -> Send:
         """`send`, but the request's holds are settled before its answer's last byte goes out,
-        and a whole answer's head is held to go out with its body (proxy/asgi/held.py)."""
+        and the answer's head is held to go out with its first body bytes (proxy/asgi/held.py)."""
         release = self._account.release
         held: HeldHead | None = None
 
@@ -136,7 +136,7 @@ class Pipeline:
                 if message["type"] == "http.response.body":
                     with ctx.scope.shielded():
                         await release(ctx)
-                elif message["type"] == "http.response.start" and not ctx.stream:
+                elif message["type"] == "http.response.start":
                     held = hold_head(ctx.server_cycle)
             try:
                 await send(message)

@@ -1,10 +1,13 @@
-"""A whole answer's head held back until its body is sent, to go out with it in one write.
+"""An answer's head held back until its first body bytes are sent, to go out with them in one
+write.
 
 uvicorn writes a response's head to the connection as soon as the app sends
 `http.response.start`, and its body on the next `send`: two writes (two system calls, two TCP
-segments for the client to read) for a non-stream answer, of about 14 µs of the gateway's CPU
-each (docs/benchmarks.md, "One write a whole answer"). Under `tokenweir serve` the request's
-scope carries its response cycle (proxy/asgi/direct.py); while held, the cycle's transport is a
+segments for the client to read) where one would do, of about 14 µs of the gateway's CPU each
+(docs/benchmarks.md, "One write a whole answer"). A whole answer goes out in one write; a
+stream's head goes out with its first chunk (the gateway starts a stream only once that chunk
+is in hand), and its later chunks as they come. Under `tokenweir serve` the request's scope
+carries its response cycle (proxy/asgi/direct.py); while held, the cycle's transport is a
 stand-in that keeps what uvicorn writes, and `release` writes it as one and gives the cycle its
 transport back. uvicorn's `send` writes through `cycle.transport` and may close it; a close
 writes what was held first, so the bytes and their order are uvicorn's own.

@@ -1,18 +1,23 @@
-"""A whole answer's head and body reach the client in one TCP segment (proxy/asgi/held.py), under
-the same uvicorn protocol `tokenweir serve` runs; a stream's chunks still go out as they come."""
+"""An answer's head reaches the client in one TCP segment with its first body bytes
+(proxy/asgi/held.py), under the same uvicorn protocol `tokenweir serve` runs: a whole answer in
+one segment, a stream's head with its first chunk; a stream's later chunks go out as they come."""
 
 from __future__ import annotations
 
 import socket
 import struct
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 import pytest
 
-from tests.conftest import ALPHA_KEY
+from proxy.app import create_app
+from proxy.tools.mock import backend as mockbackend
+from tests.conftest import ALPHA_KEY, make_policy
+from tests.servers import serve
 
 # struct tcp_info (linux/tcp.h): tcpi_data_segs_in, the segments received that carried data.
 _DATA_SEGS_IN = struct.Struct("=I")
@@ -29,7 +34,21 @@ def data_segments_in(sock: socket.socket) -> int:
 
 @pytest.fixture
 def connection(gateway_url: str) -> Iterator[socket.socket]:
-    where = urlsplit(gateway_url)
+    with connected(gateway_url) as sock:
+        yield sock
+
+
+@pytest.fixture(scope="module")
+def slow_gateway_url() -> Iterator[str]:
+    """A gateway before a backend that streams a token a second."""
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=1)) as backend_url:
+        with serve(create_app(make_policy(backend_url))) as url:
+            yield url
+
+
+@contextmanager
+def connected(url: str) -> Iterator[socket.socket]:
+    where = urlsplit(url)
     with socket.create_connection((where.hostname, where.port), timeout=30) as sock:
         yield sock
 
@@ -112,3 +131,23 @@ def test_a_streams_chunks_are_not_held(connection: socket.socket) -> None:
     assert b"data: [DONE]" in body
     # 0.2 s of tokens go out as they come (held to the end they would be one or two segments)
     assert data_segments_in(connection) - before >= 4
+
+
+def test_a_streams_head_arrives_with_its_first_chunk(slow_gateway_url: str) -> None:
+    with connected(slow_gateway_url) as sock:
+        ask(sock, chat(max_tokens=1, mock_completion_tokens=1))
+        before = data_segments_in(sock)
+        request = chat(stream=True, max_tokens=2, mock_completion_tokens=2)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+            b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (ALPHA_KEY.encode(), len(request), request)
+        )
+        received = b""
+        while b"\r\n\r\n" not in received or b"\n\n" not in received.partition(b"\r\n\r\n")[2]:
+            received += receive(sock)  # the head, then the first event whole
+        # the next token comes a second later: what came so far came in one segment
+        assert data_segments_in(sock) - before == 1  # the head alone first, before
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"data: {" in body
