@@ -98,7 +98,12 @@ class Pipeline:
                 ctx.outcome.error_code = code
             else:
                 ctx.outcome.refused(exc.status, code)
-                await send_error(send, exc, ctx.gateway_headers())
+                held = hold_head(ctx.server_cycle)  # refused at auth, `send` holds nothing
+                try:
+                    await send_error(send, exc, ctx.gateway_headers())
+                finally:
+                    if held is not None:
+                        held.release()
         except ClientGone:
             ctx.outcome.client_disconnected = True
         finally:

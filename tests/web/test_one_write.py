@@ -53,15 +53,12 @@ def connected(url: str) -> Iterator[socket.socket]:
         yield sock
 
 
-def ask(sock: socket.socket, body: bytes, *, close: bool = False) -> tuple[bytes, bytes]:
+def ask(
+    sock: socket.socket, body: bytes, *, close: bool = False, key: str = ALPHA_KEY
+) -> tuple[bytes, bytes]:
     """One POST to the chat route on `sock`; the answer's head and body (by content-length, or
     chunked until its last chunk)."""
-    head = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
-        b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n%s\r\n"
-    ) % (ALPHA_KEY.encode(), len(body), b"connection: close\r\n" if close else b"")
-    sock.sendall(head + body)
+    post(sock, body, close=close, key=key)
     received = b""
     while b"\r\n\r\n" not in received:
         received += receive(sock)
@@ -76,6 +73,15 @@ def ask(sock: socket.socket, body: bytes, *, close: bool = False) -> tuple[bytes
         while not rest.endswith(b"0\r\n\r\n"):
             rest += receive(sock)
     return answer_head, rest
+
+
+def post(sock: socket.socket, body: bytes, *, close: bool = False, key: str = ALPHA_KEY) -> None:
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n%s\r\n"
+    ) % (key.encode(), len(body), b"connection: close\r\n" if close else b"")
+    sock.sendall(head + body)
 
 
 def receive(sock: socket.socket) -> bytes:
@@ -112,6 +118,15 @@ def test_a_refusal_after_auth_arrives_in_one_segment(connection: socket.socket) 
     assert orjson.loads(body)["error"]["param"] == "temperature"
 
 
+def test_a_refusal_at_auth_arrives_in_one_segment(connection: socket.socket) -> None:
+    ask(connection, chat())
+    before = data_segments_in(connection)
+    head, body = ask(connection, chat(), key="sk-not-a-key")
+    assert data_segments_in(connection) - before == 1
+    assert head.startswith(b"HTTP/1.1 401 ")
+    assert orjson.loads(body)["error"]["code"] == "invalid_api_key"
+
+
 def test_a_whole_answer_on_a_closing_connection_is_written_before_the_close(
     connection: socket.socket,
 ) -> None:
@@ -137,12 +152,7 @@ def test_a_streams_head_arrives_with_its_first_chunk(slow_gateway_url: str) -> N
     with connected(slow_gateway_url) as sock:
         ask(sock, chat(max_tokens=1, mock_completion_tokens=1))
         before = data_segments_in(sock)
-        request = chat(stream=True, max_tokens=2, mock_completion_tokens=2)
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
-            b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (ALPHA_KEY.encode(), len(request), request)
-        )
+        post(sock, chat(stream=True, max_tokens=2, mock_completion_tokens=2))
         received = b""
         while b"\r\n\r\n" not in received or b"\n\n" not in received.partition(b"\r\n\r\n")[2]:
             received += receive(sock)  # the head, then the first event whole
