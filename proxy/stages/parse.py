@@ -12,7 +12,7 @@ import orjson
 
 from proxy.apis import AGENT_APIS, output_fields
 from proxy.context import Admitted, Operation
-from proxy.errors import BadRequest, InvalidJSON, ModelNotFound, PermissionDenied
+from proxy.errors import BadRequest, GatewayError, InvalidJSON, ModelNotFound, PermissionDenied
 from proxy.outgoing import OutgoingRequest
 from proxy.stages.jsoncheck import Check, boolean, fields, invalid_type, missing
 from proxy.stages.openai_schema import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, PROMPT
@@ -22,11 +22,11 @@ __all__ = ["MAX_DEPTH", "Parse", "check_fields"]
 # orjson reads 1024 levels of nesting but writes only 254, and the body must be written again
 # for the backend (and the cache key); deeper bodies are refused here, naming the field.
 MAX_DEPTH = 254
-# Per operation: the required field and its check, and the optional fields.
-_SCHEMAS: dict[Operation, tuple[str, Check, Mapping[str, Check]]] = {
-    "chat": ("messages", MESSAGES, CHAT),
-    "text_completion": ("prompt", PROMPT, COMPLETIONS),
-    "embeddings": ("input", EMBEDDINGS["input"], EMBEDDINGS),
+# Per operation: its required field, and every field's check, the required one's first.
+_SCHEMAS: dict[Operation, tuple[tuple[str], Mapping[str, Check]]] = {
+    "chat": (("messages",), {"messages": MESSAGES, **CHAT}),
+    "text_completion": (("prompt",), {"prompt": PROMPT, **COMPLETIONS}),
+    "embeddings": (("input",), {"input": EMBEDDINGS["input"], **EMBEDDINGS}),
 }
 _STREAM_OPTIONS = fields({"include_usage": boolean})
 
@@ -43,8 +43,8 @@ class Parse:
             ctx.stream = body.get("stream") is True
             ctx.client_wants_usage = True  # usage is part of these streams' own events
             return
-        name, check, optional = _SCHEMAS[ctx.operation]
-        check_fields(body, (name,), {name: check, **optional})
+        required, checks = _SCHEMAS[ctx.operation]
+        check_fields(body, required, checks)
         if ctx.operation != "embeddings":
             ctx.stream = body.get("stream") is True
             ctx.client_wants_usage = _stream_options(body, ctx.stream)
@@ -69,14 +69,30 @@ class Parse:
 def check_fields(
     body: dict[str, Any], required: tuple[str, ...], checks: Mapping[str, Check]
 ) -> None:
-    """Each required field present, and each field with a check valid where it is present."""
+    """Each required field present, and each field with a check valid where it is present; of
+    several invalid fields, the one reported is the first in `checks`' order."""
     for name in required:
         if body.get(name) is None:
             raise missing(name)
+    try:
+        for field, value in body.items():  # a body has a few of the fields `checks` knows
+            field_check = checks.get(field)
+            if field_check is not None and value is not None:
+                field_check(value, field)
+    except GatewayError as error:
+        raise _first_invalid(body, checks) or error from None
+
+
+def _first_invalid(body: dict[str, Any], checks: Mapping[str, Check]) -> GatewayError | None:
+    """The error of the first field in `checks`' order that fails its check."""
     for field, field_check in checks.items():
         value = body.get(field)
         if value is not None:
-            field_check(value, field)
+            try:
+                field_check(value, field)
+            except GatewayError as error:
+                return error
+    return None
 
 
 def _load(raw: bytes) -> dict[str, Any]:

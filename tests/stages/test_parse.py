@@ -131,6 +131,29 @@ def test_a_wrong_chat_field_is_a_400_naming_it(
 
 
 @pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "qwen", "top_p": 5, "messages": HI, "temperature": "hot"},
+        {"model": "qwen", "messages": HI, "temperature": "hot", "top_p": 5},
+        {"temperature": "hot", "top_p": 5, "messages": HI, "model": "qwen"},
+    ],
+)
+def test_of_several_wrong_fields_the_first_in_the_schemas_order_is_named(
+    gateway: str, body: dict[str, object]
+) -> None:
+    answer = _post(gateway, "/v1/chat/completions", body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "temperature"  # whatever the body's order
+
+
+def test_wrong_messages_are_named_before_any_other_wrong_field(gateway: str) -> None:
+    body = {"model": "qwen", "temperature": "hot", "messages": [{"role": "user", "content": 1}]}
+    answer = _post(gateway, "/v1/chat/completions", body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"].startswith("messages[0]")
+
+
+@pytest.mark.parametrize(
     ("path", "change", "param", "code"),
     [
         ("/v1/completions", {"prompt": [1, "a"]}, "prompt[1]", "invalid_type"),
