@@ -13,7 +13,6 @@ from starlette.types import Message, Receive, Send
 
 from proxy.asgi.body import ClientGone, client_left, read_body, watch_disconnect
 from proxy.asgi.drain import Drain
-from proxy.asgi.held import HeldHead, hold_head
 from proxy.asgi.protocol import watch_client
 from proxy.asgi.respond import send_error
 from proxy.context import Admitted, Outcome, RequestContext
@@ -98,12 +97,7 @@ class Pipeline:
                 ctx.outcome.error_code = code
             else:
                 ctx.outcome.refused(exc.status, code)
-                held = hold_head(ctx.server_cycle)  # refused at auth, `send` holds nothing
-                try:
-                    await send_error(send, exc, ctx.gateway_headers())
-                finally:
-                    if held is not None:
-                        held.release()
+                await send_error(send, exc, ctx.gateway_headers())
         except ClientGone:
             ctx.outcome.client_disconnected = True
         finally:
@@ -129,26 +123,15 @@ class Pipeline:
             await self._forward(ctx, send)
 
     def _releasing_before_the_end(self, ctx: Admitted, send: Send) -> Send:
-        """`send`, but the request's holds are settled before its answer's last byte goes out,
-        and the answer's head is held to go out with its first body bytes (proxy/asgi/held.py)."""
+        """`send`, but the request's holds are settled before its answer's last byte goes out."""
         release = self._account.release
-        held: HeldHead | None = None
 
         async def releasing(message: Message) -> None:
-            nonlocal held
             # Per chunk, one lookup: a chunk has more_body, the start message has no body.
-            if not message.get("more_body", False):
-                if message["type"] == "http.response.body":
-                    with ctx.scope.shielded():
-                        await release(ctx)
-                elif message["type"] == "http.response.start":
-                    held = hold_head(ctx.server_cycle)
-            try:
-                await send(message)
-            finally:
-                if held is not None and message["type"] == "http.response.body":
-                    held.release()
-                    held = None
+            if not message.get("more_body", False) and message["type"] == "http.response.body":
+                with ctx.scope.shielded():
+                    await release(ctx)
+            await send(message)
 
         return releasing
 

@@ -7,10 +7,12 @@ segments for the client to read) where one would do, of about 14 µs of the gate
 (docs/benchmarks.md, "One write a whole answer"). A whole answer goes out in one write; a
 stream's head goes out with its first chunk (the gateway starts a stream only once that chunk
 is in hand), and its later chunks as they come. Under `tokenweir serve` the request's scope
-carries its response cycle (proxy/asgi/direct.py); while held, the cycle's transport is a
-stand-in that keeps what uvicorn writes, and `release` writes it as one and gives the cycle its
-transport back. uvicorn's `send` writes through `cycle.transport` and may close it; a close
-writes what was held first, so the bytes and their order are uvicorn's own.
+carries its response cycle (proxy/asgi/direct.py), and the fast lane's one `send` wrapper
+(proxy/web/requestid.py `IdSender`) holds it from the start message to the first body message,
+whatever the answer: a whole one, a stream, an error, a refusal at auth. While held, the
+cycle's transport is a stand-in that keeps what uvicorn writes, and `release` writes it as one
+and gives the cycle its transport back. uvicorn's `send` writes through `cycle.transport` and
+may close it; a close writes what was held first, so the bytes and their order are uvicorn's.
 """
 
 from __future__ import annotations
@@ -27,11 +29,9 @@ __all__ = ["HeldHead", "hold_head"]
 
 def hold_head(lent: LentCycle | None) -> HeldHead | None:
     """Hold the writes of the request's cycle from now (its head is about to be sent) until
-    `release`. None where the server lent no cycle, or the response has started already."""
+    `release`. None where the server lent no cycle."""
     cycle = None if lent is None else lent()
-    if cycle is None or cycle.response_started or isinstance(cycle.transport, HeldHead):
-        return None
-    return HeldHead(cycle)
+    return None if cycle is None else HeldHead(cycle)
 
 
 class HeldHead(asyncio.Transport):

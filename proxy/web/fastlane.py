@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy.asgi.direct import lent_cycle
 from proxy.reload import take_current
 from proxy.web.requestid import IdSender, assign_request_id
 
@@ -46,7 +47,7 @@ class LanedStarlette(Starlette):
 
     async def _lane(self, endpoint: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         take_current(scope)
-        sender = IdSender(send, assign_request_id(scope))
+        sender = IdSender(send, assign_request_id(scope), lent_cycle(scope))
         try:
             await endpoint(scope, receive, sender)
         except Exception as exc:

@@ -14,6 +14,9 @@ from random import getrandbits
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.asgi.direct import LentCycle
+from proxy.asgi.held import HeldHead, hold_head
+
 __all__ = ["REQUEST_ID_KEY", "IdSender", "RequestId", "assign_request_id"]
 
 REQUEST_ID_KEY = "tokenweir.request_id"
@@ -39,13 +42,17 @@ def assign_request_id(scope: Scope) -> bytes:
 
 
 class IdSender:
-    """`send`, with `x-request-id` added to the response's start; `started` once that went."""
+    """`send`, with `x-request-id` added to the response's start; `started` once that went.
+    Given the request's lent cycle (the fast lane), it also holds the start's write until the
+    first body message has gone, so the two leave in one write (proxy/asgi/held.py)."""
 
-    __slots__ = ("_request_id", "_send", "started")
+    __slots__ = ("_held", "_lent", "_request_id", "_send", "started")
 
-    def __init__(self, send: Send, request_id: bytes) -> None:
+    def __init__(self, send: Send, request_id: bytes, lent: LentCycle | None = None) -> None:
         self._send = send
         self._request_id = request_id
+        self._lent = lent
+        self._held: HeldHead | None = None
         self.started = False
 
     async def __call__(self, message: Message) -> None:
@@ -53,7 +60,15 @@ class IdSender:
             self.started = True
             headers = message.get("headers", ())
             message["headers"] = [*headers, (b"x-request-id", self._request_id)]
-        await self._send(message)
+            self._held = hold_head(self._lent)
+            await self._send(message)
+            return
+        try:
+            await self._send(message)
+        finally:
+            if self._held is not None:
+                self._held.release()
+                self._held = None
 
 
 def _from_client(scope: Scope) -> bytes | None:
