@@ -7,6 +7,8 @@ from collections.abc import Awaitable, Iterable, Sequence
 
 __all__ = ["cancelled", "in_turn", "nothing", "together"]
 
+_RECANCEL_S = 0.1  # how long a cancelled task may take to end before it is cancelled again
+
 
 async def together(calls: Sequence[Awaitable[None]]) -> None:
     """Wait for every call; one alone is awaited as it is (a task costs more than it saves).
@@ -19,11 +21,21 @@ async def together(calls: Sequence[Awaitable[None]]) -> None:
 
 async def cancelled(tasks: Iterable[asyncio.Task[None] | None]) -> None:
     """Cancel every task (None: none to stop) and wait until each has ended; an error a task
-    raised while ending is dropped, as it is being stopped for good."""
-    running = [task for task in tasks if task is not None]
-    for task in running:
-        task.cancel()
-    await asyncio.gather(*running, return_exceptions=True)
+    raised while ending is dropped, as it is being stopped for good.
+
+    A task still running a moment after its cancel is cancelled again: a library can lose a
+    cancel (Python 3.11's `asyncio.wait_for`, which redis-py sends every command through,
+    returns an inner result that finished as the cancel came and drops the cancel), and a poller
+    that lost one would poll on while its owner waited for it for ever."""
+    running = {task for task in tasks if task is not None}
+    ended = list(running)
+    while running:
+        for task in running:
+            task.cancel()
+        _, running = await asyncio.wait(running, timeout=_RECANCEL_S)
+    for task in ended:  # retrieved, so none is reported as never retrieved
+        if not task.cancelled():
+            task.exception()
 
 
 async def in_turn(calls: Sequence[Awaitable[None]]) -> None:

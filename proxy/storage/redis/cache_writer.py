@@ -20,6 +20,7 @@ from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable
 from proxy.storage.redis.conn import Call, RedisClient, translated
 from proxy.storage.redis.lua import script_text
 from proxy.storage.redis.resp import Multiplexed
+from proxy.together import cancelled
 
 __all__ = ["BatchedWriter", "Command", "Lua", "run"]
 
@@ -121,9 +122,7 @@ class BatchedWriter(Generic[W]):
                     await self.flush(hurry=True)
             except (TimeoutError, StorageError):
                 _log.warning("%d semantic cache vectors not written at shutdown", len(self._queue))
-            if self._writer is not None:
-                self._writer.cancel()
-                await asyncio.gather(self._writer, return_exceptions=True)
+            await cancelled([self._writer])
         finally:
             if self._writes is not None:
                 await self._writes.aclose()
