@@ -8,6 +8,11 @@ connection's `connection_lost` or the disconnect watcher's task, the drain's tim
 callback scheduled for the purpose), never while it runs: so it always lands at an await
 inside the scope and outside every shield, and a shield that ends with a cancel pending passes
 it on at the task's next wait.
+
+A cancel a library lost (Python 3.11's `asyncio.wait_for`, inside redis-py, returns an inner
+result that finished as the cancel came, and drops the cancel) is delivered again: while the
+scope is still open a moment after a delivery, the task is cancelled once more, as anyio's
+scope re-delivers. Else a request whose client had left would go on to call its backend.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from __future__ import annotations
 import asyncio
 from types import TracebackType
 
-__all__ = ["RequestScope"]
+__all__ = ["REDELIVER_S", "RequestScope"]
+
+REDELIVER_S = 0.05
+"""How long after a delivery a scope still open is cancelled again (its cancel was lost)."""
 
 
 class RequestScope:
@@ -29,7 +37,7 @@ class RequestScope:
         self._task: asyncio.Task[object] | None = None
         self._open = False
         self._shields = 0
-        self._delivered = False
+        self._delivered = 0  # cancels delivered to the task, each taken back at the end
         self.cancel_called = False
 
     def __enter__(self) -> RequestScope:
@@ -51,9 +59,12 @@ class RequestScope:
         self._open = False
         if not self._delivered or self._task is None:
             return False
-        # Ours was delivered: take it back, and end its CancelledError here unless the task is
-        # also being cancelled by someone else.
-        return self._task.uncancel() == 0 and exc_type is asyncio.CancelledError
+        # Ours were delivered: take them back, and end their CancelledError here unless the
+        # task is also being cancelled by someone else.
+        left = self._task.cancelling()
+        for _ in range(self._delivered):
+            left = self._task.uncancel()
+        return left == 0 and exc_type is asyncio.CancelledError
 
     def cancel(self) -> None:
         """Stop the scope's work at its next await outside a shield (now, if it waits outside
@@ -81,8 +92,24 @@ class RequestScope:
 
     def _deliver(self) -> None:
         if self._open and not self._shields and not self._delivered and self._task is not None:
-            self._delivered = True
-            self._task.cancel()
+            self._cancel_task()
+
+    def _cancel_task(self) -> None:
+        task = self._task
+        if task is not None:
+            self._delivered += 1
+            task.cancel()
+            task.get_loop().call_later(REDELIVER_S, self._again)
+
+    def _again(self) -> None:
+        """Still in the scope a moment after a delivery: cancelled again, unless it is in a
+        shield now (it is then looked at again later), as the cancel may have been lost."""
+        if not self._open or self._task is None or self._task.done():
+            return
+        if self._shields:
+            self._task.get_loop().call_later(REDELIVER_S, self._again)
+        else:
+            self._cancel_task()
 
 
 class _Shielded:

@@ -17,6 +17,12 @@ async def _cancel_from_another_task(scope: RequestScope) -> None:
     scope.cancel()
 
 
+def _cancelled_soon() -> tuple[RequestScope, asyncio.Task[None]]:
+    """A scope, and the task that cancels it once the caller waits."""
+    scope = RequestScope()
+    return scope, asyncio.create_task(_cancel_from_another_task(scope))
+
+
 async def test_a_cancel_stops_the_work_and_ends_at_the_scope() -> None:
     steps: list[str] = []
     scope = RequestScope()
@@ -108,3 +114,40 @@ async def test_both_cancelling_the_task_is_not_swallowed_by_the_scope() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert task.cancelled()
+
+
+async def test_a_cancel_a_library_lost_is_delivered_again() -> None:
+    """As redis-py's calls on Python 3.11 can (asyncio.wait_for drops a cancel that comes as
+    its inner call finishes): the request must still stop, not go on to call its backend."""
+    steps: list[str] = []
+    scope, canceller = _cancelled_soon()
+    with scope:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            steps.append("lost in a library")  # and the request goes on
+        steps.append("waiting again")
+        await asyncio.Event().wait()  # only a second delivery ends this
+        steps.append("woke")  # never reached
+    steps.append("after the scope")
+    await canceller
+    assert steps == ["lost in a library", "waiting again", "after the scope"]
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0  # both deliveries taken back
+    await asyncio.sleep(0.2)  # and no later one comes after the scope
+
+
+async def test_no_cancel_is_delivered_again_inside_a_shield() -> None:
+    steps: list[str] = []
+    scope, canceller = _cancelled_soon()
+    with scope:
+        try:
+            await asyncio.Event().wait()
+        finally:  # settling, for longer than a re-delivery's wait
+            with scope.shielded():
+                await asyncio.sleep(0.3)
+                steps.append("settled")
+    steps.append("after the scope")
+    await canceller
+    assert steps == ["settled", "after the scope"]
