@@ -27,13 +27,13 @@ async def cancelled(tasks: Iterable[asyncio.Task[None] | None]) -> None:
     cancel (Python 3.11's `asyncio.wait_for`, which redis-py sends every command through,
     returns an inner result that finished as the cancel came and drops the cancel), and a poller
     that lost one would poll on while its owner waited for it for ever."""
-    running = {task for task in tasks if task is not None}
-    ended = list(running)
+    stopping = {task for task in tasks if task is not None}
+    running = stopping
     while running:
         for task in running:
             task.cancel()
         _, running = await asyncio.wait(running, timeout=_RECANCEL_S)
-    for task in ended:  # retrieved, so none is reported as never retrieved
+    for task in stopping:  # retrieved, so none is reported as never retrieved
         if not task.cancelled():
             task.exception()
 

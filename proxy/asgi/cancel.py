@@ -92,24 +92,23 @@ class RequestScope:
 
     def _deliver(self) -> None:
         if self._open and not self._shields and not self._delivered and self._task is not None:
-            self._cancel_task()
+            self._cancel(self._task)
 
-    def _cancel_task(self) -> None:
-        task = self._task
-        if task is not None:
-            self._delivered += 1
-            task.cancel()
-            task.get_loop().call_later(REDELIVER_S, self._again)
+    def _cancel(self, task: asyncio.Task[object]) -> None:
+        self._delivered += 1
+        task.cancel()
+        task.get_loop().call_later(REDELIVER_S, self._again)
 
     def _again(self) -> None:
         """Still in the scope a moment after a delivery: cancelled again, unless it is in a
         shield now (it is then looked at again later), as the cancel may have been lost."""
-        if not self._open or self._task is None or self._task.done():
+        task = self._task
+        if not self._open or task is None or task.done():
             return
         if self._shields:
-            self._task.get_loop().call_later(REDELIVER_S, self._again)
+            task.get_loop().call_later(REDELIVER_S, self._again)
         else:
-            self._cancel_task()
+            self._cancel(task)
 
 
 class _Shielded:
