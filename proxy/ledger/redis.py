@@ -42,8 +42,8 @@ class _Connection:
 
 class RedisLedger(BufferedLedger):
     """`append` is a deque append; the task writes every `interval_s` or `batch_records`.
-    After an interval with nothing to write it sleeps until a record comes, and writes
-    `interval_s` later."""
+    After an interval with nothing to write it sleeps until a record comes and writes it at
+    once; the interval then batches those that follow."""
 
     def __init__(
         self,
@@ -132,8 +132,9 @@ class RedisLedger(BufferedLedger):
             self._wake.clear()
             if self._has_work():
                 await self._drain()
-            else:  # a whole interval without a record: doze until one comes (or close)
-                await self._dozing.until(self._has_work)
+            else:  # a whole interval without a record: doze until one comes (or close),
+                await self._dozing.until(self._has_work)  # and write it at once
+                await self._drain()
         await self._drain()  # anything appended after the last flush
 
     async def _drain(self) -> None:

@@ -27,8 +27,8 @@ _OUTAGES: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
 
 class SqliteLedger(BufferedLedger):
     """`append` is a deque append; the thread commits every `interval_s` or `batch_records`.
-    After an interval with nothing to write it sleeps until a record comes, and commits
-    `interval_s` later.
+    After an interval with nothing to write it sleeps until a record comes and commits it at
+    once; the interval then batches those that follow.
 
     A backlog (after a burst or an outage) is written `transaction_records` at a time: bigger
     transactions fold more records into each aggregate row, so the writer catches up faster.
@@ -105,8 +105,9 @@ class SqliteLedger(BufferedLedger):
                 self._wake.clear()
                 if self._has_work():
                     self._drain(conn)
-                else:  # a whole interval without a record: doze until one comes (or close)
-                    self._dozing.until(self._has_work)
+                else:  # a whole interval without a record: doze until one comes (or close),
+                    self._dozing.until(self._has_work)  # and write it at once: one wake of
+                    self._drain(conn)  # this thread a record at a slow pace, not two
             self._drain(conn)  # anything appended after the last flush
         finally:
             conn.close()

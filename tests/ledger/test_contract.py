@@ -300,3 +300,16 @@ async def test_the_writer_sleeps_while_idle_and_the_next_record_wakes_it(ledger_
         latest = await ledger.latest(None, 10)
     assert idle_looks <= 2  # 20 when it polled every interval
     assert sorted(r.request_id for r in latest) == ["req-1", "req-2", "req-3"]
+
+
+async def test_the_record_that_ends_an_idle_spell_is_written_at_once(ledger_url: str) -> None:
+    """The writer, woken from its idle sleep by a record, writes it then and there: it does not
+    first wait an interval (an hour here) for others that may never come. At a slow pace this
+    is one wake of the writer a record, not two, and the record is durable sooner."""
+    async with opened(ledger_url) as ledger:
+        await asyncio.sleep(0.5)  # ten idle intervals: the writer sleeps until a record comes
+        ledger._interval_s = 3600.0  # type: ignore[attr-defined]  # from now on
+        ledger.append(record(1))
+        await _written(ledger, 1)
+        latest = await ledger.latest(None, 10)
+    assert [r.request_id for r in latest] == ["req-1"]
