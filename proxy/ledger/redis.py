@@ -130,11 +130,9 @@ class RedisLedger(BufferedLedger):
             except TimeoutError:
                 pass
             self._wake.clear()
-            if self._has_work():
-                await self._drain()
-            else:  # a whole interval without a record: doze until one comes (or close),
-                await self._dozing.until(self._has_work)  # and write it at once
-                await self._drain()
+            if not self._has_work():  # a whole interval without a record: doze until one
+                await self._dozing.until(self._has_work)  # comes (or close), written at once
+            await self._drain()
         await self._drain()  # anything appended after the last flush
 
     async def _drain(self) -> None:

@@ -103,11 +103,9 @@ class SqliteLedger(BufferedLedger):
             while not self._stopping:
                 self._wake.wait(self._interval_s)  # unless a batch fills, or a flush asks
                 self._wake.clear()
-                if self._has_work():
-                    self._drain(conn)
-                else:  # a whole interval without a record: doze until one comes (or close),
-                    self._dozing.until(self._has_work)  # and write it at once: one wake of
-                    self._drain(conn)  # this thread a record at a slow pace, not two
+                if not self._has_work():  # a whole interval without a record: doze until
+                    self._dozing.until(self._has_work)  # one comes (or close), written at once
+                self._drain(conn)
             self._drain(conn)  # anything appended after the last flush
         finally:
             conn.close()
