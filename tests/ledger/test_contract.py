@@ -307,7 +307,7 @@ async def test_the_record_that_ends_an_idle_spell_is_written_at_once(ledger_url:
     first wait an interval (an hour here) for others that may never come. At a slow pace this
     is one wake of the writer a record, not two, and the record is durable sooner."""
     async with opened(ledger_url) as ledger:
-        await asyncio.sleep(0.5)  # ten idle intervals: the writer sleeps until a record comes
+        await asyncio.sleep(1.0)  # twenty idle intervals: the writer sleeps until a record comes
         ledger._interval_s = 3600.0  # type: ignore[attr-defined]  # from now on
         ledger.append(record(1))
         await _written(ledger, 1)
