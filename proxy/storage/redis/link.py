@@ -171,12 +171,13 @@ class RedisLink:
             for call in calls:
                 call.failed(call.error(exc))
             return False
-        for call, (status, reply) in zip(calls, replies, strict=False):
+        statuses = replies[0::2]  # run.lua's flat list: a status and a reply per operation run
+        for call, status, reply in zip(calls, statuses, replies[1::2], strict=False):
             if status == _FAILED:
                 call.failed(call.error(ResponseError(_text(reply))))
             else:
                 call.answered(reply)
-        return len(replies) == len(calls) and all(status == _RAN for status, _ in replies)
+        return len(statuses) == len(calls) and all(status == _RAN for status in statuses)
 
     def _by_slot(self, calls: Sequence[LuaCall]) -> list[Sequence[LuaCall]]:
         """One group per hash slot on a cluster; else one. A call without keys goes alone

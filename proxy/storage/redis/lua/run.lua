@@ -5,7 +5,8 @@
 -- ARGV: 1 mode, 2 operation count, then per operation: name, key count, argument count, its
 -- arguments. Mode 'gate' stops after the first operation that refuses (returns true as its
 -- second value) or fails; mode 'each' runs every one, whatever the others did.
--- Returns per operation run, in order: {1, reply}, {2, reply} when it refused, or {0, error}.
+-- Returns per operation run, in order, two values: 1 and its reply, 2 and its reply when it
+-- refused, or 0 and its error; one flat list (a table a reply costs Redis a conversion).
 -- One failing operation (pcall) leaves the others' effects and replies as they were.
 local gate = ARGV[1] == 'gate'
 local replies, k, a = {}, 0, 3
@@ -20,14 +21,16 @@ for n = 1, tonumber(ARGV[2]) do
   end
   k, a = k + nkeys, a + 3 + nargs
   local ok, reply, refused = pcall(op, keys, args)
+  local status = 1
   if not ok then
-    replies[n] = {0, type(reply) == 'table' and reply.err or tostring(reply)}
+    status, reply = 0, type(reply) == 'table' and reply.err or tostring(reply)
   elseif reply == nil then
-    replies[n] = {1, false}
-  else
-    replies[n] = {refused and 2 or 1, reply}
+    reply = false
+  elseif refused then
+    status = 2
   end
-  if gate and replies[n][1] ~= 1 then
+  replies[2 * n - 1], replies[2 * n] = status, reply
+  if gate and status ~= 1 then
     break
   end
 end
