@@ -248,6 +248,7 @@ async def test_a_full_batch_wakes_a_waiting_writer_at_once(tmp_path: Path) -> No
         await asyncio.sleep(0.5)  # idle intervals: the writer sleeps until a record comes
         ledger._interval_s = 3600.0  # from now on only a full batch (or a flush) writes
         for n in (1, 2):  # the first ends the idle sleep; the second comes during the interval
+            await asyncio.sleep(0.2)  # the writer is back in its wait after the first
             ledger.append(record(n))
             deadline = time.monotonic() + 30  # a loaded machine is slow; an hour is the bug
             while ledger.stats().written < n:
