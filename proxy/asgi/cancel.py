@@ -61,10 +61,9 @@ class RequestScope:
             return False
         # Ours were delivered: take them back, and end their CancelledError here unless the
         # task is also being cancelled by someone else.
-        left = self._task.cancelling()
-        for _ in range(self._delivered):
-            left = self._task.uncancel()
-        return left == 0 and exc_type is asyncio.CancelledError
+        for _ in range(self._delivered - 1):
+            self._task.uncancel()
+        return self._task.uncancel() == 0 and exc_type is asyncio.CancelledError
 
     def cancel(self) -> None:
         """Stop the scope's work at its next await outside a shield (now, if it waits outside
