@@ -15,6 +15,8 @@ Results: benchmarks/results/budgets.{json,md}.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import sys
 import threading
 import time
@@ -35,6 +37,22 @@ QWEN = (
     / "qwen2.5"
     / "qwen.tiktoken"
 )
+# tiktoken looks a named encoding up in TIKTOKEN_CACHE_DIR under the sha1 of its download URL.
+O200K = QWEN.parents[1] / "o200k_base.tiktoken"
+O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+
+
+def offline_o200k(directory: Path) -> str:
+    """`tiktoken:o200k_base`, loadable without a download: ../shared's file linked into
+    `directory` under tiktoken's cache name, and TIKTOKEN_CACHE_DIR set to `directory` for this
+    process and every gateway it starts after."""
+    cached = directory / hashlib.sha1(O200K_URL.encode(), usedforsecurity=False).hexdigest()
+    if not cached.exists():
+        cached.symlink_to(O200K)
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
+    return "tiktoken:o200k_base"
+
+
 FULL_BUDGET = (
     "{system_prompt: You are a helpful assistant., max_input_tokens: 1000000, "
     "max_output_tokens: 4096, temperature: 0.3, tokens_per_day: 100000000000, "

@@ -3,6 +3,7 @@
     python benchmarks/overhead.py [--repeats 3] [--levels 1,16,64,256] [--tokens 256] [--tps 750]
                                   [--features off|all|telemetry|telemetry-sampled]
                                   [--workers N] [--skip-memory]
+                                  [--ledger sqlite|redis] [--tokenizer qwen|o200k]
 
 Starts `tokenweir mock-backend` (paced) and a second, unpaced one for non-stream saturation,
 `tokenweir serve` (one process, access log on) in front of each, and drives them with
@@ -18,9 +19,12 @@ OTLP metrics exported (OTLP/HTTP to a stand-in collector in this process) and `/
 every 5 s. `--features telemetry-sampled` is that with the standard ratio sampler keeping one
 trace in ten (OTLP metrics and /metrics unchanged). `--workers N` runs `tokenweir serve --workers N`
 (it needs shared storage, so `--features all`); the gateway's CPU and RSS are then summed over
-its process tree. `--skip-memory` leaves out the 1,000-open-streams level.
-Results: benchmarks/results/overhead[-all|-telemetry|-telemetry-sampled].{json,md}, which
-benchmarks/run.py puts into docs/benchmarks.md.
+its process tree. `--skip-memory` leaves out the 1,000-open-streams level. With `--features all`,
+`--ledger redis` writes the ledger to the same Redis instead of SQLite and `--tokenizer o200k`
+counts with tiktoken's o200k_base (../shared's file) instead of Qwen2.5: both together are the
+"all on" of issue 16's text.
+Results: benchmarks/results/overhead[-all|-telemetry|-telemetry-sampled][-redis-ledger][-o200k]
+.{json,md}; benchmarks/run.py puts the first four into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from budgets import FULL_BUDGET, QWEN
+from budgets import FULL_BUDGET, QWEN, offline_o200k
 from harness import (
     RESULTS,
     Process,
@@ -189,6 +193,14 @@ NON_STREAM_COLUMNS = (
 )
 
 
+def _features(report: dict[str, Any]) -> str:
+    features = str(report.get("features", "off"))
+    if features != "all":
+        return features
+    ledger, tokenizer = report.get("ledger", "sqlite"), report.get("tokenizer", "qwen")
+    return f"all ({ledger} ledger, {'Qwen2.5' if tokenizer == 'qwen' else 'o200k'} tokenizer)"
+
+
 def markdown(report: dict[str, Any]) -> str:
     rows = [
         [str(level), *(cell(row.get(key), digits) for _, key, digits in STREAM_COLUMNS[1:] if key)]
@@ -198,7 +210,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Run {report['when']} on {report['machine']}; {report['repeats']} repeats, medians; "
         f"{report['tokens']} tokens per stream at {report['tps']} tokens/s per stream; "
-        f"gateway features: {report.get('features', 'off')}; "
+        f"gateway features: {_features(report)}; "
         f"gateway workers: {report.get('workers', 1)}.",
         "",
         *table(STREAM_COLUMNS, rows),
@@ -232,9 +244,13 @@ def main() -> int:
     parser.add_argument("--features", choices=["off", "all", *TELEMETRY], default="off")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--ledger", choices=["sqlite", "redis"], default="sqlite")
+    parser.add_argument("--tokenizer", choices=["qwen", "o200k"], default="qwen")
     args = parser.parse_args()
     if args.workers > 1 and args.features != "all":
         parser.error("--workers N needs shared storage: use it with --features all")
+    if (args.ledger, args.tokenizer) != ("sqlite", "qwen") and args.features != "all":
+        parser.error("--ledger and --tokenizer choose parts of --features all")
     with contextlib.ExitStack() as stack:
         redis_url = stack.enter_context(private_redis()) if args.features == "all" else None
         if args.features != "off":
@@ -246,17 +262,24 @@ def main() -> int:
             report["otlp_exports_received"] = sink.received  # type: ignore[attr-defined]
     suffix = "" if args.features == "off" else f"-{args.features}"
     suffix += f"-workers{args.workers}" if args.workers > 1 else ""
+    suffix += "-redis-ledger" if args.ledger == "redis" else ""
+    suffix += "-o200k" if args.tokenizer == "o200k" else ""
     publish(f"overhead{suffix}", report, markdown(report))
     return 0
 
 
-def gateway_config(mock_url: str, work: Path, redis_url: str | None) -> Path:
+def gateway_config(
+    mock_url: str, work: Path, redis_url: str | None, *, ledger: str = "sqlite",
+    tokenizer: str = "qwen",
+) -> Path:  # fmt: skip
     """The plain gateway, or (with Redis) every feature built so far."""
     if redis_url is None:
         return policy_for(mock_url, work)
+    ledger = redis_url if ledger == "redis" else f"sqlite:///{work / 'ledger.db'}"
+    tokenizer = str(QWEN) if tokenizer == "qwen" else offline_o200k(work)
     return policy_for(
-        mock_url, work, name="all", tokenizer=str(QWEN), budget=ALL_BUDGET, limits=ALL_LIMITS,
-        storage=redis_url, ledger=f"sqlite:///{work / 'ledger.db'}", cache="{mode: exact}",
+        mock_url, work, name="all", tokenizer=tokenizer, budget=ALL_BUDGET, limits=ALL_LIMITS,
+        storage=redis_url, ledger=ledger, cache="{mode: exact}",
     )  # fmt: skip
 
 
@@ -267,13 +290,19 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "repeats": args.repeats, "tokens": args.tokens, "tps": args.tps, "stream": {},
         "features": args.features, "workers": args.workers,
+        "ledger": args.ledger, "tokenizer": args.tokenizer,
     }  # fmt: skip
     workers = ["--workers", str(args.workers)] if args.workers > 1 else []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+
+        def config(mock_url: str) -> str:
+            parts = {"ledger": args.ledger, "tokenizer": args.tokenizer}
+            return str(gateway_config(mock_url, work, redis_url, **parts))
+
         paced = ["mock-backend", "--tokens-per-second", str(args.tps)]
         with started(paced, "/v1/models", work / "mock.log") as mock:
-            serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url)), *workers]
+            serve = ["serve", "--config", config(mock.url), *workers]
             with (
                 started(serve, "/healthz", work / "gateway.log") as gateway,
                 scraping(gateway.url, args.features != "off"),
@@ -286,7 +315,7 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
                     )
         unpaced = ["mock-backend", "--tokens-per-second", "inf"]
         with started(unpaced, "/v1/models", work / "mock2.log") as mock:
-            serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url)), *workers]
+            serve = ["serve", "--config", config(mock.url), *workers]
             with (
                 started(serve, "/healthz", work / "gateway2.log") as gateway,
                 scraping(gateway.url, args.features != "off"),
@@ -298,7 +327,7 @@ def run_suite(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
             return report
         slow = ["mock-backend", "--tokens-per-second", "20"]
         with started(slow, "/v1/models", work / "mock3.log") as mock:
-            serve = ["serve", "--config", str(gateway_config(mock.url, work, redis_url)), *workers]
+            serve = ["serve", "--config", config(mock.url), *workers]
             with started(serve, "/healthz", work / "gateway3.log") as gateway:
                 print(f"{args.open_streams} open streams ...", file=sys.stderr, flush=True)
                 warm_up(gateway)
