@@ -1,6 +1,7 @@
 """`tokenweir serve --workers 2` against one worker, all on, with a load that leaves it the cores.
 
     python benchmarks/workers_scale.py [--rounds 3] [--seconds 15] [--levels stream:64,...]
+                                       [--ledger sqlite|redis] [--tokenizer qwen|o200k]
 
 On two cores, overhead.py's load generator (`tokenweir bench`, Python) and simulated backend
 (`tokenweir mock-backend`, Python) take about half a core each from the gateway they measure,
@@ -10,7 +11,8 @@ few µs a request; Debian packages `wrk` and `nginx-light`), while the gateway r
 feature on, as `overhead.py --features all`: Redis storage (a private redis-server), the Qwen
 tokenizer, the whole budget card with daily token and USD quotas, requests and tokens per
 minute and max_concurrent, the exact cache with every answer stored (every prompt differs),
-the SQLite ledger, traces and OTLP metrics exported to a stand-in collector.
+the SQLite ledger, traces and OTLP metrics exported to a stand-in collector. `--ledger redis`
+and `--tokenizer o200k` change those two parts, as in overhead.py (issue 16's own "all on").
 
 nginx answers with `tokenweir mock-backend`'s own bytes, fetched once at the start: a JSON
 answer of 16 tokens and a stream of 256 (unpaced: the whole stream as fast as the gateway
@@ -19,7 +21,8 @@ round measures every level on both, the order alternating, `--seconds` of wrk af
 warm-up. Levels: `plain:N` (non-stream, N connections) and `stream:N` (N streams at a time).
 Reports requests/s (and tokens/s) for each, the ratio of two workers to one (median of the
 rounds' ratios), gateway CPU per request, and the CPU the rest took (wrk, nginx, Redis and
-this process's collector) in cores. Results: benchmarks/results/workers-scale.{json,md}.
+this process's collector) in cores.
+Results: benchmarks/results/workers-scale[-redis-ledger][-o200k].{json,md}.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 
 import httpx
 import redis
-from budgets import QWEN
+from budgets import QWEN, offline_o200k
 from harness import KEY, Process, cell, free_port, otel_environment, publish, running, table
 from otelsink import otlp_sink
 from overhead import ALL_BUDGET, ALL_LIMITS, TELEMETRY_ENV
@@ -109,18 +112,20 @@ def nginx(work: Path) -> Iterator[tuple[Process, dict[str, int]]]:
         yield process, ports
 
 
-def policy(work: Path, ports: dict[str, int], redis_url: str) -> Path:
+def policy(work: Path, ports: dict[str, int], redis_url: str, args: argparse.Namespace) -> Path:
     """overhead.py's `--features all`, with a model on each of nginx's two answers."""
     path = work / "policy.yaml"
+    ledger = redis_url if args.ledger == "redis" else f"sqlite:///{work / 'ledger.db'}"
+    tokenizer = str(QWEN) if args.tokenizer == "qwen" else offline_o200k(work)
     path.write_text(f"""
 storage: "{redis_url}"
-ledger: "sqlite:///{work / "ledger.db"}"
+ledger: "{ledger}"
 backends:
   - {{name: answers, url: "http://127.0.0.1:{ports["plain"]}/v1", models: [mock-llm]}}
   - {{name: streams, url: "http://127.0.0.1:{ports["stream"]}/v1", models: [mock-stream]}}
 models:
-  mock-llm: {{price: {{input_per_1m: 0.1, output_per_1m: 0.4}}, tokenizer: "{QWEN}"}}
-  mock-stream: {{price: {{input_per_1m: 0.1, output_per_1m: 0.4}}, tokenizer: "{QWEN}"}}
+  mock-llm: {{price: {{input_per_1m: 0.1, output_per_1m: 0.4}}, tokenizer: "{tokenizer}"}}
+  mock-stream: {{price: {{input_per_1m: 0.1, output_per_1m: 0.4}}, tokenizer: "{tokenizer}"}}
 tenants:
   bench: {{api_keys: [{hash_key(KEY)}], models: [mock-llm, mock-stream], budget: {ALL_BUDGET},
           limits: {ALL_LIMITS}, cache: {{mode: exact}}}}
@@ -201,7 +206,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         stack.enter_context(
             otel_environment({**TELEMETRY_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
         )
-        config = policy(work, ports, redis_url)
+        config = policy(work, ports, redis_url, args)
         gateways: dict[str, Process] = {}
         for workers in ("1", "2"):
             port = free_port()
@@ -223,6 +228,8 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "load_before": load_before,
+        "ledger": args.ledger,
+        "tokenizer": args.tokenizer,
         "rounds": args.rounds,
         "seconds": args.seconds,
         "levels": {level: summary(found) for level, found in runs.items()},
@@ -268,7 +275,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"Run {report['when']} on {report['machine']}; load average before: "
         f"{report['load_before']:.2f}; {report['rounds']} rounds of {report['seconds']} s a "
         "level, medians (the ratio: median of the rounds' ratios, each round's in brackets). "
-        "All on, load from wrk, answers from nginx."
+        f"All on ({report.get('ledger', 'sqlite')} ledger, "
+        f"{'Qwen2.5' if report.get('tokenizer', 'qwen') == 'qwen' else 'o200k'} tokenizer), "
+        "load from wrk, answers from nginx."
     )
     return "\n".join([intro, "", *table(columns, rows)]) + "\n"
 
@@ -279,11 +288,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--levels", default="plain:64,stream:64,stream:256")
     parser.add_argument("--repeats", type=int, help="run.py's name for --rounds")
+    parser.add_argument("--ledger", choices=["sqlite", "redis"], default="sqlite")
+    parser.add_argument("--tokenizer", choices=["qwen", "o200k"], default="qwen")
     args = parser.parse_args()
     if args.repeats is not None:
         args.rounds = args.repeats
     report = run_suite(args)
-    publish("workers-scale", report, markdown(report))
+    suffix = "-redis-ledger" if args.ledger == "redis" else ""
+    suffix += "-o200k" if args.tokenizer == "o200k" else ""
+    publish(f"workers-scale{suffix}", report, markdown(report))
     return 0
 
 
