@@ -97,6 +97,26 @@ async def test_forget_drops_the_entry_and_its_vector(store: CacheStore) -> None:
         assert ("k2", b"v2") in rows
 
 
+async def test_an_answer_stored_again_keeps_one_entry_and_only_its_new_vector(
+    store: CacheStore,
+) -> None:
+    await store.put(entry("k1", max_entries=2, partition="p", vector=b"v1"))
+    await store.put(entry("k2", max_entries=2, partition="p", vector=b"v2"))
+    again = CacheEntry("alpha", "k1", b"new", NOW + 1, 3600.0, 2, partition="p", vector=b"v3")
+    await store.put(again)
+    assert await store.get("alpha", "k1", now=NOW + 2) == b"new"
+    assert await store.get("alpha", "k2", now=NOW + 2) == b"value-k2"  # k1 counted once
+    rows, _ = await store.vectors("alpha", "p", START)
+    if isinstance(store, RedisCacheStore):
+        assert rows == [("k2", b"v2"), ("k1", b"v3")]
+    else:  # the memory store compacts lazily; the index skips what get() no longer finds
+        assert rows[-1] == ("k1", b"v3")
+    await store.put(entry("k1", now=NOW + 3, max_entries=2))  # stored again without a vector
+    assert await store.get("alpha", "k1", now=NOW + 4) == b"value-k1"
+    if isinstance(store, RedisCacheStore):
+        assert (await store.vectors("alpha", "p", START))[0] == [("k2", b"v2")]
+
+
 async def test_evicted_entries_lose_their_vectors_on_redis(redis_url: str) -> None:
     store = RedisCacheStore(redis_url)
     try:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+import redis
 
 from proxy.storage import Counter, MemoryStore, QuotaStore, RedisStore, Refusal
 
@@ -119,3 +120,26 @@ async def test_what_a_crashed_request_charged_stays_used_when_its_lease_expires(
     # Charging a lease that is gone still books the use, and says the lease is gone.
     assert not await store.charge(SCOPE, "crashed", [DAY, MONTH], [5, 5])
     assert await store.read([DAY]) == [(125, 10)]
+
+
+async def test_redis_counters_expire_when_their_period_ends_whichever_call_made_them(
+    redis_url: str,
+) -> None:
+    settled = Counter("tw:{acme}:q:usd:d:20261129", limit=1000, expires_at=2_000_000_100.5)
+    charged = Counter("tw:{acme}:q:usd:m:202611", limit=1000, expires_at=2_000_000_200)
+    store = RedisStore(redis_url)
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.flushdb()
+        assert await reserve(store, "r1", [300, 300]) is None
+        await store.settle(SCOPE, "r1", [settled], [5])  # no reservation made these two
+        assert await store.charge(SCOPE, "r2", [charged], [7]) is False
+        assert await reserve(store, "r3", [100, 100]) is None  # the counters exist by now
+        await store.settle(SCOPE, "r3", [DAY, MONTH, settled], [50, 60, 5])
+        assert await store.charge(SCOPE, "r4", [charged], [7]) is False
+        assert await store.read([DAY, MONTH, settled, charged]) == [
+            (50, 0), (60, 0), (10, 0), (14, 0),
+        ]  # fmt: skip
+        assert [admin.expiretime(c.key) for c in (DAY, MONTH, settled, charged)] == [
+            2_000_000_000, 2_000_000_000, 2_000_000_101, 2_000_000_200,
+        ]  # fmt: skip
+    await store.aclose()

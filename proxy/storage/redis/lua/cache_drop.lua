@@ -3,9 +3,7 @@
 -- `prefix` is the tenant's key prefix ("tw:{tenant}:cache:"), so every key shares its hash tag.
 -- A vector in the partition's vector set (Redis 8) is located as "partition *", one in a
 -- RediSearch hash (prefix .. 'f:' .. member) as "partition #".
-local function drop(lru, locations, prefix, member)
-  redis.call('DEL', prefix .. 'x:' .. member)
-  redis.call('ZREM', lru, member)
+local function drop_vector(locations, prefix, member)
   local where = redis.call('HGET', locations, member)
   if where then
     local space = string.find(where, ' ', 1, true)
@@ -19,4 +17,10 @@ local function drop(lru, locations, prefix, member)
     end
     redis.call('HDEL', locations, member)
   end
+end
+
+local function drop(lru, locations, prefix, member)
+  redis.call('DEL', prefix .. 'x:' .. member)
+  redis.call('ZREM', lru, member)
+  drop_vector(locations, prefix, member)
 end

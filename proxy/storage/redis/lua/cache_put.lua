@@ -7,7 +7,9 @@
 --       the stream; '*' the partition's vector set, '#' a RediSearch hash: the caller adds the
 --       vector there after this script)
 local prefix = ARGV[7]
-drop(KEYS[2], KEYS[3], prefix, ARGV[1])
+-- An answer stored again under its key: SET and ZADD overwrite its entry and LRU member, so
+-- only its old vector (its partition, or the store's engine, may differ) must go first.
+drop_vector(KEYS[3], prefix, ARGV[1])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 -- An entry last used before stale_before has outlived its TTL; bounded work per call.

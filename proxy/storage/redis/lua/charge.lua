@@ -11,7 +11,7 @@ end
 for i = 1, #KEYS - 2 do
   local key = KEYS[i + 2]
   local amount = tonumber(ARGV[i * 2])
-  redis.call('HINCRBY', key, 'used', amount)
+  local made = redis.call('HINCRBY', key, 'used', amount) == amount -- perhaps just now
   if held and held[key] then
     local taken = math.min(amount, held[key])
     if taken > 0 then
@@ -24,7 +24,9 @@ for i = 1, #KEYS - 2 do
       end
     end
   end
-  redis.call('EXPIREAT', key, ARGV[1 + i * 2])
+  if made then
+    redis.call('EXPIREAT', key, ARGV[1 + i * 2])
+  end
 end
 if held then
   redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(held))

@@ -4,7 +4,8 @@
 release(KEYS[1], KEYS[2], ARGV[1])
 for i = 1, #KEYS - 2 do
   local key = KEYS[i + 2]
-  redis.call('HINCRBY', key, 'used', ARGV[i * 2])
-  redis.call('EXPIREAT', key, ARGV[1 + i * 2])
+  if redis.call('HINCRBY', key, 'used', ARGV[i * 2]) == tonumber(ARGV[i * 2]) then
+    redis.call('EXPIREAT', key, ARGV[1 + i * 2]) -- perhaps made just now: a counter made
+  end -- before has its expiry, and used grew by the amount from its zero
 end
 return true
