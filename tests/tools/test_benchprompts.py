@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -118,6 +119,22 @@ def test_stream_bodies_ask_for_usage_and_carry_extra_fields() -> None:
     assert body["ignore_eos"] is True
     assert "estimated" in workload.prompt_note
     assert len(workload.bodies) == 3 * 4, "one distinct prompt per request across all levels"
+
+
+def test_the_note_says_when_a_run_sends_prompts_again(tmp_path: Path) -> None:
+    def note(**fields: Any) -> str:
+        config = BenchConfig(base_url="http://h", model="m", concurrency=(64,), **fields)
+        return build_workload(config, None).prompt_note
+
+    assert "again" not in note(requests=4096)
+    assert "; 5000 requests over 4096 distinct prompts sends some again" in note(requests=5000)
+    assert "; a timed run over 4096 distinct prompts sends some again" in note(duration_s=10.0)
+    path = tmp_path / "p.txt"
+    path.write_text("one\ntwo\n", encoding="utf-8")
+    assert note(requests=2, prompt_file=str(path)) == f"2 prompts from {path}"
+    assert note(requests=3, prompt_file=str(path)).endswith(
+        "; 3 requests over 2 distinct prompts sends some again (a cache may answer them)"
+    )
 
 
 def test_non_stream_bodies_have_no_stream_options(tmp_path: Path) -> None:

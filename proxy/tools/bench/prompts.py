@@ -180,11 +180,11 @@ def _messages_of(line: str, path: str, number: int) -> Messages:
 
 def build_workload(config: BenchConfig, tokenizer: Tokenizer | None) -> Workload:
     """Pre-encode every request body once, so the timed loop only sends bytes."""
+    planned = [config.requests_for(level) for level in config.concurrency]
     if config.prompt_file is not None:
         conversations = read_prompt_file(config.prompt_file)
         note = f"{len(conversations)} prompts from {config.prompt_file}"
     else:
-        planned = [config.requests_for(level) for level in config.concurrency]
         count = min(_MAX_SYNTHETIC, sum(n or _MAX_SYNTHETIC for n in planned))
         prompts = synthetic_prompts(count, config.input_tokens, tokenizer, seed=config.seed)
         conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
@@ -192,8 +192,19 @@ def build_workload(config: BenchConfig, tokenizer: Tokenizer | None) -> Workload
             note = f"synthetic, ~{config.input_tokens} tokens each (estimated: one word per token)"
         else:
             note = f"synthetic, {config.input_tokens} tokens each by {tokenizer.name}"
+    counts = [n for n in planned if n is not None]
+    note += _repeats(len(conversations), sum(counts) if len(counts) == len(planned) else None)
     bodies = tuple(_body(config, messages) for messages in conversations)
     return Workload(bodies=bodies, tokenizer=tokenizer, prompt_note=note)
+
+
+def _repeats(distinct: int, requests: int | None) -> str:
+    """What the note says of a run that sends some prompts again (`requests` None: it runs for
+    a duration): a response cache in the path would answer those, and the run measure it."""
+    if requests is not None and requests <= distinct:
+        return ""
+    run = "a timed run" if requests is None else f"{requests} requests"
+    return f"; {run} over {distinct} distinct prompts sends some again (a cache may answer them)"
 
 
 def _body(config: BenchConfig, messages: Messages) -> bytes:
