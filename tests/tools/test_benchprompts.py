@@ -128,7 +128,7 @@ def test_the_note_says_when_a_run_sends_prompts_again(tmp_path: Path) -> None:
 
     assert "again" not in note(requests=4096)
     assert "; 5000 requests over 4096 distinct prompts sends some again" in note(requests=5000)
-    assert "; a timed run over 4096 distinct prompts sends some again" in note(duration_s=10.0)
+    assert "; a timed run may send its 4096 distinct prompts again" in note(duration_s=10.0)
     path = tmp_path / "p.txt"
     path.write_text("one\ntwo\n", encoding="utf-8")
     assert note(requests=2, prompt_file=str(path)) == f"2 prompts from {path}"

@@ -199,12 +199,15 @@ def build_workload(config: BenchConfig, tokenizer: Tokenizer | None) -> Workload
 
 
 def _repeats(distinct: int, requests: int | None) -> str:
-    """What the note says of a run that sends some prompts again (`requests` None: it runs for
-    a duration): a response cache in the path would answer those, and the run measure it."""
-    if requests is not None and requests <= distinct:
+    """What the note says of a run that sends (or, run for a duration: `requests` None, may
+    send) some prompts again: a response cache in the path would answer those."""
+    if requests is None:
+        repeat = f"a timed run may send its {distinct} distinct prompts again"
+    elif requests > distinct:
+        repeat = f"{requests} requests over {distinct} distinct prompts sends some again"
+    else:
         return ""
-    run = "a timed run" if requests is None else f"{requests} requests"
-    return f"; {run} over {distinct} distinct prompts sends some again (a cache may answer them)"
+    return f"; {repeat} (a cache may answer them)"
 
 
 def _body(config: BenchConfig, messages: Messages) -> bytes:
