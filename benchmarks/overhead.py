@@ -193,24 +193,18 @@ NON_STREAM_COLUMNS = (
 )
 
 
-def _features(report: dict[str, Any]) -> str:
-    features = str(report.get("features", "off"))
-    if features != "all":
-        return features
-    ledger, tokenizer = report.get("ledger", "sqlite"), report.get("tokenizer", "qwen")
-    return f"all ({ledger} ledger, {'Qwen2.5' if tokenizer == 'qwen' else 'o200k'} tokenizer)"
-
-
 def markdown(report: dict[str, Any]) -> str:
     rows = [
         [str(level), *(cell(row.get(key), digits) for _, key, digits in STREAM_COLUMNS[1:] if key)]
         for level, row in report["stream"].items()
     ]
     ns = report["non_stream"]
+    features = report.get("features", "off")
+    features = f"all on ({all_on_choice(report)})" if features == "all" else features
     lines = [
         f"Run {report['when']} on {report['machine']}; {report['repeats']} repeats, medians; "
         f"{report['tokens']} tokens per stream at {report['tps']} tokens/s per stream; "
-        f"gateway features: {_features(report)}; "
+        f"gateway features: {features}; "
         f"gateway workers: {report.get('workers', 1)}.",
         "",
         *table(STREAM_COLUMNS, rows),
@@ -268,6 +262,18 @@ def main() -> int:
     return 0
 
 
+def all_on_parts(work: Path, redis_url: str, ledger: str, tokenizer: str) -> tuple[str, str]:
+    """`--features all`'s ledger URL and tokenizer spec, as `--ledger` and `--tokenizer` chose."""
+    ledger_url = redis_url if ledger == "redis" else f"sqlite:///{work / 'ledger.db'}"
+    return ledger_url, str(QWEN) if tokenizer == "qwen" else offline_o200k(work)
+
+
+def all_on_choice(report: dict[str, Any]) -> str:
+    """Which ledger and which tokenizer a report's `--features all` ran with."""
+    tokenizer = "Qwen2.5" if report.get("tokenizer", "qwen") == "qwen" else "o200k"
+    return f"{report.get('ledger', 'sqlite')} ledger, {tokenizer} tokenizer"
+
+
 def gateway_config(
     mock_url: str, work: Path, redis_url: str | None, *, ledger: str = "sqlite",
     tokenizer: str = "qwen",
@@ -275,11 +281,10 @@ def gateway_config(
     """The plain gateway, or (with Redis) every feature built so far."""
     if redis_url is None:
         return policy_for(mock_url, work)
-    ledger = redis_url if ledger == "redis" else f"sqlite:///{work / 'ledger.db'}"
-    tokenizer = str(QWEN) if tokenizer == "qwen" else offline_o200k(work)
+    ledger_url, spec = all_on_parts(work, redis_url, ledger, tokenizer)
     return policy_for(
-        mock_url, work, name="all", tokenizer=tokenizer, budget=ALL_BUDGET, limits=ALL_LIMITS,
-        storage=redis_url, ledger=ledger, cache="{mode: exact}",
+        mock_url, work, name="all", tokenizer=spec, budget=ALL_BUDGET, limits=ALL_LIMITS,
+        storage=redis_url, ledger=ledger_url, cache="{mode: exact}",
     )  # fmt: skip
 
 

@@ -46,10 +46,9 @@ from typing import Any
 
 import httpx
 import redis
-from budgets import QWEN, offline_o200k
 from harness import KEY, Process, cell, free_port, otel_environment, publish, running, table
 from otelsink import otlp_sink
-from overhead import ALL_BUDGET, ALL_LIMITS, TELEMETRY_ENV
+from overhead import ALL_BUDGET, ALL_LIMITS, TELEMETRY_ENV, all_on_choice, all_on_parts
 
 from proxy.policy.units import hash_key
 from tests.redis_server import private_redis
@@ -115,8 +114,7 @@ def nginx(work: Path) -> Iterator[tuple[Process, dict[str, int]]]:
 def policy(work: Path, ports: dict[str, int], redis_url: str, args: argparse.Namespace) -> Path:
     """overhead.py's `--features all`, with a model on each of nginx's two answers."""
     path = work / "policy.yaml"
-    ledger = redis_url if args.ledger == "redis" else f"sqlite:///{work / 'ledger.db'}"
-    tokenizer = str(QWEN) if args.tokenizer == "qwen" else offline_o200k(work)
+    ledger, tokenizer = all_on_parts(work, redis_url, args.ledger, args.tokenizer)
     path.write_text(f"""
 storage: "{redis_url}"
 ledger: "{ledger}"
@@ -275,9 +273,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Run {report['when']} on {report['machine']}; load average before: "
         f"{report['load_before']:.2f}; {report['rounds']} rounds of {report['seconds']} s a "
         "level, medians (the ratio: median of the rounds' ratios, each round's in brackets). "
-        f"All on ({report.get('ledger', 'sqlite')} ledger, "
-        f"{'Qwen2.5' if report.get('tokenizer', 'qwen') == 'qwen' else 'o200k'} tokenizer), "
-        "load from wrk, answers from nginx."
+        f"All on ({all_on_choice(report)}), load from wrk, answers from nginx."
     )
     return "\n".join([intro, "", *table(columns, rows)]) + "\n"
 
