@@ -63,7 +63,7 @@ class DirectTracing:
         self.attributes = AttributeWriter()
         self._calls: dict[tuple[object, ...], Encoded] = {}
         self._requests: dict[tuple[object, ...], Encoded] = {}
-        self._heads: dict[str, bytes] = {}  # a storage stage's span head, by its name
+        self.heads: dict[str, bytes] = {}  # a storage stage's span head, by its name
 
     def begin(self, ctx: RequestContext) -> DirectTrace:
         parent = remote_parent(ctx.headers) if "traceparent" in ctx.headers else None
@@ -106,9 +106,9 @@ class DirectTracing:
 
     def stage_head(self, name: str) -> bytes:
         """A storage stage's span name and kind."""
-        head = self._heads.get(name)
+        head = self.heads.get(name)
         if head is None:
-            head = self._heads[name] = span_head(name, INTERNAL)
+            head = self.heads[name] = span_head(name, INTERNAL)
         return head
 
     def span_id(self) -> int:
@@ -213,10 +213,19 @@ class DirectTrace:
                 ids, self._call_id, span_id, head, self._call_start_ns, self._call_end_ns,
                 values, status, LOCAL_PARENT,
             ))  # fmt: skip
+        # The stages' spans: _ns, span_id and stage_head inlined (a request has four or five).
+        origin_ns, received_s, bits, heads = (
+            self._origin_ns,
+            self._received_s,
+            tracing.bits,
+            tracing.heads,
+        )
         for name, started_s, ended_s in self._stages or ():
             spans.append(framed_span(
-                ids, tracing.span_id(), span_id, tracing.stage_head(name), self._ns(started_s),
-                self._ns(ended_s), b"", UNSET, LOCAL_PARENT,
+                ids, bits(64) or tracing.span_id(), span_id,
+                heads.get(name) or tracing.stage_head(name),
+                origin_ns + int((started_s - received_s) * 1e9),
+                origin_ns + int((ended_s - received_s) * 1e9), b"", UNSET, LOCAL_PARENT,
             ))  # fmt: skip
         head, values, status = tracing.request(attributes.repeating)
         spans.append(framed_span(
