@@ -38,6 +38,14 @@ class Answer:
         value = self.usage.get("completion_tokens")
         return value if isinstance(value, int) else 0
 
+    def expiring(self, wall: float) -> Answer:
+        """This answer, kept until `wall` (epoch seconds); dataclasses.replace, without its
+        look at every field each call (every stored answer comes through here)."""
+        return Answer(
+            self.operation, self.model, self.finish_reason, self.usage, self.message, self.text,
+            self.system_fingerprint, wall,
+        )  # fmt: skip
+
     def encode(self) -> bytes:
         return orjson.dumps(
             [

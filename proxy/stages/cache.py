@@ -250,7 +250,7 @@ class ResponseCache:
             answer = from_response(ctx.operation, raw, usage) if raw is not None else None
         if answer is None:
             return None
-        return replace(answer, expires_wall=self._clock.wall() + spec.ttl)
+        return answer.expiring(self._clock.wall() + spec.ttl)
 
 
 def _complete(ctx: Admitted) -> bool:

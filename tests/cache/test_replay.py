@@ -85,3 +85,15 @@ def test_answers_round_trip_through_their_encoding() -> None:
         "chat", "m", "stop", USAGE, {"role": "assistant", "content": "中文"}, None, "fp", 9.5
     )
     assert Answer.decode(answer.encode()) == answer
+
+
+def test_an_answer_given_an_expiry_keeps_every_other_field() -> None:
+    """`expiring` copies the answer field by field: a field it left out would be lost from
+    every answer the cache stores."""
+    from dataclasses import fields, replace
+
+    message = {"role": "assistant", "content": "hi"}
+    answer = Answer("chat", "m", "length", USAGE, message, "t", "fp_1", expires_wall=1.0)
+    assert all(getattr(answer, f.name) != getattr(Answer("", "", "", {}), f.name)
+               for f in fields(Answer))  # fmt: skip
+    assert answer.expiring(99.5) == replace(answer, expires_wall=99.5)
