@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 import orjson
 
 from proxy.cache.answer import Answer, from_response
@@ -90,8 +92,6 @@ def test_answers_round_trip_through_their_encoding() -> None:
 def test_an_answer_given_an_expiry_keeps_every_other_field() -> None:
     """`expiring` copies the answer field by field: a field it left out would be lost from
     every answer the cache stores."""
-    from dataclasses import fields, replace
-
     message = {"role": "assistant", "content": "hi"}
     answer = Answer("chat", "m", "length", USAGE, message, "t", "fp_1", expires_wall=1.0)
     assert all(getattr(answer, f.name) != getattr(Answer("", "", "", {}), f.name)
