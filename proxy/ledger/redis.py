@@ -15,6 +15,7 @@ from importlib import resources
 
 import orjson
 from redis.commands.core import AsyncScript
+from redis.exceptions import ResponseError
 
 from proxy.doze import AsyncDoze
 from proxy.ledger import query as planner
@@ -25,6 +26,7 @@ from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
 from proxy.ledger.buffer import Batch
 from proxy.ledger.writer import BufferedLedger
 from proxy.storage.redis.conn import REDIS_ERRORS, Call, RedisClient, connect, send_all
+from proxy.storage.redis.resp import Multiplexed, can_multiplex
 
 __all__ = ["RedisLedger"]
 
@@ -71,6 +73,8 @@ class RedisLedger(BufferedLedger):
         self._socket_timeout_s = socket_timeout_s
         self._writer_id = uuid.uuid4().hex
         self._connection: _Connection | None = None
+        # The writer's own connection to one server (not Sentinel or Cluster), as the stores'.
+        self._direct: Multiplexed | None = None
         self._task: asyncio.Task[None] | None = None
 
     def _writer_running(self) -> bool:
@@ -84,6 +88,8 @@ class RedisLedger(BufferedLedger):
             await self._task
 
     async def _release(self) -> None:
+        if self._direct is not None:
+            await self._direct.aclose()
         if self._connection is not None:
             await self._connection.client.aclose()
 
@@ -96,6 +102,8 @@ class RedisLedger(BufferedLedger):
         )
         append, total = (client.register_script(_lua(f)) for f in ("append.lua", "sum.lua"))
         self._connection = _Connection(client, append, total)
+        if not self._read_only and can_multiplex(self.url):
+            self._direct = Multiplexed(self.url, timeout_s=self._socket_timeout_s)
         if not self._read_only:
             self._task = asyncio.create_task(self._run(), name="tokenweir-ledger")
 
@@ -163,10 +171,8 @@ class RedisLedger(BufferedLedger):
         by_tenant: defaultdict[str, list[UsageRecord]] = defaultdict(list)
         for record in batch.records:
             by_tenant[keys.tag(record.tenant)].append(record)
-        # TENANTS_KEY has no tenant's hash tag: on a cluster it is a command of its own.
-        calls: list[Call] = [lambda client: client.sadd(keys.TENANTS_KEY, *by_tenant)]
-        for tenant_tag, records in by_tenant.items():
-            script_keys, script_args = keys.script_call(
+        appends = [
+            keys.script_call(
                 tenant_tag,
                 self._writer_id,
                 batch.seq,
@@ -175,9 +181,41 @@ class RedisLedger(BufferedLedger):
                 ttl_s=self._retention_s,
                 marker_ttl_s=_DAY_S,
             )
-            calls.append(partial(connection.append, script_keys, script_args))
+            for tenant_tag, records in by_tenant.items()
+        ]
         # A batch that failed in part is sent again whole: append.lua applies it once per tenant.
+        if self._direct is not None:
+            await self._send_direct(self._direct, connection.append, list(by_tenant), appends)
+            return
+        # TENANTS_KEY has no tenant's hash tag: on a cluster it is a command of its own.
+        calls: list[Call] = [lambda client: client.sadd(keys.TENANTS_KEY, *by_tenant)]
+        calls += [partial(connection.append, *call) for call in appends]
         await send_all(connection.client, calls)
+
+    @staticmethod
+    async def _send_direct(
+        direct: Multiplexed,
+        append: AsyncScript,
+        tags: list[str],
+        appends: list[tuple[list[str], list[str | int | bytes]]],
+    ) -> None:
+        """The batch in one write on the writer's own connection, packed by hiredis: none of
+        redis-py's encoding an argument at a time, its pool, or the SCRIPT EXISTS it sends
+        before every pipeline that runs a script. Raises the first error reply."""
+        commands = [
+            ("SADD", keys.TENANTS_KEY, *tags),
+            *(
+                ("EVALSHA", append.sha, len(call_keys), *call_keys, *args)
+                for call_keys, args in appends
+            ),
+        ]
+        replies = await direct.execute_many(commands)
+        if any(_unknown_script(reply) for reply in replies):  # Redis restarted, or flushed
+            await direct.execute("SCRIPT", "LOAD", _lua("append.lua"))
+            replies = await direct.execute_many(commands)
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
 
     async def _read_cells(self, q: UsageQuery) -> list[Cell]:
         """Summed in Redis by lua/sum.lua: one small reply per tenant, span and group."""
@@ -217,6 +255,10 @@ class RedisLedger(BufferedLedger):
 
 def _newest(stream: str, limit: int) -> Call:
     return lambda client: client.xrevrange(stream, count=limit)
+
+
+def _unknown_script(reply: object) -> bool:
+    return isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
 
 
 def _lua(name: str) -> str:

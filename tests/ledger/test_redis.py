@@ -82,6 +82,51 @@ async def test_unreachable_redis_buffers_then_writes_when_it_comes_up() -> None:
         await asyncio.to_thread(server.close)
 
 
+async def test_records_are_written_after_redis_forgets_the_script(redis_url: str) -> None:
+    """A Redis restarted without its scripts (or SCRIPT FLUSHed) answers the writer's EVALSHA
+    with NOSCRIPT: the writer loads the script and sends the batch again, nothing lost."""
+    ledger = RedisLedger(redis_url, flush_timeout_s=5)
+    await ledger.start()
+    try:
+        ledger.append(record(1))
+        await ledger.flush()
+        async with redis.asyncio.Redis.from_url(redis_url) as client:
+            await client.script_flush()
+        ledger.append(record(2))
+        ledger.append(record(3, tenant="beta"))
+        await ledger.flush()
+        assert await total_requests(ledger) == 3
+        assert ledger.stats().write_failures == 0
+    finally:
+        await ledger.aclose()
+
+
+async def test_a_batch_redis_refuses_is_retried_and_written_once_it_can_be(
+    redis_url: str,
+) -> None:
+    """An error reply (here a tenant's stream key holding a string) fails the batch; it stays
+    buffered, is counted, and is written once the key is fixed, each record once."""
+    stream = keys.stream_key(keys.tag("alpha"))
+    async with redis.asyncio.Redis.from_url(redis_url) as client:
+        await client.set(stream, "not a stream")
+        ledger = RedisLedger(redis_url, flush_timeout_s=5)
+        await ledger.start()
+        try:
+            ledger.append(record(1))
+            for _ in range(500):
+                if ledger.stats().write_failures:
+                    break
+                await asyncio.sleep(0.01)
+            assert ledger.stats().write_failures >= 1
+            assert ledger.stats().buffered == 1
+            await client.delete(stream)
+            await ledger.flush()
+            assert await total_requests(ledger) == 1
+            assert len(await ledger.latest("alpha", 10)) == 1
+        finally:
+            await ledger.aclose()
+
+
 async def test_buffer_bound_drops_are_counted_not_silent(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
