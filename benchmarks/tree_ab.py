@@ -2,7 +2,7 @@
 
     python benchmarks/tree_ab.py --base DIR [--rounds 6] [--requests 3000] [--levels 64,1]
         [--features all|off] [--stream [--tps 750] [--tokens 256]] [--system-words N]
-        [--idle SECONDS]
+        [--idle SECONDS] [--ledger sqlite|redis] [--tokenizer qwen|o200k]
 
 DIR is another checkout (say `git worktree add DIR main`, or `git archive main | tar -x -C
 DIR`, with `shared/` beside it as here). Starts one redis-server per tree, the unpaced
@@ -26,8 +26,11 @@ With `--idle S` nothing is sent: each round reads each gateway's CPU over S seco
 With `--unix-redis this` this tree's gateway reaches its redis-server over a Unix socket
 (unix://) and the base's over TCP (`--base` naming this checkout compares the two transports);
 with `--unix-redis both`, both trees' do.
+`--ledger redis --tokenizer o200k` run issue 16's own "all on", as in overhead.py (each tree's
+ledger on its own redis-server).
 The machine's other work hits both trees alike: what differs is the code.
-Results: benchmarks/results/tree-ab{,-off}{,-stream}{,-chats}{,-idle}.{json,md}.
+Results: benchmarks/results/tree-ab{,-off}{,-stream}{,-chats}{,-idle}{,-redis-ledger}{,-o200k}
+.{json,md}.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from harness import (
     warm_up,
 )
 from otelsink import otlp_sink
-from overhead import TELEMETRY_ENV, gateway_config
+from overhead import TELEMETRY_ENV, all_on_choice, gateway_config
 
 from tests.redis_server import private_redis
 
@@ -183,7 +186,8 @@ def compare(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             redis_url = stack.enter_context(private_redis(unix))
             (work / name).mkdir()
             storage = redis_url if args.features == "all" else None
-            config = gateway_config(mock.url, work / name, storage)
+            parts = {"ledger": args.ledger, "tokenizer": args.tokenizer}
+            config = gateway_config(mock.url, work / name, storage, **parts)
             gateway = stack.enter_context(gateway_of(tree, config, work / f"{name}.log"))
             gateways[name] = (gateway, stack.enter_context(redis.Redis.from_url(redis_url)))
             warm_up(gateway)
@@ -251,7 +255,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Run {report['when']} on {report['machine']}; load average {report['load']}; "
         f"{load}, medians of {report['rounds']} rounds alternating the trees; "
         + (
-            "every feature on (overhead.py --features all, tracing and OTLP metrics exported)"
+            "every feature on (overhead.py --features all, tracing and OTLP metrics exported; "
+            f"{all_on_choice(report)})"
             if report["features"] == "all"
             else "the bare gateway (overhead.py's plain policy: auth only)"
         )
@@ -272,12 +277,16 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--system-words", type=int, default=0, help="chats with a system prompt")
     parser.add_argument("--idle", type=float, default=0.0, help="seconds of no load a round")
+    parser.add_argument("--ledger", choices=["sqlite", "redis"], default="sqlite")
+    parser.add_argument("--tokenizer", choices=["qwen", "o200k"], default="qwen")
     parser.add_argument(
         "--unix-redis",
         choices=("this", "both"),
         help="which trees' gateways reach their Redis over a Unix socket (else TCP)",
     )
     args = parser.parse_args()
+    if (args.ledger, args.tokenizer) != ("sqlite", "qwen") and args.features != "all":
+        parser.error("--ledger and --tokenizer choose parts of --features all")
     if args.requests is None:
         args.requests = 8 if args.stream else 3000
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -287,11 +296,13 @@ def main() -> int:
         "load": load, "requests": args.requests, "rounds": args.rounds,
         "features": args.features, "stream": args.stream, "tps": args.tps, "tokens": args.tokens,
         "system_words": args.system_words, "idle": args.idle,
+        "ledger": args.ledger, "tokenizer": args.tokenizer,
         "base": str(args.base.resolve()),
         "levels": compare(args, args.base.resolve()),
     }  # fmt: skip
     name = ("tree-ab" if args.features == "all" else "tree-ab-off") + ("-stream" * args.stream)
     name += "-chats" * bool(args.system_words) + "-idle" * bool(args.idle)
+    name += "-redis-ledger" * (args.ledger == "redis") + "-o200k" * (args.tokenizer == "o200k")
     publish(name, report, markdown(report))
     return 0
 
