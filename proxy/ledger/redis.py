@@ -15,7 +15,6 @@ from importlib import resources
 
 import orjson
 from redis.commands.core import AsyncScript
-from redis.exceptions import ResponseError
 
 from proxy.doze import AsyncDoze
 from proxy.ledger import query as planner
@@ -26,7 +25,7 @@ from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
 from proxy.ledger.buffer import Batch
 from proxy.ledger.writer import BufferedLedger
 from proxy.storage.redis.conn import REDIS_ERRORS, Call, RedisClient, connect, send_all
-from proxy.storage.redis.resp import Multiplexed, can_multiplex
+from proxy.storage.redis.resp import Multiplexed, MultiplexedScript, can_multiplex
 
 __all__ = ["RedisLedger"]
 
@@ -40,6 +39,15 @@ class _Connection:
     client: RedisClient
     append: AsyncScript
     sum: AsyncScript
+
+
+@dataclass(frozen=True, slots=True)
+class _Direct:
+    """The writer's own multiplexed connection to one server (not Sentinel or Cluster), as the
+    stores have: the calls of one turn go out in one write, packed by hiredis."""
+
+    client: Multiplexed
+    append: MultiplexedScript
 
 
 class RedisLedger(BufferedLedger):
@@ -73,8 +81,7 @@ class RedisLedger(BufferedLedger):
         self._socket_timeout_s = socket_timeout_s
         self._writer_id = uuid.uuid4().hex
         self._connection: _Connection | None = None
-        # The writer's own connection to one server (not Sentinel or Cluster), as the stores'.
-        self._direct: Multiplexed | None = None
+        self._direct: _Direct | None = None
         self._task: asyncio.Task[None] | None = None
 
     def _writer_running(self) -> bool:
@@ -89,7 +96,7 @@ class RedisLedger(BufferedLedger):
 
     async def _release(self) -> None:
         if self._direct is not None:
-            await self._direct.aclose()
+            await self._direct.client.aclose()
         if self._connection is not None:
             await self._connection.client.aclose()
 
@@ -103,7 +110,8 @@ class RedisLedger(BufferedLedger):
         append, total = (client.register_script(_lua(f)) for f in ("append.lua", "sum.lua"))
         self._connection = _Connection(client, append, total)
         if not self._read_only and can_multiplex(self.url):
-            self._direct = Multiplexed(self.url, timeout_s=self._socket_timeout_s)
+            direct = Multiplexed(self.url, timeout_s=self._socket_timeout_s)
+            self._direct = _Direct(direct, direct.register_script(_lua("append.lua")))
         if not self._read_only:
             self._task = asyncio.create_task(self._run(), name="tokenweir-ledger")
 
@@ -184,38 +192,17 @@ class RedisLedger(BufferedLedger):
             for tenant_tag, records in by_tenant.items()
         ]
         # A batch that failed in part is sent again whole: append.lua applies it once per tenant.
-        if self._direct is not None:
-            await self._send_direct(self._direct, connection.append, list(by_tenant), appends)
+        direct = self._direct
+        if direct is not None:  # redis-py's pipeline would send SCRIPT EXISTS every batch
+            await asyncio.gather(
+                direct.client.execute("SADD", keys.TENANTS_KEY, *by_tenant),
+                *(direct.append(keys=call_keys, args=args) for call_keys, args in appends),
+            )
             return
         # TENANTS_KEY has no tenant's hash tag: on a cluster it is a command of its own.
         calls: list[Call] = [lambda client: client.sadd(keys.TENANTS_KEY, *by_tenant)]
         calls += [partial(connection.append, *call) for call in appends]
         await send_all(connection.client, calls)
-
-    @staticmethod
-    async def _send_direct(
-        direct: Multiplexed,
-        append: AsyncScript,
-        tags: list[str],
-        appends: list[tuple[list[str], list[str | int | bytes]]],
-    ) -> None:
-        """The batch in one write on the writer's own connection, packed by hiredis: none of
-        redis-py's encoding an argument at a time, its pool, or the SCRIPT EXISTS it sends
-        before every pipeline that runs a script. Raises the first error reply."""
-        commands = [
-            ("SADD", keys.TENANTS_KEY, *tags),
-            *(
-                ("EVALSHA", append.sha, len(call_keys), *call_keys, *args)
-                for call_keys, args in appends
-            ),
-        ]
-        replies = await direct.execute_many(commands)
-        if any(_unknown_script(reply) for reply in replies):  # Redis restarted, or flushed
-            await direct.execute("SCRIPT", "LOAD", _lua("append.lua"))
-            replies = await direct.execute_many(commands)
-        for reply in replies:
-            if isinstance(reply, ResponseError):
-                raise reply
 
     async def _read_cells(self, q: UsageQuery) -> list[Cell]:
         """Summed in Redis by lua/sum.lua: one small reply per tenant, span and group."""
@@ -255,10 +242,6 @@ class RedisLedger(BufferedLedger):
 
 def _newest(stream: str, limit: int) -> Call:
     return lambda client: client.xrevrange(stream, count=limit)
-
-
-def _unknown_script(reply: object) -> bool:
-    return isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
 
 
 def _lua(name: str) -> str:

@@ -84,7 +84,7 @@ async def test_unreachable_redis_buffers_then_writes_when_it_comes_up() -> None:
 
 async def test_records_are_written_after_redis_forgets_the_script(redis_url: str) -> None:
     """A Redis restarted without its scripts (or SCRIPT FLUSHed) answers the writer's EVALSHA
-    with NOSCRIPT: the writer loads the script and sends the batch again, nothing lost."""
+    with NOSCRIPT: the writer sends the script itself (EVAL), nothing lost."""
     ledger = RedisLedger(redis_url, flush_timeout_s=5)
     await ledger.start()
     try:
