@@ -46,6 +46,7 @@ from harness import (
     Process,
     bench,
     cell,
+    cpu_ticks,
     otel_environment,
     policy_for,
     publish,
@@ -165,8 +166,7 @@ def thread_cpu_s(pid: int) -> tuple[float, float]:
     loop = others = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            ticks = int(fields[11]) + int(fields[12])
+            ticks = cpu_ticks(task / "stat")
             if task.name == str(pid):
                 loop += ticks
             else:

@@ -39,6 +39,19 @@ def publish(name: str, report: dict[str, Any], text: str) -> None:
     print(text)
 
 
+def stat_fields(stat: Path) -> list[str]:
+    """A /proc/PID/stat (or /proc/PID/task/TID/stat) file's fields after the command's name,
+    which may hold spaces and parentheses: index 11 is utime, 12 stime, 13 and 14 the reaped
+    children's."""
+    return stat.read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_ticks(stat: Path) -> int:
+    """utime + stime of a process or thread, in clock ticks (TICKS_PER_S a second)."""
+    fields = stat_fields(stat)
+    return int(fields[11]) + int(fields[12])
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -55,8 +68,7 @@ class Process:
         total = 0
         for pid in self._tree():
             with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
+                total += cpu_ticks(Path(f"/proc/{pid}/stat"))
         return total / TICKS_PER_S
 
     def memory_mb(self) -> dict[str, float]:

@@ -42,6 +42,7 @@ from harness import (
     publish,
     running,
     started,
+    stat_fields,
     table,
     warm_up,
 )
@@ -52,7 +53,7 @@ RELAYS = ("socat", "python", "tokenweir")
 def cpu_with_children_s(process: Process) -> float:
     """The process tree's CPU, with what its exited children used (socat forks one per
     connection, and a child's time moves to cutime/cstime when it is reaped)."""
-    fields = Path(f"/proc/{process.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(Path(f"/proc/{process.popen.pid}/stat"))
     reaped = (int(fields[13]) + int(fields[14])) / TICKS_PER_S
     return process.cpu_s() + reaped
 

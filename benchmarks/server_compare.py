@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
+    TICKS_PER_S,
     Process,
     cell,
+    cpu_ticks,
     free_port,
     publish,
     started,
@@ -78,8 +80,7 @@ class ProcessTree(Process):
         total = 0.0
         for pid in self.pids():
             with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                total += cpu_ticks(Path(f"/proc/{pid}/stat")) / TICKS_PER_S
         return total
 
     def memory_mb(self) -> dict[str, float]:
