@@ -20,8 +20,9 @@ from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.leases import LeaseIds
 from proxy.stages.budget import DEFAULT_OUTPUT_BOUND
+from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
-from proxy.stages.ratelimit import format_reset, limit_key, per_minute
+from proxy.stages.ratelimit import format_reset
 from proxy.storage.base import Counter, QuotaStore, StorageError
 from proxy.storage.joint import Admit, Reserve, Step
 from proxy.storage.limits import Bucket, LimitStore

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -18,19 +18,18 @@ from proxy.context import Admitted
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.holds import RateLimitHold
 from proxy.leases import LeaseIds, Renewals
-from proxy.policy.model import Backend, Limits, LimitSet
+from proxy.policy.model import Backend, Limits
+from proxy.stages.limitshape import LimitShape, LimitShapes, limit_key
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Admit
-from proxy.storage.limits import Admission, Bucket, BucketState, LimitKey, LimitStore, SlotPool
+from proxy.storage.limits import Admission, Bucket, BucketState, LimitKey, LimitStore
 
 __all__ = [
     "LimitPlan",
     "RateLimits",
     "format_reset",
-    "limit_key",
-    "per_minute",
 ]
 
 _log = logging.getLogger("tokenweir.ratelimit")
@@ -42,7 +41,7 @@ class LimitPlan:
     """An admission to ask for the request as it stands."""
 
     hold: RateLimitHold
-    buckets: list[Bucket]
+    shape: LimitShape
     costs: list[int]
     step: Admit
 
@@ -62,6 +61,7 @@ class RateLimits:
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
         self._lease_ids = LeaseIds()
         self._renewals = Renewals(clock, _log, "a concurrency lease")
+        self._shapes = LimitShapes()
 
     def touched(self, ctx: Admitted) -> bool:
         """The tenant has limits: the stage admitted the request against them in storage."""
@@ -86,20 +86,20 @@ class RateLimits:
                 self._undo_later(exc, plan.hold)
             self._failures.decide("rate_limit", limits, exc)
             return
-        ctx.rate_limit_headers = _headers(plan.buckets, admission.buckets)
+        ctx.rate_limit_headers = _headers(plan.shape, admission.buckets)
         if not admission.admitted:
-            raise _refused(plan.buckets, plan.hold.slots, plan.costs, admission)
-        self._hold(ctx, plan.hold, plan.buckets, plan.costs)
+            raise _refused(plan.shape, plan.costs, admission)
+        self._hold(ctx, plan.hold, plan.shape, plan.costs)
 
     def plan(self, ctx: Admitted) -> LimitPlan | None:
         """The tenant's buckets and slot pools (and its limits on this model); None without."""
         limits = ctx.tenant.limits
-        scope = f"tw:{{{ctx.tenant_name}}}"
-        buckets, costs, slots = _limits_for(scope, limits, ctx.model, _token_cost(ctx))
-        if not buckets and not slots:
+        shape = self._shapes.of(f"tw:{{{ctx.tenant_name}}}", limits, ctx.model)
+        if shape.empty:
             return None
-        hold = RateLimitHold(scope, self._lease_ids.next(), limits.lease_ttl, slots)
-        return LimitPlan(hold, buckets, costs, self._step(hold, buckets, costs))
+        costs = shape.costs(_token_cost(ctx))
+        hold = RateLimitHold(shape.scope, self._lease_ids.next(), limits.lease_ttl, shape.slots)
+        return LimitPlan(hold, shape, costs, self._step(hold, shape.buckets, costs))
 
     def replan(self, ctx: Admitted, plan: Plan) -> bool:
         return False
@@ -107,24 +107,26 @@ class RateLimits:
     async def admit_backend(self, ctx: Admitted, backend: Backend) -> None:
         """The chosen backend's own limits, shared by every tenant: a full backend is a 503."""
         tenant = ctx.tenant
-        scope = f"tw:{{backend:{backend.name}}}"
-        buckets, costs, slots = _limits_for(scope, backend.limits, "", _token_cost(ctx))
-        if not buckets and not slots:
+        shape = self._shapes.of(f"tw:{{backend:{backend.name}}}", backend.limits, "")
+        if shape.empty:
             return
-        hold = RateLimitHold(scope, self._lease_ids.next(), tenant.limits.lease_ttl, slots)
+        costs = shape.costs(_token_cost(ctx))
+        hold = RateLimitHold(
+            shape.scope, self._lease_ids.next(), tenant.limits.lease_ttl, shape.slots
+        )
         try:
-            admission = await self._try(hold, buckets, costs)
+            admission = await self._try(hold, shape.buckets, costs)
         except StorageError as exc:
             self._undo_later(exc, hold)
             self._failures.decide("rate_limit", tenant.limits, exc)
             return
         if not admission.admitted:
-            refusal = _refused(buckets, slots, costs, admission)
+            refusal = _refused(shape, costs, admission)
             raise UpstreamUnavailable(
                 f"Backend {backend.name!r} is at capacity: {refusal.message}",
                 retry_after_s=refusal.retry_after_s or 1.0,
             )
-        self._hold(ctx, hold, buckets, costs)
+        self._hold(ctx, hold, shape, costs)
 
     def _undo_later(self, exc: StorageError, hold: RateLimitHold) -> None:
         """Free the slots a timed-out admission may still take once storage catches up."""
@@ -137,13 +139,9 @@ class RateLimits:
         self._failures.undo_later(exc, release, hold.lease_s)
 
     def _hold(
-        self, ctx: Admitted, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]
+        self, ctx: Admitted, hold: RateLimitHold, shape: LimitShape, costs: list[int]
     ) -> None:
-        hold.token_buckets = tuple(
-            (b, cost)
-            for b, cost in zip(buckets, costs, strict=True)
-            if limit_key(b).kind == "tokens"
-        )
+        hold.token_buckets = tuple((bucket, costs[index]) for index, bucket in shape.token_buckets)
         if hold.slots:
             self._keep_leased(hold)
         ctx.rate_limits.append(hold)
@@ -189,7 +187,7 @@ class RateLimits:
 
     async def _admit(self, plan: LimitPlan, limits: Limits) -> Admission:
         """Admit now, or with `queue_timeout`, wait in this tenant's FIFO line for a slot."""
-        hold, buckets, costs = plan.hold, plan.buckets, plan.costs
+        hold, buckets, costs = plan.hold, plan.shape.buckets, plan.costs
         if not plan.step.taken:
             await plan.step.run(self._store)
         admission = plan.step.answer
@@ -223,14 +221,16 @@ class RateLimits:
                 self._queues.pop(hold.scope, None)
             self._wake_next(hold.scope)
 
-    def _step(self, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]) -> Admit:
+    def _step(self, hold: RateLimitHold, buckets: Sequence[Bucket], costs: list[int]) -> Admit:
         now = self._clock.wall()
         return Admit(
             hold.scope, buckets, costs, hold.slots,
             lease_id=hold.lease_id, lease_until=now + hold.lease_s, now=now,
         )  # fmt: skip
 
-    async def _try(self, hold: RateLimitHold, buckets: list[Bucket], costs: list[int]) -> Admission:
+    async def _try(
+        self, hold: RateLimitHold, buckets: Sequence[Bucket], costs: list[int]
+    ) -> Admission:
         step = self._step(hold, buckets, costs)
         await step.run(self._store)
         return step.answer
@@ -253,59 +253,15 @@ def _token_cost(ctx: Admitted) -> int:
     return (ctx.counted_input_tokens or 0) + (ctx.outgoing.allowance or 0)
 
 
-def _limits_for(
-    scope: str, limits: Limits | LimitSet, model: str, tokens: int
-) -> tuple[list[Bucket], list[int], tuple[SlotPool, ...]]:
-    """The buckets and slot pools of `limits`, then those of its limits on this model."""
-    buckets: list[Bucket] = []
-    costs: list[int] = []
-    slots: list[SlotPool] = []
-    levels: list[tuple[str | None, Limits | LimitSet]] = [(None, limits)]
-    if isinstance(limits, Limits) and model in limits.per_model:
-        levels.append((model, limits.per_model[model]))
-    for on_model, level in levels:
-        for bucket, cost in per_minute(
-            scope, level.requests_per_minute, level.tokens_per_minute, tokens, model=on_model
-        ):
-            buckets.append(bucket)
-            costs.append(cost)
-        if level.max_concurrent:
-            slots.append(LimitKey(scope, "slots", on_model).pool(level.max_concurrent))
-    return buckets, costs, tuple(slots)
-
-
-def per_minute(
-    scope: str,
-    requests: int | None,
-    tokens_per_minute: int | None,
-    tokens: int,
-    *,
-    model: str | None = None,
-) -> Iterator[tuple[Bucket, int]]:
-    """The requests- and tokens-per-minute buckets of `scope` (on `model`, or on every model),
-    each with this request's cost (one request, `tokens` tokens)."""
-    if requests:
-        yield LimitKey(scope, "requests", model).bucket(requests), 1
-    if tokens_per_minute:
-        yield LimitKey(scope, "tokens", model).bucket(tokens_per_minute), tokens
-
-
-def limit_key(limit: Bucket | SlotPool) -> LimitKey:
-    """Which limit a bucket or pool of this stage is (each is built from its LimitKey)."""
-    if limit.name is None:
-        raise ValueError(f"{limit.key} was not built from a LimitKey")
-    return limit.name
-
-
-def _slot_refused(admission: Admission, buckets: list[Bucket]) -> bool:
+def _slot_refused(admission: Admission, buckets: Sequence[Bucket]) -> bool:
     return admission.refused is not None and admission.refused >= len(buckets)
 
 
-def _headers(buckets: list[Bucket], states: tuple[BucketState, ...]) -> list[tuple[bytes, bytes]]:
+def _headers(shape: LimitShape, states: tuple[BucketState, ...]) -> list[tuple[bytes, bytes]]:
     """OpenAI's six headers; with a per-model limit too, the tighter of each kind is shown."""
     tightest: dict[bytes, BucketState] = {}
-    for bucket, state in zip(buckets, states, strict=True):
-        kind = b"requests" if limit_key(bucket).kind == "requests" else b"tokens"
+    for counted, state in zip(shape.counts_tokens, states, strict=True):
+        kind = b"tokens" if counted else b"requests"
         if kind not in tightest or state.remaining < tightest[kind].remaining:
             tightest[kind] = state
     headers: list[tuple[bytes, bytes]] = []
@@ -332,9 +288,8 @@ def format_reset(seconds: float) -> str:
     return f"{secs}s"
 
 
-def _refused(
-    buckets: list[Bucket], slots: tuple[SlotPool, ...], costs: list[int], admission: Admission
-) -> RateLimited:
+def _refused(shape: LimitShape, costs: list[int], admission: Admission) -> RateLimited:
+    buckets, slots = shape.buckets, shape.slots
     index = admission.refused if admission.refused is not None else 0
     retry_s = admission.retry_after_s
     if index >= len(buckets):

@@ -130,6 +130,20 @@ async def test_per_model_limits_apply_on_top_of_the_tenants() -> None:
     assert headers(other)["x-ratelimit-remaining-requests"] == "8"
 
 
+async def test_limits_a_reload_changes_apply_from_the_next_request() -> None:
+    """The stage builds a tenant's buckets once; a reloaded policy's limits are new objects."""
+    stage = RateLimits(MemoryLimitStore(), FakeClock(start_wall=1000.0), StorageFailures())
+    before = request(Limits(requests_per_minute=10, max_concurrent=5))
+    await stage(before)
+    assert headers(before)["x-ratelimit-limit-requests"] == "10"
+    assert [pool.size for pool in before.rate_limits[0].slots] == [5]
+    after = request(Limits(requests_per_minute=3, tokens_per_minute=1000))
+    await stage(after)
+    assert headers(after)["x-ratelimit-limit-requests"] == "3"
+    assert headers(after)["x-ratelimit-limit-tokens"] == "1000"
+    assert after.rate_limits[0].slots == ()
+
+
 async def test_one_tenants_line_never_delays_another_tenant() -> None:
     stage = RateLimits(MemoryLimitStore(), FakeClock(), StorageFailures())
     limits = Limits(max_concurrent=1, queue_timeout=30.0)
@@ -175,7 +189,7 @@ def test_the_store_keys_are_those_every_replica_shares() -> None:
     ctx.outgoing.set_model("qwen:7b")
     plan = stage.plan(ctx)
     assert plan is not None
-    assert [b.key for b in plan.buckets] == [
+    assert [b.key for b in plan.shape.buckets] == [
         "tw:{acme}:rl:rpm", "tw:{acme}:rl:tpm",
         "tw:{acme}:rl:m:qwen:7b:rpm", "tw:{acme}:rl:m:qwen:7b:tpm",
     ]  # fmt: skip

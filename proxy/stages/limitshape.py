@@ -1,0 +1,103 @@
+"""The rate limits a request is admitted against: each scope's buckets and slot pools (on a
+model, or on every model), built once from the limits object that makes them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from proxy.policy.model import Limits, LimitSet
+from proxy.storage.limits import Bucket, LimitKey, SlotPool
+
+__all__ = ["LimitShape", "LimitShapes", "limit_key", "per_minute"]
+
+# Shapes kept at most (every tenant's and backend's, on each model with a limit of its own).
+_MAX_SHAPES: Final = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class LimitShape:
+    """The buckets and slot pools of one limits object at one scope (and its limits on one
+    model): they depend on nothing else, so they are built once; a request adds its costs."""
+
+    scope: str
+    limits: Limits | LimitSet  # what it was built from (a reloaded policy has new objects)
+    buckets: tuple[Bucket, ...]
+    counts_tokens: tuple[bool, ...]  # for each bucket: tokens, else requests
+    slots: tuple[SlotPool, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.buckets and not self.slots
+
+    @property
+    def token_buckets(self) -> Iterator[tuple[int, Bucket]]:
+        """The buckets that count tokens, each with its index."""
+        for index, bucket in enumerate(self.buckets):
+            if self.counts_tokens[index]:
+                yield index, bucket
+
+    def costs(self, tokens: int) -> list[int]:
+        """This request's cost on each bucket: one request, `tokens` tokens."""
+        return [tokens if counted else 1 for counted in self.counts_tokens]
+
+
+class LimitShapes:
+    """Each scope's `LimitShape` on each model (or on every model), built from the limits
+    object asked with, and again when a later one is another object (a policy reload)."""
+
+    __slots__ = ("_shapes",)
+
+    def __init__(self) -> None:
+        self._shapes: dict[tuple[str, str | None], LimitShape] = {}
+
+    def of(self, scope: str, limits: Limits | LimitSet, model: str) -> LimitShape:
+        on_model = model if isinstance(limits, Limits) and model in limits.per_model else None
+        shape = self._shapes.get((scope, on_model))
+        if shape is None or shape.limits is not limits:
+            if len(self._shapes) >= _MAX_SHAPES:
+                self._shapes.clear()
+            shape = self._shapes[scope, on_model] = _shape_of(scope, limits, on_model)
+        return shape
+
+
+def _shape_of(scope: str, limits: Limits | LimitSet, model: str | None) -> LimitShape:
+    """The buckets and slot pools of `limits`, then those of its limits on `model`."""
+    buckets: list[Bucket] = []
+    slots: list[SlotPool] = []
+    levels: list[tuple[str | None, Limits | LimitSet]] = [(None, limits)]
+    if model is not None and isinstance(limits, Limits):
+        levels.append((model, limits.per_model[model]))
+    for on_model, level in levels:
+        for bucket, _ in per_minute(
+            scope, level.requests_per_minute, level.tokens_per_minute, 0, model=on_model
+        ):
+            buckets.append(bucket)
+        if level.max_concurrent:
+            slots.append(LimitKey(scope, "slots", on_model).pool(level.max_concurrent))
+    counts_tokens = tuple(limit_key(bucket).kind == "tokens" for bucket in buckets)
+    return LimitShape(scope, limits, tuple(buckets), counts_tokens, tuple(slots))
+
+
+def per_minute(
+    scope: str,
+    requests: int | None,
+    tokens_per_minute: int | None,
+    tokens: int,
+    *,
+    model: str | None = None,
+) -> Iterator[tuple[Bucket, int]]:
+    """The requests- and tokens-per-minute buckets of `scope` (on `model`, or on every model),
+    each with this request's cost (one request, `tokens` tokens)."""
+    if requests:
+        yield LimitKey(scope, "requests", model).bucket(requests), 1
+    if tokens_per_minute:
+        yield LimitKey(scope, "tokens", model).bucket(tokens_per_minute), tokens
+
+
+def limit_key(limit: Bucket | SlotPool) -> LimitKey:
+    """Which limit a bucket or pool of this stage is (each is built from its LimitKey)."""
+    if limit.name is None:
+        raise ValueError(f"{limit.key} was not built from a LimitKey")
+    return limit.name
