@@ -128,13 +128,16 @@ async def test_https_backends_get_the_first_byte_timeout_too(
     sent_headers = asyncio.Event()
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await read_request(reader)
-        if b"/headers-then-nothing" in head:
-            writer.write(CHUNKED_HEAD)
-            sent_headers.set()
-        elif b"/quick" in head:
-            writer.write(CHUNKED_HEAD + chunk(b"hello") + b"0\r\n\r\n")
-        await reader.read()
+        try:
+            head = await read_request(reader)
+            if b"/headers-then-nothing" in head:
+                writer.write(CHUNKED_HEAD)
+                sent_headers.set()
+            elif b"/quick" in head:
+                writer.write(CHUNKED_HEAD + chunk(b"hello") + b"0\r\n\r\n")
+            await reader.read()
+        finally:
+            writer.close()  # Python 3.13 warns of a StreamWriter collected unclosed
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
