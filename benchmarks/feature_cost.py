@@ -2,6 +2,7 @@
 
     python benchmarks/feature_cost.py [--rounds 3] [--requests 3000] [--only all,-tracing,...]
                                       [--ledger sqlite|redis] [--tokenizer qwen|o200k]
+                                      [--stream [--tps 750]]
 
 The instruction counts (instructions.py) add the features one at a time to the bare gateway;
 this takes them away one at a time from the whole, and measures CPU time in service, where
@@ -25,7 +26,11 @@ none is answered from the cache), reading the gateway's CPU from /proc around th
 loop's thread apart from its others (the ledger's writer, the span exporter). Reports medians
 over the rounds: CPU µs a request (loop thread, other threads), requests/s, and what leaving
 the feature out saved against `all` (the median of the rounds' differences).
-Results: benchmarks/results/feature-cost[-redis-ledger][-o200k].{json,md}.
+With `--stream` the load is 64 streams of 256 tokens from a backend paced at `--tps` tokens a
+second a stream (a token a read, as from a real engine): 128 streams to warm up, then
+`--requests` streams (640 unless given), and the figures are CPU µs a streamed token and
+tokens/s (the issue's "CPU per streamed token at 64 streams", feature by feature).
+Results: benchmarks/results/feature-cost[-stream][-redis-ledger][-o200k].{json,md}.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ from overhead import ALL_BUDGET, ALL_LIMITS, TELEMETRY_ENV, all_on_choice, all_o
 from tests.redis_server import private_redis
 
 NO_TELEMETRY = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+STREAM_TOKENS = 256
+STREAMS_A_RUN = 640
 SETUPS: dict[str, str] = {
     "all": "every feature on",
     "-tracing": "all but traces",
@@ -75,25 +82,31 @@ SETUPS: dict[str, str] = {
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--only", default=",".join(SETUPS), help="set-ups, comma-separated")
     parser.add_argument("--ledger", choices=["sqlite", "redis"], default="sqlite")
     parser.add_argument("--tokenizer", choices=["qwen", "o200k"], default="qwen")
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--tps", type=float, default=750.0)
     args = parser.parse_args()
+    if args.requests is None:
+        args.requests = STREAMS_A_RUN if args.stream else 3000
     chosen = args.only.split(",")
     unknown = [name for name in chosen if name not in SETUPS]
     if unknown:
         parser.error(f"unknown set-ups {unknown}; known: {', '.join(SETUPS)}")
-    if args.requests > 4096:
+    if not args.stream and args.requests > 4096:
         parser.error("--requests above 4096 sends prompts again, which the cache answers")
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "load": os.getloadavg(), "rounds": args.rounds, "requests": args.requests,
-        "ledger": args.ledger, "tokenizer": args.tokenizer,
+        "ledger": args.ledger, "tokenizer": args.tokenizer, "stream": args.stream,
+        "tps": args.tps,
     }  # fmt: skip
     report["runs"] = measure(args, chosen)
-    suffix = "-redis-ledger" if args.ledger == "redis" else ""
+    suffix = "-stream" if args.stream else ""
+    suffix += "-redis-ledger" if args.ledger == "redis" else ""
     suffix += "-o200k" if args.tokenizer == "o200k" else ""
     publish(f"feature-cost{suffix}", report, markdown(report))
     return 0
@@ -105,8 +118,9 @@ def measure(args: argparse.Namespace, chosen: list[str]) -> dict[str, list[dict[
         work = Path(tmp)
         redis_url = stack.enter_context(private_redis())
         endpoint, _ = stack.enter_context(otlp_sink())
+        pace = str(args.tps) if args.stream else "inf"
         mock = stack.enter_context(
-            started(["mock-backend", "--tokens-per-second", "inf"], "/v1/models", work / "m.log")
+            started(["mock-backend", "--tokens-per-second", pace], "/v1/models", work / "m.log")
         )
         setups = setups_for(mock.url, work, redis_url, args, endpoint)
         for index in range(args.rounds):
@@ -114,7 +128,7 @@ def measure(args: argparse.Namespace, chosen: list[str]) -> dict[str, list[dict[
                 print(f"round {index + 1}: {name}", file=sys.stderr, flush=True)
                 policy, environment = setups[name]
                 with otel_environment(environment):
-                    runs[name].append(one_run(mock, policy, work, args.requests))
+                    runs[name].append(one_run(mock, policy, work, args.requests, args.stream))
     return runs
 
 
@@ -145,20 +159,25 @@ def setups_for(
     }
 
 
-def one_run(mock: Process, policy: Path, work: Path, requests: int) -> dict[str, float]:
+def one_run(
+    mock: Process, policy: Path, work: Path, requests: int, stream: bool
+) -> dict[str, float]:
+    """CPU µs a request (a streamed token with `stream`), and requests (tokens) a second."""
+    tokens = STREAM_TOKENS if stream else 16
     with started(["serve", "--config", str(policy)], "/healthz", work / "gateway.log") as gateway:
         warm_up(mock, gateway)
-        bench(gateway.url, 64, 500, stream=False, tokens=16)
+        bench(gateway.url, 64, 128 if stream else 500, stream=stream, tokens=tokens)
         pid = gateway.popen.pid
         loop_before, others_before = thread_cpu_s(pid)
         started_s = time.monotonic()
-        bench(gateway.url, 64, requests, stream=False, tokens=16)
+        bench(gateway.url, 64, requests, stream=stream, tokens=tokens)
         elapsed_s = time.monotonic() - started_s
         loop_after, others_after = thread_cpu_s(pid)
-    loop_us = (loop_after - loop_before) / requests * 1e6
-    others_us = (others_after - others_before) / requests * 1e6
+    units = requests * tokens if stream else requests
+    loop_us = (loop_after - loop_before) / units * 1e6
+    others_us = (others_after - others_before) / units * 1e6
     return {"cpu_us": loop_us + others_us, "loop_us": loop_us, "others_us": others_us,
-            "rps": requests / elapsed_s}  # fmt: skip
+            "rps": units / elapsed_s}  # fmt: skip
 
 
 def thread_cpu_s(pid: int) -> tuple[float, float]:
@@ -177,13 +196,20 @@ def thread_cpu_s(pid: int) -> tuple[float, float]:
 def markdown(report: dict[str, Any]) -> str:
     runs: dict[str, list[dict[str, float]]] = report["runs"]
     load = ", ".join(f"{x:.2f}" for x in report["load"])
+    stream = report.get("stream", False)
+    load_text = (
+        f"{report['requests']:,} streams of {STREAM_TOKENS} tokens at {report['tps']:g} tokens/s "
+        "a run, 64 in flight"
+        if stream
+        else f"{report['requests']:,} non-stream requests of 16 tokens a run, 64 in flight"
+    )
     lines = [
         f"Run {report['when']} on {report['machine']}; load average before {load}; "
-        f"{report['requests']:,} non-stream requests of 16 tokens a run, 64 in flight, a fresh "
-        f"gateway each; medians of {report['rounds']} rounds; all on = overhead.py's "
-        f"`--features all` ({all_on_choice(report)}).",
+        f"{load_text}, a fresh gateway each; medians of {report['rounds']} rounds; all on = "
+        f"overhead.py's `--features all` ({all_on_choice(report)}).",
         "",
     ]
+    digits = 2 if stream else 0
     rows = []
     for name, measured in runs.items():
         saved = None
@@ -192,13 +218,15 @@ def markdown(report: dict[str, Any]) -> str:
             saved = statistics.median(a["cpu_us"] - b["cpu_us"] for a, b in pairs)
         rows.append([
             f"`{name}` ({SETUPS[name]})",
-            *(cell(statistics.median(r[key] for r in measured), 0)
-              for key in ("cpu_us", "loop_us", "others_us", "rps")),
-            cell(saved, 0),
+            *(cell(statistics.median(r[key] for r in measured), digits)
+              for key in ("cpu_us", "loop_us", "others_us")),
+            cell(statistics.median(r["rps"] for r in measured), 0),
+            cell(saved, digits),
         ])  # fmt: skip
+    unit, rate = ("CPU µs a token", "tokens/s") if stream else ("CPU µs a request", "req/s")
     columns = (
-        ("set-up", None, 0), ("CPU µs a request", None, 0), ("loop thread", None, 0),
-        ("other threads", None, 0), ("req/s", None, 0), ("saved against all", None, 0),
+        ("set-up", None, 0), (unit, None, 0), ("loop thread", None, 0),
+        ("other threads", None, 0), (rate, None, 0), ("saved against all", None, 0),
     )  # fmt: skip
     lines += table(columns, rows)
     return "\n".join(lines) + "\n"
