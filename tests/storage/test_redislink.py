@@ -127,3 +127,31 @@ async def test_a_gate_across_hash_slots_stops_at_the_first_refusal(redis_cluster
     assert refused.refused
     assert not later.taken
     await storage.aclose()
+
+
+@pytest.mark.parametrize("limit", [2**63 + 1, 2**64 + 5], ids=["past-int64", "past-uint64"])
+async def test_a_limit_too_large_for_redis_integers_still_holds_every_reservation(
+    limit: int, redis_url: str
+) -> None:
+    """Lua's numbers are doubles: a limit past int64 arrives as the double it becomes there,
+    never wrapped to a negative one that refuses everything, nor failing to send."""
+    storage = RedisStorage(redis_url, timeout_s=10.0)
+    huge = Counter("tw:{acme}:q:usd:d:20261129", limit=limit, expires_at=2_000_000_000)
+    assert (
+        await storage.quotas.reserve(ACME, "r1", [huge], [300], lease_until=NOW + 60, now=NOW)
+        is None
+    )
+    await storage.quotas.settle(ACME, "r1", [huge], [120])
+    assert await storage.quotas.read([huge]) == [(120, 0)]
+    await storage.aclose()
+
+
+async def test_bytes_and_strings_of_any_kind_are_stored_as_sent(any_redis: str) -> None:
+    """Arguments travel as one packed array: a value that is not UTF-8, and text whose UTF-8
+    bytes look like the packing's own markers, come back byte for byte."""
+    storage = RedisStorage(any_redis, timeout_s=10.0)
+    value = b"\xcf\x80\x00\xff\xc4\x01" + "Ϗϴ ответ".encode()
+    await storage.cache.put(CacheEntry("acme", "Ϗϴ-ключ", value, NOW, ttl_s=60.0, max_entries=10))
+    assert await storage.cache.get("acme", "Ϗϴ-ключ", now=NOW) == value
+    assert await storage.cache.get("acme", "Ϗϴ", now=NOW) is None
+    await storage.aclose()

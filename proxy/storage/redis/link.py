@@ -7,10 +7,12 @@ releasing, booking). redis-py's errors become StorageError here, per operation.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import msgpack
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
@@ -39,6 +41,10 @@ OPERATIONS = (
 )  # fmt: skip
 _HELPERS = ("release_expired", "limits_bucket", "cache_drop")
 _FAILED, _RAN = 0, 1  # run.lua's statuses; 2 is ran and refused
+# Redis's cmsgpack reads no bin type (bytes go as raw strings) and reads a uint64 as signed.
+_PACK = msgpack.Packer(use_bin_type=False).pack  # holds the GIL for a whole call: no hooks
+_HIGH_UINT64 = re.compile(rb"\xcf[\x80-\xff]")
+_INT64 = range(-(2**63), 2**63)
 
 
 def ops_script() -> str:
@@ -159,12 +165,13 @@ class RedisLink:
 
     async def _send(self, calls: Sequence[LuaCall], *, gate: bool) -> bool:
         """One script call; False if a gate should stop (a call refused or failed)."""
-        args: list[Arg] = ["gate" if gate else "each", len(calls)]
+        operations: list[Arg] = []
         keys: list[str] = []
         for call in calls:
-            args.extend((call.name, len(call.keys), len(call.args)))
-            args.extend(call.args)
+            operations.extend((call.name, len(call.keys), len(call.args)))
+            operations.extend(call.args)
             keys.extend(call.keys)
+        args = ("gate" if gate else "each", len(calls), packed(operations))
         try:
             replies = await self._script(keys=keys, args=args)
         except REDIS_ERRORS as exc:
@@ -249,6 +256,20 @@ def _failer(done: asyncio.Future[Any]) -> Callable[[StorageError], None]:
             done.set_exception(error)
 
     return failed
+
+
+def packed(values: list[Arg]) -> bytes:
+    """`values` as run.lua reads them: one MessagePack array, which Redis unpacks in C (hiredis
+    would format every number as text, and Redis parse it back, an argument at a time). Lua
+    numbers are doubles either way: an integer past int64 goes as the float it becomes there."""
+    try:
+        payload: bytes = _PACK(values)
+        if _HIGH_UINT64.search(payload) is None:  # (a string's bytes may match: packed again)
+            return payload
+    except OverflowError:  # below int64, or past uint64
+        pass
+    fitted: bytes = _PACK([float(v) if type(v) is int and v not in _INT64 else v for v in values])
+    return fitted
 
 
 def _slot(call: LuaCall) -> int:

@@ -2,22 +2,24 @@
 -- (`OPS`, the other files here, put before this by proxy/storage/redis/link.py), so one call
 -- can carry several: a request's admission, or every settlement sent in one turn of the loop.
 -- KEYS: every operation's keys in turn.
--- ARGV: 1 mode, 2 operation count, then per operation: name, key count, argument count, its
--- arguments. Mode 'gate' stops after the first operation that refuses (returns true as its
--- second value) or fails; mode 'each' runs every one, whatever the others did.
+-- ARGV: 1 mode, 2 operation count, 3 the operations as one MessagePack array: per operation,
+-- name, key count, argument count, its arguments (strings and numbers, as sent). Mode 'gate'
+-- stops after the first operation that refuses (returns true as its second value) or fails;
+-- mode 'each' runs every one, whatever the others did.
 -- Returns per operation run, in order, two values: 1 and its reply, 2 and its reply when it
 -- refused, or 0 and its error; one flat list (a table a reply costs Redis a conversion).
 -- One failing operation (pcall) leaves the others' effects and replies as they were.
 local gate = ARGV[1] == 'gate'
-local replies, k, a = {}, 0, 3
+local operations = cmsgpack.unpack(ARGV[3])
+local replies, k, a = {}, 0, 1
 for n = 1, tonumber(ARGV[2]) do
-  local op, nkeys, nargs = OPS[ARGV[a]], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local op, nkeys, nargs = OPS[operations[a]], operations[a + 1], operations[a + 2]
   local keys, args = {}, {}
   for i = 1, nkeys do
     keys[i] = KEYS[k + i]
   end
   for i = 1, nargs do
-    args[i] = ARGV[a + 2 + i]
+    args[i] = operations[a + 2 + i]
   end
   k, a = k + nkeys, a + 3 + nargs
   local ok, reply, refused = pcall(op, keys, args)
