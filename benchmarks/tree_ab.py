@@ -12,9 +12,10 @@ auth only, no telemetry; its redis-server is started but unused, so its script c
 both running throughout. Each round sends the
 same load through one, then the other (the order alternating by round), and reads each
 gateway's CPU time from /proc and its Redis's INFO commandstats around its own run. Reports
-medians over the rounds: CPU µs per request, requests/s, Redis script calls per request, and how
-often the event loop's thread blocked a request (its voluntary context switches: a loop with
-nothing to do, or the GIL held by the ledger's writer or the span exporter).
+medians over the rounds: CPU µs per request, requests/s, Redis script calls and Redis's CPU
+(INFO cpu, user and system) per request, and how often the event loop's thread blocked a
+request (its voluntary context switches: a loop with nothing to do, or the GIL held by the
+ledger's writer or the span exporter).
 With `--stream` the load is streams of `--tokens` tokens from a backend paced at `--tps` tokens
 a second (each token its own read, as from a real engine), `--requests` is per stream in flight
 (at least 16 a run), and the report is CPU µs per streamed token and the gateway's TTFT p50.
@@ -87,6 +88,12 @@ def script_calls(admin: redis.Redis) -> int:
     )
 
 
+def redis_cpu_s(admin: redis.Redis) -> float:
+    """The redis-server's CPU seconds (user and system: its networking is most of it)."""
+    cpu = admin.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def threads_cpu_s(gateway: Process) -> float:
     """The CPU time of the gateway's threads, to the nanosecond (/proc's process total counts
     10 ms ticks: too coarse for an idle process)."""
@@ -118,6 +125,7 @@ def one_run(
         return {"idle_cpu_ms_per_s": spent_s / (time.monotonic() - began) * 1e3}
     prompts = chats(args.system_words, args.requests) if args.system_words else None
     calls_before, cpu_before = script_calls(admin), gateway.cpu_s()
+    redis_before = redis_cpu_s(admin)
     sleeps_before = loop_sleeps(gateway)
     if args.stream:
         requests = max(16, concurrency * args.requests)
@@ -136,6 +144,7 @@ def one_run(
     found = {
         "requests_per_s": float(done["requests_per_s"]),
         "script_calls_per_request": (script_calls(admin) - calls_before) / answered,
+        "redis_cpu_us_per_request": (redis_cpu_s(admin) - redis_before) / answered * 1e6,
         "loop_sleeps_per_request": (loop_sleeps(gateway) - sleeps_before) / answered,
         "errors": float(sum(done["errors"].values())),
     }
@@ -212,6 +221,7 @@ COLUMNS = (
     ("gateway CPU µs/request", "cpu_us_per_request", 0),
     ("req/s", "requests_per_s", 0),
     ("Redis script calls/request", "script_calls_per_request", 2),
+    ("Redis CPU µs/request", "redis_cpu_us_per_request", 0),
     ("loop thread sleeps/request", "loop_sleeps_per_request", 2),
 )
 STREAM_COLUMNS = (
@@ -220,6 +230,7 @@ STREAM_COLUMNS = (
     ("gateway CPU µs/token", "cpu_us_per_token", 1),
     ("TTFT p50 ms", "ttft_ms", 2),
     ("Redis script calls/stream", "script_calls_per_request", 2),
+    ("Redis CPU µs/stream", "redis_cpu_us_per_request", 0),
     ("loop thread sleeps/stream", "loop_sleeps_per_request", 2),
 )
 
