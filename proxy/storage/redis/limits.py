@@ -2,11 +2,13 @@
 (lua/admit.lua, limits_*.lua) run through the link's one script.
 
 Buckets are hashes {tokens, ts} that expire once they would be full again; slot pools are
-sorted sets (lease id -> lease expiry) that expire after their latest lease.
+sorted sets (lease id -> lease expiry) that expire after their latest lease. A lease's expiry
+is rounded up to a whole second, as the quota store's (quota.py says why).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -33,7 +35,7 @@ class RedisLimitStore(OnLink):
         buckets, costs, slots = step.buckets, step.costs, step.slots
         keys = [*(b.key for b in buckets), *(p.key for p in slots)]
         check_scope(step.scope, keys)
-        args: list[Arg] = [step.now, step.lease_id, step.lease_until, len(buckets)]
+        args: list[Arg] = [step.now, step.lease_id, math.ceil(step.lease_until), len(buckets)]
         for bucket, cost in zip(buckets, costs, strict=True):
             args += [bucket.capacity, bucket.refill_per_s, cost]
         args += [pool.size for pool in slots]
@@ -77,7 +79,7 @@ class RedisLimitStore(OnLink):
     ) -> Awaitable[bool]:
         keys = [pool.key for pool in slots]
         check_scope(scope, keys)
-        return self._link.later("limits_renew", keys, [lease_id, lease_until], bool)
+        return self._link.later("limits_renew", keys, [lease_id, math.ceil(lease_until)], bool)
 
     async def peek(
         self, scope: str, buckets: Sequence[Bucket], *, now: float
