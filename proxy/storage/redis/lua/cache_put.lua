@@ -13,7 +13,8 @@ drop_vector(KEYS[3], prefix, ARGV[1])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 -- An entry last used before stale_before has outlived its TTL; bounded work per call.
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('(%.17g', ARGV[5]), 'LIMIT', 0, 64)) do
+local stale_before = string.format('(%.17g', ARGV[5]) -- Lua's own `..` writes only 14 digits
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', stale_before, 'LIMIT', 0, 64)) do
   drop(KEYS[2], KEYS[3], prefix, member)
 end
 local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[6])
