@@ -4,6 +4,11 @@ All of a tenant's keys start `tw:{tenant}:cache:` (the tenant is the hash tag), 
 touches only one tenant's slot and no key of one tenant can name another's. Vectors live in a
 Redis stream per partition, which replicas read from their cursor, or in an index Redis searches
 itself: RediSearch's FT.SEARCH (cache_ft.py) or Redis 8's vector sets (cache_vset.py).
+
+The LRU set's scores (an entry's last use) are whole seconds, rounded up: a tenant with fewer
+than 128 entries has its set kept as a listpack, which parses a fractional score again for
+every entry an insert passes (a hit in a set of 100 cost Redis about twice the CPU). So the
+least recently used goes first to the second; within one second, in key order.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class RedisCacheStore(OnLink):
         return LuaCall(
             "cache_get",
             [f"{prefix}x:{step.key}", f"{prefix}lru"],
-            [step.now, step.key],
+            [math.ceil(step.now), step.key],
             lambda value: step.answered(value if isinstance(value, bytes) else None),
             step.failed,
             self._what,
@@ -69,7 +74,7 @@ class RedisCacheStore(OnLink):
             f"{prefix}v:{partition or '-'}",
         ]
         args: list[Arg] = [
-            entry.key, entry.value, ttl_ms, entry.now, entry.now - entry.ttl_s,
+            entry.key, entry.value, ttl_ms, math.ceil(entry.now), entry.now - entry.ttl_s,
             entry.max_entries, prefix, partition or "",
             # the stream's copy; an engine's is sent by its writer
             entry.vector if engine is None and entry.vector else b"", ttl_ms * _KEEP_TTLS,

@@ -1,7 +1,7 @@
 -- Store one answer (and its vector), then evict the tenant's stale and least recently used ones.
 --
--- KEYS[1] entry   KEYS[2] LRU zset (score: last use)   KEYS[3] vector locations   KEYS[4] the
--- partition's vector stream (unused without a vector)
+-- KEYS[1] entry   KEYS[2] LRU zset (score: last use, whole seconds)   KEYS[3] vector locations
+-- KEYS[4] the partition's vector stream (unused without a vector)
 -- ARGV: key, value, ttl_ms, now, stale_before, max_entries, prefix, partition ('' = no vector),
 --       vector, keep_ms (how long the tenant's bookkeeping outlives its last write), engine ('':
 --       the stream; '*' the partition's vector set, '#' a RediSearch hash: the caller adds the
