@@ -7,9 +7,9 @@ slot and a script may touch them together.
 A lease's expiry (its score in the `leases` sorted set) is rounded up to a whole second: a
 small sorted set is a listpack, which keeps an integral score as an integer and any other as
 text that every insert and range reads back with strtod (17 digits: glibc's slow path), about
-a fifth of Redis's CPU for an admission and its settlement at 64 leases held. A lease may
-last up to a second longer than asked on Redis; a lease is at least a second (`lease_ttl`)
-and is renewed long before its end.
+a tenth of Redis's CPU for an admission and its settlement at 64 leases held
+(benchmarks/redis_scores.py). A lease may last up to a second longer than asked on Redis; a
+lease is at least a second (`lease_ttl`) and is renewed long before its end.
 """
 
 from __future__ import annotations
