@@ -33,6 +33,7 @@ from typing import Any
 
 import redis
 from harness import cell, publish, table
+from storage_calls import redis_cpu_s
 
 from proxy.storage.redis.link import ops_script, packed
 from tests.redis_server import private_redis
@@ -88,11 +89,6 @@ def fill_cache(client: redis.Redis, sha: str, entries: int, score: Score) -> Non
                       now - 3600, 10_000, prefix, "", b"", 7_200_000, ""]  # fmt: skip
         pipe.evalsha(sha, 4, *keys, "each", 1, packed(operations))
     pipe.execute()
-
-
-def redis_cpu_s(client: redis.Redis) -> float:
-    cpu = client.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def one_run(client: redis.Redis, sha: str, case: str, whole: bool, calls: int) -> float:

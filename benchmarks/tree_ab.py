@@ -66,6 +66,7 @@ from harness import (
 )
 from otelsink import otlp_sink
 from overhead import TELEMETRY_ENV, all_on_choice, gateway_config
+from storage_calls import redis_cpu_s
 
 from tests.redis_server import private_redis
 
@@ -86,12 +87,6 @@ def script_calls(admin: redis.Redis) -> int:
     return sum(
         int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval")
     )
-
-
-def redis_cpu_s(admin: redis.Redis) -> float:
-    """The redis-server's CPU seconds (user and system: its networking is most of it)."""
-    cpu = admin.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def threads_cpu_s(gateway: Process) -> float:
