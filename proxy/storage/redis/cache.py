@@ -8,7 +8,7 @@ itself: RediSearch's FT.SEARCH (cache_ft.py) or Redis 8's vector sets (cache_vse
 The LRU set's scores (an entry's last use) are whole seconds, rounded up: a tenant with fewer
 than 128 entries has its set kept as a listpack, which parses a fractional score again for
 every entry an insert passes (a hit in a set of 100 cost Redis about twice the CPU). So the
-least recently used goes first to the second; within one second, in key order.
+least recently used goes first to the second; within one second, in no order of use.
 """
 
 from __future__ import annotations
