@@ -46,6 +46,12 @@ def stat_fields(stat: Path) -> list[str]:
     return stat.read_text().rsplit(")", 1)[1].split()
 
 
+def machine_idle_s() -> float:
+    """Seconds the machine's cores have spent idle or waiting on I/O since boot, summed."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return (int(fields[4]) + int(fields[5])) / TICKS_PER_S
+
+
 def cpu_ticks(stat: Path) -> int:
     """utime + stime of a process or thread, in clock ticks (TICKS_PER_S a second)."""
     fields = stat_fields(stat)
@@ -65,11 +71,15 @@ class Process:
 
     def cpu_s(self) -> float:
         """CPU seconds of the process and every process under it (`serve --workers N`)."""
-        total = 0
+        return sum(self.cpu_s_by_process().values())
+
+    def cpu_s_by_process(self) -> dict[int, float]:
+        """CPU seconds so far of each process of the tree (the supervisor and its workers)."""
+        found: dict[int, float] = {}
         for pid in self._tree():
             with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                total += cpu_ticks(Path(f"/proc/{pid}/stat"))
-        return total / TICKS_PER_S
+                found[pid] = cpu_ticks(Path(f"/proc/{pid}/stat")) / TICKS_PER_S
+        return found
 
     def memory_mb(self) -> dict[str, float]:
         """RSS and peak RSS, summed over the process tree."""

@@ -21,7 +21,8 @@ round measures every level on both, the order alternating, `--seconds` of wrk af
 warm-up. Levels: `plain:N` (non-stream, N connections) and `stream:N` (N streams at a time).
 Reports requests/s (and tokens/s) for each, the ratio of two workers to one (median of the
 rounds' ratios), gateway CPU per request, and the CPU the rest took (wrk, nginx, Redis and
-this process's collector) in cores.
+this process's collector) in cores; then the busiest and the idlest worker's cores (how evenly
+the workers share the connections) and the machine's idle cores (what no process used).
 Results: benchmarks/results/workers-scale[-redis-ledger][-o200k].{json,md}.
 """
 
@@ -40,13 +41,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
-from harness import KEY, Process, cell, free_port, otel_environment, publish, running, table
+from harness import (
+    KEY,
+    Process,
+    cell,
+    free_port,
+    machine_idle_s,
+    otel_environment,
+    publish,
+    running,
+    table,
+)
 from otelsink import otlp_sink
 from overhead import ALL_BUDGET, ALL_LIMITS, TELEMETRY_ENV, all_on_choice, all_on_parts
 
@@ -169,20 +180,39 @@ def measure(
     gateway: Process, level: str, seconds: int, redis_client: redis.Redis, nginx_: Process
 ) -> dict[str, float]:
     wrk(gateway.url, level, WARM_UP_S)
-    cpu, before = gateway.cpu_s(), cpu_of(redis_client, nginx_)
+    by_process, before = gateway.cpu_s_by_process(), cpu_of(redis_client, nginx_)
+    idle = machine_idle_s()
     run = wrk(gateway.url, level, seconds)
-    cpu, after = gateway.cpu_s() - cpu, cpu_of(redis_client, nginx_)
+    idle = machine_idle_s() - idle
+    after, ended = cpu_of(redis_client, nginx_), gateway.cpu_s_by_process()
     requests, elapsed = run["requests"], run["seconds"]
+    spent = {pid: ended[pid] - by_process.get(pid, 0.0) for pid in ended}
+    cpu = sum(spent.values())
+    workers = [spent[pid] for pid in worker_pids(spent)]
     return {
         **{f"{name}_cores": (after[name] - before[name]) / elapsed for name in before},
         "requests_per_s": requests / elapsed,
         "tokens_per_s": requests * TOKENS[level.split(":")[0]] / elapsed,
         "gateway_us_per_request": cpu / requests * 1e6,
         "gateway_cores": cpu / elapsed,
+        "busiest_worker_cores": max(workers) / elapsed,
+        "idlest_worker_cores": min(workers) / elapsed,
+        "idle_cores": idle / elapsed,
         "wrk_cores": run["cpu_s"] / elapsed,
         "p50_ms": run["p50_ms"],
         "p99_ms": run["p99_ms"],
     }
+
+
+def worker_pids(pids: Iterable[int]) -> list[int]:
+    """The processes that serve: with --workers N, those uvicorn's supervisor spawned (not the
+    supervisor, nor multiprocessing's resource tracker); with one worker, the one process."""
+    spawned = []
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                spawned.append(pid)
+    return spawned or list(pids)[:1]
 
 
 def run_suite(args: argparse.Namespace) -> dict[str, Any]:
@@ -254,6 +284,8 @@ def markdown(report: dict[str, Any]) -> str:
         ("gateway µs/request", "gateway_us_per_request", 0), ("gateway cores", "gateway_cores", 2),
         ("wrk cores", "wrk_cores", 2), ("Redis cores", "redis_cores", 2),
         ("nginx cores", "nginx_cores", 2), ("collector cores", "collector_cores", 2),
+        ("busiest worker cores", "busiest_worker_cores", 2),
+        ("idlest worker cores", "idlest_worker_cores", 2), ("machine idle cores", "idle_cores", 2),
         ("p50 ms", "p50_ms", 1),
     )  # fmt: skip
     rows: list[list[str]] = []
