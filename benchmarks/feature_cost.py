@@ -17,6 +17,8 @@ every set-up; each run starts a fresh `tokenweir serve`:
     -cache       all but the exact response cache
     -limits      all but requests and tokens per minute and max_concurrent
     -budget      all but the budget card (its temperature kept, so every answer is cacheable)
+    -access-log  all but the JSON access log line (`serve --no-access-log`), which every other
+                 set-up writes, bare too
     bare         auth only, memory storage, no telemetry (overhead.py's plain gateway)
 
 `--ledger redis --tokenizer o200k` is issue 16's own "all on", as in overhead.py. Each round
@@ -75,6 +77,7 @@ SETUPS: dict[str, str] = {
     "-cache": "all but the exact cache",
     "-limits": "all but the rate limits",
     "-budget": "all but the budget card",
+    "-access-log": "all but the access log",
     "bare": "auth only",
 }
 
@@ -126,16 +129,18 @@ def measure(args: argparse.Namespace, chosen: list[str]) -> dict[str, list[dict[
         for index in range(args.rounds):
             for name in chosen if index % 2 == 0 else chosen[::-1]:
                 print(f"round {index + 1}: {name}", file=sys.stderr, flush=True)
-                policy, environment = setups[name]
+                policy, environment, options = setups[name]
                 with otel_environment(environment):
-                    runs[name].append(one_run(mock, policy, work, args.requests, args.stream))
+                    runs[name].append(
+                        one_run(mock, policy, work, args.requests, args.stream, options)
+                    )
     return runs
 
 
 def setups_for(
     mock_url: str, work: Path, redis_url: str, args: argparse.Namespace, endpoint: str
-) -> dict[str, tuple[Path, dict[str, str]]]:
-    """Each set-up's policy and OTEL_* environment."""
+) -> dict[str, tuple[Path, dict[str, str], list[str]]]:
+    """Each set-up's policy, OTEL_* environment and further `serve` options."""
     ledger_url, spec = all_on_parts(work, redis_url, args.ledger, args.tokenizer)
     whole = {
         "tokenizer": spec, "budget": ALL_BUDGET, "limits": ALL_LIMITS, "storage": redis_url,
@@ -148,23 +153,25 @@ def setups_for(
     telemetry = TELEMETRY_ENV | {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
     every = all_but("all")
     return {
-        "all": (every, telemetry),
-        "-tracing": (every, telemetry | {"OTEL_TRACES_EXPORTER": "none"}),
-        "-telemetry": (every, NO_TELEMETRY),
-        "-ledger": (all_but("no-ledger", ledger=None), telemetry),
-        "-cache": (all_but("no-cache", cache="{}"), telemetry),
-        "-limits": (all_but("no-limits", limits="{}"), telemetry),
-        "-budget": (all_but("no-budget", budget="{temperature: 0}"), telemetry),
-        "bare": (policy_for(mock_url, work), NO_TELEMETRY),
+        "all": (every, telemetry, []),
+        "-tracing": (every, telemetry | {"OTEL_TRACES_EXPORTER": "none"}, []),
+        "-telemetry": (every, NO_TELEMETRY, []),
+        "-ledger": (all_but("no-ledger", ledger=None), telemetry, []),
+        "-cache": (all_but("no-cache", cache="{}"), telemetry, []),
+        "-limits": (all_but("no-limits", limits="{}"), telemetry, []),
+        "-budget": (all_but("no-budget", budget="{temperature: 0}"), telemetry, []),
+        "-access-log": (every, telemetry, ["--no-access-log"]),
+        "bare": (policy_for(mock_url, work), NO_TELEMETRY, []),
     }
 
 
 def one_run(
-    mock: Process, policy: Path, work: Path, requests: int, stream: bool
+    mock: Process, policy: Path, work: Path, requests: int, stream: bool, options: list[str]
 ) -> dict[str, float]:
     """CPU µs a request (a streamed token with `stream`), and requests (tokens) a second."""
     tokens = STREAM_TOKENS if stream else 16
-    with started(["serve", "--config", str(policy)], "/healthz", work / "gateway.log") as gateway:
+    serve = ["serve", "--config", str(policy), *options]
+    with started(serve, "/healthz", work / "gateway.log") as gateway:
         warm_up(mock, gateway)
         bench(gateway.url, 64, 128 if stream else 500, stream=stream, tokens=tokens)
         pid = gateway.popen.pid
