@@ -65,13 +65,10 @@ class Answer:
         return cls(*orjson.loads(raw))
 
 
-def from_response(operation: str, raw: bytes, usage: dict[str, Any]) -> Answer | None:
-    """The answer in a whole (non-stream) response body, or None if it is not a plain answer."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    choices = body.get("choices") if isinstance(body, dict) else None
+def from_response(operation: str, body: dict[str, Any], usage: dict[str, Any]) -> Answer | None:
+    """The answer in a whole (non-stream) response body, parsed, or None if it is not a plain
+    answer."""
+    choices = body.get("choices")
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         return None
     choice = choices[0]

@@ -31,7 +31,7 @@ from proxy.upstream.client import UpstreamOpener, raw_reads, read_capped, transl
 from proxy.upstream.deadline import ContentDeadline
 from proxy.upstream.exchange import Exchange, Sink
 from proxy.upstream.sse import SSEForwarder
-from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, malformed_whole
+from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, MalformedAnswer, whole_answer
 
 __all__ = ["SSE_HEADERS", "Forward"]
 
@@ -140,9 +140,10 @@ class Forward:
                 f"backend {backend.name!r} answered with more than upstream.max_response_bytes "
                 f"({limit} bytes)"
             )
-        problem = malformed_whole(ctx.operation, raw)
-        if problem is not None:
-            raise UpstreamBadResponse(f"backend {backend.name!r} answered 200, but {problem}")
+        try:
+            answer = ctx.outcome.answer = whole_answer(ctx.operation, raw)
+        except MalformedAnswer as exc:
+            raise UpstreamBadResponse(f"backend {backend.name!r} answered 200, but {exc}") from None
         ctx.meter.read(self._clock.monotonic())
         ctx.outcome.completed = True
         if ctx.capture is not None:
@@ -154,7 +155,7 @@ class Forward:
         ]
         await self._start(ctx, send, headers)
         ctx.outcome.answered = True
-        _take_usage(ctx, _usage_of(raw))
+        _take_usage(ctx, _usage_of(answer))
         await send({"type": "http.response.body", "body": raw, "more_body": False})
         ctx.meter.wrote(self._clock.monotonic(), 1)
 

@@ -39,13 +39,9 @@ _FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 _log = logging.getLogger("tokenweir.usage")
 
 
-def usage_of(raw: bytes) -> dict[str, Any] | None:
-    """The `usage` object of a whole (non-stream) answer, if it has one."""
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+def usage_of(answer: dict[str, Any]) -> dict[str, Any] | None:
+    """The `usage` object of a whole (non-stream) answer, parsed, if it has one."""
+    usage = answer.get("usage")
     return usage if isinstance(usage, dict) else None
 
 

@@ -3,13 +3,13 @@ shape, a stream must be `text/event-stream` whose first event is a `data:` JSON 
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
 from proxy.context import Operation
 
-__all__ = ["EVENT_STREAM", "FirstEvent", "malformed_whole"]
+__all__ = ["EVENT_STREAM", "FirstEvent", "MalformedAnswer", "whole_answer"]
 
 EVENT_STREAM: Final = "text/event-stream"
 
@@ -26,18 +26,23 @@ _DATA: Final = b"data:"
 _FIRST_EVENT_LIMIT_BYTES: Final = 1 << 20
 
 
-def malformed_whole(operation: Operation, raw: bytes) -> str | None:
-    """What is wrong with a whole 2xx answer for `operation`, or None if it has the right shape."""
+class MalformedAnswer(ValueError):
+    """What is wrong with a whole 2xx answer."""
+
+
+def whole_answer(operation: Operation, raw: bytes) -> dict[str, Any]:
+    """A whole 2xx answer for `operation`, parsed once for every reader (usage, the cache);
+    MalformedAnswer says what is wrong if it has not the operation's shape."""
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return f"is not JSON ({_preview(raw)})"
+        raise MalformedAnswer(f"is not JSON ({_preview(raw)})") from None
     if not isinstance(parsed, dict):
-        return f"is JSON but not an object ({_preview(raw)})"
+        raise MalformedAnswer(f"is JSON but not an object ({_preview(raw)})")
     field = _LIST_FIELD[operation]
     if not isinstance(parsed.get(field), list):
-        return f"has no {field!r} list ({_preview(raw)})"
-    return None
+        raise MalformedAnswer(f"has no {field!r} list ({_preview(raw)})")
+    return parsed
 
 
 class FirstEvent:

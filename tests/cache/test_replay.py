@@ -66,10 +66,8 @@ def test_replayed_streams_merge_back_to_the_same_answer() -> None:
 
 
 def test_text_completions_replay_whole_and_streamed() -> None:
-    raw = orjson.dumps(
-        {"model": "m", "choices": [{"index": 0, "text": "Hi there", "finish_reason": "stop"}]}
-    )
-    answer = from_response("text_completion", raw, USAGE)
+    body = {"model": "m", "choices": [{"index": 0, "text": "Hi there", "finish_reason": "stop"}]}
+    answer = from_response("text_completion", body, USAGE)
     assert answer is not None
     whole = orjson.loads(replay_response(answer, 5))
     assert (whole["object"], whole["choices"][0]["text"], whole["usage"]) == (

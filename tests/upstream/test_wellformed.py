@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from proxy.context import Operation
-from proxy.upstream.wellformed import FirstEvent, malformed_whole
+from proxy.upstream.wellformed import FirstEvent, MalformedAnswer, whole_answer
 
 
 @pytest.mark.parametrize(
@@ -19,7 +20,7 @@ from proxy.upstream.wellformed import FirstEvent, malformed_whole
 def test_answers_of_the_right_shape_pass_with_extra_fields(
     operation: Operation, raw: bytes
 ) -> None:
-    assert malformed_whole(operation, raw) is None
+    assert whole_answer(operation, raw) == orjson.loads(raw)
 
 
 @pytest.mark.parametrize(
@@ -35,9 +36,9 @@ def test_answers_of_the_right_shape_pass_with_extra_fields(
     ],
 )
 def test_other_answers_say_what_is_wrong(operation: Operation, raw: bytes, problem: str) -> None:
-    said = malformed_whole(operation, raw)
-    assert said is not None
-    assert problem in said
+    with pytest.raises(MalformedAnswer) as said:
+        whole_answer(operation, raw)
+    assert problem in str(said.value)
 
 
 def judge(*reads: bytes, end: bool = False) -> FirstEvent:
