@@ -15,7 +15,7 @@ import orjson
 __all__ = ["Answer", "from_response"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Answer:
     """`message` is the chat message (role, content, tool_calls...); `text` a completion's text."""
 

@@ -32,7 +32,7 @@ _DELIVERY_ONLY = frozenset(
 _QUESTION_SLOT = "\0tw-question\0"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheKey:
     """`partition` and `question` are set only when the request may be answered semantically."""
 

@@ -50,7 +50,7 @@ class LedgerError(Exception):
     """The ledger cannot be opened, read, or made durable (never raised by `append`)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UsageRecord:
     """What one request did and cost; `tenant` is None for requests rejected before auth."""
 

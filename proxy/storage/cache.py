@@ -41,7 +41,7 @@ class Graph:
     ef_construction: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheEntry:
     """An answer to keep for `ttl_s`; with `partition` and `vector`, also findable by meaning.
 

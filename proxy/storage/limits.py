@@ -76,7 +76,7 @@ class SlotPool:
     name: LimitKey | None = field(default=None, kw_only=True)  # as Bucket's
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BucketState:
     """One bucket as OpenAI's x-ratelimit-* headers show it."""
 
@@ -85,7 +85,7 @@ class BucketState:
     reset_s: float  # seconds until the bucket is full again
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Admission:
     """The verdict on one request.
 

@@ -21,7 +21,7 @@ __all__ = ["Exchange", "ExchangeLimits", "ResponseHeadTooLarge", "Sink", "StaleC
 PAUSE_READING_BYTES: Final = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ExchangeLimits:
     """What one exchange may take: its timeouts (seconds, None for none) and the response head's
     size and header count."""
