@@ -27,7 +27,7 @@ from proxy.policy.model import Backend, UpstreamSpec
 from proxy.stages.usage import take_usage as _take_usage
 from proxy.stages.usage import usage_of as _usage_of
 from proxy.telemetry.recorder import Telemetry
-from proxy.upstream.client import UpstreamOpener, raw_reads, read_capped, translate
+from proxy.upstream.client import UpstreamOpener, close, raw_reads, read_capped, translate
 from proxy.upstream.deadline import ContentDeadline
 from proxy.upstream.exchange import Exchange, Sink
 from proxy.upstream.sse import SSEForwarder
@@ -71,7 +71,7 @@ class Forward:
         finally:
             # Closing a half-read response drops its connection, which stops the backend.
             with ctx.scope.shielded():
-                await response.aclose()
+                await close(response)
             error = None if ctx.outcome.completed else ctx.error_code or "incomplete"
             self._telemetry.upstream_ended(ctx, response.status_code, error)
 

@@ -28,6 +28,7 @@ __all__ = [
     "UpstreamClient",
     "UpstreamOpener",
     "UpstreamRejected",
+    "close",
     "raw_reads",
     "read_capped",
     "translate",
@@ -107,7 +108,7 @@ class UpstreamClient:
                 with translate(backend):
                     raw = await _read_head(response)
             finally:
-                await response.aclose()
+                await close(response)
             raise status_error(backend, response, raw)
         return response
 
@@ -255,6 +256,19 @@ def raw_reads(response: httpx.Response) -> AsyncIterator[bytes]:
     if not isinstance(stream, httpx.AsyncByteStream):
         raise TypeError("a backend's answer needs an async byte stream")
     return aiter(stream)
+
+
+async def close(response: httpx.Response) -> None:
+    """`response.aclose()` past its context manager (a generator made per call, to name the
+    request in an error the close raises): closing the stream gives its connection back, or
+    drops it if the body was not read to its end."""
+    if response.is_closed:
+        return
+    response.is_closed = True
+    stream = response.stream
+    if not isinstance(stream, httpx.AsyncByteStream):
+        raise TypeError("a backend's answer needs an async byte stream")
+    await stream.aclose()
 
 
 async def _read_head(response: httpx.Response) -> bytes:
