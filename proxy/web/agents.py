@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from proxy.apis import AGENT_APIS
 from proxy.apis import messages as messages_api
 from proxy.apis.anthropic import AnthropicErrors, with_api_key
 from proxy.asgi.body import ClientGone, read_body
+from proxy.asgi.headers import RequestHeaders
 from proxy.asgi.respond import send_error, send_json
 from proxy.context import RequestContext
 from proxy.errors import BadRequest, GatewayError
@@ -57,7 +57,7 @@ class CountTokens:
             received_s=now,
             received_wall=gateway.clock.wall(),
             meter=StreamMeter(now),
-            headers=Headers(scope=scope),
+            headers=RequestHeaders(scope=scope),
         )
         try:
             count = await self._count(gateway, ctx, receive)

@@ -10,6 +10,7 @@ from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from proxy.asgi.direct import lent_cycle
+from proxy.asgi.headers import RequestHeaders
 from proxy.asgi.respond import send_error, send_json
 from proxy.context import Operation, RequestContext
 from proxy.errors import GatewayError, ModelNotFound
@@ -38,7 +39,7 @@ class OpenAIEndpoint:
             received_s=now,
             received_wall=gateway.clock.wall(),
             meter=StreamMeter(now),
-            headers=Headers(scope=scope),
+            headers=RequestHeaders(scope=scope),
             server_cycle=lent_cycle(scope),
         )
         await gateway.pipeline.run(ctx, receive, send)
