@@ -37,10 +37,12 @@ SERVER_CYCLE: Final = "tokenweir.server_cycle"
 LentCycle = weakref.ref[RequestResponseCycle]
 
 
-# What DirectBody reads of a cycle and its flow control: uvicorn's own, not its public API.
+# What DirectBody and write_head (proxy/asgi/head.py) read of a cycle and its flow control:
+# uvicorn's own, not its public API.
 _CYCLE_FIELDS: Final = (
     "chunked_encoding", "response_started", "response_complete", "disconnected", "flow",
-    "transport",
+    "transport", "access_log", "default_headers", "expected_content_length", "keep_alive",
+    "scope", "waiting_for_100_continue",
 )  # fmt: skip
 # Per cycle class, whether its instances have them all (judged on the first one lent).
 _fits: dict[type, bool] = {}
@@ -49,8 +51,8 @@ _fits: dict[type, bool] = {}
 def lend_cycle(scope: object, cycle: RequestResponseCycle | None) -> None:
     """Called by the protocol once it made the request's cycle for `scope`, before the app runs
     (a request the protocol answers itself, such as an upgrade, has no cycle of its own). A
-    uvicorn whose cycles lack what DirectBody reads lends nothing: its streams go through
-    `send`, as under any other server."""
+    uvicorn whose cycles lack what DirectBody and write_head read lends nothing: its answers go
+    through `send`, as under any other server."""
     if cycle is None or cycle.scope is not scope:
         return
     fits = _fits.get(type(cycle))
@@ -61,7 +63,7 @@ def lend_cycle(scope: object, cycle: RequestResponseCycle | None) -> None:
 
 
 def has_cycle_fields(cycle: object) -> bool:
-    """True if `cycle` has what DirectBody reads of it."""
+    """True if `cycle` has what DirectBody and write_head read of it."""
     flow = getattr(cycle, "flow", None)
     transport = getattr(cycle, "transport", None)
     return (

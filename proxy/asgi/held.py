@@ -37,10 +37,10 @@ def hold_head(lent: LentCycle | None) -> HeldHead | None:
 class HeldHead(asyncio.Transport):
     """The cycle's transport while held: keeps writes, passes the rest on."""
 
-    __slots__ = ("_cycle", "_parts", "_transport")
+    __slots__ = ("_parts", "_transport", "cycle")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:  # no super(): nothing of its own
-        self._cycle = cycle
+        self.cycle = cycle
         self._transport = cycle.transport
         self._parts: list[bytes] = []
         cycle.transport = self
@@ -51,8 +51,8 @@ class HeldHead(asyncio.Transport):
     def release(self) -> None:
         """Write what was held, as one, unless the connection is closing; the cycle writes to
         its own transport from now on."""
-        if self._cycle.transport is self:
-            self._cycle.transport = self._transport
+        if self.cycle.transport is self:
+            self.cycle.transport = self._transport
         parts, self._parts = self._parts, []
         if parts and not self._transport.is_closing():
             self._transport.write(parts[0] if len(parts) == 1 else b"".join(parts))

@@ -15,6 +15,7 @@ from random import getrandbits
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.asgi.direct import LentCycle
+from proxy.asgi.head import write_head
 from proxy.asgi.held import HeldHead, hold_head
 
 __all__ = ["REQUEST_ID_KEY", "IdSender", "RequestId", "assign_request_id"]
@@ -43,8 +44,9 @@ def assign_request_id(scope: Scope) -> bytes:
 
 class IdSender:
     """`send`, with `x-request-id` added to the response's start; `started` once that went.
-    Given the request's lent cycle (the fast lane), it also holds the start's write until the
-    first body message has gone, so the two leave in one write (proxy/asgi/held.py)."""
+    Given the request's lent cycle (the fast lane), it writes the start itself as uvicorn would
+    (proxy/asgi/head.py) and holds that write until the first body message has gone, so the two
+    leave in one write (proxy/asgi/held.py)."""
 
     __slots__ = ("_held", "_lent", "_request_id", "_send", "started")
 
@@ -58,10 +60,13 @@ class IdSender:
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.started = True
-            headers = message.get("headers", ())
-            message["headers"] = [*headers, (b"x-request-id", self._request_id)]
-            self._held = hold_head(self._lent)
-            await self._send(message)
+            headers = message["headers"] = [
+                *message.get("headers", ()),
+                (b"x-request-id", self._request_id),
+            ]
+            held = self._held = hold_head(self._lent)
+            if held is None or not write_head(held.cycle, message["status"], headers):
+                await self._send(message)
             return
         try:
             await self._send(message)
