@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Collection, Sequence
-from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 import orjson
@@ -20,7 +19,7 @@ from proxy.context import Admitted, RequestContext
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
 from proxy.stages.usage import bill, count_unreported_input
-from proxy.telemetry.logs import ACCESS_LOGGER, log_access_line
+from proxy.telemetry.logs import ACCESS_LOGGER, log_access_line, utc_ms
 from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.semconv import MAX_TEXT_CHARS, clipped
 from proxy.together import in_turn
@@ -161,7 +160,7 @@ class Account:
     def _access_line(self, ctx: RequestContext, usage: UsageRecord) -> dict[str, object]:
         meter = ctx.meter
         return {
-            "ts": datetime.fromtimestamp(usage.ts, UTC).isoformat(timespec="milliseconds"),
+            "ts": utc_ms(usage.ts),
             "request_id": usage.request_id,
             "tenant": usage.tenant,
             "key_id": usage.key_id,

@@ -1,21 +1,23 @@
 """`log_content: true` adds prompt and completion text to the access line; keys never. Access
-lines are written in batches, and every one of them arrives."""
+lines are written in batches, and every one of them arrives; their times are isoformat's."""
 
 from __future__ import annotations
 
 import io
 import logging
 import os
+import random
 import time
 import warnings
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import openai
 import pytest
 
 from proxy.app import create_app
-from proxy.telemetry.logs import PLAIN_FORMAT, BatchedLines, log_access_line
+from proxy.telemetry.logs import PLAIN_FORMAT, BatchedLines, log_access_line, utc_ms
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
 from tests.servers import serve
 from tests.stages.test_account import records
@@ -192,3 +194,35 @@ def test_an_access_line_skips_the_log_record_only_where_it_would_print_the_same(
     assert stream.getvalue() == '{"status": 200, "note": "100% %s"}\nINFO formatted\n'
     assert made == ["formatted", "filtered"]
     handler.close()
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        0.0, 1764960000.0, 1764960000.9995, 1764960000.0005, 1764960059.9999995,
+        1764960059.9999994, 1764960000.0000005, 1764960000.0000015, 253402300799.999,
+        -1.5, 253402300800.5,
+    ],
+)  # fmt: skip
+def test_an_access_lines_time_is_what_isoformat_writes(ts: float) -> None:
+    """To the millisecond, rounded and cut as datetime does, on and around a second's edge; a
+    time datetime cannot write fails as it fails. Then 3 s later (a new second's prefix)."""
+    for each in (ts, ts + 3.0):
+        try:
+            expected = isoformat(each)
+        except (ValueError, OverflowError) as exc:
+            with pytest.raises(type(exc)):
+                utc_ms(each)
+        else:
+            assert utc_ms(each) == expected
+
+
+def isoformat(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+
+
+def test_many_access_line_times_are_what_isoformat_writes() -> None:
+    rng = random.Random(16)  # noqa: S311  # times to test, not secrets
+    for _ in range(20_000):
+        ts = 1_764_960_000 + rng.randrange(10**8) / 1e6 + rng.choice([0.0, 5e-7, -5e-7])
+        assert utc_ms(ts) == isoformat(ts)
