@@ -246,8 +246,8 @@ class ResponseCache:
         if ctx.stream:
             answer = plan.fold.answer(ctx.operation, usage) if plan.fold is not None else None
         else:
-            # The capture kept the answer only if it fits an entry; it is parsed already.
-            kept = ctx.capture is not None and ctx.capture.data() is not None
+            # The capture keeps the answer only if it fits an entry; it is parsed already.
+            kept = ctx.capture is not None and ctx.capture.kept
             body = ctx.outcome.answer if kept else None
             answer = from_response(ctx.operation, body, usage) if body is not None else None
         if answer is None:

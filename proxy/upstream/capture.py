@@ -38,6 +38,11 @@ class Capture:
         else:
             self._chunks.append(data)
 
+    @property
+    def kept(self) -> bool:
+        """False once the answer outgrew the limit."""
+        return self._chunks is not None
+
     def data(self) -> bytes | None:
         """Everything kept, or None if the answer outgrew the limit."""
         return None if self._chunks is None else b"".join(self._chunks)
