@@ -70,7 +70,7 @@ class Outcome:
     backend_usage: tuple[int, int] | None = None  # (prompt, completion), checked
     usage_rejected: bool = False  # the backend sent usage with numbers not believed
     tail: bytes = b""  # the answer's last bytes: response model, finish reasons
-    answer: dict[str, Any] | None = None  # a whole answer, parsed once for every reader
+    parsed: dict[str, Any] | None = None  # a whole answer's JSON, parsed once for every reader
 
     def refused(self, status: int, code: str) -> None:
         """The gateway answered with an error of its own."""

@@ -248,7 +248,7 @@ class ResponseCache:
         else:
             # The capture keeps the answer only if it fits an entry; it is parsed already.
             kept = ctx.capture is not None and ctx.capture.kept
-            body = ctx.outcome.answer if kept else None
+            body = ctx.outcome.parsed if kept else None
             answer = from_response(ctx.operation, body, usage) if body is not None else None
         if answer is None:
             return None

@@ -141,7 +141,7 @@ class Forward:
                 f"({limit} bytes)"
             )
         try:
-            answer = ctx.outcome.answer = whole_answer(ctx.operation, raw)
+            parsed = ctx.outcome.parsed = whole_answer(ctx.operation, raw)
         except MalformedAnswer as exc:
             raise UpstreamBadResponse(f"backend {backend.name!r} answered 200, but {exc}") from None
         ctx.meter.read(self._clock.monotonic())
@@ -155,7 +155,7 @@ class Forward:
         ]
         await self._start(ctx, send, headers)
         ctx.outcome.answered = True
-        _take_usage(ctx, _usage_of(answer))
+        _take_usage(ctx, _usage_of(parsed))
         await send({"type": "http.response.body", "body": raw, "more_body": False})
         ctx.meter.wrote(self._clock.monotonic(), 1)
 
