@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +204,7 @@ def measure(
     }
 
 
-def worker_pids(pids: Iterable[int]) -> list[int]:
+def worker_pids(pids: Collection[int]) -> list[int]:
     """The processes that serve: with --workers N, those uvicorn's supervisor spawned (not the
     supervisor, nor multiprocessing's resource tracker); with one worker, the one process."""
     spawned = []
