@@ -108,8 +108,13 @@ async def test_a_failing_call_fails_alone(any_redis: str) -> None:
     await storage.aclose()
 
 
-async def test_closing_sends_what_is_pending_first(any_redis: str) -> None:
+@pytest.mark.parametrize("connected", [False, True], ids=["unconnected", "connected"])
+async def test_closing_sends_what_is_pending_first(any_redis: str, connected: bool) -> None:
+    """A settlement queued in the turn that closes the link still counts, whether the link
+    must connect first or writes it at once on its open connection."""
     storage = RedisStorage(any_redis, timeout_s=10.0)
+    if connected:
+        await storage.quotas.settle(ACME, "warm", [DAY], [0])
     settled = storage.quotas.settle(ACME, "r1", [DAY], [42])
     await storage.aclose()
     await settled
@@ -126,6 +131,27 @@ async def test_a_gate_across_hash_slots_stops_at_the_first_refusal(redis_cluster
     await storage.admit([refused, later])
     assert refused.refused
     assert not later.taken
+    await storage.aclose()
+
+
+async def test_a_turns_calls_with_no_answer_in_time_fail_with_a_timeout(redis_url: str) -> None:
+    """Calls written at once on the open connection are bounded by the client's timeout: with
+    Redis holding every write (CLIENT PAUSE), each fails with StorageTimeout, none waits on."""
+    storage = RedisStorage(redis_url, timeout_s=1.0)
+    await storage.quotas.settle(ACME, "warm", [DAY], [0])  # connected, the script known
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+        try:
+            calls = [
+                storage.quotas.settle(ACME, "r1", [DAY], [10]),
+                storage.limits.release(ACME, [POOL], lease_id="r1"),
+            ]
+            outcomes = await asyncio.wait_for(
+                asyncio.gather(*calls, return_exceptions=True), timeout=8.0
+            )
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+    assert [type(outcome).__name__ for outcome in outcomes] == ["StorageTimeout"] * 2
     await storage.aclose()
 
 

@@ -10,6 +10,7 @@ import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import msgpack
@@ -26,6 +27,7 @@ from proxy.storage.redis.conn import (
     translated,
 )
 from proxy.storage.redis.lua import script_text
+from proxy.storage.redis.resp import MultiplexedScript
 from proxy.storage.redis.url import is_cluster_url
 
 __all__ = ["OPERATIONS", "LuaCall", "OnLink", "RedisLink", "nothing", "ops_script"]
@@ -92,7 +94,9 @@ class RedisLink:
         self._script = self._conn.scripts.register_script(ops_script())
         self._cluster = is_cluster_url(url)
         self._pending: list[LuaCall] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Future[Any]] = set()
+        # A multiplexed script writes a call at once (send_now); through redis-py, a task sends.
+        self._sends_now = self._script if isinstance(self._script, MultiplexedScript) else None
 
     @property
     def client(self) -> RedisClient:
@@ -137,9 +141,7 @@ class RedisLink:
         done: asyncio.Future[R] = loop.create_future()
         call = LuaCall(name, keys, args, _resolver(done, read), _failer(done), what)
         if not self._pending:
-            task = loop.create_task(self._send_pending())
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            loop.call_soon(self._send_pending)
         self._pending.append(call)
         return done
 
@@ -149,13 +151,47 @@ class RedisLink:
 
     async def aclose(self) -> None:
         """Sends what is pending (a settlement queued at shutdown still counts), then closes."""
+        self._send_pending()
         try:
             await asyncio.gather(*self._sending, return_exceptions=True)
         finally:
             await self._conn.aclose()
 
-    async def _send_pending(self) -> None:
+    def _send_pending(self) -> None:
+        """The calls asked for `later` in this turn: written now as one script call where the
+        connection is open (its reply handed out by a callback), else sent by a task."""
         calls, self._pending = self._pending, []
+        if not calls:
+            return
+        keys, args = _script_args(calls, gate=False)
+        sent = self._sends_now.send_now(keys, args) if self._sends_now is not None else None
+        if sent is None:
+            self._track(asyncio.get_running_loop().create_task(self._send_in_task(calls)))
+        else:
+            sent.add_done_callback(partial(self._replied, calls))
+            self._track(sent)
+
+    def _track(self, sending: asyncio.Future[Any]) -> None:
+        self._sending.add(sending)
+        sending.add_done_callback(self._sending.discard)
+
+    def _replied(self, calls: list[LuaCall], sent: asyncio.Future[Any]) -> None:
+        """A call written by `_send_pending`: its replies, or its error, to each operation;
+        sent again (by a task, as `run` would) if Redis did not know the script."""
+        error: BaseException | None = None
+        if sent.cancelled():
+            error = ConnectionError("the Redis link was closed")
+        else:
+            error = sent.exception()
+        if error is None:
+            self._answer(calls, sent.result())
+        elif isinstance(error, ResponseError) and str(error).startswith("NOSCRIPT"):
+            self._track(asyncio.get_running_loop().create_task(self._send_in_task(calls)))
+        else:
+            for call in calls:
+                call.failed(call.error(error))
+
+    async def _send_in_task(self, calls: list[LuaCall]) -> None:
         try:
             await self.run(calls)
         except BaseException:
@@ -165,19 +201,18 @@ class RedisLink:
 
     async def _send(self, calls: Sequence[LuaCall], *, gate: bool) -> bool:
         """One script call; False if a gate should stop (a call refused or failed)."""
-        operations: list[Arg] = []
-        keys: list[str] = []
-        for call in calls:
-            operations.extend((call.name, len(call.keys), len(call.args)))
-            operations.extend(call.args)
-            keys.extend(call.keys)
-        args = ("gate" if gate else "each", len(calls), packed(operations))
+        keys, args = _script_args(calls, gate=gate)
         try:
             replies = await self._script(keys=keys, args=args)
         except REDIS_ERRORS as exc:
             for call in calls:
                 call.failed(call.error(exc))
             return False
+        return self._answer(calls, replies)
+
+    def _answer(self, calls: Sequence[LuaCall], replies: list[Any]) -> bool:
+        """Each call's outcome from run.lua's replies; False if one refused, failed or was not
+        run (a gate stopped before it)."""
         statuses = replies[0::2]  # run.lua's flat list: a status and a reply per operation run
         for call, status, reply in zip(calls, statuses, replies[1::2], strict=False):
             if status == _FAILED:
@@ -256,6 +291,18 @@ def _failer(done: asyncio.Future[Any]) -> Callable[[StorageError], None]:
             done.set_exception(error)
 
     return failed
+
+
+def _script_args(calls: Sequence[LuaCall], *, gate: bool) -> tuple[list[str], tuple[Arg, ...]]:
+    """run.lua's KEYS and ARGV for `calls`: every call's keys, then the mode, the number of
+    operations and each operation's name, sizes and arguments as one MessagePack array."""
+    operations: list[Arg] = []
+    keys: list[str] = []
+    for call in calls:
+        operations.extend((call.name, len(call.keys), len(call.args)))
+        operations.extend(call.args)
+        keys.extend(call.keys)
+    return keys, ("gate" if gate else "each", len(calls), packed(operations))
 
 
 def packed(values: list[Arg]) -> bytes:

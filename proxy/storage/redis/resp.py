@@ -190,6 +190,14 @@ class Multiplexed:
             connection = await self._connect()
         return await self._answer(connection, _pack(args))
 
+    def send_now(self, args: Sequence[_Arg]) -> asyncio.Future[Any] | None:
+        """A command's reply to come, written in this turn of the event loop; None when there is
+        no open connection (`execute` connects)."""
+        connection = self._open
+        if connection is None or connection.lost is not None:
+            return None
+        return connection.send(_pack(args))
+
     async def execute_many(self, commands: Sequence[Sequence[_Arg]]) -> list[Any]:
         """The replies of `commands`, sent in order in one write, as a pipeline's: an error
         reply is returned as its value (a ResponseError); a lost connection or no reply to the
@@ -306,9 +314,16 @@ class MultiplexedScript:
         self._text = text
         self._sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
+    def send_now(self, keys: Sequence[_Arg], args: Sequence[_Arg]) -> asyncio.Future[Any] | None:
+        """EVALSHA written in this turn of the event loop, its reply to come (a NOSCRIPT error
+        reply included: the caller sends again through `__call__`); None when not connected."""
+        return self._client.send_now(("EVALSHA", self._sha, len(keys), *keys, *args))
+
     async def __call__(self, keys: Sequence[_Arg] = (), args: Sequence[_Arg] = ()) -> Any:
+        command = ("EVALSHA", self._sha, len(keys), *keys, *args)
+        sent = self._client.send_now(command)
         try:
-            return await self._client.execute("EVALSHA", self._sha, len(keys), *keys, *args)
+            return await (self._client.execute(*command) if sent is None else sent)
         except ResponseError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
