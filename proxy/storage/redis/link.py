@@ -139,7 +139,7 @@ class RedisLink:
         then awaits them."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[R] = loop.create_future()
-        call = LuaCall(name, keys, args, _resolver(done, read), _failer(done), what)
+        call = LuaCall(name, keys, args, partial(_resolve, done, read), partial(_fail, done), what)
         if not self._pending:
             loop.call_soon(self._send_pending)
         self._pending.append(call)
@@ -219,7 +219,7 @@ class RedisLink:
                 call.failed(call.error(ResponseError(_text(reply))))
             else:
                 call.answered(reply)
-        return len(statuses) == len(calls) and all(status == _RAN for status in statuses)
+        return len(statuses) == len(calls) and statuses.count(_RAN) == len(calls)
 
     def _by_slot(self, calls: Sequence[LuaCall]) -> list[Sequence[LuaCall]]:
         """One group per hash slot on a cluster; else one. A call without keys goes alone
@@ -277,20 +277,15 @@ class OnLink:
             await self._link.aclose()
 
 
-def _resolver(done: asyncio.Future[R], read: Callable[[Any], R]) -> Callable[[Any], None]:
-    def answered(reply: Any) -> None:
-        if not done.done():
-            done.set_result(read(reply))
-
-    return answered
+def _resolve(done: asyncio.Future[R], read: Callable[[Any], R], reply: Any) -> None:
+    """A `later` call's answer: its reply as `read` reads it."""
+    if not done.done():
+        done.set_result(read(reply))
 
 
-def _failer(done: asyncio.Future[Any]) -> Callable[[StorageError], None]:
-    def failed(error: StorageError) -> None:
-        if not done.done():
-            done.set_exception(error)
-
-    return failed
+def _fail(done: asyncio.Future[Any], error: StorageError) -> None:
+    if not done.done():
+        done.set_exception(error)
 
 
 def _script_args(calls: Sequence[LuaCall], *, gate: bool) -> tuple[list[str], tuple[Arg, ...]]:
