@@ -12,6 +12,7 @@ from functools import partial
 from starlette.types import Message, Receive, Send
 
 from proxy.asgi.body import ClientGone, client_left, read_body, watch_disconnect
+from proxy.asgi.direct import body_arrived
 from proxy.asgi.drain import Drain
 from proxy.asgi.protocol import watch_client
 from proxy.asgi.respond import send_error
@@ -71,8 +72,9 @@ class Pipeline:
             counting = counting_for(admitted.tenant_name)  # its token counts are remembered
             send = self._releasing_before_the_end(admitted, send)
             ctx.raw_body = await read_body(
-                receive, ctx.headers, self._max_body_bytes, self._body_timeout_s
-            )
+                receive, ctx.headers, self._max_body_bytes, self._body_timeout_s,
+                arrived=body_arrived(ctx.server_cycle),
+            )  # fmt: skip
             scope = admitted.scope
             with scope, self.drain.track(scope):
                 # The client's leaving cancels the scope: told by the connection itself under

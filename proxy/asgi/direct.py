@@ -27,8 +27,8 @@ from typing import Any, Final, cast
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 __all__ = [
-    "SERVER_CYCLE", "DirectBody", "LentCycle", "direct_body", "has_cycle_fields", "lend_cycle",
-    "lent_cycle",
+    "SERVER_CYCLE", "DirectBody", "LentCycle", "body_arrived", "direct_body", "has_cycle_fields",
+    "lend_cycle", "lent_cycle",
 ]  # fmt: skip
 
 # The scope's key for a weak reference to uvicorn's response cycle (weak: the cycle holds the
@@ -37,12 +37,12 @@ SERVER_CYCLE: Final = "tokenweir.server_cycle"
 LentCycle = weakref.ref[RequestResponseCycle]
 
 
-# What DirectBody and write_head (proxy/asgi/head.py) read of a cycle and its flow control:
-# uvicorn's own, not its public API.
+# What DirectBody, write_head (proxy/asgi/head.py) and body_arrived read of a cycle and its
+# flow control: uvicorn's own, not its public API.
 _CYCLE_FIELDS: Final = (
     "chunked_encoding", "response_started", "response_complete", "disconnected", "flow",
     "transport", "access_log", "default_headers", "expected_content_length", "keep_alive",
-    "scope", "waiting_for_100_continue",
+    "scope", "waiting_for_100_continue", "more_body", "message_event",
 )  # fmt: skip
 # Per cycle class, whether its instances have them all (judged on the first one lent).
 _fits: dict[type, bool] = {}
@@ -69,6 +69,7 @@ def has_cycle_fields(cycle: object) -> bool:
     return (
         all(hasattr(cycle, name) for name in _CYCLE_FIELDS)
         and hasattr(flow, "write_paused")
+        and callable(getattr(getattr(cycle, "message_event", None), "is_set", None))
         and callable(getattr(transport, "is_closing", None))
         and callable(getattr(transport, "write", None))
     )
@@ -78,6 +79,20 @@ def lent_cycle(scope: Mapping[str, Any]) -> LentCycle | None:
     """What the server lent the request (nothing is built: most requests never stream)."""
     lent: LentCycle | None = scope.get(SERVER_CYCLE)
     return lent
+
+
+def body_arrived(lent: LentCycle | None) -> bool:
+    """True when the server holds the request's whole body already, so that `receive` hands it
+    over without waiting: the cycle's message is complete (no more body to come) and its event
+    is set. False where nothing was lent (any other server): the caller waits as for any."""
+    cycle = None if lent is None else lent()
+    return (
+        cycle is not None
+        and not cycle.more_body
+        and cycle.message_event.is_set()
+        and not cycle.disconnected
+        and not cycle.response_complete
+    )
 
 
 def direct_body(lent: LentCycle | None) -> DirectBody | None:

@@ -109,13 +109,14 @@ def test_a_later_request_dribbling_its_headers_on_a_kept_connection_is_cut(gatew
     assert answer.startswith(b"HTTP/1.1 408")
 
 
-def test_a_body_that_does_not_arrive_in_time_gets_408(gateway: int) -> None:
+@pytest.mark.parametrize("sent", [b'{"model": ', b""], ids=["part-of-it", "none-of-it"])
+def test_a_body_that_does_not_arrive_in_time_gets_408(gateway: int, sent: bytes) -> None:
     with _connect(gateway) as sock:
         head = (
             "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
             f"authorization: Bearer {KEY}\r\ncontent-length: 1000\r\n\r\n"
         )
-        sock.sendall(head.encode() + b'{"model": ')
+        sock.sendall(head.encode() + sent)
         began = time.monotonic()
         status, error = _status_and_error(_read_response(sock))
     assert status == 408

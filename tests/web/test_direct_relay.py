@@ -20,7 +20,14 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from proxy.app import create_app
-from proxy.asgi.direct import DirectBody, direct_body, has_cycle_fields, lend_cycle, lent_cycle
+from proxy.asgi.direct import (
+    DirectBody,
+    body_arrived,
+    direct_body,
+    has_cycle_fields,
+    lend_cycle,
+    lent_cycle,
+)
 from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
 from tests.servers import serve
@@ -212,6 +219,24 @@ def uvicorn_cycle() -> RequestResponseCycle:
 def test_this_uvicorns_cycles_have_what_the_direct_writer_reads() -> None:
     """It reads uvicorn's own fields, not an API: an upgrade that renames one fails here."""
     assert has_cycle_fields(uvicorn_cycle())
+
+
+def test_a_body_has_arrived_only_once_uvicorn_holds_it_whole() -> None:
+    """What lets the pipeline read a body with no timer: uvicorn's `receive` then hands it over
+    without waiting. Each step is what the protocol's callbacks do to the cycle."""
+    cycle = uvicorn_cycle()
+    lend_cycle(cycle.scope, cycle)
+    lent = lent_cycle(cycle.scope)
+    assert not body_arrived(lent)  # the headers only
+    cycle.body += b'{"model": '  # on_body
+    cycle.message_event.set()
+    assert not body_arrived(lent)  # part of it
+    cycle.body += b'"m"}'
+    cycle.more_body = False  # on_message_complete
+    assert body_arrived(lent)
+    message = asyncio.run(asyncio.wait_for(cycle.receive(), timeout=5))
+    assert message == {"type": "http.request", "body": b'{"model": "m"}', "more_body": False}
+    assert not body_arrived(None)  # nothing lent: any other server
 
 
 def test_a_cycle_without_them_lends_nothing_and_its_streams_go_through_send() -> None:
