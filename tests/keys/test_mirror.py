@@ -38,9 +38,15 @@ async def test_memory_keys_are_not_polled_and_changes_hold_at_once() -> None:
         await keys.aclose()
 
 
-async def test_redis_keys_are_polled_and_another_replicas_key_arrives(redis_url: str) -> None:
-    here = RuntimeKeys(open_key_store(redis_url), SystemClock())
-    there = RuntimeKeys(open_key_store(redis_url), SystemClock())
+@pytest.mark.parametrize("which", ["redis", "redis-cluster"])
+async def test_redis_keys_are_polled_and_another_replicas_key_arrives(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """On one server the version is read on a multiplexed connection, on a cluster through
+    redis-py: either way another replica's new key arrives."""
+    url = str(request.getfixturevalue(f"{which.replace('-', '_')}_url"))
+    here = RuntimeKeys(open_key_store(url), SystemClock())
+    there = RuntimeKeys(open_key_store(url), SystemClock())
     await here.start()
     await there.start()
     try:
