@@ -182,12 +182,12 @@ def judge(
     Admitted iff tokens >= cost for every bucket and held < size for every pool (the same
     check the stores apply).
     """
+    if _admits(buckets, costs, tokens, slots, held):  # nearly every request: no waits to weigh
+        after = zip(buckets, costs, tokens, strict=True)
+        return Admission(True, None, 0.0, tuple([bucket_state(b, t - c) for b, c, t in after]))
     waits = [_bucket_wait(b, c, t) for b, c, t in zip(buckets, costs, tokens, strict=True)]
     waits += [_slot_wait(pool, n) for pool, n in zip(slots, held, strict=True)]
     longest = max(waits, default=0.0)
-    if longest == 0.0:
-        after = zip(buckets, costs, tokens, strict=True)
-        return Admission(True, None, 0.0, tuple(bucket_state(b, t - c) for b, c, t in after))
     refused = waits.index(longest) if math.isinf(longest) else _first_positive(waits)
     states = tuple(bucket_state(b, t) for b, t in zip(buckets, tokens, strict=True))
     return Admission(False, refused, longest, states)
@@ -198,6 +198,23 @@ def check_scope(scope: str, keys: Iterable[str]) -> None:
     for key in keys:
         if not key.startswith(scope):
             raise ValueError(f"key {key!r} is outside scope {scope!r}")
+
+
+def _admits(
+    buckets: Sequence[Bucket],
+    costs: Sequence[int],
+    tokens: Sequence[float],
+    slots: Sequence[SlotPool],
+    held: Sequence[int],
+) -> bool:
+    """Every bucket holds its cost and every pool has a free slot: no wait at all."""
+    for cost, have in zip(costs, tokens, strict=True):
+        if have < cost:
+            return False
+    for pool, count in zip(slots, held, strict=True):
+        if count >= pool.size:
+            return False
+    return True
 
 
 def _bucket_wait(bucket: Bucket, cost: int, tokens: float) -> float:
