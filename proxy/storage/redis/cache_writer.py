@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable
 from proxy.storage.redis.conn import Call, RedisClient, translated
 from proxy.storage.redis.lua import script_text
-from proxy.storage.redis.resp import Multiplexed
+from proxy.storage.redis.resp import Multiplexed, no_script
 from proxy.together import cancelled
 
 __all__ = ["BatchedWriter", "Command", "Lua", "run"]
@@ -172,7 +172,7 @@ class BatchedWriter(Generic[W]):
         again: list[Command] = []
         errors: list[ResponseError] = []
         for command, reply in zip(commands, await self._send(commands), strict=True):
-            if _no_script(reply):
+            if no_script(reply):
                 again.append(("EVAL", self._script.text, *command[2:]))
             elif isinstance(reply, ResponseError):
                 errors.append(reply)
@@ -199,13 +199,6 @@ class BatchedWriter(Generic[W]):
                 pipe.execute_command(*command)
             replies = await pipe.execute(raise_on_error=False)
         return list(replies)
-
-
-def _no_script(reply: Any) -> bool:
-    """redis-py names it NoScriptError; a raw reply says "NOSCRIPT ..." (resp.py)."""
-    if isinstance(reply, NoScriptError):
-        return True
-    return isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
 
 
 def run(command: tuple[Any, ...], client: Any) -> Any:

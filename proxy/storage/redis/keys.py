@@ -2,7 +2,7 @@
 both under one hash tag (`tw:{keys}`) so one script changes them together on a cluster too.
 
 Every replica reads the version twice a second: on a one-server URL through a multiplexed
-connection (proxy/storage/redis/resp.py), a sixth of redis-py's CPU a read (about 120 against
+connection (proxy/storage/redis/resp.py), a third of redis-py's CPU a read (about 120 against
 370 µs of an idle gateway's, where each read runs cold)."""
 
 from __future__ import annotations

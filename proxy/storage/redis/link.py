@@ -27,7 +27,7 @@ from proxy.storage.redis.conn import (
     translated,
 )
 from proxy.storage.redis.lua import script_text
-from proxy.storage.redis.resp import MultiplexedScript
+from proxy.storage.redis.resp import MultiplexedScript, no_script
 from proxy.storage.redis.url import is_cluster_url
 
 __all__ = ["OPERATIONS", "LuaCall", "OnLink", "RedisLink", "nothing", "ops_script"]
@@ -185,7 +185,7 @@ class RedisLink:
             error = sent.exception()
         if error is None:
             self._answer(calls, sent.result())
-        elif isinstance(error, ResponseError) and str(error).startswith("NOSCRIPT"):
+        elif no_script(error):
             self._track(asyncio.get_running_loop().create_task(self._send_in_task(calls)))
         else:
             for call in calls:

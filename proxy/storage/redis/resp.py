@@ -30,10 +30,10 @@ from typing import Any, cast
 import hiredis
 from redis.asyncio.connection import RedisSSLContext, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Multiplexed", "MultiplexedScript", "can_multiplex"]
+__all__ = ["Multiplexed", "MultiplexedScript", "can_multiplex", "no_script"]
 
 _Arg = str | bytes | int | float
 # A deadline this close is taken as come: a loop's clock moves in steps (uvloop's in whole
@@ -316,15 +316,25 @@ class MultiplexedScript:
 
     def send_now(self, keys: Sequence[_Arg], args: Sequence[_Arg]) -> asyncio.Future[Any] | None:
         """EVALSHA written in this turn of the event loop, its reply to come (a NOSCRIPT error
-        reply included: the caller sends again through `__call__`); None when not connected."""
+        reply included, `no_script`: the caller sends again through `__call__`); None when not
+        connected."""
         return self._client.send_now(("EVALSHA", self._sha, len(keys), *keys, *args))
 
     async def __call__(self, keys: Sequence[_Arg] = (), args: Sequence[_Arg] = ()) -> Any:
-        command = ("EVALSHA", self._sha, len(keys), *keys, *args)
-        sent = self._client.send_now(command)
         try:
-            return await (self._client.execute(*command) if sent is None else sent)
+            sent = self.send_now(keys, args)
+            if sent is None:  # not connected: execute connects
+                return await self._client.execute("EVALSHA", self._sha, len(keys), *keys, *args)
+            return await sent
         except ResponseError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
+            if not no_script(exc):
                 raise
         return await self._client.execute("EVAL", self._text, len(keys), *keys, *args)
+
+
+def no_script(reply: object) -> bool:
+    """True for Redis's answer to a script it does not know: redis-py raises NoScriptError, a
+    raw reply says "NOSCRIPT ..."."""
+    if isinstance(reply, NoScriptError):
+        return True
+    return isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
