@@ -183,9 +183,7 @@ class _UtcMs:
         if micros >= 1_000_000:
             micros -= 1_000_000
             second += 1.0
-        if (
-            not 0 <= micros < 1_000_000 or not 0.0 <= second < 253402300800.0
-        ):  # before 1970, after 9999
+        if not 0 <= micros < 1_000_000 or not 0.0 <= second < _YEAR_10000:  # 1970 to 9999 only
             return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
         if second != self._second:
             self._second = second
