@@ -198,8 +198,12 @@ class Account:
 
 
 def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 3)
+    """Milliseconds to the microsecond. `round(x * 1e6) / 1e3`, not `round(x * 1e3, 3)`: the
+    same value for every duration but one within a rounding error of a half-microsecond tie, at
+    a quarter of the cost (`round` to digits formats the number as text)."""
+    return None if seconds is None else round(seconds * 1e6) / 1e3
 
 
 def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
+    """To one decimal, as `_ms` rounds."""
+    return None if value is None else round(value * 10.0) / 10.0

@@ -199,3 +199,21 @@ def test_the_line_names_the_key_by_id_the_user_and_the_tags(
     line = caplog.records[-1].getMessage()
     assert ALPHA_KEY not in line
     assert digest not in line  # a prefix names the key; the whole hash is not logged
+
+
+def test_timings_are_rounded_to_the_microsecond_as_decimal_rounding_would() -> None:
+    """The ledger's and the access line's milliseconds (`_ms`) and tokens a second (`_round`)
+    round as Python's `round(x, digits)` does, which they replaced for speed."""
+    import random
+
+    from proxy.stages.account import _ms, _round
+
+    assert [_ms(None), _round(None)] == [None, None]
+    assert [_ms(0.0123456), _ms(1.5), _ms(0.0)] == [12.346, 1500.0, 0.0]
+    assert [_round(749.96), _round(12.34)] == [750.0, 12.3]
+    draw = random.Random(7)  # noqa: S311  # test data, not secrets
+    for _ in range(20_000):
+        seconds = draw.random() * draw.choice((1e-4, 1e-2, 1.0, 100.0, 10_000.0))
+        assert _ms(seconds) == round(seconds * 1000.0, 3), seconds
+        rate = draw.random() * 5_000.0
+        assert _round(rate) == round(rate, 1), rate
