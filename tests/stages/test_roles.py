@@ -107,7 +107,9 @@ async def test_a_traced_stage_draws_its_span_and_the_settle_span_when_it_touched
     assert timed is looked
     ctx = context(*tags)
     recorder.begin(ctx)
-    await recorder.traced(ctx, looked)
+    started_s = recorder.stage_started()
+    await looked(ctx)
+    recorder.stage_ended(ctx, looked, started_s)
     recorder.settle_ran(ctx, SystemClock().monotonic())
     assert ctx.trace is not None
     ctx.outcome.status = 200

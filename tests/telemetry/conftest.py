@@ -21,6 +21,7 @@ from tests.servers import serve
 
 GAMMA_KEY = "tw-test-gamma"
 CACHED_KEY = "tw-test-cached"
+LIMITED_KEY = "tw-test-limited"
 
 
 def extra_tenant(name: str, key: str, *, budget: str, limits: str) -> str:
@@ -37,6 +38,10 @@ def extra_tenant(name: str, key: str, *, budget: str, limits: str) -> str:
 # A tenant whose quota and rate limit put storage I/O on the request path.
 GAMMA = extra_tenant(
     "gamma", GAMMA_KEY, budget="{tokens_per_day: 1000000}", limits="{requests_per_minute: 1000}"
+)
+# A tenant whose second request in a minute the rate limit refuses.
+LIMITED = extra_tenant(
+    "limited", LIMITED_KEY, budget="{tokens_per_day: 1000000}", limits="{requests_per_minute: 1}"
 )
 
 
@@ -81,7 +86,7 @@ def traced_gateway() -> Iterator[Traced]:
     models: [mock-llm]
     cache: {{mode: exact}}
 """
-        policy = make_policy(backend_url, extra=GAMMA + cached)
+        policy = make_policy(backend_url, extra=GAMMA + LIMITED + cached)
         with serve(create_app(policy, otel=OtelSdk(provider, None))) as url:
             yield Traced(url, exporter, backend)
     provider.shutdown()

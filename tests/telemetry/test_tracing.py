@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.conftest import ALPHA_KEY
-from tests.telemetry.conftest import CACHED_KEY, GAMMA_KEY, Traced
+from tests.telemetry.conftest import CACHED_KEY, GAMMA_KEY, LIMITED_KEY, Traced
 
 SECRET_PROMPT = "my-confidential-prompt-4412"
 MESSAGES = [{"role": "user", "content": SECRET_PROMPT}]
@@ -176,6 +176,28 @@ def test_storage_stages_get_child_spans(traced: Traced) -> None:
         assert child.parent.span_id == request.context.span_id
     assert request.attributes is not None
     assert request.attributes["tokenweir.tenant"] == "gamma"
+
+
+def test_a_request_the_rate_limit_refuses_still_has_its_stage_span(traced: Traced) -> None:
+    """The refusing stage raises; its span is drawn all the same (and the budget's, before it),
+    and the backend is not called."""
+    body = {"model": "mock-llm", "messages": MESSAGES, "max_tokens": 3}
+    headers = {"authorization": f"Bearer {LIMITED_KEY}"}
+    url = traced.url + "/v1/chat/completions"
+    assert httpx.post(url, json=body, headers=headers).status_code == 200
+    spans = traced.spans(5)  # the request, its backend call, budget, rate limit, settle
+    traced.exporter.clear()
+    traced.backend.seen.clear()
+    assert httpx.post(url, json=body, headers=headers).status_code == 429
+    spans = by_name(traced.spans(3))
+    request = spans["chat mock-llm"]
+    assert request.attributes is not None
+    assert request.attributes["error.type"] == "rate_limit_exceeded"
+    for name in ("tokenweir.budget.reserve", "tokenweir.rate_limit.admit"):
+        assert spans[name].parent is not None
+        assert spans[name].parent.span_id == request.context.span_id
+    assert "POST /chat/completions" not in spans
+    assert traced.backend.seen == []
 
 
 def test_a_cache_hit_has_a_lookup_span_and_no_backend_call(traced: Traced) -> None:
