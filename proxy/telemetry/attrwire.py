@@ -36,17 +36,21 @@ class AttributeWriter:
 
     def pairs(self, items: Iterable[tuple[str, object]]) -> bytes:
         """The fields of `items`, in order; None values are left out."""
-        floats = self._floats
+        floats, ints = self._floats, self._ints
         parts: list[bytes] = []
         append = parts.append
         for key, value in items:
+            if value is None:
+                continue
             kind = type(value)
             if kind is float:
                 append(floats.get(key) or self._float_prefix(key))
                 append(double(value))
-            elif isinstance(value, str):
+            elif kind is int:  # a token count, a status, a port: most are kept already
+                append(ints.get((key, value)) or self._pair(key, value))
+            elif kind is str or isinstance(value, str):
                 append(self._text(key, value))
-            elif value is not None:
+            else:
                 append(self._pair(key, value))
         return b"".join(parts)
 
@@ -64,11 +68,15 @@ class AttributeWriter:
     def _text(self, key: str, value: str) -> bytes:
         data = value.encode()
         size = len(data)
+        name = self._keys.get(key) or self._key(key)
+        whole = len(name) + size + 4  # the key, then the value's tag, size, string tag, size
+        if whole < 0x80:  # every size one byte (a request id): one join
+            return b"".join(
+                (_HEAD, SIZES[whole], name, b"\x12", SIZES[size + 2], b"\x0a", SIZES[size], data)
+            )
         body = b"\x0a" + (SIZES[size] if size < 0x80 else varint(size)) + data
         size = len(body)
-        pair = (self._keys.get(key) or self._key(key)) + (
-            b"\x12" + SIZES[size] if size < 0x80 else b"\x12" + varint(size)
-        )
+        pair = name + (b"\x12" + SIZES[size] if size < 0x80 else b"\x12" + varint(size))
         size = len(pair) + size
         return b"".join((_HEAD, SIZES[size] if size < 0x80 else varint(size), pair, body))
 

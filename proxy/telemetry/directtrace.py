@@ -17,7 +17,7 @@ from proxy.context import RequestContext
 from proxy.policy.model import Backend
 from proxy.telemetry.attrwire import AttributeWriter
 from proxy.telemetry.samplers import HeadSampler
-from proxy.telemetry.spanattrs import REPEATING_KEYS, SpanAttributes
+from proxy.telemetry.spanattrs import REPEATING_KEYS, VARYING_KEYS, SpanAttributes
 from proxy.telemetry.spanwire import (
     CLIENT,
     INTERNAL,
@@ -228,9 +228,11 @@ class DirectTrace:
                 origin_ns + int((ended_s - received_s) * 1e9), b"", UNSET, LOCAL_PARENT,
             ))  # fmt: skip
         head, values, status = tracing.request(attributes.repeating)
+        # zip with no strict=: a keyword argument costs a call as much again (the lengths are
+        # SpanAttributes', fixed).
+        values += tracing.attributes.pairs(zip(VARYING_KEYS, attributes.varying))  # noqa: B905
         spans.append(framed_span(
             ids, span_id, parent.span_id if parent is not None else 0, head, self._origin_ns,
-            self._ns(now_s), values + tracing.attributes.pairs(attributes.varying_items()),
-            status, REMOTE_PARENT if parent is not None else LOCAL_PARENT,
+            self._ns(now_s), values, status, REMOTE_PARENT if parent is not None else LOCAL_PARENT,
         ))  # fmt: skip
         tracing.queue(spans)
