@@ -31,8 +31,10 @@ __all__ = [
 INTERNAL, SERVER, CLIENT = 1, 2, 3  # OTLP's Span.SpanKind
 LOCAL_PARENT = b"\x85\x01" + fixed32(0x100)  # SpanFlags: has-is-remote, not remote
 REMOTE_PARENT = b"\x85\x01" + fixed32(0x300)  # ... and remote
-_ID = struct.Struct(">HQ")  # Span.span_id, after its tag and size...
-_IDS = struct.Struct(">HQHQ")  # ... and Span.parent_span_id
+_ID = struct.Struct(">HQ")  # Span.span_id (or parent_span_id) after its tag and size
+# Span.trace_id, span_id (and parent_span_id) when no tracestate comes between them.
+_TRACE_ID = struct.Struct(">18sHQ")
+_TRACE_IDS = struct.Struct(">18sHQHQ")
 _TIMES = struct.Struct("<BQBQ")  # start and end time
 _KINDS = {kind: bytes((0x30, kind)) for kind in (INTERNAL, SERVER, CLIENT)}
 UNSET = b"\x7a\x00"
@@ -70,13 +72,27 @@ def framed_span(
     """One `ScopeSpans.spans` field from its parts: `trace` is span_ids(); `parent_id` 0 for
     none; `head` span_head(); `attributes` the encoded `Span.attributes` fields (attrwire);
     `status` UNSET or error_status(); `flags` LOCAL_PARENT or REMOTE_PARENT."""
-    ids = _IDS.pack(0x1208, span_id, 0x2208, parent_id) if parent_id else _ID.pack(0x1208, span_id)
-    body = b"".join((
-        trace[0], ids[:10], trace[1], ids[10:], head,
+    trace_id, state = trace
+    if state:  # the tracestate goes between the span's id and its parent's
+        ids = trace_id + _ID.pack(0x1208, span_id) + state
+        if parent_id:
+            head = _ID.pack(0x2208, parent_id) + head
+    elif parent_id:
+        ids = _TRACE_IDS.pack(trace_id, 0x1208, span_id, 0x2208, parent_id)
+    else:
+        ids = _TRACE_ID.pack(trace_id, 0x1208, span_id)
+    size = len(ids) + len(head) + 18 + len(attributes) + len(status) + len(flags)  # 18: times
+    return b"".join((
+        bytes((0x12, size)) if size < 0x80 else _frame(size), ids, head,
         _TIMES.pack(0x39, start_ns, 0x41, end_ns), attributes, status, flags,
     ))  # fmt: skip
-    size = len(body)
-    return (b"\x12" + SIZES[size] if size < 0x80 else b"\x12" + varint(size)) + body
+
+
+def _frame(size: int) -> bytes:
+    """A span's field tag and a size of two bytes or more (one is written inline)."""
+    if size < 0x4000:
+        return bytes((0x12, size & 0x7F | 0x80, size >> 7))
+    return b"\x12" + varint(size)
 
 
 class SpanFrame:

@@ -122,3 +122,45 @@ def test_a_sampled_out_request_records_nothing_and_passes_the_decision_on() -> N
         assert api.spans == direct.spans == b""
         assert direct.headers == api.headers
         assert int(direct.headers["traceparent"][-2:], 16) & 1 == 0
+
+
+@pytest.mark.parametrize("state", ["", "rojo=00f067aa"])
+@pytest.mark.parametrize("parent_id", [0, 0x0102030405060708])
+@pytest.mark.parametrize("value_chars", [0, 40, 16_300, 70_000])
+def test_a_span_of_any_size_is_framed_as_protobuf_reads_it(
+    state: str, parent_id: int, value_chars: int
+) -> None:
+    """Span sizes under 128 bytes, under 16 KiB and over it take one, two and three bytes of
+    frame; with a tracestate the ids are written around it."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from proxy.telemetry.attrwire import AttributeWriter
+    from proxy.telemetry.spanwire import (
+        LOCAL_PARENT,
+        SERVER,
+        UNSET,
+        SpanFrame,
+        framed_span,
+        span_head,
+        span_ids,
+    )
+
+    values = AttributeWriter().pairs([("k", "v" * value_chars)] if value_chars else [])
+    trace_id, span_id = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+    span = framed_span(span_ids(trace_id, state), span_id, parent_id, span_head("n", SERVER), 5,
+                       9, values, UNSET, LOCAL_PARENT)  # fmt: skip
+    body = SpanFrame({"service.name": "t"}, ("tokenweir", "1")).body([span, span])
+    request = ExportTraceServiceRequest.FromString(body)
+    read = request.resource_spans[0].scope_spans[0].spans
+    assert len(read) == 2
+    assert read[0] == read[1]
+    assert read[0].trace_id == trace_id.to_bytes(16, "big")
+    assert read[0].span_id == span_id.to_bytes(8, "big")
+    assert read[0].parent_span_id == (parent_id.to_bytes(8, "big") if parent_id else b"")
+    assert read[0].trace_state == state
+    assert (read[0].name, read[0].start_time_unix_nano, read[0].end_time_unix_nano) == ("n", 5, 9)
+    assert [a.value.string_value for a in read[0].attributes] == (
+        ["v" * value_chars] if value_chars else []
+    )
