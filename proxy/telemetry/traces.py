@@ -48,7 +48,7 @@ Timed = tuple[str, float, float]
 def response_fields(tail: bytes) -> tuple[str | None, tuple[str, ...]]:
     """The response's model and finish reasons, from its last bytes (no JSON parse)."""
     model = _RESPONSE_MODEL.search(tail)
-    reasons = tuple([m.decode() for m in _FINISH_REASON.findall(tail)])
+    reasons = tuple(map(bytes.decode, _FINISH_REASON.findall(tail)))
     return (model.group(1).decode("utf-8", "replace") if model else None), reasons
 
 
@@ -83,8 +83,9 @@ def _server(url: str) -> tuple[str | None, int | None]:
 
 
 def _max_tokens(ctx: RequestContext) -> int | None:
+    body = ctx.body
     for field in output_fields(ctx.operation):  # max_output_tokens on the Responses API
-        value = ctx.body.get(field)
+        value = body.get(field)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None

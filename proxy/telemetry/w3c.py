@@ -23,6 +23,7 @@ _MAX_TRACEPARENT_CHARS = 512
 _MAX_TRACESTATE_CHARS = 512
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
+_FLAGS = tuple(f"-{flags:02x}" for flags in range(256))  # traceparent's last field
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,11 @@ def _state(headers: Mapping[str, str]) -> str:
 
 def trace_headers(trace_id: int, span_id: int, flags: int, state: str) -> dict[str, str]:
     """`traceparent` (and `tracestate`, if any) carrying span `span_id` to the backend."""
-    headers = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"}
+    # The ids' hex from their bytes: half the cost of an f-string's `:032x`.
+    traceparent = (
+        "00-" + trace_id.to_bytes(16, "big").hex() + "-" + span_id.to_bytes(8, "big").hex()
+    )
+    headers = {"traceparent": traceparent + _FLAGS[flags]}
     if state:
         headers["tracestate"] = state
     return headers

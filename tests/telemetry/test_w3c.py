@@ -69,3 +69,6 @@ def test_written_headers_are_what_the_propagator_reads_back() -> None:
         3,
     )
     assert trace_headers(1, 2, 0, "") == {"traceparent": f"00-{1:032x}-{2:016x}-00"}
+    assert trace_headers(2**128 - 1, 2**64 - 1, 0xFF, "") == {
+        "traceparent": f"00-{'f' * 32}-{'f' * 16}-ff"
+    }
