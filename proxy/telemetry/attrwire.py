@@ -48,7 +48,7 @@ class AttributeWriter:
                 append(double(value))
             elif kind is int:  # a token count, a status, a port: most are kept already
                 append(ints.get((key, value)) or self._pair(key, value))
-            elif kind is str or isinstance(value, str):
+            elif isinstance(value, str):
                 append(self._text(key, value))
             else:
                 append(self._pair(key, value))

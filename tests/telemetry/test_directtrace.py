@@ -6,11 +6,22 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from proxy.context import RequestContext, TraceHooks
 from proxy.outgoing import OutgoingRequest
+from proxy.telemetry.attrwire import AttributeWriter
 from proxy.telemetry.directtrace import DirectTracing
 from proxy.telemetry.samplers import head_sampler
+from proxy.telemetry.spanwire import (
+    LOCAL_PARENT,
+    SERVER,
+    UNSET,
+    SpanFrame,
+    framed_span,
+    span_head,
+    span_ids,
+)
 from tests.conftest import make_policy
 from tests.telemetry.conftest import GAMMA
 from tests.telemetry.twopaths import RECEIVED_S, Drive, context, finish, via_api, via_direct
@@ -132,21 +143,6 @@ def test_a_span_of_any_size_is_framed_as_protobuf_reads_it(
 ) -> None:
     """Span sizes under 128 bytes, under 16 KiB and over it take one, two and three bytes of
     frame; with a tracestate the ids are written around it."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    from proxy.telemetry.attrwire import AttributeWriter
-    from proxy.telemetry.spanwire import (
-        LOCAL_PARENT,
-        SERVER,
-        UNSET,
-        SpanFrame,
-        framed_span,
-        span_head,
-        span_ids,
-    )
-
     values = AttributeWriter().pairs([("k", "v" * value_chars)] if value_chars else [])
     trace_id, span_id = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
     span = framed_span(span_ids(trace_id, state), span_id, parent_id, span_head("n", SERVER), 5,
