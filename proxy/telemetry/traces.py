@@ -48,7 +48,7 @@ Timed = tuple[str, float, float]
 def response_fields(tail: bytes) -> tuple[str | None, tuple[str, ...]]:
     """The response's model and finish reasons, from its last bytes (no JSON parse)."""
     model = _RESPONSE_MODEL.search(tail)
-    reasons = tuple(map(bytes.decode, _FINISH_REASON.findall(tail)))
+    reasons = tuple([m.decode() for m in _FINISH_REASON.findall(tail)])
     return (model.group(1).decode("utf-8", "replace") if model else None), reasons
 
 
