@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -110,9 +111,17 @@ def _small_integer(value: float) -> bool:
 
 
 def _digest(tenant: str, model: str, operation: str, canonical: bytes) -> str:
+    hasher = _prefixed(tenant, model, operation).copy()
+    hasher.update(canonical)
+    return hasher.hexdigest()[:40]
+
+
+@lru_cache(maxsize=1024)
+def _prefixed(tenant: str, model: str, operation: str) -> hashlib._Hash:
+    """The digest's state after its version and the length-prefixed tenant, model and operation,
+    made once for each (copied, never updated, by `_digest`)."""
     hasher = hashlib.sha256(b"tw-cache-v1\0")
     for part in (tenant.encode(), model.encode(), operation.encode()):
         hasher.update(len(part).to_bytes(4, "big"))
         hasher.update(part)
-    hasher.update(canonical)
-    return hasher.hexdigest()[:40]
+    return hasher

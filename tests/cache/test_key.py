@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
+
+import orjson
 
 from proxy.cache.key import cache_key
 from proxy.policy.model import CacheSpec
@@ -76,3 +79,23 @@ def test_semantic_needs_temperature_zero_and_a_user_question_last() -> None:
     found = cache_key("t", "m", "chat", chat(parts), SEMANTIC)
     assert found is not None
     assert found.question == "Hi"
+
+
+def test_the_exact_key_is_the_documented_digest_every_time() -> None:
+    """SHA-256 over the version, the length-prefixed tenant, model and operation, and the
+    canonical body: entries stored by an earlier gateway are found again (the prefix state is
+    made once and copied, never shared between tenants)."""
+
+    def expected(tenant: str, model: str, body: dict[str, Any]) -> str:
+        parts = [b"tw-cache-v1\0"]
+        for part in (tenant.encode(), model.encode(), b"chat"):
+            parts += [len(part).to_bytes(4, "big"), part]
+        kept = {k: v for k, v in body.items() if k != "model"}
+        parts.append(orjson.dumps(kept, option=orjson.OPT_SORT_KEYS))
+        return hashlib.sha256(b"".join(parts)).hexdigest()[:40]
+
+    for tenant, question in [("a", "one"), ("b", "one"), ("a", "two"), ("a", "one")]:
+        body = chat({"role": "user", "content": question})
+        key = cache_key(tenant, "m", "chat", body, EXACT)
+        assert key is not None
+        assert key.exact == expected(tenant, "m", body), (tenant, question)
