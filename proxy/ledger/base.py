@@ -134,7 +134,7 @@ def bounded(record: UsageRecord) -> UsageRecord:
         if value is not None and (type(value) is not str or len(value) > MAX_RECORD_CHARS):
             changes[name] = str(value)[:MAX_RECORD_CHARS]
     tags = record.tags
-    if len(tags) > MAX_RECORD_TAGS or any(len(t) > MAX_TAG_CHARS for t in tags):
+    if tags and (len(tags) > MAX_RECORD_TAGS or any(len(t) > MAX_TAG_CHARS for t in tags)):
         changes["tags"] = tuple(str(t)[:MAX_TAG_CHARS] for t in tags[:MAX_RECORD_TAGS])
     return replace(record, **changes) if changes else record
 
