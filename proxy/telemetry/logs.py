@@ -163,6 +163,7 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 _YEAR_10000 = 253402300800.0  # epoch seconds
+_MILLIS = tuple(f".{ms:03d}+00:00" for ms in range(1000))  # a timestamp's end, by millisecond
 
 
 class _UtcMs:
@@ -188,7 +189,7 @@ class _UtcMs:
         if second != self._second:
             self._second = second
             self._prefix = datetime.fromtimestamp(second, UTC).isoformat()[:19]
-        return f"{self._prefix}.{micros // 1000:03d}+00:00"
+        return self._prefix + _MILLIS[micros // 1000]
 
 
 utc_ms = _UtcMs()
