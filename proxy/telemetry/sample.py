@@ -60,7 +60,6 @@ def sample_of(
         upstream_s = meter.last_read_s - meter.upstream_sent_s
     streamed = ctx.stream and ctx.status == 200
     tokens_per_s = meter.tokens_per_s(ctx.output_tokens or 0)
-    rules = _rule_names(ctx)
     return RequestSample(
         labels=labels,
         input_tokens=ctx.input_tokens,
@@ -77,7 +76,7 @@ def sample_of(
         saved_tokens=(ctx.saved_input_tokens, ctx.saved_output_tokens),
         saved_usd=saved_cost_nusd / 1e9,
         rejected=_REJECTIONS.get(ctx.error_code or "") if ctx.status == 429 else None,
-        degraded=tuple(rule if rule in rules else "other" for rule in ctx.degraded),
+        degraded=_degraded(ctx),
         error_type=ctx.error_code if ctx.status != 200 or ctx.error_code else None,
     )
 
@@ -87,7 +86,10 @@ def model_label(ctx: RequestContext, policy: Policy) -> str:
     return ctx.model if not ctx.model or ctx.model in policy.models else "other"
 
 
-def _rule_names(ctx: RequestContext) -> frozenset[str]:
-    if not ctx.degraded or ctx.tenant is None:
-        return frozenset()
-    return frozenset(rule.name for rule in ctx.tenant.degrade)
+def _degraded(ctx: RequestContext) -> tuple[str, ...]:
+    """The degradation rules that applied, a name the tenant's policy does not know `other`
+    (nothing is made for the request that none applied to, nearly every one)."""
+    if not ctx.degraded:
+        return ()
+    rules = frozenset(rule.name for rule in ctx.tenant.degrade) if ctx.tenant else frozenset()
+    return tuple(rule if rule in rules else "other" for rule in ctx.degraded)

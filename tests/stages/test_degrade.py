@@ -16,6 +16,7 @@ from proxy.stages.budget import Budgets
 from proxy.stages.degrade import SHED_RULE, Degrade
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import MemoryStore, StorageError
+from proxy.telemetry.sample import sample_of
 from tests.contexts import admitted
 
 pytestmark = pytest.mark.anyio
@@ -196,3 +197,14 @@ async def test_a_shadow_rule_does_not_hide_the_live_rule_behind_it() -> None:
     setup = Setup(_policy(rules))
     ctx = await setup.run(setup.ctx())
     assert (ctx.degraded, ctx.degraded_shadow, ctx.body["max_tokens"]) == (["live"], ["trial"], 32)
+
+
+def test_the_metrics_name_a_rule_the_tenant_has_and_call_any_other_other() -> None:
+    """`tokenweir_degraded_requests{rule=...}` stays bounded by the policy: a rule name the
+    tenant does not have (the priority shedding's, a stale one) is `other`; none is ()."""
+    rules = "      - {name: spill, when: {inflight_ratio_above: 0.1}, then: {model: small}}\n"
+    policy = _policy(rules)
+    ctx = Setup(policy).ctx()
+    assert sample_of(ctx, policy, 0, 0.001).degraded == ()
+    ctx.degraded = ["spill", "gone", SHED_RULE]
+    assert sample_of(ctx, policy, 0, 0.001).degraded == ("spill", "other", "other")
