@@ -124,15 +124,11 @@ async def one_request(
     ctx = arrival.admit("bench", policy.tenants["bench"], None)
     body = {"model": "mock-llm", "messages": [], "max_tokens": 16}
     ctx.outgoing = OutgoingRequest(body, "mock-llm", output_fields("chat"))
-    for stage, timed in stages:  # as Pipeline._answer runs them
-        if timed is None or ctx.trace is None:
+    for stage, timed in stages:  # as the pipeline runs them
+        if timed is not None and ctx.trace is not None:
+            await telemetry.traced(ctx, timed)
+        else:
             await stage(ctx)
-            continue
-        started_s = telemetry.stage_started()
-        try:
-            await stage(ctx)
-        finally:
-            telemetry.stage_ended(ctx, timed, started_s)
     ctx.backend = policy.backends[0]
     ctx.meter.sending_upstream(clock.monotonic())
     telemetry.upstream_started(ctx)

@@ -112,16 +112,11 @@ class Pipeline:
                     done_counting(counting)
 
     async def _answer(self, ctx: Admitted, send: Send) -> None:
-        telemetry = self._telemetry
         for stage, timed in self._stages:
-            if timed is None or ctx.trace is None:
-                await stage(ctx)
+            if timed is not None and ctx.trace is not None:
+                await self._telemetry.traced(ctx, timed)
             else:
-                started_s = telemetry.stage_started()
-                try:
-                    await stage(ctx)
-                finally:
-                    telemetry.stage_ended(ctx, timed, started_s)
+                await stage(ctx)
             if ctx.cached is not None:
                 break
         if ctx.cached is not None and self._replay is not None:

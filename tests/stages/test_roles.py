@@ -107,9 +107,7 @@ async def test_a_traced_stage_draws_its_span_and_the_settle_span_when_it_touched
     assert timed is looked
     ctx = context(*tags)
     recorder.begin(ctx)
-    started_s = recorder.stage_started()
-    await looked(ctx)
-    recorder.stage_ended(ctx, looked, started_s)
+    await recorder.traced(ctx, looked)
     recorder.settle_ran(ctx, SystemClock().monotonic())
     assert ctx.trace is not None
     ctx.outcome.status = 200
