@@ -228,8 +228,8 @@ class DirectTrace:
                 origin_ns + int((ended_s - received_s) * 1e9), b"", UNSET, LOCAL_PARENT,
             ))  # fmt: skip
         head, values, status = tracing.request(attributes.repeating)
-        # zip with no strict=: a keyword argument costs a call as much again (the lengths are
-        # SpanAttributes', fixed).
+        # zip with no strict=: the keyword makes the call half as dear again, and the lengths
+        # are SpanAttributes', fixed.
         values += tracing.attributes.pairs(zip(VARYING_KEYS, attributes.varying))  # noqa: B905
         spans.append(framed_span(
             ids, span_id, parent.span_id if parent is not None else 0, head, self._origin_ns,

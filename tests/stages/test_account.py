@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.ledger import UsageRecord, open_ledger
+from proxy.stages.account import _ms, _round
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, make_policy, policy_text
 from tests.servers import free_port, serve, wait_healthy
 
@@ -204,10 +206,6 @@ def test_the_line_names_the_key_by_id_the_user_and_the_tags(
 def test_timings_are_rounded_to_the_microsecond_as_decimal_rounding_would() -> None:
     """The ledger's and the access line's milliseconds (`_ms`) and tokens a second (`_round`)
     round as Python's `round(x, digits)` does, which they replaced for speed."""
-    import random
-
-    from proxy.stages.account import _ms, _round
-
     assert [_ms(None), _round(None)] == [None, None]
     assert [_ms(0.0123456), _ms(1.5), _ms(0.0)] == [12.346, 1500.0, 0.0]
     assert [_round(749.96), _round(12.34)] == [750.0, 12.3]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -185,7 +187,10 @@ def test_a_request_the_rate_limit_refuses_still_has_its_stage_span(traced: Trace
     headers = {"authorization": f"Bearer {LIMITED_KEY}"}
     url = traced.url + "/v1/chat/completions"
     assert httpx.post(url, json=body, headers=headers).status_code == 200
-    spans = traced.spans(5)  # the request, its backend call, budget, rate limit, settle
+    deadline = time.monotonic() + 5  # the request span ends last: then all of it is in
+    while "chat mock-llm" not in by_name(traced.spans(0)):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     traced.exporter.clear()
     traced.backend.seen.clear()
     assert httpx.post(url, json=body, headers=headers).status_code == 429
