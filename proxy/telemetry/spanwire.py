@@ -83,16 +83,9 @@ def framed_span(
         ids = _TRACE_ID.pack(trace_id, 0x1208, span_id)
     size = len(ids) + len(head) + 18 + len(attributes) + len(status) + len(flags)  # 18: times
     return b"".join((
-        bytes((0x12, size)) if size < 0x80 else _frame(size), ids, head,
+        bytes((0x12, size)) if size < 0x80 else b"\x12" + varint(size), ids, head,
         _TIMES.pack(0x39, start_ns, 0x41, end_ns), attributes, status, flags,
     ))  # fmt: skip
-
-
-def _frame(size: int) -> bytes:
-    """A span's field tag and a size of two bytes or more (one is written inline)."""
-    if size < 0x4000:
-        return bytes((0x12, size & 0x7F | 0x80, size >> 7))
-    return b"\x12" + varint(size)
 
 
 class SpanFrame:
