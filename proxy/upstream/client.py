@@ -20,6 +20,7 @@ from proxy.errors import (
 from proxy.policy.model import Backend, UpstreamSpec
 from proxy.upstream.deadline import FirstByteTimeout, TotalTimeout
 from proxy.upstream.exchange import ResponseHeadTooLarge
+from proxy.upstream.prebuilt import declared_length, post_request
 from proxy.upstream.rejection import UpstreamRejected, status_error
 from proxy.upstream.transport import PooledTransport
 
@@ -122,7 +123,8 @@ class UpstreamClient:
     ) -> httpx.Request:
         """The request as `httpx.Request(content=...)` builds it (the same headers in the same
         order), from the backend's URL and fixed headers parsed once: httpx parses the URL and
-        normalises every header per request otherwise, ~100 µs of a ~600 µs request."""
+        normalises every header per request otherwise, ~100 µs of a ~600 µs request. Built by
+        `post_request`, past the constructor's checks of parts that are bytes already."""
         api_key = backend.api_key.get_secret_value() if backend.api_key is not None else None
         target = self._targets.get((backend.url, path, api_key))
         if target is None:
@@ -138,12 +140,7 @@ class UpstreamClient:
         for name, value in extra_headers.items():
             raw.append((name.encode("ascii"), value.encode("ascii")))
         raw.append((b"Content-Length", str(len(content)).encode("ascii")))
-        request = httpx.Request(
-            "POST", url, headers=raw, stream=httpx.ByteStream(content),
-            extensions={"timeout": self._timeouts(backend)},
-        )  # fmt: skip
-        request.read()  # in memory already: `request.content` is the body, as with content=
-        return request
+        return post_request(url, raw, content, {"timeout": self._timeouts(backend)})
 
     def _timeouts(self, backend: Backend) -> dict[str, float | None]:
         if backend.first_byte_timeout is None:
@@ -232,8 +229,8 @@ def _headers(backend: Backend, request_id: str | None) -> dict[str, str]:
 async def read_capped(response: httpx.Response, limit_bytes: int) -> bytes | None:
     """The whole body, or None if it is longer than `limit_bytes` (by its Content-Length, before
     reading any of it, or once what came passes the limit). The caller closes the response."""
-    declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit_bytes:
+    declared = declared_length(response.headers)
+    if declared is not None and declared > limit_bytes:
         return None
     chunks: list[bytes] = []
     size = 0

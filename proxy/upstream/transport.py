@@ -13,6 +13,7 @@ import httpx
 from proxy.upstream.connection import Connection, Origin
 from proxy.upstream.deadline import DeadlineStream, DelegatedDeadlines
 from proxy.upstream.exchange import ExchangeLimits, StaleConnection
+from proxy.upstream.prebuilt import response_of
 
 __all__ = ["PooledTransport"]
 
@@ -307,12 +308,8 @@ async def _exchange(
     except BaseException:
         exchange.abort()  # cancelled or failed mid-exchange: nobody else will close it
         raise
-    return httpx.Response(
-        exchange.status_code,
-        headers=exchange.headers,
-        stream=exchange,
-        extensions={"http_version": exchange.http_version, "reason_phrase": exchange.reason},
-    )
+    extensions = {"http_version": exchange.http_version, "reason_phrase": exchange.reason}
+    return response_of(exchange.status_code, exchange.headers, exchange, extensions)
 
 
 async def _send(
