@@ -30,10 +30,13 @@ from proxy.telemetry.recorder import Telemetry
 from proxy.upstream.client import UpstreamOpener, close, raw_reads, read_capped, translate
 from proxy.upstream.deadline import ContentDeadline
 from proxy.upstream.exchange import Exchange, Sink
+from proxy.upstream.prebuilt import header_bytes
 from proxy.upstream.sse import SSEForwarder
 from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, MalformedAnswer, whole_answer
 
 __all__ = ["SSE_HEADERS", "Forward"]
+
+_EVENT_STREAM: Final = EVENT_STREAM.encode()
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -246,10 +249,11 @@ async def _first_events(
     """The reads up to a stream's first data event, held until it is judged: a stream that is
     not `text/event-stream`, or whose first event is no JSON object, is a 502 before any byte
     goes to the client."""
-    content_type = response.headers.get("content-type", "")
-    if not content_type.strip().lower().startswith(EVENT_STREAM):
+    content_type = header_bytes(response.headers, b"content-type")
+    if not content_type.strip().lower().startswith(_EVENT_STREAM):
+        shown = content_type[:80].decode("latin-1")
         raise UpstreamBadResponse(
-            f"backend {backend.name!r} answered a stream with content-type {content_type[:80]!r}"
+            f"backend {backend.name!r} answered a stream with content-type {shown!r}"
         )
     check = FirstEvent()
     reads: list[bytes] = []

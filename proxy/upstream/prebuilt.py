@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["declared_length", "headers_of", "post_request", "response_of"]
+__all__ = ["declared_length", "header_bytes", "headers_of", "post_request", "response_of"]
 
 _new_headers = httpx.Headers.__new__
 
@@ -78,3 +78,9 @@ def declared_length(headers: httpx.Headers) -> int | None:
     if len(found) != 1 or not found[0].isdigit():
         return None
     return int(found[0])
+
+
+def header_bytes(headers: httpx.Headers, name: bytes) -> bytes:
+    """The values of the header `name` (lowercase) joined with ", ", as `headers.get` joins
+    them, left as bytes (b"" without one): no scan of every header for their encoding."""
+    return b", ".join([value for _, lowered, value in headers._list if lowered == name])

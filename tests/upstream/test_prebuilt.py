@@ -8,7 +8,13 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.upstream.prebuilt import declared_length, headers_of, post_request, response_of
+from proxy.upstream.prebuilt import (
+    declared_length,
+    header_bytes,
+    headers_of,
+    post_request,
+    response_of,
+)
 
 URL = httpx.URL("http://127.0.0.1:8000/v1/chat/completions")
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
@@ -100,3 +106,13 @@ async def test_a_response_reads_its_stream_once() -> None:
 def test_the_declared_length(raw: list[tuple[bytes, bytes]], length: int | None) -> None:
     assert declared_length(headers_of(raw)) == length
     assert declared_length(httpx.Headers(raw)) == length
+
+
+@pytest.mark.parametrize("raw", HEADER_SETS)
+@pytest.mark.parametrize("name", ["x-request-id", "content-type", "host", "x-name", "absent"])
+def test_a_header_read_as_bytes_is_what_get_reads(
+    raw: list[tuple[bytes, bytes]], name: str
+) -> None:
+    headers = httpx.Headers(raw)
+    found = header_bytes(headers, name.encode())
+    assert found.decode(headers.encoding) == headers.get(name, "")
