@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 __all__ = ["GapHistogram", "StreamMeter", "gap_bucket_mid_s"]
 
@@ -11,6 +12,30 @@ _BUCKET_BASE_S = 50e-6
 _BUCKETS_PER_DOUBLING = 6
 _BUCKET_COUNT = 21 * _BUCKETS_PER_DOUBLING
 _LOG2 = math.log(2.0)
+
+
+def _bucket_by_log(gap_s: float) -> int:
+    """A gap's bucket, by definition: 0 up to the base, then six a doubling, the last open."""
+    if gap_s <= _BUCKET_BASE_S:
+        return 0
+    index = int(math.log(gap_s / _BUCKET_BASE_S) / _LOG2 * _BUCKETS_PER_DOUBLING) + 1
+    return min(index, _BUCKET_COUNT - 1)
+
+
+def _lowest_in(bucket: int) -> float:
+    """The smallest gap `_bucket_by_log` puts in `bucket` or above: found near its nominal
+    start by stepping a float at a time, so that the table below agrees with it exactly."""
+    gap_s = _BUCKET_BASE_S * 2.0 ** ((bucket - 1) / _BUCKETS_PER_DOUBLING)
+    while _bucket_by_log(gap_s) >= bucket:
+        gap_s = math.nextafter(gap_s, 0.0)
+    while _bucket_by_log(gap_s) < bucket:
+        gap_s = math.nextafter(gap_s, math.inf)
+    return gap_s
+
+
+# Where each bucket after the first begins: a gap's bucket is how many of these it reaches
+# (`bisect_right`, one call in C a token instead of a logarithm and four operations).
+_BUCKET_STARTS = tuple(_lowest_in(bucket) for bucket in range(1, _BUCKET_COUNT))
 
 
 class GapHistogram:
@@ -29,11 +54,7 @@ class GapHistogram:
         self.total_s += gap_s
         if gap_s > self.max_s:
             self.max_s = gap_s
-        if gap_s <= _BUCKET_BASE_S:
-            self.counts[0] += 1
-            return
-        index = int(math.log(gap_s / _BUCKET_BASE_S) / _LOG2 * _BUCKETS_PER_DOUBLING) + 1
-        self.counts[min(index, _BUCKET_COUNT - 1)] += 1
+        self.counts[bisect_right(_BUCKET_STARTS, gap_s)] += 1
 
     def quantile_s(self, q: float) -> float | None:
         """The gap below which a fraction `q` of gaps fall (bucket midpoint), None if no gaps."""

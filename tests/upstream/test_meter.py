@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from proxy.clock import FakeClock
+from proxy.upstream import meter
 from proxy.upstream.meter import GapHistogram, StreamMeter
 
 
@@ -47,3 +51,23 @@ def test_histogram_quantiles_within_bucket_width() -> None:
     hist.add(1e-7)
     hist.add(1e6)
     assert hist.count == 102
+
+
+def _bucket_of(gap_s: float) -> int:
+    hist = GapHistogram()
+    hist.add(gap_s)
+    return hist.counts.index(1)
+
+
+def test_a_gap_lands_in_the_bucket_its_logarithm_names() -> None:
+    """The table of bucket starts agrees with the log-spaced definition at every start, a float
+    either side of it, and for gaps across the whole range."""
+    starts = meter._BUCKET_STARTS
+    assert len(starts) == len(GapHistogram().counts) - 1
+    edges = [math.nextafter(start, side) for start in starts for side in (0.0, math.inf)]
+    rng = random.Random(7)  # noqa: S311 (test data, not a secret)
+    spread = [10 ** rng.uniform(-8, 4) for _ in range(20_000)]
+    for gap_s in [*starts, *edges, *spread, 0.0, -1.0, 50e-6, 1e9]:
+        assert _bucket_of(gap_s) == meter._bucket_by_log(gap_s), gap_s
+    assert _bucket_of(50e-6) == 0
+    assert _bucket_of(1e9) == len(starts)
