@@ -25,7 +25,7 @@ def _bucket_by_log(gap_s: float) -> int:
 def _lowest_in(bucket: int) -> float:
     """The smallest gap `_bucket_by_log` puts in `bucket` or above: found near its nominal
     start by stepping a float at a time, so that the table below agrees with it exactly."""
-    gap_s = _BUCKET_BASE_S * 2.0 ** ((bucket - 1) / _BUCKETS_PER_DOUBLING)
+    gap_s: float = _BUCKET_BASE_S * 2.0 ** ((bucket - 1) / _BUCKETS_PER_DOUBLING)
     while _bucket_by_log(gap_s) >= bucket:
         gap_s = math.nextafter(gap_s, 0.0)
     while _bucket_by_log(gap_s) < bucket:
