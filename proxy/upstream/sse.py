@@ -40,19 +40,25 @@ class SSEForwarder:
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         """Bytes to write now (maybe empty), and how many of their events carry generated text."""
-        if self._tail:
-            data = self._tail + data
+        tail = self._tail
+        if tail:
+            data = tail + data
         sep = self._sep or self._detect_separator(data)
-        cut = data.rfind(sep)
-        if cut < 0:
-            if len(data) > _MAX_HELD_BYTES:
+        if data.endswith(sep):  # the usual read: whole events, nothing to hold back
+            out = data
+            if tail:
                 self._tail = b""
-                return data, 0
-            self._tail = data
-            return b"", 0
-        cut += len(sep)
-        out = data[:cut]
-        self._tail = data[cut:]
+        else:
+            cut = data.rfind(sep)
+            if cut < 0:
+                if len(data) > _MAX_HELD_BYTES:
+                    self._tail = b""
+                    return data, 0
+                self._tail = data
+                return b"", 0
+            cut += len(sep)
+            out = data[:cut]
+            self._tail = data[cut:]
         self._textless = 0
         if out.endswith(_DONE_ENDS[sep]):
             # [DONE] goes out with the response's end (`finish`), after the request is settled:
@@ -81,13 +87,13 @@ class SSEForwarder:
     def _token_events(self, out: bytes) -> int:
         """Events after the first one with text count as tokens, bar a usage-only one ([DONE]
         never reaches here: `feed` holds it back)."""
-        start = 0
-        if not self._saw_token:
-            first = _TOKEN.search(out)
-            if first is None:
-                return 0
-            self._saw_token = True
-            start = out.rfind(_DATA, 0, first.start())
+        if self._saw_token:
+            return out.count(_DATA) - self._textless
+        first = _TOKEN.search(out)
+        if first is None:
+            return 0
+        self._saw_token = True
+        start = out.rfind(_DATA, 0, first.start())
         return out.count(_DATA, max(start, 0)) - self._textless
 
     def _take_usage(self, out: bytes, sep: bytes) -> bytes:
