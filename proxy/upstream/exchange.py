@@ -95,6 +95,7 @@ class Exchange(httpx.AsyncByteStream):
         self._got_bytes = False
         self._error: Exception | None = None
         self._chunks: list[bytes] = []
+        self._chunks_came = False  # a body chunk has come (the deadline was told, once)
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
@@ -133,7 +134,9 @@ class Exchange(httpx.AsyncByteStream):
             self._done = True
 
     def on_body(self, body: bytes) -> None:
-        self._deadline.answered()
+        if not self._chunks_came:  # the first: the first-byte deadline has passed its test
+            self._chunks_came = True
+            self._deadline.answered()
         self._chunks.append(body)
         self._buffered += len(body)
 
