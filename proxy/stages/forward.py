@@ -199,7 +199,7 @@ class _Relay:
         clock: Clock,
     ) -> None:
         self._backend = backend
-        self._capture = ctx.capture
+        self._capture = None if ctx.capture is None else ctx.capture.tap()
         self._meter = ctx.meter
         self._sse = sse
         self.content = content
@@ -221,7 +221,7 @@ class _Relay:
         self._meter.wrote(self.clock(), token_events)
         self.before_last, self.last = self.last, out
         if self._capture is not None:
-            self._capture.add(out)
+            self._capture(out)
 
     def direct(self, body: DirectBody) -> Sink:
         """The sink for the backend's reads while the task waits: each goes to the client at

@@ -38,6 +38,16 @@ class Capture:
         else:
             self._chunks.append(data)
 
+    def tap(self) -> Callable[[bytes], None]:
+        """What a relay calls with each chunk it sends: `add`; or, for a capture that keeps
+        nothing and only has a follower (a stream the response cache folds, no `log_content`),
+        the follower itself, a call a chunk fewer (it keeps nothing from now on, as `add`
+        would once a chunk came)."""
+        if self._limit == 0 and self.follower is not None:
+            self._chunks = None
+            return self.follower
+        return self.add
+
     @property
     def kept(self) -> bool:
         """False once the answer outgrew the limit."""
