@@ -73,12 +73,10 @@ def response_of(
 
 
 def declared_length(headers: httpx.Headers) -> int | None:
-    """The one `content-length` header's value; None without one, with several, or with one
-    that is not digits."""
-    found = [value for _, name, value in headers._list if name == b"content-length"]
-    if len(found) != 1 or not found[0].isdigit():
-        return None
-    return int(found[0])
+    """The one `content-length` header's value; None without one, with several (joined, they
+    are no longer digits), or with one that is not digits."""
+    value = header_bytes(headers, b"content-length")
+    return int(value) if value.isdigit() else None
 
 
 def header_bytes(headers: httpx.Headers, name: bytes) -> bytes:
