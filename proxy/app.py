@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from proxy.clock import Clock, SystemClock
 from proxy.errors import GatewayError, InternalError, NotFound
@@ -163,12 +164,22 @@ def create_app(
             Route("/dashboard/static/dashboard.css", pages.route("stylesheet"), methods=["GET"]),
         ],
         middleware=[
+            # uvicorn's own, here instead of around the whole app (`tokenweir serve` turns
+            # uvicorn's off): only the dashboard reads the scheme (its cookie's `Secure`), and
+            # the inference lane should not pay for it on every request.
+            Middleware(ProxyHeadersMiddleware, trusted_hosts=_forwarded_allow_ips()),
             Middleware(CurrentGateway),
             Middleware(RequestId),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
     )
+
+
+def _forwarded_allow_ips() -> str:
+    """Whose `X-Forwarded-Proto` and `X-Forwarded-For` are believed: uvicorn's setting and
+    default (FORWARDED_ALLOW_IPS, else the loopback addresses)."""
+    return os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
 
 
 def create_served_app() -> Starlette:

@@ -138,6 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
         "loop": "uvloop",
         "http": protocol_with_header_timeout(server.header_timeout),
         "ws": "none",
+        "proxy_headers": False,  # the app applies them where they are read (proxy/app.py)
         "access_log": False,
         "log_config": log_config(args.log_level, access_log=not args.no_access_log),
         "timeout_keep_alive": math.ceil(server.keep_alive_timeout),

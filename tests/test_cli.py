@@ -8,12 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from proxy.app import DEFAULT_POLICY
 from proxy.cli import main
-from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, policy_text
+from tests.conftest import ADMIN_KEY, ALPHA_KEY, BACKEND_KEY, BETA_KEY, policy_text
 from tests.servers import free_port, wait_healthy
 
 
@@ -103,6 +104,37 @@ def test_serve_with_two_workers_answers_the_sdk(
     access_lines = [line for line in out.decode().splitlines() if line.startswith("{")]
     assert len(access_lines) == 4
     assert all('"tenant":"alpha"' in line for line in access_lines)
+
+
+@pytest.mark.parametrize(("allowed", "secure"), [(None, True), ("10.9.8.7", False)])
+def test_serve_believes_a_forwarded_https_only_from_allowed_proxies(
+    tmp_path: Path, backend_url: str, allowed: str | None, secure: bool
+) -> None:
+    """Behind a TLS proxy the dashboard's cookie is `Secure`: the proxy's X-Forwarded-Proto is
+    believed from the loopback addresses by default, from FORWARDED_ALLOW_IPS's if set."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url))
+    port = free_port()
+    env = {**os.environ, "BACKEND_KEY": BACKEND_KEY, "BETA_KEY": BETA_KEY}
+    env.pop("FORWARDED_ALLOW_IPS", None)
+    if allowed is not None:
+        env["FORWARDED_ALLOW_IPS"] = allowed
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--no-access-log"]
+    server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_healthy(base_url, server)
+        answer = httpx.post(
+            base_url + "/dashboard/login",
+            data={"key": ADMIN_KEY},
+            headers={"x-forwarded-proto": "https"},
+        )
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+    assert answer.status_code == 303
+    assert ("Secure" in answer.headers["set-cookie"]) is secure
 
 
 def test_serve_refuses_a_broken_policy_readably(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ class BackgroundServer:
             log_level="warning",
             lifespan="on",
             ws="none",
+            proxy_headers=False,  # as `tokenweir serve`: the app applies them (proxy/app.py)
             http=http or protocol_with_header_timeout(10.0),
             timeout_graceful_shutdown=2,
             ssl_certfile=tls[0] if tls else None,
