@@ -60,12 +60,17 @@ class FirstEvent:
 
     def feed(self, raw: bytes) -> bool:
         """True once the first event is judged."""
-        *complete, self._tail = (self._tail + raw).replace(b"\r\n", b"\n").split(b"\n\n")
-        for event in complete:
-            lines = [line for line in event.split(b"\n") if line.startswith(_DATA)]
+        held = (self._tail + raw).replace(b"\r\n", b"\n")
+        start = 0
+        end = held.find(b"\n\n")
+        while end >= 0:  # event by event up to the first with data, not the whole read
+            lines = [line for line in held[start:end].split(b"\n") if line.startswith(_DATA)]
             if lines:
                 self._judge(b"\n".join(line[len(_DATA) :].strip() for line in lines))
                 return True
+            start = end + 2
+            end = held.find(b"\n\n", start)
+        self._tail = held[start:]
         self._seen += len(raw)
         if self._seen > self._limit:
             self._decide(f"it sent no data event in its first {self._limit} bytes")

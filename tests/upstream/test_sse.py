@@ -53,6 +53,19 @@ def test_usage_chunk_is_dropped_when_the_client_did_not_ask() -> None:
     assert forwarder.usage == {"prompt_tokens": 7, "completion_tokens": 5}
 
 
+@pytest.mark.parametrize("keep_usage", [True, False])
+def test_a_read_holding_the_whole_stream_changes_only_the_usage_event(keep_usage: bool) -> None:
+    # An unpaced backend's stream in one read: its comments and blank events pass as they came.
+    first, rest = b"".join(TOKENS[:2]), b"".join(TOKENS[2:])
+    stream = ROLE + b": ping\n\n" + first + b"\n\n" + rest + USAGE + b"\n\n"
+    forwarder = SSEForwarder(keep_usage=keep_usage)
+    out, count = forwarder.feed(stream + DONE)
+    assert out == (stream if keep_usage else stream.replace(USAGE, b""))
+    assert count == 5
+    assert forwarder.finish() == DONE
+    assert forwarder.usage == {"prompt_tokens": 7, "completion_tokens": 5}
+
+
 def test_usage_on_a_content_chunk_is_nulled_not_dropped() -> None:
     last = event({"choices": [{"delta": {"content": " end"}}], "usage": {"prompt_tokens": 1}})
     forwarder = SSEForwarder(keep_usage=False)
