@@ -44,6 +44,9 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _DATA: Final = b"data:"
+# A stream's last bytes kept for its span (response model, finish reasons): its last reads, cut
+# to this where one read held much of the stream, so the span's regexes stay O(1) a stream.
+_STREAM_TAIL_BYTES: Final = 8192
 
 
 class Forward:
@@ -128,7 +131,7 @@ class Forward:
         if not ctx.status:
             await self._start(ctx, send, SSE_HEADERS)
         ctx.outcome.answered = True
-        ctx.outcome.tail = relay.before_last + relay.last + ending
+        ctx.outcome.tail = (relay.before_last + relay.last)[-_STREAM_TAIL_BYTES:] + ending
         _take_usage(ctx, sse.usage)
         await send({"type": "http.response.body", "body": ending, "more_body": False})
 
