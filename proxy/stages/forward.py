@@ -214,7 +214,9 @@ class _Relay:
         now_s = self.clock()
         self._meter.read(now_s)
         out, token_events = self._sse.feed(raw)
-        if out.find(_DATA) >= 0:  # not `in`: see proxy/cache/fold.py _plain
+        # Content: an event with text, else any data event (`find`, not `in`: see
+        # proxy/cache/fold.py _plain).
+        if token_events or out.find(_DATA) >= 0:
             self.content.content(now_s)
         elif self.content.passed(now_s):
             raise _no_content(self._backend)

@@ -67,6 +67,8 @@ class SSEForwarder:
             out, self._tail = out[:done], out[done:] + self._tail
         if out.find(_USAGE_MARK) >= 0:  # not `in`: see proxy/cache/fold.py _plain
             out = self._take_usage(out, sep)
+        if self._saw_token:  # after the first token (nearly every read): no call for the count
+            return out, out.count(_DATA) - self._textless
         return out, self._token_events(out)
 
     def _detect_separator(self, data: bytes) -> bytes:
@@ -85,10 +87,9 @@ class SSEForwarder:
         return tail
 
     def _token_events(self, out: bytes) -> int:
-        """Events after the first one with text count as tokens, bar a usage-only one ([DONE]
-        never reaches here: `feed` holds it back)."""
-        if self._saw_token:
-            return out.count(_DATA) - self._textless
+        """Until the first token: the events from the first one with text on count as tokens,
+        bar a usage-only one ([DONE] never reaches here: `feed` holds it back). After it, `feed`
+        counts every data event but the usage-only ones."""
         first = _TOKEN.search(out)
         if first is None:
             return 0
