@@ -98,22 +98,21 @@ class SSEForwarder:
         return out.count(_DATA, max(start, 0)) - self._textless
 
     def _take_usage(self, out: bytes, sep: bytes) -> bytes:
-        """`out` (whole events) with each event that mentions usage as `_usage_event` leaves it;
-        every other event as it came. Only those events are cut out: a read that holds a whole
-        stream (an unpaced backend) is not walked an event at a time in Python."""
+        """`out` (whole events, so it ends with `sep`) with each event that mentions usage as
+        `_usage_event` leaves it; every other event as it came. Only those events are cut out: a
+        read that holds a whole stream (an unpaced backend) is not walked an event at a time."""
         kept: list[bytes] = []
         copied = 0  # where the bytes not yet in `kept` begin
         mark = out.find(_USAGE_MARK)
         while mark >= 0:
             start = out.rfind(sep, copied, mark)
             start = copied if start < 0 else start + len(sep)
-            end = out.find(sep, mark)
-            end = len(out) if end < 0 else end
+            end = out.find(sep, mark)  # found: `out` ends with `sep`
             event = self._usage_event(out[start:end])
             kept.append(out[copied:start])
             if event:
                 kept.append(event + sep)
-            copied = min(end + len(sep), len(out))
+            copied = end + len(sep)
             mark = out.find(_USAGE_MARK, copied)
         kept.append(out[copied:])
         return b"".join(kept)
