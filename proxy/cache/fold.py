@@ -65,7 +65,7 @@ class _Template:
     the bytes from the text to it are `mid`, and its value may be any plain string.
     """
 
-    __slots__ = ("between", "head", "mid", "parts", "prefix", "sep", "suffix", "tail")
+    __slots__ = ("between", "head", "line_end", "mid", "parts", "prefix", "sep", "suffix", "tail")
 
     def __init__(self, parts: list[bytes], prefix: bytes, suffix: bytes, line: bytes, sep: bytes):
         self.parts = parts  # the text's pieces so far, which a match adds to
@@ -79,6 +79,8 @@ class _Template:
         self.head = line + prefix  # `line`: what comes before the payload (`data: `)
         self.sep = sep
         self.tail = suffix + sep
+        # What follows a text on its line, cut at b"\n": the suffix, and with CRLF a b"\r".
+        self.line_end = len(suffix) + len(sep) // 2 - 1
         # Between two texts of a read with several events on the template.
         self.between = self.tail + self.head
 
@@ -101,12 +103,16 @@ class _Template:
         if self.mid is None and _plain(inner):  # the usual: one event
             self.parts.append(inner)
             return True
-        events = data.split(self.sep)
-        events.pop()  # empty: `data` ends with `tail`, which ends with `sep`
         if self.mid is not None:
+            events = data.split(self.sep)
+            events.pop()  # empty: `data` ends with `tail`, which ends with `sep`
             return self._take_padded(events, self.mid)
-        start, end = len(self.head), len(self.suffix)
-        texts = [event[start : len(event) - end] for event in events]
+        # Cut at each b"\n" (one byte is found twice as fast as the separator's two): an event
+        # on the template is its line and an empty one (b"\r" with CRLF), and the last line is
+        # empty. A read of any other shape fails the check below.
+        lines = data.split(b"\n")[0:-1:2]
+        start, end = len(self.head), self.line_end
+        texts = [line[start : len(line) - end] for line in lines]
         plain = b"".join(texts)
         if not _plain(plain) or self.between.join(texts) != inner:
             return False

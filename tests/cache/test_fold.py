@@ -149,6 +149,35 @@ def test_a_read_of_many_events_is_cut_apart_in_a_few_calls(
         assert len(bulk) <= 2 * (2 + escaped) * n.bit_length()
 
 
+@pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n"])
+def test_a_read_on_the_template_is_taken_whole_with_either_line_end(
+    monkeypatch: pytest.MonkeyPatch, separator: bytes
+) -> None:
+    """Once the template is learnt, a read of events on it is cut apart in bulk whether the
+    backend ends its lines with LF or CRLF: none of its events is looked at on its own."""
+    monkeypatch.setattr(fold_module, "_BATCH_BYTES", 1)  # each read folded as it comes
+    looked_at: list[bytes] = []
+    payload = StreamFold._payload
+
+    def one(folded: StreamFold, line: bytes, data: bytes) -> None:
+        looked_at.append(line)
+        payload(folded, line, data)
+
+    monkeypatch.setattr(StreamFold, "_payload", one)
+    words = [f" w{i}" for i in range(300)]
+    events = [role_event(), *map(text_event, words), finish_event(), DONE]
+    events = [e.removesuffix(b"\n\n") + separator for e in events]
+    folded = fold(events[:2])  # the role chunk, then the first text: the template
+    looked_at.clear()
+    folded.feed(b"".join(events[2:-2]))
+    assert looked_at == []
+    folded.feed(b"".join(events[-2:]))
+    answer = folded.answer("chat", USAGE)
+    assert answer is not None
+    assert answer.message == {"role": "assistant", "content": "".join(words)}
+    assert len(looked_at) == 2  # the finish chunk and [DONE]
+
+
 def test_only_chunks_off_the_template_are_parsed(parses: list[bytes]) -> None:
     pieces = long_text(700)
     events = [role_event(), *map(text_event, pieces), finish_event(), b"data: [DONE]\n\n"]
