@@ -92,10 +92,10 @@ class _Template:
         """Keep the texts of a read that is only events on the template, texts without escapes.
 
         The read is cut at its line ends, and each event's text is what lies between the
-        template's head and suffix on its line. Put back between the template's own bytes, the texts must
-        give the read again, byte for byte: then every event is the template around its text.
-        A text with a quote or a backslash is refused (it could end its string early, or
-        escape), and with it the whole read. Work in C over the read, not Python per event.
+        template's head and suffix on its line. Put back between the template's own bytes, the
+        texts must give the read again, byte for byte: then every event is the template around
+        its text. A text with a quote or a backslash is refused (it could end its string early,
+        or escape), and with it the whole read. Work in C over the read, not Python per event.
         """
         inner = _inside(data, self.head, self.tail)
         if inner is None:
