@@ -36,6 +36,9 @@ _MAX_TEMPLATES: Final = 4
 # paced stream comes a token a read), and a batch's own calls are paid once for them all (a
 # fifth of the fold at 2 KB a batch). An open stream holds at most this much more.
 _BATCH_BYTES: Final = 8192
+# Events off the template cut off a read's end before it is halved instead (a stream's last
+# read or batch ends with its finish chunk and [DONE], perhaps a usage chunk).
+_PEELED: Final = 4
 # Errors a malformed chunk may raise while folded; the fold gives up, the relay goes on.
 _MALFORMED: Final = (AttributeError, KeyError, IndexError, TypeError, ValueError)
 _TEXTS: Final = ("content", "reasoning_content", "refusal", "text")
@@ -219,7 +222,7 @@ class StreamFold:
         template = self._template
         if template is not None and not self._done:
             if not template.take(data):  # the usual read: events on the template, nothing parsed
-                self._halves(data)
+                self._halves(data, template)
             return
         # An event at a time until one gives the template, then the rest in bulk.
         start = 0
@@ -239,10 +242,24 @@ class StreamFold:
         if self.broken or template is None or self._done:
             self._lines(data)
         elif not template.take(data):
-            self._halves(data)
+            self._halves(data, template)
 
-    def _halves(self, data: bytes) -> None:
-        """Events not all on the template: each half of them on its own, down to one event."""
+    def _halves(self, data: bytes, template: _Template) -> None:
+        """Events not all on the template: the few at the end off it (the usual: the finish
+        chunk, [DONE]) cut off, the rest taken whole; else each half on its own, down to one
+        event. (A read that does not end on the template fails `take` at once, so finding the
+        end that does costs a few searches, not a split.)"""
+        sep, cut = template.sep, len(data)
+        # A read that ends on the template has the events off it inside: halved at once.
+        peeled = 0 if data.endswith(template.tail) else _PEELED
+        for _ in range(peeled):
+            cut = data.rfind(sep, 0, cut - len(sep)) + len(sep)
+            if cut < len(sep):  # one event: nothing to cut off
+                break
+            if data.endswith(template.tail, 0, cut):
+                self._events(data[:cut])
+                self._lines(data[cut:])
+                return
         middle = _event_end_near_middle(data)
         if middle:
             self._events(data[:middle])

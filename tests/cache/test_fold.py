@@ -178,6 +178,33 @@ def test_a_read_on_the_template_is_taken_whole_with_either_line_end(
     assert len(looked_at) == 2  # the finish chunk and [DONE]
 
 
+def test_the_end_of_a_stream_is_cut_off_its_last_read_not_halved_down_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream's last read (or batch) is texts on the template, then its finish chunk and
+    [DONE]: those two are cut off the end and the texts taken in one bulk call, not found by
+    halving the read down to them."""
+    monkeypatch.setattr(fold_module, "_BATCH_BYTES", 1)  # each read folded as it comes
+    bulk: list[int] = []
+    take = fold_module._Template.take
+
+    def counted(template: Any, data: bytes) -> bool:
+        bulk.append(len(data))
+        return take(template, data)
+
+    monkeypatch.setattr(fold_module._Template, "take", counted)
+    words = [f" w{i}" for i in range(300)]
+    events = [role_event(), *map(text_event, words), finish_event(), DONE]
+    folded = fold(events[:2])  # the role chunk, then the first text: the template
+    bulk.clear()
+    folded.feed(b"".join(events[2:]))
+    answer = folded.answer("chat", USAGE)
+    assert answer is not None
+    assert answer.message == {"role": "assistant", "content": "".join(words)}
+    # The whole read (refused at once: it does not end on the template), then its texts.
+    assert len(bulk) == 2
+
+
 def test_only_chunks_off_the_template_are_parsed(parses: list[bytes]) -> None:
     pieces = long_text(700)
     events = [role_event(), *map(text_event, pieces), finish_event(), b"data: [DONE]\n\n"]
