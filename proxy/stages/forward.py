@@ -215,7 +215,7 @@ class _Relay:
         self._meter.read(now_s)
         out, token_events = self._sse.feed(raw)
         # Content: an event with text, else any data event (`find`, not `in`: see
-        # proxy/cache/fold.py _plain).
+        # proxy/cache/template.py plain).
         if token_events or out.find(_DATA) >= 0:
             self.content.content(now_s)
         elif self.content.passed(now_s):

@@ -65,7 +65,7 @@ class SSEForwarder:
             # a client that asks again the moment it reads [DONE] finds its slot free.
             done = out.rfind(_DATA)
             out, self._tail = out[:done], out[done:] + self._tail
-        if out.find(_USAGE_MARK) >= 0:  # not `in`: see proxy/cache/fold.py _plain
+        if out.find(_USAGE_MARK) >= 0:  # not `in`: see proxy/cache/template.py plain
             out = self._take_usage(out, sep)
         if self._saw_token:  # after the first token (nearly every read): no call for the count
             return out, out.count(_DATA) - self._textless

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 import proxy.cache.fold as fold_module
+import proxy.cache.template as template_module
 from proxy.cache.answer import Answer
 from proxy.cache.fold import StreamFold, from_stream
 from proxy.cache.replay import replay_response, replay_stream
@@ -123,7 +124,7 @@ def test_a_read_of_many_events_is_cut_apart_in_a_few_calls(
     with the log of the read's length, not with its length."""
     looked_at: list[bytes] = []
     bulk: list[int] = []
-    payload, take = StreamFold._payload, fold_module._Template.take
+    payload, take = StreamFold._payload, template_module.Template.take
 
     def one(folded: StreamFold, line: bytes, data: bytes) -> None:
         looked_at.append(line)
@@ -134,7 +135,7 @@ def test_a_read_of_many_events_is_cut_apart_in_a_few_calls(
         return take(template, data)
 
     monkeypatch.setattr(StreamFold, "_payload", one)
-    monkeypatch.setattr(fold_module._Template, "take", many)
+    monkeypatch.setattr(template_module.Template, "take", many)
     for n in (256, 4096):
         looked_at.clear()
         bulk.clear()
@@ -186,13 +187,13 @@ def test_the_end_of_a_stream_is_cut_off_its_last_read_not_halved_down_to(
     halving the read down to them."""
     monkeypatch.setattr(fold_module, "_BATCH_BYTES", 1)  # each read folded as it comes
     bulk: list[int] = []
-    take = fold_module._Template.take
+    take = template_module.Template.take
 
     def counted(template: Any, data: bytes) -> bool:
         bulk.append(len(data))
         return take(template, data)
 
-    monkeypatch.setattr(fold_module._Template, "take", counted)
+    monkeypatch.setattr(template_module.Template, "take", counted)
     words = [f" w{i}" for i in range(300)]
     events = [role_event(), *map(text_event, words), finish_event(), DONE]
     folded = fold(events[:2])  # the role chunk, then the first text: the template

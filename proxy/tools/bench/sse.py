@@ -46,7 +46,7 @@ class SseParser:
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         buffer = self._buffer + chunk if self._buffer else chunk
-        if buffer.find(b"\r") >= 0:  # not `in`: see proxy/cache/fold.py _plain
+        if buffer.find(b"\r") >= 0:  # not `in`: see proxy/cache/template.py plain
             buffer = _normalize_newlines(buffer)
         events: list[SseEvent] = []
         start = 0
