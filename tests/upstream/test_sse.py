@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.upstream.sse import SSEForwarder
 
@@ -107,3 +111,56 @@ def test_unterminated_tail_is_forwarded_at_the_end() -> None:
     out, _ = forwarder.feed(TOKENS[0] + b"data: {partial")
     assert out == TOKENS[0]
     assert forwarder.finish() == b"data: {partial"
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[list[bytes], int, bytes]:
+    """A backend's stream as events (comments and usage among them), the token events a client
+    is sent, and the usage event's payload shape."""
+    texts = draw(st.lists(st.sampled_from([" w", ' "q"', "\\", "é", "\n"]), max_size=12))
+    events = [ROLE]
+    if draw(st.booleans()):
+        events.append(b": ping\n\n")
+    events += [event({"choices": [{"index": 0, "delta": {"content": t}}]}) for t in texts]
+    events.append(event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    tokens = len(texts) + 1 if texts else 0  # from the first text on, the finish chunk too
+    usage = draw(st.sampled_from(["alone", "on the finish chunk", "none"]))
+    if usage == "alone":
+        events.append(USAGE)
+    elif usage == "on the finish chunk":
+        finish = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        events[-1] = event({"choices": [finish], "usage": {"prompt_tokens": 7}})
+    return [*events, DONE], tokens, usage.encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stream=streams(),
+    cuts=st.lists(st.integers(0, 2000), max_size=10),
+    crlf=st.booleans(),
+    keep_usage=st.booleans(),
+)
+def test_any_stream_cut_anywhere_is_forwarded_counted_and_billed_as_in_one_read(
+    stream: tuple[list[bytes], int, bytes], cuts: list[int], crlf: bool, keep_usage: bool
+) -> None:
+    events, tokens, usage = stream
+    if crlf:
+        events = [e.replace(b"\n\n", b"\r\n\r\n") for e in events]
+    whole = b"".join(events)
+    bounds = [0, *sorted({cut % (len(whole) + 1) for cut in cuts}), len(whole)]
+    reads = [whole[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    forwarder = SSEForwarder(keep_usage=keep_usage)
+    out, counted = feed_all(forwarder, reads)
+    expected = (
+        whole
+        if keep_usage or usage == b"none"
+        else whole.replace(events[-2], b"")  # the usage-only chunk dropped
+        if usage == b"alone"
+        else whole.replace(b'"usage":{"prompt_tokens":7}', b'"usage":null')
+    )
+    assert out == expected
+    assert counted == tokens
+    assert forwarder.usage == (
+        None if usage == b"none" else {"prompt_tokens": 7, "completion_tokens": 5}
+        if usage == b"alone" else {"prompt_tokens": 7}
+    )  # fmt: skip
