@@ -69,6 +69,24 @@ async def test_renew_keeps_a_lease_and_settling_an_expired_one_still_counts_use(
     assert await store.read([DAY]) == [(7, 500)]
 
 
+async def test_a_reservation_of_nothing_on_a_counter_settles_and_expires_cleanly(
+    store: QuotaStore,
+) -> None:
+    """A USD quota on a model with no price reserves 0 on its counter: the request settles,
+    its use is booked, and once such a lease expires unsettled the next reservations still go
+    through (Redis once released it with HINCRBY "-0", which it refuses: the settle failed,
+    and every later reservation of the tenant failed on the expired lease)."""
+    assert await reserve(store, "free", [100, 0]) is None
+    await store.settle(SCOPE, "free", [DAY, MONTH], [80, 0])
+    assert await store.read([DAY, MONTH]) == [(80, 0), (0, 0)]
+    assert await reserve(store, "crashed", [50, 0], until=NOW + 1) is None
+    later = NOW + 5
+    for lease in ("next", "after"):
+        assert await store.reserve(SCOPE, lease, [DAY, MONTH], [10, 0], lease_until=later + 60,
+                                   now=later) is None  # fmt: skip
+    assert await store.read([DAY, MONTH]) == [(80, 20), (0, 0)]
+
+
 async def test_concurrent_reservations_never_exceed_the_limit(store: QuotaStore) -> None:
     # More concurrent calls than the Redis connection pool holds: they wait, none fails.
     results = await asyncio.gather(*(reserve(store, f"r{i}", [30, 30]) for i in range(300)))

@@ -8,6 +8,7 @@ import time
 import httpx
 import openai
 import pytest
+import redis
 
 from proxy.app import create_app
 from proxy.policy import Policy, parse_policy
@@ -92,6 +93,33 @@ def test_quota_refuses_with_insufficient_quota_once_spent(backend_url: str) -> N
             sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
     assert caught.value.code == "insufficient_quota"
     assert int(caught.value.response.headers["retry-after"]) > 0
+
+
+def test_a_usd_quota_on_an_unpriced_model_still_books_and_enforces_tokens_on_redis(
+    backend_url: str, redis_url: str
+) -> None:
+    """An unpriced model costs nothing, so its USD quota reserves 0: every request is still
+    booked on the token quota (Redis once failed to settle such a reservation, so the tokens
+    were never counted and the quota never refused)."""
+    text = budget_policy_text(backend_url, "{tokens_per_day: 60, usd_per_day: 1}", redis_url)
+    text = text.replace("{price: {input_per_1m: 1.0, output_per_1m: 2.0}}", "{}")
+    ask = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    spent, refused = 0, None
+    with serve(create_app(parse_policy(text, environ={}))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        for _ in range(20):
+            try:
+                reply = sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
+            except openai.RateLimitError as refusal:
+                refused = refusal.code
+                break
+            assert reply.usage is not None
+            spent += reply.usage.total_tokens
+    assert refused == "insufficient_quota"
+    assert 0 < spent <= 60
+    with redis.Redis.from_url(redis_url) as admin:
+        booked = admin.hmget(day_counter().key, "used", "reserved")
+    assert [int(v or 0) for v in booked] == [spent, 0]
 
 
 async def stream_once(http: httpx.AsyncClient, body: dict[str, object]) -> int:

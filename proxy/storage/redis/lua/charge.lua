@@ -17,7 +17,7 @@ for i = 1, #KEYS - 2 do
     if taken > 0 then
       held[key] = held[key] - taken
       if held[key] <= 0 then
-        held[key] = nil -- release.lua would send HINCRBY "-0", which Redis refuses
+        held[key] = nil -- nothing left for release_expired.lua to give back
       end
       if redis.call('HINCRBY', key, 'reserved', -taken) < 0 then
         redis.call('HSET', key, 'reserved', 0)

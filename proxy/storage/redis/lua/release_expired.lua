@@ -4,7 +4,9 @@ local function release(leases, holdings, lease_id)
   local held = redis.call('HGET', holdings, lease_id)
   if held then
     for key, amount in pairs(cjson.decode(held)) do
-      if redis.call('EXISTS', key) == 1 then
+      -- Nothing held (a USD quota on an unpriced model reserves 0): `-amount` would go as
+      -- "-0", which HINCRBY refuses, failing this release and every sweep after it.
+      if amount ~= 0 and redis.call('EXISTS', key) == 1 then
         if redis.call('HINCRBY', key, 'reserved', -amount) < 0 then
           redis.call('HSET', key, 'reserved', 0)
         end

@@ -1,0 +1,136 @@
+"""Memory and Redis decide alike: any sequence of quota and rate-limit calls, on a clock that moves
+on, gets the same answers and leaves the same counters on both.
+
+The contract suites check chosen cases on each store; here generated sequences (leases that
+expire, renewals, settlements larger or smaller than what was held, charges, bucket debts,
+clocks that jump) are run on the two stores side by side and every answer compared, to the
+last bit of a float.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.storage import Counter, MemoryStore, RedisStore
+from proxy.storage.limits import Bucket, SlotPool
+from proxy.storage.memory.limits import MemoryLimitStore
+from proxy.storage.redis.limits import RedisLimitStore
+
+SCOPE = "tw:{acme}"
+DAY = Counter("tw:{acme}:q:tokens:d:20261129", limit=1000, expires_at=2_000_000_000)
+MONTH = Counter("tw:{acme}:q:usd:m:202611", limit=1500, expires_at=2_000_000_000)
+COUNTERS = [DAY, MONTH]
+RPM = Bucket("tw:{acme}:rl:rpm", capacity=5, refill_per_s=5 / 60)
+TPM = Bucket("tw:{acme}:rl:tpm", capacity=900, refill_per_s=15.0)
+POOL = SlotPool("tw:{acme}:rl:slots", size=2)
+START = 1_800_000_000.25
+
+LEASES = st.sampled_from(["a", "b", "c"])
+AMOUNT = st.integers(0, 700)
+LEASE_S = st.sampled_from([0.5, 5.0, 60.0])
+CALLS = st.one_of(
+    st.tuples(st.just("reserve"), LEASES, AMOUNT, AMOUNT, LEASE_S),
+    st.tuples(st.just("settle"), LEASES, AMOUNT, AMOUNT),
+    st.tuples(st.just("charge"), LEASES, AMOUNT, AMOUNT),
+    st.tuples(st.just("renew"), LEASES, LEASE_S),
+    st.tuples(st.just("admit"), LEASES, st.integers(0, 6), st.integers(0, 1000), st.booleans(),
+              LEASE_S),
+    st.tuples(st.just("true_up"), st.integers(-400, 400)),
+    st.tuples(st.just("release"), LEASES),
+    st.tuples(st.just("keep"), LEASES, LEASE_S),
+    st.tuples(st.just("peek")),
+    st.tuples(st.just("wait"), st.sampled_from([0.001, 0.3, 1.0, 7.5, 61.0])),
+)  # fmt: skip
+
+
+class Stores:
+    """One store of each kind on one storage, called as the gateway calls them."""
+
+    def __init__(self, url: str | None) -> None:
+        if url is None:
+            self.quotas: Any = MemoryStore()
+            self.limits: Any = MemoryLimitStore()
+        else:
+            self.quotas = RedisStore(url, timeout_s=10.0)
+            self.limits = RedisLimitStore(url, timeout_s=10.0)
+
+    async def call(self, call: tuple[Any, ...], now: float) -> Any:
+        name, *args = call
+        quotas, limits = self.quotas, self.limits
+        if name == "reserve":
+            lease, day, month, lease_s = args
+            return await quotas.reserve(
+                SCOPE, lease, COUNTERS, [day, month], lease_until=now + lease_s, now=now
+            )
+        if name == "settle":
+            lease, day, month = args
+            return await quotas.settle(SCOPE, lease, COUNTERS, [day, month])
+        if name == "charge":
+            lease, day, month = args
+            return await quotas.charge(SCOPE, lease, COUNTERS, [day, month])
+        if name == "renew":
+            lease, lease_s = args
+            return await quotas.renew(SCOPE, lease, lease_until=now + lease_s)
+        if name == "admit":
+            lease, requests, tokens, pooled, lease_s = args
+            slots = [POOL] if pooled else []
+            return await limits.admit(
+                SCOPE, [RPM, TPM], [requests, tokens], slots,
+                lease_id=lease, lease_until=now + lease_s, now=now,
+            )  # fmt: skip
+        if name == "true_up":
+            return await limits.settle(SCOPE, TPM, args[0], now=now)
+        if name == "release":
+            return await limits.release(SCOPE, [POOL], lease_id=args[0])
+        if name == "keep":
+            lease, lease_s = args
+            return await limits.renew(SCOPE, [POOL], lease_id=lease, lease_until=now + lease_s)
+        return await limits.peek(SCOPE, [RPM, TPM], now=now)
+
+    async def counters(self) -> list[tuple[int, int]]:
+        counters: list[tuple[int, int]] = await self.quotas.read(COUNTERS)
+        return counters
+
+    async def aclose(self) -> None:
+        await self.quotas.aclose()
+        await self.limits.aclose()
+
+
+async def both(redis_url: str, calls: list[tuple[Any, ...]], check: Callable[..., None]) -> None:
+    memory, on_redis = Stores(None), Stores(redis_url)
+    try:
+        now = START
+        for step, call in enumerate(calls):
+            if call[0] == "wait":
+                now += call[1]
+                continue
+            said = await memory.call(call, now), await on_redis.call(call, now)
+            held = await memory.counters(), await on_redis.counters()
+            check(step, call, said, held)
+    finally:
+        await memory.aclose()
+        await on_redis.aclose()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(calls=st.lists(CALLS, min_size=1, max_size=30))
+def test_memory_and_redis_answer_every_sequence_alike(
+    redis_server: str, calls: list[tuple[Any, ...]]
+) -> None:
+    with redis.Redis.from_url(redis_server) as admin:
+        admin.flushdb()
+
+    def check(step: int, call: tuple[Any, ...], said: tuple[Any, Any], held: Any) -> None:
+        where = f"step {step}, {call}, after {calls[:step]}"
+        assert said[0] == said[1], where
+        assert held[0] == held[1], where
+
+    asyncio.run(both(redis_server, calls, check))
