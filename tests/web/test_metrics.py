@@ -12,6 +12,7 @@ from prometheus_client.samples import Sample
 
 from proxy.app import create_app
 from proxy.policy.units import hash_key
+from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
 from tests.telemetry.conftest import extra_tenant
@@ -32,8 +33,14 @@ EXTRA = (
 
 
 @pytest.fixture(scope="module")
-def gateway(backend_url: str) -> Iterator[str]:
-    with serve(create_app(make_policy(backend_url, extra=EXTRA))) as url:
+def gateway() -> Iterator[str]:
+    """A gateway on a backend that sends a token every 20 ms: a stream's tokens come in reads of
+    their own even on a loaded machine (at the suite's 2,000 tokens/s a 6 ms stall sent a
+    12-token stream in one read, so the gateway wrote one chunk and measured no gap)."""
+    with (
+        serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=50)) as backend_url,
+        serve(create_app(make_policy(backend_url, extra=EXTRA))) as url,
+    ):
         yield url
 
 
@@ -70,8 +77,8 @@ def test_requests_land_in_genai_histograms(gateway: str) -> None:
     output = {**ok, "gen_ai_token_type": "output"}
     assert value(samples, "gen_ai_client_token_usage_count", **output) == 2
     assert value(samples, "gen_ai_client_token_usage_sum", **output) == 17
-    # Streams only: one TTFT each, and a gap per chunk after the first (12 tokens may arrive
-    # in fewer than 12 chunks at 2,000 tokens/s).
+    # Streams only: one TTFT each, and a gap per chunk after the first (12 tokens 20 ms apart
+    # come in 12 reads unless the machine stalls the gateway for longer).
     assert value(samples, "gen_ai_server_time_to_first_token_seconds_count", **ok) == 1
     assert value(samples, "gen_ai_client_operation_time_to_first_chunk_seconds_count", **ok) == 1
     chunk_gaps = "gen_ai_client_operation_time_per_output_chunk_seconds_count"
