@@ -27,7 +27,8 @@ __all__ = ["StreamFold", "from_stream"]
 
 _DATA: Final = b"data:"
 _DONE: Final = b"[DONE]"
-_EVENT_END: Final = b"\n\n"
+_LF_END: Final = b"\n\n"
+_CRLF_END: Final = b"\r\n\r\n"
 # Stands in for a template's text to prove the template parses as a text-only chunk.
 _PROBE: Final = "tokenweir-probe"
 # A backend whose chunks vary (a per-chunk timestamp) is not re-learned forever.
@@ -118,10 +119,10 @@ class StreamFold:
                 self._halves(data, template)
             return
         # An event at a time until one gives the template, then the rest in bulk.
-        start = 0
+        start, sep = 0, _event_end(data)
         while self._template is None and not self.broken:
-            end = data.find(_EVENT_END, start) + len(_EVENT_END)
-            if end < len(_EVENT_END) or end >= len(data):  # the last event (or not SSE)
+            end = data.find(sep, start) + len(sep)
+            if end < len(sep) or end >= len(data):  # the last event (or not SSE)
                 break
             self._lines(data[start:end])
             start = end
@@ -153,7 +154,7 @@ class StreamFold:
                 self._events(data[:cut])
                 self._lines(data[cut:])
                 return
-        middle = _event_end_near_middle(data)
+        middle = _event_end_near_middle(data, sep)
         if middle:
             self._events(data[:middle])
             self._events(data[middle:])
@@ -268,8 +269,9 @@ class StreamFold:
         self._templates += 1
         start = payload.index(marker) + len(marker) - len(raw) - 1
         prefix, suffix = payload[:start], payload[start + len(raw) :]
-        sep = b"\r\n\r\n" if data.endswith(b"\r\n\r\n") else b"\n\n"  # as this read's events end
-        template = Template(self._texts[name], prefix, suffix, line[: -len(payload)], sep)
+        template = Template(
+            self._texts[name], prefix, suffix, line[: -len(payload)], _event_end(data)
+        )
         # Proof: the same bytes around another text are a text-only chunk of that text.
         try:
             probe = _loads(template.probe(_PROBE.encode()))
@@ -279,14 +281,21 @@ class StreamFold:
             self._template = template
 
 
-def _event_end_near_middle(data: bytes) -> int:
-    """Where an event of `data` ends nearest after (else before) its middle; 0 if it is one."""
+def _event_end(data: bytes) -> bytes:
+    """How the events of `data` end: as its last one does (CRLF lines or LF). Only where the
+    fold cuts depends on it: a cut the bytes do not have leaves them to be folded line by line."""
+    return _CRLF_END if data.endswith(_CRLF_END) else _LF_END
+
+
+def _event_end_near_middle(data: bytes, sep: bytes) -> int:
+    """Where an event of `data` (ending in `sep`) ends nearest after (else before) its middle;
+    0 if it is one."""
     half = len(data) // 2
-    straddles = len(_EVENT_END) - 1  # an event's end across the middle is found too
-    found = data.find(_EVENT_END, max(0, half - straddles))
-    if found < 0 or found + len(_EVENT_END) >= len(data):
-        found = data.rfind(_EVENT_END, 0, half + straddles)
-    return 0 if found < 0 else found + len(_EVENT_END)
+    straddles = len(sep) - 1  # an event's end across the middle is found too
+    found = data.find(sep, max(0, half - straddles))
+    if found < 0 or found + len(sep) >= len(data):
+        found = data.rfind(sep, 0, half + straddles)
+    return 0 if found < 0 else found + len(sep)
 
 
 def _text_only(chunk: dict[str, Any]) -> tuple[str, str] | None:

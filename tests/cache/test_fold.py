@@ -115,13 +115,14 @@ def test_parses_per_stream_do_not_grow_with_its_length(
     assert counts == [5, 5]
 
 
+@pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n"])
 @pytest.mark.parametrize("escaped_every", [0, 50])
 def test_a_read_of_many_events_is_cut_apart_in_a_few_calls(
-    monkeypatch: pytest.MonkeyPatch, escaped_every: int
+    monkeypatch: pytest.MonkeyPatch, escaped_every: int, separator: bytes
 ) -> None:
     """A read holding a whole stream (a busy gateway reads many events at once) is taken in
     bulk: only the events off the template are looked at one by one, and the bulk calls grow
-    with the log of the read's length, not with its length."""
+    with the log of the read's length, not with its length; with LF or CRLF line ends."""
     looked_at: list[bytes] = []
     bulk: list[int] = []
     payload, take = StreamFold._payload, template_module.Template.take
@@ -141,6 +142,7 @@ def test_a_read_of_many_events_is_cut_apart_in_a_few_calls(
         bulk.clear()
         words = [' "q"' if escaped_every and i % escaped_every == 1 else f" w{i}" for i in range(n)]
         events = [role_event(), *map(text_event, words), finish_event(), DONE]
+        events = [e.removesuffix(b"\n\n") + separator for e in events]
         answer = fold(events, per_read=len(events)).answer("chat", USAGE)
         assert answer is not None
         assert answer.message == {"role": "assistant", "content": "".join(words)}
