@@ -14,13 +14,8 @@ local operations = cmsgpack.unpack(ARGV[3])
 local replies, k, a = {}, 0, 1
 for n = 1, tonumber(ARGV[2]) do
   local op, nkeys, nargs = OPS[operations[a]], operations[a + 1], operations[a + 2]
-  local keys, args = {}, {}
-  for i = 1, nkeys do
-    keys[i] = KEYS[k + i]
-  end
-  for i = 1, nargs do
-    args[i] = operations[a + 2 + i]
-  end
+  local keys = {unpack(KEYS, k + 1, k + nkeys)}
+  local args = {unpack(operations, a + 3, a + 2 + nargs)}
   k, a = k + nkeys, a + 3 + nargs
   local ok, reply, refused = pcall(op, keys, args)
   local status = 1
