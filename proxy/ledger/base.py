@@ -250,7 +250,8 @@ class Ledger(Protocol):
         """Aggregated usage, served from per-hour and per-day totals, never from raw records."""
 
     async def latest(self, tenant: str | None, limit: int) -> list[UsageRecord]:
-        """The newest raw records, newest first; `tenant` None means every tenant."""
+        """The raw records last written, the last first (a request's record is written when it
+        ends, so this is not the order of their `ts`); `tenant` None means every tenant."""
 
     def stats(self) -> LedgerStats:
         """Counters since this ledger was created."""

@@ -7,6 +7,7 @@ tenant's hash tag. While Redis is unreachable records stay buffered (bounded) an
 from __future__ import annotations
 
 import asyncio
+import operator
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -129,14 +130,17 @@ class RedisLedger(BufferedLedger):
             streams = await send_all(self._connected().client, newest)
         except REDIS_ERRORS as exc:
             raise LedgerError(f"cannot read the ledger from Redis: {exc}") from exc
-        records = [
-            keys.decode_record(fields[keys.RECORD_FIELD])
+        # Newest written first, as SQLite's row ids have them (a request's record is written
+        # when it ends, so not in the order of its `ts`, when it began): each tenant's stream
+        # is in that order already, and the tenants' merge by their entries' ids.
+        written = [
+            (_entry_order(entry), fields[keys.RECORD_FIELD])
             for entries in streams
-            for _, fields in entries
+            for entry, fields in entries
             if keys.RECORD_FIELD in fields
         ]
-        records.sort(key=lambda r: r.ts, reverse=True)
-        return records[:limit]
+        written.sort(key=operator.itemgetter(0), reverse=True)
+        return [keys.decode_record(raw) for _, raw in written[:limit]]
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -238,6 +242,12 @@ class RedisLedger(BufferedLedger):
         if self._connection is None:
             raise LedgerError("the ledger is not started")
         return self._connection
+
+
+def _entry_order(entry: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") as numbers, in the order Redis added the entries."""
+    ms, _, seq = entry.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _newest(stream: str, limit: int) -> Call:

@@ -50,9 +50,13 @@ async def test_records_read_back_exactly_as_appended(ledger_url: str) -> None:
         for r in records:
             ledger.append(r)
         await ledger.flush()
-        assert await ledger.latest(None, 10) == records[::-1]
+        everything = await ledger.latest(None, 10)
+        assert sorted(everything, key=repr) == sorted(records, key=repr)
+        for tenant in ("alpha", None, "客服机器人"):  # each tenant's, the last written first
+            mine = [r for r in records[::-1] if r.tenant == tenant]
+            assert [r for r in everything if r.tenant == tenant] == mine
         assert await ledger.latest("客服机器人", 10) == [records[2]]
-        assert await ledger.latest(None, 2) == [records[4], records[3]]
+        assert await ledger.latest("alpha", 2) == [records[4], records[3]]
 
 
 async def test_totals_per_tenant_unauthenticated_last(ledger_url: str) -> None:
