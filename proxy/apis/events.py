@@ -45,13 +45,14 @@ class EventForwarder:
     settled before the client reads it (as [DONE] is on chat streams).
     """
 
-    __slots__ = ("_events", "_parts", "_sep", "_tail", "usage")
+    __slots__ = ("_ended", "_events", "_parts", "_sep", "_tail", "usage")
 
     def __init__(self, events: StreamEvents) -> None:
         self._events = events
         self._sep: bytes | None = None
         self._tail = b""
         self._parts: dict[str, Any] = {}
+        self._ended = False  # the ending event was held back once
         self.usage: dict[str, Any] | None = None
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
@@ -70,8 +71,12 @@ class EventForwarder:
         events = self._events
         if events.usage.search(out) is not None:
             self._read_usage(out, sep)
-        last = events.last.search(out)
+        # Held back once: events a backend sends after its ending one go out as they come,
+        # the held ending with them (as chat's [DONE] does), never held again and again (which
+        # kept every later byte and scanned it all anew on each read).
+        last = None if self._ended else events.last.search(out)
         if last is not None:
+            self._ended = True
             start = out.rfind(sep, 0, last.start())
             start = 0 if start < 0 else start + len(sep)
             out, self._tail = out[:start], out[start:] + self._tail

@@ -94,3 +94,28 @@ def test_a_responses_stream_bills_from_response_completed() -> None:
 )
 def test_unbelievable_messages_usage_stays_unbelieved(usage: dict[str, object]) -> None:
     assert checked_usage(AGENT_APIS["messages"].usage(usage)) is None
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_events_after_the_ending_one_go_out_as_they_come(api: str) -> None:
+    """A backend that goes on after its ending event (message_stop, response.completed): the
+    ending is held back once, then goes out with the next read, and every later event as it
+    comes. (They were held to the end and the whole held part scanned again on each read: a
+    backend could keep a gateway's core busy and its memory growing for one request.)"""
+    ending = (
+        {"type": "message_stop"}
+        if api == "messages"
+        else {"type": "response.completed", "response": {"usage": None}, "sequence_number": 9}
+    )
+    delta = (
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}
+        if api == "messages"
+        else {"type": "response.output_text.delta", "delta": "x", "sequence_number": 10}
+    )
+    forwarder = EventForwarder(AGENT_APIS[api].events)
+    assert forwarder.feed(event(ending)) == (b"", 0)  # held back
+    written, deltas = forwarder.feed(event(delta))
+    assert (written, deltas) == (event(ending) + event(delta), 1)
+    for _ in range(5000):
+        assert forwarder.feed(event(delta)) == (event(delta), 1)
+    assert forwarder.finish() == b""
