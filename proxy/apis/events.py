@@ -10,11 +10,11 @@ from typing import Any
 
 import orjson
 
+from proxy.upstream.partial import MAX_HELD_BYTES, Partial
+
 __all__ = ["EventForwarder", "StreamEvents"]
 
 _DATA = b"data:"
-# A backend that never ends an event must not make us hold its bytes forever.
-_MAX_HELD_BYTES = 1 << 20
 
 UsageReader = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
 """The whole usage once one parsed event completes it, else None; the second argument is the
@@ -45,29 +45,37 @@ class EventForwarder:
     settled before the client reads it (as [DONE] is on chat streams).
     """
 
-    __slots__ = ("_ended", "_events", "_parts", "_sep", "_tail", "usage")
+    __slots__ = ("_ended", "_events", "_partial", "_parts", "_sep", "_tail", "usage")
 
     def __init__(self, events: StreamEvents) -> None:
         self._events = events
         self._sep: bytes | None = None
-        self._tail = b""
+        self._partial = Partial()  # an event's start, until a read ends it
+        self._tail = b""  # whole events held back: the ending one
         self._parts: dict[str, Any] = {}
         self._ended = False  # the ending event was held back once
         self.usage: dict[str, Any] | None = None
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
+        if self._partial.size:
+            whole = self._partial.take(data, self._sep)
+            if whole is None:
+                return b"", 0
+            data = whole
         if self._tail:
             data = self._tail + data
+            self._tail = b""
         sep = self._sep or self._separator(data)
         cut = data.rfind(sep)
         if cut < 0:
-            if len(data) > _MAX_HELD_BYTES:
-                self._tail = b""
+            if len(data) > MAX_HELD_BYTES:
                 return data, self._count(data)
-            self._tail = data
+            self._partial.start(data)
             return b"", 0
         cut += len(sep)
-        out, self._tail = data[:cut], data[cut:]
+        out = data[:cut]
+        if cut < len(data):
+            self._partial.start(data[cut:])
         events = self._events
         if events.usage.search(out) is not None:
             self._read_usage(out, sep)
@@ -79,12 +87,12 @@ class EventForwarder:
             self._ended = True
             start = out.rfind(sep, 0, last.start())
             start = 0 if start < 0 else start + len(sep)
-            out, self._tail = out[:start], out[start:] + self._tail
+            out, self._tail = out[:start], out[start:]
         return out, self._count(out)
 
     def finish(self) -> bytes:
         tail, self._tail = self._tail, b""
-        return tail
+        return tail + self._partial.drain() if self._partial.size else tail
 
     def _count(self, out: bytes) -> int:
         return len(self._events.delta.findall(out))

@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 
+from proxy.upstream.partial import MAX_HELD_BYTES, Partial
+
 __all__ = ["SSEForwarder"]
 
 # An event that carries generated text: a non-empty content/text/arguments string.
@@ -16,8 +18,6 @@ _DATA = b"data:"
 _DONE = b"[DONE]"
 # How the [DONE] event ends, by separator: looked up per read, never built.
 _DONE_ENDS = {b"\n\n": _DONE + b"\n\n", b"\r\n\r\n": _DONE + b"\r\n\r\n"}
-# A backend that never ends an event must not make us hold its bytes forever.
-_MAX_HELD_BYTES = 1 << 20
 
 
 class SSEForwarder:
@@ -28,18 +28,24 @@ class SSEForwarder:
     that mention `prompt_tokens` (the usage chunk) are parsed.
     """
 
-    __slots__ = ("_keep_usage", "_saw_token", "_sep", "_tail", "_textless", "usage")
+    __slots__ = ("_keep_usage", "_partial", "_saw_token", "_sep", "_tail", "_textless", "usage")
 
     def __init__(self, *, keep_usage: bool) -> None:
         self._keep_usage = keep_usage
         self._sep: bytes | None = None
-        self._tail = b""
+        self._partial = Partial()  # an event's start, until a read ends it
+        self._tail = b""  # whole events held back: [DONE]
         self._saw_token = False
         self._textless = 0
         self.usage: dict[str, Any] | None = None
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         """Bytes to write now (maybe empty), and how many of their events carry generated text."""
+        if self._partial.size:
+            whole = self._partial.take(data, self._sep)
+            if whole is None:
+                return b"", 0
+            data = whole
         tail = self._tail
         if tail:
             data = tail + data
@@ -50,15 +56,15 @@ class SSEForwarder:
                 self._tail = b""
         else:
             cut = data.rfind(sep)
+            self._tail = b""
             if cut < 0:
-                if len(data) > _MAX_HELD_BYTES:
-                    self._tail = b""
+                if len(data) > MAX_HELD_BYTES:
                     return data, 0
-                self._tail = data
+                self._partial.start(data)
                 return b"", 0
             cut += len(sep)
             out = data[:cut]
-            self._tail = data[cut:]
+            self._partial.start(data[cut:])
         self._textless = 0
         if out.endswith(_DONE_ENDS[sep]):
             # [DONE] goes out with the response's end (`finish`), after the request is settled:
@@ -84,7 +90,7 @@ class SSEForwarder:
         """What is left when the upstream ends: the [DONE] event, or an unterminated last event,
         forwarded as is."""
         tail, self._tail = self._tail, b""
-        return tail
+        return tail + self._partial.drain() if self._partial.size else tail
 
     def _token_events(self, out: bytes) -> int:
         """Until the first token: the events from the first one with text on count as tokens,

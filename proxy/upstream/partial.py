@@ -1,0 +1,50 @@
+"""The start of one stream event, held back until a later read completes it."""
+
+from __future__ import annotations
+
+__all__ = ["MAX_HELD_BYTES", "Partial"]
+
+# A backend that never ends an event must not make us hold its bytes forever.
+MAX_HELD_BYTES = 1 << 20
+
+
+class Partial:
+    """Reads that hold no event end yet, kept as they came (no copy a read): only each new
+    read, with the few bytes before it, is searched for the end, so a backend that trickles
+    one long event costs work in proportion to its bytes, not to their square."""
+
+    __slots__ = ("_pieces", "_seam", "size")
+
+    def __init__(self) -> None:
+        self._pieces: list[bytes] = []
+        self._seam = b""  # the held bytes' last three: an event end may straddle a read
+        self.size = 0
+
+    def start(self, data: bytes) -> None:
+        """Hold `data`, the start of an event (the forwarder found no end in it)."""
+        self._pieces.append(data)
+        self._seam = data[-3:]
+        self.size = len(data)
+
+    def take(self, data: bytes, sep: bytes | None) -> bytes | None:
+        """The held bytes and `data` as one, once `data` ends an event (or its first line, if
+        `sep`, how events end, is not known yet) or they pass MAX_HELD_BYTES; else None,
+        `data` held too."""
+        seam = self._seam
+        end = b"\n" if sep is None else sep
+        if (seam + data[: len(end)]).find(end) < 0 and data.find(end) < 0:
+            if self.size + len(data) <= MAX_HELD_BYTES:
+                self._pieces.append(data)
+                self._seam = (seam + data[-3:])[-3:]
+                self.size += len(data)
+                return None
+        return self.drain(data)
+
+    def drain(self, data: bytes = b"") -> bytes:
+        """Everything held, then `data`; nothing is held after."""
+        self._pieces.append(data)
+        whole = b"".join(self._pieces)
+        self._pieces.clear()
+        self._seam = b""
+        self.size = 0
+        return whole
