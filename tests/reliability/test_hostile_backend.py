@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -285,4 +286,28 @@ def test_backend_error_fields_come_back_as_strings(gateway: Gateway) -> None:
         "param": "7",
         "code": '{"reason":"bad","detail":[1,2]}',
     }
+    assert_still_serving(gateway)
+
+
+def test_a_messages_stream_that_goes_on_after_its_end_is_relayed_as_it_comes(
+    gateway: Gateway,
+) -> None:
+    """Events after message_stop reach the client while the stream is open, message_stop first
+    (they were held to the end, each read searched again: a core for one request)."""
+    gateway.backend.client_has_after.clear()
+    body = {"model": MODEL, "max_tokens": 50, "messages": MESSAGES, "stream": True,
+            "hostile": "messages_after_end"}  # fmt: skip
+    received = b""
+    with httpx.stream(
+        "POST", f"{gateway.client.base_url}messages", json=body,
+        headers={"authorization": f"Bearer {KEY}"}, timeout=ANSWERED_WITHIN_S,
+    ) as response:  # fmt: skip
+        assert response.status_code == 200
+        for chunk in response.iter_raw():
+            received += chunk
+            if b'"after"' in received:
+                gateway.backend.client_has_after.set()
+    assert gateway.backend.after_seen_in_time  # before the backend ended the stream
+    assert received.index(b"event: message_stop") < received.index(b'"after"')
+    assert b"upstream_timeout" not in received
     assert_still_serving(gateway)

@@ -75,6 +75,10 @@ class HostileBackend:
         self.stop = threading.Event()
         self.hung_up: dict[str, threading.Event] = {}
         self.sent_bytes: dict[str, int] = {}
+        # messages_after_end: set by a test once its client has the event sent after the end;
+        # `after_seen_in_time` says whether that came while the stream was still open.
+        self.client_has_after = threading.Event()
+        self.after_seen_in_time = False
         self._ready = threading.Event()
         self._writers: set[Writer] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -271,6 +275,37 @@ async def bad_chunks(server: HostileBackend, writer: Writer, request: dict[str, 
     await server.send(str(request["hostile"]), writer, data + b"zz\r\n{}\r\n0\r\n\r\n")
 
 
+def _named(payload: dict[str, Any]) -> bytes:
+    return b"event: " + str(payload["type"]).encode() + b"\n" + event(payload)
+
+
+_MESSAGE_EVENTS = [
+    {"type": "message_start", "message": {"type": "message", "usage": {"input_tokens": 3}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "fine"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+    {"type": "message_stop"},
+]
+_AFTER = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "after"}}
+
+
+async def messages_after_end(server: HostileBackend, writer: Writer, request: Any) -> None:
+    """A Messages stream that goes on after its message_stop: a text delta, then pings until
+    the test's client has that delta (`client_has_after`) or 2 s pass, then the end."""
+    name = str(request["hostile"])
+    data = head("200 OK", "content-type: text/event-stream", "transfer-encoding: chunked")
+    whole = b"".join(_named(payload) for payload in _MESSAGE_EVENTS)
+    await server.send(name, writer, data + _chunk(whole) + _chunk(_named(_AFTER)))
+    loop = asyncio.get_running_loop()
+    give_up_at_s = loop.time() + 2.0
+    while not server.client_has_after.is_set() and loop.time() < give_up_at_s:
+        await server.send(name, writer, _chunk(_named({"type": "ping"})))
+        await asyncio.sleep(0.05)
+    server.after_seen_in_time = server.client_has_after.is_set()
+    await server.send(name, writer, b"0\r\n\r\n")
+
+
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
@@ -302,6 +337,7 @@ MISBEHAVIOURS: dict[str, Misbehaviour] = {
     "slow_tokens": slow_tokens,
     "slow_whole": slow_whole,
     "bad_chunks": bad_chunks,
+    "messages_after_end": messages_after_end,
     "html_200": typed("text/html", b"<html><body>Welcome to nginx!</body></html>"),
     "list_200": whole("200 OK", b"[]"),
     "hello_200": whole("200 OK", b'{"hello": 1}'),
