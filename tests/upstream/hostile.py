@@ -287,7 +287,11 @@ _MESSAGE_EVENTS = [
     {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
     {"type": "message_stop"},
 ]
-_AFTER = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "after"}}
+_AFTER = {
+    "type": "content_block_delta",
+    "index": 0,
+    "delta": {"type": "text_delta", "text": "after"},
+}
 
 
 async def messages_after_end(server: HostileBackend, writer: Writer, request: Any) -> None:
