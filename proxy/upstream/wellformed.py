@@ -49,18 +49,28 @@ class FirstEvent:
     """Reads the start of a stream until its first `data:` event is whole, then judges it: a JSON
     object, or `problem` says what it is. Comments before it are allowed, within `limit_bytes`."""
 
-    __slots__ = ("_limit", "_seen", "_tail", "decided", "problem")
+    __slots__ = ("_last", "_limit", "_reads", "_seen", "_tail", "decided", "problem")
 
     def __init__(self, limit_bytes: int = _FIRST_EVENT_LIMIT_BYTES) -> None:
         self._tail = b""  # an event not yet ended, its line ends made LF
+        self._reads: list[bytes] = []  # reads after it that end no event, as they came
+        self._last = b""  # the last two bytes held: an event's end may straddle two reads
         self._seen = 0
         self._limit = limit_bytes
         self.decided = False
         self.problem: str | None = None
 
     def feed(self, raw: bytes) -> bool:
-        """True once the first event is judged."""
-        held = (self._tail + raw).replace(b"\r\n", b"\n")
+        """True once the first event is judged. Only a read that ends an event (its own bytes
+        and the two before them searched) makes the held ones be looked at again, so a backend
+        that trickles its first event costs work in proportion to its bytes."""
+        window = self._last + raw
+        if window.find(b"\n\n") < 0 and window.find(b"\n\r\n") < 0:
+            self._reads.append(raw)
+            self._last = window[-2:]
+            return self._counted(raw)
+        held = (self._tail + b"".join(self._reads) + raw).replace(b"\r\n", b"\n")
+        self._reads.clear()
         start = 0
         end = held.find(b"\n\n")
         while end >= 0:  # event by event up to the first with data, not the whole read
@@ -71,6 +81,10 @@ class FirstEvent:
             start = end + 2
             end = held.find(b"\n\n", start)
         self._tail = held[start:]
+        self._last = held[-2:]
+        return self._counted(raw)
+
+    def _counted(self, raw: bytes) -> bool:
         self._seen += len(raw)
         if self._seen > self._limit:
             self._decide(f"it sent no data event in its first {self._limit} bytes")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 
 from proxy.context import Operation
@@ -83,3 +85,32 @@ def test_first_events(reads: tuple[bytes, ...], problem: str | None) -> None:
 def test_a_stream_that_ends_before_a_data_event_is_malformed() -> None:
     check = judge(b": only a comment\n\n", end=True)
     assert check.problem == "it ended without a data event"
+
+
+_STARTS = [
+    b": ping\n\n: ping\n\n" + b'data: {"choices": []}\n\n',
+    b": ping\r\n\r\n" + b'event: x\r\ndata: {"a"\r\ndata: : 1}\r\n\r\ndata: x\r\n\r\n',
+    b"event: ping\n\n" + b"data: <html>" + b"y" * 300 + b"</html>\n\n",
+    b": ping\n\n" * 200,  # no data event in the first 1000 bytes, whatever the reads
+    b"\n\n\n\n" + b"data: [1]\r\n\r\n",
+    b'data: {"partial": "never ends',
+]
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(start=st.sampled_from(_STARTS), data=st.data())
+def test_a_first_event_is_judged_alike_however_its_reads_cut_it(
+    start: bytes, data: st.DataObject
+) -> None:
+    """Cut anywhere, in any number of reads (one byte each included), a stream's start is
+    judged as when it comes in one read, with the same problem."""
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(start) - 1), max_size=len(start))))
+    reads = [start[a:b] for a, b in zip([0, *cuts], [*cuts, len(start)], strict=True)]
+    whole = judge(start, end=True)
+    check = FirstEvent(limit_bytes=1000)
+    for read in reads:
+        if check.feed(read):
+            break
+    else:
+        check.end()
+    assert (check.decided, check.problem) == (whole.decided, whole.problem)
