@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import pytest
 
 from proxy.context import Operation
 from proxy.upstream.wellformed import FirstEvent, MalformedAnswer, whole_answer
