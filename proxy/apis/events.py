@@ -45,13 +45,14 @@ class EventForwarder:
     settled before the client reads it (as [DONE] is on chat streams).
     """
 
-    __slots__ = ("_ended", "_events", "_partial", "_parts", "_sep", "_tail", "usage")
+    __slots__ = ("_ended", "_events", "_held", "_partial", "_parts", "_sep", "_tail", "usage")
 
     def __init__(self, events: StreamEvents) -> None:
         self._events = events
         self._sep: bytes | None = None
         self._partial = Partial()  # an event's start, until a read ends it
-        self._tail = b""  # whole events held back: the ending one
+        self._tail = b""  # whole events held back: the ending one (and any after it)
+        self._held = 0  # text events in `_tail`, counted when it was held
         self._parts: dict[str, Any] = {}
         self._ended = False  # the ending event was held back once
         self.usage: dict[str, Any] | None = None
@@ -79,6 +80,8 @@ class EventForwarder:
         events = self._events
         if events.usage.search(out) is not None:
             self._read_usage(out, sep)
+        # Text events count when they come: the held ones then, not again when they go out.
+        count, self._held = self._count(out) - self._held, 0
         # Held back once: events a backend sends after its ending one go out as they come,
         # the held ending with them (as chat's [DONE] does), never held again and again (which
         # kept every later byte and scanned it all anew on each read).
@@ -88,7 +91,8 @@ class EventForwarder:
             start = out.rfind(sep, 0, last.start())
             start = 0 if start < 0 else start + len(sep)
             out, self._tail = out[:start], out[start:]
-        return out, self._count(out)
+            self._held = self._count(self._tail)
+        return out, count
 
     def finish(self) -> bytes:
         tail, self._tail = self._tail, b""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.apis import AGENT_APIS, EventForwarder
 from proxy.stages.usage import checked_usage
@@ -119,3 +121,49 @@ def test_events_after_the_ending_one_go_out_as_they_come(api: str) -> None:
     for _ in range(5000):
         assert forwarder.feed(event(delta)) == (event(delta), 1)
     assert forwarder.finish() == b""
+
+
+def _stream(api: str, sep: bytes, after: int) -> bytes:
+    """A Messages or Responses stream with `after` events past its ending one."""
+    if api == "messages":
+        raw = messages_stream(sep)
+        extra = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}}
+    else:
+        usage = {"input_tokens": 9, "output_tokens": 2, "total_tokens": 11}
+        parts: list[dict[str, object]] = [
+            {"type": "response.created", "response": {"usage": None}},
+            {"type": "response.output_text.delta", "delta": "Hi"},
+            {"type": "response.output_text.delta", "delta": " you"},
+            {"type": "response.completed", "response": {"usage": usage}},
+        ]
+        raw = b"".join(event(p, sep) for p in parts)
+        extra = {"type": "response.output_text.delta", "delta": "x"}
+    return raw + event(extra, sep) * after
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(
+    api=st.sampled_from(["messages", "responses"]),
+    sep=st.sampled_from([b"\n", b"\r\n"]),
+    after=st.integers(0, 3),
+    data=st.data(),
+)
+def test_a_named_event_stream_cut_anywhere_goes_out_as_in_one_read(
+    api: str, sep: bytes, after: int, data: st.DataObject
+) -> None:
+    """However a backend's writes cut the stream (one byte a read included), the client gets
+    the same bytes, the same count of text events and the same usage as from one read."""
+    raw = _stream(api, sep, after)
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(raw) - 1), max_size=60)))
+    reads = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+
+    def forwarded(pieces: list[bytes]) -> tuple[bytes, int, object]:
+        forwarder = EventForwarder(AGENT_APIS[api].events)
+        out, deltas = b"", 0
+        for piece in pieces:
+            written, tokens = forwarder.feed(piece)
+            out, deltas = out + written, deltas + tokens
+        return out + forwarder.finish(), deltas, forwarder.usage
+
+    assert forwarded(reads) == forwarded([raw])
+    assert forwarded(reads)[0] == raw
