@@ -164,3 +164,27 @@ def test_any_stream_cut_anywhere_is_forwarded_counted_and_billed_as_in_one_read(
         None if usage == b"none" else {"prompt_tokens": 7, "completion_tokens": 5}
         if usage == b"alone" else {"prompt_tokens": 7}
     )  # fmt: skip
+
+
+@settings(max_examples=200, derandomize=True, database=None, deadline=None)
+@given(
+    after=st.integers(0, 3),
+    unended=st.booleans(),
+    crlf=st.booleans(),
+    cuts=st.lists(st.integers(0, 2000), max_size=12),
+)
+def test_a_stream_that_goes_on_after_done_is_forwarded_and_counted_as_in_one_read(
+    after: int, unended: bool, crlf: bool, cuts: list[int]
+) -> None:
+    """A backend that sends events after [DONE] (or ends in the middle of one): however its
+    writes cut the stream, the client gets every byte in order and the count is the same as
+    from one read ([DONE] is held back only while it is the last thing sent)."""
+    events = [ROLE, *TOKENS, DONE, *TOKENS[:after]]
+    whole = b"".join(events) + (b'data: {"choices": [' if unended else b"")
+    if crlf:
+        whole = whole.replace(b"\n\n", b"\r\n\r\n")
+    bounds = [0, *sorted({cut % (len(whole) + 1) for cut in cuts}), len(whole)]
+    reads = [whole[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    out, counted = feed_all(SSEForwarder(keep_usage=True), reads)
+    assert out == whole
+    assert counted == feed_all(SSEForwarder(keep_usage=True), [whole])[1]
