@@ -59,7 +59,7 @@ class EventForwarder:
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         if self._partial.size:
-            whole = self._partial.take(data, self._sep)
+            whole = self._partial.take(data, (self._sep or b"\n",))  # sep unknown: a line
             if whole is None:
                 return b"", 0
             data = whole

@@ -26,13 +26,13 @@ class Partial:
         self._seam = data[-3:]
         self.size = len(data)
 
-    def take(self, data: bytes, sep: bytes | None) -> bytes | None:
-        """The held bytes and `data` as one, once `data` ends an event (or its first line, if
-        `sep`, how events end, is not known yet) or they pass MAX_HELD_BYTES; else None,
-        `data` held too."""
+    def take(self, data: bytes, ends: tuple[bytes, ...]) -> bytes | None:
+        """The held bytes and `data` as one, once `data` holds one of `ends` (an event's end,
+        of at most four bytes, found across the seam too) or they pass MAX_HELD_BYTES; else
+        None, `data` held too."""
         seam = self._seam
-        end = b"\n" if sep is None else sep
-        if (seam + data[: len(end)]).find(end) < 0 and data.find(end) < 0:
+        across = seam + data[:3]
+        if not any(across.find(end) >= 0 or data.find(end) >= 0 for end in ends):
             if self.size + len(data) <= MAX_HELD_BYTES:
                 self._pieces.append(data)
                 self._seam = (seam + data[-3:])[-3:]

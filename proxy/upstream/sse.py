@@ -42,7 +42,7 @@ class SSEForwarder:
     def feed(self, data: bytes) -> tuple[bytes, int]:
         """Bytes to write now (maybe empty), and how many of their events carry generated text."""
         if self._partial.size:
-            whole = self._partial.take(data, self._sep)
+            whole = self._partial.take(data, (self._sep or b"\n",))  # sep unknown: a line
             if whole is None:
                 return b"", 0
             data = whole

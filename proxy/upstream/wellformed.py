@@ -8,6 +8,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.context import Operation
+from proxy.upstream.partial import Partial
 
 __all__ = ["EVENT_STREAM", "FirstEvent", "MalformedAnswer", "whole_answer"]
 
@@ -24,6 +25,8 @@ _LIST_FIELD: Final[dict[str, str]] = {
 _DATA: Final = b"data:"
 # A stream's first event comes within this many bytes (SSEForwarder holds at most as much).
 _FIRST_EVENT_LIMIT_BYTES: Final = 1 << 20
+# An event's end as sent, in LF or CRLF lines (or both): held bytes have their line ends made LF.
+_EVENT_ENDS: Final = (b"\n\n", b"\n\r\n")
 
 
 class MalformedAnswer(ValueError):
@@ -49,28 +52,26 @@ class FirstEvent:
     """Reads the start of a stream until its first `data:` event is whole, then judges it: a JSON
     object, or `problem` says what it is. Comments before it are allowed, within `limit_bytes`."""
 
-    __slots__ = ("_last", "_limit", "_reads", "_seen", "_tail", "decided", "problem")
+    __slots__ = ("_limit", "_partial", "_seen", "decided", "problem")
 
     def __init__(self, limit_bytes: int = _FIRST_EVENT_LIMIT_BYTES) -> None:
-        self._tail = b""  # an event not yet ended, its line ends made LF
-        self._reads: list[bytes] = []  # reads after it that end no event, as they came
-        self._last = b""  # the last two bytes held: an event's end may straddle two reads
+        self._partial = Partial()  # an event not yet ended, and the reads after it
         self._seen = 0
         self._limit = limit_bytes
         self.decided = False
         self.problem: str | None = None
 
     def feed(self, raw: bytes) -> bool:
-        """True once the first event is judged. Only a read that ends an event (its own bytes
-        and the two before them searched) makes the held ones be looked at again, so a backend
-        that trickles its first event costs work in proportion to its bytes."""
-        window = self._last + raw
-        if window.find(b"\n\n") < 0 and window.find(b"\n\r\n") < 0:
-            self._reads.append(raw)
-            self._last = window[-2:]
-            return self._counted(raw)
-        held = (self._tail + b"".join(self._reads) + raw).replace(b"\r\n", b"\n")
-        self._reads.clear()
+        """True once the first event is judged. Held bytes are looked at again only once a read
+        ends an event, so a backend that trickles its first event costs work in proportion to
+        its bytes."""
+        if self._partial.size:
+            whole = self._partial.take(raw, _EVENT_ENDS)
+            if whole is None:
+                return self._counted(raw)
+        else:
+            whole = raw
+        held = whole.replace(b"\r\n", b"\n")
         start = 0
         end = held.find(b"\n\n")
         while end >= 0:  # event by event up to the first with data, not the whole read
@@ -80,8 +81,8 @@ class FirstEvent:
                 return True
             start = end + 2
             end = held.find(b"\n\n", start)
-        self._tail = held[start:]
-        self._last = held[-2:]
+        if start < len(held):
+            self._partial.start(held[start:])
         return self._counted(raw)
 
     def _counted(self, raw: bytes) -> bool:
@@ -110,7 +111,7 @@ class FirstEvent:
     def _decide(self, problem: str | None) -> None:
         self.decided = True
         self.problem = problem
-        self._tail = b""
+        self._partial.drain()  # what was held is not needed any more
 
 
 def _preview(raw: bytes) -> str:
