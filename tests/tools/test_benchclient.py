@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from time import perf_counter
+from unittest import mock
 
 import pytest
 
+from proxy.tools.bench import sse
 from proxy.tools.bench.client import EVENTS, TOKENIZER, USAGE, RequestSample, RequestSender
 from proxy.tools.bench.level import summarize_level
 from proxy.tools.bench.prompts import Tokenizer
@@ -135,6 +137,16 @@ def test_http_error_status_keeps_the_body_as_detail() -> None:
 def test_stream_without_done_is_incomplete() -> None:
     sample = send(ReplayTransport([(0.1, chunk("a"))]))
     assert sample.error == "incomplete"
+
+
+def test_an_event_past_the_parsers_limit_fails_the_request_but_the_rest_is_read() -> None:
+    long = [(0.1, b"data: " + b"x" * 4000)] + [(0.1, b"x" * 1000) for _ in range(10)]
+    reads = [(0.05, chunk("a")), *long, (0.2, b"\n\n" + chunk("b") + usage(2) + DONE)]
+    with mock.patch.object(sse, "MAX_EVENT_BYTES", 10_000):
+        sample = send(ReplayTransport(reads))
+    assert sample.error == "oversized_event"
+    assert "1 event(s)" in (sample.error_detail or "")
+    assert (sample.content_events, sample.output_tokens) == (2, 2)
 
 
 def test_transport_failure_and_timeout() -> None:

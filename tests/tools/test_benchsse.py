@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import itertools
 import random
+import tracemalloc
+from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from proxy.tools.bench import sse
 from proxy.tools.bench.sse import (
     SseEvent,
     SseParser,
@@ -90,6 +95,86 @@ def test_flush_returns_an_unterminated_last_event() -> None:
         b"[DONE]",
     ]
     assert feed_all([b"data: 1\n\n: trailing comment"]) == [SseEvent(data=b"1")]
+
+
+_LINE_ENDS = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@st.composite
+def mixed_streams(draw: st.DrawFn) -> bytes:
+    """Events of data lines (short or long), comments and an `event:` field, each line ended
+    by its own LF, CRLF or CR (the spec allows any mix), events ended by a blank line."""
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        lines = [b": keep-alive"] if draw(st.booleans()) else []
+        if draw(st.booleans()):
+            lines.append(b"event: " + draw(st.sampled_from([b"ping", b"error"])))
+        for _ in range(draw(st.integers(1, 3))):
+            lines.append(b"data: " + b"x" * draw(st.sampled_from([0, 3, 40, 300])))
+        lines.append(b"")  # the blank line
+        out += [line + draw(_LINE_ENDS) for line in lines]
+    return b"".join(out)
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(
+    stream=mixed_streams(),
+    data=st.data(),
+    join_below=st.sampled_from([1, 8, sse._JOIN_BELOW]),
+)
+def test_any_stream_cut_anywhere_gives_the_events_of_one_read(
+    stream: bytes, data: st.DataObject, join_below: int
+) -> None:
+    """Held starts short (joined to each read) or long (kept in pieces, only the new read and
+    the bytes before it searched): the same events however the reads cut the stream."""
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=20))
+    whole = feed_all([stream])
+    with mock.patch.object(sse, "_JOIN_BELOW", join_below):
+        for reads in (split_at(stream, cuts), [stream[i : i + 1] for i in range(len(stream))]):
+            parser, events, read = SseParser(), [], b""
+            for piece in reads:  # each event as soon as its blank line is read, not later
+                events += parser.feed(piece)
+                read += piece
+                assert events == SseParser().feed(read)
+            assert events + parser.flush() == whole
+
+
+def test_a_long_event_trickled_in_small_reads_comes_out_whole() -> None:
+    long = b'{"choices":[{"delta":{"content":"' + b"x" * (3 * sse._JOIN_BELOW) + b'"}}]}'
+    for end in (b"\n\n", b"\r\n\r\n", b"\r\r", b"\n\r\n"):
+        stream = b"data: " + long + end + b"data: [DONE]" + end
+        reads = [stream[i : i + 100] for i in range(0, len(stream), 100)]
+        assert [event.data for event in feed_all(reads)] == [long, b"[DONE]"]
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        [b"yy\r\n\r\ndata: 3\r\n\r\ndata: 4"],
+        [b"yy\r\n", b"\r\ndata: 3\r\n\r\ndata: 4"],
+        [b"yy\r", b"\n", b"\r", b"\ndata: 3\r\n\r\ndata: 4"],
+        [b"yy\n", b"\ndata: 3\n\ndata: 4"],
+        [b"yy\r", b"\rdata: 3\r\rdata: 4"],
+    ],
+)
+def test_an_event_past_the_limit_is_dropped_in_bounded_memory_and_the_next_ones_parsed(
+    ending: list[bytes],
+) -> None:
+    parser = SseParser()
+    with mock.patch.object(sse, "MAX_EVENT_BYTES", 1 << 16):
+        assert [event.data for event in parser.feed(b"data: 1\n\ndata: 2")] == [b"1"]
+        tracemalloc.start()
+        try:
+            for _ in range(2000):  # 20 MB of one event that has not ended
+                assert parser.feed(b"y" * 10_000) == []
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20
+        ended = [event.data for read in ending for event in parser.feed(read)]
+        assert ended == [b"3"]
+        assert [event.data for event in parser.flush()] == [b"4"]
+    assert parser.dropped == 1
 
 
 def test_done_sentinel() -> None:

@@ -10,6 +10,7 @@ import orjson
 
 from proxy.tools.bench.prompts import Tokenizer
 from proxy.tools.bench.sse import (
+    MAX_EVENT_BYTES,
     SseEvent,
     SseParser,
     content_text,
@@ -125,6 +126,12 @@ class _StreamSink:
             return
         for event in self._parser.flush():
             self._on_event(event, now_s)
+        if self._parser.dropped:
+            sample.error = "oversized_event"
+            sample.error_detail = (
+                f"{self._parser.dropped} event(s) of more than {MAX_EVENT_BYTES:,} bytes, "
+                "dropped unread"
+            )
         if sample.error is None and not self.done:
             sample.error = "incomplete"
             sample.error_detail = "stream ended without data: [DONE]"

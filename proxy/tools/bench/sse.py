@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import orjson
 
 __all__ = [
+    "MAX_EVENT_BYTES",
     "SseEvent",
     "SseParser",
     "content_text",
@@ -25,6 +26,13 @@ __all__ = [
 _CONTENT_RE = re.compile(rb'"(?:content|reasoning_content|reasoning|text|arguments)"\s*:\s*"[^"]')
 _USAGE_RE = re.compile(rb'"usage"\s*:\s*\{')
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning", "text")
+# An event longer than this is dropped unparsed (SseParser.dropped); no chat chunk comes near.
+MAX_EVENT_BYTES = 16 << 20
+# A held event start shorter than this is joined to each read and searched again (as cheap as
+# it gets for the usual start of a few bytes); a longer one is kept in pieces.
+_JOIN_BELOW = 1 << 16
+# A blank line, however lines end: LF LF, CR CR, or an LF then a CR (alone or a CRLF's).
+_BLANK_LINES = (b"\n\n", b"\r\r", b"\n\r")
 
 
 @dataclass(slots=True)  # not frozen: frozen __init__ costs ~3x, and this is made per event
@@ -36,40 +44,86 @@ class SseEvent:
 
 
 class SseParser:
-    """Feed raw bytes as they arrive; get back the events they complete (LF, CRLF or CR lines)."""
+    """Feed raw bytes as they arrive; get back the events they complete (LF, CRLF or CR lines).
 
-    __slots__ = ("_buffer", "_scan_from")
+    A long event's start is held as it was read, and only each new read (and the bytes before
+    it) is searched for the blank line that ends it: an endpoint that trickles one long event
+    costs work in proportion to its bytes. An event longer than MAX_EVENT_BYTES is dropped unparsed
+    (`dropped` counts them), so an endpoint that never ends one cannot grow the bench's memory.
+    """
+
+    __slots__ = ("_held", "_size", "_skipping", "dropped")
 
     def __init__(self) -> None:
-        self._buffer = b""
-        self._scan_from = 0
+        self._held: list[bytes] = []  # an event's start (its last byte, when skipping)
+        self._size = 0
+        self._skipping = False  # inside an event longer than MAX_EVENT_BYTES
+        self.dropped = 0
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
-        buffer = self._buffer + chunk if self._buffer else chunk
+        held = self._held
+        if held and chunk:
+            if self._skipping:  # holding only the dropped event's last byte
+                at = _blank_line_at(held[0] + chunk)
+                if at < 0:
+                    self._held = [chunk[-1:]]
+                    return []
+                # The dropped event's last line ends at `at`; a blank line, then new events.
+                self._skipping = False
+                chunk = (held[0] + chunk)[at + 1 :]
+            elif self._size < _JOIN_BELOW:  # a short start (one piece): joined, searched again
+                chunk = held[0] + chunk
+            # A long one: the read and the held bytes' end (a line end there and one at the
+            # read's start are a blank line; so is a held LF, CR: its CR was kept in case an
+            # LF came next) are searched, and the start joined only once its end is here.
+            elif _has_blank_line(held[-1][-2:] + chunk[:1]) or _has_blank_line(chunk):
+                chunk = b"".join(held) + chunk
+            else:
+                self._hold(chunk)
+                return []
+            self._held, self._size = [], 0
+        buffer = chunk
         if buffer.find(b"\r") >= 0:  # not `in`: see proxy/cache/template.py plain
             buffer = _normalize_newlines(buffer)
         events: list[SseEvent] = []
         start = 0
-        end = buffer.find(b"\n\n", self._scan_from)
+        end = buffer.find(b"\n\n")
         while end >= 0:
             event = _parse_block(buffer[start:end])
             if event is not None:
                 events.append(event)
             start = end + 2
             end = buffer.find(b"\n\n", start)
-        self._buffer = buffer[start:]
-        # Resume the search just before the old end: a split "\n\n" or "\r\n" straddles it.
-        self._scan_from = max(0, len(self._buffer) - 2)
+        if start < len(buffer):
+            self._hold(buffer[start:] if start else buffer)
         return events
 
     def flush(self) -> list[SseEvent]:
         """At end of stream: the last event, even if the server never sent its blank line."""
-        tail = self._buffer.replace(b"\r", b"\n").strip(b"\n")
-        self._buffer = b""
-        self._scan_from = 0
-        if not tail:
+        held, skipping = b"".join(self._held), self._skipping
+        self._held, self._size, self._skipping = [], 0, False
+        tail = _normalize_newlines(held).replace(b"\r", b"\n").strip(b"\n")  # a last CR too
+        if skipping or not tail:
             return []
         return self.feed(tail + b"\n\n")
+
+    def _hold(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size <= MAX_EVENT_BYTES:
+            self._held.append(data)
+            return
+        self.dropped += 1
+        self._held, self._size, self._skipping = [data[-1:]], 0, True
+
+
+def _has_blank_line(data: bytes) -> bool:
+    return data.find(b"\n\n") >= 0 or data.find(b"\r\r") >= 0 or data.find(b"\n\r") >= 0
+
+
+def _blank_line_at(data: bytes) -> int:
+    """Where the first blank line's first line end is in `data`, or -1."""
+    found = [at for blank in _BLANK_LINES if (at := data.find(blank)) >= 0]
+    return min(found, default=-1)
 
 
 def _normalize_newlines(buffer: bytes) -> bytes:
