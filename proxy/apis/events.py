@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from proxy.upstream.partial import MAX_HELD_BYTES, Partial
+from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
 __all__ = ["EventForwarder", "StreamEvents"]
 
@@ -45,11 +45,10 @@ class EventForwarder:
     settled before the client reads it (as [DONE] is on chat streams).
     """
 
-    __slots__ = ("_ended", "_events", "_held", "_partial", "_parts", "_sep", "_tail", "usage")
+    __slots__ = ("_ended", "_events", "_held", "_partial", "_parts", "_tail", "usage")
 
     def __init__(self, events: StreamEvents) -> None:
         self._events = events
-        self._sep: bytes | None = None
         self._partial = Partial()  # an event's start, until a read ends it
         self._tail = b""  # whole events held back: the ending one (and any after it)
         self._held = 0  # text events in `_tail`, counted when it was held
@@ -59,27 +58,25 @@ class EventForwarder:
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         if self._partial.size:
-            whole = self._partial.take(data, (self._sep or b"\n",))  # sep unknown: a line
+            whole = self._partial.take(data, EVENT_ENDS)
             if whole is None:
                 return b"", 0
             data = whole
         if self._tail:
             data = self._tail + data
             self._tail = b""
-        sep = self._sep or self._separator(data)
-        cut = data.rfind(sep)
+        cut = len(data) if data.endswith(EVENT_ENDS) else after_last_end(data)
         if cut < 0:
             if len(data) > MAX_HELD_BYTES:
                 return data, self._count(data)
             self._partial.start(data)
             return b"", 0
-        cut += len(sep)
         out = data[:cut]
         if cut < len(data):
             self._partial.start(data[cut:])
         events = self._events
         if events.usage.search(out) is not None:
-            self._read_usage(out, sep)
+            self._read_usage(out)
         # Text events count when they come: the held ones then, not again when they go out.
         count, self._held = self._count(out) - self._held, 0
         # Held back once: events a backend sends after its ending one go out as they come,
@@ -88,8 +85,7 @@ class EventForwarder:
         last = None if self._ended else events.last.search(out)
         if last is not None:
             self._ended = True
-            start = out.rfind(sep, 0, last.start())
-            start = 0 if start < 0 else start + len(sep)
+            start = max(0, after_last_end(out, 0, last.start()))
             out, self._tail = out[:start], out[start:]
             self._held = self._count(self._tail)
         return out, count
@@ -101,16 +97,8 @@ class EventForwarder:
     def _count(self, out: bytes) -> int:
         return len(self._events.delta.findall(out))
 
-    def _separator(self, data: bytes) -> bytes:
-        newline = data.find(b"\n")
-        if newline < 0:
-            return b"\n\n"
-        crlf = newline > 0 and data[newline - 1] == 0x0D
-        self._sep = b"\r\n\r\n" if crlf else b"\n\n"
-        return self._sep
-
-    def _read_usage(self, out: bytes, sep: bytes) -> None:
-        for event in out.split(sep):
+    def _read_usage(self, out: bytes) -> None:
+        for event in EVENT_END.split(out):
             if self._events.usage.search(event) is None:
                 continue
             payload = b"".join(

@@ -165,8 +165,10 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
     choices = _choices(ctx)
     if ctx.stream:
         events = ctx.meter.token_events
-        if ctx.outcome.backend_usage is None or ctx.operation in AGENT_APIS:
+        if ctx.operation in AGENT_APIS:
             return events  # the agent APIs' token events are their text deltas only
+        if ctx.outcome.backend_usage is None:
+            return relayed_output(ctx)  # the bill: its finish events are no tokens
         return max(0, events - _TEXTLESS_PER_CHOICE * choices)
     # A whole answer is counted only when needed: no usage to believe, or several choices.
     if counter is None or (ctx.outcome.backend_usage is not None and choices == 1):
@@ -211,7 +213,8 @@ def _count_answer(raw: bytes, operation: Operation, counter: TokenCounter) -> in
 
 
 def _message_texts(message: dict[str, Any]) -> list[str]:
-    texts = [message.get(name) or "" for name in ("content", "reasoning_content", "refusal")]
+    names = ("content", "reasoning_content", "reasoning", "refusal")  # reasoning: vLLM >= 0.11
+    texts = [message.get(name) or "" for name in names]
     for call in message.get("tool_calls") or ():
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):

@@ -1,11 +1,26 @@
-"""The start of one stream event, held back until a later read completes it."""
+"""The start of one stream event, held back until a later read completes it; where events end."""
 
 from __future__ import annotations
 
-__all__ = ["MAX_HELD_BYTES", "Partial"]
+import re
+import sys
+
+__all__ = ["EVENT_END", "EVENT_ENDS", "MAX_HELD_BYTES", "Partial", "after_last_end"]
 
 # A backend that never ends an event must not make us hold its bytes forever.
 MAX_HELD_BYTES = 1 << 20
+# An event ends at a blank line: a line end (LF or CRLF) then another, in any mix; a stream may
+# change from one to the other (the spec allows it). A lone CR is not taken as a line end: such
+# a stream is refused at its first event (wellformed.py).
+EVENT_ENDS = (b"\n\n", b"\n\r\n")
+# An event's end with its last line's own end: the bytes between events, as sent.
+EVENT_END = re.compile(rb"\r?\n\r?\n")
+
+
+def after_last_end(data: bytes, start: int = 0, stop: int = sys.maxsize) -> int:
+    """Where the last event ending in `data[start:stop]` ends (past its blank line), or -1."""
+    lf, crlf = data.rfind(b"\n\n", start, stop), data.rfind(b"\n\r\n", start, stop)
+    return max(lf + 2 if lf >= 0 else -1, crlf + 3 if crlf >= 0 else -1)
 
 
 class Partial:

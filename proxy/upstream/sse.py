@@ -7,17 +7,18 @@ from typing import Any
 
 import orjson
 
-from proxy.upstream.partial import MAX_HELD_BYTES, Partial
+from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
 __all__ = ["SSEForwarder"]
 
-# An event that carries generated text: a non-empty content/text/arguments string.
-_TOKEN = re.compile(rb'"(?:content|text|reasoning_content|arguments)":\s*"(?!")')
+# An event that carries generated text: a non-empty content/text/reasoning/arguments string
+# (`reasoning` is vLLM's name since 0.11, and OpenRouter's and Ollama's).
+_TOKEN = re.compile(rb'"(?:content|text|reasoning(?:_content)?|arguments)":\s*"(?!")')
 _USAGE_MARK = b'"prompt_tokens"'
 _DATA = b"data:"
-_DONE = b"[DONE]"
-# How the [DONE] event ends, by separator: looked up per read, never built.
-_DONE_ENDS = {b"\n\n": _DONE + b"\n\n", b"\r\n\r\n": _DONE + b"\r\n\r\n"}
+_DATA_LINE = re.compile(rb"(?m)^data:")
+# The [DONE] event's end, in LF or CRLF lines or both: looked up per read, never built.
+_DONE_ENDS = tuple(b"[DONE]" + a + b for a in (b"\n", b"\r\n") for b in (b"\n", b"\r\n"))
 
 
 class SSEForwarder:
@@ -28,11 +29,10 @@ class SSEForwarder:
     that mention `prompt_tokens` (the usage chunk) are parsed.
     """
 
-    __slots__ = ("_keep_usage", "_partial", "_saw_token", "_sep", "_tail", "_textless", "usage")
+    __slots__ = ("_keep_usage", "_partial", "_saw_token", "_tail", "_textless", "usage")
 
     def __init__(self, *, keep_usage: bool) -> None:
         self._keep_usage = keep_usage
-        self._sep: bytes | None = None
         self._partial = Partial()  # an event's start, until a read ends it
         self._tail = b""  # whole events held back: [DONE]
         self._saw_token = False
@@ -42,49 +42,41 @@ class SSEForwarder:
     def feed(self, data: bytes) -> tuple[bytes, int]:
         """Bytes to write now (maybe empty), and how many of their events carry generated text."""
         if self._partial.size:
-            whole = self._partial.take(data, (self._sep or b"\n",))  # sep unknown: a line
+            whole = self._partial.take(data, EVENT_ENDS)
             if whole is None:
                 return b"", 0
             data = whole
         tail = self._tail
         if tail:
             data = tail + data
-        sep = self._sep or self._detect_separator(data)
-        if data.endswith(sep):  # the usual read: whole events, nothing to hold back
+        if data.endswith(EVENT_ENDS):  # the usual read: whole events, nothing to hold back
             out = data
             if tail:
                 self._tail = b""
         else:
-            cut = data.rfind(sep)
+            cut = after_last_end(data)
             self._tail = b""
             if cut < 0:
                 if len(data) > MAX_HELD_BYTES:
                     return data, 0
                 self._partial.start(data)
                 return b"", 0
-            cut += len(sep)
             out = data[:cut]
             self._partial.start(data[cut:])
         self._textless = 0
-        if out.endswith(_DONE_ENDS[sep]):
+        if out.endswith(_DONE_ENDS):
             # [DONE] goes out with the response's end (`finish`), after the request is settled:
             # a client that asks again the moment it reads [DONE] finds its slot free.
             done = out.rfind(_DATA)
             out, self._tail = out[:done], out[done:] + self._tail
         if out.find(_USAGE_MARK) >= 0:  # not `in`: see proxy/cache/template.py plain
-            out = self._take_usage(out, sep)
-        if self._saw_token:  # after the first token (nearly every read): no call for the count
-            return out, out.count(_DATA) - self._textless
+            out = self._take_usage(out)
+        if self._saw_token:  # after the first token (nearly every read): no search for text
+            lines = out.count(_DATA)
+            if lines != 1 or not out.startswith(_DATA):  # not the usual read: one data event
+                lines = _data_events(out, lines)
+            return out, lines - self._textless
         return out, self._token_events(out)
-
-    def _detect_separator(self, data: bytes) -> bytes:
-        """CRLF or LF line ends, decided by the first line end the backend sends."""
-        newline = data.find(b"\n")
-        if newline < 0:
-            return b"\n\n"  # undecided yet: no boundary can be found in `data` either way
-        crlf = newline > 0 and data[newline - 1] == 0x0D
-        self._sep = b"\r\n\r\n" if crlf else b"\n\n"
-        return self._sep
 
     def finish(self) -> bytes:
         """What is left when the upstream ends: the [DONE] event, or an unterminated last event,
@@ -101,24 +93,26 @@ class SSEForwarder:
             return 0
         self._saw_token = True
         start = out.rfind(_DATA, 0, first.start())
-        return out.count(_DATA, max(start, 0)) - self._textless
+        out = out[start:] if start > 0 else out
+        return _data_events(out, out.count(_DATA)) - self._textless
 
-    def _take_usage(self, out: bytes, sep: bytes) -> bytes:
-        """`out` (whole events, so it ends with `sep`) with each event that mentions usage as
-        `_usage_event` leaves it; every other event as it came. Only those events are cut out: a
-        read that holds a whole stream (an unpaced backend) is not walked an event at a time."""
+    def _take_usage(self, out: bytes) -> bytes:
+        """`out` (whole events) with each event that mentions usage as `_usage_event` leaves
+        it; every other event as it came. Only those events are cut out: a read that holds a
+        whole stream (an unpaced backend) is not walked an event at a time."""
         kept: list[bytes] = []
         copied = 0  # where the bytes not yet in `kept` begin
         mark = out.find(_USAGE_MARK)
         while mark >= 0:
-            start = out.rfind(sep, copied, mark)
-            start = copied if start < 0 else start + len(sep)
-            end = out.find(sep, mark)  # found: `out` ends with `sep`
-            event = self._usage_event(out[start:end])
+            start = max(copied, after_last_end(out, copied, mark))
+            end = EVENT_END.search(out, mark)
+            if end is None:  # not so: `out` is whole events
+                break
+            event = self._usage_event(out[start : end.start()])
             kept.append(out[copied:start])
             if event:
-                kept.append(event + sep)
-            copied = end + len(sep)
+                kept.append(event + end[0])
+            copied = end.end()
             mark = out.find(_USAGE_MARK, copied)
         kept.append(out[copied:])
         return b"".join(kept)
@@ -145,3 +139,19 @@ class SSEForwarder:
             return event
         chunk["usage"] = None
         return b"data: " + orjson.dumps(chunk)
+
+
+def _data_events(out: bytes, lines: int) -> int:
+    """How many of `out`'s (whole) events carry data, given its count of `data:`: events, not
+    lines (an event may have several, and text may say `data:`). Where each `data:` begins an
+    event (a blank line before it, in a stream's one kind of line end or the other): that count."""
+    if lines < 2:
+        return lines if out.startswith(_DATA) or lines == 0 else _slowly(out)
+    firsts = out.startswith(_DATA) + out.count(b"\n\ndata:")
+    if firsts == lines or firsts + out.count(b"\n\r\ndata:") == lines:
+        return lines
+    return _slowly(out)
+
+
+def _slowly(out: bytes) -> int:
+    return sum(_DATA_LINE.search(event) is not None for event in EVENT_END.split(out))

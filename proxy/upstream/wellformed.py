@@ -8,7 +8,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.context import Operation
-from proxy.upstream.partial import Partial
+from proxy.upstream.partial import EVENT_ENDS, Partial
 
 __all__ = ["EVENT_STREAM", "FirstEvent", "MalformedAnswer", "whole_answer"]
 
@@ -25,8 +25,6 @@ _LIST_FIELD: Final[dict[str, str]] = {
 _DATA: Final = b"data:"
 # A stream's first event comes within this many bytes (SSEForwarder holds at most as much).
 _FIRST_EVENT_LIMIT_BYTES: Final = 1 << 20
-# An event's end as sent, in LF or CRLF lines (or both): held bytes have their line ends made LF.
-_EVENT_ENDS: Final = (b"\n\n", b"\n\r\n")
 
 
 class MalformedAnswer(ValueError):
@@ -66,7 +64,7 @@ class FirstEvent:
         ends an event, so a backend that trickles its first event costs work in proportion to
         its bytes."""
         if self._partial.size:
-            whole = self._partial.take(raw, _EVENT_ENDS)
+            whole = self._partial.take(raw, EVENT_ENDS)
             if whole is None:
                 return self._counted(raw)
         else:

@@ -3,6 +3,8 @@ event held back until the end, however the backend's writes cut the events."""
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -121,6 +123,33 @@ def test_events_after_the_ending_one_go_out_as_they_come(api: str) -> None:
     for _ in range(5000):
         assert forwarder.feed(event(delta)) == (event(delta), 1)
     assert forwarder.finish() == b""
+
+
+@pytest.mark.parametrize("first", [b"\n", b"\r\n"])
+@pytest.mark.parametrize("size", [1, 7, 100_000])
+def test_a_stream_whose_line_ends_change_is_cut_counted_and_billed_as_it_comes(
+    first: bytes, size: int
+) -> None:
+    """The spec lets a stream end lines in LF or CRLF, in any mix: a backend that changes from
+    one to the other mid-stream has each event go out when it ends, counted, its usage read."""
+    lf, crlf = _events_of(messages_stream(b"\n")), _events_of(messages_stream(b"\r\n"))
+    # Events alternate: the first in `first`'s line ends, the next in the other's, and so on.
+    mixed = b"".join((lf if (i % 2 == 0) == (first == b"\n") else crlf)[i] for i in range(len(lf)))
+    forwarder = EventForwarder(AGENT_APIS["messages"].events)
+    out, deltas = b"", 0
+    for start in range(0, len(mixed), size):
+        written, tokens = forwarder.feed(mixed[start : start + size])
+        out, deltas = out + written, deltas + tokens
+        if start + size >= mixed.index(b"message_delta") + 200:
+            assert b"message_delta" in out  # gone out when it ended, not held to the end
+    assert out + forwarder.finish() == mixed
+    assert deltas == 3
+    assert forwarder.usage is not None
+    assert checked_usage(AGENT_APIS["messages"].usage(forwarder.usage)) == (11 + 4, 3)
+
+
+def _events_of(stream: bytes) -> list[bytes]:
+    return re.split(rb"(?<=\n)(?=event:)", stream)
 
 
 def _stream(api: str, sep: bytes, after: int) -> bytes:

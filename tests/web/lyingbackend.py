@@ -2,7 +2,9 @@
 
 It answers chat completions (stream or not, `n` choices of WORDS words each) with the usage
 bytes of `LyingBackend.usage` inserted verbatim: any JSON, believable or not; None leaves the
-usage out. `status` other than 200 answers an OpenAI-shaped error instead.
+usage out. `status` other than 200 answers an OpenAI-shaped error instead. `framing` writes a
+stream's events as the spec allows but few servers do: "mixed" line ends (LF, then CRLF from the
+third event on), or "multiline" (each event's JSON over two `data:` lines).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class LyingBackend:
         self.usage: bytes | None = b'{"prompt_tokens": 9, "completion_tokens": 12}'
         self.status = 200
         self.requests = 0
+        self.framing = "plain"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,7 +48,7 @@ class LyingBackend:
             error = b'{"error": {"message": "no", "type": "invalid_request_error"}}'
             await _send(send, self.status, error, b"application/json")
         elif request.get("stream"):
-            await _send(send, 200, b"".join(self._events(n)), b"text/event-stream")
+            await _send(send, 200, b"".join(self._framed(self._events(n))), b"text/event-stream")
         else:
             await _send(send, 200, self._whole(n), b"application/json")
 
@@ -61,6 +64,14 @@ class LyingBackend:
         head = orjson.dumps({"id": "c1", "object": "chat.completion", "model": "m"})[:-1]
         usage = b"" if self.usage is None else b', "usage": ' + self.usage
         return head + b', "choices": ' + orjson.dumps(choices) + usage + b"}"
+
+    def _framed(self, events: Iterator[bytes]) -> Iterator[bytes]:
+        for i, event in enumerate(events):
+            if self.framing == "mixed" and i >= 2:
+                event = event.replace(b"\n", b"\r\n")
+            elif self.framing == "multiline" and event.startswith(b'data: {"id":"c1","object"'):
+                event = event.replace(b',"object":', b',\ndata: "object":', 1)
+            yield event
 
     def _events(self, n: int) -> Iterator[bytes]:
         def event(choice: int, delta: dict[str, str], finish: str | None = None) -> bytes:

@@ -149,8 +149,8 @@ def test_unbelievable_backend_usage_bills_the_gateways_own_counts(
     assert (honest.input_tokens, honest.output_tokens) == (9, 12)
     assert lied.usage_source == "counted"
     assert lied.input_tokens == lied.counted_input_tokens > 0
-    if stream:  # token events: each word, and the finish event after the first word
-        assert WORDS <= lied.output_tokens <= WORDS + 1
+    if stream:  # token events: each word (a word a token), not the finish event
+        assert lied.output_tokens == WORDS
     else:
         assert lied.output_tokens == exact_output()
     assert 0 < lied.cost_nusd < 10**6
@@ -180,6 +180,24 @@ def test_an_honest_stream_bills_exactly_the_backends_usage(
     liar: tuple[LyingBackend, str], gateway: str, ledger_path: Path
 ) -> None:
     streamed(gateway)
+    [record] = ledger_records(ledger_path, 1)
+    assert record.usage_source == "backend"
+    assert (record.input_tokens, record.output_tokens) == (9, 12)
+
+
+@pytest.mark.parametrize("framing", ["mixed", "multiline"])
+def test_a_stream_framed_as_the_spec_allows_bills_the_backends_usage(
+    liar: tuple[LyingBackend, str], gateway: str, ledger_path: Path, framing: str
+) -> None:
+    """Line ends that change from LF to CRLF mid-stream, or each event's JSON over two `data:`
+    lines: the client gets every word and no usage chunk it did not ask for, and the bill is
+    the backend's usage (mixed line ends held the stream to its end and billed 0 output;
+    each `data:` line was counted a token, so 12 tokens were billed as 25)."""
+    backend, _ = liar
+    backend.framing = framing
+    text = streamed(gateway)
+    assert text.count("hello") == WORDS
+    assert '"usage"' not in text
     [record] = ledger_records(ledger_path, 1)
     assert record.usage_source == "backend"
     assert (record.input_tokens, record.output_tokens) == (9, 12)
