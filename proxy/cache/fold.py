@@ -43,7 +43,11 @@ _BATCH_BYTES: Final = 8192
 _PEELED: Final = 4
 # Errors a malformed chunk may raise while folded; the fold gives up, the relay goes on.
 _MALFORMED: Final = (AttributeError, KeyError, IndexError, TypeError, ValueError)
-_TEXTS: Final = ("content", "reasoning_content", "refusal", "text")
+# The texts a chunk's delta may carry (`reasoning`: vLLM >= 0.11's name, OpenRouter's, Ollama's).
+_TEXTS: Final = ("content", "reasoning_content", "reasoning", "refusal", "text")
+# A delta's fields the answer keeps: a chunk with any other (not null) is not stored, as its
+# replay would lack it (audio, a legacy function_call, a vendor's own).
+_DELTA_FIELDS: Final = frozenset({*_TEXTS, "role", "tool_calls"})
 
 
 def from_stream(operation: str, events: bytes, usage: dict[str, Any]) -> Answer | None:
@@ -185,7 +189,7 @@ class StreamFold:
                 operation, self._model, self._finish, usage, None, text, self._fingerprint
             )
         message: dict[str, Any] = {"role": "assistant", "content": None}
-        for name in ("content", "reasoning_content", "refusal"):
+        for name in ("content", "reasoning_content", "reasoning", "refusal"):
             if name in texts:
                 message[name] = texts[name]
         if self._tools:
@@ -236,6 +240,8 @@ class StreamFold:
             delta = choice.get("delta")
             if not isinstance(delta, dict):
                 delta = {"text": choice.get("text")}
+            elif any(v is not None for k, v in delta.items() if k not in _DELTA_FIELDS):
+                return False
             for name in _TEXTS:
                 piece = delta.get(name)
                 if isinstance(piece, str):

@@ -80,7 +80,7 @@ def _texts(answer: Answer) -> list[tuple[str, str]]:
     message = answer.message or {}
     return [
         (name, message[name])
-        for name in ("reasoning_content", "content", "refusal")
+        for name in ("reasoning_content", "reasoning", "content", "refusal")
         if isinstance(message.get(name), str) and message[name]
     ]
 

@@ -95,3 +95,34 @@ def test_an_answer_given_an_expiry_keeps_every_other_field() -> None:
     assert all(getattr(answer, f.name) != getattr(Answer("", "", "", {}), f.name)
                for f in fields(Answer))  # fmt: skip
     assert answer.expiring(99.5) == replace(answer, expires_wall=99.5)
+
+
+def test_reasoning_under_either_name_is_stored_and_replayed() -> None:
+    """vLLM (0.11 on), OpenRouter and Ollama stream `reasoning`; llama.cpp `reasoning_content`:
+    a hit gives the thinking back under the name it came in (it was dropped for `reasoning`)."""
+    for name in ("reasoning", "reasoning_content"):
+        stream = sse(
+            delta({"role": "assistant", "content": ""}),
+            delta({name: "think "}),
+            delta({name: "more"}),
+            delta({"content": "Hi"}),
+            delta({}, "stop"),
+        )
+        answer = from_stream("chat", stream, USAGE)
+        assert answer is not None
+        assert answer.message == {"role": "assistant", "content": "Hi", name: "think more"}
+        assert from_stream("chat", replay_stream(answer, 5, include_usage=False), USAGE) == answer
+        whole = orjson.loads(replay_response(answer, 5))
+        assert whole["choices"][0]["message"][name] == "think more"
+
+
+def test_a_stream_with_a_delta_field_a_hit_could_not_give_back_is_not_stored() -> None:
+    stream = sse(
+        delta({"role": "assistant", "content": ""}),
+        delta({"content": "Hi", "refusal": None}),  # a null field is nothing lost
+        delta({"audio": {"id": "a1", "data": "UklGR"}}),
+        delta({}, "stop"),
+    )
+    assert from_stream("chat", stream, USAGE) is None
+    without = sse(delta({"content": "Hi", "refusal": None}), delta({}, "stop"))
+    assert from_stream("chat", without, USAGE) is not None
