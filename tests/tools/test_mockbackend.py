@@ -102,6 +102,21 @@ def test_completions_answer_with_text_and_usage(sdk: openai.OpenAI) -> None:
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (4, 3)
 
 
+def test_n_and_a_prompt_batch_give_an_answer_each_as_vllm_does(
+    sdk: openai.OpenAI, fast_url: str
+) -> None:
+    chat = sdk.chat.completions.create(model="m", messages=MESSAGES, max_tokens=5, n=3)
+    assert [c.index for c in chat.choices] == [0, 1, 2]
+    assert chat.usage is not None
+    assert chat.usage.completion_tokens == 3 * 5
+    batch = sdk.completions.create(model="m", prompt=["one two", "three"], max_tokens=4, n=2)
+    assert len(batch.choices) == 2 * 2
+    assert batch.usage is not None
+    assert (batch.usage.prompt_tokens, batch.usage.completion_tokens) == (3, 4 * 4)
+    body = {"model": "m", "prompt": ["a", "b"], "stream": True}
+    assert httpx.post(fast_url + "/v1/completions", json=body).status_code == 400  # one answer
+
+
 def test_answers_are_deterministic_per_prompt(sdk: openai.OpenAI) -> None:
     def ask(content: str) -> str | None:
         messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": content}]
@@ -200,12 +215,16 @@ def test_sdk_stream_matches_the_non_stream_answer(sdk: openai.OpenAI) -> None:
     assert chunks[-1].usage.completion_tokens == 9
 
 
-def test_n_above_one_is_rejected_like_openai(sdk: openai.OpenAI) -> None:
+def test_n_past_openais_range_or_a_stream_of_several_answers_is_a_400(
+    sdk: openai.OpenAI,
+) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        sdk.chat.completions.create(model="m", messages=MESSAGES, n=2)
+        sdk.chat.completions.create(model="m", messages=MESSAGES, n=129)
     assert caught.value.status_code == 400
     assert caught.value.param == "n"
     assert caught.value.type == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError):
+        sdk.chat.completions.create(model="m", messages=MESSAGES, n=2, stream=True)
 
 
 def test_embeddings_via_sdk_base64_default_match_float(sdk: openai.OpenAI) -> None:

@@ -75,12 +75,14 @@ def whole_answer(
     if request.endpoint in _AGENTS:
         return agent_answer(request, body, created, text, n_tokens, finish_reason)
     if request.endpoint is Endpoint.CHAT:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+        content: dict[str, Any] = {"message": {"role": "assistant", "content": text}}
     else:
-        choice = {"text": text, "index": 0}
-    choice |= {"logprobs": None, "finish_reason": finish_reason}
+        content = {"text": text}
+    ending = {"logprobs": None, "finish_reason": finish_reason}
+    choices = [{"index": index, **content, **ending} for index in range(request.answers)]
     answer = _base(request, created, stream=False)
-    answer |= {"choices": [choice], "usage": _usage(request.prompt_tokens, n_tokens)}
+    usage = _usage(request.prompt_tokens, n_tokens * request.answers)
+    answer |= {"choices": choices, "usage": usage}
     return orjson.dumps(answer)
 
 

@@ -7,7 +7,8 @@ POST /mock/stats/reset. Answers are deterministic pseudo-text seeded by the prom
 token and per SSE event. Token i is due at arrival + ttft + i / tokens_per_second; a late stream
 sends every due token in one write, never early. A non-stream answer arrives when its last token
 would. Usage counts are the mock's own: whitespace-split words (+4 per chat message for prompts).
-`n` must be 1; `max_tokens`/`max_completion_tokens` cut the answer short (finish_reason "length"),
+A whole answer has `n` choices for each prompt of a completions batch, alike (a stream has one:
+n=1 and one prompt); `max_tokens`/`max_completion_tokens` cut each short (finish_reason "length"),
 as `max_output_tokens` does a response (status "incomplete") and `max_tokens` a message
 (stop_reason "max_tokens"). Errors on /v1/messages are Anthropic-shaped.
 
@@ -267,7 +268,7 @@ class MockBackend:
         created = int(self._clock.wall())
         answer = whole_answer(request, body, created, text, n_tokens, finish_reason)
         await respond(send, 200, answer)
-        self.stats.tokens_sent += n_tokens
+        self.stats.tokens_sent += n_tokens * request.answers
 
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival_s = self._clock.monotonic()

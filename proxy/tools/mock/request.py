@@ -114,6 +114,7 @@ class CompletionRequest:
     prompt_text: str
     prompt_tokens: int
     max_tokens: int | None
+    answers: int = 1  # choices in a whole answer: `n` for each prompt of a batch
 
     def plan(self, knobs: Knobs) -> tuple[int, str]:
         """How many tokens the answer has, and its finish_reason."""
@@ -213,42 +214,53 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
     return "\n".join(texts), tokens
 
 
-def _completion_prompt(body: dict[str, Any]) -> tuple[str, int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
+def _one_prompt(prompt: object) -> tuple[str, int]:
     if isinstance(prompt, str):
         return prompt, count_words(prompt)
-    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
         return " ".join(map(str, prompt)), len(prompt)
     raise MockHTTPError(
-        400, "'prompt' must be one string or one token array for the mock.", param="prompt"
+        400, "'prompt' must be a string, a token array, or a list of either.", param="prompt"
     )
+
+
+def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, int]:
+    """The prompt's text and tokens, and how many prompts it is (a batch is a list of them)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        pieces = [_one_prompt(item) for item in prompt]
+        text = "\n".join(text for text, _ in pieces)
+        return text, sum(tokens for _, tokens in pieces), len(pieces)
+    return (*_one_prompt(prompt), 1)
 
 
 def parse_completion(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
     model = model_of(body)
-    if body.get("n") not in (None, 1):
-        raise MockHTTPError(400, "The mock backend only supports n=1.", param="n")
+    n = int_field(body, "n", low=1, high=128) or 1
     if endpoint is Endpoint.CHAT:
         text, prompt_tokens = _chat_prompt(body)
+        prompts = 1
         max_tokens = int_field(body, "max_completion_tokens", low=1)
     else:
-        text, prompt_tokens = _completion_prompt(body)
+        text, prompt_tokens, prompts = _completion_prompt(body)
         max_tokens = None
     if max_tokens is None:
         max_tokens = int_field(body, "max_tokens", low=1)
+    stream = bool_field(body, "stream")
+    if stream and n * prompts > 1:
+        raise MockHTTPError(400, "The mock backend streams one answer (n=1, one prompt).")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise MockHTTPError(400, "'stream_options' must be an object.", param="stream_options")
     return CompletionRequest(
         endpoint=endpoint,
         model=model,
-        stream=bool_field(body, "stream"),
+        stream=stream,
         include_usage=bool_field(options or {}, "include_usage"),
         prompt_text=text,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
+        answers=n * prompts,
     )
 
 
