@@ -12,8 +12,9 @@ __all__ = ["OutgoingRequest"]
 
 
 class OutgoingRequest:
-    """`bounds` are the body fields that cap the answer's length for the operation (proxy.apis
-    `output_fields`); the last is the one a bound is set in when the body sets none."""
+    """`bounds` are the body fields that cap each answer's length for the operation (proxy.apis
+    `output_fields`); the last is the one every backend of the operation reads, so a bound the
+    gateway holds the answer to is always written there."""
 
     __slots__ = ("allowance", "body", "bounds", "model", "shaped")
 
@@ -29,33 +30,48 @@ class OutgoingRequest:
         self.model = self.body["model"] = name
 
     def bound_output(self, limit: int, reason: str | None) -> None:
-        """Bound the answer to `limit` tokens: each output field the body sets is lowered to it
-        (never raised), and with none set the operation's own field is set to it. `reason`, a
-        shaping name, is recorded once when the body changed."""
+        """Bound each answer to `limit` tokens: each output field the body sets is lowered to it
+        (never raised), and the operation's own field carries the bound (set to it when the body
+        sets no field). `reason`, a shaping name, is recorded once when a bound was lowered or
+        set."""
         body = self.body
-        present = [name for name in self.bounds if body.get(name) is not None]
-        changed = not present
-        if not present:
-            body[self.bounds[-1]] = limit
-        for name in present:
-            if body[name] > limit:
-                body[name] = limit
+        bound: int | None = None
+        changed = False
+        for name in self.bounds:
+            value = body.get(name)
+            if value is None:
+                continue
+            if value > limit:
+                body[name] = value = limit
                 changed = True
-        bound = self.output_bound()
-        if self.allowance is not None and bound is not None:
+            bound = value if bound is None or value > bound else bound
+        if bound is None:
+            bound, changed = limit, True
+        self._carry(bound)
+        if self.allowance is not None:
             bound = min(bound, self.allowance)
         self.allowance = bound
         if changed and reason is not None:
             self.record(reason)
 
-    def allow_as_sent(self) -> None:
-        """The answer may be as long as the body's own bound (None: it sets none)."""
-        self.allowance = self.output_bound()
+    def allow_as_sent(self, *, held: bool = False) -> None:
+        """Each answer may be as long as the body's own bound (None: it sets none). `held`: a
+        reservation counts on that bound, so the operation's own field carries it too."""
+        self.allowance = bound = self.output_bound()
+        if held and bound is not None:
+            self._carry(bound)
 
     def output_bound(self) -> int | None:
-        """The most output tokens the body allows (None: it sets no bound)."""
+        """The most output tokens an answer may have by the body (None: it sets no bound): of
+        chat's two fields, a backend may read either, so the larger."""
         values = [self.body[name] for name in self.bounds if self.body.get(name) is not None]
-        return min(values) if values else None
+        return max(values) if values else None
+
+    def _carry(self, bound: int) -> None:
+        """The field every backend reads carries the bound where the client left it unset."""
+        own = self.bounds[-1]
+        if self.body.get(own) is None:
+            self.body[own] = bound
 
     def set_messages(self, messages: Sequence[Any], reasons: Sequence[str]) -> None:
         """The chat messages sent instead of the client's, for `reasons` (shaping names)."""

@@ -25,8 +25,15 @@ def outgoing(operation: Operation, **body: Any) -> OutgoingRequest:
         ("chat", {"max_tokens": 900}, 500, {"max_tokens": 500}, 500, ["budget"]),
         ("chat", {"max_tokens": 300}, 500, {"max_tokens": 300}, 300, []),  # never raised
         ("chat", {}, 500, {"max_tokens": 500}, 500, ["budget"]),  # none set: chat's own
+        # a backend may read either field: the allowance is the larger
         ("chat", {"max_completion_tokens": 900, "max_tokens": 400}, 500,
-         {"max_completion_tokens": 500, "max_tokens": 400}, 400, ["budget"]),
+         {"max_completion_tokens": 500, "max_tokens": 400}, 500, ["budget"]),
+        # max_tokens, which every chat backend reads, carries the bound too
+        ("chat", {"max_completion_tokens": 900}, 500,
+         {"max_completion_tokens": 500, "max_tokens": 500}, 500, ["budget"]),
+        ("chat", {"max_completion_tokens": 300, "max_tokens": None}, 500,
+         {"max_completion_tokens": 300, "max_tokens": 300}, 300, []),
+        ("text_completion", {"max_tokens": None}, 16, {"max_tokens": 16}, 16, ["budget"]),
         ("messages", {"max_tokens": 900}, 500, {"max_tokens": 500}, 500, ["budget"]),
         ("responses", {}, 64, {"max_output_tokens": 64}, 64, ["budget"]),
     ],

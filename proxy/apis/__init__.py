@@ -61,10 +61,16 @@ AGENT_APIS: Mapping[Operation, AgentApi] = {
     ),
 }
 
+# Chat has two names for its cap; every chat backend reads max_tokens (Ollama and TGI only it),
+# vLLM prefers max_completion_tokens. Completions backends read max_tokens alone.
 _CHAT_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
+_OUTPUT_FIELD = ("max_tokens",)
 
 
 def output_fields(operation: Operation) -> tuple[str, ...]:
-    """The body fields that cap an operation's output; the last is the one a cap is set in."""
+    """The body fields that cap an operation's output; the last is the one every backend of
+    the operation reads, which carries the gateway's bound."""
     api = AGENT_APIS.get(operation)
-    return _CHAT_OUTPUT_FIELDS if api is None else (api.output_field,)
+    if api is not None:
+        return (api.output_field,)
+    return _CHAT_OUTPUT_FIELDS if operation == "chat" else _OUTPUT_FIELD

@@ -23,6 +23,7 @@ __all__ = [
     "number",
     "one_of",
     "string",
+    "unsupported",
     "values_of",
 ]
 
@@ -59,6 +60,20 @@ def empty_array(param: str) -> BadRequest:
 
 def missing(param: str) -> BadRequest:
     return BadRequest(f"Missing required parameter: '{param}'.", param=param, code="missing")
+
+
+def unsupported(instead: str) -> Check:
+    """A field OpenAI refuses on this route, whatever its value; `instead` names the one to use."""
+
+    def check(value: object, param: str) -> None:
+        raise BadRequest(
+            f"Unsupported parameter: '{param}' is not supported with this endpoint. "
+            f"Use '{instead}' instead.",
+            param=param,
+            code="unsupported_parameter",
+        )
+
+    return check
 
 
 def string(value: object, param: str) -> None:

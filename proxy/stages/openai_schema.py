@@ -20,6 +20,7 @@ from proxy.stages.jsoncheck import (
     number,
     one_of,
     string,
+    unsupported,
     values_of,
 )
 
@@ -93,8 +94,6 @@ PROMPT = _prompt(None)
 _SAMPLING: Mapping[str, Check] = {
     "stream": boolean,
     "max_tokens": integer(1, MAX_TOKENS_CAP),
-    # Chat's name for max_tokens; the output limits read it on every operation.
-    "max_completion_tokens": integer(1, MAX_TOKENS_CAP),
     "n": integer(1, 128),
     "temperature": number(0.0, 2.0),
     "top_p": number(0.0, 1.0),
@@ -108,6 +107,8 @@ _SAMPLING: Mapping[str, Check] = {
 
 CHAT: Mapping[str, Check] = {
     **_SAMPLING,
+    # Chat's newer name for max_tokens (OpenAI's reasoning models take only this one).
+    "max_completion_tokens": integer(1, MAX_TOKENS_CAP),
     "logprobs": boolean,
     "top_logprobs": integer(0, 20),
     "tools": array_of(_TOOL),
@@ -131,6 +132,9 @@ CHAT: Mapping[str, Check] = {
 
 COMPLETIONS: Mapping[str, Check] = {
     **_SAMPLING,
+    # Chat's name only: completions backends (vLLM, OpenAI) read max_tokens, so a bound sent
+    # here would bound nothing the backend generates.
+    "max_completion_tokens": unsupported("max_tokens"),
     # OpenAI allows 5 log-probabilities and 20 candidates; vLLM's default limit is 20 of both.
     "logprobs": integer(0, 20),
     "best_of": integer(0, 20),

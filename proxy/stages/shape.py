@@ -1,6 +1,6 @@
 """Shape a request to its tenant's budget card: system prompt, history, input and output limits,
 temperature. Counts the input once, and only when an input limit or a quota needs the count.
-Writes body, shaped, counted_input_tokens, output_allowance.
+Writes body, shaped, counted_input_tokens, output_allowance (per answer).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Shape:
             if budget.max_output_tokens is not None:
                 outgoing.bound_output(budget.max_output_tokens, "max_tokens")  # and the allowance
             else:
-                outgoing.allow_as_sent()
+                outgoing.allow_as_sent(held=_charges_output(tenant))
             _temperature(outgoing, budget)
 
     async def _shape_chat(self, ctx: Admitted, tenant: Tenant) -> None:
@@ -154,6 +154,19 @@ def _needs_count(tenant: Tenant) -> bool:
             budget.usd_per_month,
             tenant.limits.tokens_per_minute,
         )
+    )
+
+
+def _charges_output(tenant: Tenant) -> bool:
+    """A quota or tokens_per_minute counts on the answer's bound: the backend must get it."""
+    budget = tenant.budget
+    return bool(
+        budget.tokens_per_day
+        or budget.tokens_per_month
+        or budget.usd_per_day
+        or budget.usd_per_month
+        or tenant.limits.tokens_per_minute
+        or tenant.limits.per_model
     )
 
 

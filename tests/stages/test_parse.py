@@ -169,7 +169,10 @@ def test_wrong_messages_are_named_before_any_other_wrong_field(gateway: str) -> 
         ("/v1/completions", {"prompt": "x", "suffix": 1}, "suffix", "invalid_type"),
         ("/v1/completions", {"prompt": "x", "echo": "no"}, "echo", "invalid_type"),
         ("/v1/completions", {"prompt": "x", "max_completion_tokens": []}, "max_completion_tokens",
-         "invalid_type"),
+         "unsupported_parameter"),
+        # chat's name; completions backends read only max_tokens, so it would bound nothing
+        ("/v1/completions", {"prompt": "x", "max_completion_tokens": 1}, "max_completion_tokens",
+         "unsupported_parameter"),
         ("/v1/embeddings", {"input": [None]}, "input[0]", "invalid_type"),
         ("/v1/embeddings", {"input": [[1, 2], "a"]}, "input[1]", "invalid_type"),
         ("/v1/embeddings", {"input": ["a"] * 2049}, "input", "array_above_max_length"),

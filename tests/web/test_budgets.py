@@ -211,3 +211,93 @@ def test_stop_stream_at_budget_ends_the_stream_cleanly_at_what_is_left(backend_u
     assert chunks[-1].usage is not None
     assert spent + chunks[-1].usage.total_tokens <= 100
     assert 0 < chunks[-1].usage.completion_tokens < 60
+
+
+def test_completions_take_their_bound_in_max_tokens_alone(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    """Completions backends read only max_tokens: chat's max_completion_tokens there would bound
+    the reservation and not the answer, so it is refused, and a null max_tokens gets the bound."""
+    store = MemoryStore()
+    policy = budget_policy(backend_url, "{max_output_tokens: 16, tokens_per_day: 2000}")
+    ask = {"model": "mock-llm", "prompt": "hello there", "mock_completion_tokens": 1500}
+    headers = {"authorization": f"Bearer {KEY}"}
+    with (
+        serve(create_app(policy, store=store)) as url,
+        httpx.Client(base_url=url, headers=headers) as http,
+    ):
+        bypass = {**ask, "max_completion_tokens": 1, "max_tokens": None}
+        refused = http.post("/v1/completions", json=bypass)
+        assert backend.get("/mock/stats").json()["requests_total"] == 0
+        assert asyncio.run(store.read([day_counter()])) == [(0, 0)]  # refused: billed nothing
+        answer = http.post("/v1/completions", json={**ask, "max_tokens": None})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["param"], error["code"]) == ("max_completion_tokens", "unsupported_parameter")
+    assert "max_tokens" in error["message"]
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-tokenweir-shaped"] == "max_tokens"
+    assert answer.json()["usage"]["completion_tokens"] == 16
+    assert backend.get("/mock/stats").json()["last_request"]["max_tokens"] == 16
+
+
+@pytest.mark.parametrize(
+    ("sent", "reaches_backend", "shaped"),
+    [
+        ({"max_completion_tokens": 1000, "max_tokens": None},
+         {"max_completion_tokens": 16, "max_tokens": 16}, "max_tokens"),
+        ({"max_completion_tokens": 8}, {"max_completion_tokens": 8, "max_tokens": 8}, None),
+        ({"max_completion_tokens": 1000, "max_tokens": 4},
+         {"max_completion_tokens": 16, "max_tokens": 4}, "max_tokens"),
+    ],
+)  # fmt: skip
+def test_a_chat_bound_reaches_backends_that_read_only_max_tokens(
+    backend_url: str,
+    backend: httpx.Client,
+    sent: dict[str, int | None],
+    reaches_backend: dict[str, int],
+    shaped: str | None,
+) -> None:
+    """Ollama and TGI read only max_tokens, vLLM prefers max_completion_tokens: whichever field
+    a chat client sets, max_tokens carries the bound too, and none is above max_output_tokens."""
+    policy = budget_policy(backend_url, "{max_output_tokens: 16, tokens_per_day: 100000}")
+    body = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], **sent}
+    with serve(create_app(policy)) as url:
+        answer = httpx.post(
+            url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"}
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.headers.get("x-tokenweir-shaped") == shaped
+    last = backend.get("/mock/stats").json()["last_request"]
+    assert {name: last.get(name) for name in reaches_backend} == reaches_backend
+
+
+def test_a_quota_reserves_for_the_larger_of_chats_two_bounds(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    """vLLM (and the mock) generate up to max_completion_tokens when both are set, so a small
+    max_tokens beside a large max_completion_tokens must not shrink the reservation."""
+    store = MemoryStore()
+    policy = budget_policy(backend_url, "{tokens_per_day: 500}")
+    ask = {
+        "model": "mock-llm",
+        "messages": [{"role": "user", "content": "hi"}],
+        "mock_completion_tokens": 1000,
+    }
+    headers = {"authorization": f"Bearer {KEY}"}
+    with (
+        serve(create_app(policy, store=store)) as url,
+        httpx.Client(base_url=url, headers=headers) as http,
+    ):
+        refused = http.post(
+            "/v1/chat/completions", json={**ask, "max_completion_tokens": 1000, "max_tokens": 1}
+        )
+        admitted = http.post("/v1/chat/completions", json={**ask, "max_completion_tokens": 300})
+        [(used, reserved)] = asyncio.run(store.read([day_counter()]))
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "insufficient_quota"
+    assert admitted.status_code == 200, admitted.text
+    assert admitted.json()["usage"]["completion_tokens"] == 300
+    last = backend.get("/mock/stats").json()["last_request"]
+    assert (last["max_completion_tokens"], last["max_tokens"]) == (300, 300)
+    assert (used, reserved) == (admitted.json()["usage"]["total_tokens"], 0)
