@@ -14,15 +14,17 @@ __all__ = ["OutgoingRequest"]
 class OutgoingRequest:
     """`bounds` are the body fields that cap each answer's length for the operation (proxy.apis
     `output_fields`); the last is the one every backend of the operation reads, so a bound the
-    gateway holds the answer to is always written there."""
+    gateway holds the answer to is always written there. `answers` is how many answers the
+    backend generates (chat's `n`; a completions batch's prompts times `n` or `best_of`)."""
 
-    __slots__ = ("allowance", "body", "bounds", "model", "shaped")
+    __slots__ = ("allowance", "answers", "body", "bounds", "model", "shaped")
 
     def __init__(self, body: dict[str, Any], model: str = "", bounds: tuple[str, ...] = ()) -> None:
         self.body = body
         self.model = model
         self.bounds = bounds
-        self.allowance: int | None = None  # the most output tokens the request may produce
+        self.allowance: int | None = None  # the most output tokens one answer may have
+        self.answers = 1
         self.shaped: list[str] = []  # why the body differs from the client's, in order
 
     def set_model(self, name: str) -> None:
@@ -66,6 +68,11 @@ class OutgoingRequest:
         chat's two fields, a backend may read either, so the larger."""
         values = [self.body[name] for name in self.bounds if self.body.get(name) is not None]
         return max(values) if values else None
+
+    def reserved_output(self) -> int | None:
+        """The most output tokens the whole request may produce: every answer at its bound."""
+        allowance = self.allowance
+        return None if allowance is None else allowance * self.answers
 
     def _carry(self, bound: int) -> None:
         """The field every backend reads carries the bound where the client left it unset."""

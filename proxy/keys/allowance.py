@@ -103,7 +103,8 @@ class KeyAllowances:
         if hold is None:
             return None
         allowance, now = hold.record.allowance, self._clock.wall()
-        tokens = (ctx.counted_input_tokens or 0) + (ctx.outgoing.allowance or DEFAULT_OUTPUT_BOUND)
+        output = ctx.outgoing.reserved_output() or DEFAULT_OUTPUT_BOUND * ctx.outgoing.answers
+        tokens = (ctx.counted_input_tokens or 0) + output
         if ctx.operation == "embeddings":
             tokens = ctx.counted_input_tokens or 0
         counters = _counters(hold.scope, allowance, now)
@@ -136,8 +137,8 @@ class KeyAllowances:
             if admission.never:
                 raise RateLimited(
                     f"This API key's {kind}_per_minute is {bucket.capacity} and this request "
-                    f"needs {cost}: it can never be admitted. Lower max_tokens or shorten the "
-                    "input.",
+                    f"needs {cost}: it can never be admitted. Lower max_tokens or n, send fewer "
+                    "prompts, or shorten the input.",
                     should_retry=False,
                 )
             raise RateLimited(

@@ -1,4 +1,5 @@
-"""Quotas: reserve input + allowed output before the call, settle to real usage after it.
+"""Quotas: reserve input + allowed output (every answer's) before the call, settle to real usage
+after it.
 
 Writes reservation, and a `max_tokens` bound when a quota needs one the client did not give or,
 with `stop_stream_at_budget`, when only a shorter answer fits what is left of a quota.
@@ -136,9 +137,11 @@ class Budgets:
         quota = plan.reservation.quotas[refusal.index]
         left = refusal.used + refusal.reserved
         fits = self._output_that_fits(ctx.model, quota, left, plan.input_tokens)
-        if not _may_shorten(ctx) or not 1 <= fits < plan.output_tokens:
+        answers = ctx.outgoing.answers
+        each = fits // answers  # every answer gets the same bound
+        if not _may_shorten(ctx) or not 1 <= each < plan.output_tokens // answers:
             return False
-        ctx.outgoing.bound_output(fits, "budget")  # the backend ends it with finish_reason length
+        ctx.outgoing.bound_output(each, "budget")  # the backend ends it with finish_reason length
         return True
 
     def _refusal(self, plan: QuotaPlan) -> InsufficientQuota:
@@ -218,11 +221,12 @@ class Budgets:
         return [self._amount(model, q, input_tokens, output_tokens) for q in reservation.quotas]
 
     def _output_bound(self, ctx: Admitted) -> int:
+        """The output to reserve: every answer (`n`, a batch's prompts) at its bound."""
         if ctx.operation == "embeddings":
             return 0
         if ctx.outgoing.allowance is None:
             ctx.outgoing.bound_output(DEFAULT_OUTPUT_BOUND, "max_tokens")
-        return ctx.outgoing.allowance or 0
+        return ctx.outgoing.reserved_output() or 0
 
     def _keep_leased(self, reservation: Reservation) -> None:
         """Renew the lease while the request runs (a long stream outlives one lease)."""
@@ -298,8 +302,8 @@ def _refused(quota: Quota, used: int, reserved: int, needed: int, now: float) ->
     if needed > quota.counter.limit:
         return InsufficientQuota(
             f"This request needs up to {needed_s} {unit}, more than {quota.name} ({limit} "
-            f"{unit}) allows in a whole period: it can never be admitted. Lower max_tokens or "
-            "shorten the input.",
+            f"{unit}) allows in a whole period: it can never be admitted. Lower max_tokens or n, "
+            "send fewer prompts, or shorten the input.",
             should_retry=False,
         )
     return InsufficientQuota(

@@ -250,7 +250,7 @@ class RateLimits:
 
 
 def _token_cost(ctx: Admitted) -> int:
-    return (ctx.counted_input_tokens or 0) + (ctx.outgoing.allowance or 0)
+    return (ctx.counted_input_tokens or 0) + (ctx.outgoing.reserved_output() or 0)
 
 
 def _slot_refused(admission: Admission, buckets: Sequence[Bucket]) -> bool:
@@ -317,7 +317,8 @@ def _refused(shape: LimitShape, costs: list[int], admission: Admission) -> RateL
         if costs[index] > bucket.capacity:
             return RateLimited(
                 f"Rate limit exceeded: {what}; it is larger than the per-minute limit and can "
-                "never be admitted. Lower max_tokens or shorten the input.",
+                "never be admitted. Lower max_tokens or n, send fewer prompts, or shorten the "
+                "input.",
                 should_retry=False,
             )
     wait = format_reset(retry_s)

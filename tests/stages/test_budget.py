@@ -141,6 +141,22 @@ async def test_stop_stream_at_budget_shortens_the_answer_to_what_is_left() -> No
         await stage(request(Budget(tokens_per_day=260, stop_stream_at_budget=True)))
 
 
+async def test_stop_stream_at_budget_shares_what_is_left_among_the_answers() -> None:
+    stage, store = budgets()
+    first = request(Budget(tokens_per_day=500, stop_stream_at_budget=True))
+    first.outgoing.answers = 4  # n: 4, each answer allowed 50
+    await stage(first)
+    assert first.reservation is not None
+    day = first.reservation.quotas[0].counter
+    assert await store.read([day]) == [(0, 100 + 4 * 50)]
+    ctx = request(Budget(tokens_per_day=500, stop_stream_at_budget=True), allowance=200)
+    ctx.outgoing.answers = 4  # 100 + 4 x 200 does not fit the 200 left; 4 x 25 does
+    await stage(ctx)
+    assert ctx.body["max_tokens"] == 25
+    assert ctx.outgoing.shaped == ["budget"]
+    assert await store.read([day]) == [(0, 500)]
+
+
 async def test_stop_stream_at_budget_with_a_usd_quota() -> None:
     stage, _ = budgets()
     # 100 input tokens cost 100 µUSD at 1 USD/M; 40 µUSD left buys 20 output tokens at 2 USD/M.

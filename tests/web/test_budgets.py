@@ -301,3 +301,41 @@ def test_a_quota_reserves_for_the_larger_of_chats_two_bounds(
     last = backend.get("/mock/stats").json()["last_request"]
     assert (last["max_completion_tokens"], last["max_tokens"]) == (300, 300)
     assert (used, reserved) == (admitted.json()["usage"]["total_tokens"], 0)
+
+
+def test_a_reservation_covers_every_answer_of_n_and_of_a_prompt_batch(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    """max_output_tokens bounds each answer, as OpenAI's max_tokens does; the quota reserves it
+    for every answer the backend generates: n, best_of, each prompt of a completions batch."""
+    store = MemoryStore()
+    policy = budget_policy(backend_url, "{max_output_tokens: 100, tokens_per_day: 1000}")
+    hi = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]}
+    full = {"mock_completion_tokens": 100}  # every answer runs to its bound
+    never = [
+        ("/v1/chat/completions", {**hi, "n": 128}),
+        ("/v1/completions", {"model": "mock-llm", "prompt": ["a"] * 500}),
+        ("/v1/completions", {"model": "mock-llm", "prompt": "a", "best_of": 20}),
+    ]
+    headers = {"authorization": f"Bearer {KEY}"}
+    with (
+        serve(create_app(policy, store=store)) as url,
+        httpx.Client(base_url=url, headers=headers) as http,
+    ):
+        refused = [http.post(path, json={**body, **full}) for path, body in never]
+        assert asyncio.run(store.read([day_counter()])) == [(0, 0)]  # refusals bill nothing
+        four = http.post("/v1/chat/completions", json={**hi, **full, "n": 4})
+        eight = http.post("/v1/chat/completions", json={**hi, **full, "n": 8})
+        [(used, reserved)] = asyncio.run(store.read([day_counter()]))
+    for answer in refused:
+        assert answer.status_code == 429, answer.text
+        assert "can never be admitted" in answer.json()["error"]["message"]
+    assert four.status_code == 200, four.text
+    assert len(four.json()["choices"]) == 4
+    assert four.json()["usage"]["completion_tokens"] == 400
+    assert eight.status_code == 429, eight.text  # 8 x 100 more does not fit what is left
+    assert eight.json()["error"]["code"] == "insufficient_quota"
+    assert backend.get("/mock/stats").json()["requests_total"] == 1
+    # n > 1 bills the larger of the backend's usage and the gateway's own (estimated) count
+    assert four.json()["usage"]["total_tokens"] <= used <= 1000
+    assert reserved == 0

@@ -220,3 +220,19 @@ def test_a_client_that_leaves_frees_its_slot_at_once(backend_url: str) -> None:
         while (status := http.post("/v1/chat/completions", json=CHAT).status_code) != 200:
             assert time.monotonic() < deadline, status
             time.sleep(0.01)
+
+
+def test_tokens_per_minute_charges_every_answer_of_n_and_of_a_prompt_batch(
+    backend_url: str,
+) -> None:
+    policy = limits_policy(backend_url, "{tokens_per_minute: 1000}")
+    headers = {"authorization": f"Bearer {KEY}"}
+    with serve(create_app(policy)) as url, httpx.Client(base_url=url, headers=headers) as http:
+        four = http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 100, "n": 4})
+        batch = {"model": "mock-llm", "prompt": ["a"] * 20, "max_tokens": 100}
+        refused = http.post("/v1/completions", json=batch)
+    assert four.status_code == 200, four.text
+    # charged the counted input and 4 answers of up to 100 tokens, trued up afterwards
+    assert int(four.headers["x-ratelimit-remaining-tokens"]) < 1000 - 400
+    assert refused.status_code == 429, refused.text
+    assert "can never be admitted" in refused.json()["error"]["message"]
