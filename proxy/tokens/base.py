@@ -1,11 +1,13 @@
-"""The token-counting contract: the `TokenCounter` protocol, its errors, and the content rules
-every adapter shares (text parts, the fixed media estimate, completion prompts).
+"""The token-counting contract: the `TokenCounter` protocol, its errors, and the rules every
+adapter shares (content parts from proxy/tokens/parts.py, completion prompts).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
+
+from proxy.tokens.parts import MEDIA_TOKENS, MEDIA_TOKENS_LOW, media_tokens, split_content
 
 __all__ = [
     "MEDIA_TOKENS",
@@ -33,11 +35,6 @@ Prompt: TypeAlias = str | list[str] | list[int] | list[list[int]]
 CountText: TypeAlias = Callable[[str], int]
 # Renders normalised messages (string content, parsed tool-call arguments) to prompt text.
 ChatRenderer: TypeAlias = Callable[[list[dict[str, Any]], Tools], str]
-
-# A fixed estimate per non-text content part (image, audio, file): counting real media tokens
-# needs the media. 765 is OpenAI's price of a 1024x1024 image at high detail, 85 at low detail.
-MEDIA_TOKENS = 765
-MEDIA_TOKENS_LOW = 85
 
 
 class TokenizerError(Exception):
@@ -67,38 +64,6 @@ class TokenCounter(Protocol):
     def count_prompt(self, prompt: Prompt) -> int:
         """Prompt tokens of a /v1/completions request (text, texts, token ids or id lists)."""
         ...
-
-
-def media_tokens(part: Mapping[str, Any]) -> int:
-    """The fixed estimate for one non-text part; OpenAI's `detail: low` images cost less."""
-    image = part.get("image_url")
-    if isinstance(image, Mapping) and image.get("detail") == "low":
-        return MEDIA_TOKENS_LOW
-    return MEDIA_TOKENS
-
-
-def split_content(content: object) -> tuple[list[str], int]:
-    """A message's text pieces and the estimated tokens of its media parts.
-
-    `content` is a string, None, or a list of parts: text parts ({"type": "text", "text": ...},
-    also "refusal") count as text; every other part counts `media_tokens`.
-    """
-    if isinstance(content, str):
-        return [content], 0
-    if not isinstance(content, Sequence):
-        return [], 0
-    texts: list[str] = []
-    media = 0
-    for part in content:
-        if isinstance(part, str):
-            texts.append(part)
-        elif isinstance(part, Mapping):
-            text = part.get("text", part.get("refusal"))
-            if isinstance(text, str):
-                texts.append(text)
-            else:
-                media += media_tokens(part)
-    return texts, media
 
 
 def chat_chars(messages: Messages, tools: Tools = None) -> int:
