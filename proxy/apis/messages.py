@@ -3,13 +3,14 @@ chat messages (to count them), its usage (input in `message_start`, output in `m
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from proxy.apis.events import StreamEvents, type_pattern
-from proxy.apis.responses import chat_tool, joined_text, media_part
+from proxy.apis.responses import chat_tool
 from proxy.stages.jsoncheck import (
     Check,
     an_object,
@@ -61,6 +62,9 @@ OPTIONAL: Mapping[str, Check] = {
 }
 
 _CACHE_INPUT = ("cache_creation_input_tokens", "cache_read_input_tokens")
+# What the counters estimate as media: Anthropic's images, and documents given as files (a PDF).
+_MEDIA: Mapping[str, Any] = {"type": "image_url", "image_url": {}}
+_FILE_SOURCES = ("base64", "url", "file")
 
 
 def to_chat(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
@@ -70,7 +74,7 @@ def to_chat(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
     if isinstance(system, str) and system:
         chat.append({"role": "system", "content": system})
     elif isinstance(system, list):
-        chat.append({"role": "system", "content": [media_part(block) for block in system]})
+        chat.append({"role": "system", "content": [_part(block) for block in system]})
     for message in body.get("messages") or ():
         if isinstance(message, dict):
             chat += _chat_messages(message)
@@ -87,7 +91,7 @@ def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
     role, content = message.get("role") or "user", message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    parts: list[dict[str, Any]] = []
+    parts: list[object] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for block in content if isinstance(content, list) else ():
@@ -96,18 +100,50 @@ def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
             arguments = orjson.dumps(block.get("input") or {}).decode()
             function = {"name": block.get("name") or "", "arguments": arguments}
             calls.append({"id": block.get("id") or "", "type": "function", "function": function})
+        elif kind == "tool_result" and role == "assistant":
+            # vLLM writes an assistant's tool result into its text whole (Python's repr of
+            # its blocks, an image's data included): counted as the blocks' JSON.
+            given = block.get("content")
+            text = given if isinstance(given, str) else _json(given)
+            parts.append({"type": "text", "text": f"Tool result: {text}"})
         elif kind == "tool_result":
             call_id = block.get("tool_use_id") or ""
-            text = joined_text(block.get("content"))
-            results.append({"role": "tool", "tool_call_id": call_id, "content": text})
-        elif kind == "thinking":
-            parts.append({"type": "text", "text": block.get("thinking") or ""})
+            results.append({"role": "tool", "tool_call_id": call_id, "content": _result(block)})
         else:
-            parts.append(media_part(block))
+            parts.append(_part(block))
     chat: list[dict[str, Any]] = [{"role": role, "content": parts}] if parts or calls else []
     if calls:
         chat[0]["tool_calls"] = calls
     return results + chat
+
+
+def _part(block: object) -> object:
+    """A content block as the chat part the counters read. Text and thinking blocks are chat's
+    parts already; an image, and a document that is a file, are media; any other block (a
+    document given as text, a search result, ...) is left as it is, and so counted as its JSON
+    text, the most of it a backend can render (proxy/tokens/parts.py)."""
+    if not isinstance(block, dict):
+        return block
+    kind = block.get("type")
+    if kind == "image":
+        return _MEDIA
+    if kind == "document":
+        source = block.get("source")
+        if isinstance(source, dict) and source.get("type") in _FILE_SOURCES:
+            return _MEDIA
+    return block
+
+
+def _result(block: dict[str, Any]) -> object:
+    """A user's tool result as a tool message's content: a string, or its blocks as parts."""
+    given = block.get("content")
+    if isinstance(given, list):
+        return [_part(item) for item in given]
+    return given if isinstance(given, str) else ""
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:

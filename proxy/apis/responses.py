@@ -29,8 +29,6 @@ __all__ = [
     "answer_texts",
     "chat_tool",
     "chat_usage",
-    "joined_text",
-    "media_part",
     "to_chat",
 ]
 
@@ -80,6 +78,8 @@ def chat_tool(name: object, description: object, parameters: object) -> dict[str
 
 
 def _message(item: dict[str, Any]) -> dict[str, Any]:
+    """One input item as a chat message. Its content parts stay as they are: the counters know
+    the Responses API's part types (proxy/tokens/parts.py)."""
     kind = item.get("type")
     if kind == "function_call":
         call = {"name": item.get("name") or "", "arguments": item.get("arguments") or ""}
@@ -90,39 +90,39 @@ def _message(item: dict[str, Any]) -> dict[str, Any]:
         return {
             "role": "tool",
             "tool_call_id": item.get("call_id") or "",
-            "content": joined_text(output),
+            "content": output if isinstance(output, str | list) else "",
         }
+    if kind == "reasoning":
+        return {"role": "assistant", "content": _reasoning_texts(item)}
+    if kind not in (None, "message"):
+        # Another item (a custom tool's call or output, an MCP call, ...): counted as its JSON
+        # text, the most of it a backend can render.
+        return {"role": "user", "content": [item]}
     role = item.get("role")
     content = item.get("content")
     return {
         "role": role if isinstance(role, str) else "user",
-        "content": content if isinstance(content, str) else _parts(content),
+        "content": content if isinstance(content, str | list) else [],
     }
 
 
-def _parts(content: object) -> list[dict[str, Any]]:
-    if not isinstance(content, list):
-        return []
-    return [media_part(part) for part in content]
+def _reasoning_texts(item: dict[str, Any]) -> list[object]:
+    """A reasoning item's summary and reasoning texts as text parts (its encrypted content is
+    opaque: only OpenAI reads it, and what it holds cannot be counted here)."""
+    parts: list[object] = []
+    for field in ("summary", "content"):
+        given = item.get(field)
+        if isinstance(given, list):
+            parts += [_as_text(part) for part in given]
+    return parts
 
 
-def media_part(part: object) -> dict[str, Any]:
-    """A text part as chat's; any other part (an image, a file) as chat's media part, which the
-    counters give their fixed media estimate."""
+def _as_text(part: object) -> object:
+    """A summary or reasoning part with a string `text` as a text part; else as it is (counted
+    as its JSON)."""
     if isinstance(part, dict) and isinstance(part.get("text"), str):
         return {"type": "text", "text": part["text"]}
-    return {"type": "image_url", "image_url": {}}
-
-
-def joined_text(value: object) -> str:
-    """A string as it is; the texts of a list of parts, joined."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(
-            p["text"] for p in value if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-    return ""
+    return part
 
 
 def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
