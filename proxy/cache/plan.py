@@ -22,3 +22,6 @@ class CachePlan:
     partition: str | None = None
     vector: Vector | None = None
     fold: StreamFold | None = None  # a stream's answer, folded in as its chunks pass
+    # What the request asked for when it was looked up: an answer from another model, or held
+    # to a shorter bound (a degradation rule, a fallback), is not stored under its key.
+    asked: tuple[str, int | None] = ("", None)

@@ -89,6 +89,7 @@ class ResponseCache:
         spec = tenant.cache
         # A second lookup in this request (a degradation rule's looser bar) reuses the vector.
         cache_plan = ctx.cache_plan if ctx.cache_plan is not None else CachePlan(key)
+        cache_plan.asked = _asked(ctx)
         try:
             if not plan.step.taken:
                 await plan.step.run(self._store)
@@ -147,7 +148,7 @@ class ResponseCache:
         entry's store call is made now; the awaitable ends with it."""
         plan, ctx.cache_plan = ctx.cache_plan, None
         tenant = ctx.tenant
-        if plan is None or not _complete(ctx):
+        if plan is None or not _complete(ctx) or _asked(ctx) != plan.asked:
             return nothing()
         answer = self._answer_of(ctx, plan, tenant.cache)
         if answer is None:
@@ -253,6 +254,11 @@ class ResponseCache:
         if answer is None:
             return None
         return answer.expiring(self._clock.wall() + spec.ttl)
+
+
+def _asked(ctx: Admitted) -> tuple[str, int | None]:
+    """The model that answers and the bound on its answer."""
+    return ctx.outgoing.model, ctx.outgoing.allowance
 
 
 def _complete(ctx: Admitted) -> bool:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
+import pytest
 
 from proxy.app import create_app
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
+from tests.conftest import ADMIN_KEY
 from tests.servers import serve
 
 KEY, SHADOW_KEY = "tw-degrade-live", "tw-degrade-shadow"
@@ -70,3 +74,50 @@ tenants:
     assert answer.headers["x-tokenweir-cache"] == "miss"
     assert answer.headers["x-tokenweir-degraded"] == "loose"
     assert backend.get("/mock/stats").json()["requests_total"] == 2  # one embedding, one answer
+
+
+def _cached_policy(backend_url: str, rule: str) -> str:
+    return f"""
+admin_keys: [{hash_key(ADMIN_KEY)}]
+backends: [{{name: a, url: "{backend_url}/v1", models: [mock-llm, mock-small]}}]
+models: {{mock-llm: {{}}, mock-small: {{}}}}
+tenants:
+  live:
+    api_keys: [{hash_key(KEY)}]
+    models: [mock-llm]
+    cache: {{mode: exact}}
+    degrade: [{rule}]
+"""
+
+
+@pytest.mark.parametrize(
+    "then", ["{max_output_tokens: 3}", "{model: mock-small}", "{priority: low}"]
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_a_rule_changed_is_not_cached_for_the_request_as_asked(
+    backend_url: str, tmp_path: Path, then: str, stream: bool
+) -> None:
+    """A shortened answer, or another model's, is no answer to the request as asked: stored
+    under its key, it was served as a hit (no degraded header) after the load had gone. A rule
+    that changes nothing of the answer (priority) leaves it cached."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(
+        _cached_policy(backend_url, f"{{name: under-load, when: {{}}, then: {then}}}")
+    )
+    body = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 20, "stream": stream, "temperature": 0}  # fmt: skip
+    auth = {"authorization": f"Bearer {KEY}"}
+    with serve(create_app(config=config)) as url:
+        under_load = httpx.post(url + "/v1/chat/completions", json=body, headers=auth)
+        assert under_load.headers["x-tokenweir-degraded"] == "under-load"
+        config.write_text(_cached_policy(backend_url, ""))  # the load is gone
+        reloaded = httpx.post(
+            url + "/admin/reload", headers={"authorization": f"Bearer {ADMIN_KEY}"}
+        )
+        assert reloaded.status_code == 200, reloaded.text
+        after = httpx.post(url + "/v1/chat/completions", json=body, headers=auth)
+    assert "x-tokenweir-degraded" not in after.headers
+    changed = "priority" not in then
+    assert after.headers["x-tokenweir-cache"] == ("miss" if changed else "hit")
+    if not stream:
+        assert after.json()["usage"]["completion_tokens"] == 20
