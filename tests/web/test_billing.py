@@ -157,6 +157,26 @@ def test_unbelievable_backend_usage_bills_the_gateways_own_counts(
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_more_output_reported_than_the_request_was_bound_to_is_not_believed(
+    liar: tuple[LyingBackend, str], gateway: str, ledger_path: Path, stream: bool
+) -> None:
+    """12 words answered under `max_tokens: 20`, reported as 5,000 tokens (a whole day's quota
+    for many tenants): the bound the backend was sent is the most it can have generated."""
+    backend, _ = liar
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": 5000}'
+    if stream:
+        streamed(gateway, max_tokens=20)
+    else:
+        assert chat(gateway, max_tokens=20).status_code == 200
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": 20}'  # at the bound: believed
+    assert chat(gateway, max_tokens=20).status_code == 200
+    lied, at_bound = ledger_records(ledger_path, 2)
+    assert lied.usage_source == "counted"
+    assert lied.output_tokens == (WORDS if stream else exact_output())
+    assert (at_bound.usage_source, at_bound.output_tokens) == ("backend", 20)
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_two_choices_bill_what_was_relayed_not_the_one_choice_reported(
     liar: tuple[LyingBackend, str], gateway: str, ledger_path: Path, stream: bool
 ) -> None:
