@@ -170,8 +170,8 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
         events = ctx.meter.token_events
         if ctx.operation in AGENT_APIS:
             return events  # the agent APIs' token events are their text deltas only
-        if ctx.outcome.backend_usage is None:
-            return relayed_output(ctx)  # the bill: its finish events are no tokens
+        if ctx.outcome.backend_usage is None:  # the bill: an ended stream's finish events
+            return relayed_output(ctx) if ctx.outcome.completed else events  # are no tokens
         return max(0, events - _TEXTLESS_PER_CHOICE * choices)
     # A whole answer is counted only when needed: no usage to believe, or several choices.
     if counter is None or (ctx.outcome.backend_usage is not None and choices == 1):
