@@ -195,8 +195,14 @@ class Reloader(Generic[G]):
             raise
 
     async def reload_logged(self, cause: str) -> None:
-        with contextlib.suppress(ReloadRefused):
+        """`reload` for SIGHUP and the watcher, which have no one to answer: every failure is
+        logged here, none escapes (the watcher goes on, a signal's task ends quietly)."""
+        try:
             await self.reload(cause)
+        except ReloadRefused:
+            pass  # logged by `reload`
+        except Exception:  # this task's outermost handler: the old policy keeps serving
+            _log.exception("policy reload (%s) failed; the old policy keeps serving", cause)
 
     async def _reload(self, cause: str) -> Reloaded:
         if self._path is None:
@@ -218,7 +224,14 @@ class Reloader(Generic[G]):
                     f"{self._path}: {', '.join(sections)} changed, which takes a restart; the "
                     "reload was refused and the old policy keeps serving."
                 )
-            await self._live.swap(current.reloaded(source.policy, source.digest))
+            try:
+                new = current.reloaded(source.policy, source.digest)
+            except Exception as exc:  # what the file asks for cannot be built: refuse it
+                raise ReloadRefused(
+                    f"{self._path}: the policy cannot be applied: {exc}; the reload was refused "
+                    "and the old policy keeps serving."
+                ) from exc
+            await self._live.swap(new)
         _log.info(
             "policy reloaded (%s): %s -> %s, %d tenants",
             cause, current.policy_hash, source.digest, len(source.policy.tenants),

@@ -128,3 +128,32 @@ def test_every_worker_reloads_on_sighup_and_on_the_admin_route(
 
 def _digest(config: Path) -> str:
     return hashlib.sha256(config.read_bytes()).hexdigest()[:16]
+
+
+def test_a_tokenizer_that_cannot_load_is_refused_and_the_watcher_goes_on(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """A file the checker accepts but whose tokenizer is missing: the watcher, SIGHUP and the
+    admin route each refuse it with the documented log line; a later good edit still applies."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url))
+    log = config.with_suffix(".log")
+    missing = "models: {mock-llm: {tokenizer: /nonexistent/tokenizer.json}}"
+    with tokenweir_serve(config, "--watch") as (process, url):
+        serving = _ready(url)["policy_hash"]
+        newcomer = policy_text(backend_url, newcomer=True)
+        config.write_text(newcomer.replace("models: {mock-llm: {}}", missing))
+        _eventually(lambda: b"policy reload (file changed) refused" in log.read_bytes())
+        process.send_signal(signal.SIGHUP)
+        _eventually(lambda: b"policy reload (SIGHUP) refused" in log.read_bytes())
+        refused = httpx.post(url + "/admin/reload", headers=ADMIN)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "invalid_policy"
+        assert _chat(url, NEW_KEY) == 401
+        assert _ready(url)["policy_hash"] == serving
+        config.write_text(newcomer)  # fixed: the watcher is still there to apply it
+        _eventually(lambda: _chat(url, NEW_KEY) == 200)
+        assert process.poll() is None
+    written = log.read_bytes()
+    assert b"tokenizer '/nonexistent/tokenizer.json'" in written
+    assert b"never retrieved" not in written

@@ -167,3 +167,29 @@ async def test_sections_bound_at_start_are_refused_and_tenant_keys_may_not_reloa
     assert "storage changed, which takes a restart" in refused.json()["error"]["message"]
     assert by_tenant.status_code == 403
     assert anonymous.status_code == 401
+
+
+async def test_a_tokenizer_that_cannot_load_is_refused_and_nothing_changes(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    """The file is well formed, but its tokenizer is not there: a refusal, not a 500."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    missing = "models: {mock-llm: {tokenizer: /nonexistent/tokenizer.json}}"
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            before = (await http.get("/readyz")).json()["policy_hash"]
+            text = policy_text(slow_backend, newcomer=True)
+            config.write_text(text.replace("models: {mock-llm: {}}", missing))
+            refused = await http.post("/admin/reload", headers=ADMIN)
+            new_key = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(NEW_KEY))
+            old_key = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(OLD_KEY))
+            after = (await http.get("/readyz")).json()["policy_hash"]
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "invalid_policy"
+    assert "tokenizer '/nonexistent/tokenizer.json'" in error["message"]
+    assert "old policy keeps serving" in error["message"]
+    assert new_key.status_code == 401
+    assert old_key.status_code == 200
+    assert after == before
