@@ -5,6 +5,7 @@ factory (proxy/app.py) sit above it; nothing below imports it.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import httpx
@@ -78,10 +79,16 @@ class Gateway:
 
     @classmethod
     def assemble(
-        cls, policy: Policy, policy_hash: str, services: Services, previous: Gateway | None
+        cls,
+        policy: Policy,
+        policy_hash: str,
+        services: Services,
+        previous: Gateway | None,
+        counters: TokenCounters | None = None,
     ) -> Gateway:
         """The per-policy objects on `services`; what the policy did not change is reused
-        from `previous` (backend health and in-flight counts, loaded tokenizers)."""
+        from `previous` (backend health and in-flight counts); `counters` are the policy's
+        token counters (default: every tokenizer loaded here, as at startup)."""
         clock, storage, failures = services.clock, services.storage, services.storage_failures
         store = storage.quotas
         same_routing = previous is not None and (
@@ -93,9 +100,7 @@ class Gateway:
         else:
             pools = Pools(policy, clock)
             prober = Prober(pools, services.upstream, policy.upstream.probe_interval)
-        if previous is not None and previous.policy.models == policy.models:
-            counters = previous.counters
-        else:
+        if counters is None:
             counters = TokenCounters(policy)
         keyring = Keyring(policy, services.keys)
         prices = PriceTable(policy)
@@ -146,8 +151,14 @@ class Gateway:
             pipeline=pipeline, telemetry=telemetry, pools=pools, prober=prober, counters=counters,
         )  # fmt: skip
 
-    def reloaded(self, policy: Policy, policy_hash: str) -> Gateway:
-        return self.assemble(policy, policy_hash, self.services, self)
+    async def reloaded(self, policy: Policy, policy_hash: str) -> Gateway:
+        """The gateway of a reloaded policy, sharing what it did not change. Tokenizers already
+        loaded are kept (by spec); a new one loads in a worker thread, so streams in flight
+        and other requests go on meanwhile. TokenizerError if one cannot be loaded."""
+        counters = self.counters
+        if policy.models != self.policy.models:
+            counters = await asyncio.to_thread(self.counters.reusing, policy)
+        return self.assemble(policy, policy_hash, self.services, self, counters)
 
     @property
     def clock(self) -> Clock:

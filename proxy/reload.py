@@ -107,7 +107,7 @@ class Reloadable(Protocol):
     @property
     def prober(self) -> Prober: ...
 
-    def reloaded(self, policy: Policy, policy_hash: str) -> Self: ...
+    async def reloaded(self, policy: Policy, policy_hash: str) -> Self: ...
 
 
 G = TypeVar("G", bound=Reloadable)
@@ -225,7 +225,7 @@ class Reloader(Generic[G]):
                     "reload was refused and the old policy keeps serving."
                 )
             try:
-                new = current.reloaded(source.policy, source.digest)
+                new = await current.reloaded(source.policy, source.digest)
             except Exception as exc:  # what the file asks for cannot be built: refuse it
                 raise ReloadRefused(
                     f"{self._path}: the policy cannot be applied: {exc}; the reload was refused "

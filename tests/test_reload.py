@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,8 +12,10 @@ import pytest
 
 from proxy.app import create_app
 from proxy.policy.units import hash_key
+from proxy.tokens import TokenCounter, counters
 from proxy.tools.mock import backend as mockbackend
 from tests.servers import serve
+from tests.shared import tokenizer_file
 
 pytestmark = pytest.mark.anyio
 
@@ -193,3 +196,60 @@ async def test_a_tokenizer_that_cannot_load_is_refused_and_nothing_changes(
     assert new_key.status_code == 401
     assert old_key.status_code == 200
     assert after == before
+
+
+def _with_tokenizers(backend_url: str, models: dict[str, str], price: str = "0.4") -> str:
+    """policy_text with `models` (name: tokenizer spec), all on the mock backend."""
+    specs = ", ".join(
+        f'{name}: {{tokenizer: "{spec}", price: {{input_per_1m: 0.1, output_per_1m: {price}}}}}'
+        for name, spec in models.items()
+    )
+    return (
+        policy_text(backend_url)
+        .replace("models: [mock-llm]}]", f"models: [{', '.join(models)}]}}]", 1)
+        .replace("models: {mock-llm: {}}", f"models: {{{specs}}}")
+    )
+
+
+async def test_a_reload_loads_only_new_tokenizers_and_not_on_the_event_loop(
+    slow_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A price change loads no tokenizer; a new tokenizer loads while the gateway goes on
+    answering (the loading is held until /healthz has answered: event order, no timing)."""
+    mini = str(tokenizer_file("all-MiniLM-L6-v2/tokenizer.json"))
+    events: list[str] = []
+    loading, healthz_answered = threading.Event(), threading.Event()
+    real_load = counters.load_counter
+
+    def watched_load(spec: str | None, *, model: str, base_dir: Path | None = None) -> TokenCounter:
+        events.append(f"load {model}")
+        if model == "mock-new":  # held (up to a generous limit) until the loop has answered
+            loading.set()
+            healthz_answered.wait(20)
+        loaded = real_load(spec, model=model, base_dir=base_dir)
+        events.append(f"loaded {model}")
+        return loaded
+
+    monkeypatch.setattr(counters, "load_counter", watched_load)
+    config = tmp_path / "policy.yaml"
+    config.write_text(_with_tokenizers(slow_backend, {"mock-llm": mini}))
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            assert events == ["load mock-llm", "loaded mock-llm"]  # at startup
+            events.clear()
+            config.write_text(_with_tokenizers(slow_backend, {"mock-llm": mini}, price="0.5"))
+            price_only = await http.post("/admin/reload", headers=ADMIN)
+            assert price_only.json()["status"] == "reloaded", price_only.text
+            assert events == []  # the tokenizer it had is kept
+            config.write_text(
+                _with_tokenizers(slow_backend, {"mock-llm": mini, "mock-new": f"{mini}#chatml"})
+            )
+            reloading = asyncio.create_task(http.post("/admin/reload", headers=ADMIN))
+            assert await asyncio.to_thread(loading.wait, 30)
+            health = await http.get("/healthz")
+            events.append("healthz answered")
+            healthz_answered.set()
+            reloaded = await reloading
+    assert health.status_code == 200
+    assert reloaded.json()["status"] == "reloaded", reloaded.text
+    assert events == ["load mock-new", "healthz answered", "loaded mock-new"]

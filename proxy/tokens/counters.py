@@ -1,11 +1,13 @@
 """Choosing each model's counter: `load_counter` reads a policy `tokenizer` spec, and
-`TokenCounters` loads every model's counter once at startup for the request path to use.
+`TokenCounters` loads every model's counter once at startup for the request path to use (and,
+on a reload, only the specs it did not have).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 from proxy.policy import Policy
@@ -98,9 +100,10 @@ class TokenCounters:
     """Every model's counter, loaded once at startup; the request path only looks them up.
 
     Models sharing a spec share one loaded tokenizer; a model without one gets the estimate.
+    `reusing` makes the counters of a reloaded policy, loading only the specs not loaded here.
     """
 
-    __slots__ = ("_by_model", "_fallback", "_inline_max_chars")
+    __slots__ = ("_base_dir", "_by_model", "_fallback", "_inline_max_chars", "_loaded")
 
     def __init__(
         self,
@@ -108,16 +111,19 @@ class TokenCounters:
         *,
         base_dir: Path | None = None,
         inline_max_chars: int = INLINE_MAX_CHARS,
+        loaded: Mapping[str | None, TokenCounter] | None = None,
     ) -> None:
         fallback: TokenCounter = EstimateCounter()
-        loaded: dict[str | None, TokenCounter] = {None: fallback}
+        self._loaded: dict[str | None, TokenCounter] = {None: fallback}
+        previous = loaded or {}
         self._by_model: dict[str, TokenCounter] = {}
         for model, spec in policy.models.items():
-            if spec.tokenizer not in loaded:
-                loaded[spec.tokenizer] = load_counter(
-                    spec.tokenizer, model=model, base_dir=base_dir
-                )
-            self._by_model[model] = loaded[spec.tokenizer]
+            if spec.tokenizer not in self._loaded:
+                counter = previous.get(spec.tokenizer)
+                if counter is None:
+                    counter = load_counter(spec.tokenizer, model=model, base_dir=base_dir)
+                self._loaded[spec.tokenizer] = counter
+            self._by_model[model] = self._loaded[spec.tokenizer]
             if not self._by_model[model].exact:
                 _log.warning(
                     "model %r has no tokenizer: its token counts (quotas, rate limits, and usage "
@@ -127,7 +133,19 @@ class TokenCounters:
                     model,
                 )
         self._fallback = fallback
+        self._base_dir = base_dir
         self._inline_max_chars = inline_max_chars
+
+    def reusing(self, policy: Policy) -> TokenCounters:
+        """The counters of `policy`, sharing every tokenizer already loaded here (a reload that
+        changes a price or adds a model loads nothing it had). Blocks while a new spec loads:
+        call it off the event loop."""
+        return TokenCounters(
+            policy,
+            base_dir=self._base_dir,
+            inline_max_chars=self._inline_max_chars,
+            loaded=self._loaded,
+        )
 
     def for_model(self, model: str) -> TokenCounter:
         return self._by_model.get(model, self._fallback)
