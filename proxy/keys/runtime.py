@@ -1,6 +1,7 @@
 """Runtime keys as every replica sees them: a local mirror of the key storage, refreshed when the
 storage's version changes (polled twice a second on shared storage), so a revocation holds
-everywhere within 1 s. On `memory` storage only this process changes the keys: no polling."""
+everywhere within 1 s. On `memory` storage only this process changes the keys: no polling.
+A stored record this version cannot read is skipped (logged once); it never stops the polling."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class RuntimeKeys:
         self._version: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self._unreadable: dict[str, bytes] = {}  # by id: the records already logged as such
 
     async def start(self) -> None:
         await self._refresh()
@@ -84,7 +86,7 @@ class RuntimeKeys:
 
     async def listed(self, tenant: str | None) -> list[KeyRecord]:
         """The stored keys (of one tenant, or all), read from storage, oldest first."""
-        records = [KeyRecord.loads(i, data) for i, data in (await self._store.records()).items()]
+        records = self._readable(await self._store.records())
         return sorted(
             (r for r in records if tenant is None or r.tenant == tenant), key=lambda r: r.created
         )
@@ -101,11 +103,41 @@ class RuntimeKeys:
             self._failing = True
             return
         self._failing = False
-        records = [KeyRecord.loads(key_id, data) for key_id, data in stored.items()]
-        self._by_digest = {r.digest: r for r in records}
+        self._by_digest = {r.digest: r for r in self._readable(stored)}
         self._version = version
 
+    def _readable(self, stored: dict[str, bytes]) -> list[KeyRecord]:
+        """The records that parse. One that does not (written by a newer tokenweir during a
+        rolling upgrade, or edited by hand) is skipped, and logged once, not on every poll."""
+        records, unreadable = [], {}
+        for key_id, data in stored.items():
+            try:
+                records.append(KeyRecord.loads(key_id, data))
+            except Exception as exc:  # this record's fault: skip it alone
+                unreadable[key_id] = data
+                if self._unreadable.get(key_id) != data:
+                    _log.error(
+                        "runtime key %s cannot be read and is ignored on this replica (it does "
+                        "not authenticate here; revoke or rewrite it): %s: %s",
+                        key_id, type(exc).__name__, _first_lines(exc),
+                    )  # fmt: skip
+        self._unreadable = unreadable
+        return records
+
     async def _poll(self) -> None:
+        failed = False
         while True:
             await asyncio.sleep(self._refresh_s)
-            await self._refresh()
+            try:
+                await self._refresh()
+            except Exception:  # the poll's outermost handler: revocations must keep arriving
+                if not failed:
+                    _log.exception("runtime keys not refreshed (the last known stay in use)")
+                failed = True
+            else:
+                failed = False
+
+
+def _first_lines(exc: Exception) -> str:
+    """What is wrong, on one line (pydantic's errors end with a link on a line of its own)."""
+    return "; ".join(line.strip() for line in str(exc).splitlines()[:3])

@@ -4,6 +4,7 @@ replicas on one Redis; expiry, per-key limits and the admin key's guard."""
 from __future__ import annotations
 
 import calendar
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,37 @@ def test_a_key_created_on_one_replica_works_on_the_other_and_revocation_reaches_
     assert took_s < 2.0  # polled twice a second: within a second, with room for a loaded CI
     assert _chat(one, secret).status_code == 401
     assert _chat(other, TENANT_KEY).status_code == 200  # the YAML key keeps working
+
+
+def test_a_record_a_replica_cannot_read_is_skipped_and_revocations_still_arrive(
+    backend_url: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record this version cannot parse (a newer tokenweir's allowance field, in a rolling
+    upgrade) is skipped and logged once per replica; the replica keeps polling, so a key
+    revoked elsewhere stops working on it, and its key list still answers."""
+    caplog.set_level(logging.ERROR, logger="tokenweir.keys")
+    policy = parse_policy(policy_text(backend_url, redis_url), environ={})
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    unreadable = orjson.dumps(
+        {"tenant": "alpha", "digest": "sha256:" + "00" * 32, "created": 1, "expires_at": None,
+         "allowance": {"usd_per_day": 5}, "name": "from-a-newer-version"}
+    )  # fmt: skip
+    with serve(create_app(policy)) as one, serve(create_app(policy)) as other:
+        created = httpx.post(one + "/admin/keys", json={"tenant": "alpha"}, headers=admin).json()
+        _wait(lambda: _chat(other, created["key"]).status_code == 200)
+        with redis.Redis.from_url(redis_url) as raw:
+            raw.hset("tw:{keys}:records", "key_fromnewer", unreadable)
+            raw.incr("tw:{keys}:version")
+        revoked = httpx.delete(one + f"/admin/keys/{created['id']}", headers=admin)
+        assert revoked.status_code == 200
+        _wait(lambda: _chat(other, created["key"]).status_code == 401)
+        listed = [httpx.get(url + "/admin/keys", headers=admin) for url in (one, other)]
+        assert _chat(other, TENANT_KEY).status_code == 200
+    assert [answer.status_code for answer in listed] == [200, 200]
+    assert [answer.json()["data"] for answer in listed] == [[], []]
+    logged = [r.getMessage() for r in caplog.records if "key_fromnewer" in r.getMessage()]
+    assert len(logged) == 2, logged  # once per replica, not on every poll or list
+    assert "usd_per_day" in logged[0]
 
 
 def _wait(check: object, timeout_s: float = 10.0) -> float:
