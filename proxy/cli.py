@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
+import logging
 import math
 import os
 import secrets
@@ -27,6 +28,7 @@ from proxy.asgi.server import GatewayServer
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.reload import SUPERVISOR_ENV, WATCH_ENV
+from proxy.sighup import hold_sighup, release_sighup, sighup_held
 from proxy.storage.redis.url import is_redis_url
 from proxy.telemetry.logs import log_config
 from proxy.telemetry.workershare import METRICS_DIR_ENV
@@ -36,6 +38,8 @@ from proxy.tools.demo import run_demo
 from proxy.tools.mock import backend as mockbackend
 
 __all__ = ["main"]
+
+_log = logging.getLogger("uvicorn.error")  # the supervisor's own log, as uvicorn's lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # SIGHUP (a reload) would end the process until the reloader takes it in the lifespan:
+    # held until then (from the start under proxy/entry.py); a worker starts with it held too.
+    hold_sighup()
     config = (args.config or DEFAULT_POLICY).resolve()
     try:
         policy = load_policy(config)  # fail here, readably, rather than in every worker
@@ -180,9 +187,23 @@ _MEMORY_WITH_WORKERS = (
 
 class _ReloadingWorkers(Multiprocess):
     """uvicorn's worker supervisor, except that SIGHUP reloads every worker's policy (each
-    worker reloads on SIGHUP) instead of restarting them, which would cut their streams."""
+    worker reloads on SIGHUP) instead of restarting them, which would cut their streams.
+    Each worker starts with SIGHUP held, until its reloader takes it."""
+
+    def init_processes(self) -> None:
+        super().init_processes()  # SIGHUP held since `_serve` began
+        release_sighup()  # the supervisor's handler (queued, forwarded) takes it from now on
+
+    def keep_subprocess_alive(self) -> None:
+        with sighup_held():  # it may start a worker
+            super().keep_subprocess_alive()
+
+    def handle_ttin(self) -> None:
+        with sighup_held():
+            super().handle_ttin()
 
     def handle_hup(self) -> None:
+        _log.info("Received SIGHUP, reloading the policy in every worker.")
         for process in self.processes:
             if process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):

@@ -3,7 +3,9 @@ the gateway's per-policy state at once (SIGHUP, `POST /admin/reload`, or the fil
 
 Each request takes the gateway current at its start (`CurrentGateway`) and keeps it to its end.
 With `--workers N`, the supervisor forwards SIGHUP to every worker, and a worker reloaded
-through the admin route sends SIGHUP to the supervisor, so every worker reloads.
+through the admin route sends SIGHUP to the supervisor, so every worker reloads. Until the
+reloader takes SIGHUP, `tokenweir serve` holds it (proxy/sighup.py): its default action would
+end the process.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import BadRequest
 from proxy.policy import Policy, PolicyError, Problem, parse_policy
+from proxy.sighup import hold_sighup, release_sighup
 from proxy.together import cancelled
 
 __all__ = [
@@ -180,9 +183,11 @@ class Reloader(Generic[G]):
         if self._path is not None and threading.current_thread() is threading.main_thread():
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
             self._signal_installed = True
+            release_sighup()  # `tokenweir serve` held it until now
 
     async def aclose(self) -> None:
         if self._signal_installed:
+            hold_sighup()  # shutting down: a late SIGHUP must not end the process either
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await cancelled([*self._tasks, self._watcher])
 

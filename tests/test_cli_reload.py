@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -157,3 +159,102 @@ def test_a_tokenizer_that_cannot_load_is_refused_and_the_watcher_goes_on(
     written = log.read_bytes()
     assert b"tokenizer '/nonexistent/tokenizer.json'" in written
     assert b"never retrieved" not in written
+
+
+class _SilentRedis:
+    """A port where the gateway's Redis should be: it takes connections and answers nothing, so
+    a gateway starting up waits there (in its lifespan, before the reloader takes SIGHUP) until
+    `release` closes everything; the gateway then starts without storage."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+        self.connected = threading.Event()
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return  # released
+            self._held.append(connection)
+            self.connected.set()
+
+    def release(self) -> None:
+        self._listener.close()
+        self._thread.join(10)
+        for connection in self._held:
+            connection.close()
+
+
+def test_sighup_while_serve_starts_neither_kills_it_nor_is_lost(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """SIGHUP before the reloader is in place (here: while startup waits for Redis) used to end
+    the process (SIGHUP's default action); it is held, and reloads once the gateway is up."""
+    redis = _SilentRedis()
+    config = tmp_path / "policy.yaml"
+
+    def on_redis(text: str) -> str:
+        return text.replace("storage: memory", f"storage: {redis.url}")
+
+    config.write_text(on_redis(policy_text(backend_url)))
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port"]
+    log = config.with_suffix(".log").open("wb")
+    process = subprocess.Popen([*command, str(port), "--no-access-log"], stderr=log)
+    try:
+        assert redis.connected.wait(120), "the gateway never reached its storage"
+        config.write_text(on_redis(policy_text(backend_url, newcomer=True)))  # read already
+        process.send_signal(signal.SIGHUP)
+        redis.release()
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, process)
+        _eventually(lambda: _chat(url, NEW_KEY) == 200)  # the held SIGHUP reloaded it
+        assert process.poll() is None
+    finally:
+        redis.release()
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+def test_a_worker_starting_when_sighup_is_forwarded_survives_it(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """The supervisor forwards SIGHUP to every worker, including one still starting: it is held
+    there until that worker's reloader takes it, instead of killing (and restarting) it."""
+    redis = _SilentRedis()
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url).replace("storage: memory", f"storage: {redis.url}"))
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port"]
+    log_path = config.with_suffix(".log")
+    log = log_path.open("wb")
+    process = subprocess.Popen(
+        [*command, str(port), "--workers", "2", "--no-access-log"], stderr=log
+    )
+    try:
+        assert redis.connected.wait(120), "no worker reached its storage"
+        process.send_signal(signal.SIGHUP)  # forwarded within half a second
+        _eventually(lambda: b"Received SIGHUP, reloading" in log_path.read_bytes())
+        redis.release()
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, process)
+        pids: set[object] = set()
+
+        def both_answer() -> bool:
+            pids.add(_ready(url)["pid"])
+            return len(pids) == 2
+
+        _eventually(both_answer)
+        assert process.poll() is None
+    finally:
+        redis.release()
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+    assert b"died" not in log_path.read_bytes()

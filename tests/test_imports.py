@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "proxy"
 LAYERS = {
     "proxy.web": ("proxy.web", "proxy.app", "proxy.cli"),
     "proxy.app": ("proxy.cli", "proxy.tools"),
-    "proxy.cli": ("proxy.__main__",),
+    "proxy.cli": ("proxy.__main__", "proxy.entry"),
     "proxy.gateway": ("proxy.web", "proxy.app"),
 }
 
