@@ -153,8 +153,9 @@ class Gateway:
 
     async def reloaded(self, policy: Policy, policy_hash: str) -> Gateway:
         """The gateway of a reloaded policy, sharing what it did not change. Tokenizers already
-        loaded are kept (by spec); a new one loads in a worker thread, so streams in flight
-        and other requests go on meanwhile. TokenizerError if one cannot be loaded."""
+        loaded are kept (by spec); a new one loads in a worker thread, so its download and file
+        reads do not hold up the loop (building an HF tokenizer holds the GIL, so that part
+        still does). TokenizerError if one cannot be loaded."""
         counters = self.counters
         if policy.models != self.policy.models:
             counters = await asyncio.to_thread(self.counters.reusing, policy)

@@ -214,8 +214,9 @@ def _with_tokenizers(backend_url: str, models: dict[str, str], price: str = "0.4
 async def test_a_reload_loads_only_new_tokenizers_and_not_on_the_event_loop(
     slow_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A price change loads no tokenizer; a new tokenizer loads while the gateway goes on
-    answering (the loading is held until /healthz has answered: event order, no timing)."""
+    """A price change loads no tokenizer; a new one loads in a worker thread, with the loop
+    answering meanwhile (the loading is held until /healthz has answered: event order, no
+    timing). What a loader does itself with the GIL is not tested here: `tokenizers` holds it."""
     mini = str(tokenizer_file("all-MiniLM-L6-v2/tokenizer.json"))
     events: list[str] = []
     loading, healthz_answered = threading.Event(), threading.Event()
