@@ -8,7 +8,6 @@ from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -17,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from proxy.policy.numbers import NoBoolAsNumber
 from proxy.policy.units import hash_key, parse_bytes, parse_duration_s
 from proxy.storage.redis.url import check_storage_url, is_redis_url
 
@@ -141,7 +141,7 @@ def _strip_slash(url: str) -> str:
     return url.rstrip("/")
 
 
-class _Frozen(BaseModel):
+class _Frozen(NoBoolAsNumber):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
 

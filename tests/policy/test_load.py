@@ -87,6 +87,29 @@ def test_wrong_types_and_units_are_named() -> None:
     )
 
 
+def test_true_or_false_is_not_a_number() -> None:
+    """YAML's booleans never pass as 1 or 0 in a number's place; switches still take them."""
+    text = (
+        GOOD.replace("history_limit: 10", "history_limit: false")
+        .replace("requests_per_minute: 600", "requests_per_minute: true")
+        .replace("similarity: 0.92", "similarity: true")
+        .replace(
+            "      max_output_tokens: 512\n",
+            "      max_output_tokens: 512\n"
+            "      tokens_per_day: true\n      stop_stream_at_budget: true\n",
+        )
+    )
+    assert problems(text) == [
+        "p.yaml:23: tenants.support-bot.budget.tokens_per_day: expected a number, not true",
+        "p.yaml:25: tenants.support-bot.budget.history_limit: expected a number, not false",
+        "p.yaml:26: tenants.support-bot.limits.requests_per_minute: expected a number, not true",
+        "p.yaml:27: tenants.support-bot.cache.similarity: expected a number, not true",
+    ]
+    switches = GOOD.replace("history_limit: 10", "history_limit: 10\n      charge_cache_hits: true")
+    policy = parse_policy(switches, file="p.yaml", environ={"UPSTREAM": "secret"})
+    assert policy.tenants["support-bot"].budget.charge_cache_hits is True
+
+
 def test_dangling_references_are_errors() -> None:
     text = GOOD.replace("    models: [m1]\n    budget", "    models: [m1, m9]\n    budget").replace(
         "  m2: {}\n", "  m2: {}\n  m3: {}\n"
