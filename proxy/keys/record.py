@@ -6,15 +6,40 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from proxy.policy.model import Tenant
+from proxy.policy.numbers import NoBoolAsNumber
 from proxy.policy.units import parse_duration_s
 
-__all__ = ["KeyAllowance", "KeyRecord", "KeyRequest", "beyond_tenant", "policy_key_id"]
+__all__ = [
+    "MAX_ALLOWANCE",
+    "MAX_EXPIRES_S",
+    "KeyAllowance",
+    "KeyRecord",
+    "KeyRequest",
+    "beyond_tenant",
+    "policy_key_id",
+]
 
-PositiveInt = Annotated[int, Field(gt=0)]
+MAX_EXPIRES_S = 100 * 365 * 86400
+"""The longest lifetime a new key may be given: 100 years (36500d)."""
+MAX_ALLOWANCE = 10**15
+"""The largest quota or limit a new key may be given: far above any real one, and with room
+to sum within Redis's and the ledger's int64 (see proxy/ledger/base.py's MAX_RECORD_INT)."""
+_LATEST_SHOWN_S = 253402300799
+"""9999-12-31T23:59:59Z: a stored expiry beyond it (only a key made before MAX_EXPIRES_S can
+have one) is shown as this, so that one old record cannot break the listing."""
+
 POLICY_KEY_ID_HEX = 12
+PositiveInt = Annotated[int, Field(gt=0)]
+Allowance = Annotated[int, Field(gt=0, le=MAX_ALLOWANCE)]  # what an admin may ask for
+
+
+def _lifetime(seconds: float) -> float:
+    if seconds > MAX_EXPIRES_S:
+        raise ValueError(f"a key lives at most 100 years (36500d, {MAX_EXPIRES_S} seconds)")
+    return seconds
 
 
 def policy_key_id(digest: bytes) -> str:
@@ -25,7 +50,8 @@ def policy_key_id(digest: bytes) -> str:
 
 
 class KeyAllowance(BaseModel):
-    """A key's own budget and limits, on top of (and within) its tenant's."""
+    """A key's own budget and limits, on top of (and within) its tenant's. Not bounded here: a
+    record stored before MAX_ALLOWANCE still loads (KeyRequest bounds what is asked for)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -39,16 +65,16 @@ class KeyAllowance(BaseModel):
         return all(v is None for v in self.model_dump().values())
 
 
-class _Budget(BaseModel):
+class _Budget(NoBoolAsNumber):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    tokens_per_day: PositiveInt | None = None
-    tokens_per_month: PositiveInt | None = None
+    tokens_per_day: Allowance | None = None
+    tokens_per_month: Allowance | None = None
 
 
-class _Limits(BaseModel):
+class _Limits(NoBoolAsNumber):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    requests_per_minute: PositiveInt | None = None
-    tokens_per_minute: PositiveInt | None = None
+    requests_per_minute: Allowance | None = None
+    tokens_per_minute: Allowance | None = None
 
 
 class KeyRequest(BaseModel):
@@ -58,7 +84,10 @@ class KeyRequest(BaseModel):
 
     tenant: Annotated[str, Field(min_length=1, max_length=200)]
     name: Annotated[str, Field(max_length=200)] | None = None
-    expires: Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0)] | None = None
+    expires: (
+        Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0), AfterValidator(_lifetime)]
+        | None
+    ) = None
     budget: _Budget = _Budget()
     limits: _Limits = _Limits()
 
@@ -88,7 +117,7 @@ class KeyRecord:
             "tenant": self.tenant,
             "name": self.name,
             "created": int(self.created),
-            "expires_at": None if self.expires_at is None else int(self.expires_at),
+            "expires_at": _shown_s(self.expires_at),
             "budget": {k: allowance[k] for k in ("tokens_per_day", "tokens_per_month")},
             "limits": {k: allowance[k] for k in ("requests_per_minute", "tokens_per_minute")},
         }
@@ -117,6 +146,10 @@ class KeyRecord:
             allowance=KeyAllowance(**raw.get("allowance", {})),
             name=raw.get("name"),
         )
+
+
+def _shown_s(epoch_s: float | None) -> int | None:
+    return None if epoch_s is None else int(min(epoch_s, _LATEST_SHOWN_S))
 
 
 def beyond_tenant(allowance: KeyAllowance, tenant: Tenant) -> list[str]:

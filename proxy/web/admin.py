@@ -88,10 +88,11 @@ async def _create_key(gateway: Gateway, scope: Scope, receive: Receive) -> tuple
     try:
         wanted = KeyRequest.model_validate_json(raw or b"{}")
     except pydantic.ValidationError as exc:
+        fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+            f"{field or 'body'}: {e['msg']}" for field, e in zip(fields, exc.errors(), strict=True)
         )
-        raise BadRequest(f"Invalid key request: {problems}") from None
+        raise BadRequest(f"Invalid key request: {problems}", param=fields[0] or None) from None
     tenant = gateway.policy.tenants.get(wanted.tenant)
     if tenant is None:
         raise BadRequest(f"No tenant {wanted.tenant!r} in the policy.", param="tenant")

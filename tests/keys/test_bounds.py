@@ -1,0 +1,112 @@
+"""Runtime keys asked for out of range: a 400 naming the field, and nothing stored; a record
+stored before the bounds (a far expiry) still lists on every replica."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from proxy.app import create_app
+from proxy.cli import main
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from tests.servers import serve
+
+ADMIN_KEY = "tw-bounds-admin"
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+RECORDS = "tw:{keys}:records"
+
+
+def _policy_text(backend_url: str, storage: str) -> str:
+    return f"""storage: {storage}
+admin_keys: [{hash_key(ADMIN_KEY)}]
+backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
+models: {{mock-llm: {{}}}}
+tenants:
+  alpha:
+    api_keys: [{hash_key("tw-bounds-alpha")}]
+    models: [mock-llm]
+"""
+
+
+@pytest.fixture
+def gateway(backend_url: str, redis_url: str) -> Iterator[httpx.Client]:
+    """A gateway on Redis whose tenant has no limits of its own (nothing caps a key's)."""
+    policy = parse_policy(_policy_text(backend_url, redis_url), environ={})
+    with serve(create_app(policy)) as url, httpx.Client(base_url=url, headers=ADMIN) as http:
+        yield http
+
+
+@pytest.mark.parametrize(
+    ("asked", "field", "says"),
+    [
+        ({"expires": "300000000000000d"}, "expires", "100 years"),
+        ({"expires": 1e308}, "expires", "100 years"),
+        ({"limits": {"requests_per_minute": 10**30}}, "limits.requests_per_minute", "1000000"),
+        ({"budget": {"tokens_per_month": 10**16}}, "budget.tokens_per_month", "1000000"),
+        ({"budget": {"tokens_per_day": True}}, "budget.tokens_per_day", "not true"),
+    ],
+)
+def test_a_key_out_of_range_is_a_400_naming_the_field_and_is_not_stored(
+    gateway: httpx.Client, redis_url: str, asked: dict[str, object], field: str, says: str
+) -> None:
+    answer = gateway.post("/admin/keys", json={"tenant": "alpha", **asked})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == field
+    assert field in error["message"]
+    assert says in error["message"]
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.hlen(RECORDS) == 0  # no secret nobody has
+    listed = gateway.get("/admin/keys")
+    assert listed.status_code == 200
+    assert listed.json()["data"] == []
+
+
+def test_the_cli_is_told_which_field_is_out_of_range_and_the_bounds_themselves_pass(
+    gateway: httpx.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    admin = ["--base-url", str(gateway.base_url), "--admin-key", ADMIN_KEY, "--json"]
+    code = main(["keys", "create", "--tenant", "alpha", "--expires", "300000000000000d", *admin])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "400" in err
+    assert "expires" in err
+    assert "100 years" in err
+    assert gateway.get("/admin/keys").json()["data"] == []
+    longest = ["--expires", "36500d", "--budget", f"tokens_per_day={10**15}"]
+    code = main(["keys", "create", "--tenant", "alpha", *longest, *admin])
+    assert code == 0
+    created = orjson.loads(capsys.readouterr().out)
+    assert created["expires_at"] == created["created"] + 36500 * 86400
+    assert created["budget"]["tokens_per_day"] == 10**15
+
+
+def test_a_stored_record_beyond_the_bounds_still_lists(
+    gateway: httpx.Client, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key made before the bounds, with an expiry past what an integer of 64 bits holds:
+    the listing shows it (its expiry as the latest date shown) and its neighbours."""
+    made = gateway.post("/admin/keys", json={"tenant": "alpha", "name": "today"}).json()
+    old = {
+        "tenant": "alpha", "digest": "sha256:" + "ab" * 32, "created": 1_700_000_000.0,
+        "expires_at": 2.6e19, "allowance": {"tokens_per_day": 10**17}, "name": "far",
+    }  # fmt: skip
+    with redis.Redis.from_url(redis_url) as raw:
+        raw.hset(RECORDS, "key_farfuture", orjson.dumps(old))
+    listed = gateway.get("/admin/keys")
+    assert listed.status_code == 200, listed.text
+    by_id = {k["id"]: k for k in listed.json()["data"]}
+    assert set(by_id) == {"key_farfuture", made["id"]}
+    assert by_id["key_farfuture"]["expires_at"] == 253402300799  # 9999-12-31T23:59:59Z
+    assert by_id["key_farfuture"]["expired"] is False
+    assert by_id["key_farfuture"]["budget"]["tokens_per_day"] == 10**17
+    code = main(["keys", "list", "--base-url", str(gateway.base_url), "--admin-key", ADMIN_KEY])
+    assert code == 0
+    assert "key_farfuture" in capsys.readouterr().out
+    revoked = gateway.delete("/admin/keys/key_farfuture")  # so the admin can get rid of it
+    assert revoked.status_code == 200
