@@ -84,7 +84,7 @@ class Services:
             open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None,
             failures, clock.wall(), metrics,
             open_tracing(tracer_provider) if tracer_provider else None,
-            response_cache(policy, clock, storage.cache),
+            response_cache(policy, clock, storage.cache, serving),
             RateLimits(storage.limits, clock, failures),
             Drain(policy.server.drain_timeout), RuntimeKeys(open_key_store(policy.storage), clock),
             open_ended_sessions(policy.storage),
@@ -134,7 +134,12 @@ async def bounded(what: str, closing: Awaitable[None]) -> None:
         _log.error("shutdown: closing %s took over %.0f s; left behind", what, _CLOSE_TIMEOUT_S)
 
 
-def response_cache(policy: Policy, clock: Clock, store: CacheStore) -> ResponseCache:
+def response_cache(
+    policy: Policy, clock: Clock, store: CacheStore, serving: Callable[[], Policy] | None = None
+) -> ResponseCache:
+    """The response cache; its embedder and verifier call the backends of `serving()`, the
+    policy serving now (a reload may move a backend), else of `policy`."""
+    current = serving or (lambda: policy)
     semantic = [name for name, t in policy.tenants.items() if t.cache.mode == "semantic"]
     if semantic and policy.embedder is None:
         _log.warning(
@@ -144,8 +149,9 @@ def response_cache(policy: Policy, clock: Clock, store: CacheStore) -> ResponseC
         )
     timeout_s = policy.embedder.timeout if policy.embedder else 0.0
     return ResponseCache(
-        store, clock, open_embedder(policy), embed_timeout_s=timeout_s, backends=policy.backends
-    )
+        store, clock, open_embedder(policy, current), embed_timeout_s=timeout_s,
+        backends=lambda: current().backends,
+    )  # fmt: skip
 
 
 class MetricsPusher(Protocol):

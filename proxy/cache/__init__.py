@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from proxy.cache.answer import Answer
 from proxy.cache.embed import BackendEmbedder, Embedder, EmbedderUnavailable
 from proxy.cache.key import CacheKey, cache_key
@@ -21,14 +23,18 @@ __all__ = [
 ]
 
 
-def open_embedder(policy: Policy) -> Embedder | None:
-    """The policy's `embedder:`; the local model is imported only when it is asked for."""
+def open_embedder(policy: Policy, serving: Callable[[], Policy] | None = None) -> Embedder | None:
+    """The policy's `embedder:`; the local model is imported only when it is asked for. A
+    backend embedder calls the backends of `serving()` (the policy after reloads), else of
+    `policy`."""
     spec = policy.embedder
     if spec is None:
         return None
     if spec.model is not None:
-        backends = policy.backends_for(spec.model)
-        return BackendEmbedder(backends, spec.model, timeout_s=spec.timeout)
+        model, current = spec.model, serving or (lambda: policy)
+        if not policy.backends_for(model):
+            raise ValueError(f"no backend serves the embedding model {model!r}")
+        return BackendEmbedder(lambda: current().backends_for(model), model, timeout_s=spec.timeout)
     from proxy.cache.embed_local import LocalEmbedder  # an optional extra: loaded on demand
 
     return LocalEmbedder()

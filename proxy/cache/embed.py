@@ -8,8 +8,7 @@ numpy is imported by the first vector made (proxy/cache/vectors.py says why).
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import httpx
@@ -43,13 +42,17 @@ def normalise(question: str) -> str:
 
 
 class BackendEmbedder:
-    """POSTs to `{backend}/embeddings` for `model`, over the backends that serve it in turn."""
+    """POSTs to `{backend}/embeddings` for `model`, over the backends that serve it in turn.
 
-    def __init__(self, backends: Sequence[Backend], model: str, *, timeout_s: float) -> None:
-        if not backends:
-            raise ValueError(f"no backend serves the embedding model {model!r}")
+    `backends` is asked on every call: the policy serving now, so a reload that moves a backend
+    (its url or key) moves the embedder with it."""
+
+    def __init__(
+        self, backends: Callable[[], Sequence[Backend]], model: str, *, timeout_s: float
+    ) -> None:
         self._model = model
-        self._backends = itertools.cycle(backends)
+        self._backends = backends
+        self._turn = 0
         self._client = httpx.AsyncClient(timeout=timeout_s, trust_env=False)
 
     @property
@@ -57,7 +60,11 @@ class BackendEmbedder:
         return f"model:{self._model}"
 
     async def embed(self, text: str) -> Vector:
-        backend = next(self._backends)
+        backends = self._backends()
+        if not backends:  # a reload took the model from every backend
+            raise EmbedderUnavailable(f"no backend serves {self._model!r}")
+        backend = backends[self._turn % len(backends)]
+        self._turn += 1
         headers = {"content-type": "application/json"}
         if backend.api_key is not None:
             headers["authorization"] = "Bearer " + backend.api_key.get_secret_value()

@@ -6,7 +6,7 @@ The request is the Cohere/Jina shape vLLM serves: `{model, query, documents}`, a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 import httpx
@@ -22,15 +22,16 @@ class VerifierUnavailable(Exception):
 
 
 class Reranker:
-    """Its HTTP client is opened on the first verification: most policies have no verifier."""
+    """Its HTTP client is opened on the first verification: most policies have no verifier.
+    `backends` is asked on every call (the policy serving now: a reload may move a backend)."""
 
-    def __init__(self, backends: Sequence[Backend]) -> None:
-        self._backends = {backend.name: backend for backend in backends}
+    def __init__(self, backends: Callable[[], Sequence[Backend]]) -> None:
+        self._backends = backends
         self._client: httpx.AsyncClient | None = None
 
     async def scores(self, spec: VerifierSpec, query: str, documents: list[str]) -> list[float]:
         """Each document's relevance to `query`, in the documents' order."""
-        backend = self._backends.get(spec.backend)
+        backend = next((b for b in self._backends() if b.name == spec.backend), None)
         if backend is None:
             raise VerifierUnavailable(f"no backend named {spec.backend!r}")
         headers = {"content-type": "application/json"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -67,13 +67,14 @@ class ResponseCache:
         embedder: Embedder | None = None,
         *,
         embed_timeout_s: float = 2.0,
-        backends: Sequence[Backend] = (),
+        backends: Callable[[], Sequence[Backend]] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._embedder = embedder
         self._embed_timeout_s = embed_timeout_s
-        # The verifier's backends: whichever a tenant's `cache.verifier.backend` names.
+        # The verifier's backends (the policy serving now): whichever a tenant's
+        # `cache.verifier.backend` names.
         verifier = Reranker(backends) if backends and embedder is not None else None
         self._index = SemanticIndex(store, verifier=verifier) if embedder is not None else None
 
