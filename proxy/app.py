@@ -28,6 +28,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from proxy.clock import Clock, SystemClock
 from proxy.errors import GatewayError, InternalError, NotFound
 from proxy.gateway import Gateway
+from proxy.keys.offboard import revoke_removed_tenants
 from proxy.policy import Policy, load_policy
 from proxy.reload import (
     WATCH_ENV,
@@ -105,7 +106,7 @@ def create_app(
     watching = watch if watch is not None else os.environ.get(WATCH_ENV) == "1"
     # Workers and replicas that share the secret accept each other's dashboard logins.
     secret = os.environ.get(SESSION_SECRET_ENV, "").encode() or secrets.token_bytes(32)
-    live: LiveGateway[Gateway] = LiveGateway()
+    live = _LiveGateway()
     # Bearer keys on the dashboard and /api/usage follow reloads and runtime keys; a session
     # cookie is checked against the keys of the policy serving now.
     keyring = CurrentKeyring(lambda: live.current.keyring)
@@ -174,6 +175,16 @@ def create_app(
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
     )
+
+
+class _LiveGateway(LiveGateway[Gateway]):
+    """The gateway new requests get; a reload's swap that drops a tenant also revokes its
+    runtime keys (on every replica sharing the storage)."""
+
+    async def swap(self, new: Gateway) -> None:
+        old = self.current
+        await super().swap(new)
+        await revoke_removed_tenants(new.services.keys, old.policy, new.policy)
 
 
 def _forwarded_allow_ips() -> str:

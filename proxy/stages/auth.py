@@ -57,7 +57,8 @@ class Keyring:
         if found is not None:
             return found, policy_key_id(digest), None
         record = self._runtime.lookup(digest) if self._runtime is not None else None
-        # A runtime key of a tenant the policy no longer has stops working (but stays listed).
+        # A runtime key of a tenant the policy no longer has stops working (a reload that
+        # removes the tenant revokes it too: proxy/keys/offboard.py).
         if record is None or record.tenant not in self._known:
             raise AuthenticationFailed(_WRONG_KEY)
         return record.tenant, record.id, record
