@@ -88,7 +88,7 @@ def parsed_one_by_one(events: list[bytes]) -> Answer | None:
         return folded(events, list(range(len(events))), 1)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
 @given(
     middle=st.lists(middle_event(), max_size=40),
     sep=st.sampled_from([b"\n\n", b"\r\n\r\n"]),
@@ -118,7 +118,7 @@ def test_any_stream_folds_to_what_parsing_every_chunk_gives(
         assert answer.message["content"] == "Hi" + "".join(sent)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, derandomize=True, database=None, deadline=None)
 @given(
     pieces=st.lists(PIECES, max_size=30),
     bad=st.sampled_from([

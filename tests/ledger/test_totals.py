@@ -75,7 +75,13 @@ def expected(
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=40,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(st.lists(records, min_size=1, max_size=60), st.lists(st.integers(1, 20), min_size=1))
 def test_totals_are_the_same_however_records_are_batched(
     tmp_path_factory: pytest.TempPathFactory, all_records: list[UsageRecord], sizes: list[int]

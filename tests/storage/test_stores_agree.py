@@ -146,7 +146,11 @@ async def both(redis_url: str, calls: list[tuple[Any, ...]], check: Callable[...
 
 
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(calls=st.lists(CALLS, min_size=1, max_size=30))
 def test_memory_and_redis_answer_every_sequence_alike(
