@@ -67,6 +67,8 @@ def _two_workers(backend_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]
         config.write_text(policy_text(backend_url, redis_url))
         env = {**os.environ, "TMPDIR": str(temp)}  # the supervisor's metrics directory lands here
         with tokenweir_serve(config, "--workers", "2", env=env) as (_, url):
+            # Up once one worker answers: the other may still be starting (a loaded machine).
+            _eventually(lambda: _alive_workers_answer(url, killed=-1))
             yield url, temp
 
 
