@@ -103,6 +103,10 @@ class KeyAllowances:
         if hold is None:
             return None
         allowance, now = hold.record.allowance, self._clock.wall()
+        tokens_held = allowance.tokens_per_day or allowance.tokens_per_month
+        if (tokens_held or allowance.tokens_per_minute) and ctx.outgoing.allowance is None:
+            if ctx.operation != "embeddings":  # the backend is held to what the key reserves
+                ctx.outgoing.bound_output(DEFAULT_OUTPUT_BOUND, "max_tokens")
         output = ctx.outgoing.reserved_output() or DEFAULT_OUTPUT_BOUND * ctx.outgoing.answers
         tokens = (ctx.counted_input_tokens or 0) + output
         if ctx.operation == "embeddings":

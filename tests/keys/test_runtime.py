@@ -190,3 +190,24 @@ def test_only_admins_manage_keys_and_bad_requests_say_why(gateway: httpx.Client)
     assert typo.status_code == 400
     assert "limits.rpm" in typo.json()["error"]["message"]
     assert gateway.delete("/admin/keys/key_missing").status_code == 404
+
+
+def test_a_keys_own_quota_bounds_an_answer_the_client_left_unbounded(
+    gateway: httpx.Client,
+) -> None:
+    """The tenant has no quota, the key has 5,000 tokens a day, the client sets no max_tokens
+    and the backend would write 6,000: the key reserves a bound and the backend is held to it
+    (it was reserved but never sent, and the key's day was overspent by one answer)."""
+    body = {"tenant": "alpha", "budget": {"tokens_per_day": 5000}}
+    limited = gateway.post("/admin/keys", json=body).json()
+    chat = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}],
+            "mock_completion_tokens": 6000}  # fmt: skip
+    answer = httpx.post(
+        str(gateway.base_url) + "/v1/chat/completions",
+        json=chat,
+        headers={"authorization": f"Bearer {limited['key']}"},
+        timeout=60,
+    )
+    assert answer.status_code == 200
+    assert answer.json()["usage"]["completion_tokens"] <= 4096
+    assert answer.json()["choices"][0]["finish_reason"] == "length"
