@@ -144,8 +144,18 @@ class _Checked:
 
 
 def _needs_count(tenant: Tenant) -> bool:
+    return tenant.budget.max_input_tokens is not None or _charges_tokens(tenant)
+
+
+def _charges_output(tenant: Tenant) -> bool:
+    """A quota or tokens_per_minute counts on the answer's bound: the backend must get it."""
+    return _charges_tokens(tenant) or bool(tenant.limits.per_model)
+
+
+def _charges_tokens(tenant: Tenant) -> bool:
+    """A quota or the tenant's tokens_per_minute charges the request's tokens."""
     budget = tenant.budget
-    return budget.max_input_tokens is not None or any(
+    return any(
         limit is not None
         for limit in (
             budget.tokens_per_day,
@@ -154,19 +164,6 @@ def _needs_count(tenant: Tenant) -> bool:
             budget.usd_per_month,
             tenant.limits.tokens_per_minute,
         )
-    )
-
-
-def _charges_output(tenant: Tenant) -> bool:
-    """A quota or tokens_per_minute counts on the answer's bound: the backend must get it."""
-    budget = tenant.budget
-    return bool(
-        budget.tokens_per_day
-        or budget.tokens_per_month
-        or budget.usd_per_day
-        or budget.usd_per_month
-        or tenant.limits.tokens_per_minute
-        or tenant.limits.per_model
     )
 
 
