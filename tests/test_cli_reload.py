@@ -190,6 +190,25 @@ class _SilentRedis:
             connection.close()
 
 
+@contextmanager
+def _serving_on_silent_redis(
+    config: Path, redis: _SilentRedis, *args: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """`tokenweir serve` on `config` (its startup waiting on `redis` until released): the
+    process, its URL and its log; stopped, and the Redis released, at the end."""
+    port = free_port()
+    log_path = config.with_suffix(".log")
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port"]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([*command, str(port), *args, "--no-access-log"], stderr=log)
+        try:
+            yield process, f"http://127.0.0.1:{port}", log_path
+        finally:
+            redis.release()
+            process.terminate()
+            process.wait(timeout=60)
+
+
 def test_sighup_while_serve_starts_neither_kills_it_nor_is_lost(
     backend_url: str, tmp_path: Path
 ) -> None:
@@ -202,24 +221,14 @@ def test_sighup_while_serve_starts_neither_kills_it_nor_is_lost(
         return text.replace("storage: memory", f"storage: {redis.url}")
 
     config.write_text(on_redis(policy_text(backend_url)))
-    port = free_port()
-    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port"]
-    log = config.with_suffix(".log").open("wb")
-    process = subprocess.Popen([*command, str(port), "--no-access-log"], stderr=log)
-    try:
+    with _serving_on_silent_redis(config, redis) as (process, url, _):
         assert redis.connected.wait(120), "the gateway never reached its storage"
         config.write_text(on_redis(policy_text(backend_url, newcomer=True)))  # read already
         process.send_signal(signal.SIGHUP)
         redis.release()
-        url = f"http://127.0.0.1:{port}"
         wait_healthy(url, process)
         _eventually(lambda: _chat(url, NEW_KEY) == 200)  # the held SIGHUP reloaded it
         assert process.poll() is None
-    finally:
-        redis.release()
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
 
 
 def test_a_worker_starting_when_sighup_is_forwarded_survives_it(
@@ -230,19 +239,11 @@ def test_a_worker_starting_when_sighup_is_forwarded_survives_it(
     redis = _SilentRedis()
     config = tmp_path / "policy.yaml"
     config.write_text(policy_text(backend_url).replace("storage: memory", f"storage: {redis.url}"))
-    port = free_port()
-    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port"]
-    log_path = config.with_suffix(".log")
-    log = log_path.open("wb")
-    process = subprocess.Popen(
-        [*command, str(port), "--workers", "2", "--no-access-log"], stderr=log
-    )
-    try:
+    with _serving_on_silent_redis(config, redis, "--workers", "2") as (process, url, log_path):
         assert redis.connected.wait(120), "no worker reached its storage"
         process.send_signal(signal.SIGHUP)  # forwarded within half a second
         _eventually(lambda: b"Received SIGHUP, reloading" in log_path.read_bytes())
         redis.release()
-        url = f"http://127.0.0.1:{port}"
         wait_healthy(url, process)
         pids: set[object] = set()
 
@@ -252,9 +253,4 @@ def test_a_worker_starting_when_sighup_is_forwarded_survives_it(
 
         _eventually(both_answer)
         assert process.poll() is None
-    finally:
-        redis.release()
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
     assert b"died" not in log_path.read_bytes()

@@ -13,30 +13,17 @@ import redis
 from proxy.app import create_app
 from proxy.cli import main
 from proxy.policy import parse_policy
-from proxy.policy.units import hash_key
+from tests.keys.test_runtime import ADMIN_KEY, policy_text
 from tests.servers import serve
 
-ADMIN_KEY = "tw-bounds-admin"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 RECORDS = "tw:{keys}:records"
-
-
-def _policy_text(backend_url: str, storage: str) -> str:
-    return f"""storage: {storage}
-admin_keys: [{hash_key(ADMIN_KEY)}]
-backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
-models: {{mock-llm: {{}}}}
-tenants:
-  alpha:
-    api_keys: [{hash_key("tw-bounds-alpha")}]
-    models: [mock-llm]
-"""
 
 
 @pytest.fixture
 def gateway(backend_url: str, redis_url: str) -> Iterator[httpx.Client]:
     """A gateway on Redis whose tenant has no limits of its own (nothing caps a key's)."""
-    policy = parse_policy(_policy_text(backend_url, redis_url), environ={})
+    policy = parse_policy(policy_text(backend_url, redis_url, limits="{}"), environ={})
     with serve(create_app(policy)) as url, httpx.Client(base_url=url, headers=ADMIN) as http:
         yield http
 

@@ -26,7 +26,7 @@ TENANT_KEY = "tw-keys-yaml"
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 
-def policy_text(backend_url: str, storage: str) -> str:
+def policy_text(backend_url: str, storage: str, limits: str = "{requests_per_minute: 1000}") -> str:
     return f"""storage: {storage}
 admin_keys: [{hash_key(ADMIN_KEY)}]
 backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
@@ -35,7 +35,7 @@ tenants:
   alpha:
     api_keys: [{hash_key(TENANT_KEY)}]
     models: [mock-llm]
-    limits: {{requests_per_minute: 1000}}
+    limits: {limits}
 """
 
 
