@@ -8,7 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["OutgoingRequest"]
+__all__ = ["DEFAULT_OUTPUT_BOUND", "OutgoingRequest"]
+
+# Without a bound on output a reservation could be overspent; this is the bound a request that
+# reserves output tokens gets when neither the client nor `max_output_tokens` set one.
+DEFAULT_OUTPUT_BOUND = 4096
 
 
 class OutgoingRequest:
@@ -73,6 +77,14 @@ class OutgoingRequest:
         """The most output tokens the whole request may produce: every answer at its bound."""
         allowance = self.allowance
         return None if allowance is None else allowance * self.answers
+
+    def held_output(self) -> int:
+        """The output tokens a reservation holds: every answer at its bound. A request with no
+        bound is bounded to DEFAULT_OUTPUT_BOUND first, so the backend is held to what is
+        reserved (a quota, a key's own allowance: one bound, whichever reserves first)."""
+        if self.allowance is None:
+            self.bound_output(DEFAULT_OUTPUT_BOUND, "max_tokens")
+        return (self.allowance or 0) * self.answers
 
     def _carry(self, bound: int) -> None:
         """The field every backend reads carries the bound where the client left it unset."""

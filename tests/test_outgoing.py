@@ -10,7 +10,7 @@ import pytest
 
 from proxy.apis import output_fields
 from proxy.context import Operation
-from proxy.outgoing import OutgoingRequest
+from proxy.outgoing import DEFAULT_OUTPUT_BOUND, OutgoingRequest
 
 
 def outgoing(operation: Operation, **body: Any) -> OutgoingRequest:
@@ -65,3 +65,16 @@ def test_a_new_model_goes_into_the_body_too() -> None:
     request = outgoing("chat")
     request.set_model("small")
     assert (request.model, request.body["model"]) == ("small", "small")
+
+
+def test_what_a_reservation_holds_is_a_bound_the_backend_is_sent() -> None:
+    unbounded = outgoing("chat", n=3)
+    unbounded.answers = 3
+    # the quota and a key's own allowance both reserve: the first bounds, the second reads it
+    assert unbounded.held_output() == unbounded.held_output() == 3 * DEFAULT_OUTPUT_BOUND
+    assert unbounded.body["max_tokens"] == DEFAULT_OUTPUT_BOUND
+    assert unbounded.shaped == ["max_tokens"]
+    bounded = outgoing("text_completion", max_tokens=50)
+    assert bounded.held_output() == 50
+    assert bounded.body == {"model": "m", "max_tokens": 50}
+    assert bounded.shaped == []

@@ -19,7 +19,6 @@ from proxy.context import Admitted
 from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.leases import LeaseIds
-from proxy.stages.budget import DEFAULT_OUTPUT_BOUND
 from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.ratelimit import format_reset
@@ -104,13 +103,9 @@ class KeyAllowances:
             return None
         allowance, now = hold.record.allowance, self._clock.wall()
         tokens_held = allowance.tokens_per_day or allowance.tokens_per_month
-        if (tokens_held or allowance.tokens_per_minute) and ctx.outgoing.allowance is None:
-            if ctx.operation != "embeddings":  # the backend is held to what the key reserves
-                ctx.outgoing.bound_output(DEFAULT_OUTPUT_BOUND, "max_tokens")
-        output = ctx.outgoing.reserved_output() or DEFAULT_OUTPUT_BOUND * ctx.outgoing.answers
-        tokens = (ctx.counted_input_tokens or 0) + output
-        if ctx.operation == "embeddings":
-            tokens = ctx.counted_input_tokens or 0
+        tokens = ctx.counted_input_tokens or 0
+        if ctx.operation != "embeddings" and (tokens_held or allowance.tokens_per_minute):
+            tokens += ctx.outgoing.held_output()
         counters = _counters(hold.scope, allowance, now)
         reserve = None
         if counters:

@@ -20,6 +20,7 @@ from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota
 from proxy.holds import Quota, Reservation
 from proxy.leases import LeaseIds, Renewals
+from proxy.outgoing import DEFAULT_OUTPUT_BOUND
 from proxy.policy.model import Budget
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
@@ -27,11 +28,8 @@ from proxy.storage.base import Counter, QuotaStore, StorageError
 from proxy.storage.joint import Reserve
 from proxy.together import nothing
 
-__all__ = ["DEFAULT_OUTPUT_BOUND", "Budgets", "QuotaPlan"]
+__all__ = ["Budgets", "QuotaPlan"]
 
-# Without a bound on output a reservation could be overspent; this is the bound a quota'd
-# request gets when neither the client nor `max_output_tokens` set one.
-DEFAULT_OUTPUT_BOUND = 4096
 _NUSD_PER_USD = 1_000_000_000
 _log = logging.getLogger("tokenweir.budget")
 
@@ -224,9 +222,7 @@ class Budgets:
         """The output to reserve: every answer (`n`, a batch's prompts) at its bound."""
         if ctx.operation == "embeddings":
             return 0
-        if ctx.outgoing.allowance is None:
-            ctx.outgoing.bound_output(DEFAULT_OUTPUT_BOUND, "max_tokens")
-        return ctx.outgoing.reserved_output() or 0
+        return ctx.outgoing.held_output()
 
     def _keep_leased(self, reservation: Reservation) -> None:
         """Renew the lease while the request runs (a long stream outlives one lease)."""

@@ -12,10 +12,11 @@ from proxy.clock import FakeClock
 from proxy.context import Admitted
 from proxy.cost import PriceTable
 from proxy.errors import InsufficientQuota, StorageUnavailable
+from proxy.outgoing import DEFAULT_OUTPUT_BOUND
 from proxy.policy import Policy, parse_policy
 from proxy.policy.model import Budget, Limits, Tenant
 from proxy.policy.units import hash_key
-from proxy.stages.budget import DEFAULT_OUTPUT_BOUND, Budgets
+from proxy.stages.budget import Budgets
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage import Counter, MemoryStore, StorageError
 from tests.contexts import admitted

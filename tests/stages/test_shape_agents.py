@@ -9,8 +9,8 @@ import pytest
 
 from proxy.apis import AGENT_APIS
 from proxy.errors import ContextLengthExceeded
+from proxy.outgoing import DEFAULT_OUTPUT_BOUND
 from proxy.policy.model import Budget
-from proxy.stages.budget import DEFAULT_OUTPUT_BOUND
 from proxy.stages.shape import Shape
 from tests.stages.test_budget import budgets
 from tests.stages.test_shape import WordCounter, context
