@@ -29,6 +29,7 @@ def _policy(
     *,
     models: str = "m: {routing: weighted}",
     tenant_models: str = "[m]",
+    cache: str = "",
 ) -> Policy:
     """`backends`: (name, url, models as YAML flow list); probes off, circuits after 2 failures."""
     listed = "\n".join(
@@ -41,7 +42,7 @@ backends:
 {listed}
 models: {{{models}}}
 tenants:
-  t: {{api_keys: [{hash_key(KEY)}], models: {tenant_models}}}
+  t: {{api_keys: [{hash_key(KEY)}], models: {tenant_models}{cache}}}
 """
     return parse_policy(text, environ={})
 
@@ -153,6 +154,26 @@ def test_fallback_models_serve_when_every_backend_of_the_model_is_down() -> None
         assert answer.status_code == 200
         assert answer.json()["model"] == "s"
         assert _served(urls["small"]) == 1
+
+
+def test_a_fallback_models_answer_is_not_cached_as_the_asked_models() -> None:
+    """Stored under the request's key, the fallback's answer would be served as the asked
+    model's own by every later request, long after the model's backends are back."""
+    with _mocks(small={}) as urls:
+        policy = _policy(
+            [("big", urls["refusing"], "[m]"), ("small", urls["small"], "[s]")],
+            models="m: {fallback_models: [s]}, s: {}",
+            cache=", cache: {mode: exact}",
+        )
+        body = {**CHAT, "temperature": 0}
+        with serve(create_app(policy)) as gateway:
+            answers = [
+                httpx.post(gateway + "/v1/chat/completions", json=body, headers=AUTH)
+                for _ in range(2)
+            ]
+        assert [a.json()["model"] for a in answers] == ["s", "s"]
+        assert [a.headers["x-tokenweir-cache"] for a in answers] == ["miss", "miss"]
+        assert _served(urls["small"]) == 2
 
 
 @pytest.mark.anyio
