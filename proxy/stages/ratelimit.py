@@ -128,6 +128,30 @@ class RateLimits:
             )
         self._hold(ctx, hold, shape, costs)
 
+    async def admit_count(self, ctx: Admitted) -> None:
+        """A token count (`POST /v1/messages/count_tokens`) takes one request from the tenant's
+        requests_per_minute, as Anthropic limits its counts: it calls no backend, but each costs
+        the gateway a tokenization of up to `max_body_bytes`. Nothing else is charged or held."""
+        limits = ctx.tenant.limits
+        if not limits.requests_per_minute:
+            return
+        scope = f"tw:{{{ctx.tenant_name}}}"
+        buckets = (LimitKey(scope, "requests").bucket(limits.requests_per_minute),)
+        hold = RateLimitHold(scope, self._lease_ids.next(), limits.lease_ttl, ())
+        try:
+            admission = await self._try(hold, buckets, [1])
+        except StorageError as exc:
+            self._failures.decide("rate_limit", limits, exc)
+            return
+        if not admission.admitted:
+            retry_s = admission.retry_after_s
+            raise RateLimited(
+                f"Rate limit reached for this key (requests_per_minute: limit "
+                f"{limits.requests_per_minute}; a token count takes one request). Please try "
+                f"again in {format_reset(retry_s)}.",
+                retry_after_s=retry_s,
+            )
+
     def _undo_later(self, exc: StorageError, hold: RateLimitHold) -> None:
         """Free the slots a timed-out admission may still take once storage catches up."""
         if not hold.slots:

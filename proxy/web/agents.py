@@ -44,7 +44,8 @@ class MessagesEndpoint:
 class CountTokens:
     """`POST /v1/messages/count_tokens`: `{"input_tokens": N}`, N counted with the model's
     tokenizer over what the gateway would send (the tenant's system prompt included). Nothing is
-    billed and no backend is called."""
+    billed and no backend is called; it takes one request from the tenant's
+    requests_per_minute."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
@@ -72,6 +73,7 @@ class CountTokens:
         policy = gateway.policy
         name, key_id, _ = gateway.keyring.identify_key(ctx.headers.get("authorization"))
         ctx = ctx.admit(name, policy.tenants[name], key_id)
+        await gateway.services.rate_limits.admit_count(ctx)
         server = policy.server
         ctx.raw_body = await read_body(
             receive, ctx.headers, server.max_body_bytes, server.body_timeout

@@ -27,6 +27,7 @@ POOR_KEY = "tw-agents-poor"
 SHORT_KEY = "tw-agents-short"
 CACHED_KEY = "tw-agents-cached"
 LIMITED_KEY = "tw-agents-limited"
+COUNTING_KEY = "tw-agents-counting"
 SYSTEM_PROMPT = "Answer in one short sentence."
 OUTPUT_CAP = 3
 PRICE_IN_NUSD_PER_TOKEN = 1_000  # input_per_1m: 1.0 USD
@@ -114,6 +115,10 @@ tenants:
     api_keys: [{hash_key(LIMITED_KEY)}]
     models: [mock-llm]
     limits: {{requests_per_minute: 1}}
+  counting:
+    api_keys: [{hash_key(COUNTING_KEY)}]
+    models: [mock-llm]
+    limits: {{requests_per_minute: 2}}
 """
 
 

@@ -15,6 +15,7 @@ import pytest
 from proxy.tokens import load_counter
 from tests.web.agentgateway import (
     CAPPED_KEY,
+    COUNTING_KEY,
     LIMITED_KEY,
     OPEN_KEY,
     OUTPUT_CAP,
@@ -269,6 +270,27 @@ def test_count_tokens_is_the_models_tokenizer_and_bills_nothing(gateway: AgentGa
         client.messages.count_tokens(model="mock-llm", messages=[])
     assert isinstance(bad.value.body, dict)
     assert bad.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_count_tokens_takes_a_request_from_the_tenants_requests_per_minute(
+    gateway: AgentGateway,
+) -> None:
+    """A tenant at its limit cannot keep the gateway tokenizing bodies of up to
+    max_body_bytes: each count is one request of its requests_per_minute."""
+    gateway.reset()
+    with sdk(gateway, COUNTING_KEY) as client:
+        counts = [client.messages.count_tokens(model="mock-llm", messages=HELLO) for _ in "ab"]
+        assert [c.input_tokens for c in counts] == [counts[0].input_tokens] * 2
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            client.messages.count_tokens(model="mock-llm", messages=HELLO)
+        with pytest.raises(anthropic.RateLimitError):  # the counts took the minute's requests
+            client.messages.create(model="mock-llm", max_tokens=5, messages=HELLO)
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert body["error"]["type"] == "rate_limit_error"
+    assert "requests_per_minute" in body["error"]["message"]
+    assert 1 <= int(refused.value.response.headers["retry-after"]) <= 60
+    assert gateway.stats()["requests_total"] == 0
 
 
 def test_an_input_over_the_limit_is_an_anthropic_400(gateway: AgentGateway) -> None:
