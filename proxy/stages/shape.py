@@ -19,6 +19,7 @@ __all__ = ["InputCounter", "Shape"]
 
 Message = Mapping[str, Any]
 _SYSTEM_ROLES = frozenset({"system", "developer"})
+_STORED_HISTORY = ("previous_response_id", "conversation")  # Responses only: Messages has none
 
 
 class InputCounter(Protocol):
@@ -91,6 +92,8 @@ class Shape:
         budget = tenant.budget
         if budget.system_prompt is not None and api.add_system(ctx.body, budget.system_prompt):
             ctx.outgoing.record("system_prompt")  # the API's own rules put it in place
+        if budget.max_input_tokens is not None:
+            _refuse_stored_history(ctx.body, budget.max_input_tokens)
         if _needs_count(tenant):
             messages, tools = api.to_chat(ctx.body)
             count = await self._counter.count_chat(ctx.model, messages, tools)
@@ -213,6 +216,21 @@ def _temperature(outgoing: OutgoingRequest, budget: Budget) -> None:
         return
     if chosen != wanted:
         outgoing.set_field("temperature", chosen, "temperature")
+
+
+def _refuse_stored_history(body: Mapping[str, Any], limit: int) -> None:
+    """A Responses request that continues a stored conversation (`previous_response_id`,
+    `conversation`) has an input the gateway never sees: the backend adds the stored turns, so
+    the key's input limit could not be held. Refused; the client can send the turns as input."""
+    for param in _STORED_HISTORY:
+        if body.get(param) is not None:
+            raise BadRequest(
+                f"'{param}' cannot be used with this key: the backend would add a stored "
+                f"conversation the gateway cannot count against the key's limit of {limit} "
+                "input tokens. Send the conversation's turns in 'input' instead.",
+                param=param,
+                code="unsupported_parameter",
+            )
 
 
 def _too_long(count: int, limit: int) -> ContextLengthExceeded:

@@ -224,6 +224,27 @@ def test_an_input_over_the_limit_is_refused_before_the_backend(gateway: AgentGat
     assert gateway.stats()["requests_total"] == 1
 
 
+@pytest.mark.parametrize(
+    ("param", "value"), [("previous_response_id", "resp_1"), ("conversation", "conv_1")]
+)
+def test_a_stored_conversation_is_refused_under_an_input_limit(
+    gateway: AgentGateway, param: str, value: str
+) -> None:
+    """The backend would add stored turns the gateway never counts: the key's input limit
+    could not hold. Without a limit the request goes on to the backend."""
+    gateway.reset()
+    with sdk(gateway, SHORT_KEY) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="mock-llm", input="Hi", extra_body={param: value})
+    assert refused.value.code == "unsupported_parameter"
+    assert refused.value.param == param
+    assert "limit of 60 input tokens" in refused.value.message
+    assert gateway.stats()["requests_total"] == 0
+    with sdk(gateway) as client:
+        answer = client.responses.create(model="mock-llm", input="Hi", extra_body={param: value})
+    assert answer.status == "completed"
+    assert gateway.stats()["requests_total"] == 1
+
+
 def test_responses_bypass_the_cache_even_where_it_is_on(gateway: AgentGateway) -> None:
     gateway.reset()
     with sdk(gateway, CACHED_KEY) as client:
