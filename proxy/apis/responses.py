@@ -53,7 +53,7 @@ OPTIONAL: Mapping[str, Check] = {
 
 
 def to_chat(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The instructions and input as chat messages, and the function tools as chat tools."""
+    """The instructions and input as chat messages, and the tools as chat tools."""
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if isinstance(instructions, str):
@@ -63,12 +63,18 @@ def to_chat(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
         messages.append({"role": "user", "content": given})
     elif isinstance(given, list):
         messages += [_message(item) for item in given if isinstance(item, dict)]
-    tools = [
-        chat_tool(tool.get("name"), tool.get("description"), tool.get("parameters"))
-        for tool in body.get("tools") or ()
-        if isinstance(tool, dict) and tool.get("type") == "function"
-    ]
+    tools = [_tool(tool) for tool in body.get("tools") or () if isinstance(tool, dict)]
     return messages, tools or None
+
+
+def _tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as a chat tool: a function as it is; any other (a custom tool's grammar, an MCP
+    server's, a built-in's settings) as a function whose parameters are the rest of it, since
+    what it carries may reach the prompt and must not go uncounted."""
+    if tool.get("type") == "function":
+        return chat_tool(tool.get("name"), tool.get("description"), tool.get("parameters"))
+    rest = {key: value for key, value in tool.items() if key not in ("name", "description")}
+    return chat_tool(tool.get("name") or tool.get("type"), tool.get("description"), rest)
 
 
 def chat_tool(name: object, description: object, parameters: object) -> dict[str, Any]:

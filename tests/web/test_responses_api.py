@@ -224,6 +224,18 @@ def test_an_input_over_the_limit_is_refused_before_the_backend(gateway: AgentGat
     assert gateway.stats()["requests_total"] == 1
 
 
+def test_a_custom_tools_grammar_counts_toward_the_input_limit(gateway: AgentGateway) -> None:
+    """Only function tools were counted: a custom tool's grammar (which the backend puts in the
+    prompt) carried any number of tokens past max_input_tokens."""
+    gateway.reset()
+    grammar = {"type": "grammar", "syntax": "lark", "definition": "start: " + "word " * 200}
+    custom = {"type": "custom", "name": "parse", "description": "Parse it.", "format": grammar}
+    with sdk(gateway, SHORT_KEY) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="mock-llm", input="Hi", extra_body={"tools": [custom]})
+    assert refused.value.code == "context_length_exceeded"
+    assert gateway.stats()["requests_total"] == 0
+
+
 @pytest.mark.parametrize(
     ("param", "value"), [("previous_response_id", "resp_1"), ("conversation", "conv_1")]
 )
