@@ -112,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
     policy_commands = policy.add_subparsers(title="policy commands", metavar="COMMAND")
     check = policy_commands.add_parser("check", help="validate a policy file")
     check.add_argument("file", type=Path)
+    check.add_argument(
+        "--skip-tokenizers",
+        action="store_true",
+        help="check the file only, without loading the tokenizers it names (serve loads them)",
+    )
     check.set_defaults(run=_policy_check)
     hash_key = policy_commands.add_parser("hash-key", help="print the sha256: form of an API key")
     hash_key.add_argument("key", nargs="?", help="the key (default: asked for, not echoed)")
@@ -238,6 +243,14 @@ def _policy_check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if not args.skip_tokenizers:
+        from proxy.tokens import TokenCounters, TokenizerError  # heavy: only for this command
+
+        try:  # loaded as serve and a reload load them: a file that passes here starts
+            TokenCounters(policy)
+        except TokenizerError as exc:
+            print(f"{args.file}: {exc}", file=sys.stderr)
+            return 1
     print(
         f"{args.file}: ok ({len(policy.tenants)} tenants, {len(policy.models)} models, "
         f"{len(policy.backends)} backends)"

@@ -42,6 +42,28 @@ def test_policy_check_names_file_line_and_key(tmp_path: Path) -> None:
     assert f"{bad}:2: storgae: unknown key" in done.stderr
 
 
+def test_policy_check_loads_the_tokenizers_as_serve_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that named a tokenizer no one could load passed the check, then failed to
+    start (or to reload)."""
+    missing = tmp_path / "no-such-tokenizer.json"
+    text = policy_text("http://127.0.0.1:9").replace(
+        "  mock-small: {}", f'  mock-small: {{tokenizer: "{missing}"}}'
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", BETA_KEY)
+    done = tokenweir("policy", "check", str(bad))
+    assert done.returncode == 1
+    assert f"model 'mock-small': tokenizer '{missing}'" in done.stderr
+    assert "no such file or directory" in done.stderr
+    skipped = tokenweir("policy", "check", "--skip-tokenizers", str(bad))
+    assert skipped.returncode == 0, skipped.stderr
+    assert "ok (2 tenants" in skipped.stdout
+
+
 def test_policy_check_reports_every_problem_in_one_run_by_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
