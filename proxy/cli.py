@@ -167,10 +167,11 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ[METRICS_DIR_ENV] = metrics_dir
     try:
         uvicorn_config = uvicorn.Config("proxy.app:create_served_app", **config_kwargs)
-        _ReloadingWorkers(uvicorn_config, sockets=[uvicorn_config.bind_socket()]).run()
+        workers = _ReloadingWorkers(uvicorn_config, sockets=[uvicorn_config.bind_socket()])
+        workers.run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
-    return 0
+    return workers.exit_status()
 
 
 def _serve_one(config: uvicorn.Config) -> int:
@@ -206,6 +207,12 @@ class _ReloadingWorkers(Multiprocess):
     def handle_ttin(self) -> None:
         with sighup_held():
             super().handle_ttin()
+
+    def exit_status(self) -> int:
+        """A worker that failed to start (uvicorn then stops them all) fails the command too,
+        as one process does: a service manager must not take the stop for a clean exit."""
+        failed = any(process.exitcode == STARTUP_FAILURE for process in self.processes)
+        return STARTUP_FAILURE if failed else 0
 
     def handle_hup(self) -> None:
         _log.info("Received SIGHUP, reloading the policy in every worker.")

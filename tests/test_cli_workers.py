@@ -57,6 +57,23 @@ def test_memory_storage_with_workers_is_refused_with_the_fix(tmp_path: Path) -> 
     assert not listening
 
 
+def test_workers_that_fail_to_start_fail_the_command(tmp_path: Path) -> None:
+    """uvicorn stops the workers when one fails to start, and its supervisor exited 0: a
+    service manager took a gateway that never served for a clean stop."""
+    config = tmp_path / "policy.yaml"
+    missing = tmp_path / "no-such-tokenizer.json"
+    with private_redis() as redis_url:
+        text = policy_text("http://127.0.0.1:9", redis_url)
+        config.write_text(text.replace("mock-llm: {}", f'mock-llm: {{tokenizer: "{missing}"}}'))
+        command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+        done = subprocess.run(
+            [*command, "--port", str(free_port()), "--workers", "2"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-2000:]  # uvicorn's STARTUP_FAILURE, as one process
+    assert "no such file or directory" in done.stderr
+
+
 @contextmanager
 def _two_workers(backend_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """`serve --workers 2` on a private Redis; the URL, and where its temporary files go."""
