@@ -34,8 +34,15 @@ class OpenAIChatRule:
         for message in messages:
             total += self.tokens_per_message + self._message(message, count_text)
         if tools:
-            total += self.func_end + sum(self._tool(tool, count_text) for tool in tools)
+            total += self.func_end + sum(self._tool_or_floor(tool, count_text) for tool in tools)
         return total
+
+    def _tool_or_floor(self, tool: Mapping[str, Any], count_text: CountText) -> int:
+        """The rule renders a schema's names, types, descriptions and enums only: text in any
+        other key (`examples`, `default`, `$defs`, ...) would pass uncounted, though a backend
+        may put it in the prompt: a tool costs at least its JSON's length over
+        _MOST_CHARS_PER_TOKEN."""
+        return max(self._tool(tool, count_text), len(_json(tool)) // _MOST_CHARS_PER_TOKEN)
 
     def _message(self, message: Mapping[str, Any], count_text: CountText) -> int:
         total = 0
@@ -104,6 +111,11 @@ def _sentence(text: object) -> str:
 
 def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+# A tool's JSON is 3-4 characters a token in OpenAI's encodings: at 12, the floor counts at
+# least a quarter of any text hidden in a tool, and stays below the rule for ordinary schemas.
+_MOST_CHARS_PER_TOKEN = 12
 
 
 GPT4O_RULE = OpenAIChatRule(func_init=7)  # gpt-4o, gpt-4o-mini and later (o200k_base)
