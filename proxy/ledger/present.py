@@ -8,13 +8,20 @@ from proxy.policy.units import parse_duration_s
 
 __all__ = ["day_start", "format_usd", "iso_utc", "month_start", "parse_moment"]
 
+_EARLIEST = 0.0
+_LATEST = datetime(9000, 1, 1, tzinfo=UTC).timestamp()
+"""A moment outside [1970, 9000) is refused: the window around it, widened to whole hours or
+days and written back in ISO, would reach past what a datetime can hold (years 1 to 9999)."""
+
 
 def parse_moment(value: str, now: float) -> float:
     """`7d` (that long before `now`) or an ISO date or time, UTC unless it names an offset."""
     try:
-        return now - parse_duration_s(value)
+        ago = parse_duration_s(value)
     except ValueError:
         pass
+    else:
+        return _within_range(now - ago, value)
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
@@ -23,7 +30,13 @@ def parse_moment(value: str, now: float) -> float:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    return _within_range(moment.timestamp(), value)
+
+
+def _within_range(ts: float, value: str) -> float:
+    if not _EARLIEST <= ts < _LATEST:
+        raise ValueError(f"expected a moment from 1970-01-01 to 9000-01-01 UTC, got {value!r}")
+    return ts
 
 
 def day_start(ts: float) -> float:

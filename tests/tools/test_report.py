@@ -180,6 +180,7 @@ def test_ledger_redis_means_the_policys_storage(tmp_path: Path) -> None:
     [
         (["--since", "1h", "--until", "2h"], "must be before --until"),
         (["--since", "yesterday"], "--since: expected a duration like 7d"),
+        (["--since", "0001-01-01T00:00+23:59"], "--since: expected a moment from 1970-01-01"),
         (["--ledger", "postgres://x"], "unknown ledger 'postgres://x'"),
     ],
 )

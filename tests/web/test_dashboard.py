@@ -162,6 +162,23 @@ def test_login_never_redirects_off_the_dashboard(gateway: str) -> None:
         assert answer.headers["location"] == "/dashboard"
 
 
+@pytest.mark.parametrize("path", ["/dashboard", "/dashboard/tenants/alpha"])
+@pytest.mark.parametrize(
+    "window",
+    [
+        {"since": "9999-12-30T00:00-23:00", "until": "9999-12-31T23:00-23:00"},
+        {"since": "0001-01-01T00:00+23:59", "until": "0001-01-02"},
+    ],
+)
+def test_a_window_past_the_calendar_is_a_400_page(
+    gateway: str, path: str, window: dict[str, str]
+) -> None:
+    headers = {"authorization": f"Bearer {ADMIN_KEY}"}
+    answer = httpx.get(gateway + path, params=window, headers=headers)
+    assert answer.status_code == 400
+    assert "1970-01-01 to 9000-01-01" in answer.text
+
+
 def test_pages_forbid_framing_and_foreign_content(gateway: str) -> None:
     answer = httpx.get(gateway + "/dashboard/login")
     policy = answer.headers["content-security-policy"]
