@@ -6,7 +6,14 @@ from datetime import UTC, datetime
 
 from proxy.policy.units import parse_duration_s
 
-__all__ = ["day_start", "format_usd", "iso_utc", "month_start", "parse_moment"]
+__all__ = [
+    "day_start",
+    "format_usd",
+    "iso_utc",
+    "month_start",
+    "parse_moment",
+    "spreadsheet_cell",
+]
 
 _EARLIEST = 0.0
 _LATEST = datetime(9000, 1, 1, tzinfo=UTC).timestamp()
@@ -59,3 +66,12 @@ def format_usd(cost_nusd: int) -> str:
     """Nano-USD as dollars with 6 decimals, rounded half up, computed exactly in integers."""
     micro = (cost_nusd + 500) // 1000
     return f"{micro // 1_000_000}.{micro % 1_000_000:06d}"
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_cell(text: str) -> str:
+    """A name for a CSV cell: one a spreadsheet would run as a formula (`=HYPERLINK(...)` as a
+    client's `user` or tag) gets a leading `'`, which shows it as the text it is (OWASP's rule)."""
+    return "'" + text if text.startswith(_FORMULA_STARTS) else text

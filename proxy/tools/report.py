@@ -22,7 +22,7 @@ from proxy.app import DEFAULT_POLICY
 from proxy.clock import Clock, SystemClock
 from proxy.ledger import LedgerError, UsageQuery, UsageRow, open_ledger
 from proxy.ledger.base import ATTRIBUTES
-from proxy.ledger.present import format_usd, parse_moment
+from proxy.ledger.present import format_usd, parse_moment, spreadsheet_cell
 from proxy.ledger.query import total_of, window
 from proxy.policy import PolicyError, load_policy
 
@@ -206,9 +206,9 @@ def write_csv(report: Report, out: TextIO) -> None:
     writer.writerow(["tenant", *([report.by] if report.by else []), *_MACHINE_FIELDS])
     for row in report.rows:
         values = _machine_row(row)
-        key = [row.key or ""] if report.by else []
+        key = [spreadsheet_cell(row.key or "")] if report.by else []
         cells = ["" if values[f] is None else values[f] for f in _MACHINE_FIELDS]
-        writer.writerow([row.tenant or "", *key, *cells])
+        writer.writerow([spreadsheet_cell(row.tenant or ""), *key, *cells])
 
 
 _TABLE_HEADER = ("requests", "errors", "input tokens", "output tokens", "cost (USD)", "cache hits")

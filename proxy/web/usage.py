@@ -23,7 +23,7 @@ from proxy.errors import BadRequest, GatewayError, NotFound, StorageUnavailable
 from proxy.ledger import Bucket, GroupBy, Ledger, LedgerError, UsageQuery, UsageRow
 from proxy.ledger.attribution import HOUR_RETENTION_S
 from proxy.ledger.base import ATTRIBUTES
-from proxy.ledger.present import format_usd, iso_utc, parse_moment
+from proxy.ledger.present import format_usd, iso_utc, parse_moment, spreadsheet_cell
 from proxy.ledger.query import total_of, window
 from proxy.web.session import Sessions, Viewer
 
@@ -223,9 +223,8 @@ async def _send_csv(send: Send, q: UsageQuery, rows: Sequence[UsageRow]) -> None
     writer.writerow([*labels, *FIELDS])
     for row in rows:
         values = _labels(q, row) | api_row(row)
-        writer.writerow(
-            ["" if values[name] is None else values[name] for name in (*labels, *FIELDS)]
-        )
+        cells = [_label_cell(values[name]) for name in labels]
+        writer.writerow([*cells, *("" if values[n] is None else values[n] for n in FIELDS)])
     body = out.getvalue().encode()
     await send(
         {
@@ -240,6 +239,13 @@ async def _send_csv(send: Send, q: UsageQuery, rows: Sequence[UsageRow]) -> None
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _label_cell(value: object) -> object:
+    """A tenant, key, user or tag as a CSV cell: blank for none, never a formula."""
+    if value is None:
+        return ""
+    return spreadsheet_cell(value) if isinstance(value, str) else value
 
 
 def _moment(value: str, now: float, name: str) -> float:
