@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from proxy.leases import Lease
 from proxy.routing.health import BackendHealth
@@ -53,7 +53,14 @@ class Routed:
     health: BackendHealth
     tried: list[str] = field(default_factory=list)
     attempt_s: float = 0.0
+    sent: bool = False  # the current attempt's request reached its backend whole
     opened: bool = False
+
+    async def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's `trace` request extension, which the pooled transport calls too: the
+        request went out whole (a client that leaves now is billed the backend's work)."""
+        if event.endswith("send_request_body.complete"):
+            self.sent = True
 
 
 class Planned:

@@ -59,6 +59,7 @@ class Attempts:
         routed = ctx.route or await self.begin(ctx)
         while True:
             routed.attempt_s = self._clock.monotonic()
+            routed.sent = False
             try:
                 backend = routed.health.backend
                 response = await self._upstream.open(ctx, backend, body, extra_headers)

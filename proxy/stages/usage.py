@@ -126,11 +126,14 @@ def bill(ctx: RequestContext, counter: TokenCounter | None) -> None:
 
 
 def backend_answered(ctx: RequestContext) -> bool:
-    """True if the client got a backend's answer, or left after a backend accepted the request
-    (its work is then billed); an error status bills only the usage a backend reported."""
+    """True if the client got a backend's answer, or left after a backend took the whole
+    request (its work is then billed: a whole answer's head comes only with its body, so a
+    client that left before it is billed its prompt); an error status bills only the usage a
+    backend reported."""
     if ctx.status == 200:
         return True
-    return ctx.outcome.client_disconnected and ctx.route is not None and ctx.route.opened
+    route = ctx.route
+    return ctx.outcome.client_disconnected and route is not None and (route.opened or route.sent)
 
 
 async def count_unreported_input(ctx: RequestContext, counters: TokenCounters) -> None:

@@ -101,6 +101,8 @@ class UpstreamClient:
         Non-2xx raise. `extra_headers` (the trace context, `traceparent`) go to the backend as
         they are."""
         request = self._request(backend, ctx.upstream_path, ctx.request_id, body, extra_headers)
+        if ctx.route is not None:
+            request.extensions["trace"] = ctx.route.trace
         with translate(backend):
             response = await self._transport.handle_async_request(request)
         response.request = request

@@ -304,6 +304,9 @@ async def _exchange(
     try:
         await _send(connection, request, head, body, timeouts.get("write"))
         exchange.sent()
+        trace = request.extensions.get("trace")
+        if trace is not None:  # the one event of httpcore's `trace` extension reported here
+            await trace("http11.send_request_body.complete", {"request": request})
         await exchange.wait_headers()
     except BaseException:
         exchange.abort()  # cancelled or failed mid-exchange: nobody else will close it

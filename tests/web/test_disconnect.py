@@ -92,3 +92,23 @@ def test_client_abort_of_non_stream_request_cancels_backend(
         httpx.post(gateway_url + "/v1/chat/completions", json=LONG, headers=AUTH, timeout=0.3)
     wait_for_stat(backend, "requests_cancelled", 1, within_s=0.5)
     assert backend.get("/mock/stats").json()["inflight"] == 0
+
+
+def test_a_client_that_leaves_a_whole_answer_midway_is_billed_its_prompt(
+    gateway_url: str, backend: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A non-stream answer's head comes with its body: a client that left while the backend
+    worked on it (prefill and some output) was billed nothing, so leaving just before the end
+    used the backend outside every token quota."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gateway_url + "/v1/chat/completions", json=LONG, headers=AUTH, timeout=0.5)
+    wait_for_stat(backend, "requests_cancelled", 1, within_s=5)
+    deadline = time.monotonic() + 5
+    while not access_records(caplog) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    record = access_records(caplog)[-1]
+    assert record["client_disconnected"] is True
+    assert record["usage_source"] == "estimated"  # mock-llm has no tokenizer
+    assert isinstance(record["input_tokens"], int)
+    assert record["input_tokens"] > 0

@@ -1,0 +1,65 @@
+"""Both transports to backends (the pooled one for http, httpx's own for https) say when a
+request reached its backend whole, before any answer: a client that leaves then is billed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import httpx
+import pytest
+
+from proxy.holds import Routed
+from proxy.policy.model import Backend, CircuitSpec
+from proxy.routing.health import BackendHealth
+from proxy.upstream.transport import PooledTransport
+from tests.upstream.rawserver import RawServer, read_request
+
+
+def _transports() -> list[httpx.AsyncBaseTransport]:
+    pooled = PooledTransport(
+        connect_timeout_s=2.0,
+        read_timeout_s=10.0,
+        write_timeout_s=10.0,
+        pool_timeout_s=2.0,
+        max_connections=4,
+    )
+    return [pooled, httpx.AsyncHTTPTransport()]  # the second is the https path's
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("which", [0, 1], ids=["pooled", "httpx"])
+async def test_a_request_written_whole_is_marked_sent_before_any_answer(which: int) -> None:
+    answer = asyncio.Event()
+
+    async def hold_the_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await answer.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    backend = Backend(name="b", url="http://127.0.0.1:1/v1", models=("m",))
+    routed = Routed("m", BackendHealth(backend, CircuitSpec()))
+    sent = asyncio.Event()
+
+    async def trace(event: str, info: dict[str, object]) -> None:
+        await routed.trace(event, info)
+        if routed.sent:
+            sent.set()
+
+    transport = _transports()[which]
+    async with RawServer(hold_the_answer) as raw, transport:
+        request = httpx.Request("POST", raw.url, content=b'{"x": 1}')
+        request.extensions["trace"] = trace
+        request.extensions["timeout"] = {"connect": 2.0, "read": 10.0, "write": 10.0, "pool": 2.0}
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(transport.handle_async_request, request)
+            with anyio.fail_after(10):
+                await sent.wait()
+            assert not answer.is_set()  # marked sent with no answer yet
+            answer.set()
