@@ -17,7 +17,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import AuthenticationFailed, BadRequest, GatewayError, StorageUnavailable
+from proxy.errors import (
+    AuthenticationFailed,
+    BadRequest,
+    GatewayError,
+    PermissionDenied,
+    StorageUnavailable,
+)
 from proxy.ledger import LedgerError
 from proxy.ledger.present import day_start, iso_utc
 from proxy.web import pagefmt
@@ -80,6 +86,7 @@ class DashboardPages:
         return self._page("login.html", None, next=_safe_next(request.query_params.get("next")))
 
     async def login(self, request: Request) -> Response:
+        _same_site_only(request)
         body = await _read_form(request)
         key = (body.get("key") or [""])[0].strip()
         target = _safe_next((body.get("next") or [""])[0])
@@ -99,6 +106,7 @@ class DashboardPages:
         return response
 
     async def logout(self, request: Request) -> Response:
+        _same_site_only(request)
         gateway: Gateway = request.state.gateway
         ended = gateway.services.ended_sessions
         await self._sessions.end(request.cookies.get(COOKIE_NAME), gateway.clock.wall(), ended)
@@ -186,6 +194,15 @@ def _safe_next(target: str | None) -> str:
     if target and target.startswith("/dashboard") and "//" not in target and "\\" not in target:
         return target
     return "/dashboard"
+
+
+def _same_site_only(request: Request) -> None:
+    """A form another site's page posted (login CSRF: the victim's browser logged in as the
+    attacker's tenant) is refused; browsers name the sender in Sec-Fetch-Site."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        raise PermissionDenied(
+            "The dashboard's forms are accepted only from its own pages.", code="cross_site"
+        )
 
 
 async def _read_form(request: Request) -> dict[str, list[str]]:

@@ -156,6 +156,26 @@ def test_logout_ends_the_session_in_the_browser(gateway: str) -> None:
         assert client.get("/dashboard").status_code == 303
 
 
+@pytest.mark.parametrize("sender", ["cross-site", "same-site"])
+def test_a_form_posted_from_another_site_is_refused(gateway: str, sender: str) -> None:
+    """Login CSRF: another site's page posting its own key would log the victim's browser in
+    as the attacker's tenant (or end the victim's session)."""
+    headers = {"sec-fetch-site": sender, "origin": "https://evil.example"}
+    with httpx.Client(base_url=gateway) as client:
+        login = client.post("/dashboard/login", data={"key": ALPHA_KEY}, headers=headers)
+        assert login.status_code == 403
+        assert "set-cookie" not in login.headers
+        assert client.post("/dashboard/login", data={"key": ALPHA_KEY}).status_code == 303
+        logout = client.post("/dashboard/logout", headers=headers)
+        assert logout.status_code == 403
+        assert client.get("/dashboard").status_code == 200  # still logged in
+    own = {"sec-fetch-site": "same-origin"}
+    assert (
+        httpx.post(gateway + "/dashboard/login", data={"key": ALPHA_KEY}, headers=own).status_code
+        == 303
+    )
+
+
 def test_login_never_redirects_off_the_dashboard(gateway: str) -> None:
     for target in ("https://evil.example/", "//evil.example", "/v1/models", "/dashboard\\@x"):
         answer = httpx.post(gateway + "/dashboard/login", data={"key": ALPHA_KEY, "next": target})
