@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
 from proxy.ledger import histogram
-from proxy.ledger.base import UsageRecord
+from proxy.ledger.base import UsageRecord, failed
 
 __all__ = [
     "COUNTERS",
@@ -82,7 +82,7 @@ class Tally:
 
     def add(self, record: UsageRecord) -> None:
         self.requests += 1
-        self.errors += record.status >= 400
+        self.errors += failed(record)
         self.rate_limited += record.status == 429
         self.degraded += bool(record.degraded)
         self.shaped += bool(record.shaped)

@@ -19,6 +19,7 @@ __all__ = [
     "UsageRecord",
     "UsageRow",
     "bounded",
+    "failed",
     "record_values",
 ]
 
@@ -107,6 +108,12 @@ RECORD_FIELDS: tuple[str, ...] = tuple(
 
 
 _STORED = operator.attrgetter(*RECORD_FIELDS)
+
+
+def failed(record: UsageRecord) -> bool:
+    """The client got an error: an error status, or an error event ending a stream under the
+    200 already sent (a backend that broke off, a shutdown's cut): `error` names it."""
+    return record.status >= 400 or record.error is not None
 
 
 def record_values(record: UsageRecord) -> tuple[Any, ...]:

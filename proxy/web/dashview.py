@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from proxy.ledger import Bucket, GroupBy, Ledger, UsageQuery, UsageRow
 from proxy.ledger import query as planner
 from proxy.ledger.aggregate import DAY_S, HOUR_S
+from proxy.ledger.base import failed
 from proxy.ledger.present import day_start, month_start
 from proxy.ledger.query import empty_row, total_of
 from proxy.policy.model import Budget, Policy
@@ -159,7 +160,7 @@ async def load_tenant_page(
     kinds = Counter(
         record.error or f"http_{record.status}"
         for record in latest
-        if record.status >= 400 and window.start <= record.ts < window.end
+        if failed(record) and window.start <= record.ts < window.end
     )
     return TenantPage(
         summary=overview.tenants[0],

@@ -261,6 +261,13 @@ async def slow_tokens(server: HostileBackend, writer: Writer, request: dict[str,
     await server.endless(name, writer, _chunk(event(CHUNK)), every_s=0.2)
 
 
+async def cut_stream(server: HostileBackend, writer: Writer, request: dict[str, Any]) -> None:
+    """Three real tokens, then the connection dropped: a backend dying mid-stream."""
+    data = head("200 OK", "content-type: text/event-stream", "transfer-encoding: chunked")
+    await server.send("cut_stream", writer, data + _chunk(event(CHUNK)) * 3)
+    writer.transport.abort()
+
+
 async def slow_whole(server: HostileBackend, writer: Writer, request: dict[str, Any]) -> None:
     """A whole answer whose body comes a byte every 0.2 s: never idle, never done."""
     name = str(request["hostile"])
@@ -340,6 +347,7 @@ MISBEHAVIOURS: dict[str, Misbehaviour] = {
     "sse_blank_lines": sse_forever(b"\n"),
     "slow_tokens": slow_tokens,
     "slow_whole": slow_whole,
+    "cut_stream": cut_stream,
     "bad_chunks": bad_chunks,
     "messages_after_end": messages_after_end,
     "html_200": typed("text/html", b"<html><body>Welcome to nginx!</body></html>"),

@@ -1,0 +1,71 @@
+"""A stream a backend breaks off mid-way reaches its client as an error event under the 200
+already sent: the usage views count it among the errors, as the client saw it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from tests.servers import serve
+from tests.upstream.hostile import HostileBackend
+
+ADMIN = {"authorization": "Bearer tw-broken-admin"}
+KEY = "tw-broken"
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    ledger = tmp_path_factory.mktemp("broken") / "ledger.db"
+    with HostileBackend() as backend:
+        text = f"""
+storage: memory
+ledger: sqlite:///{ledger}
+admin_keys: [{hash_key("tw-broken-admin")}]
+upstream: {{read_timeout: 5s, probe_interval: 0}}
+backends:
+  - {{name: hostile, url: "{backend.url}/v1", models: [hostile-llm]}}
+models: {{hostile-llm: {{}}}}
+tenants:
+  app: {{api_keys: [{hash_key(KEY)}], models: [hostile-llm]}}
+"""
+        with serve(create_app(parse_policy(text, file="broken.yaml", environ={}))) as url:
+            yield url
+
+
+def _usage(url: str) -> dict[str, object]:
+    """The tenant's row once the ledger has the request."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        rows = httpx.get(url + "/api/usage", headers=ADMIN).json()["data"]
+        if rows:
+            row: dict[str, object] = rows[0]
+            return row
+        time.sleep(0.1)
+    raise AssertionError("the ledger did not show the request within 10 s")
+
+
+def test_a_stream_broken_off_counts_as_an_error(gateway: str, tmp_path: Path) -> None:
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0) as sdk:
+        chunks = sdk.chat.completions.create(
+            model="hostile-llm",
+            messages=[{"role": "user", "content": "hello"}],
+            stream=True,
+            extra_body={"hostile": "cut_stream"},
+        )
+        seen = []
+        with pytest.raises(openai.APIError):
+            seen.extend(c.choices[0].delta.content for c in chunks if c.choices)
+    assert seen == ["fine"] * 3
+    row = _usage(gateway)
+    assert (row["requests"], row["errors"], row["output_tokens"]) == (1, 1, 3)
+    page = httpx.get(gateway + "/dashboard/tenants/app", headers=ADMIN).text
+    errors = page.split('id="errors"')[1].split("</table>")[0]
+    assert "upstream_error" in errors
