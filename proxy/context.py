@@ -121,6 +121,9 @@ class RequestContext:
     capture: Capture | None = None  # the answer as relayed, for the cache and `log_content`
     checkpointed: UsageRecord | None = None  # the last checkpoint; the final record supersedes it
     server_cycle: LentCycle | None = None  # lent by the server for a stream's direct writes
+    # The (tenant, model) labels a stream's in-flight gauge went up under: a fallback model
+    # may serve it, and the gauge must come down where it went up.
+    inflight_labels: tuple[str, str] | None = None
 
     @property
     def model(self) -> str:

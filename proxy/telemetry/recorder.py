@@ -74,8 +74,9 @@ class Telemetry:
 
     def upstream_started(self, ctx: RequestContext) -> dict[str, str]:
         """The backend call begins; returns headers for it (W3C `traceparent` when tracing)."""
-        if ctx.stream:
-            self.metrics.stream_started(ctx.tenant_name or "", model_label(ctx, self._policy))
+        if ctx.stream and ctx.inflight_labels is None:
+            labels = ctx.inflight_labels = (ctx.tenant_name or "", model_label(ctx, self._policy))
+            self.metrics.stream_started(*labels)
         if ctx.trace is None:
             return {}
         return ctx.trace.upstream_started(ctx, self._clock.monotonic())
@@ -95,8 +96,9 @@ class Telemetry:
 
     def finish(self, ctx: RequestContext, usage: UsageRecord) -> None:
         """Record the settled request: metrics, then the trace's end."""
-        if ctx.stream and ctx.meter.upstream_sent_s is not None:
-            self.metrics.stream_ended(ctx.tenant_name or "", model_label(ctx, self._policy))
+        if ctx.inflight_labels is not None:
+            self.metrics.stream_ended(*ctx.inflight_labels)
+            ctx.inflight_labels = None
         sample = sample_of(
             ctx, self._policy, usage.cost_nusd, usage.duration_ms / 1000.0, usage.saved_cost_nusd
         )

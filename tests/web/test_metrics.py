@@ -11,10 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from proxy.app import create_app
+from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY, make_policy
-from tests.servers import serve
+from tests.servers import free_port, serve
 from tests.telemetry.conftest import extra_tenant
 
 LIMITED_KEY = "tw-test-limited"
@@ -153,3 +154,31 @@ def test_cache_hits_misses_and_what_hits_saved(gateway: str) -> None:
     assert value(samples, saved, **cached, gen_ai_token_type="input") == 2 * usage.prompt_tokens
     assert value(samples, saved, **cached, gen_ai_token_type="output") == 2 * 9
     assert value(samples, "tokenweir_cache_saved_usd_total", **cached) > 0
+
+
+def test_a_stream_that_falls_back_to_another_model_is_counted_and_leaves_flight() -> None:
+    """The in-flight gauge went up under the model asked for and down under the fallback that
+    served: a KeyError after the stream's end, so the request was never counted nor logged,
+    and the asked-for model's gauge stayed up for good."""
+    down = f"http://127.0.0.1:{free_port()}"  # nobody listens: the model falls back
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=2000)) as backend_url:
+        text = f"""
+upstream: {{probe_interval: 0}}
+backends:
+  - {{name: down, url: "{down}/v1", models: [big]}}
+  - {{name: small, url: "{backend_url}/v1", models: [small]}}
+models: {{big: {{fallback_models: [small]}}, small: {{}}}}
+tenants:
+  t: {{api_keys: [{hash_key(ALPHA_KEY)}], models: [big]}}
+"""
+        with (
+            serve(create_app(parse_policy(text, environ={}))) as url,
+            openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk,
+        ):
+            chunks = sdk.chat.completions.create(
+                model="big", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            assert [c.model for c in chunks if c.choices][-1] == "small"
+            samples = scrape(url)
+    assert value(samples, "tokenweir_requests_total", tenant="t") == 1
+    assert [s.value for s in samples["tokenweir_inflight_streams"]] == [0.0]
