@@ -19,9 +19,27 @@ class PriceTable:
             )
             for name, spec in policy.models.items()
         }
+        # What a request for a model may end up costing: its fallback models may answer it.
+        self._ceilings = {
+            name: _ceiling([self._rates.get(m, (0, 0)) for m in (name, *spec.fallback_models)])
+            for name, spec in policy.models.items()
+        }
 
     def cost_nusd(self, model: str, input_tokens: int, output_tokens: int) -> int:
         """What the tokens cost in nano-USD, rounded up (a reservation must not undershoot)."""
-        input_rate, output_rate = self._rates.get(model, (0, 0))
-        pico = input_tokens * input_rate + output_tokens * output_rate
-        return -(-pico // 1000)
+        return _nusd(self._rates.get(model, (0, 0)), input_tokens, output_tokens)
+
+    def ceiling_nusd(self, model: str, input_tokens: int, output_tokens: int) -> int:
+        """The most the tokens may cost on a request for `model`: at the dearest rates of the
+        model and its fallback models (what a reservation must cover, whichever answers)."""
+        return _nusd(self._ceilings.get(model, (0, 0)), input_tokens, output_tokens)
+
+
+def _ceiling(rates: list[tuple[int, int]]) -> tuple[int, int]:
+    return max(r[0] for r in rates), max(r[1] for r in rates)
+
+
+def _nusd(rates: tuple[int, int], input_tokens: int, output_tokens: int) -> int:
+    """Rounded up: a reservation must not undershoot."""
+    pico = input_tokens * rates[0] + output_tokens * rates[1]
+    return -(-pico // 1000)

@@ -117,7 +117,7 @@ class Budgets:
         lease_id = self._lease_ids.next()
         reservation = Reservation(_scope(ctx.tenant_name), lease_id, self._lease_s, quotas)
         input_tokens, output_tokens = ctx.counted_input_tokens or 0, self._output_bound(ctx)
-        amounts = [self._amount(ctx.model, q, input_tokens, output_tokens) for q in quotas]
+        amounts = [self._reserved(ctx.model, q, input_tokens, output_tokens) for q in quotas]
         step = Reserve(
             reservation.scope, reservation.lease_id, [q.counter for q in quotas], amounts,
             lease_until=now + self._lease_s, now=now,
@@ -150,16 +150,23 @@ class Budgets:
         return _refused(quota, refusal.used, refusal.reserved, needed, plan.step.now)
 
     def _amount(self, model: str, quota: Quota, input_tokens: int, output_tokens: int) -> int:
+        """What the tokens used on `model` take from the quota."""
         if quota.in_usd:
             return self._prices.cost_nusd(model, input_tokens, output_tokens)
         return input_tokens + output_tokens
 
+    def _reserved(self, model: str, quota: Quota, input_tokens: int, output_tokens: int) -> int:
+        """What a request for `model` reserves: priced as if its dearest fallback answered."""
+        if quota.in_usd:
+            return self._prices.ceiling_nusd(model, input_tokens, output_tokens)
+        return input_tokens + output_tokens
+
     def _output_that_fits(self, model: str, quota: Quota, taken: int, input_tokens: int) -> int:
         """The most output tokens this quota still holds beside the input (may be < 1)."""
-        room = quota.counter.limit - taken - self._amount(model, quota, input_tokens, 0)
+        room = quota.counter.limit - taken - self._reserved(model, quota, input_tokens, 0)
         if not quota.in_usd:
             return room
-        per_million = self._prices.cost_nusd(model, 0, 1_000_000)
+        per_million = self._prices.ceiling_nusd(model, 0, 1_000_000)
         return room * 1_000_000 // per_million if per_million else DEFAULT_OUTPUT_BOUND
 
     def holding(self, ctx: Admitted) -> bool:

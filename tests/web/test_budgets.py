@@ -14,7 +14,7 @@ from proxy.app import create_app
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.storage import Counter, MemoryStore
-from tests.servers import serve
+from tests.servers import free_port, serve
 
 KEY = "tw-budget-key"
 
@@ -339,3 +339,30 @@ def test_a_reservation_covers_every_answer_of_n_and_of_a_prompt_batch(
     # n > 1 bills the larger of the backend's usage and the gateway's own (estimated) count
     assert four.json()["usage"]["total_tokens"] <= used <= 1000
     assert reserved == 0
+
+
+def test_a_usd_quota_reserves_at_the_costliest_model_that_may_answer(backend_url: str) -> None:
+    """The model asked for is cheap, its fallback 1,000 times dearer, and the cheap one's only
+    backend is down: reserved at the cheap price, one request spent 100 times the day's
+    budget (and any number at once could); reserved at the fallback's, it is refused first."""
+    down = f"http://127.0.0.1:{free_port()}"
+    text = f"""
+upstream: {{probe_interval: 0}}
+backends:
+  - {{name: down, url: "{down}/v1", models: [cheap]}}
+  - {{name: up, url: "{backend_url}/v1", models: [dear]}}
+models:
+  cheap: {{price: {{input_per_1m: 1, output_per_1m: 1}}, fallback_models: [dear]}}
+  dear: {{price: {{input_per_1m: 1000, output_per_1m: 1000}}}}
+tenants:
+  t: {{api_keys: [{hash_key(KEY)}], models: [cheap], budget: {{usd_per_day: 0.001}}}}
+"""
+    with (
+        serve(create_app(parse_policy(text, environ={}))) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as sdk,
+        pytest.raises(openai.RateLimitError) as caught,
+    ):
+        sdk.chat.completions.create(
+            model="cheap", messages=[{"role": "user", "content": "hi"}], max_tokens=100
+        )
+    assert caught.value.code == "insufficient_quota"
