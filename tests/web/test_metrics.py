@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -179,6 +180,16 @@ tenants:
                 model="big", messages=[{"role": "user", "content": "hi"}], stream=True
             )
             assert [c.model for c in chunks if c.choices][-1] == "small"
-            samples = scrape(url)
-    assert value(samples, "tokenweir_requests_total", tenant="t") == 1
+            samples = _once_counted(url)
     assert [s.value for s in samples["tokenweir_inflight_streams"]] == [0.0]
+
+
+def _once_counted(url: str) -> dict[str, list[Sample]]:
+    """The metrics once the request is counted: that happens just after its last byte."""
+    deadline = time.monotonic() + 10
+    while True:
+        samples = scrape(url)
+        if value(samples, "tokenweir_requests_total", tenant="t") == 1:
+            return samples
+        assert time.monotonic() < deadline, "the request was not counted within 10 s"
+        time.sleep(0.05)
