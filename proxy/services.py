@@ -77,12 +77,14 @@ class Services:
         failures = StorageFailures(clock)
         tracer_provider = otel.tracer_provider if otel else None
         metrics = GatewayMetrics(WorkerShare.from_environment())  # --workers N: summed
+        ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
+        if ledger is not None:
+            metrics.watch_ledger(ledger.stats)
         serving = current_policy or (lambda: policy)
         quotas = storage.quotas
         return cls(
             clock, UpstreamClient(policy.upstream, transport), storage,
-            open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None,
-            failures, clock.wall(), metrics,
+            ledger, failures, clock.wall(), metrics,
             open_tracing(tracer_provider) if tracer_provider else None,
             response_cache(policy, clock, storage.cache, serving),
             RateLimits(storage.limits, clock, failures),

@@ -121,6 +121,17 @@ def _totals(url: str) -> tuple[float, ...]:
     return tuple(totals.values())
 
 
+def _ledger_written(url: str) -> float:
+    with httpx.Client() as fresh:
+        text = fresh.get(url + "/metrics").text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tokenweir_ledger_records_written_total"
+    )
+
+
 def _per_worker(temp: Path) -> dict[int, int]:
     """Requests each worker published (its pid: its file's name), read from the share."""
     (directory,) = temp.glob("tokenweir-metrics-*")
@@ -142,6 +153,7 @@ def test_metrics_sum_every_worker_and_survive_a_restart(backend_url: str, tmp_pa
     with _two_workers(backend_url, tmp_path) as (url, temp):
         _chat(url, 20)
         _eventually(lambda: _totals(url) == (20, 20, 10))
+        _eventually(lambda: _ledger_written(url) == 20)  # each worker's ledger, summed too
         answered = _per_worker(temp)
         assert sum(answered.values()) == 20
         assert len(answered) == 2, answered

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -31,6 +32,9 @@ from proxy.telemetry.metricstate import MetricState
 from proxy.telemetry.sample import RequestSample
 from proxy.telemetry.workershare import PUBLISH_S, WorkerShare
 from proxy.upstream.meter import GapHistogram, gap_bucket_mid_s
+
+if TYPE_CHECKING:
+    from proxy.ledger import LedgerStats
 
 __all__ = ["BudgetLeft", "GatewayMetrics"]
 
@@ -74,12 +78,30 @@ class GatewayMetrics(Collector):
         self._share = share
         self._publishing = False
         self._budgets: Sequence[BudgetLeft] = ()
+        self._ledger: Callable[[], LedgerStats] | None = None
         self._gap_spans = _gap_spans(semconv.CHUNK_S)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         ProcessCollector(registry=self.registry)
         if share is not None:
             atexit.register(self._publish)  # the last figures of a worker that stops
+
+    def watch_ledger(self, stats: Callable[[], LedgerStats]) -> None:
+        """Show the ledger's counters (`stats`, read when the figures are rendered or shared):
+        what it wrote, dropped and holds, and its failed writes."""
+        self._ledger = stats
+
+    def _read_ledger(self) -> None:
+        if self._ledger is None:
+            return
+        stats = self._ledger()
+        own = self._own
+        own.ledger = {
+            ("written",): stats.written,
+            ("dropped",): stats.dropped,
+            ("write_failures",): stats.write_failures,
+        }
+        own.ledger_buffered = {(): stats.buffered}
 
     def stream_started(self, tenant: str, model: str) -> None:
         inflight = self._own.inflight
@@ -102,6 +124,7 @@ class GatewayMetrics(Collector):
 
     def _publish(self) -> bytes:
         self._publishing = False
+        self._read_ledger()
         dumped = self._own.dump()
         if self._share is not None:
             self._share.publish(dumped)
@@ -112,6 +135,7 @@ class GatewayMetrics(Collector):
         `budgets` are the quotas just read from storage."""
         self.use_budgets(budgets)
         if self._share is None:
+            self._read_ledger()
             return generate_latest(self.registry)
         whole = MetricState()
         whole.add(self._publish(), alive=True)
@@ -165,6 +189,7 @@ class GatewayMetrics(Collector):
         for key, value in state.inflight.items():
             inflight.add_metric(key, value)
         yield inflight
+        yield from _ledger_metrics(state)
         yield from self._budget_gauges()
 
     def _histograms(self, state: MetricState) -> Iterator[Metric]:
@@ -196,6 +221,28 @@ class GatewayMetrics(Collector):
                 if left.quota.startswith(unit):
                     gauge.add_metric((left.tenant, left.quota), left.left)
             yield gauge
+
+
+def _ledger_metrics(state: MetricState) -> Iterator[Metric]:
+    """The ledger's counters and its buffer, where the gateway keeps one."""
+    if not state.ledger:
+        return
+    for what, name, documentation in _LEDGER_COUNTERS:
+        yield _counter(name, documentation, (), [((), state.ledger.get((what,), 0))])
+    buffered = GaugeMetricFamily(
+        "tokenweir_ledger_records_buffered", "Usage records not written to the ledger yet."
+    )
+    buffered.add_metric((), sum(state.ledger_buffered.values()))
+    yield buffered
+
+
+_LEDGER_COUNTERS = (
+    ("written", "tokenweir_ledger_records_written", "Usage records written to the ledger."),
+    ("dropped", "tokenweir_ledger_records_dropped",
+     "Usage records the ledger dropped: its buffer full, or a record it cannot write."),
+    ("write_failures", "tokenweir_ledger_write_failures",
+     "Ledger writes that failed (retried until the store is back)."),
+)  # fmt: skip
 
 
 def _gap_spans(bounds: Sequence[float]) -> list[tuple[int, int]]:

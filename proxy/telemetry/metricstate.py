@@ -2,9 +2,9 @@
 the event loop with no lock, and their JSON form, so `serve --workers N` can sum every worker's
 (proxy/telemetry/workershare.py).
 
-Each worker's figures only grow, except `inflight` (streams relayed now), a gauge: summing
-workers adds their counters and histogram buckets, and their in-flight streams only for workers
-still alive (a dead worker relays nothing).
+Each worker's figures only grow, except two gauges, `inflight` (streams relayed now) and
+`ledger_buffered` (records not written yet): summing workers adds their counters and histogram
+buckets, and their gauges only for workers still alive (a dead worker holds none).
 """
 
 from __future__ import annotations
@@ -93,7 +93,10 @@ _Key = tuple[str, ...]
 class MetricState:
     """One process's figures (or the sum of several processes')."""
 
-    __slots__ = ("cache", "degraded", "inflight", "rejected", "saved_tokens", "saved_usd", "series")
+    __slots__ = (
+        "cache", "degraded", "inflight", "ledger", "ledger_buffered", "rejected", "saved_tokens",
+        "saved_usd", "series",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.series: dict[Labels, Series] = {}
@@ -103,6 +106,8 @@ class MetricState:
         self.rejected: dict[_Key, int] = {}  # (tenant, model, reason)
         self.degraded: dict[_Key, int] = {}  # (tenant, rule)
         self.inflight: dict[_Key, int] = {}  # (tenant, model)
+        self.ledger: dict[_Key, int] = {}  # (what,): the ledger's records written, dropped, ...
+        self.ledger_buffered: dict[_Key, int] = {}  # (): its records not written yet
 
     def record(self, sample: RequestSample, gap_spans: Sequence[tuple[int, int]]) -> None:
         series = self.series.get(sample.labels)
@@ -155,7 +160,8 @@ class MetricState:
             for labels, s in self.series.items()
         ]  # fmt: skip
         counters = {name: list(getattr(self, name).items()) for name in _COUNTERS}
-        return orjson.dumps({"series": series, **counters, "inflight": list(self.inflight.items())})
+        gauges = {name: list(getattr(self, name).items()) for name in _GAUGES}
+        return orjson.dumps({"series": series, **counters, **gauges})
 
     def add(self, dumped: bytes, *, alive: bool) -> None:
         """Add another process's `dump()`: counters and histograms always, its in-flight
@@ -170,11 +176,12 @@ class MetricState:
             series.cost_usd += cost
             for name, (counts, total) in zip(HISTOGRAMS, hists, strict=True):
                 series.histogram(name).add(counts, total)
-        for name in (*_COUNTERS, "inflight") if alive else _COUNTERS:
+        for name in (*_COUNTERS, *_GAUGES) if alive else _COUNTERS:
             mine: dict[_Key, Any] = getattr(self, name)
-            for labels, value in data[name]:
+            for labels, value in data.get(name, ()):  # a worker of an older version: none
                 key2 = tuple(labels)
                 mine[key2] = mine.get(key2, 0) + value
 
 
-_COUNTERS = ("cache", "saved_tokens", "saved_usd", "rejected", "degraded")
+_COUNTERS = ("cache", "saved_tokens", "saved_usd", "rejected", "degraded", "ledger")
+_GAUGES = ("inflight", "ledger_buffered")  # a dead worker's are not summed: it holds none
