@@ -117,7 +117,7 @@ class Budgets:
         lease_id = self._lease_ids.next()
         reservation = Reservation(_scope(ctx.tenant_name), lease_id, self._lease_s, quotas)
         input_tokens, output_tokens = ctx.counted_input_tokens or 0, self._output_bound(ctx)
-        amounts = [self._reserved(ctx.model, q, input_tokens, output_tokens) for q in quotas]
+        amounts = [self._reserved(ctx, q, input_tokens, output_tokens) for q in quotas]
         step = Reserve(
             reservation.scope, reservation.lease_id, [q.counter for q in quotas], amounts,
             lease_until=now + self._lease_s, now=now,
@@ -134,7 +134,7 @@ class Budgets:
             return False
         quota = plan.reservation.quotas[refusal.index]
         left = refusal.used + refusal.reserved
-        fits = self._output_that_fits(ctx.model, quota, left, plan.input_tokens)
+        fits = self._output_that_fits(ctx, quota, left, plan.input_tokens)
         answers = ctx.outgoing.answers
         each = fits // answers  # every answer gets the same bound
         if not _may_shorten(ctx) or not 1 <= each < plan.output_tokens // answers:
@@ -155,18 +155,21 @@ class Budgets:
             return self._prices.cost_nusd(model, input_tokens, output_tokens)
         return input_tokens + output_tokens
 
-    def _reserved(self, model: str, quota: Quota, input_tokens: int, output_tokens: int) -> int:
-        """What a request for `model` reserves: priced as if its dearest fallback answered."""
+    def _reserved(self, ctx: Admitted, quota: Quota, input_tokens: int, output_tokens: int) -> int:
+        """What a request reserves: priced as if the dearest model that may answer it did (a
+        fallback, or one a degradation rule switches to)."""
         if quota.in_usd:
-            return self._prices.ceiling_nusd(model, input_tokens, output_tokens)
+            return self._prices.ceiling_nusd(
+                ctx.model, input_tokens, output_tokens, ctx.tenant_name
+            )
         return input_tokens + output_tokens
 
-    def _output_that_fits(self, model: str, quota: Quota, taken: int, input_tokens: int) -> int:
+    def _output_that_fits(self, ctx: Admitted, quota: Quota, taken: int, input_tokens: int) -> int:
         """The most output tokens this quota still holds beside the input (may be < 1)."""
-        room = quota.counter.limit - taken - self._reserved(model, quota, input_tokens, 0)
+        room = quota.counter.limit - taken - self._reserved(ctx, quota, input_tokens, 0)
         if not quota.in_usd:
             return room
-        per_million = self._prices.ceiling_nusd(model, 0, 1_000_000)
+        per_million = self._prices.ceiling_nusd(ctx.model, 0, 1_000_000, ctx.tenant_name)
         return room * 1_000_000 // per_million if per_million else DEFAULT_OUTPUT_BOUND
 
     def holding(self, ctx: Admitted) -> bool:

@@ -366,3 +366,31 @@ tenants:
             model="cheap", messages=[{"role": "user", "content": "hi"}], max_tokens=100
         )
     assert caught.value.code == "insufficient_quota"
+
+
+def test_a_usd_quota_reserves_at_the_model_a_degradation_rule_switches_to(
+    backend_url: str,
+) -> None:
+    """A rule that sends the tenant's requests to a 1,000 times dearer model fires after the
+    reservation, made at the asked model's price: one request spent 100 times the day's budget.
+    Reserved at the rule's model's price, it is refused first; a shadow rule changes nothing."""
+    body = {"model": "cheap", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+    for shadow, refused in ((False, True), (True, False)):
+        text = f"""
+backends: [{{name: up, url: "{backend_url}/v1", models: [cheap, dear]}}]
+models:
+  cheap: {{price: {{input_per_1m: 1, output_per_1m: 1}}}}
+  dear: {{price: {{input_per_1m: 1000, output_per_1m: 1000}}}}
+tenants:
+  t:
+    api_keys: [{hash_key(KEY)}]
+    models: [cheap]
+    budget: {{usd_per_day: 0.001}}
+    degrade: [{{name: upgrade, when: {{}}, then: {{model: dear}}, shadow: {str(shadow).lower()}}}]
+"""
+        auth = {"authorization": f"Bearer {KEY}"}
+        with serve(create_app(parse_policy(text, environ={}))) as url:
+            answer = httpx.post(url + "/v1/chat/completions", json=body, headers=auth)
+        assert answer.status_code == (429 if refused else 200), answer.text
+        if refused:
+            assert answer.json()["error"]["code"] == "insufficient_quota"
