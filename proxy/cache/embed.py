@@ -8,6 +8,7 @@ numpy is imported by the first vector made (proxy/cache/vectors.py says why).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,7 +20,17 @@ from proxy.policy.model import Backend
 if TYPE_CHECKING:
     from proxy.cache.vectors import Vector
 
-__all__ = ["BackendEmbedder", "Embedder", "EmbedderUnavailable", "normalise"]
+__all__ = [
+    "MAX_DIMENSIONS",
+    "BackendEmbedder",
+    "Embedder",
+    "EmbedderUnavailable",
+    "normalise",
+]
+
+MAX_DIMENSIONS = 16_384
+"""The largest embedding taken (the widest common models have 4,096; a stored vector's header
+holds at most 65,535)."""
 
 
 class EmbedderUnavailable(Exception):
@@ -84,14 +95,38 @@ class BackendEmbedder:
 
 
 def _first_vector(raw: bytes, backend: str) -> Vector:
+    """The answer's one embedding: an answer for more or fewer inputs than the one asked is
+    refused, as is anything `_unit` refuses."""
+    try:
+        data = orjson.loads(raw)["data"]
+        values = data[0]["embedding"] if isinstance(data, list) and len(data) == 1 else None
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        raise EmbedderUnavailable(f"{backend}: not an embeddings answer") from exc
+    if values is None:
+        raise EmbedderUnavailable(f"{backend}: not one embedding for the one input")
+    return _unit(values, backend)
+
+
+def _unit(values: object, backend: str) -> Vector:
+    """`values` as a unit float32 vector: a list of 1 to MAX_DIMENSIONS JSON numbers (no
+    strings, booleans or nested lists), finite, not all zero. Anything else would be stored as
+    a vector no search can use (NaN), or could not be stored at all (too many dimensions)."""
     import numpy as np
 
+    count = len(values) if isinstance(values, list) else 0
+    if not 0 < count <= MAX_DIMENSIONS:
+        raise EmbedderUnavailable(f"{backend}: an embedding of {count} dimensions")
     try:
-        values = orjson.loads(raw)["data"][0]["embedding"]
-        vector = np.asarray(values, dtype=np.float32)
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:
-        raise EmbedderUnavailable(f"{backend}: not an embeddings answer") from exc
-    norm = float(np.linalg.norm(vector))
-    if vector.ndim != 1 or not norm:
-        raise EmbedderUnavailable(f"{backend}: an empty or malformed vector")
-    return vector / norm
+        # No dtype asked: a string, a boolean or a nested list shows in the one numpy picks.
+        vector = np.asarray(values)
+    except ValueError as exc:  # a ragged nesting
+        raise EmbedderUnavailable(f"{backend}: a malformed embedding") from exc
+    if vector.ndim != 1 or vector.dtype.kind not in "iuf":
+        raise EmbedderUnavailable(f"{backend}: an embedding that is not a list of numbers")
+    with np.errstate(over="ignore", invalid="ignore"):
+        wide = vector.astype(np.float64)
+        norm = float(np.linalg.norm(wide))
+    if not (math.isfinite(norm) and norm > 0.0):
+        raise EmbedderUnavailable(f"{backend}: an embedding with a length of {norm}")
+    result: Vector = (wide / norm).astype(np.float32)
+    return result

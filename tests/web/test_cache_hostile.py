@@ -1,0 +1,150 @@
+"""The semantic cache against a hostile embedder and verifier (a Starlette server on 127.0.0.1
+answering `/v1/embeddings` and `/v1/rerank` with whatever a test sets): no answer of theirs may
+break a request, leak its hold on the tenant's limits, store a vector the cache cannot use, or
+turn a candidate into a hit the verifier did not give."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from proxy.app import create_app
+from proxy.policy import Policy, parse_policy
+from proxy.policy.units import hash_key
+from tests.servers import serve
+
+KEY = "tw-test-hostile-embedder"
+UNIT = [1.0, 0.0, 0.0, 0.0]
+
+
+class Hostile:
+    """What the next embeddings and rerank answers are: a vector (sent as OpenAI's list of one),
+    raw bytes, or `endless` (whitespace, a MiB at a time, for ever)."""
+
+    def __init__(self) -> None:
+        self.embedding: Any = UNIT
+        self.rerank: bytes = b'{"results": [{"index": 0, "relevance_score": 0.0}]}'
+        self.endless: set[str] = set()
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+                Route("/v1/rerank", self._rerank, methods=["POST"]),
+            ]
+        )
+
+    async def _embeddings(self, request: Request) -> Response:
+        await request.body()
+        if "embeddings" in self.endless:
+            return StreamingResponse(_whitespace(), media_type="application/json")
+        raw = self.embedding
+        if not isinstance(raw, bytes):
+            raw = orjson.dumps({"object": "list", "data": [{"index": 0, "embedding": raw}]})
+        return Response(raw, media_type="application/json")
+
+    async def _rerank(self, request: Request) -> Response:
+        await request.body()
+        if "rerank" in self.endless:
+            return StreamingResponse(_whitespace(), media_type="application/json")
+        return Response(self.rerank, media_type="application/json")
+
+
+async def _whitespace() -> AsyncIterator[bytes]:
+    chunk = b" " * (1 << 20)
+    while True:
+        yield chunk
+
+
+def policy(backend_url: str, hostile_url: str, cache: str, storage: str) -> Policy:
+    """One tenant allowed one request at a time: a hold never given back shows as a 429."""
+    text = f"""
+storage: {storage}
+embedder: {{model: evil-embed, timeout: 2s}}
+backends:
+  - {{name: mock-a, url: {backend_url}/v1, models: [mock-llm]}}
+  - {{name: evil, url: {hostile_url}/v1, models: [evil-embed]}}
+models:
+  mock-llm: {{}}
+  evil-embed: {{}}
+tenants:
+  alpha:
+    api_keys: [{hash_key(KEY)}]
+    models: [mock-llm]
+    limits: {{max_concurrent: 1}}
+    cache: {cache}
+"""
+    return parse_policy(text, file="hostile.yaml", environ={})
+
+
+@pytest.fixture
+def hostile() -> Hostile:
+    return Hostile()
+
+
+@pytest.fixture
+def hostile_url(hostile: Hostile) -> Iterator[str]:
+    with serve(hostile.app()) as url:
+        yield url
+
+
+def gateway(
+    backend_url: str, hostile_url: str, cache: str = "{mode: semantic}", storage: str = "memory"
+) -> Any:
+    return serve(create_app(policy(backend_url, hostile_url, cache, storage)))
+
+
+def ask(url: str, question: str) -> httpx.Response:
+    payload = {
+        "model": "mock-llm",
+        "messages": [{"role": "user", "content": question}],
+        "temperature": 0,
+    }
+    auth = {"authorization": f"Bearer {KEY}"}
+    return httpx.post(url + "/v1/chat/completions", json=payload, headers=auth, timeout=30)
+
+
+def answered(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    content: str = response.json()["choices"][0]["message"]["content"]
+    assert content
+    return response.headers["x-tokenweir-cache"]
+
+
+def stored_vectors(redis_url: str) -> int:
+    """Vectors in the streams the in-process mirrors read (a Redis without vector search)."""
+    with redis.Redis.from_url(redis_url) as admin:
+        return sum(int(admin.xlen(key)) for key in admin.scan_iter(match="tw:*:cache:v:*"))
+
+
+@pytest.mark.parametrize(
+    "embedding",
+    [
+        pytest.param([1.0] + [0.0] * 70_000, id="70001-dimensions"),
+        pytest.param(["NaN", 1.0, 0.0, 0.0], id="nan"),
+        pytest.param([True, False, False, False], id="booleans"),
+        pytest.param(["1", "0", "0", "0"], id="strings"),
+        pytest.param(
+            orjson.dumps({"data": [{"embedding": UNIT}, {"embedding": UNIT}]}), id="two-for-one"
+        ),
+    ],
+)
+def test_an_embedding_the_cache_cannot_use_is_no_vector_and_breaks_nothing(
+    backend_url: str, hostile: Hostile, hostile_url: str, redis_url: str, embedding: Any
+) -> None:
+    hostile.embedding = embedding
+    with gateway(backend_url, hostile_url, storage=redis_url) as url:
+        first = ask(url, "What is the capital of France?")
+        again = ask(url, "What is the capital of France?")
+    assert answered(first) == "miss"
+    assert answered(again) == "hit"  # the exact cache still works, and the first gave back its hold
+    assert stored_vectors(redis_url) == 0
