@@ -30,6 +30,7 @@ _INLINE_ROWS = 256
 class _Partition:
     cursor: str = START
     index: VectorIndex | None = None
+    dim: int = 0  # the index's; rows and queries of another (an embedder that changed) are skipped
     keys: list[str | None] = field(default_factory=list)
     questions: list[str] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -59,7 +60,7 @@ class Mirrors:
             self._loading.add(task)
             task.add_done_callback(self._loading.discard)
             return []
-        if mirror.index is None:
+        if mirror.index is None or query.shape[0] != mirror.dim:
             return []
         return [
             VectorHit(key, similarity, mirror.questions[row])
@@ -128,12 +129,17 @@ class Mirrors:
 
 
 def _extend(mirror: _Partition, rows: list[tuple[str, bytes]]) -> None:
-    decoded = [unpack(raw) for _, raw in rows]
-    vectors = np.stack([vector for vector, _ in decoded])
+    decoded = [(key, *unpack(raw)) for key, raw in rows]
+    if not mirror.dim:
+        mirror.dim = decoded[0][1].shape[0]
+    kept = [row for row in decoded if row[1].shape[0] == mirror.dim]
+    if not kept:
+        return
+    vectors = np.stack([vector for _, vector, _ in kept])
     if mirror.index is None:
-        mirror.index = FlatIndex(vectors.shape[1])
+        mirror.index = FlatIndex(mirror.dim)
     if isinstance(mirror.index, FlatIndex) and len(mirror.index) + len(vectors) > FLAT_MAX:
-        mirror.index = HnswIndex(vectors.shape[1], mirror.index.matrix)
+        mirror.index = HnswIndex(mirror.dim, mirror.index.matrix)
     mirror.index.add(vectors)
-    mirror.keys.extend(key for key, _ in rows)
-    mirror.questions.extend(question for _, question in decoded)
+    mirror.keys.extend(key for key, _, _ in kept)
+    mirror.questions.extend(question for _, _, question in kept)

@@ -148,3 +148,24 @@ def test_an_embedding_the_cache_cannot_use_is_no_vector_and_breaks_nothing(
     assert answered(first) == "miss"
     assert answered(again) == "hit"  # the exact cache still works, and the first gave back its hold
     assert stored_vectors(redis_url) == 0
+
+
+def test_an_embedder_whose_dimension_changes_breaks_no_request(
+    backend_url: str, hostile: Hostile, hostile_url: str, redis_url: str
+) -> None:
+    """The in-process mirror's search (here on a Redis without vector search): a question of
+    another dimension than the partition's vectors is a miss, and a partition whose stream
+    holds both (two replicas, each with an embedder of its own mind) still serves the first."""
+    spec = "{mode: semantic, similarity: 0.9}"
+    with gateway(backend_url, hostile_url, spec, redis_url) as url:
+        assert answered(ask(url, "What is the capital of France?")) == "miss"
+        hostile.embedding = [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        wider = ask(url, "Where is the Louvre?")
+        again = ask(url, "Where is the Louvre?")
+    assert answered(wider) == "miss"
+    assert answered(again) == "hit"
+    assert stored_vectors(redis_url) == 2  # both in the partition's stream
+    hostile.embedding = UNIT
+    with gateway(backend_url, hostile_url, spec, redis_url) as url:  # a fresh mirror reads both
+        reworded = ask(url, "what is the capital of france")
+    assert answered(reworded) == "semantic-hit"
