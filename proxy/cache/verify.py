@@ -6,6 +6,7 @@ The request is the Cohere/Jina shape vLLM serves: `{model, query, documents}`, a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import anyio
@@ -57,10 +58,30 @@ class Reranker:
 
 
 def _scores(raw: bytes, count: int, backend: str) -> list[float]:
-    scores = [0.0] * count
+    """Each document's score (0 where the answer gives none). An index must be a JSON integer
+    naming one of the documents and a score a finite JSON number: `"NaN"` once passed every
+    threshold (`score < threshold` is false for NaN), `-1` scored the last document, `"0.99"` and
+    `true` were taken as numbers."""
     try:
-        for result in orjson.loads(raw)["results"]:
-            scores[int(result["index"])] = float(result["relevance_score"])
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:
+        results = orjson.loads(raw)["results"]
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
         raise VerifierUnavailable(f"{backend}: not a rerank answer") from exc
+    if not isinstance(results, list):
+        raise VerifierUnavailable(f"{backend}: not a rerank answer")
+    scores = [0.0] * count
+    for result in results:
+        index, score = _scored(result)
+        if index is None or not 0 <= index < count or score is None:
+            raise VerifierUnavailable(f"{backend}: a rerank result that is not a score")
+        scores[index] = score
     return scores
+
+
+def _scored(result: object) -> tuple[int | None, float | None]:
+    if not isinstance(result, dict):
+        return None, None
+    index, score = result.get("index"), result.get("relevance_score")
+    finite = None
+    if isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score):
+        finite = float(score)
+    return (index if type(index) is int else None), finite

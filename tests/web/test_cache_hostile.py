@@ -169,3 +169,28 @@ def test_an_embedder_whose_dimension_changes_breaks_no_request(
     with gateway(backend_url, hostile_url, spec, redis_url) as url:  # a fresh mirror reads both
         reworded = ask(url, "what is the capital of france")
     assert answered(reworded) == "semantic-hit"
+
+
+VERIFIED = "{mode: semantic, similarity: 0.9, verifier: {backend: evil, model: r, threshold: 0.5}}"
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        pytest.param('{"index": 0, "relevance_score": 0.99}', "semantic-hit", id="a-real-yes"),
+        pytest.param('{"index": 0, "relevance_score": 0.1}', "miss", id="a-real-no"),
+        pytest.param('{"index": 0, "relevance_score": "NaN"}', "miss", id="nan"),
+        pytest.param('{"index": 0, "relevance_score": "0.99"}', "miss", id="a-string"),
+        pytest.param('{"index": 0, "relevance_score": true}', "miss", id="true"),
+        pytest.param('{"index": -1, "relevance_score": 0.99}', "miss", id="index-minus-one"),
+        pytest.param('{"index": 0.0, "relevance_score": 0.99}', "miss", id="index-a-float"),
+    ],
+)
+def test_only_a_verifiers_finite_score_for_a_candidate_makes_a_hit(
+    backend_url: str, hostile: Hostile, hostile_url: str, result: str, expected: str
+) -> None:
+    hostile.rerank = b'{"results": [%s]}' % result.encode()
+    with gateway(backend_url, hostile_url, VERIFIED) as url:
+        assert answered(ask(url, "What is the capital of France?")) == "miss"
+        reworded = ask(url, "what is the capital of france")  # the same vector: a candidate
+    assert answered(reworded) == expected
