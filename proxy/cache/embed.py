@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 import orjson
 
+from proxy.cache.reply import ReplyRefused, post_capped
 from proxy.policy.model import Backend
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ __all__ = [
 MAX_DIMENSIONS = 16_384
 """The largest embedding taken (the widest common models have 4,096; a stored vector's header
 holds at most 65,535)."""
+_ANSWER_BYTES = 4 * 1024 * 1024
+"""An embeddings answer past this is refused: MAX_DIMENSIONS numbers take under 0.5 MB."""
 
 
 class EmbedderUnavailable(Exception):
@@ -80,15 +83,14 @@ class BackendEmbedder:
         if backend.api_key is not None:
             headers["authorization"] = "Bearer " + backend.api_key.get_secret_value()
         body = orjson.dumps({"model": self._model, "input": text})
+        url = backend.url + "/embeddings"
         try:
-            response = await self._client.post(
-                backend.url + "/embeddings", content=body, headers=headers
+            raw = await post_capped(
+                self._client, url, content=body, headers=headers, limit_bytes=_ANSWER_BYTES
             )
-        except httpx.HTTPError as exc:
-            raise EmbedderUnavailable(f"{backend.name}: {type(exc).__name__}") from exc
-        if response.status_code != 200:
-            raise EmbedderUnavailable(f"{backend.name}: HTTP {response.status_code}")
-        return _first_vector(response.content, backend.name)
+        except ReplyRefused as exc:
+            raise EmbedderUnavailable(f"{backend.name}: {exc}") from exc
+        return _first_vector(raw, backend.name)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -13,9 +13,13 @@ import anyio
 import httpx
 import orjson
 
+from proxy.cache.reply import ReplyRefused, post_capped
 from proxy.policy.model import Backend, VerifierSpec
 
 __all__ = ["Reranker", "VerifierUnavailable"]
+
+_ANSWER_BYTES = 1024 * 1024
+"""A rerank answer past this (and past what its documents take) is refused."""
 
 
 class VerifierUnavailable(Exception):
@@ -41,16 +45,19 @@ class Reranker:
         body = orjson.dumps({"model": spec.model, "query": query, "documents": documents})
         if self._client is None:
             self._client = httpx.AsyncClient(trust_env=False)
+        # Rerankers may send the documents back (vLLM does), escaped as JSON may escape them.
+        limit = _ANSWER_BYTES + 8 * len(body)
         try:
             with anyio.fail_after(spec.timeout):
-                response = await self._client.post(
-                    backend.url + "/rerank", content=body, headers=headers, timeout=spec.timeout
-                )
-        except (httpx.HTTPError, TimeoutError) as exc:
-            raise VerifierUnavailable(f"{backend.name}: {type(exc).__name__}") from exc
-        if response.status_code != 200:
-            raise VerifierUnavailable(f"{backend.name}: HTTP {response.status_code}")
-        return _scores(response.content, len(documents), backend.name)
+                raw = await post_capped(
+                    self._client, backend.url + "/rerank", content=body, headers=headers,
+                    limit_bytes=limit, timeout_s=spec.timeout,
+                )  # fmt: skip
+        except TimeoutError as exc:
+            raise VerifierUnavailable(f"{backend.name}: TimeoutError") from exc
+        except ReplyRefused as exc:
+            raise VerifierUnavailable(f"{backend.name}: {exc}") from exc
+        return _scores(raw, len(documents), backend.name)
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -34,6 +34,7 @@ class Hostile:
         self.embedding: Any = UNIT
         self.rerank: bytes = b'{"results": [{"index": 0, "relevance_score": 0.0}]}'
         self.endless: set[str] = set()
+        self.sent_bytes = 0  # of endless answers, as the gateway read them
 
     def app(self) -> Starlette:
         return Starlette(
@@ -46,7 +47,7 @@ class Hostile:
     async def _embeddings(self, request: Request) -> Response:
         await request.body()
         if "embeddings" in self.endless:
-            return StreamingResponse(_whitespace(), media_type="application/json")
+            return StreamingResponse(self._whitespace(request), media_type="application/json")
         raw = self.embedding
         if not isinstance(raw, bytes):
             raw = orjson.dumps({"object": "list", "data": [{"index": 0, "embedding": raw}]})
@@ -55,14 +56,15 @@ class Hostile:
     async def _rerank(self, request: Request) -> Response:
         await request.body()
         if "rerank" in self.endless:
-            return StreamingResponse(_whitespace(), media_type="application/json")
+            return StreamingResponse(self._whitespace(request), media_type="application/json")
         return Response(self.rerank, media_type="application/json")
 
-
-async def _whitespace() -> AsyncIterator[bytes]:
-    chunk = b" " * (1 << 20)
-    while True:
-        yield chunk
+    async def _whitespace(self, request: Request) -> AsyncIterator[bytes]:
+        """A MiB of whitespace at a time until the gateway hangs up, counting what it took."""
+        chunk = b" " * (1 << 20)
+        while not await request.is_disconnected():
+            yield chunk
+            self.sent_bytes += len(chunk)
 
 
 def policy(backend_url: str, hostile_url: str, cache: str, storage: str) -> Policy:
@@ -194,3 +196,17 @@ def test_only_a_verifiers_finite_score_for_a_candidate_makes_a_hit(
         assert answered(ask(url, "What is the capital of France?")) == "miss"
         reworded = ask(url, "what is the capital of france")  # the same vector: a candidate
     assert answered(reworded) == expected
+
+
+@pytest.mark.parametrize("service", ["embeddings", "rerank"])
+def test_an_endless_answer_from_the_embedder_or_verifier_is_read_only_so_far(
+    backend_url: str, hostile: Hostile, hostile_url: str, service: str
+) -> None:
+    """Read until its deadline (2 s, 1 s), the endless answer took hundreds of MB of the
+    gateway's memory, for each request at once; now reading stops at a few MB."""
+    with gateway(backend_url, hostile_url, VERIFIED) as url:
+        assert answered(ask(url, "What is the capital of France?")) == "miss"
+        hostile.endless.add(service)
+        reworded = ask(url, "what is the capital of france")
+    assert answered(reworded) == "miss"
+    assert hostile.sent_bytes < 64 * 1024 * 1024
