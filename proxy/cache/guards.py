@@ -22,6 +22,9 @@ _CAPITALISED = re.compile(r"(?<![.?!]\s)(?<!^)\b[A-Z][\w’'-]*")
 _SEPARATORS = re.compile(r"[\s\-_.’']+")
 _SWAP_MAX = 2
 """More unmatched names than this on a side is a rewording (lists, acronyms), not a swap."""
+_RUN_TOGETHER_MAX = 32
+"""At most this many names are looked for run together in the other question (more are a list
+anyway): each look reads the whole of it, and a question of 40,000 names took 7.6 s."""
 _OPPOSITES = (
     ("increase", "decrease"),
     ("increase", "reduce"),
@@ -124,11 +127,18 @@ def _swapped(one: str, other: str, mine: set[str], theirs: set[str]) -> bool:
 def _unmatched(text: str, other: str) -> list[str]:
     """The names in `text` that `other` does not mention, as a word or inside a longer one."""
     words = {_stem(word) for word in _WORD.findall(other)}
+    absent = [
+        name
+        for name in (_stem(w) for w in _CAPITALISED.findall(text) if w != "I")
+        if name not in words
+    ]
+    if len(absent) > _RUN_TOGETHER_MAX:
+        return absent  # a list, not a swap, whatever of it runs together in `other`
     run_together = _SEPARATORS.sub("", other.casefold())
     return [
         name
-        for name in (_stem(w) for w in _CAPITALISED.findall(text) if w != "I")
-        if name not in words and not (len(name) >= 4 and _SEPARATORS.sub("", name) in run_together)
+        for name in absent
+        if not (len(name) >= 4 and _SEPARATORS.sub("", name) in run_together)
     ]
 
 
