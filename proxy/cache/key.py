@@ -74,9 +74,12 @@ def _temperature(body: dict[str, Any]) -> float:
 
 
 def _single_plain_answer(body: dict[str, Any]) -> bool:
-    """One choice, no log-probabilities: what a stored answer can faithfully reproduce."""
-    n = body.get("n")
-    return (n is None or n == 1) and not body.get("logprobs") and not body.get("top_logprobs")
+    """One choice, no log-probabilities: what a stored answer can faithfully reproduce.
+    Completions' `logprobs: 0` asks for the sampled tokens' own (false as a number, not
+    as a request)."""
+    n, logprobs = body.get("n"), body.get("logprobs")
+    no_logprobs = logprobs is None or logprobs is False
+    return (n is None or n == 1) and no_logprobs and not body.get("top_logprobs")
 
 
 def _question(body: dict[str, Any]) -> str | None:

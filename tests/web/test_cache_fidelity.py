@@ -1,0 +1,91 @@
+"""What the exact cache may answer: only what a stored answer reproduces in full. A backend on
+127.0.0.1 (Starlette) answers completions with the log-probabilities OpenAI and vLLM send for
+`logprobs: 0` (the sampled tokens' own)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from proxy.app import create_app
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from tests.servers import serve
+
+KEY = "tw-test-cache-fidelity"
+
+
+async def completions(request: Request) -> JSONResponse:
+    body = await request.json()
+    logprobs = None
+    if body.get("logprobs") is not None:
+        logprobs = {
+            "tokens": ["Paris"],
+            "token_logprobs": [-0.01],
+            "top_logprobs": [{"Paris": -0.01}] if body["logprobs"] else None,
+            "text_offset": [0],
+        }
+    choice = {"index": 0, "text": "Paris", "logprobs": logprobs, "finish_reason": "stop"}
+    return JSONResponse(
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 1,
+            "model": "logprob-llm",
+            "choices": [choice],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        }
+    )
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    backend = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+    with serve(backend) as backend_url:
+        policy = parse_policy(
+            f"""
+backends:
+  - {{name: b, url: {backend_url}/v1, models: [logprob-llm]}}
+models:
+  logprob-llm: {{}}
+tenants:
+  alpha: {{api_keys: [{hash_key(KEY)}], models: [logprob-llm], cache: {{mode: exact}}}}
+""",
+            file="fidelity.yaml",
+            environ={},
+        )
+        with serve(create_app(policy)) as gateway_url:
+            yield gateway_url
+
+
+def complete(url: str, **fields: Any) -> httpx.Response:
+    payload = {"model": "logprob-llm", "prompt": "The capital of France is", "temperature": 0}
+    auth = {"authorization": f"Bearer {KEY}"}
+    answer = httpx.post(url + "/v1/completions", json={**payload, **fields}, headers=auth)
+    assert answer.status_code == 200, answer.text
+    return answer
+
+
+@pytest.mark.parametrize("logprobs", [0, 1])
+def test_a_completion_asked_for_logprobs_is_never_answered_without_them(
+    url: str, logprobs: int
+) -> None:
+    first, second = (complete(url, logprobs=logprobs) for _ in range(2))
+    for answer in (first, second):
+        assert answer.json()["choices"][0]["logprobs"]["tokens"] == ["Paris"]
+    assert second.headers["x-tokenweir-cache"] != "hit"
+
+
+def test_a_completion_without_logprobs_is_still_cached(url: str) -> None:
+    first, second = complete(url), complete(url)
+    assert (first.headers["x-tokenweir-cache"], second.headers["x-tokenweir-cache"]) == (
+        "miss",
+        "hit",
+    )
