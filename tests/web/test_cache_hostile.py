@@ -22,7 +22,10 @@ from starlette.routing import Route
 from proxy.app import create_app
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
+from tests.redis8 import redis8_server, redis8_url
 from tests.servers import serve
+
+__all__ = ["redis8_server", "redis8_url"]  # fixtures
 
 KEY = "tw-test-hostile-embedder"
 UNIT = [1.0, 0.0, 0.0, 0.0]
@@ -229,3 +232,28 @@ def test_two_long_questions_full_of_names_are_compared_in_linear_time(
         elapsed_s = time.monotonic() - started
     assert answered(second) == "semantic-hit"
     assert elapsed_s < 5.0  # the old code took 7.9 s here, unloaded
+
+
+def wait_for_keys(url: str, pattern: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    with redis.Redis.from_url(url) as admin:
+        while not any(admin.scan_iter(match=pattern)):
+            assert time.monotonic() < deadline, f"no {pattern} within {timeout_s} s"
+            time.sleep(0.05)
+
+
+def test_a_vector_set_of_another_dimension_is_a_miss_not_a_storage_failure(
+    backend_url: str, hostile: Hostile, hostile_url: str, redis8_url: str
+) -> None:
+    """Redis 8's vector sets refuse a question of another dimension than the partition's set:
+    the lookup counted that as the cache storage failing, so the exact cache was skipped too
+    and nothing was stored until the set expired."""
+    spec = "{mode: semantic, similarity: 0.9, vector_search: redis-vsets}"
+    with gateway(backend_url, hostile_url, spec, redis8_url) as url:
+        assert answered(ask(url, "What is the capital of France?")) == "miss"
+        wait_for_keys(redis8_url, "tw:*:cache:s:*")  # the vector is written in the background
+        hostile.embedding = [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        wider = ask(url, "Where is the Louvre?")
+        again = ask(url, "Where is the Louvre?")
+    assert answered(wider) == "miss"
+    assert answered(again) == "hit"

@@ -13,7 +13,9 @@ from functools import partial
 from typing import Any, Literal
 
 import orjson
+from redis.exceptions import ResponseError
 
+from proxy.storage.base import StorageError
 from proxy.storage.cache import Graph, VectorHit
 from proxy.storage.redis.cache_writer import BatchedWriter, Command, run
 from proxy.storage.redis.conn import translated
@@ -56,8 +58,14 @@ class RedisVectorSets(BatchedWriter[_Add | _Remove]):
     ) -> list[VectorHit]:
         key = set_key(self._prefix_of(tenant), partition)
         command = ("VSIM", key, "FP32", query, "WITHSCORES", "WITHATTRIBS", "COUNT", count)
-        with translated("cache storage"):
-            found = await self._client.execute_command(*command, "EF", ef)
+        try:
+            with translated("cache storage"):
+                found = await self._client.execute_command(*command, "EF", ef)
+        except StorageError as exc:
+            # The set holds another dimension's vectors (the embedder changed): nothing near.
+            if isinstance(exc.__cause__, ResponseError) and "dimension mismatch" in str(exc):
+                return []
+            raise
         return [_hit(member, scored) for member, scored in (found or {}).items()]
 
     def add(
