@@ -79,8 +79,30 @@ def from_response(operation: str, body: dict[str, Any], usage: dict[str, Any]) -
     text = choice.get("text") if operation == "text_completion" else None
     if not isinstance(message, dict) and not isinstance(text, str):
         return None
+    if message is not None and not _replayable(message):
+        return None
     fingerprint = body.get("system_fingerprint")
     return Answer(
         operation, str(body.get("model", "")), finish, usage, message, text,
         fingerprint if isinstance(fingerprint, str) else None,
     )  # fmt: skip
+
+
+# A message's fields a stream replay carries (proxy/cache/replay.py), as the stream fold keeps
+# only these (proxy/cache/fold.py).
+_REPLAYED = frozenset(
+    {"role", "content", "reasoning_content", "reasoning", "refusal", "tool_calls"}
+)
+_EMPTY: tuple[Any, ...] = (None, [], {})
+
+
+def _replayable(message: dict[str, Any]) -> bool:
+    """True when a stream replay would carry all of `message` (a whole answer may be asked for
+    again as a stream): any other field empty (OpenAI sends `"audio": null`, `"annotations": []`),
+    and tool calls a list of objects."""
+    calls = message.get("tool_calls")
+    if calls not in _EMPTY and not (
+        isinstance(calls, list) and all(isinstance(call, dict) for call in calls)
+    ):
+        return False
+    return all(value in _EMPTY for name, value in message.items() if name not in _REPLAYED)

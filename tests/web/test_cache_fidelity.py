@@ -1,6 +1,7 @@
-"""What the exact cache may answer: only what a stored answer reproduces in full. A backend on
-127.0.0.1 (Starlette) answers completions with the log-probabilities OpenAI and vLLM send for
-`logprobs: 0` (the sampled tokens' own)."""
+"""What the exact cache may answer: only what a stored answer reproduces in full, as a whole
+answer and as a stream. A backend on 127.0.0.1 (Starlette) answers completions with the
+log-probabilities OpenAI and vLLM send for `logprobs: 0` (the sampled tokens' own), and chat
+with the message a test puts in the request's `reply` field (passed through untouched)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,31 @@ async def completions(request: Request) -> JSONResponse:
     )
 
 
+async def chat(request: Request) -> JSONResponse:
+    body = await request.json()
+    message = body["reply"]
+    finish = "function_call" if message.get("function_call") else "stop"
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+    return JSONResponse(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "logprob-llm",
+            "choices": [choice],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        }
+    )
+
+
 @pytest.fixture
 def url() -> Iterator[str]:
-    backend = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+    backend = Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+        ]
+    )
     with serve(backend) as backend_url:
         policy = parse_policy(
             f"""
@@ -89,3 +112,60 @@ def test_a_completion_without_logprobs_is_still_cached(url: str) -> None:
         "miss",
         "hit",
     )
+
+
+def converse(url: str, reply: dict[str, Any], *, stream: bool) -> httpx.Response:
+    """A chat request whose answer is `reply` (a stream is not asked of the backend: the
+    first request of each test is whole, and a stream after it can only be a replay)."""
+    payload = {
+        "model": "logprob-llm",
+        "messages": [{"role": "user", "content": "Call f."}],
+        "temperature": 0,
+        "reply": reply,
+        "stream": stream,
+    }
+    auth = {"authorization": f"Bearer {KEY}"}
+    return httpx.post(url + "/v1/chat/completions", json=payload, headers=auth, timeout=10)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param(
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "f", "arguments": "{}"},
+            },
+            id="a-legacy-function-call",
+        ),
+        pytest.param(
+            {"role": "assistant", "content": "hi", "audio": {"id": "a1", "data": "AAAA"}},
+            id="audio",
+        ),
+        pytest.param({"role": "assistant", "content": "hi", "tool_calls": "f"}, id="calls-text"),
+        pytest.param({"role": "assistant", "content": "hi", "tool_calls": [7]}, id="calls-numbers"),
+    ],
+)
+def test_a_whole_answer_a_stream_replay_would_not_carry_in_full_is_not_cached(
+    url: str, reply: dict[str, Any]
+) -> None:
+    whole = converse(url, reply, stream=False)
+    assert whole.status_code == 200
+    assert whole.json()["choices"][0]["message"] == reply
+    again = converse(url, reply, stream=True)
+    assert again.headers["x-tokenweir-cache"] == "miss"
+
+
+def test_a_whole_answer_with_empty_extra_fields_is_still_cached(url: str) -> None:
+    reply = {
+        "role": "assistant", "content": "hi", "refusal": None, "annotations": [],
+        "audio": None, "function_call": None, "tool_calls": [],
+    }  # fmt: skip
+    first = converse(url, reply, stream=False)
+    again = converse(url, reply, stream=True)
+    assert (first.headers["x-tokenweir-cache"], again.headers["x-tokenweir-cache"]) == (
+        "miss",
+        "hit",
+    )
+    assert b"hi" in again.content
