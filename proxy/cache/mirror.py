@@ -24,6 +24,9 @@ __all__ = ["Mirrors"]
 _log = logging.getLogger("tokenweir.cache")
 # Rows decoded on the event loop per sync; a bigger catch-up runs in a worker thread.
 _INLINE_ROWS = 256
+# Partitions are mostly a conversation's context each, with a vector or two, and each mirror
+# costs a few KB beside them: a row bound alone let a tenant's conversations fill the memory.
+_MAX_PARTITIONS = 10_000
 
 
 @dataclass(slots=True)
@@ -37,7 +40,8 @@ class _Partition:
 
 
 class Mirrors:
-    """Mirrors are kept for the most recently searched partitions, up to `max_rows` in all."""
+    """Mirrors are kept for the most recently searched partitions, up to `max_rows` in all and
+    _MAX_PARTITIONS of them."""
 
     def __init__(self, store: CacheStore, *, max_rows: int = 1_000_000) -> None:
         self._store = store
@@ -86,9 +90,10 @@ class Mirrors:
         return mirror
 
     def _trim(self) -> None:
-        rows = sum(len(p.keys) for p in self._partitions.values())
-        while rows > self._max_rows and len(self._partitions) > 1:
-            _, oldest = self._partitions.popitem(last=False)
+        partitions = self._partitions
+        rows = sum(len(p.keys) for p in partitions.values())
+        while len(partitions) > 1 and (rows > self._max_rows or len(partitions) > _MAX_PARTITIONS):
+            _, oldest = partitions.popitem(last=False)
             rows -= len(oldest.keys)
 
     async def aclose(self) -> None:

@@ -47,10 +47,12 @@ class VectorIndex(Protocol):
 
 
 class FlatIndex:
-    """Rows in one float32 matrix that doubles when full: adds are amortised O(row)."""
+    """Rows in one float32 matrix that doubles when full: adds are amortised O(row). It starts
+    with room for one: most partitions (a conversation's context each) hold a vector or two,
+    and room for 64 made each cost 64 vectors' memory under a bound that counts rows."""
 
     def __init__(self, dim: int) -> None:
-        self._rows: Vector = np.zeros((64, dim), dtype=np.float32)
+        self._rows: Vector = np.zeros((1, dim), dtype=np.float32)
         self._n = 0
 
     def __len__(self) -> int:

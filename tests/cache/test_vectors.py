@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from proxy.cache import mirror
 from proxy.cache.semantic import SemanticIndex
 from proxy.cache.vectors import FlatIndex, HnswIndex, pack, unpack
 from proxy.storage import CacheEntry, MemoryCacheStore
@@ -88,3 +89,18 @@ async def test_a_forgotten_entry_is_no_longer_offered() -> None:
     index.forget("t", "p", "k")
     index.forget("t", "p", "k")  # twice is harmless
     assert await index.nearest("t", "p", row, "q", 0.9) is None
+
+
+async def test_only_the_most_recently_searched_partitions_are_mirrored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(mirror, "_MAX_PARTITIONS", 3, raising=False)
+    store = MemoryCacheStore()
+    mirrors = mirror.Mirrors(store)
+    rows = unit_rows(5)
+    for n, row in enumerate(rows):
+        await store.put(CacheEntry("t", f"k{n}", b"v", 0.0, 60.0, 10, f"p{n}", pack(row, "q")))
+        assert [hit.key for hit in await mirrors.nearest("t", f"p{n}", row, count=1)] == [f"k{n}"]
+    assert len(mirrors._partitions) == 3  # p2, p3, p4
+    found = await mirrors.nearest("t", "p0", rows[0], count=1)  # read from the store again
+    assert [hit.key for hit in found] == ["k0"]
