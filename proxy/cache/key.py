@@ -61,6 +61,10 @@ def cache_key(
     question = _question(body) if operation == "chat" else None
     if spec.mode != "semantic" or not deterministic or question is None:
         return CacheKey(tenant, exact)
+    if len(question) > spec.max_entry_bytes or len(question.encode()) > spec.max_entry_bytes:
+        # Its vector keeps the question (for the guards) beside the answer: a longer one would
+        # store more than an entry may hold, and take the guards as long to compare.
+        return CacheKey(tenant, exact)
     messages = list(body["messages"])
     messages[-1] = {**messages[-1], "content": _QUESTION_SLOT}
     partition = _digest(tenant, model, operation, _canonical({**body, "messages": messages}))

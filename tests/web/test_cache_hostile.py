@@ -225,7 +225,8 @@ def test_two_long_questions_full_of_names_are_compared_in_linear_time(
     the whole of the other, 7.6 s of the event loop that every tenant waits on."""
     names = " ".join(f"Name{i:06d}x" for i in range(40_000))
     others = " ".join(f"other{i:06d}y" for i in range(40_000))
-    with gateway(backend_url, hostile_url, "{mode: semantic, similarity: 0.9}") as url:
+    spec = "{mode: semantic, similarity: 0.9, max_entry_bytes: 1MiB}"  # questions this long
+    with gateway(backend_url, hostile_url, spec) as url:
         assert answered(ask(url, "Tell me about " + names)) == "miss"
         started = time.monotonic()
         second = ask(url, "Tell me about " + others)
@@ -295,3 +296,20 @@ def test_many_conversations_each_cost_the_mirror_about_their_vectors(
                     assert client.post("/v1/chat/completions", json=body).status_code == 200
         grown_mib = rss_mib() - before
     assert grown_mib < 60  # 25 MiB here; the old code: 105
+
+
+def test_a_question_longer_than_an_entry_may_be_is_cached_exactly_only(
+    backend_url: str, hostile: Hostile, hostile_url: str, redis_url: str
+) -> None:
+    """A semantic entry keeps its question beside its vector (the guards compare questions):
+    a 1 MB question was kept whole, four times the entry's `max_entry_bytes`, in Redis and in
+    every gateway's mirror of its partition."""
+    spec = "{mode: semantic, similarity: 0.9, max_entry_bytes: 256KiB}"
+    long_question = "Tell me about " + "history " * 125_000
+    with gateway(backend_url, hostile_url, spec, redis_url) as url:
+        first = ask(url, long_question)
+        again = ask(url, long_question)
+        hostile.embedding = [0.0, 1.0, 0.0, 0.0]
+        assert answered(ask(url, "What is the capital of France?")) == "miss"
+    assert (answered(first), answered(again)) == ("miss", "hit")
+    assert stored_vectors(redis_url) == 1  # the short question's alone
