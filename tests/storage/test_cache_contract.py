@@ -126,3 +126,13 @@ async def test_evicted_entries_lose_their_vectors_on_redis(redis_url: str) -> No
         assert [key for key, _ in rows] == ["k2", "k3"]
     finally:
         await store.aclose()
+
+
+async def test_a_partition_whose_entries_are_all_gone_has_no_vectors(store: CacheStore) -> None:
+    """Partitions are mostly a conversation's context each: kept past their last entry (the
+    memory store did), they pile up for as long as the process runs."""
+    await store.put(entry("k1", now=NOW, max_entries=1, partition="p", vector=b"v1"))
+    await store.put(entry("k2", now=NOW + 1, max_entries=1, partition="q", vector=b"v2"))
+    assert await store.vectors("alpha", "p", START) == ([], START)
+    await store.forget("alpha", "k2")
+    assert await store.vectors("alpha", "q", START) == ([], START)

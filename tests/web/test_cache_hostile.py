@@ -313,3 +313,32 @@ def test_a_question_longer_than_an_entry_may_be_is_cached_exactly_only(
         assert answered(ask(url, "What is the capital of France?")) == "miss"
     assert (answered(first), answered(again)) == ("miss", "hit")
     assert stored_vectors(redis_url) == 1  # the short question's alone
+
+
+def test_conversations_whose_entries_are_gone_leave_nothing_in_memory_storage(
+    backend_url: str, hostile_url: str
+) -> None:
+    """`storage: memory` kept each partition's vectors, questions in them, after the last of its
+    entries was evicted: with `max_entries: 10`, 600 conversations of a 150 KB question held
+    about 100 MiB; every new conversation added to it for as long as the gateway ran."""
+    spec = "{mode: semantic, similarity: 0.9, max_entries: 10}"
+    question = "Tell me about " + "history " * 19_000
+    with gateway(backend_url, hostile_url, spec) as url:
+        assert answered(ask(url, "Warm up.")) == "miss"
+        before = rss_mib()
+        auth = {"authorization": f"Bearer {KEY}"}
+        with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
+            for n in range(600):
+                messages = [
+                    {"role": "system", "content": f"Conversation {n}."},
+                    {"role": "user", "content": question},
+                ]
+                body = {
+                    "model": "mock-llm",
+                    "messages": messages,
+                    "temperature": 0,
+                    "max_tokens": 1,
+                }
+                assert client.post("/v1/chat/completions", json=body).status_code == 200
+        grown_mib = rss_mib() - before
+    assert grown_mib < 60  # 23 MiB here; the old code: 99

@@ -24,7 +24,22 @@ class _Tenant:
     entries: OrderedDict[str, _Stored] = field(default_factory=OrderedDict)
     # Per partition, append-only (id, key, vector) rows; dropped entries are compacted away.
     partitions: dict[str, list[tuple[int, str, bytes]]] = field(default_factory=dict)
+    # Per partition, its entries still held: a partition none is left in goes (each is mostly
+    # a conversation's context: kept, they would pile up without bound).
+    held: dict[str, int] = field(default_factory=dict)
     next_id: int = 1
+
+    def drop(self, stored: _Stored | None) -> None:
+        """`stored` left `entries`: its partition goes with its last entry."""
+        partition = stored.partition if stored is not None and stored.vector_id else None
+        if partition is None:
+            return
+        left = self.held.get(partition, 0) - 1
+        if left > 0:
+            self.held[partition] = left
+        else:
+            self.held.pop(partition, None)
+            self.partitions.pop(partition, None)
 
 
 class MemoryCacheStore:
@@ -37,25 +52,26 @@ class MemoryCacheStore:
         if space is None or found is None:
             return None
         if found.expires <= now:
-            space.entries.pop(key)
+            space.drop(space.entries.pop(key))
             return None
         space.entries.move_to_end(key)
         return found.value
 
     async def put(self, entry: CacheEntry) -> None:
         space = self._tenants.setdefault(entry.tenant, _Tenant())
-        space.entries.pop(entry.key, None)
+        space.drop(space.entries.pop(entry.key, None))
         stored = _Stored(entry.now + entry.ttl_s, entry.value, entry.partition, 0)
         if entry.partition is not None and entry.vector is not None:
             stored.vector_id = space.next_id
             space.next_id += 1
+            space.held[entry.partition] = space.held.get(entry.partition, 0) + 1
             rows = space.partitions.setdefault(entry.partition, [])
             rows.append((stored.vector_id, entry.key, entry.vector))
             if len(rows) > 2 * entry.max_entries:
                 rows[:] = [row for row in rows if self._live(space, row)]
         space.entries[entry.key] = stored
         while len(space.entries) > entry.max_entries:
-            space.entries.popitem(last=False)
+            space.drop(space.entries.popitem(last=False)[1])
 
     async def vectors(self, tenant: str, partition: str, after: str) -> tuple[VectorRows, str]:
         space = self._tenants.get(tenant)
@@ -70,7 +86,7 @@ class MemoryCacheStore:
     async def forget(self, tenant: str, key: str) -> None:
         space = self._tenants.get(tenant)
         if space is not None:
-            space.entries.pop(key, None)
+            space.drop(space.entries.pop(key, None))
 
     def redis_engines(self) -> tuple[()]:
         return ()
