@@ -27,6 +27,8 @@ _INLINE_ROWS = 256
 # Partitions are mostly a conversation's context each, with a vector or two, and each mirror
 # costs a few KB beside them: a row bound alone let a tenant's conversations fill the memory.
 _MAX_PARTITIONS = 10_000
+# A partition's mirror is read again once it holds twice its first rows and this many more.
+_RELOAD_SLACK = 256
 
 
 @dataclass(slots=True)
@@ -34,6 +36,7 @@ class _Partition:
     cursor: str = START
     index: VectorIndex | None = None
     dim: int = 0  # the index's; rows and queries of another (an embedder that changed) are skipped
+    base: int | None = None  # rows when it first caught up with the store
     keys: list[str | None] = field(default_factory=list)
     questions: list[str] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -64,6 +67,12 @@ class Mirrors:
             self._loading.add(task)
             task.add_done_callback(self._loading.discard)
             return []
+        if mirror.base is None:
+            mirror.base = len(mirror.keys)
+        elif len(mirror.keys) > 2 * mirror.base + _RELOAD_SLACK:
+            # The rows of entries since evicted or expired stay in a mirror: once it has doubled
+            # it is read again from the store, which keeps only live ones (amortised O(1) a row).
+            self._partitions[(tenant, partition)] = _Partition()
         if mirror.index is None or query.shape[0] != mirror.dim:
             return []
         return [

@@ -6,6 +6,7 @@ stall the guards that compare them."""
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -33,13 +34,15 @@ UNIT = [1.0, 0.0, 0.0, 0.0]
 
 class Hostile:
     """What the next embeddings and rerank answers are: a vector (sent as OpenAI's list of one),
-    raw bytes, or `endless` (whitespace, a MiB at a time, for ever)."""
+    `"random"` (a new one each time), raw bytes, or `endless` (whitespace, a MiB at a time, for
+    ever)."""
 
     def __init__(self) -> None:
         self.embedding: Any = UNIT
         self.rerank: bytes = b'{"results": [{"index": 0, "relevance_score": 0.0}]}'
         self.endless: set[str] = set()
         self.sent_bytes = 0  # of endless answers, as the gateway read them
+        self._random = random.Random(7)  # noqa: S311 (test vectors, not secrets)
 
     def app(self) -> Starlette:
         return Starlette(
@@ -54,6 +57,8 @@ class Hostile:
         if "embeddings" in self.endless:
             return StreamingResponse(self._whitespace(request), media_type="application/json")
         raw = self.embedding
+        if raw == "random":  # 384 dimensions: two are as good as never similar
+            raw = [self._random.gauss(0.0, 1.0) for _ in range(384)]
         if not isinstance(raw, bytes):
             raw = orjson.dumps({"object": "list", "data": [{"index": 0, "embedding": raw}]})
         return Response(raw, media_type="application/json")
@@ -342,3 +347,31 @@ def test_conversations_whose_entries_are_gone_leave_nothing_in_memory_storage(
                 assert client.post("/v1/chat/completions", json=body).status_code == 200
         grown_mib = rss_mib() - before
     assert grown_mib < 60  # 23 MiB here; the old code: 99
+
+
+def test_one_conversations_mirror_does_not_keep_every_question_it_ever_stored(
+    backend_url: str, hostile: Hostile, hostile_url: str
+) -> None:
+    """One context (a chatbot's system prompt: the common case), many different questions, under
+    `max_entries: 10`: the mirror kept the vector and question of every answer ever stored,
+    evicted or not, for as long as the gateway ran (1,500 questions of 64 KB: about 100 MiB)."""
+    hostile.embedding = "random"
+    spec = "{mode: semantic, similarity: 0.9, max_entries: 10}"
+    filler = "history " * 8_000
+    with gateway(backend_url, hostile_url, spec) as url:
+        assert answered(ask(url, "Warm up.")) == "miss"
+        before = rss_mib()
+        auth = {"authorization": f"Bearer {KEY}"}
+        with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
+            for n in range(1_500):
+                messages = [{"role": "user", "content": f"Question {n}: {filler}"}]
+                body = {
+                    "model": "mock-llm",
+                    "messages": messages,
+                    "temperature": 0,
+                    "max_tokens": 1,
+                }
+                answer = client.post("/v1/chat/completions", json=body)
+                assert answer.headers["x-tokenweir-cache"] == "miss"
+        grown_mib = rss_mib() - before
+    assert grown_mib < 60  # 29 MiB here; the old code: 95
