@@ -47,18 +47,16 @@ class Answer:
         )  # fmt: skip
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            [
-                self.operation,
-                self.model,
-                self.finish_reason,
-                self.usage,
-                self.message,
-                self.text,
-                self.system_fingerprint,
-                self.expires_wall,
-            ]
-        )
+        """The stored bytes; orjson.JSONEncodeError if a replay could not write the answer.
+
+        orjson writes 254 levels (it reads 1,024), and a replay puts the message two levels
+        deeper than this list does: written inside two more lists (then cut off, as the bytes
+        are the same), an answer that encodes is one that replays."""
+        fields = [
+            self.operation, self.model, self.finish_reason, self.usage, self.message, self.text,
+            self.system_fingerprint, self.expires_wall,
+        ]  # fmt: skip
+        return orjson.dumps([[fields]])[2:-2]
 
     @classmethod
     def decode(cls, raw: bytes) -> Answer:

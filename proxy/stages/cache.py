@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import anyio
+import orjson
 from starlette.types import Send
 
 from proxy.cache.answer import Answer, from_response
@@ -154,7 +155,12 @@ class ResponseCache:
         answer = self._answer_of(ctx, plan, tenant.cache)
         if answer is None:
             return nothing()
-        value = answer.encode()
+        try:
+            value = answer.encode()
+        except orjson.JSONEncodeError:
+            # Nested past what orjson writes (254 levels; it reads 1,024): a raise here would
+            # skip every other hold's settling (the request's slot, its reservation).
+            return nothing()
         if len(value) > tenant.cache.max_entry_bytes:
             return nothing()
         # A tenant with a `cache: serve_stale` rule keeps answers one more ttl, to serve stale.

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.app import create_app
@@ -46,8 +46,10 @@ async def completions(request: Request) -> JSONResponse:
     )
 
 
-async def chat(request: Request) -> JSONResponse:
+async def chat(request: Request) -> Response:
     body = await request.json()
+    if body.get("deep"):  # a tool call's arguments nested so deep: JSON, if hardly useful
+        return Response(deep_answer(body["deep"]), media_type="application/json")
     message = body["reply"]
     finish = "function_call" if message.get("function_call") else "stop"
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
@@ -60,6 +62,19 @@ async def chat(request: Request) -> JSONResponse:
             "choices": [choice],
             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
         }
+    )
+
+
+def deep_answer(levels: int) -> bytes:
+    return (
+        b'{"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "logprob-llm", '
+        b'"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": '
+        b'"assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", '
+        b'"function": {"name": "f", "arguments": '
+        + b"[" * levels
+        + b"1"
+        + b"]" * levels
+        + b'}}]}}], "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}'
     )
 
 
@@ -79,7 +94,11 @@ backends:
 models:
   logprob-llm: {{}}
 tenants:
-  alpha: {{api_keys: [{hash_key(KEY)}], models: [logprob-llm], cache: {{mode: exact}}}}
+  alpha:
+    api_keys: [{hash_key(KEY)}]
+    models: [logprob-llm]
+    limits: {{max_concurrent: 1}}  # a request that never gives its slot back shows as a 429
+    cache: {{mode: exact}}
 """,
             file="fidelity.yaml",
             environ={},
@@ -169,3 +188,24 @@ def test_a_whole_answer_with_empty_extra_fields_is_still_cached(url: str) -> Non
         "hit",
     )
     assert b"hi" in again.content
+
+
+@pytest.mark.parametrize("levels", [400, 248])
+def test_an_answer_nested_deeper_than_can_be_replayed_is_relayed_and_not_kept(
+    url: str, levels: int
+) -> None:
+    """orjson reads 1,024 levels but writes 254. At 400, storing the answer raised while the
+    request settled: the client's answer was cut off and its concurrency slot never given back
+    (every later request of the tenant: 429). At 248 it was stored, and each replay, which
+    nests it two levels deeper, was a 500."""
+    payload = {
+        "model": "logprob-llm",
+        "messages": [{"role": "user", "content": "Call f."}],
+        "temperature": 0,
+        "deep": levels,
+    }
+    auth = {"authorization": f"Bearer {KEY}"}
+    first = httpx.post(url + "/v1/chat/completions", json=payload, headers=auth, timeout=10)
+    again = httpx.post(url + "/v1/chat/completions", json=payload, headers=auth, timeout=10)
+    assert (first.status_code, first.content) == (200, deep_answer(levels))
+    assert (again.status_code, again.headers["x-tokenweir-cache"]) == (200, "miss")
