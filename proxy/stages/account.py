@@ -92,9 +92,20 @@ class Account:
             return
         settling_s = self._clock.monotonic()
         # Every stage makes its storage calls before any is waited for: with Redis they go out
-        # as one call, and the answer's end waits for that one round trip.
-        await in_turn([hold.settle(ctx) for hold in self._holds if hold.holding(ctx)])
+        # as one call, and the answer's end waits for that one round trip. A stage whose settle
+        # raises at once (a bug) leaves the others to give back what they hold, then is raised.
+        settling: list[Awaitable[None]] = []
+        failed: Exception | None = None
+        for hold in self._holds:
+            if hold.holding(ctx):
+                try:
+                    settling.append(hold.settle(ctx))
+                except Exception as exc:
+                    failed = failed or exc
+        await in_turn(settling)
         self._telemetry.settle_ran(ctx, settling_s)
+        if failed is not None:
+            raise failed
 
     async def __call__(self, ctx: RequestContext) -> None:
         await self.release(ctx)
