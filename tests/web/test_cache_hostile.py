@@ -288,16 +288,7 @@ def test_many_conversations_each_cost_the_mirror_about_their_vectors(
                     "What is the capital of France?",
                     "Which city is France's capital?",
                 ):
-                    messages = [
-                        {"role": "system", "content": f"Conversation {n}."},
-                        {"role": "user", "content": question},
-                    ]
-                    body = {
-                        "model": "mock-llm",
-                        "messages": messages,
-                        "temperature": 0,
-                        "max_tokens": 1,
-                    }
+                    body = _in_conversation(n, question)
                     assert client.post("/v1/chat/completions", json=body).status_code == 200
         grown_mib = rss_mib() - before
     assert grown_mib < 60  # 25 MiB here; the old code: 105
@@ -334,16 +325,7 @@ def test_conversations_whose_entries_are_gone_leave_nothing_in_memory_storage(
         auth = {"authorization": f"Bearer {KEY}"}
         with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
             for n in range(600):
-                messages = [
-                    {"role": "system", "content": f"Conversation {n}."},
-                    {"role": "user", "content": question},
-                ]
-                body = {
-                    "model": "mock-llm",
-                    "messages": messages,
-                    "temperature": 0,
-                    "max_tokens": 1,
-                }
+                body = _in_conversation(n, question)
                 assert client.post("/v1/chat/completions", json=body).status_code == 200
         grown_mib = rss_mib() - before
     assert grown_mib < 60  # 23 MiB here; the old code: 99
@@ -375,3 +357,12 @@ def test_one_conversations_mirror_does_not_keep_every_question_it_ever_stored(
                 assert answer.headers["x-tokenweir-cache"] == "miss"
         grown_mib = rss_mib() - before
     assert grown_mib < 60  # 29 MiB here; the old code: 95
+
+
+def _in_conversation(n: int, question: str) -> dict[str, Any]:
+    """`question` in conversation `n` (its own system prompt: its own semantic partition)."""
+    messages = [
+        {"role": "system", "content": f"Conversation {n}."},
+        {"role": "user", "content": question},
+    ]
+    return {"model": "mock-llm", "messages": messages, "temperature": 0, "max_tokens": 1}
