@@ -33,7 +33,9 @@ class Health:
 class Ready:
     """`GET /readyz`: 200 when every model has a backend answering `GET /models` and the shared
     storage answers, and not while shutting down; the body also counts what was decided while
-    storage was failing, and names the policy version serving (`policy_hash`).
+    storage was failing, names the policy version serving (`policy_hash`), and gives this
+    process's ledger figures (records held while its store is down: informative, not a
+    reason to take the gateway out of rotation).
     `GET /readyz?backends=skip` leaves the backends out: this gateway can serve (its policy is
     loaded, storage answers, not draining), for orchestrators whose readiness must not follow
     backend health, which decides routing instead."""
@@ -54,7 +56,7 @@ class Ready:
         ]
         draining = gateway.pipeline.drain.draining
         ready = not unserved and storage is None and not draining
-        body = {
+        body: dict[str, object] = {
             "status": "ready" if ready else "not ready",
             "backends": {
                 b.name: "not probed" if skip else problems.get(b.name, "ok")
@@ -67,6 +69,13 @@ class Ready:
             "policy_hash": gateway.policy_hash,
             "pid": os.getpid(),  # which worker answered, under `serve --workers N`
         }
+        ledger = gateway.ledger
+        if ledger is not None:  # this process's: a ledger whose store is down serves on
+            stats = ledger.stats()
+            body["ledger"] = {
+                "written": stats.written, "dropped": stats.dropped, "buffered": stats.buffered,
+                "write_failures": stats.write_failures, "last_error": stats.last_error,
+            }  # fmt: skip
         await send_json(send, 200 if ready else 503, orjson.dumps(body))
 
 

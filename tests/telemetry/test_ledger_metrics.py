@@ -1,5 +1,6 @@
-"""`/metrics` shows the ledger's own figures: records written, dropped and not written yet, and
-failed writes, so an operator can alert on usage records at risk (they were in the logs only).
+"""`/metrics` (and `/readyz`) show the ledger's own figures: records written, dropped and not
+written yet, and failed writes, so an operator can alert on usage records at risk (they were in
+the logs only).
 A real gateway over the mock backend, its ledger on a private Redis that the test stops."""
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ tenants: {{t: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}}}
             assert held["tokenweir_ledger_write_failures_total"] >= 1
             assert held["tokenweir_ledger_records_buffered"] == 2
             assert held["tokenweir_ledger_records_written_total"] == 3
+            ready = httpx.get(url + "/readyz?backends=skip", timeout=10)
+            assert ready.status_code == 200  # a ledger whose store is down serves on
+            ledger = ready.json()["ledger"]
+            assert (ledger["written"], ledger["buffered"], ledger["dropped"]) == (3, 2, 0)
+            assert ledger["write_failures"] >= 1
+            assert ledger["last_error"]
             redis.start()  # back: the held records are written
             back = _until(url, lambda f: f.get("tokenweir_ledger_records_written_total") == 5)
             assert back["tokenweir_ledger_records_written_total"] == 5
