@@ -76,7 +76,6 @@ tenants: {{t: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}}}
             ledger = ready.json()["ledger"]
             assert (ledger["written"], ledger["buffered"], ledger["dropped"]) == (3, 2, 0)
             assert ledger["write_failures"] >= 1
-            assert ledger["last_error"]
             redis.start()  # back: the held records are written
             back = _until(url, lambda f: f.get("tokenweir_ledger_records_written_total") == 5)
             assert back["tokenweir_ledger_records_written_total"] == 5
