@@ -127,6 +127,17 @@ def test_error_event_in_the_stream() -> None:
     assert (sample.error, sample.error_detail) == ("stream_error", "model overloaded")
 
 
+def test_a_null_error_field_in_every_chunk_is_a_success() -> None:
+    """The stream and the whole answer of a server that sends `"error": null` are ok."""
+    content = b'data: {"choices":[{"delta":{"content":"a"}}],"error":null}\n\n'
+    sample = send(ReplayTransport([(0.1, content), (0.2, content + usage(2) + DONE)]))
+    assert (sample.error, sample.error_detail, sample.output_tokens) == (None, None, 2)
+    answer = b'{"choices":[{"message":{"content":"a"}}],"usage":{"completion_tokens":1},'
+    answer += b'"error":null}'
+    sample = send(ReplayTransport([(0.1, answer)]), stream=False)
+    assert (sample.error, sample.output_tokens) == (None, 1)
+
+
 def test_http_error_status_keeps_the_body_as_detail() -> None:
     body = b'{"error":{"message":"slow down"}}'
     sample = send(ReplayTransport([(0.01, body)], status=429))

@@ -221,6 +221,16 @@ def test_error_events() -> None:
     assert error_message(SseEvent(data=b'{"choices":[{"finish_reason":"error"}]}')) is None
 
 
+def test_a_null_error_field_is_no_error() -> None:
+    """Some servers put `"error": null` in every chunk and answer; that is a success."""
+    ok = b'{"choices":[{"delta":{"content":"a"}}],"error":null}'
+    assert error_message(SseEvent(data=ok)) is None
+    assert error_message(SseEvent(data=b'{"error":{"code":500}}')) == '{"error":{"code":500}}'
+    assert error_message(SseEvent(data=b'"overloaded"', event=b"error")) == "overloaded"
+    assert error_message(SseEvent(data=b"42", event=b"error")) == "42"
+    assert error_message(SseEvent(data=b'{"error":null}', event=b"error")) == '{"error":null}'
+
+
 def test_content_text_of_chat_completion_and_message_shapes() -> None:
     assert content_text(TOKENS[1]) == "w1 "
     assert content_text(b'{"choices":[{"message":{"content":"whole answer"}}]}') == "whole answer"

@@ -178,17 +178,23 @@ def usage_completion_tokens(data: bytes) -> int | None:
 
 
 def error_message(event: SseEvent) -> str | None:
-    """The message of an error event (`event: error` or a top-level "error" object), else None."""
-    if event.event != b"error" and b'"error"' not in event.data:
+    """The message of an error event (`event: error` or a top-level "error" that is not null)."""
+    typed = event.event == b"error"
+    if not typed and b'"error"' not in event.data:
         return None
     try:
         body = orjson.loads(event.data)
     except orjson.JSONDecodeError:
-        return event.data.decode("utf-8", "replace")[:200] if event.event == b"error" else None
-    if not isinstance(body, dict) or ("error" not in body and event.event != b"error"):
-        return None
-    error = body.get("error", body)
+        body = None
+    # Some servers send `"error": null` in every chunk and answer: that is no error.
+    error = body.get("error") if isinstance(body, dict) else None
+    if error is None:
+        if not typed:
+            return None
+        error = body
     message = error.get("message") if isinstance(error, dict) else error
+    if message is None:  # no message to show: the event as sent
+        return event.data.decode("utf-8", "replace")[:200]
     return str(message)[:200]
 
 
