@@ -6,11 +6,17 @@ import io
 
 import orjson
 
-from proxy.tools.bench.client import EVENTS, RequestSample
+from proxy.tools.bench.client import EVENTS, UNKNOWN, RequestSample
 from proxy.tools.bench.config import BenchConfig
 from proxy.tools.bench.level import LevelProgress, summarize_level
 from proxy.tools.bench.prompts import Workload
-from proxy.tools.bench.report import ProgressLine, format_table, result_document
+from proxy.tools.bench.report import (
+    ProgressLine,
+    format_table,
+    level_json,
+    level_line,
+    result_document,
+)
 
 
 def sample(tokens: int, *, error: str | None = None) -> RequestSample:
@@ -63,3 +69,21 @@ def test_json_document_round_trips_and_hides_the_key() -> None:
     assert document["config"]["api_key"] == "set"
     assert document["levels"][0]["stream_tokens_per_s"]["p50"] == 40.0
     assert document["levels"][0]["token_source"] == EVENTS
+
+
+def test_uncounted_tokens_are_reported_as_unknown_never_as_zero() -> None:
+    """Answers without usage and no tokenizer: no token figure anywhere, not 0 tok/s."""
+    answers = [RequestSample(start_s=0.0, end_s=0.5), RequestSample(start_s=0.0, end_s=1.0)]
+    level = summarize_level(2, answers, start_s=0.0, cpu_fraction=0.1)
+    assert (level.ok, level.token_source) == (2, UNKNOWN)
+    assert (level.output_tokens, level.aggregate_tokens_per_s) == (None, None)
+    assert level_json(level)["aggregate_tokens_per_s"] is None
+    assert format_table([level]).splitlines()[1].split()[6] == "-"
+    assert level_line(level) == "concurrency 2: 2 ok, 0 failed in 1.0 s, tokens not counted"
+
+
+def test_a_level_with_no_answer_names_no_token_source() -> None:
+    failed = [sample(0, error="http_429")]
+    table = format_table([summarize_level(1, failed, start_s=0.0, cpu_fraction=0.1)])
+    assert "tokens counted from" not in table
+    assert "1 x http_429" in table

@@ -46,9 +46,9 @@ class LevelResult:
     itl_s: Summary  # gaps between content-bearing events (one token each on most servers)
     stream_tokens_per_s: Summary  # per stream: (tokens - 1) / (last - first content event)
     e2e_s: Summary
-    output_tokens: int
-    aggregate_tokens_per_s: float  # output_tokens / wall_s
-    token_source: str  # usage, tokenizer, or events (no usage, no tokenizer)
+    output_tokens: int | None  # None when not counted (token_source unknown), never a 0
+    aggregate_tokens_per_s: float | None  # output_tokens / wall_s
+    token_source: str  # usage, tokenizer, events (no usage, no tokenizer), or unknown
     client_cpu_fraction: float  # this process's CPU time / wall_s; 1.0 is one core
     verdict: str  # the band of the median per-stream speed
 
@@ -195,8 +195,11 @@ def summarize_level(
         examples.setdefault(sample.error or "", sample.error_detail or "")
     speeds = [s for sample in ok if (s := sample.stream_tokens_per_s) is not None]
     stream_speed = summarize(speeds)
-    output_tokens = sum(sample.output_tokens or 0 for sample in ok)
     sources = {sample.token_source for sample in ok}
+    token_source = next((s for s in _SOURCE_ORDER if s in sources), UNKNOWN)
+    # A level with any uncounted answer has no token total: a partial sum or a 0 would be wrong.
+    counted = token_source != UNKNOWN
+    output_tokens = sum(sample.output_tokens or 0 for sample in ok) if counted else None
     return LevelResult(
         concurrency=concurrency,
         requests=len(samples),
@@ -210,8 +213,8 @@ def summarize_level(
         stream_tokens_per_s=stream_speed,
         e2e_s=summarize([sample.e2e_s for sample in ok]),
         output_tokens=output_tokens,
-        aggregate_tokens_per_s=output_tokens * per_s,
-        token_source=next((s for s in _SOURCE_ORDER if s in sources), UNKNOWN),
+        aggregate_tokens_per_s=None if output_tokens is None else output_tokens * per_s,
+        token_source=token_source,
         client_cpu_fraction=cpu_fraction,
         verdict=verdict(stream_speed.p50),
     )

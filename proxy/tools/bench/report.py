@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from proxy.tools.bench.client import UNKNOWN, USAGE
+from proxy.tools.bench.client import USAGE
 from proxy.tools.bench.config import BenchConfig, BenchError
 from proxy.tools.bench.level import LevelProgress, LevelResult
 from proxy.tools.bench.prompts import Workload
@@ -22,6 +22,7 @@ __all__ = [
     "config_json",
     "format_table",
     "level_json",
+    "level_line",
     "result_document",
     "write_json",
     "write_plot",
@@ -79,7 +80,6 @@ _HEADER = (
 
 def _row(level: LevelResult) -> tuple[str, ...]:
     ttft, itl, speed, e2e = level.ttft_s, level.itl_s, level.stream_tokens_per_s, level.e2e_s
-    known = level.token_source != UNKNOWN
     return (
         str(level.concurrency),
         f"{level.ok}/{level.requests - level.ok}",
@@ -87,7 +87,7 @@ def _row(level: LevelResult) -> tuple[str, ...]:
         "/".join(_num(v, 1000.0) for v in (ttft.p50, ttft.p90, ttft.p99)),
         "/".join(_num(v, 1000.0, 1) for v in (itl.p50, itl.p99)),
         "/".join(_num(v, digits=1) for v in (speed.mean, speed.p10)),
-        _num(level.aggregate_tokens_per_s if known else None, digits=1),
+        _num(level.aggregate_tokens_per_s, digits=1),
         "/".join(_num(v, digits=2) for v in (e2e.p50, e2e.p99)),
         f"{level.client_cpu_fraction:.0%}",
     )
@@ -103,7 +103,7 @@ def format_table(levels: Sequence[LevelResult]) -> str:
     ]
     for level in levels:
         lines.append(f"concurrency {level.concurrency}: median stream speed {level.verdict}")
-        if level.token_source != USAGE:
+        if level.ok and level.token_source != USAGE:  # with no answer, nothing was counted
             lines.append(f"  tokens counted from: {level.token_source}")
         for kind, count in level.errors.items():
             example = level.error_examples.get(kind, "")
@@ -114,6 +114,14 @@ def format_table(levels: Sequence[LevelResult]) -> str:
                 " these numbers may be the client's limit, not the server's"
             )
     return "\n".join(lines)
+
+
+def level_line(level: LevelResult) -> str:
+    """The one line printed as each level ends."""
+    total = level.aggregate_tokens_per_s
+    tokens = "tokens not counted" if total is None else f"{total:.0f} tok/s total"
+    counts = f"{level.ok} ok, {level.requests - level.ok} failed in {level.wall_s:.1f} s"
+    return f"concurrency {level.concurrency}: {counts}, {tokens}"
 
 
 def config_json(config: BenchConfig) -> dict[str, Any]:
@@ -159,7 +167,7 @@ def write_plot(path: str, levels: Sequence[LevelResult], title: str) -> None:
     concurrency = [level.concurrency for level in levels]
     figure = figure_module.Figure(figsize=(14, 4.5), layout="constrained")
     total_axes, stream_axes, ttft_axes = figure.subplots(1, 3)
-    total_axes.plot(concurrency, [lv.aggregate_tokens_per_s for lv in levels], "o-")
+    total_axes.plot(concurrency, [_nan(lv.aggregate_tokens_per_s) for lv in levels], "o-")
     total_axes.set(ylabel="output tokens/s", title="Total throughput")
     for name, pick in (("p50", 0), ("p10", 1)):
         speeds = [(lv.stream_tokens_per_s.p50, lv.stream_tokens_per_s.p10)[pick] for lv in levels]

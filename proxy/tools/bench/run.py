@@ -28,6 +28,7 @@ from proxy.tools.bench.report import (
     config_json,
     format_table,
     level_json,
+    level_line,
     result_document,
     write_json,
     write_plot,
@@ -195,11 +196,7 @@ def _level_done(line: ProgressLine | None, err: TextIO) -> Callable[[LevelResult
     def done(level: LevelResult) -> None:
         if line is not None:
             line.end()
-        print(
-            f"concurrency {level.concurrency}: {level.ok} ok, {level.requests - level.ok} failed"
-            f" in {level.wall_s:.1f} s, {level.aggregate_tokens_per_s:.0f} tok/s total",
-            file=err,
-        )
+        print(level_line(level), file=err)
 
     return done
 
