@@ -1,0 +1,74 @@
+"""`tokenweir bench` against a raw server whose every event and pause is known: what it reports
+is what the server did (timings with wide margins, for a loaded machine; counts exactly)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.tools.bench.client import EVENTS, USAGE
+from proxy.tools.bench.level import LevelResult, run_level
+from proxy.tools.bench.run import BenchConfig
+from tests.tools.test_benchwire import Handler, read_request, server
+
+TTFT_S = 0.3  # the role chunk comes at once; the first token this long after the request
+GAP_S = 0.05
+TOKENS = 5
+STALL_S = 0.4  # before the finish chunk, and again before usage and [DONE]
+
+
+def truth_server(*, usage: bool, newline: bytes) -> Handler:
+    def event(data: bytes) -> bytes:
+        return b"data: " + data + newline + newline
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+            writer.write(event(b'{"choices":[{"delta":{"role":"assistant","content":""}}]}'))
+            await writer.drain()
+            await asyncio.sleep(TTFT_S)
+            for i in range(TOKENS):
+                await asyncio.sleep(GAP_S if i else 0)
+                writer.write(event(b'{"choices":[{"delta":{"content":"w "}}],"usage":null}'))
+                await writer.drain()
+            await asyncio.sleep(STALL_S)
+            writer.write(event(b'{"choices":[{"delta":{},"finish_reason":"stop"}]}'))
+            await writer.drain()
+            await asyncio.sleep(STALL_S)
+            if usage:
+                writer.write(event(b'{"choices":[],"usage":{"completion_tokens":%d}}' % TOKENS))
+            writer.write(event(b"[DONE]"))
+            writer.close()  # the body ends with the connection: no length, not chunked
+            return
+
+    return handle
+
+
+async def measure(*, usage: bool, newline: bytes, requests: int) -> LevelResult:
+    async with server(truth_server(usage=usage, newline=newline)) as url:
+        base_url = url.removesuffix("/chat/completions")
+        config = BenchConfig(base_url=base_url, model="m", requests=requests)
+        return await run_level(config, 2)
+
+
+@pytest.mark.parametrize(("usage", "newline"), [(True, b"\n"), (False, b"\r\n")])
+def test_figures_are_what_the_server_did(usage: bool, newline: bytes) -> None:
+    level = asyncio.run(measure(usage=usage, newline=newline, requests=4))
+    assert (level.requests, level.ok, level.errors) == (4, 4, {})
+    # Tokens: from usage when sent, else one per content event; the role chunk, the finish
+    # chunk, the usage chunk and [DONE] are none.
+    assert (level.output_tokens, level.token_source) == (4 * TOKENS, USAGE if usage else EVENTS)
+    # Gaps only between the 5 token events: none from the role chunk or the stalls after.
+    assert level.itl_s.count == 4 * (TOKENS - 1)
+    assert (level.itl_s.max or 0) < STALL_S
+    # TTFT from the request's start to the first token, not to the role chunk's first byte.
+    assert TTFT_S * 0.8 <= (level.ttft_s.min or 0) <= (level.ttft_s.max or 0) < 2.0
+    # The stalls after the last token are in e2e, not in the per-stream speed.
+    assert (level.e2e_s.min or 0) >= TTFT_S + 2 * STALL_S
+    span_s = GAP_S * (TOKENS - 1)
+    speed = level.stream_tokens_per_s.p50 or 0
+    assert (TOKENS - 1) / (span_s + STALL_S) < speed <= (TOKENS - 1) / (span_s * 0.5)
+    assert level.wall_s >= 2 * level.e2e_s.min  # type: ignore[operator]
+    assert level.requests_per_s == pytest.approx(4 / level.wall_s)
+    assert level.aggregate_tokens_per_s == pytest.approx(4 * TOKENS / level.wall_s)
