@@ -114,6 +114,31 @@ def test_without_usage_or_tokenizer_events_are_counted_and_labelled() -> None:
     assert sample.token_source == "events (no usage, no tokenizer)"
 
 
+def tool_call(function: bytes) -> bytes:
+    return b'data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":%b}]}}]}\n\n' % (
+        function
+    )
+
+
+def test_a_tool_calls_first_token_is_its_function_name() -> None:
+    """OpenAI streams a tool call as its name (arguments "") and then argument pieces."""
+    reads = [(0.05, ROLE), (0.2, tool_call(b'{"name":"get_weather","arguments":""}'))]
+    reads += [(0.3, tool_call(b'{"arguments":" {}"}')), (0.4, DONE)]
+    sample = send(ReplayTransport(reads), tokenizer=WORDS)
+    assert sample.ttft_s == pytest.approx(0.2, abs=1e-3)
+    assert sample.gaps_s == pytest.approx([0.1])
+    assert sample.output_tokens == 2  # "get_weather" and "{}", one word each
+    sample = send(ReplayTransport(reads))
+    assert (sample.content_events, sample.output_tokens) == (2, 2)
+
+
+def test_a_streamed_refusal_is_generated_text() -> None:
+    refusal = b'data: {"choices":[{"delta":{"refusal":"I cannot "}}]}\n\n'
+    sample = send(ReplayTransport([(0.2, refusal), (0.3, refusal + DONE)]), tokenizer=WORDS)
+    assert sample.ttft_s == pytest.approx(0.2, abs=1e-3)
+    assert sample.output_tokens == 4
+
+
 def test_coalesced_reads_share_one_arrival_time() -> None:
     reads = [(0.1, chunk("a") + chunk("b")), (0.2, chunk("c") + usage(3) + DONE)]
     sample = send(ReplayTransport(reads))

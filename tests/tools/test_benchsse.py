@@ -195,6 +195,12 @@ def test_done_sentinel() -> None:
         (b'{"choices":[{"delta":{"reasoning_content":"think"}}]}', True),
         (b'{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{"}}]}}]}', True),
         (b'{"choices":[{"text":"completion","index":0}]}', True),
+        # a tool call's first event names the function: the model's first tokens
+        (
+            b'{"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":""}}]}}]}',
+            True,
+        ),
+        (b'{"choices":[{"delta":{"refusal":"I cannot"}}]}', True),
         # text that only mentions a content key is escaped inside its string
         (b'{"choices":[{"delta":{"content":""}}],"note":"\\"content\\":\\"x\\""}', False),
     ],

@@ -21,11 +21,14 @@ __all__ = [
     "usage_completion_tokens",
 ]
 
-# A token-bearing field with a non-empty string value. Generated text that merely mentions such
-# a key cannot match: inside a JSON string its quotes are escaped as \".
-_CONTENT_RE = re.compile(rb'"(?:content|reasoning_content|reasoning|text|arguments)"\s*:\s*"[^"]')
+# A token-bearing field with a non-empty string value: a tool call's function `name` too (its
+# first event, before any arguments). Generated text that merely mentions such a key cannot
+# match: inside a JSON string its quotes are escaped as \".
+_CONTENT_RE = re.compile(
+    rb'"(?:content|reasoning_content|reasoning|refusal|text|name|arguments)"\s*:\s*"[^"]'
+)
 _USAGE_RE = re.compile(rb'"usage"\s*:\s*\{')
-_TEXT_KEYS = ("content", "reasoning_content", "reasoning", "text")
+_TEXT_KEYS = ("content", "reasoning_content", "reasoning", "refusal", "text")
 # An event longer than this is dropped unparsed (SseParser.dropped); no chat chunk comes near.
 MAX_EVENT_BYTES = 16 << 20
 # A held event start shorter than this is joined to each read and searched again (as cheap as
@@ -220,7 +223,6 @@ def _texts_of(delta: dict[str, object]) -> list[str]:
     calls = delta.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        if isinstance(arguments, str):
-            parts.append(arguments)
+        if isinstance(function, dict):
+            parts.extend(v for k in ("name", "arguments") if isinstance(v := function.get(k), str))
     return parts
