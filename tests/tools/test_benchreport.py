@@ -87,3 +87,12 @@ def test_a_level_with_no_answer_names_no_token_source() -> None:
     table = format_table([summarize_level(1, failed, start_s=0.0, cpu_fraction=0.1)])
     assert "tokens counted from" not in table
     assert "1 x http_429" in table
+
+
+def test_progress_line_of_uncounted_answers_shows_no_rate() -> None:
+    stream = io.StringIO()
+    progress = LevelProgress(concurrency=1, planned=4)
+    progress.record(RequestSample(start_s=0.0, end_s=0.5))  # no usage, no tokenizer
+    ProgressLine(stream)(progress)
+    assert "tok/s" not in stream.getvalue()
+    assert "tokens not counted" in stream.getvalue()

@@ -64,13 +64,16 @@ class LevelProgress:
     finished: int = 0
     failed: int = 0
     output_tokens: int = 0
+    uncounted: int = 0  # ok answers without a token count (no usage, no tokenizer)
 
     def record(self, sample: RequestSample) -> None:
         self.finished += 1
         if sample.error is not None:
             self.failed += 1
+        elif sample.output_tokens is None:
+            self.uncounted += 1
         else:
-            self.output_tokens += sample.output_tokens or 0
+            self.output_tokens += sample.output_tokens
 
 
 @dataclass(slots=True)

@@ -45,10 +45,11 @@ class ProgressLine:
         elapsed_s = time.perf_counter() - progress.start_s
         planned = "" if progress.planned is None else f"/{progress.planned}"
         rate = progress.output_tokens / elapsed_s if elapsed_s > 0 else 0.0
+        tokens = "tokens not counted" if progress.uncounted else f"{rate:.0f} tok/s"
         line = (
             f"concurrency {progress.concurrency}: {progress.finished}{planned} done, "
             f"{progress.failed} failed, {progress.started - progress.finished} in flight, "
-            f"{elapsed_s:.1f} s, {rate:.0f} tok/s"
+            f"{elapsed_s:.1f} s, {tokens}"
         )
         self._stream.write("\r" + line.ljust(self._width))
         self._stream.flush()
