@@ -175,7 +175,7 @@ class GatewayMetrics(Collector):
             ("tenant", "gen_ai_request_model"), state.saved_usd.items(),
         )  # fmt: skip
         yield _counter(
-            "tokenweir_rejected_requests", "429s by reason: rate_limit or budget.",
+            "tokenweir_rejected_requests", "The gateway's own 429s by reason: rate_limit, budget.",
             ("tenant", "gen_ai_request_model", "reason"), state.rejected.items(),
         )  # fmt: skip
         yield _counter(

@@ -75,10 +75,19 @@ def sample_of(
         cache=ctx.cache if ctx.cache in CACHE_RESULTS else "other",
         saved_tokens=(ctx.saved_input_tokens, ctx.saved_output_tokens),
         saved_usd=saved_cost_nusd / 1e9,
-        rejected=_REJECTIONS.get(ctx.error_code or "") if ctx.status == 429 else None,
+        rejected=_rejection(ctx),
         degraded=_degraded(ctx),
         error_type=ctx.error_code if ctx.status != 200 or ctx.error_code else None,
     )
+
+
+def _rejection(ctx: RequestContext) -> str | None:
+    """The gateway's own 429 (the tenant's rate limit or budget): refused before any backend was
+    asked. A backend's 429 passed on with the same code (its own limit, its account's credit)
+    is no refusal of the gateway's."""
+    if ctx.status != 429 or ctx.meter.upstream_sent_s is not None:
+        return None
+    return _REJECTIONS.get(ctx.error_code or "")
 
 
 def model_label(ctx: RequestContext, policy: Policy) -> str:

@@ -1,0 +1,61 @@
+"""A backend whose every answer a test writes itself: the SSE events and the pauses between them,
+or an error status with an OpenAI error body, for judging the gateway's figures against it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+__all__ = ["Script", "chunk", "scripted_backend", "usage_chunk"]
+
+Script = Sequence[bytes | float] | tuple[int, dict[str, Any]]
+"""Events (bytes) and pauses (seconds) of a stream, or (status, error fields) of a refusal."""
+
+
+def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    """One chat completion chunk event for choice 0."""
+    event = {
+        "id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 1,
+        "model": "mock-llm",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }  # fmt: skip
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def usage_chunk(prompt_tokens: int, completion_tokens: int) -> bytes:
+    event = {
+        "id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 1,
+        "model": "mock-llm", "choices": [],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }  # fmt: skip
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def scripted_backend(scripts: dict[str, Script]) -> Starlette:
+    """A backend answering each chat request by the script named by its first message's text."""
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        script = scripts[body["messages"][0]["content"]]
+        if isinstance(script, tuple):
+            status, error = script
+            return JSONResponse({"error": error}, status_code=status)
+        return StreamingResponse(_played(script), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+async def _played(script: Sequence[bytes | float]) -> AsyncIterator[bytes]:
+    for step in script:
+        if isinstance(step, bytes):
+            yield step
+        else:
+            await asyncio.sleep(step)
