@@ -31,7 +31,7 @@ from proxy.upstream.client import UpstreamOpener, close, raw_reads, read_capped,
 from proxy.upstream.deadline import ContentDeadline
 from proxy.upstream.exchange import Exchange, Sink
 from proxy.upstream.prebuilt import header_bytes
-from proxy.upstream.sse import SSEForwarder
+from proxy.upstream.sse import SSEForwarder, wrote_no_text_last
 from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, MalformedAnswer, whole_answer
 
 __all__ = ["SSE_HEADERS", "Forward"]
@@ -128,6 +128,8 @@ class Forward:
             ctx.outcome.error_code = exc.code
             # An OpenAI-shaped error event, and no [DONE]: the client must not take it as complete.
             ending = b"data: " + exc.to_json() + b"\n\n"
+        if api is None and wrote_no_text_last(relay.last, relay.before_last):
+            ctx.meter.last_held_no_text()  # a late finish event is no gap between tokens
         if not ctx.status:
             await self._start(ctx, send, SSE_HEADERS)
         ctx.outcome.answered = True

@@ -41,20 +41,30 @@ _BUCKET_STARTS = tuple(_lowest_in(bucket) for bucket in range(1, _BUCKET_COUNT))
 class GapHistogram:
     """Counts of inter-token gaps in fixed log-spaced buckets; nothing allocated per gap."""
 
-    __slots__ = ("count", "counts", "max_s", "total_s")
+    __slots__ = ("count", "counts", "max_s", "runner_up_s", "total_s")
 
     def __init__(self) -> None:
         self.counts = [0] * _BUCKET_COUNT
         self.count = 0
         self.total_s = 0.0
         self.max_s = 0.0
+        self.runner_up_s = 0.0  # the max before the last add that raised (or matched) it
 
     def add(self, gap_s: float) -> None:
         self.count += 1
         self.total_s += gap_s
-        if gap_s > self.max_s:
+        if gap_s >= self.max_s:
+            self.runner_up_s = self.max_s
             self.max_s = gap_s
         self.counts[bisect_right(_BUCKET_STARTS, gap_s)] += 1
+
+    def drop_last(self, gap_s: float) -> None:
+        """Take back the last gap added, `gap_s`, as if it had never been added."""
+        self.count -= 1
+        self.total_s -= gap_s
+        if gap_s == self.max_s:  # that add raised the max (`>=`): the one before is back
+            self.max_s = self.runner_up_s
+        self.counts[bisect_right(_BUCKET_STARTS, gap_s)] -= 1
 
     def quantile_s(self, q: float) -> float | None:
         """The gap below which a fraction `q` of gaps fall (bucket midpoint), None if no gaps."""
@@ -89,6 +99,7 @@ class StreamMeter:
         "gateway_s",
         "last_read_s",
         "last_token_s",
+        "previous_token_s",
         "received_s",
         "token_events",
         "upstream_first_byte_s",
@@ -101,6 +112,7 @@ class StreamMeter:
         self.upstream_first_byte_s: float | None = None
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
+        self.previous_token_s: float | None = None  # the write with text before the last
         self.token_events = 0
         self.gateway_s = 0.0
         self.gaps = GapHistogram()
@@ -120,12 +132,24 @@ class StreamMeter:
         self.gateway_s += now - self.last_read_s
         if token_events <= 0:
             return
-        if self.last_token_s is None:
+        last_s = self.last_token_s
+        if last_s is None:
             self.first_token_s = now
         else:
-            self.gaps.add(now - self.last_token_s)
+            self.gaps.add(now - last_s)
+        self.previous_token_s = last_s
         self.last_token_s = now
         self.token_events += token_events
+
+    def last_held_no_text(self) -> None:
+        """The last write counted as tokens held no text after all (a stream's finish event in
+        a read of its own): its gap was no gap between tokens, and the last token came with
+        the write before. Its events stay counted (`token_events`: the bill's estimate)."""
+        previous_s, last_s = self.previous_token_s, self.last_token_s
+        if previous_s is None or last_s is None:
+            return
+        self.gaps.drop_last(last_s - previous_s)
+        self.last_token_s, self.previous_token_s = previous_s, None
 
     def answered_locally(self, now: float) -> None:
         """The gateway wrote a whole answer of its own (a cache hit): all of it was gateway time

@@ -9,7 +9,7 @@ import orjson
 
 from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
-__all__ = ["SSEForwarder"]
+__all__ = ["SSEForwarder", "wrote_no_text_last"]
 
 # An event that carries generated text: a non-empty content/text/reasoning/arguments string
 # (`reasoning` is vLLM's name since 0.11, and OpenRouter's and Ollama's).
@@ -139,6 +139,38 @@ class SSEForwarder:
             return event
         chunk["usage"] = None
         return b"data: " + orjson.dumps(chunk)
+
+
+def wrote_no_text_last(last: bytes, before_last: bytes) -> bool:
+    """Whether the last of a stream's writes that `feed` counted as tokens held no generated
+    text: its finish event (`"delta":{}`) in a read of its own, counted as every data event
+    after the first token is. `last` and `before_last` are the stream's last two writes; a
+    write of usage alone (or of comments) counts none, so the one before it is looked at. Once
+    a stream, at its end: no read is searched for text for it."""
+    for out in (last, before_last):
+        if _TOKEN.search(out) is not None:
+            return False
+        if any(_counted(event) for event in EVENT_END.split(out)):
+            return True
+    return False
+
+
+def _counted(event: bytes) -> bool:
+    """After the first token: any data event counts but one of usage alone (`feed`)."""
+    if _DATA_LINE.search(event) is None:
+        return False
+    if event.find(_USAGE_MARK) < 0:
+        return True
+    payload = b"".join(
+        line[len(_DATA) :].strip() for line in event.splitlines() if line.startswith(_DATA)
+    )
+    try:
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return True
+    if not isinstance(chunk, dict):
+        return True
+    return not isinstance(chunk.get("usage"), dict) or bool(chunk.get("choices"))
 
 
 def _data_events(out: bytes, lines: int) -> int:

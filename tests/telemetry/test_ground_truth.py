@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 
 import httpx
 import openai
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
-from tests.telemetry.scripted import Script, scripted_backend
+from tests.telemetry.scripted import Script, chunk, scripted_backend, usage_chunk
 
 SCRIPTS: dict[str, Script] = {
     "backend-rate-limited": (429, {"message": "Rate limit reached", "type": "requests",
                                    "code": "rate_limit_exceeded"}),
     "backend-out-of-credit": (429, {"message": "You exceeded your current quota",
                                     "type": "insufficient_quota", "code": "insufficient_quota"}),
+    # Three tokens 0.1 s apart, then the finish event (no text) 2 s later, as a backend that checks
+    # the whole answer before it ends sends it; then usage and [DONE].
+    "late-finish": [
+        chunk({"role": "assistant", "content": ""}), 0.05, chunk({"content": "a"}), 0.1,
+        chunk({"content": "b"}), 0.1, chunk({"content": "c"}), 2.0, chunk({}, "stop"),
+        usage_chunk(5, 3), b"data: [DONE]\n\n",
+    ],
 }  # fmt: skip
 
 
@@ -55,3 +65,47 @@ def test_a_backends_429_is_no_rejection_of_the_gateways(gateway: str, script: st
     requests = counters(gateway, "tokenweir_requests")
     assert sum(v for k, v in requests.items() if ("status_class", "4xx") in k) >= 1
     assert counters(gateway, "tokenweir_rejected_requests") == {}
+
+
+def histogram(url: str, name: str) -> tuple[float, float]:
+    """(count, sum) of histogram `name` on `/metrics`, over every label set."""
+    count = total = 0.0
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == name + "_count":
+                count += sample.value
+            elif sample.name == name + "_sum":
+                total += sample.value
+    return count, total
+
+
+def test_a_late_textless_finish_event_is_no_gap_between_tokens(
+    gateway: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tokens 0.1 s apart and a finish event with no text 2 s after the last: two gaps of about
+    0.1 s, none of 2 s, and 20 tokens/s after the first token (2 gaps over 0.2 s), in the access
+    line and in the histograms alike. The bounds leave a loaded machine a second of stalls."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    gaps_before = histogram(gateway, "gen_ai_client_operation_time_per_output_chunk_seconds")
+    tpot_before = histogram(gateway, "gen_ai_server_time_per_output_token_seconds")
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+        stream = sdk.chat.completions.create(
+            model="mock-llm", messages=[{"role": "user", "content": "late-finish"}], stream=True
+        )
+        texts = [c.choices[0].delta.content for c in stream if c.choices]
+    assert "".join(t or "" for t in texts) == "abc"
+    deadline = time.monotonic() + 10
+    while not [r for r in caplog.records if r.name == "tokenweir.access"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    [line] = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
+    assert line["output_tokens"] == 3
+    assert 80 < line["itl_max_ms"] < 1500, line  # 0.1 s gaps; the 2 s wait for the finish is none
+    assert 1.5 < line["tokens_per_s"] <= 40, line  # 2 / 0.2 s = 20; with the finish 2 / 2.2 s
+    gaps = histogram(gateway, "gen_ai_client_operation_time_per_output_chunk_seconds")
+    count, total = gaps[0] - gaps_before[0], gaps[1] - gaps_before[1]
+    assert 1 <= count <= 2  # one a read with text after the first (two unless reads merged)
+    assert 0.08 < total < 1.5, total
+    tpot = histogram(gateway, "gen_ai_server_time_per_output_token_seconds")
+    assert tpot[0] - tpot_before[0] == 1
+    assert 0.02 < tpot[1] - tpot_before[1] < 0.65, tpot  # 1 / tokens per s

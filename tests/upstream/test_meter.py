@@ -71,3 +71,44 @@ def test_a_gap_lands_in_the_bucket_its_logarithm_names() -> None:
         assert _bucket_of(gap_s) == meter._bucket_by_log(gap_s), gap_s
     assert _bucket_of(50e-6) == 0
     assert _bucket_of(1e9) == len(starts)
+
+
+def test_a_last_write_without_text_is_taken_back_from_the_gaps() -> None:
+    """Tokens 10 ms apart, then a finish event 500 ms later: its gap and its time go, its events
+    stay counted (the bill's estimate reads them)."""
+    clock = FakeClock()
+    meter = StreamMeter(clock.monotonic())
+    for _ in range(3):
+        clock.advance(0.010)
+        meter.wrote(clock.monotonic(), 1)
+    clock.advance(0.500)
+    meter.wrote(clock.monotonic(), 1)  # the finish event, counted as every event after the first
+    assert meter.gaps.max_s == pytest.approx(0.500)
+    meter.last_held_no_text()
+    assert meter.gaps.count == 2
+    assert meter.gaps.total_s == pytest.approx(0.020)
+    assert meter.gaps.max_s == pytest.approx(0.010)
+    assert meter.gaps.quantile_s(0.99) == pytest.approx(0.010, rel=0.12)
+    assert meter.tokens_per_s(3) == pytest.approx(100.0)
+    assert meter.token_events == 4
+    meter.last_held_no_text()  # once only: there is no earlier write to go back to
+    assert meter.gaps.count == 2
+
+
+def test_taking_back_a_gap_leaves_the_max_that_was_before_it() -> None:
+    for gaps in ([0.3, 0.1, 0.2], [0.1, 0.3, 0.3], [0.2, 0.2], [0.5, 0.1]):
+        hist = GapHistogram()
+        for gap_s in gaps:
+            hist.add(gap_s)
+        hist.drop_last(gaps[-1])
+        assert hist.max_s == max(gaps[:-1])
+        assert hist.count == len(gaps) - 1
+        assert sum(hist.counts) == len(gaps) - 1
+
+
+def test_a_single_write_has_nothing_to_take_back() -> None:
+    meter = StreamMeter(0.0)
+    meter.wrote(0.1, 1)
+    meter.last_held_no_text()
+    assert meter.ttft_s == pytest.approx(0.1)
+    assert meter.gaps.count == 0

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.upstream.sse import SSEForwarder
+from proxy.upstream.sse import SSEForwarder, wrote_no_text_last
 
 
 def event(payload: dict[str, object]) -> bytes:
@@ -203,3 +203,25 @@ def test_reasoning_under_either_name_counts_from_its_first_text(name: str) -> No
     stream = ROLE + b"".join(thinking) + TOKENS[0] + TOKENS[1]
     assert feed_all(SSEForwarder(keep_usage=True), [stream])[1] == 5
     assert feed_all(SSEForwarder(keep_usage=True), [ROLE, *thinking, TOKENS[0]])[1] == 4
+
+
+FINISH = event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+
+
+@pytest.mark.parametrize(
+    ("last", "before_last", "textless"),
+    [
+        (FINISH, TOKENS[0], True),  # the finish event in a read of its own
+        (FINISH + USAGE, TOKENS[0], True),
+        (USAGE, FINISH, True),  # usage alone counts no token: the write before it is the last
+        (TOKENS[1] + FINISH, TOKENS[0], False),  # the finish came with the last token
+        (USAGE, TOKENS[1] + FINISH, False),
+        (USAGE, TOKENS[1], False),
+        (TOKENS[1], FINISH, False),
+        (b": keep-alive\n\n", USAGE, False),  # nothing counted in either: nothing to take back
+    ],
+)
+def test_the_last_counted_write_without_text_is_found(
+    last: bytes, before_last: bytes, textless: bool
+) -> None:
+    assert wrote_no_text_last(last, before_last) is textless
