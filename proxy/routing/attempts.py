@@ -59,6 +59,7 @@ class Attempts:
         routed = ctx.route or await self.begin(ctx)
         while True:
             routed.attempt_s = self._clock.monotonic()
+            ctx.meter.attempting(routed.attempt_s)
             routed.sent = False
             try:
                 backend = routed.health.backend

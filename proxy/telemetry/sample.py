@@ -26,8 +26,8 @@ class RequestSample:
     cost_usd: float
     duration_s: float
     gateway_s: float
-    upstream_s: float | None  # request sent -> last byte read from the backend
-    upstream_ttft_s: float | None  # streams only: request sent -> first byte back
+    upstream_s: float | None  # request sent (to the backend that answered) -> last byte read
+    upstream_ttft_s: float | None  # streams only: request sent (to it) -> first byte back
     ttft_s: float | None  # streams only: request received -> first token written
     time_per_token_s: float | None  # after the first token
     gaps: GapHistogram | None  # streams only: every inter-token gap
@@ -56,8 +56,8 @@ def sample_of(
         status_class(ctx.status),
     )
     upstream_s = None
-    if meter.upstream_sent_s is not None and meter.upstream_first_byte_s is not None:
-        upstream_s = meter.last_read_s - meter.upstream_sent_s
+    if meter.attempt_sent_s is not None and meter.upstream_first_byte_s is not None:
+        upstream_s = meter.last_read_s - meter.attempt_sent_s
     streamed = ctx.stream and ctx.status == 200
     tokens_per_s = meter.tokens_per_s(ctx.output_tokens or 0)
     return RequestSample(

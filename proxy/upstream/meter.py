@@ -94,6 +94,7 @@ class StreamMeter:
     """
 
     __slots__ = (
+        "attempt_sent_s",
         "first_token_s",
         "gaps",
         "gateway_s",
@@ -109,6 +110,7 @@ class StreamMeter:
     def __init__(self, received_s: float) -> None:
         self.received_s = received_s
         self.upstream_sent_s: float | None = None
+        self.attempt_sent_s: float | None = None  # to the backend that answers: the last tried
         self.upstream_first_byte_s: float | None = None
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
@@ -119,8 +121,13 @@ class StreamMeter:
         self.last_read_s = 0.0  # meaningful once upstream_first_byte_s is set
 
     def sending_upstream(self, now: float) -> None:
-        self.upstream_sent_s = now
+        self.upstream_sent_s = self.attempt_sent_s = now
         self.gateway_s += now - self.received_s
+
+    def attempting(self, now: float) -> None:
+        """The request goes to a backend now (another after one failed before its first byte):
+        the backend's own figures count from here, not from the first attempt."""
+        self.attempt_sent_s = now
 
     def read(self, now: float) -> None:
         if self.upstream_first_byte_s is None:
@@ -163,9 +170,9 @@ class StreamMeter:
 
     @property
     def upstream_ttft_s(self) -> float | None:
-        if self.upstream_first_byte_s is None or self.upstream_sent_s is None:
+        if self.upstream_first_byte_s is None or self.attempt_sent_s is None:
             return None
-        return self.upstream_first_byte_s - self.upstream_sent_s
+        return self.upstream_first_byte_s - self.attempt_sent_s
 
     def tokens_per_s(self, output_tokens: int) -> float | None:
         """Generation speed after the first token: (tokens - 1) / (last - first)."""

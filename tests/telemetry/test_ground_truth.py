@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -11,8 +12,14 @@ import openai
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from proxy.app import create_app
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
 from tests.telemetry.scripted import Script, chunk, scripted_backend, usage_chunk
@@ -109,3 +116,54 @@ def test_a_late_textless_finish_event_is_no_gap_between_tokens(
     tpot = histogram(gateway, "gen_ai_server_time_per_output_token_seconds")
     assert tpot[0] - tpot_before[0] == 1
     assert 0.02 < tpot[1] - tpot_before[1] < 0.65, tpot  # 1 / tokens per s
+
+
+def test_after_a_fail_over_the_backend_figures_are_the_serving_backends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A backend that fails after 0.8 s, then one that answers at once: the answering backend's
+    time to first chunk (access line, span's figures, `backend`-labelled histogram) counts from
+    the request sent to it, not from the first attempt's."""
+
+    async def failing(request: Request) -> Response:
+        await asyncio.sleep(0.8)
+        return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, 500)
+
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    scripts: dict[str, Script] = {"quick": [chunk({"content": "a"}), chunk({}, "stop")]}
+    with (
+        serve(Starlette(routes=[Route("/v1/chat/completions", failing, methods=["POST"])])) as bad,
+        serve(scripted_backend(scripts)) as good,
+    ):
+        policy = parse_policy(
+            f"""
+storage: memory
+backends:
+  - {{name: bad, url: {bad}/v1, models: [mock-llm]}}
+  - {{name: good, url: {good}/v1, models: [mock-llm]}}
+models: {{mock-llm: {{}}}}
+tenants: {{alpha: {{api_keys: [{hash_key(ALPHA_KEY)}], models: [mock-llm]}}}}
+""",
+            file="failover.yaml",
+        )
+        with (
+            serve(create_app(policy)) as url,
+            openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk,
+        ):
+            for _ in range(2):  # ties take turns: one of two tries the failing backend first
+                list(sdk.chat.completions.create(
+                    model="mock-llm", messages=[{"role": "user", "content": "quick"}], stream=True,
+                ))  # fmt: skip
+            deadline = time.monotonic() + 10
+            while len([r for r in caplog.records if r.name == "tokenweir.access"]) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            first_chunk = histogram(url, "gen_ai_client_operation_time_to_first_chunk_seconds")
+            call = histogram(url, "gen_ai_client_operation_duration_seconds")
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
+    assert [line["backend"] for line in lines] == ["good", "good"]
+    assert max(line["duration_ms"] for line in lines) >= 750  # one of them failed over
+    assert all(line["upstream_ttft_ms"] < 500 for line in lines), lines
+    assert first_chunk[0] == 2
+    assert first_chunk[1] < 1.0, first_chunk  # with the failed attempt's wait: at least 1.6 s
+    assert call[1] < 1.0, call
