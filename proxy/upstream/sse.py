@@ -119,12 +119,8 @@ class SSEForwarder:
 
     def _usage_event(self, event: bytes) -> bytes:
         """Record the usage; return the event as the client should see it (b"" to drop it)."""
-        payload = b"".join(
-            line[len(_DATA) :].strip() for line in event.splitlines() if line.startswith(_DATA)
-        )
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
+        chunk = _data_json(event)
+        if chunk is _NOT_JSON:
             return event
         usage = chunk.get("usage") if isinstance(chunk, dict) else None
         if not isinstance(usage, dict):
@@ -161,16 +157,24 @@ def _counted(event: bytes) -> bool:
         return False
     if event.find(_USAGE_MARK) < 0:
         return True
+    chunk = _data_json(event)
+    if not isinstance(chunk, dict):  # not JSON, or not an object
+        return True
+    return not isinstance(chunk.get("usage"), dict) or bool(chunk.get("choices"))
+
+
+_NOT_JSON = object()
+
+
+def _data_json(event: bytes) -> Any:
+    """The JSON an event's `data:` lines carry, joined; _NOT_JSON if they are not JSON."""
     payload = b"".join(
         line[len(_DATA) :].strip() for line in event.splitlines() if line.startswith(_DATA)
     )
     try:
-        chunk = orjson.loads(payload)
+        return orjson.loads(payload)
     except orjson.JSONDecodeError:
-        return True
-    if not isinstance(chunk, dict):
-        return True
-    return not isinstance(chunk.get("usage"), dict) or bool(chunk.get("choices"))
+        return _NOT_JSON
 
 
 def _data_events(out: bytes, lines: int) -> int:
