@@ -182,6 +182,12 @@ class GatewayMetrics(Collector):
             "tokenweir_degraded_requests", "Requests a degradation rule changed, by rule.",
             ("tenant", "rule"), state.degraded.items(),
         )  # fmt: skip
+        yield _counter(
+            "tokenweir_broken_streams",
+            "Answers that ended in an error after their 200 (a stream broken off mid-way), "
+            "which tokenweir_requests_total counts under status_class 2xx.",
+            ("tenant", "gen_ai_request_model", "backend"), state.broken.items(),
+        )  # fmt: skip
         inflight = GaugeMetricFamily(
             "tokenweir_inflight_streams", "Streams being relayed now.",
             labels=("tenant", "gen_ai_request_model"),

@@ -94,8 +94,8 @@ class MetricState:
     """One process's figures (or the sum of several processes')."""
 
     __slots__ = (
-        "cache", "degraded", "inflight", "ledger", "ledger_buffered", "rejected", "saved_tokens",
-        "saved_usd", "series",
+        "broken", "cache", "degraded", "inflight", "ledger", "ledger_buffered", "rejected",
+        "saved_tokens", "saved_usd", "series",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -105,6 +105,7 @@ class MetricState:
         self.saved_usd: dict[_Key, float] = {}  # (tenant, model)
         self.rejected: dict[_Key, int] = {}  # (tenant, model, reason)
         self.degraded: dict[_Key, int] = {}  # (tenant, rule)
+        self.broken: dict[_Key, int] = {}  # (tenant, model, backend): errors after a 200
         self.inflight: dict[_Key, int] = {}  # (tenant, model)
         self.ledger: dict[_Key, int] = {}  # (what,): the ledger's records written, dropped, ...
         self.ledger_buffered: dict[_Key, int] = {}  # (): its records not written yet
@@ -134,7 +135,10 @@ class MetricState:
         self._count_outcomes(sample)
 
     def _count_outcomes(self, sample: RequestSample) -> None:
-        tenant, _, model, _, _ = sample.labels
+        tenant, _, model, backend, status = sample.labels
+        if status == "2xx" and sample.error_type is not None:  # broken off after its 200
+            key = (tenant, model, backend)
+            self.broken[key] = self.broken.get(key, 0) + 1
         key = (tenant, model, sample.cache)
         self.cache[key] = self.cache.get(key, 0) + 1
         if sample.saved_tokens != (0, 0):
@@ -183,5 +187,5 @@ class MetricState:
                 mine[key2] = mine.get(key2, 0) + value
 
 
-_COUNTERS = ("cache", "saved_tokens", "saved_usd", "rejected", "degraded", "ledger")
+_COUNTERS = ("cache", "saved_tokens", "saved_usd", "rejected", "degraded", "broken", "ledger")
 _GAUGES = ("inflight", "ledger_buffered")  # a dead worker's are not summed: it holds none

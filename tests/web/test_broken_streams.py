@@ -1,5 +1,6 @@
 """A stream a backend breaks off mid-way reaches its client as an error event under the 200
-already sent: the usage views count it among the errors, as the client saw it."""
+already sent: the usage views count it among the errors, as the client saw it, and /metrics
+among the broken streams."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
 from proxy.policy import parse_policy
@@ -69,3 +71,12 @@ def test_a_stream_broken_off_counts_as_an_error(gateway: str, tmp_path: Path) ->
     page = httpx.get(gateway + "/dashboard/tenants/app", headers=ADMIN).text
     errors = page.split('id="errors"')[1].split("</table>")[0]
     assert "upstream_error" in errors
+    # /metrics counts it 2xx (the client got a 200), and once among the broken streams
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(httpx.get(gateway + "/metrics").text)
+        for sample in family.samples
+        if sample.name.startswith("tokenweir_broken_streams")
+    }
+    labels = (("backend", "hostile"), ("gen_ai_request_model", "hostile-llm"), ("tenant", "app"))
+    assert samples == {("tokenweir_broken_streams_total", labels): 1.0}
