@@ -170,7 +170,8 @@ class Forward:
     def _content_deadline(self, ctx: Admitted, backend: Backend) -> ContentDeadline:
         spec = self._spec
         first_s = backend.first_byte_timeout or spec.first_byte_timeout or spec.read_timeout
-        sent_s = ctx.meter.upstream_sent_s
+        meter = ctx.meter  # from the request sent to this backend (after a failover too)
+        sent_s = meter.attempt_sent_s if meter.attempt_sent_s is not None else meter.upstream_sent_s
         if sent_s is None:  # set as Forward begins; a test may drive _relay_stream alone
             sent_s = self._clock.monotonic()
         return ContentDeadline(sent_s, first_s, spec.read_timeout)

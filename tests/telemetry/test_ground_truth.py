@@ -167,3 +167,46 @@ tenants: {{alpha: {{api_keys: [{hash_key(ALPHA_KEY)}], models: [mock-llm]}}}}
     assert first_chunk[0] == 2
     assert first_chunk[1] < 1.0, first_chunk  # with the failed attempt's wait: at least 1.6 s
     assert call[1] < 1.0, call
+
+
+def test_after_a_fail_over_the_first_content_deadline_is_the_serving_backends() -> None:
+    """A backend that fails after 2 s, then one whose first text comes 2 s after its request
+    (keep-alive comments until then), under a 3 s `first_byte_timeout`: the deadline counts
+    from the request sent to the serving backend, as documented, not from the first attempt
+    (which cut the stream at 3 s)."""
+
+    async def failing(request: Request) -> Response:
+        await asyncio.sleep(2.0)
+        return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, 500)
+
+    slow_start: list[bytes | float] = [b": ping\n\n", 0.25] * 8
+    slow_start += [chunk({"content": "a"}), chunk({}, "stop")]  # its first event, 2 s on
+    scripts: dict[str, Script] = {"slow-start": slow_start}
+    with (
+        serve(Starlette(routes=[Route("/v1/chat/completions", failing, methods=["POST"])])) as bad,
+        serve(scripted_backend(scripts)) as good,
+    ):
+        policy = parse_policy(
+            f"""
+storage: memory
+upstream: {{first_byte_timeout: 3s, read_timeout: 10s, probe_interval: 0}}
+backends:
+  - {{name: bad, url: {bad}/v1, models: [mock-llm]}}
+  - {{name: good, url: {good}/v1, models: [mock-llm]}}
+models: {{mock-llm: {{}}}}
+tenants: {{alpha: {{api_keys: [{hash_key(ALPHA_KEY)}], models: [mock-llm]}}}}
+""",
+            file="failover.yaml",
+        )
+        with (
+            serve(create_app(policy)) as url,
+            openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk,
+        ):
+            texts = []
+            for _ in range(2):  # ties take turns: one of two tries the failing backend first
+                chunks = sdk.chat.completions.create(
+                    model="mock-llm", messages=[{"role": "user", "content": "slow-start"}],
+                    stream=True,
+                )  # fmt: skip
+                texts.append("".join(c.choices[0].delta.content or "" for c in chunks))
+    assert texts == ["a", "a"]
