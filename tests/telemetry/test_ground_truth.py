@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -124,42 +125,19 @@ def test_after_a_fail_over_the_backend_figures_are_the_serving_backends(
     """A backend that fails after 0.8 s, then one that answers at once: the answering backend's
     time to first chunk (access line, span's figures, `backend`-labelled histogram) counts from
     the request sent to it, not from the first attempt's."""
-
-    async def failing(request: Request) -> Response:
-        await asyncio.sleep(0.8)
-        return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, 500)
-
     caplog.set_level(logging.INFO, logger="tokenweir.access")
     scripts: dict[str, Script] = {"quick": [chunk({"content": "a"}), chunk({}, "stop")]}
-    with (
-        serve(Starlette(routes=[Route("/v1/chat/completions", failing, methods=["POST"])])) as bad,
-        serve(scripted_backend(scripts)) as good,
-    ):
-        policy = parse_policy(
-            f"""
-storage: memory
-backends:
-  - {{name: bad, url: {bad}/v1, models: [mock-llm]}}
-  - {{name: good, url: {good}/v1, models: [mock-llm]}}
-models: {{mock-llm: {{}}}}
-tenants: {{alpha: {{api_keys: [{hash_key(ALPHA_KEY)}], models: [mock-llm]}}}}
-""",
-            file="failover.yaml",
-        )
-        with (
-            serve(create_app(policy)) as url,
-            openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk,
-        ):
-            for _ in range(2):  # ties take turns: one of two tries the failing backend first
-                list(sdk.chat.completions.create(
-                    model="mock-llm", messages=[{"role": "user", "content": "quick"}], stream=True,
-                ))  # fmt: skip
-            deadline = time.monotonic() + 10
-            while len([r for r in caplog.records if r.name == "tokenweir.access"]) < 2:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-            first_chunk = histogram(url, "gen_ai_client_operation_time_to_first_chunk_seconds")
-            call = histogram(url, "gen_ai_client_operation_duration_seconds")
+    with _failing_over(0.8, scripts) as (url, sdk):
+        for _ in range(2):  # ties take turns: one of two tries the failing backend first
+            list(sdk.chat.completions.create(
+                model="mock-llm", messages=[{"role": "user", "content": "quick"}], stream=True,
+            ))  # fmt: skip
+        deadline = time.monotonic() + 10
+        while len([r for r in caplog.records if r.name == "tokenweir.access"]) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        first_chunk = histogram(url, "gen_ai_client_operation_time_to_first_chunk_seconds")
+        call = histogram(url, "gen_ai_client_operation_duration_seconds")
     lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
     assert [line["backend"] for line in lines] == ["good", "good"]
     assert max(line["duration_ms"] for line in lines) >= 750  # one of them failed over
@@ -174,14 +152,32 @@ def test_after_a_fail_over_the_first_content_deadline_is_the_serving_backends() 
     (keep-alive comments until then), under a 3 s `first_byte_timeout`: the deadline counts
     from the request sent to the serving backend, as documented, not from the first attempt
     (which cut the stream at 3 s)."""
-
-    async def failing(request: Request) -> Response:
-        await asyncio.sleep(2.0)
-        return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, 500)
-
     slow_start: list[bytes | float] = [b": ping\n\n", 0.25] * 8
     slow_start += [chunk({"content": "a"}), chunk({}, "stop")]  # its first event, 2 s on
     scripts: dict[str, Script] = {"slow-start": slow_start}
+    upstream = "{first_byte_timeout: 3s, read_timeout: 10s, probe_interval: 0}"
+    with _failing_over(2.0, scripts, upstream) as (_, sdk):
+        texts = []
+        for _ in range(2):  # ties take turns: one of two tries the failing backend first
+            chunks = sdk.chat.completions.create(
+                model="mock-llm", messages=[{"role": "user", "content": "slow-start"}],
+                stream=True,
+            )  # fmt: skip
+            texts.append("".join(c.choices[0].delta.content or "" for c in chunks))
+    assert texts == ["a", "a"]
+
+
+@contextmanager
+def _failing_over(
+    fails_after_s: float, scripts: dict[str, Script], upstream: str = "{}"
+) -> Iterator[tuple[str, openai.OpenAI]]:
+    """A gateway over two backends of one model, taking turns: `bad` answers 500 after
+    `fails_after_s`, `good` plays `scripts`. Yields its URL and an SDK client of it."""
+
+    async def failing(request: Request) -> Response:
+        await asyncio.sleep(fails_after_s)
+        return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, 500)
+
     with (
         serve(Starlette(routes=[Route("/v1/chat/completions", failing, methods=["POST"])])) as bad,
         serve(scripted_backend(scripts)) as good,
@@ -189,7 +185,7 @@ def test_after_a_fail_over_the_first_content_deadline_is_the_serving_backends() 
         policy = parse_policy(
             f"""
 storage: memory
-upstream: {{first_byte_timeout: 3s, read_timeout: 10s, probe_interval: 0}}
+upstream: {upstream}
 backends:
   - {{name: bad, url: {bad}/v1, models: [mock-llm]}}
   - {{name: good, url: {good}/v1, models: [mock-llm]}}
@@ -202,11 +198,4 @@ tenants: {{alpha: {{api_keys: [{hash_key(ALPHA_KEY)}], models: [mock-llm]}}}}
             serve(create_app(policy)) as url,
             openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk,
         ):
-            texts = []
-            for _ in range(2):  # ties take turns: one of two tries the failing backend first
-                chunks = sdk.chat.completions.create(
-                    model="mock-llm", messages=[{"role": "user", "content": "slow-start"}],
-                    stream=True,
-                )  # fmt: skip
-                texts.append("".join(c.choices[0].delta.content or "" for c in chunks))
-    assert texts == ["a", "a"]
+            yield url, sdk

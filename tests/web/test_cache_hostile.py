@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -279,18 +279,9 @@ def test_many_conversations_each_cost_the_mirror_about_their_vectors(
     gateway's memory, under a bound (`max_rows`, a million) that counts rows."""
     hostile.embedding = [1.0] + [0.0] * 383
     with gateway(backend_url, hostile_url) as url:
-        assert answered(ask(url, "Warm up.")) == "miss"
-        before = rss_mib()
-        auth = {"authorization": f"Bearer {KEY}"}
-        with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
-            for n in range(3_000):
-                for question in (
-                    "What is the capital of France?",
-                    "Which city is France's capital?",
-                ):
-                    body = _in_conversation(n, question)
-                    assert client.post("/v1/chat/completions", json=body).status_code == 200
-        grown_mib = rss_mib() - before
+        questions = ("What is the capital of France?", "Which city is France's capital?")
+        bodies = (_in_conversation(n, q) for n in range(3_000) for q in questions)
+        grown_mib = _rss_growth_mib(url, bodies)
     assert grown_mib < 60  # 25 MiB here; the old code: 105
 
 
@@ -320,14 +311,7 @@ def test_conversations_whose_entries_are_gone_leave_nothing_in_memory_storage(
     spec = "{mode: semantic, similarity: 0.9, max_entries: 10}"
     question = "Tell me about " + "history " * 19_000
     with gateway(backend_url, hostile_url, spec) as url:
-        assert answered(ask(url, "Warm up.")) == "miss"
-        before = rss_mib()
-        auth = {"authorization": f"Bearer {KEY}"}
-        with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
-            for n in range(600):
-                body = _in_conversation(n, question)
-                assert client.post("/v1/chat/completions", json=body).status_code == 200
-        grown_mib = rss_mib() - before
+        grown_mib = _rss_growth_mib(url, (_in_conversation(n, question) for n in range(600)))
     assert grown_mib < 60  # 23 MiB here; the old code: 99
 
 
@@ -341,21 +325,8 @@ def test_one_conversations_mirror_does_not_keep_every_question_it_ever_stored(
     spec = "{mode: semantic, similarity: 0.9, max_entries: 10}"
     filler = "history " * 8_000
     with gateway(backend_url, hostile_url, spec) as url:
-        assert answered(ask(url, "Warm up.")) == "miss"
-        before = rss_mib()
-        auth = {"authorization": f"Bearer {KEY}"}
-        with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
-            for n in range(1_500):
-                messages = [{"role": "user", "content": f"Question {n}: {filler}"}]
-                body = {
-                    "model": "mock-llm",
-                    "messages": messages,
-                    "temperature": 0,
-                    "max_tokens": 1,
-                }
-                answer = client.post("/v1/chat/completions", json=body)
-                assert answer.headers["x-tokenweir-cache"] == "miss"
-        grown_mib = rss_mib() - before
+        questions = (f"Question {n}: {filler}" for n in range(1_500))
+        grown_mib = _rss_growth_mib(url, (_asked_alone(q) for q in questions), cache="miss")
     assert grown_mib < 60  # 29 MiB here; the old code: 95
 
 
@@ -366,3 +337,23 @@ def _in_conversation(n: int, question: str) -> dict[str, Any]:
         {"role": "user", "content": question},
     ]
     return {"model": "mock-llm", "messages": messages, "temperature": 0, "max_tokens": 1}
+
+
+def _asked_alone(question: str) -> dict[str, Any]:
+    messages = [{"role": "user", "content": question}]
+    return {"model": "mock-llm", "messages": messages, "temperature": 0, "max_tokens": 1}
+
+
+def _rss_growth_mib(url: str, bodies: Iterable[dict[str, Any]], cache: str | None = None) -> float:
+    """How much the gateway's memory grew while it answered `bodies` (after one warm-up
+    request), each answered 200 (and `cache`, if given, in its x-tokenweir-cache)."""
+    assert answered(ask(url, "Warm up.")) == "miss"
+    before = rss_mib()
+    auth = {"authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
+        for body in bodies:
+            answer = client.post("/v1/chat/completions", json=body)
+            assert answer.status_code == 200
+            if cache is not None:
+                assert answer.headers["x-tokenweir-cache"] == cache
+    return rss_mib() - before
