@@ -32,9 +32,6 @@ window on offer (10M). A backend number above it, negative, a float or a bool is
 # A stream's token events count from the first text on, so each choice may add a textless
 # role or finish event: the gateway's count, less these, is a lower bound on the output tokens.
 _TEXTLESS_PER_CHOICE = 2
-# The estimate is within +12% of a real tokenizer on output text (tokens/estimate.py): beyond
-# this ratio an estimated count beats the backend's figure.
-_ESTIMATE_SLACK = 1.15
 _FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 _log = logging.getLogger("tokenweir.usage")
 
@@ -115,7 +112,7 @@ def bill(ctx: RequestContext, counter: TokenCounter | None) -> None:
         prompt, completion = ctx.outcome.backend_usage
         ctx.input_tokens, ctx.output_tokens = prompt, completion
         ctx.usage_source = "backend"
-        if counted_out is not None and _beats(counted_out, completion, ctx.stream or exact):
+        if counted_out is not None and _beats(counted_out, completion, ctx, exact):
             ctx.output_tokens = counted_out
             ctx.usage_source = "counted_output"
         return
@@ -160,8 +157,14 @@ async def count_unreported_input(ctx: RequestContext, counters: TokenCounters) -
     ctx.counted_input_tokens = count
 
 
-def _beats(counted: int, reported: int, exact: bool) -> bool:
-    return counted > reported if exact else counted > reported * _ESTIMATE_SLACK
+def _beats(counted: int, reported: int, ctx: RequestContext, exact: bool) -> bool:
+    """True if the gateway's output count overrules the backend's: any larger exact count (a
+    stream's token events are a lower bound, so exact too). An estimate is off by more than any
+    fixed slack (English prose reads 1.1-1.3 times its tokens, " hello" 1.5), so it overrules
+    only a backend that plainly counted one choice of n: past halfway from all n to one."""
+    if exact or ctx.stream:
+        return counted > reported
+    return 2 * counted > reported * (_choices(ctx) + 1)
 
 
 def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | None:

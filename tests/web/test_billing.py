@@ -196,6 +196,24 @@ def test_two_choices_bill_what_was_relayed_not_the_one_choice_reported(
         assert record.output_tokens == exact_output(2)
 
 
+def test_two_choices_on_a_model_without_a_tokenizer_bill_an_honest_backends_usage(
+    liar: tuple[LyingBackend, str], gateway: str, ledger_path: Path
+) -> None:
+    """The estimate reads " hello" as 1.5 tokens (6 characters at 4 a token), as it reads
+    much English prose at 1.1-1.3: an honest backend reporting both choices was overruled by
+    the estimate (36 billed for 24); one reporting only the first choice still is."""
+    backend, _ = liar
+    both = exact_output(2)
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": %d}' % both
+    assert chat(gateway, model="guess-llm", n=2).status_code == 200
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": %d}' % exact_output()
+    assert chat(gateway, model="guess-llm", n=2).status_code == 200
+    honest, one_choice = ledger_records(ledger_path, 2)
+    assert (honest.usage_source, honest.output_tokens) == ("backend", both)
+    assert one_choice.usage_source == "counted_output"
+    assert one_choice.output_tokens >= both
+
+
 def test_an_honest_stream_bills_exactly_the_backends_usage(
     liar: tuple[LyingBackend, str], gateway: str, ledger_path: Path
 ) -> None:
