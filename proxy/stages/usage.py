@@ -175,10 +175,10 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
     if ctx.stream:
         events = ctx.meter.token_events
         if ctx.operation in AGENT_APIS:
-            return events  # the agent APIs' token events are their text deltas only
+            return _bounded(ctx, events)  # the agent APIs' token events are their text deltas
         if ctx.outcome.backend_usage is None:  # the bill: an ended stream's finish events
-            return relayed_output(ctx) if ctx.outcome.completed else events  # are no tokens
-        return max(0, events - _TEXTLESS_PER_CHOICE * choices)
+            return relayed_output(ctx) if ctx.outcome.completed else _bounded(ctx, events)
+        return _bounded(ctx, max(0, events - _TEXTLESS_PER_CHOICE * choices))  # are no tokens
     # A whole answer is counted only when needed: no usage to believe, or several choices.
     if counter is None or (ctx.outcome.backend_usage is not None and choices == 1):
         return None
@@ -189,7 +189,15 @@ def relayed_output(ctx: RequestContext) -> int:
     """Output tokens a running stream has surely relayed: its token events, less the textless
     finish event each choice may have sent. Exact where each event carries one token (llama.cpp,
     the mock backend), a lower bound where events carry several; never above what was sent."""
-    return max(0, ctx.meter.token_events - _choices(ctx))
+    return _bounded(ctx, max(0, ctx.meter.token_events - _choices(ctx)))
+
+
+def _bounded(ctx: RequestContext, events: int) -> int:
+    """A stream's token events, at most the output its backend was bound to: after the first
+    text every event counts as a token unread (the relay searches none for text), so a backend
+    padding a stream with empty events would bill each one."""
+    bound = ctx.outgoing.reserved_output()
+    return events if bound is None else min(events, bound)
 
 
 def _choices(ctx: RequestContext) -> int:
