@@ -182,7 +182,7 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
     # A whole answer is counted only when needed: no usage to believe, or several choices.
     if counter is None or (ctx.outcome.backend_usage is not None and choices == 1):
         return None
-    return _count_answer(ctx.outcome.tail, ctx.operation, counter)
+    return _count_answer(ctx.outcome.tail, ctx.operation, counter, _echoed(ctx))
 
 
 def relayed_output(ctx: RequestContext) -> int:
@@ -205,7 +205,26 @@ def _choices(ctx: RequestContext) -> int:
     return n if type(n) is int and n > 1 else 1
 
 
-def _count_answer(raw: bytes, operation: Operation, counter: TokenCounter) -> int | None:
+def _echoed(ctx: RequestContext) -> tuple[str, ...]:
+    """The prompts a completion's choices begin with, under `echo: true` (text prompts only:
+    a prompt of token ids is echoed as text the gateway does not decode, and is counted)."""
+    if ctx.operation != "text_completion" or ctx.body.get("echo") is not True:
+        return ()
+    prompt = ctx.body.get("prompt")
+    prompts = prompt if isinstance(prompt, list) else [prompt]
+    return tuple(sorted((p for p in prompts if isinstance(p, str) and p), key=len, reverse=True))
+
+
+def _unechoed(text: str, echoed: tuple[str, ...]) -> str:
+    for prompt in echoed:  # the longest first: one prompt may begin another
+        if text.startswith(prompt):
+            return text[len(prompt) :]
+    return text
+
+
+def _count_answer(
+    raw: bytes, operation: Operation, counter: TokenCounter, echoed: tuple[str, ...] = ()
+) -> int | None:
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -221,7 +240,8 @@ def _count_answer(raw: bytes, operation: Operation, counter: TokenCounter) -> in
         if not isinstance(choice, dict):
             continue
         if operation == "text_completion":
-            texts.append(choice.get("text") or "")
+            text = choice.get("text")
+            texts.append(_unechoed(text, echoed) if isinstance(text, str) else "")
             continue
         message = choice.get("message")
         if isinstance(message, dict):

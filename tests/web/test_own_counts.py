@@ -1,0 +1,106 @@
+"""What the gateway's own output count may overrule or stand for, end to end: an estimate beside
+an honest backend, a stream padded with empty events, a completion that echoes its prompt.
+
+The lying and scripted backends answer honestly with the usage a test sets; a real gateway with
+a SQLite ledger (tests/web/test_billing.py's fixtures) bills them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from proxy.app import create_app
+from tests.servers import serve
+from tests.telemetry.scripted import chunk, scripted_backend, usage_chunk
+from tests.web.lyingbackend import LyingBackend
+from tests.web.test_billing import (
+    AUTH,
+    billing_policy,
+    chat,
+    exact_output,
+    gateway,
+    ledger_path,
+    ledger_records,
+    liar,
+)
+
+__all__ = ["gateway", "ledger_path", "liar"]  # fixtures
+
+
+def test_two_choices_on_a_model_without_a_tokenizer_bill_an_honest_backends_usage(
+    liar: tuple[LyingBackend, str], gateway: str, ledger_path: Path
+) -> None:
+    """The estimate reads " hello" as 1.5 tokens (6 characters at 4 a token), as it reads
+    much English prose at 1.1-1.3: an honest backend reporting both choices was overruled by
+    the estimate (36 billed for 24); one reporting only the first choice still is."""
+    backend, _ = liar
+    both = exact_output(2)
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": %d}' % both
+    assert chat(gateway, model="guess-llm", n=2).status_code == 200
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": %d}' % exact_output()
+    assert chat(gateway, model="guess-llm", n=2).status_code == 200
+    honest, one_choice = ledger_records(ledger_path, 2)
+    assert (honest.usage_source, honest.output_tokens) == ("backend", both)
+    assert one_choice.usage_source == "counted_output"
+    assert one_choice.output_tokens >= both
+
+
+@pytest.mark.parametrize("usage", [True, False])
+def test_textless_events_never_bill_past_the_bound_the_backend_was_sent(
+    ledger_path: Path, usage: bool
+) -> None:
+    """A backend padding a stream with 500 empty deltas, after 3 words, for `max_tokens: 10`:
+    each event after the first text is a token to the gateway's count (it does not search every
+    event for text), which overruled the backend's usage (or stood for it) and billed 502."""
+    padded = [chunk({"role": "assistant", "content": ""})]
+    padded += [chunk({"content": " word"}) for _ in range(3)] + [chunk({})] * 500
+    padded += [chunk({}, "stop")] + ([usage_chunk(9, 3)] if usage else []) + [b"data: [DONE]\n\n"]
+    with serve(scripted_backend({"pad": padded})) as backend:
+        with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
+            messages = [{"role": "user", "content": "pad"}]
+            body = {"model": "exact-llm", "messages": messages, "stream": True, "max_tokens": 10}
+            with httpx.stream(
+                "POST", gateway + "/v1/chat/completions", json=body, headers=AUTH, timeout=10
+            ) as answer:
+                assert answer.read().decode().count(" word") == 3
+            [record] = ledger_records(ledger_path, 1)
+    assert record.output_tokens == 10  # events are not read for text: the bound is the most
+
+
+def _echoing_backend(words: int) -> Starlette:
+    """Answers a completion as `echo: true` asks: each choice's text is the prompt, then the
+    words; its usage counts the words alone as output, as OpenAI's and vLLM's do."""
+
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        n = body.get("n", 1)
+        text = body["prompt"] + " hello" * words
+        choices = [{"index": i, "text": text, "finish_reason": "stop"} for i in range(n)]
+        usage = {"prompt_tokens": 9, "completion_tokens": n * words}
+        return JSONResponse(
+            {"id": "c", "object": "text_completion", "choices": choices, "usage": usage}
+        )
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+def test_an_echoed_prompt_is_no_output(ledger_path: Path) -> None:
+    """With `echo: true` each choice's text begins with the prompt. The gateway counts a whole
+    answer's text when it has `n` > 1 choices: it counted the echoed prompt as output, overruled
+    the honest usage, and billed the prompt again once per choice."""
+    prompt = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 40
+    with serve(_echoing_backend(12)) as backend:
+        with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
+            body = {"model": "exact-llm", "prompt": prompt, "n": 2, "echo": True, "max_tokens": 20}
+            answer = httpx.post(gateway + "/v1/completions", json=body, headers=AUTH, timeout=10)
+            assert answer.status_code == 200
+            assert answer.json()["choices"][0]["text"].startswith(prompt)
+            [record] = ledger_records(ledger_path, 1)
+    assert (record.usage_source, record.output_tokens) == ("backend", 24)
