@@ -16,6 +16,7 @@ from proxy.ledger.base import (
 )
 from proxy.ledger.redis import RedisLedger
 from proxy.ledger.sqlite import SqliteLedger
+from proxy.policy.units import split_sqlite_url
 from proxy.storage.redis.url import is_redis_url
 
 __all__ = [
@@ -36,7 +37,8 @@ __all__ = [
 def open_ledger(url: str, *, storage_url: str | None = None, read_only: bool = False) -> Ledger:
     """The ledger named by a policy's `ledger:` value; call `start()` on it before use.
 
-    `sqlite:///relative.db` or `sqlite:////absolute/path.db`; `redis://host:port/db` (or any
+    `sqlite:///relative.db` or `sqlite:////absolute/path.db`, either with `?keep_records=90d`
+    (raw records older are deleted; the totals stay); `redis://host:port/db` (or any
     Redis URL `storage:` takes); or `redis`, meaning the policy's Redis `storage:` URL, passed
     as `storage_url`. `read_only` ledgers only
     answer queries and never create anything.
@@ -51,12 +53,12 @@ def open_ledger(url: str, *, storage_url: str | None = None, read_only: bool = F
     if is_redis_url(url):
         return RedisLedger(url, read_only=read_only)
     if url.startswith("sqlite:///"):
-        path = url.removeprefix("sqlite:///")
+        path, keep_records_s = split_sqlite_url(url)
         if not path or path == ":memory:":
             raise ValueError(
                 f"a sqlite ledger needs a file path, as in sqlite:///tokenweir.db: {url}"
             )
-        return SqliteLedger(Path(path), read_only=read_only)
+        return SqliteLedger(Path(path), read_only=read_only, keep_records_s=keep_records_s)
     raise ValueError(
         f"unknown ledger {url!r}: use sqlite:///relative/path.db, sqlite:////absolute/path.db, "
         "redis://host:port/db, or redis (the storage: Redis)"

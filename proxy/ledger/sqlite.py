@@ -17,6 +17,7 @@ from proxy.ledger import query as planner
 from proxy.ledger import sqlschema
 from proxy.ledger.aggregate import Cell
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
+from proxy.ledger.sqlprune import Pruner
 from proxy.ledger.writer import BufferedLedger
 
 __all__ = ["SqliteLedger"]
@@ -32,6 +33,7 @@ class SqliteLedger(BufferedLedger):
 
     A backlog (after a burst or an outage) is written `transaction_records` at a time: bigger
     transactions fold more records into each aggregate row, so the writer catches up faster.
+    With `keep_records_s`, raw records older are deleted between batches (sqlprune.py).
     """
 
     def __init__(
@@ -45,6 +47,7 @@ class SqliteLedger(BufferedLedger):
         buffer_records: int = 100_000,
         flush_timeout_s: float = 10.0,
         busy_timeout_s: float = 5.0,
+        keep_records_s: float | None = None,
     ) -> None:
         self._wake = threading.Event()
         self._dozing = Doze()
@@ -58,6 +61,7 @@ class SqliteLedger(BufferedLedger):
         self._busy_timeout_s = busy_timeout_s
         self._thread: threading.Thread | None = None
         self._checkpoints: dict[str, int] = {}  # the writer thread's own: see write_batch
+        self._prune = None if keep_records_s is None else Pruner(keep_records_s)
 
     def _writer_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -106,6 +110,8 @@ class SqliteLedger(BufferedLedger):
                 if not self._has_work():  # a whole interval without a record: doze until
                     self._dozing.until(self._has_work)  # one comes (or close), written at once
                 self._drain(conn)
+                if self._prune is not None:
+                    self._prune(conn)
             self._drain(conn)  # anything appended after the last flush
         finally:
             conn.close()

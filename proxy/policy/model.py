@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from proxy.policy.numbers import NoBoolAsNumber
-from proxy.policy.units import hash_key, parse_bytes, parse_duration_s
+from proxy.policy.units import hash_key, parse_bytes, parse_duration_s, split_sqlite_url
 from proxy.storage.redis.url import check_storage_url, is_redis_url
 
 __all__ = [
@@ -123,7 +123,10 @@ TagName = Annotated[Name, AfterValidator(_no_braces)]
 
 
 def _ledger_url(url: str) -> str:
-    if url == "redis" or url.startswith("sqlite:///"):
+    if url.startswith("sqlite:///"):
+        split_sqlite_url(url)
+        return url
+    if url == "redis":
         return url
     if is_redis_url(url):
         return check_storage_url(url)

@@ -1,14 +1,16 @@
-"""Units in policy files: durations (`30s`, `5m`, `1h`, `7d`), byte sizes, hashed keys."""
+"""Units in policy files: durations (`30s`, `5m`, `1h`, `7d`), byte sizes, hashed keys, and a
+SQLite ledger's URL with its options."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 
-__all__ = ["hash_key", "parse_bytes", "parse_duration_s"]
+__all__ = ["MIN_KEEP_RECORDS_S", "hash_key", "parse_bytes", "parse_duration_s", "split_sqlite_url"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _DURATION_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MIN_KEEP_RECORDS_S = 3600.0
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
 _SIZE_UNIT = {
     None: 1,
@@ -55,3 +57,21 @@ def parse_bytes(value: object) -> int:
 def hash_key(key: str) -> str:
     """The stored form of an API key: `sha256:<hex>` of its UTF-8 bytes."""
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def split_sqlite_url(url: str) -> tuple[str, float | None]:
+    """`sqlite:///path.db` or `sqlite:///path.db?keep_records=90d`: the file's path, and how long
+    its raw records are kept (None: for ever). ValueError names what is wrong."""
+    path, _, options = url.removeprefix("sqlite:///").partition("?")
+    keep_s: float | None = None
+    for option in filter(None, options.split("&")):
+        name, equals, value = option.partition("=")
+        if name != "keep_records" or not equals or keep_s is not None:
+            raise ValueError(
+                f"a sqlite ledger takes one option, keep_records (as in "
+                f"sqlite:///tokenweir.db?keep_records=90d), not {option!r}"
+            )
+        keep_s = parse_duration_s(value)
+        if keep_s < MIN_KEEP_RECORDS_S:
+            raise ValueError(f"keep_records must be at least 1h, got {value!r}")
+    return path, keep_s
