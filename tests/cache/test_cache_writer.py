@@ -167,10 +167,7 @@ async def test_a_full_queue_drops_new_vectors_and_says_how_many(
     assert graph is not None
     monkeypatch.setattr(cache_writer, "_QUEUE_LIMIT", 20)
     rows = unit_rows(32, seed=5)
-    with redis.Redis.from_url(redis8_url) as admin, admin.pipeline() as pipe:
-        for n in range(32):
-            pipe.set(f"tw:{{t}}:cache:x:b{n}", b"v", px=3_600_000)
-        pipe.execute()
+    _entries(redis8_url, [f"tw:{{t}}:cache:x:b{n}" for n in range(32)])
     with caplog.at_level(logging.WARNING, logger="tokenweir.cache"):
         for n in range(30):  # queued at once: the writer has not run yet
             engine.add("t", "p", f"b{n}", rows[n].tobytes(), "q", graph=graph, ttl_ms=3_600_000,
@@ -190,6 +187,53 @@ async def test_a_full_queue_drops_new_vectors_and_says_how_many(
     for n, kept in ((5, True), (25, False), (31, True)):  # a dropped one is no semantic hit
         found = await index.nearest("t", "p", rows[n], "q", 0.999, spec)
         assert (found is not None and found.key == f"b{n}") is kept
+
+
+def _entries(url: str, keys: list[str]) -> None:
+    """Cache entries whose vectors a test queues by hand (a vector is written only beside its
+    entry)."""
+    with redis.Redis.from_url(url) as admin, admin.pipeline() as pipe:
+        for key in keys:
+            pipe.set(key, b"v", px=3_600_000)
+        pipe.execute()
+
+
+def _written(url: str, name: str, tenant: str) -> int:
+    try:
+        return redis_vectors(url, name, tenant, "p")
+    except redis.ResponseError:  # RediSearch: the tenant's index is not made yet
+        return 0
+
+
+@pytest.mark.parametrize(("spec", "name"), REDIS8)
+async def test_one_tenants_burst_neither_delays_nor_drops_another_tenants_vector(
+    redis8_url: str,
+    cache: tuple[RedisCacheStore, SemanticIndex],
+    spec: CacheSpec,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tenant t fills the queue with 30 vectors (room for 20); tenant u's one vector comes
+    after. It took the place of t's newest and is written second, while t's are still queued
+    (it was dropped, or written after all of t's)."""
+    store, index = cache
+    engine = engine_named(store, name)
+    graph = await index.graph(spec)
+    assert graph is not None
+    monkeypatch.setattr(cache_writer, "_QUEUE_LIMIT", 20)
+    rows = unit_rows(31, seed=5)
+    _entries(redis8_url, [f"tw:{{t}}:cache:x:b{n}" for n in range(30)] + ["tw:{u}:cache:x:b30"])
+    for n, tenant in enumerate(["t"] * 30 + ["u"]):  # queued at once: the writer has not run
+        engine.add(tenant, "p", f"b{n}", rows[n].tobytes(), "q", graph=graph, ttl_ms=3_600_000,
+                   keep_ms=3_600_000)  # fmt: skip
+    assert engine.pending() == 20
+    await until(lambda: _written(redis8_url, name, "u") == 1, "u's vector")
+    assert engine.pending() >= 15  # t's line is still being written, at the writer's pace
+    await store.flush_vectors()
+    assert redis_vectors(redis8_url, name, "t", "p") == 19
+    found = await index.nearest("u", "p", rows[30], "q", 0.999, spec)
+    assert found is not None
+    assert found.key == "b30"
 
 
 async def test_the_engines_are_asked_for_again_after_redis_was_unreachable() -> None:

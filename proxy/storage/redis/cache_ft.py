@@ -91,10 +91,10 @@ class RedisSearchVectors(BatchedWriter[_Add | _Remove]):
         # The entry's own TTL is read in Redis when the vector is written: ttl_ms is not needed.
         prefix = self._prefix_of(tenant)
         m, ef = graph.m, graph.ef_construction
-        self._enqueue(_Add(prefix, partition, member, vector, question, m, ef))
+        self._enqueue(tenant, _Add(prefix, partition, member, vector, question, m, ef))
 
     def remove(self, tenant: str, partition: str, key: str) -> None:
-        self._enqueue(_Remove(vector_key(self._prefix_of(tenant), key)))
+        self._enqueue(tenant, _Remove(vector_key(self._prefix_of(tenant), key)))
 
     async def _before(self, batch: list[_Add | _Remove]) -> None:
         """Create the indexes this process has not yet seen that the batch writes to."""

@@ -75,10 +75,10 @@ class RedisVectorSets(BatchedWriter[_Add | _Remove]):
         prefix = self._prefix_of(tenant)
         key, entry = set_key(prefix, partition), f"{prefix}x:{member}"
         m, ef = graph.m, graph.ef_construction
-        self._enqueue(_Add(key, entry, member, vector, question, m, ef, keep_ms))
+        self._enqueue(tenant, _Add(key, entry, member, vector, question, m, ef, keep_ms))
 
     def remove(self, tenant: str, partition: str, key: str) -> None:
-        self._enqueue(_Remove(set_key(self._prefix_of(tenant), partition), key))
+        self._enqueue(tenant, _Remove(set_key(self._prefix_of(tenant), partition), key))
 
     def _commands(self, write: _Add | _Remove) -> list[Command]:
         if isinstance(write, _Remove):

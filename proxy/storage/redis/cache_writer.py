@@ -2,6 +2,11 @@
 task that sends queued vector writes (storing an answer never waits for the index) one at a
 time, paced, on a connection no lookup uses, so a burst of new vectors leaves Redis's main
 thread and this process's event loop free for lookups (docs/benchmarks.md, issue 18's burst).
+
+Each tenant has a line of its own, and the writer takes from the lines in turn: one tenant's
+burst delays another's next vector by one write, not by the burst. A full queue makes room for
+a write by dropping the newest of the longest line (the write itself when its tenant's is that
+line): a burst loses its own vectors, not other tenants'.
 """
 
 from __future__ import annotations
@@ -77,7 +82,8 @@ class BatchedWriter(Generic[W]):
         self._writes = writes
         self._prefix_of = prefix_of  # a tenant's key prefix, its hash tag
         self._available: bool | None = None
-        self._queue: deque[W] = deque()
+        self._lines: dict[str, deque[W]] = {}  # by tenant, in the order the writer takes them
+        self._queued = 0
         self._writer: asyncio.Task[None] | None = None
         self._script = Lua(script_text(self.script_name))
         self._prepared: set[str] = set()  # what `_before` made ready (RediSearch's indexes)
@@ -100,7 +106,7 @@ class BatchedWriter(Generic[W]):
         return self._available
 
     def pending(self) -> int:
-        return len(self._queue)
+        return self._queued
 
     async def flush(self, *, hurry: bool = False) -> None:
         """Wait until every queued write has been sent: at the writer's pace, or with `hurry`
@@ -121,30 +127,50 @@ class BatchedWriter(Generic[W]):
                 async with asyncio.timeout(2.0):
                     await self.flush(hurry=True)
             except (TimeoutError, StorageError):
-                _log.warning("%d semantic cache vectors not written at shutdown", len(self._queue))
+                _log.warning("%d semantic cache vectors not written at shutdown", self._queued)
             await cancelled([self._writer])
         finally:
             if self._writes is not None:
                 await self._writes.aclose()
 
-    def _enqueue(self, write: W) -> None:
-        if len(self._queue) >= _QUEUE_LIMIT:
+    def _enqueue(self, tenant: str, write: W) -> None:
+        line = self._lines.get(tenant)
+        if self._queued >= _QUEUE_LIMIT:
             if not self._dropped:
                 _log.warning(
                     "semantic cache vector queue full (%d): new vectors are dropped until it "
                     "drains (their answers are still cached exactly)", _QUEUE_LIMIT,
                 )  # fmt: skip
             self._dropped += 1
-            return
-        if self._dropped:
+            longest = max(self._lines.values(), key=len)
+            if (len(line) if line is not None else 0) >= len(longest):
+                return  # the longest line's own: dropped
+            longest.pop()  # room for a shorter line's write: the longest loses its newest
+            self._queued -= 1
+        elif self._dropped:
             _log.warning(
                 "%d semantic cache vectors were dropped while the queue was full: those "
                 "answers are hits for the same question only", self._dropped,
             )  # fmt: skip
             self._dropped = 0
-        self._queue.append(write)
+        if line is None:
+            line = self._lines[tenant] = deque()
+        line.append(write)
+        self._queued += 1
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write())
+
+    def _next_batch(self) -> list[W]:
+        """Up to _BATCH writes, a line at a time in turn: a line written from goes last."""
+        batch: list[W] = []
+        while self._lines and len(batch) < _BATCH:
+            tenant = next(iter(self._lines))
+            line = self._lines.pop(tenant)
+            batch.append(line.popleft())
+            if line:
+                self._lines[tenant] = line
+        self._queued -= len(batch)
+        return batch
 
     async def _before(self, batch: list[W]) -> None:
         """Called before a batch is sent (e.g. to create the indexes it writes to)."""
@@ -154,9 +180,9 @@ class BatchedWriter(Generic[W]):
 
     async def _write(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._queue:
+        while self._queued:
             began = loop.time()
-            batch = [self._queue.popleft() for _ in range(min(_BATCH, len(self._queue)))]
+            batch = self._next_batch()
             commands = [command for write in batch for command in self._commands(write)]
             try:
                 await self._before(batch)
@@ -164,7 +190,7 @@ class BatchedWriter(Generic[W]):
                     await self._sent(commands)
             except StorageError as exc:
                 _log.warning("could not write %d semantic cache vectors: %s", len(batch), exc)
-            if self._queue and not self._hurry and len(self._queue) < _HURRY_FROM:
+            if self._queued and not self._hurry and self._queued < _HURRY_FROM:
                 await asyncio.sleep((loop.time() - began) * (1.0 - _SHARE) / _SHARE)
 
     async def _sent(self, commands: list[Command]) -> None:
