@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, quote, urlencode
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
@@ -198,8 +198,19 @@ def _safe_next(target: str | None) -> str:
 
 def _same_site_only(request: Request) -> None:
     """A form another site's page posted (login CSRF: the victim's browser logged in as the
-    attacker's tenant) is refused; browsers name the sender in Sec-Fetch-Site."""
-    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+    attacker's tenant) is refused. Browsers name the sender in Sec-Fetch-Site; one that sends
+    no Sec-Fetch-Site still sends the page's Origin with a form's POST, which must then be the
+    host the request was sent to (a reverse proxy's X-Forwarded-Host counts: a form cannot set
+    it). A request with neither (curl) is no browser's."""
+    site = request.headers.get("sec-fetch-site")
+    if site is None:
+        origin = request.headers.get("origin")
+        own = origin is None or urlsplit(origin).netloc in (
+            request.headers.get("host"), request.headers.get("x-forwarded-host"),
+        )  # fmt: skip
+    else:
+        own = site in ("same-origin", "none")
+    if not own:
         raise PermissionDenied(
             "The dashboard's forms are accepted only from its own pages.", code="cross_site"
         )

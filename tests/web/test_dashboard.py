@@ -176,6 +176,22 @@ def test_a_form_posted_from_another_site_is_refused(gateway: str, sender: str) -
     )
 
 
+@pytest.mark.parametrize(
+    ("origin", "refused"),
+    [("https://evil.example", True), ("null", True), ("own", False), (None, False)],
+)
+def test_a_browser_without_fetch_metadata_is_judged_by_its_origin(
+    gateway: str, origin: str | None, refused: bool
+) -> None:
+    """Browsers that send no Sec-Fetch-Site (Safari before 16.4) still send Origin with a
+    form's POST: another site's (or a sandboxed page's "null") is refused; the gateway's own,
+    or none at all (curl), is not."""
+    headers = {} if origin is None else {"origin": gateway if origin == "own" else origin}
+    login = httpx.post(gateway + "/dashboard/login", data={"key": ALPHA_KEY}, headers=headers)
+    assert login.status_code == (403 if refused else 303)
+    assert ("set-cookie" in login.headers) is not refused
+
+
 def test_login_never_redirects_off_the_dashboard(gateway: str) -> None:
     for target in ("https://evil.example/", "//evil.example", "/v1/models", "/dashboard\\@x"):
         answer = httpx.post(gateway + "/dashboard/login", data={"key": ALPHA_KEY, "next": target})
