@@ -10,7 +10,7 @@ import gc
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from proxy.storage import (
 )
 from proxy.telemetry.logs import flush_access_log
 from proxy.telemetry.otelenv import otel_wanted
+from proxy.tokens import TokenCounter, TokenCounters
 from proxy.web.admin import admin_routes
 from proxy.web.agents import CountTokens, MessagesEndpoint
 from proxy.web.dashboard import DashboardPages
@@ -89,6 +90,7 @@ def create_app(
     store: QuotaStore | None = None,
     otel: OtelProviders | None = None,
     freeze_gc: bool = False,
+    tokenizers: Mapping[str | None, TokenCounter] | None = None,
 ) -> Starlette:
     """The gateway app; `clock`, `transport` and `store` replace the real ones (for tests).
 
@@ -97,7 +99,8 @@ def create_app(
     TOKENWEIR_WATCH=1, when it changes). `otel` gives tracer/meter providers; without it, the
     OTEL_* environment may configure the SDK here, in the process (each uvicorn worker) that
     serves the app. `freeze_gc` moves what startup built out of the garbage collector's way
-    (`gc.freeze`) and collects less often (SERVING_GC_THRESHOLDS), for a serving process."""
+    (`gc.freeze`) and collects less often (SERVING_GC_THRESHOLDS), for a serving process.
+    `tokenizers`: some already loaded, by spec (`load_tokenizers`), not loaded again."""
     if policy is None:
         config = config or Path(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
     source = PolicySource.read(config) if config is not None else None
@@ -117,7 +120,10 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         sdk = _start_otel_sdk() if otel is None else None
         digest = source.digest if source else policy_digest(resolved)
-        gateway = Gateway.build(resolved, chosen_clock, transport, store, otel or sdk, digest, live)
+        counters = TokenCounters(resolved, loaded=tokenizers) if tokenizers else None
+        gateway = Gateway.build(
+            resolved, chosen_clock, transport, store, otel or sdk, digest, live, counters
+        )
         await gateway.start()
         reloader = Reloader(live, source, watch=watching)
         reloader.start()
@@ -193,10 +199,10 @@ def _forwarded_allow_ips() -> str:
     return os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
 
 
-def create_served_app() -> Starlette:
+def create_served_app(tokenizers: Mapping[str | None, TokenCounter] | None = None) -> Starlette:
     """What `tokenweir serve` runs in each worker: the policy from TOKENWEIR_CONFIG, and the
-    startup heap frozen."""
-    return create_app(freeze_gc=True)
+    startup heap frozen; `tokenizers` those the command loaded already (one process)."""
+    return create_app(freeze_gc=True, tokenizers=tokenizers)
 
 
 def _start_otel_sdk() -> OtelSdk | None:

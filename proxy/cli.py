@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import getpass
 import logging
 import math
@@ -22,16 +23,17 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 from proxy import __version__
-from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV
+from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV, create_served_app
 from proxy.asgi.protocol import protocol_with_header_timeout
 from proxy.asgi.server import GatewayServer
-from proxy.policy import PolicyError, load_policy
+from proxy.policy import Policy, PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.reload import SUPERVISOR_ENV, WATCH_ENV
 from proxy.sighup import hold_sighup, release_sighup, sighup_held
 from proxy.storage.redis.url import is_redis_url
 from proxy.telemetry.logs import log_config
 from proxy.telemetry.workershare import METRICS_DIR_ENV
+from proxy.tokens import TokenCounter, TokenizerError, load_tokenizers
 from proxy.tools import keys, report
 from proxy.tools.bench import run as bench
 from proxy.tools.demo import run_demo
@@ -129,14 +131,11 @@ def _serve(args: argparse.Namespace) -> int:
     # held until then (from the start under proxy/entry.py); a worker starts with it held too.
     hold_sighup()
     config = (args.config or DEFAULT_POLICY).resolve()
-    try:
-        policy = load_policy(config)  # fail here, readably, rather than in every worker
-    except PolicyError as exc:
-        print(f"tokenweir: the policy cannot be used:\n{exc}", file=sys.stderr)
+    usable = _usable_policy(config, args.workers)
+    if isinstance(usable, str):
+        print(usable, file=sys.stderr)
         return 1
-    if args.workers > 1 and not is_redis_url(policy.storage):
-        print(_MEMORY_WITH_WORKERS.format(n=args.workers), file=sys.stderr)
-        return 1
+    policy, tokenizers = usable
     server = policy.server
     os.environ["TOKENWEIR_CONFIG"] = str(config)
     os.environ[WATCH_ENV] = "1" if args.watch else "0"
@@ -159,7 +158,10 @@ def _serve(args: argparse.Namespace) -> int:
     }
     if args.workers <= 1:
         os.environ.pop(METRICS_DIR_ENV, None)
-        return _serve_one(uvicorn.Config("proxy.app:create_served_app", **config_kwargs))
+        # One process: its app takes the tokenizers loaded above instead of loading them again.
+        served = functools.partial(create_served_app, tokenizers)
+        return _serve_one(uvicorn.Config(served, **config_kwargs))
+    del tokenizers  # each worker loads its own
     # Each worker learns who its supervisor is, to have an admin-API reload reach its siblings,
     # and where the workers share their metrics, for /metrics to show the whole server.
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
@@ -172,6 +174,23 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return workers.exit_status()
+
+
+def _usable_policy(
+    config: Path, workers: int
+) -> tuple[Policy, dict[str | None, TokenCounter]] | str:
+    """The policy and its tokenizers, or why they cannot be served: checked here, readably,
+    rather than as a traceback from the app's startup in every worker."""
+    try:
+        policy = load_policy(config)
+    except PolicyError as exc:
+        return f"tokenweir: the policy cannot be used:\n{exc}"
+    if workers > 1 and not is_redis_url(policy.storage):
+        return _MEMORY_WITH_WORKERS.format(n=workers)
+    try:
+        return policy, load_tokenizers(policy)
+    except TokenizerError as exc:
+        return f"tokenweir: the policy cannot be used: {config}: {exc}"
 
 
 def _serve_one(config: uvicorn.Config) -> int:

@@ -67,13 +67,14 @@ class Gateway:
         otel: OtelProviders | None = None,
         policy_hash: str = "",
         live: LiveGateway[Gateway] | None = None,
+        counters: TokenCounters | None = None,
     ) -> Gateway:
-        """The first gateway of a process, made `live`'s current one."""
+        """The first gateway of a process, made `live`'s current one; `counters` as `assemble`'s."""
         serving: LiveGateway[Gateway] = live if live is not None else LiveGateway()
         services = Services.open(
             policy, clock, transport, store, otel, lambda: serving.current.policy
         )
-        gateway = cls.assemble(policy, policy_hash, services, None)
+        gateway = cls.assemble(policy, policy_hash, services, None, counters)
         serving.current = gateway
         return gateway
 

@@ -159,6 +159,29 @@ def test_serve_believes_a_forwarded_https_only_from_allowed_proxies(
     assert ("Secure" in answer.headers["set-cookie"]) is secure
 
 
+def test_serve_refuses_a_tokenizer_it_cannot_load_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway started, then its app's startup failed with a two-part traceback from
+    uvicorn's log and exit status 3; a broken policy is one line and status 1."""
+    missing = tmp_path / "no-such-tokenizer.json"
+    config = tmp_path / "policy.yaml"
+    config.write_text(
+        policy_text("http://127.0.0.1:9").replace(
+            "  mock-small: {}", f'  mock-small: {{tokenizer: "{missing}"}}'
+        )
+    )
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", BETA_KEY)
+    done = tokenweir("serve", "--config", str(config), "--port", str(free_port()))
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert lines[0].startswith(f"tokenweir: the policy cannot be used: {config}: ")
+    assert f"model 'mock-small': tokenizer '{missing}'" in lines[0]
+    assert f"no such file or directory: {missing}" in lines[0]
+
+
 def test_serve_refuses_a_broken_policy_readably(tmp_path: Path) -> None:
     config = tmp_path / "policy.yaml"
     config.write_text(policy_text("http://127.0.0.1:9"))

@@ -61,17 +61,42 @@ def test_workers_that_fail_to_start_fail_the_command(tmp_path: Path) -> None:
     """uvicorn stops the workers when one fails to start, and its supervisor exited 0: a
     service manager took a gateway that never served for a clean stop."""
     config = tmp_path / "policy.yaml"
-    missing = tmp_path / "no-such-tokenizer.json"
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    ledger = f"ledger: sqlite:///{not_a_directory}/ledger.db"  # only a worker opens it
     with private_redis() as redis_url:
         text = policy_text("http://127.0.0.1:9", redis_url)
-        config.write_text(text.replace("mock-llm: {}", f'mock-llm: {{tokenizer: "{missing}"}}'))
+        config.write_text(text.replace("ledger: redis", ledger))
         command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
         done = subprocess.run(
             [*command, "--port", str(free_port()), "--workers", "2"],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
     assert done.returncode == 3, done.stderr[-2000:]  # uvicorn's STARTUP_FAILURE, as one process
-    assert "no such file or directory" in done.stderr
+    assert "cannot open the ledger database" in done.stderr
+
+
+def test_a_tokenizer_that_cannot_load_is_one_line_before_any_worker(tmp_path: Path) -> None:
+    """Every worker printed the app's startup traceback, and the command exited 3, where a
+    policy the command can tell is broken exits 1 with one line (as `--workers 1` now does)."""
+    config = tmp_path / "policy.yaml"
+    missing = tmp_path / "no-such-tokenizer.json"
+    port = free_port()
+    with private_redis() as redis_url:
+        text = policy_text("http://127.0.0.1:9", redis_url)
+        config.write_text(text.replace("mock-llm: {}", f'mock-llm: {{tokenizer: "{missing}"}}'))
+        command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+        done = subprocess.run(
+            [*command, "--port", str(port), "--workers", "2"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert f"{config}: model 'mock-llm': tokenizer '{missing}'" in lines[0]
+    assert f"no such file or directory: {missing}" in lines[0]
+    assert "a tokenizer is tiktoken:ENCODING" in lines[0]  # the forms that would load
+    assert "Started server process" not in done.stderr  # no worker was started
 
 
 @contextmanager

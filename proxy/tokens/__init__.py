@@ -13,7 +13,7 @@ from proxy.tokens.base import (
     TokenizerError,
     Tools,
 )
-from proxy.tokens.counters import INLINE_MAX_CHARS, TokenCounters, load_counter
+from proxy.tokens.counters import INLINE_MAX_CHARS, TokenCounters, load_counter, load_tokenizers
 from proxy.tokens.estimate import EstimateCounter, estimate_tokens
 
 __all__ = [
@@ -30,4 +30,5 @@ __all__ = [
     "Tools",
     "estimate_tokens",
     "load_counter",
+    "load_tokenizers",
 ]

@@ -22,7 +22,7 @@ from proxy.tokens.base import (
 )
 from proxy.tokens.estimate import EstimateCounter
 
-__all__ = ["INLINE_MAX_CHARS", "TokenCounters", "load_counter"]
+__all__ = ["INLINE_MAX_CHARS", "TokenCounters", "load_counter", "load_tokenizers"]
 
 # Inputs up to this size are counted on the event loop (up to ~0.8 ms with tiktoken, less than
 # a hand-off to a worker thread costs below ~8k characters); longer ones in a worker thread, so a
@@ -53,6 +53,19 @@ def load_counter(spec: str | None, *, model: str, base_dir: Path | None = None) 
             f"model {model!r}: tokenizer {spec!r} needs the {exc.name or 'tokenizers'} package:"
             " pip install 'tokenweir[tokenizers]'"
         ) from exc
+
+
+def load_tokenizers(
+    policy: Policy, *, base_dir: Path | None = None
+) -> dict[str | None, TokenCounter]:
+    """Every tokenizer the policy's models name, loaded once each, by spec, for `TokenCounters`'
+    `loaded` (e.g. `tokenweir serve` checks them before it starts the server). Raises
+    TokenizerError naming the first model whose tokenizer cannot be loaded."""
+    loaded: dict[str | None, TokenCounter] = {}
+    for model, spec in policy.models.items():
+        if spec.tokenizer is not None and spec.tokenizer not in loaded:
+            loaded[spec.tokenizer] = load_counter(spec.tokenizer, model=model, base_dir=base_dir)
+    return loaded
 
 
 def _load(spec: str, base_dir: Path) -> TokenCounter:
