@@ -136,6 +136,12 @@ class RequestContext:
         return self.outgoing.body
 
     @property
+    def choices(self) -> int:
+        """How many answers the request asks for: its `n`, if a whole number above 1, else 1."""
+        n = self.outgoing.body.get("n")
+        return n if type(n) is int and n > 1 else 1
+
+    @property
     def status(self) -> int:
         return self.outcome.status
 

@@ -97,7 +97,7 @@ class Attempts:
         meter = ctx.meter
         first_s = meter.upstream_first_byte_s
         ttft_s = None if first_s is None or not ctx.stream else first_s - routed.attempt_s
-        health.served(now, ttft_s, meter.tokens_per_s(ctx.output_tokens or 0))
+        health.served(now, ttft_s, meter.tokens_per_s(ctx.output_tokens or 0, ctx.choices))
 
     async def _fail_over(self, ctx: Admitted, routed: Routed) -> bool:
         """Move the request to the next backend that admits it; False if none is left."""

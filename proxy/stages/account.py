@@ -136,7 +136,7 @@ class Account:
             cost_nusd=self._prices.cost_nusd(ctx.model, input_tokens, output_tokens),
             cache=ctx.cache,
             ttft_ms=_ms(meter.ttft_s),
-            tokens_per_s=_round(meter.tokens_per_s(output_tokens)),
+            tokens_per_s=_round(meter.tokens_per_s(output_tokens, ctx.choices)),
             duration_ms=_ms(self._clock.monotonic() - ctx.received_s) or 0.0,
             shaped=tuple(ctx.outgoing.shaped),
             degraded=tuple(ctx.degraded),

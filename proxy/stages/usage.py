@@ -164,14 +164,14 @@ def _beats(counted: int, reported: int, ctx: RequestContext, exact: bool) -> boo
     only a backend that plainly counted one choice of n: past halfway from all n to one."""
     if exact or ctx.stream:
         return counted > reported
-    return 2 * counted > reported * (_choices(ctx) + 1)
+    return 2 * counted > reported * (ctx.choices + 1)
 
 
 def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | None:
     """The gateway's own count of the output; None where it has none worth comparing."""
     if ctx.operation == "embeddings":
         return 0
-    choices = _choices(ctx)
+    choices = ctx.choices
     if ctx.stream:
         events = ctx.meter.token_events
         if ctx.operation in AGENT_APIS:
@@ -189,7 +189,7 @@ def relayed_output(ctx: RequestContext) -> int:
     """Output tokens a running stream has surely relayed: its token events, less the textless
     finish event each choice may have sent. Exact where each event carries one token (llama.cpp,
     the mock backend), a lower bound where events carry several; never above what was sent."""
-    return _bounded(ctx, max(0, ctx.meter.token_events - _choices(ctx)))
+    return _bounded(ctx, max(0, ctx.meter.token_events - ctx.choices))
 
 
 def _bounded(ctx: RequestContext, events: int) -> int:
@@ -198,11 +198,6 @@ def _bounded(ctx: RequestContext, events: int) -> int:
     padding a stream with empty events would bill each one."""
     bound = ctx.outgoing.reserved_output()
     return events if bound is None else min(events, bound)
-
-
-def _choices(ctx: RequestContext) -> int:
-    n = ctx.body.get("n")
-    return n if type(n) is int and n > 1 else 1
 
 
 def _echoed(ctx: RequestContext) -> tuple[str, ...]:

@@ -59,7 +59,7 @@ def sample_of(
     if meter.attempt_sent_s is not None and meter.upstream_first_byte_s is not None:
         upstream_s = meter.last_read_s - meter.attempt_sent_s
     streamed = ctx.stream and ctx.status == 200
-    tokens_per_s = meter.tokens_per_s(ctx.output_tokens or 0)
+    tokens_per_s = meter.tokens_per_s(ctx.output_tokens or 0, ctx.choices)
     return RequestSample(
         labels=labels,
         input_tokens=ctx.input_tokens,

@@ -174,9 +174,11 @@ class StreamMeter:
             return None
         return self.upstream_first_byte_s - self.attempt_sent_s
 
-    def tokens_per_s(self, output_tokens: int) -> float | None:
-        """Generation speed after the first token: (tokens - 1) / (last - first)."""
-        if self.first_token_s is None or self.last_token_s is None or output_tokens < 2:
+    def tokens_per_s(self, output_tokens: int, choices: int) -> float | None:
+        """Generation speed after the first token: (tokens - choices) / (last - first). The
+        `choices` of a request (`n`) are generated side by side, their first tokens together:
+        none of those is generated after the first."""
+        if self.first_token_s is None or self.last_token_s is None or output_tokens <= choices:
             return None
         span_s = self.last_token_s - self.first_token_s
-        return (output_tokens - 1) / span_s if span_s > 0 else None
+        return (output_tokens - choices) / span_s if span_s > 0 else None

@@ -19,12 +19,12 @@ Script = Sequence[bytes | float] | tuple[int, dict[str, Any]]
 """Events (bytes) and pauses (seconds) of a stream, or (status, error fields) of a refusal."""
 
 
-def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-    """One chat completion chunk event for choice 0."""
+def chunk(delta: dict[str, Any], finish_reason: str | None = None, index: int = 0) -> bytes:
+    """One chat completion chunk event for choice `index`."""
     event = {
         "id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 1,
         "model": "mock-llm",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}],
     }  # fmt: skip
     return b"data: " + orjson.dumps(event) + b"\n\n"
 
@@ -50,7 +50,15 @@ def scripted_backend(scripts: dict[str, Script]) -> Starlette:
             return JSONResponse({"error": error}, status_code=status)
         return StreamingResponse(_played(script), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    async def models(request: Request) -> Response:  # the gateway's health probe
+        return JSONResponse({"object": "list", "data": [{"id": "mock-llm", "object": "model"}]})
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+        ]
+    )
 
 
 async def _played(script: Sequence[bytes | float]) -> AsyncIterator[bytes]:

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
 import httpx
 import openai
@@ -36,6 +37,14 @@ SCRIPTS: dict[str, Script] = {
         chunk({"role": "assistant", "content": ""}), 0.05, chunk({"content": "a"}), 0.1,
         chunk({"content": "b"}), 0.1, chunk({"content": "c"}), 2.0, chunk({}, "stop"),
         usage_chunk(5, 3), b"data: [DONE]\n\n",
+    ],
+    # n = 2, one token each, the second choice's 0.05 s after the first's: no token was
+    # generated after the first of its choice.
+    "two-choices-one-token": [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"role": "assistant", "content": ""}, index=1),
+        0.05, chunk({"content": "a"}), 0.05, chunk({"content": "b"}, index=1), 0.05,
+        chunk({}, "length"), chunk({}, "length", index=1), usage_chunk(5, 2), b"data: [DONE]\n\n",
     ],
 }  # fmt: skip
 
@@ -199,3 +208,32 @@ tenants: {{alpha: {{api_keys: [{hash_key(ALPHA_KEY)}], models: [mock-llm]}}}}
             openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk,
         ):
             yield url, sdk
+
+
+def access_line(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
+    """The one access log line captured, once it is written (after the answer's end)."""
+    deadline = time.monotonic() + 10
+    while not [r for r in caplog.records if r.name == "tokenweir.access"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    [line] = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
+    return cast(dict[str, Any], line)
+
+
+def test_several_choices_of_one_token_have_no_token_rate(
+    gateway: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """n = 2, one token a choice, 0.05 s apart: tokens/s was (2 - 1) / 0.05 s = 20 (hundreds
+    on a fast backend), a speed the backend's routing window took in as well; with no token
+    generated after a choice's first there is none."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+        stream = sdk.chat.completions.create(
+            model="mock-llm", messages=[{"role": "user", "content": "two-choices-one-token"}],
+            n=2, stream=True,
+        )  # fmt: skip
+        texts = [(c.choices[0].index, c.choices[0].delta.content) for c in stream if c.choices]
+    assert [text for text in texts if text[1]] == [(0, "a"), (1, "b")]
+    line = access_line(caplog)
+    assert line["output_tokens"] == 2
+    assert line["tokens_per_s"] is None, line

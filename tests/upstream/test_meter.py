@@ -30,14 +30,31 @@ def test_stream_timings() -> None:
     assert meter.token_events == 100
     assert meter.gaps.count == 99
     assert meter.gaps.quantile_s(0.5) == pytest.approx(0.0101, rel=0.07)
-    assert meter.tokens_per_s(100) == pytest.approx(1 / 0.0101, rel=1e-9)
+    assert meter.tokens_per_s(100, 1) == pytest.approx(1 / 0.0101, rel=1e-9)
     assert meter.gateway_s == pytest.approx(0.002 + 100 * 0.0001, rel=1e-6)
+
+
+def test_several_choices_leave_out_each_ones_first_token() -> None:
+    """n = 2: both choices' first tokens come at the first write, then two tokens each 10 ms
+    apart: 4 tokens in 20 ms after the first, 200 tokens/s (it said 250). One token a choice
+    is no rate at all (it said 1 / 1 ms: 1,000 tokens/s)."""
+    clock = FakeClock()
+    meter = StreamMeter(clock.monotonic())
+    for _ in range(3):
+        clock.advance(0.010)
+        meter.wrote(clock.monotonic(), 2)
+    assert meter.tokens_per_s(6, 2) == pytest.approx(200.0)
+    assert meter.tokens_per_s(6, 1) == pytest.approx(250.0)  # n = 1: one first token
+    single = StreamMeter(0.0)
+    single.wrote(0.100, 1)
+    single.wrote(0.101, 1)
+    assert single.tokens_per_s(2, 2) is None
 
 
 def test_no_tokens_no_rates() -> None:
     meter = StreamMeter(0.0)
     assert meter.ttft_s is None
-    assert meter.tokens_per_s(0) is None
+    assert meter.tokens_per_s(0, 1) is None
     assert meter.gaps.quantile_s(0.5) is None
 
 
@@ -89,7 +106,7 @@ def test_a_last_write_without_text_is_taken_back_from_the_gaps() -> None:
     assert meter.gaps.total_s == pytest.approx(0.020)
     assert meter.gaps.max_s == pytest.approx(0.010)
     assert meter.gaps.quantile_s(0.99) == pytest.approx(0.010, rel=0.12)
-    assert meter.tokens_per_s(3) == pytest.approx(100.0)
+    assert meter.tokens_per_s(3, 1) == pytest.approx(100.0)
     assert meter.token_events == 4
     meter.last_held_no_text()  # once only: there is no earlier write to go back to
     assert meter.gaps.count == 2
