@@ -45,7 +45,7 @@ class EventForwarder:
     settled before the client reads it (as [DONE] is on chat streams).
     """
 
-    __slots__ = ("_ended", "_events", "_held", "_partial", "_parts", "_tail", "usage")
+    __slots__ = ("_ended", "_events", "_held", "_partial", "_parts", "_tail", "texted", "usage")
 
     def __init__(self, events: StreamEvents) -> None:
         self._events = events
@@ -54,6 +54,7 @@ class EventForwarder:
         self._held = 0  # text events in `_tail`, counted when it was held
         self._parts: dict[str, Any] = {}
         self._ended = False  # the ending event was held back once
+        self.texted = False  # the last bytes `feed` returned hold text: its count is above 0
         self.usage: dict[str, Any] | None = None
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
@@ -68,7 +69,9 @@ class EventForwarder:
         cut = len(data) if data.endswith(EVENT_ENDS) else after_last_end(data)
         if cut < 0:
             if len(data) > MAX_HELD_BYTES:
-                return data, self._count(data)
+                count = self._count(data)
+                self.texted = count > 0
+                return data, count
             self._partial.start(data)
             return b"", 0
         out = data[:cut]
@@ -88,6 +91,7 @@ class EventForwarder:
             start = max(0, after_last_end(out, 0, last.start()))
             out, self._tail = out[:start], out[start:]
             self._held = self._count(self._tail)
+        self.texted = count > 0
         return out, count
 
     def finish(self) -> bytes:

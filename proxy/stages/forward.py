@@ -31,7 +31,7 @@ from proxy.upstream.client import UpstreamOpener, close, raw_reads, read_capped,
 from proxy.upstream.deadline import ContentDeadline
 from proxy.upstream.exchange import Exchange, Sink
 from proxy.upstream.prebuilt import header_bytes
-from proxy.upstream.sse import SSEForwarder, wrote_no_text_last
+from proxy.upstream.sse import SSEForwarder
 from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, MalformedAnswer, whole_answer
 
 __all__ = ["SSE_HEADERS", "Forward"]
@@ -128,8 +128,6 @@ class Forward:
             ctx.outcome.error_code = exc.code
             # An OpenAI-shaped error event, and no [DONE]: the client must not take it as complete.
             ending = b"data: " + exc.to_json() + b"\n\n"
-        if api is None and wrote_no_text_last(relay.last, relay.before_last):
-            ctx.meter.last_held_no_text()  # a late finish event is no gap between tokens
         if not ctx.status:
             await self._start(ctx, send, SSE_HEADERS)
         ctx.outcome.answered = True
@@ -165,7 +163,7 @@ class Forward:
         ctx.outcome.answered = True
         _take_usage(ctx, _usage_of(parsed))
         await send({"type": "http.response.body", "body": raw, "more_body": False})
-        ctx.meter.wrote(self._clock.monotonic(), 1)
+        ctx.meter.wrote(self._clock.monotonic(), 1, True)
 
     def _content_deadline(self, ctx: Admitted, backend: Backend) -> ContentDeadline:
         spec = self._spec
@@ -226,7 +224,7 @@ class _Relay:
         return out, token_events
 
     def sent(self, out: bytes, token_events: int) -> None:
-        self._meter.wrote(self.clock(), token_events)
+        self._meter.wrote(self.clock(), token_events, self._sse.texted)
         self.before_last, self.last = self.last, out
         if self._capture is not None:
             self._capture(out)

@@ -194,8 +194,8 @@ def relayed_output(ctx: RequestContext) -> int:
 
 def _bounded(ctx: RequestContext, events: int) -> int:
     """A stream's token events, at most the output its backend was bound to: after the first
-    text every event counts as a token unread (the relay searches none for text), so a backend
-    padding a stream with empty events would bill each one."""
+    text every event counts as a token unread (the count reads none for text; only the timing
+    checks a read for it), so a backend padding a stream with empty events would bill each one."""
     bound = ctx.outgoing.reserved_output()
     return events if bound is None else min(events, bound)
 

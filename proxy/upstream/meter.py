@@ -41,30 +41,20 @@ _BUCKET_STARTS = tuple(_lowest_in(bucket) for bucket in range(1, _BUCKET_COUNT))
 class GapHistogram:
     """Counts of inter-token gaps in fixed log-spaced buckets; nothing allocated per gap."""
 
-    __slots__ = ("count", "counts", "max_s", "runner_up_s", "total_s")
+    __slots__ = ("count", "counts", "max_s", "total_s")
 
     def __init__(self) -> None:
         self.counts = [0] * _BUCKET_COUNT
         self.count = 0
         self.total_s = 0.0
         self.max_s = 0.0
-        self.runner_up_s = 0.0  # the max before the last add that raised (or matched) it
 
     def add(self, gap_s: float) -> None:
         self.count += 1
         self.total_s += gap_s
-        if gap_s >= self.max_s:
-            self.runner_up_s = self.max_s
+        if gap_s > self.max_s:
             self.max_s = gap_s
         self.counts[bisect_right(_BUCKET_STARTS, gap_s)] += 1
-
-    def drop_last(self, gap_s: float) -> None:
-        """Take back the last gap added, `gap_s`, as if it had never been added."""
-        self.count -= 1
-        self.total_s -= gap_s
-        if gap_s == self.max_s:  # that add raised the max (`>=`): the one before is back
-            self.max_s = self.runner_up_s
-        self.counts[bisect_right(_BUCKET_STARTS, gap_s)] -= 1
 
     def quantile_s(self, q: float) -> float | None:
         """The gap below which a fraction `q` of gaps fall (bucket midpoint), None if no gaps."""
@@ -89,8 +79,9 @@ def gap_bucket_mid_s(index: int) -> float:
 class StreamMeter:
     """Times one response from the moment the request arrived to its last byte.
 
-    `read(now)` when an upstream chunk arrives, `wrote(now, tokens)` once it is written to the
-    client; gateway time is the stages before the upstream call plus, per chunk, read -> written.
+    `read(now)` when an upstream chunk arrives, `wrote(now, tokens, texted)` once it is written
+    to the client; gateway time is the stages before the upstream call plus, per chunk, read ->
+    written. TTFT, the gaps and tokens/s are timed on the chunks with generated text only.
     """
 
     __slots__ = (
@@ -100,7 +91,6 @@ class StreamMeter:
         "gateway_s",
         "last_read_s",
         "last_token_s",
-        "previous_token_s",
         "received_s",
         "token_events",
         "upstream_first_byte_s",
@@ -114,7 +104,6 @@ class StreamMeter:
         self.upstream_first_byte_s: float | None = None
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
-        self.previous_token_s: float | None = None  # the write with text before the last
         self.token_events = 0
         self.gateway_s = 0.0
         self.gaps = GapHistogram()
@@ -134,35 +123,27 @@ class StreamMeter:
             self.upstream_first_byte_s = now
         self.last_read_s = now
 
-    def wrote(self, now: float, token_events: int) -> None:
-        """A chunk holding `token_events` events with generated text has reached the client."""
+    def wrote(self, now: float, token_events: int, texted: bool) -> None:
+        """A chunk has reached the client: `token_events` of its events count toward the bill's
+        estimate (`token_events`), and `texted` if one carries generated text. Only those are
+        timed: an event without text (a finish, a role, a filter's verdict, empty `choices`) in
+        the middle or at the end ends no gap and begins none."""
         self.gateway_s += now - self.last_read_s
-        if token_events <= 0:
+        self.token_events += token_events
+        if not texted:
             return
         last_s = self.last_token_s
         if last_s is None:
             self.first_token_s = now
         else:
             self.gaps.add(now - last_s)
-        self.previous_token_s = last_s
         self.last_token_s = now
-        self.token_events += token_events
-
-    def last_held_no_text(self) -> None:
-        """The last write counted as tokens held no text after all (a stream's finish event in
-        a read of its own): its gap was no gap between tokens, and the last token came with
-        the write before. Its events stay counted (`token_events`: the bill's estimate)."""
-        previous_s, last_s = self.previous_token_s, self.last_token_s
-        if previous_s is None or last_s is None:
-            return
-        self.gaps.drop_last(last_s - previous_s)
-        self.last_token_s, self.previous_token_s = previous_s, None
 
     def answered_locally(self, now: float) -> None:
         """The gateway wrote a whole answer of its own (a cache hit): all of it was gateway time
         (no upstream read to measure from)."""
         self.last_read_s = self.received_s
-        self.wrote(now, 1)
+        self.wrote(now, 1, True)
 
     @property
     def ttft_s(self) -> float | None:

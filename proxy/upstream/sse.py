@@ -9,11 +9,13 @@ import orjson
 
 from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
-__all__ = ["SSEForwarder", "wrote_no_text_last"]
+__all__ = ["SSEForwarder"]
 
 # An event that carries generated text: a non-empty content/text/reasoning/arguments string
 # (`reasoning` is vLLM's name since 0.11, and OpenRouter's and Ollama's).
 _TOKEN = re.compile(rb'"(?:content|text|reasoning(?:_content)?|arguments)":\s*"(?!")')
+_QUOTE = ord('"')
+_NO_HEAD = b"\0"  # no read starts with it: searched until a head is learned
 _USAGE_MARK = b'"prompt_tokens"'
 _DATA = b"data:"
 _DATA_LINE = re.compile(rb"(?m)^data:")
@@ -29,7 +31,8 @@ class SSEForwarder:
     that mention `prompt_tokens` (the usage chunk) are parsed.
     """
 
-    __slots__ = ("_keep_usage", "_partial", "_saw_token", "_tail", "_textless", "usage")
+    __slots__ = ("_keep_usage", "_partial", "_saw_token", "_tail", "_text_at", "_text_head",
+                 "_textless", "texted", "usage")  # fmt: skip
 
     def __init__(self, *, keep_usage: bool) -> None:
         self._keep_usage = keep_usage
@@ -37,10 +40,17 @@ class SSEForwarder:
         self._tail = b""  # whole events held back: [DONE]
         self._saw_token = False
         self._textless = 0
+        # The last event seen with text, up to its text (`_text_at` bytes): the next one with
+        # text is most often the same bytes up to there (id, model, choice, key) then its text.
+        self._text_head = _NO_HEAD
+        self._text_at = 0
+        self.texted = False  # whether the bytes `feed` returned last hold generated text
         self.usage: dict[str, Any] | None = None
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
-        """Bytes to write now (maybe empty), and how many of their events carry generated text."""
+        """Bytes to write now (maybe empty), and how many of their events count as tokens (the
+        bill's estimate): after the first token every data event but usage alone, textless or
+        not. `texted` says whether they hold generated text (what is timed)."""
         if self._partial.size:
             whole = self._partial.take(data, EVENT_ENDS)
             if whole is None:
@@ -58,6 +68,7 @@ class SSEForwarder:
             self._tail = b""
             if cut < 0:
                 if len(data) > MAX_HELD_BYTES:
+                    self.texted = False
                     return data, 0
                 self._partial.start(data)
                 return b"", 0
@@ -71,10 +82,16 @@ class SSEForwarder:
             out, self._tail = out[:done], out[done:] + self._tail
         if out.find(_USAGE_MARK) >= 0:  # not `in`: see proxy/cache/template.py plain
             out = self._take_usage(out)
-        if self._saw_token:  # after the first token (nearly every read): no search for text
+        if self._saw_token:  # after the first token (nearly every read): no count by search
             lines = out.count(_DATA)
             if lines != 1 or not out.startswith(_DATA):  # not the usual read: one data event
                 lines = _data_events(out, lines)
+            # Text where the last text began (one comparison, no search, nothing allocated;
+            # whole events go on past the head), else searched for: a read whose events
+            # changed their shape, or hold no text.
+            self.texted = (
+                out.startswith(self._text_head) and out[self._text_at] != _QUOTE
+            ) or self._search_text(out)
             return out, lines - self._textless
         return out, self._token_events(out)
 
@@ -90,11 +107,27 @@ class SSEForwarder:
         counts every data event but the usage-only ones."""
         first = _TOKEN.search(out)
         if first is None:
+            self.texted = False
             return 0
-        self._saw_token = True
+        self._saw_token = self.texted = True
+        self._learn_text_head(out, first)
         start = out.rfind(_DATA, 0, first.start())
         out = out[start:] if start > 0 else out
         return _data_events(out, out.count(_DATA)) - self._textless
+
+    def _search_text(self, out: bytes) -> bool:
+        found = _TOKEN.search(out)
+        if found is None:
+            return False
+        self._learn_text_head(out, found)
+        return True
+
+    def _learn_text_head(self, out: bytes, found: re.Match[bytes]) -> None:
+        """Remember where the text begins if `found` is in `out`'s first event (until then every
+        read is searched)."""
+        if out.startswith(_DATA) and after_last_end(out, 0, found.start()) < 0:
+            self._text_at = found.end()
+            self._text_head = out[: self._text_at]
 
     def _take_usage(self, out: bytes) -> bytes:
         """`out` (whole events) with each event that mentions usage as `_usage_event` leaves
@@ -135,32 +168,6 @@ class SSEForwarder:
             return event
         chunk["usage"] = None
         return b"data: " + orjson.dumps(chunk)
-
-
-def wrote_no_text_last(last: bytes, before_last: bytes) -> bool:
-    """Whether the last of a stream's writes that `feed` counted as tokens held no generated
-    text: its finish event (`"delta":{}`) in a read of its own, counted as every data event
-    after the first token is. `last` and `before_last` are the stream's last two writes; a
-    write of usage alone (or of comments) counts none, so the one before it is looked at. Once
-    a stream, at its end: no read is searched for text for it."""
-    for out in (last, before_last):
-        if _TOKEN.search(out) is not None:
-            return False
-        if any(_counted(event) for event in EVENT_END.split(out)):
-            return True
-    return False
-
-
-def _counted(event: bytes) -> bool:
-    """After the first token: any data event counts but one of usage alone (`feed`)."""
-    if _DATA_LINE.search(event) is None:
-        return False
-    if event.find(_USAGE_MARK) < 0:
-        return True
-    chunk = _data_json(event)
-    if not isinstance(chunk, dict):  # not JSON, or not an object
-        return True
-    return not isinstance(chunk.get("usage"), dict) or bool(chunk.get("choices"))
 
 
 _NOT_JSON = object()

@@ -83,7 +83,7 @@ async def ledger(tmp_path: Path) -> SqliteLedger:
 
 
 def relay(ctx: RequestContext, events: int) -> None:
-    ctx.meter.wrote(0.0, events)
+    ctx.meter.wrote(0.0, events, events > 0)
 
 
 async def test_nothing_is_booked_before_the_first_token_and_nothing_twice(

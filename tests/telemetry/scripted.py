@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["Script", "chunk", "scripted_backend", "usage_chunk"]
+__all__ = ["Script", "chunk", "event", "scripted_backend", "usage_chunk"]
 
 Script = Sequence[bytes | float] | tuple[int, dict[str, Any]]
 """Events (bytes) and pauses (seconds) of a stream, or (status, error fields) of a refusal."""
@@ -27,6 +27,11 @@ def chunk(delta: dict[str, Any], finish_reason: str | None = None, index: int = 
         "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}],
     }  # fmt: skip
     return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def event(payload: dict[str, Any]) -> bytes:
+    """Any data event, as written."""
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def usage_chunk(prompt_tokens: int, completion_tokens: int) -> bytes:

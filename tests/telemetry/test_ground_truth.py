@@ -24,7 +24,7 @@ from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
-from tests.telemetry.scripted import Script, chunk, scripted_backend, usage_chunk
+from tests.telemetry.scripted import Script, chunk, event, scripted_backend, usage_chunk
 
 SCRIPTS: dict[str, Script] = {
     "backend-rate-limited": (429, {"message": "Rate limit reached", "type": "requests",
@@ -47,6 +47,21 @@ SCRIPTS: dict[str, Script] = {
         chunk({}, "length"), chunk({}, "length", index=1), usage_chunk(5, 2), b"data: [DONE]\n\n",
     ],
 }  # fmt: skip
+# Four tokens 0.2 s apart, each followed 0.1 s later by an event without text: a content
+# filter's verdict, empty `choices`, a role alone; then the finish.
+_VERDICT = {
+    "index": 0,
+    "finish_reason": None,
+    "content_filter_results": {"hate": {"filtered": False}},
+}
+_TEXTLESS_BETWEEN: list[bytes | float] = [
+    chunk({"role": "assistant", "content": ""}), 0.05, chunk({"content": "a"}), 0.1,
+    event({"id": "chatcmpl-scripted", "choices": [_VERDICT]}), 0.1, chunk({"content": "b"}), 0.1,
+    event({"id": "chatcmpl-scripted", "choices": []}), 0.1, chunk({"content": "c"}), 0.1,
+    chunk({"role": "assistant"}), 0.1, chunk({"content": "d"}), chunk({}, "stop"),
+]  # fmt: skip
+SCRIPTS["textless-between"] = [*_TEXTLESS_BETWEEN, usage_chunk(5, 4), b"data: [DONE]\n\n"]
+SCRIPTS["textless-between-no-usage"] = [*_TEXTLESS_BETWEEN, b"data: [DONE]\n\n"]
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +252,31 @@ def test_several_choices_of_one_token_have_no_token_rate(
     line = access_line(caplog)
     assert line["output_tokens"] == 2
     assert line["tokens_per_s"] is None, line
+
+
+@pytest.mark.parametrize("script", ["textless-between", "textless-between-no-usage"])
+def test_events_without_text_between_tokens_are_no_gaps(
+    gateway: str, script: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tokens 0.2 s apart with an event without text 0.1 s after each: three gaps of about
+    0.2 s between the four tokens (they were six of 0.1 s: a p50 half the real one), in the
+    access line and the histogram alike; what is billed is as before (without usage: every
+    data event after the first token, less the finish)."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    name = "gen_ai_client_operation_time_per_output_chunk_seconds"
+    before = histogram(gateway, name)
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+        stream = sdk.chat.completions.create(
+            model="mock-llm", messages=[{"role": "user", "content": script}], stream=True
+        )
+        texts = [c.choices[0].delta and c.choices[0].delta.content for c in stream if c.choices]
+    assert "".join(t or "" for t in texts) == "abcd"
+    line = access_line(caplog)
+    if script.endswith("no-usage"):  # the estimate as before: 8 events after the first text
+        assert line["output_tokens"] == 7, line
+    gaps = histogram(gateway, name)
+    assert gaps[0] - before[0] == 3  # one a token after the first (reads 0.1 s apart)
+    assert gaps[1] - before[1] > 0.55
+    assert 150 < line["itl_p50_ms"] < 1500, line  # 0.2 s (0.1 s when the events were gaps)
+    span_s = (line["output_tokens"] - 1) / line["tokens_per_s"]  # first token to last
+    assert 0.55 < span_s < 1.5, line

@@ -19,12 +19,12 @@ def test_stream_timings() -> None:
     meter.sending_upstream(clock.monotonic())
     clock.advance(0.200)  # prefill
     meter.read(clock.monotonic())
-    meter.wrote(clock.monotonic(), 0)  # the role chunk: no text yet
+    meter.wrote(clock.monotonic(), 0, False)  # the role chunk: no text yet
     for _ in range(100):
         clock.advance(0.010)
         meter.read(clock.monotonic())
         clock.advance(0.0001)
-        meter.wrote(clock.monotonic(), 1)
+        meter.wrote(clock.monotonic(), 1, True)
     assert meter.upstream_ttft_s == pytest.approx(0.200)
     assert meter.ttft_s == pytest.approx(0.2121, abs=1e-9)
     assert meter.token_events == 100
@@ -42,12 +42,12 @@ def test_several_choices_leave_out_each_ones_first_token() -> None:
     meter = StreamMeter(clock.monotonic())
     for _ in range(3):
         clock.advance(0.010)
-        meter.wrote(clock.monotonic(), 2)
+        meter.wrote(clock.monotonic(), 2, True)
     assert meter.tokens_per_s(6, 2) == pytest.approx(200.0)
     assert meter.tokens_per_s(6, 1) == pytest.approx(250.0)  # n = 1: one first token
     single = StreamMeter(0.0)
-    single.wrote(0.100, 1)
-    single.wrote(0.101, 1)
+    single.wrote(0.100, 1, True)
+    single.wrote(0.101, 1, True)
     assert single.tokens_per_s(2, 2) is None
 
 
@@ -90,42 +90,25 @@ def test_a_gap_lands_in_the_bucket_its_logarithm_names() -> None:
     assert _bucket_of(1e9) == len(starts)
 
 
-def test_a_last_write_without_text_is_taken_back_from_the_gaps() -> None:
-    """Tokens 10 ms apart, then a finish event 500 ms later: its gap and its time go, its events
-    stay counted (the bill's estimate reads them)."""
+def test_writes_without_text_are_counted_but_not_timed() -> None:
+    """Tokens 10 ms apart, a textless event 500 ms after one of them (a filter's verdict, a
+    role, empty `choices`) and tokens again at once, then a finish event 500 ms later: the
+    gaps are the ones between tokens (510 ms, not 500 and 10); the events stay counted
+    (`token_events`: the bill's estimate reads them)."""
     clock = FakeClock()
     meter = StreamMeter(clock.monotonic())
     for _ in range(3):
         clock.advance(0.010)
-        meter.wrote(clock.monotonic(), 1)
+        meter.wrote(clock.monotonic(), 1, True)
     clock.advance(0.500)
-    meter.wrote(clock.monotonic(), 1)  # the finish event, counted as every event after the first
-    assert meter.gaps.max_s == pytest.approx(0.500)
-    meter.last_held_no_text()
-    assert meter.gaps.count == 2
-    assert meter.gaps.total_s == pytest.approx(0.020)
-    assert meter.gaps.max_s == pytest.approx(0.010)
-    assert meter.gaps.quantile_s(0.99) == pytest.approx(0.010, rel=0.12)
-    assert meter.tokens_per_s(3, 1) == pytest.approx(100.0)
-    assert meter.token_events == 4
-    meter.last_held_no_text()  # once only: there is no earlier write to go back to
-    assert meter.gaps.count == 2
-
-
-def test_taking_back_a_gap_leaves_the_max_that_was_before_it() -> None:
-    for gaps in ([0.3, 0.1, 0.2], [0.1, 0.3, 0.3], [0.2, 0.2], [0.5, 0.1]):
-        hist = GapHistogram()
-        for gap_s in gaps:
-            hist.add(gap_s)
-        hist.drop_last(gaps[-1])
-        assert hist.max_s == max(gaps[:-1])
-        assert hist.count == len(gaps) - 1
-        assert sum(hist.counts) == len(gaps) - 1
-
-
-def test_a_single_write_has_nothing_to_take_back() -> None:
-    meter = StreamMeter(0.0)
-    meter.wrote(0.1, 1)
-    meter.last_held_no_text()
-    assert meter.ttft_s == pytest.approx(0.1)
-    assert meter.gaps.count == 0
+    meter.wrote(clock.monotonic(), 1, False)
+    clock.advance(0.010)
+    meter.wrote(clock.monotonic(), 1, True)
+    clock.advance(0.500)
+    meter.wrote(clock.monotonic(), 1, False)  # the finish event
+    assert meter.gaps.count == 3
+    assert meter.gaps.total_s == pytest.approx(0.530)
+    assert meter.gaps.max_s == pytest.approx(0.510)
+    assert meter.tokens_per_s(4, 1) == pytest.approx(3 / 0.530)
+    assert meter.token_events == 6
+    assert meter.ttft_s == pytest.approx(0.010)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.upstream.sse import SSEForwarder, wrote_no_text_last
+from proxy.upstream.sse import SSEForwarder
 
 
 def event(payload: dict[str, object]) -> bytes:
@@ -208,20 +208,51 @@ def test_reasoning_under_either_name_counts_from_its_first_text(name: str) -> No
 FINISH = event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
 
 
+VERDICT = {"content_filter_results": {"hate": {"filtered": False}}}
+FILTER = event({"choices": [{"index": 0, "finish_reason": None, **VERDICT}]})
+EMPTY = event({"choices": []})
+ROLE_ONLY = event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+CALL = event({"choices": [{"index": 0, "delta": {"tool_calls": [
+    {"index": 0, "function": {"arguments": '{"city'}}]}}]})  # fmt: skip
+OTHER = event({"id": "x", "choices": [{"index": 1, "delta": {"content": "other"}}]})
+
+
 @pytest.mark.parametrize(
-    ("last", "before_last", "textless"),
+    ("read", "texted", "counted"),
     [
-        (FINISH, TOKENS[0], True),  # the finish event in a read of its own
-        (FINISH + USAGE, TOKENS[0], True),
-        (USAGE, FINISH, True),  # usage alone counts no token: the write before it is the last
-        (TOKENS[1] + FINISH, TOKENS[0], False),  # the finish came with the last token
-        (USAGE, TOKENS[1] + FINISH, False),
-        (USAGE, TOKENS[1], False),
-        (TOKENS[1], FINISH, False),
-        (b": keep-alive\n\n", USAGE, False),  # nothing counted in either: nothing to take back
+        (TOKENS[1], True, 1),  # the usual read: found where the last text began
+        (FINISH, False, 1),  # counted for the bill as before, timed no more
+        (FILTER, False, 1),
+        (EMPTY, False, 1),
+        (ROLE_ONLY, False, 1),
+        (ROLE, False, 1),  # empty content
+        (USAGE, False, 0),
+        (b": keep-alive\n\n", False, 0),
+        (FINISH + TOKENS[1], True, 2),  # text after a textless event in one read
+        (TOKENS[1] + FINISH, True, 2),
+        (CALL, True, 1),  # another shape: searched
+        (OTHER, True, 1),
     ],
 )
-def test_the_last_counted_write_without_text_is_found(
-    last: bytes, before_last: bytes, textless: bool
+def test_after_the_first_token_a_read_says_whether_it_holds_text(
+    read: bytes, texted: bool, counted: int
 ) -> None:
-    assert wrote_no_text_last(last, before_last) is textless
+    """Every data event after the first token counts toward the bill's estimate (but usage
+    alone); only those with text are timed (`texted`), however the read before was shaped."""
+    for before in (TOKENS[0], FINISH, OTHER):
+        forwarder = SSEForwarder(keep_usage=True)
+        assert forwarder.feed(ROLE + TOKENS[0]) == (ROLE + TOKENS[0], 1)
+        assert forwarder.texted
+        forwarder.feed(before)
+        assert forwarder.feed(read) == (read, counted)
+        assert forwarder.texted is texted, (before, read)
+        assert forwarder.feed(TOKENS[2]) == (TOKENS[2], 1)
+        assert forwarder.texted
+
+
+def test_before_the_first_token_a_read_without_text_is_not_texted() -> None:
+    forwarder = SSEForwarder(keep_usage=True)
+    assert forwarder.feed(ROLE) == (ROLE, 0)
+    assert not forwarder.texted
+    assert forwarder.feed(TOKENS[0]) == (TOKENS[0], 1)
+    assert forwarder.texted
