@@ -14,6 +14,10 @@ __all__ = ["SSEForwarder"]
 # An event that carries generated text: a non-empty content/text/reasoning/arguments string
 # (`reasoning` is vLLM's name since 0.11, and OpenRouter's and Ollama's).
 _TOKEN = re.compile(rb'"(?:content|text|reasoning(?:_content)?|arguments)":\s*"(?!")')
+# Generated text for the timing (TTFT, gaps): those, a tool call's name (its first event, before
+# any arguments) and a refusal too, as `tokenweir bench` times them. The token count behind the
+# bill's estimate starts at `_TOKEN` still.
+_TEXT = re.compile(rb'"(?:content|text|reasoning(?:_content)?|arguments|name|refusal)":\s*"(?!")')
 _QUOTE = ord('"')
 _NO_HEAD = b"\0"  # no read starts with it: searched until a head is learned
 _USAGE_MARK = b'"prompt_tokens"'
@@ -107,7 +111,7 @@ class SSEForwarder:
         counts every data event but the usage-only ones."""
         first = _TOKEN.search(out)
         if first is None:
-            self.texted = False
+            self.texted = _TEXT.search(out) is not None
             return 0
         self._saw_token = self.texted = True
         self._learn_text_head(out, first)
@@ -116,7 +120,7 @@ class SSEForwarder:
         return _data_events(out, out.count(_DATA)) - self._textless
 
     def _search_text(self, out: bytes) -> bool:
-        found = _TOKEN.search(out)
+        found = _TEXT.search(out)
         if found is None:
             return False
         self._learn_text_head(out, found)

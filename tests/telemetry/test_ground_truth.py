@@ -63,6 +63,25 @@ _TEXTLESS_BETWEEN: list[bytes | float] = [
 SCRIPTS["textless-between"] = [*_TEXTLESS_BETWEEN, usage_chunk(5, 4), b"data: [DONE]\n\n"]
 SCRIPTS["textless-between-no-usage"] = [*_TEXTLESS_BETWEEN, b"data: [DONE]\n\n"]
 
+# A tool call's name 0.3 s after the role, its arguments 1 s later; a refusal 0.3 s after the
+# role. No usage: the bill is the gateway's estimate.
+_CALL = {
+    "index": 0,
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "weather", "arguments": ""},
+}
+SCRIPTS["tool-call"] = [
+    chunk({"role": "assistant", "content": None}), 0.3, chunk({"tool_calls": [_CALL]}), 1.0,
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city"'}}]}), 0.05,
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": ':"Paris"}'}}]}),
+    chunk({}, "tool_calls"), b"data: [DONE]\n\n",
+]  # fmt: skip
+SCRIPTS["refusal"] = [
+    chunk({"role": "assistant", "content": None}), 0.3, chunk({"refusal": "I can't"}), 0.05,
+    chunk({"refusal": " help with that."}), chunk({}, "stop"), b"data: [DONE]\n\n",
+]  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[str]:
@@ -280,3 +299,24 @@ def test_events_without_text_between_tokens_are_no_gaps(
     assert 150 < line["itl_p50_ms"] < 1500, line  # 0.2 s (0.1 s when the events were gaps)
     span_s = (line["output_tokens"] - 1) / line["tokens_per_s"]  # first token to last
     assert 0.55 < span_s < 1.5, line
+
+
+@pytest.mark.parametrize("script", ["tool-call", "refusal"])
+def test_the_first_token_is_a_tool_calls_name_or_a_refusal(
+    gateway: str, script: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TTFT ends at the event with the function's name (0.3 s), not at the first argument
+    piece 1 s after it, and at a refusal's first piece (a refusal had none); the tool call's
+    bill is as before: its argument events and finish, less the finish."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+        stream = sdk.chat.completions.create(
+            model="mock-llm", messages=[{"role": "user", "content": script}], stream=True,
+            tools=[{"type": "function", "function": {"name": "weather"}}],
+        )  # fmt: skip
+        chunks = list(stream)
+    assert chunks[-1].choices[0].finish_reason in ("tool_calls", "stop")
+    line = access_line(caplog)
+    assert 250 < line["ttft_ms"] < 1000, line  # 0.3 s; the first argument came at 1.3 s
+    if script == "tool-call":
+        assert line["output_tokens"] == 2, line

@@ -256,3 +256,23 @@ def test_before_the_first_token_a_read_without_text_is_not_texted() -> None:
     assert not forwarder.texted
     assert forwarder.feed(TOKENS[0]) == (TOKENS[0], 1)
     assert forwarder.texted
+
+
+def test_a_tool_calls_name_and_a_refusal_are_text_but_not_yet_tokens() -> None:
+    """The name event (arguments "") is the first text (TTFT) but, as before, no token event
+    for the bill's estimate, which counts from the first argument piece; a refusal is text."""
+    call = {"index": 0, "id": "call_1", "function": {"name": "weather", "arguments": ""}}
+    named = event({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})
+    forwarder = SSEForwarder(keep_usage=True)
+    assert forwarder.feed(ROLE) == (ROLE, 0)
+    assert not forwarder.texted
+    assert forwarder.feed(named) == (named, 0)
+    assert forwarder.texted
+    assert forwarder.feed(CALL) == (CALL, 1)
+    assert forwarder.texted
+    assert forwarder.feed(named) == (named, 1)  # a second call's name: counted as every event
+    assert forwarder.texted
+    refusal = event({"choices": [{"index": 0, "delta": {"refusal": "I can't"}}]})
+    fresh = SSEForwarder(keep_usage=True)
+    assert fresh.feed(refusal) == (refusal, 0)
+    assert fresh.texted
