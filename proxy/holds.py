@@ -14,6 +14,7 @@ from proxy.leases import Lease
 from proxy.routing.health import BackendHealth
 from proxy.storage.base import Counter
 from proxy.storage.limits import Bucket, SlotPool
+from proxy.upstream.exchange import STALE_RESEND
 
 __all__ = ["Planned", "Quota", "RateLimitHold", "Reservation", "Routed"]
 
@@ -58,9 +59,13 @@ class Routed:
 
     async def trace(self, event: str, info: dict[str, Any]) -> None:
         """httpcore's `trace` request extension, which the pooled transport calls too: the
-        request went out whole (a client that leaves now is billed the backend's work)."""
+        request went out whole (a client that leaves now is billed the backend's work), or,
+        written to a keep-alive connection the backend had closed, did not reach it after all
+        and is sent again on a new one (not sent until then)."""
         if event.endswith("send_request_body.complete"):
             self.sent = True
+        elif event == STALE_RESEND:
+            self.sent = False
 
 
 class Planned:

@@ -15,7 +15,14 @@ import httpx
 
 from proxy.upstream.deadline import Expiry, FirstByteTimeout, ReadDeadline, TotalTimeout
 
-__all__ = ["Exchange", "ExchangeLimits", "ResponseHeadTooLarge", "Sink", "StaleConnection"]
+__all__ = [
+    "STALE_RESEND",
+    "Exchange",
+    "ExchangeLimits",
+    "ResponseHeadTooLarge",
+    "Sink",
+    "StaleConnection",
+]
 
 # A consumer slower than the backend: stop reading the socket above this many buffered bytes.
 PAUSE_READING_BYTES: Final = 1 << 20
@@ -58,6 +65,11 @@ class Carrier(Protocol):
 
 class StaleConnection(Exception):
     """A reused keep-alive connection was closed by the server before any response byte."""
+
+
+STALE_RESEND: Final = "tokenweir.stale_connection.resend"
+"""The `trace` event of a request written to a stale connection, about to be sent again on a
+new one: the backend did not take it, whatever `send_request_body.complete` said before."""
 
 
 _SPENT: Final = httptools.HttpResponseParser(object())

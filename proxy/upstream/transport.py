@@ -12,7 +12,7 @@ import httpx
 
 from proxy.upstream.connection import Connection, Origin
 from proxy.upstream.deadline import DeadlineStream, DelegatedDeadlines
-from proxy.upstream.exchange import ExchangeLimits, StaleConnection
+from proxy.upstream.exchange import STALE_RESEND, ExchangeLimits, StaleConnection
 from proxy.upstream.prebuilt import response_of
 
 __all__ = ["PooledTransport"]
@@ -246,6 +246,10 @@ class PooledTransport(httpx.AsyncBaseTransport):
                 )
                 raise httpx.RemoteProtocolError(message, request=request) from None
         # The server closed the reused connection before reading anything: safe to send again.
+        # It did not take the request: not sent (`trace`) until the new connection has it.
+        trace = request.extensions.get("trace")
+        if trace is not None:
+            await trace(STALE_RESEND, {"request": request})
         connection = await self._pool.acquire_new(origin, timeouts, request)
         try:
             return await _exchange(connection, request, head, body, keep_alive, limits, timeouts)

@@ -38,6 +38,11 @@ class RawServer:
             await asyncio.wait(self._tasks, timeout=2)
         await self._server.wait_closed()
 
+    def stop_listening(self) -> None:
+        """New connections are refused; those open go on."""
+        assert self._server is not None
+        self._server.close()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         task = asyncio.current_task()

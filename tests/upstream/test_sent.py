@@ -63,3 +63,41 @@ async def test_a_request_written_whole_is_marked_sent_before_any_answer(which: i
                 await sent.wait()
             assert not answer.is_set()  # marked sent with no answer yet
             answer.set()
+
+
+@pytest.mark.anyio
+async def test_a_request_the_backend_dropped_on_a_stale_connection_is_not_sent() -> None:
+    """A request written to a kept-alive connection the backend closes without a byte is sent
+    again on a new connection: until that one has it, it is not sent. Here the new connection
+    is refused: the mark said sent (the first write's), and a client that left then was
+    billed its prompt for a request no backend took."""
+    pooled = _transports()[0]
+
+    async def stale_then_gone(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await read_request(reader)  # the second request, on the kept-alive connection
+        raw.stop_listening()  # closed without an answer; the resend's connection is refused
+
+    backend = Backend(name="b", url="http://127.0.0.1:1/v1", models=("m",))
+    routed = Routed("m", BackendHealth(backend, CircuitSpec()))
+    events: list[tuple[str, bool]] = []
+
+    async def trace(event: str, info: dict[str, object]) -> None:
+        await routed.trace(event, info)
+        events.append((event, routed.sent))
+
+    async with RawServer(stale_then_gone) as raw, pooled:
+        timeouts = {"connect": 2.0, "read": 10.0, "write": 10.0, "pool": 2.0}
+        first = httpx.Request(
+            "POST", raw.url, content=b'{"x": 1}', extensions={"timeout": timeouts}
+        )
+        assert (await pooled.handle_async_request(first)).status_code == 200
+        second = httpx.Request("POST", raw.url, content=b'{"x": 2}')
+        second.extensions.update(trace=trace, timeout=timeouts)
+        with pytest.raises(httpx.ConnectError):
+            await pooled.handle_async_request(second)
+    assert events[0] == ("http11.send_request_body.complete", True)  # written to the stale one
+    assert routed.sent is False, events
+    assert raw.connections == 1
