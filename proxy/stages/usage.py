@@ -176,9 +176,14 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
         events = ctx.meter.token_events
         if ctx.operation in AGENT_APIS:
             return _bounded(ctx, events)  # the agent APIs' token events are their text deltas
-        if ctx.outcome.backend_usage is None:  # the bill: an ended stream's finish events
-            return relayed_output(ctx) if ctx.outcome.completed else _bounded(ctx, events)
-        return _bounded(ctx, max(0, events - _TEXTLESS_PER_CHOICE * choices))  # are no tokens
+        texted = ctx.meter.texted_events  # events in chunks with text: a mid-stream event
+        if ctx.outcome.backend_usage is None:  # without text, in a chunk of its own, is none
+            # the bill: an ended stream's finish events are no tokens
+            return relayed_output(ctx) if ctx.outcome.completed else _bounded(ctx, texted)
+        # a lower bound, to be compared with the backend's: each choice's role and finish
+        # events, or its finish in a chunk with text, are no tokens
+        own = min(events - _TEXTLESS_PER_CHOICE * choices, texted - choices)
+        return _bounded(ctx, max(0, own))
     # A whole answer is counted only when needed: no usage to believe, or several choices.
     if counter is None or (ctx.outcome.backend_usage is not None and choices == 1):
         return None
@@ -187,9 +192,12 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
 
 def relayed_output(ctx: RequestContext) -> int:
     """Output tokens a running stream has surely relayed: its token events, less the textless
-    finish event each choice may have sent. Exact where each event carries one token (llama.cpp,
-    the mock backend), a lower bound where events carry several; never above what was sent."""
-    return _bounded(ctx, max(0, ctx.meter.token_events - ctx.choices))
+    finish event each choice may have sent, and no more than the events of the chunks that held
+    text (an event without text in a chunk of its own, mid-stream, is no token). Exact where each
+    event carries one token (llama.cpp, the mock backend), a lower bound where events carry
+    several; never above what was sent."""
+    meter = ctx.meter
+    return _bounded(ctx, max(0, min(meter.token_events - ctx.choices, meter.texted_events)))
 
 
 def _bounded(ctx: RequestContext, events: int) -> int:

@@ -92,6 +92,7 @@ class StreamMeter:
         "last_read_s",
         "last_token_s",
         "received_s",
+        "texted_events",
         "token_events",
         "upstream_first_byte_s",
         "upstream_sent_s",
@@ -105,6 +106,7 @@ class StreamMeter:
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
         self.token_events = 0
+        self.texted_events = 0  # token events in the chunks with generated text
         self.gateway_s = 0.0
         self.gaps = GapHistogram()
         self.last_read_s = 0.0  # meaningful once upstream_first_byte_s is set
@@ -132,6 +134,7 @@ class StreamMeter:
         self.token_events += token_events
         if not texted:
             return
+        self.texted_events += token_events
         last_s = self.last_token_s
         if last_s is None:
             self.first_token_s = now

@@ -104,3 +104,25 @@ def test_an_echoed_prompt_is_no_output(ledger_path: Path) -> None:
             assert answer.json()["choices"][0]["text"].startswith(prompt)
             [record] = ledger_records(ledger_path, 1)
     assert (record.usage_source, record.output_tokens) == ("backend", 24)
+
+
+@pytest.mark.parametrize("usage", [True, False])
+def test_events_without_text_between_tokens_are_not_billed(ledger_path: Path, usage: bool) -> None:
+    """Three words, each followed 0.3 s later by an event without text (a content filter's
+    verdict) in a read of its own: each such event counted as a token, so the gateway's count
+    (7) overruled the backend's honest 3, or stood for it (6) without usage."""
+    verdict = chunk({})
+    script: list[bytes | float] = [chunk({"role": "assistant", "content": ""})]
+    for _ in range(3):
+        script += [chunk({"content": " word"}), 0.3, verdict, 0.3]
+    script += [chunk({}, "stop")] + ([usage_chunk(9, 3)] if usage else []) + [b"data: [DONE]\n\n"]
+    with serve(scripted_backend({"filtered": script})) as backend:
+        with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
+            messages = [{"role": "user", "content": "filtered"}]
+            body = {"model": "exact-llm", "messages": messages, "stream": True, "max_tokens": 50}
+            with httpx.stream(
+                "POST", gateway + "/v1/chat/completions", json=body, headers=AUTH, timeout=10
+            ) as answer:
+                assert answer.read().decode().count(" word") == 3
+            [record] = ledger_records(ledger_path, 1)
+    assert (record.usage_source, record.output_tokens) == ("backend" if usage else "counted", 3)
