@@ -79,7 +79,8 @@ class KeyAllowances:
         hold, tokens = plan.hold, plan.tokens
         if plan.reserve is not None:
             if not plan.reserve.taken:
-                await plan.reserve.run(self._store)
+                with ctx.scope.shielded():  # as Prefetch's: what the call takes is settled
+                    await plan.reserve.run(self._store)
             refusal = plan.reserve.answer  # a StorageError goes up as it is
             if refusal is not None:
                 hold.refused = True
@@ -93,7 +94,8 @@ class KeyAllowances:
             hold.counters = tuple(plan.reserve.counters)
         if plan.admit is not None:
             if not plan.admit.taken:
-                await plan.admit.run(self._limits)
+                with ctx.scope.shielded():
+                    await plan.admit.run(self._limits)
             self._admitted(hold, plan.admit, tokens)
 
     def plan(self, ctx: Admitted) -> KeyPlan | None:

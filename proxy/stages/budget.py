@@ -89,7 +89,8 @@ class Budgets:
         for _ in range(len(plan.reservation.quotas) + 1):
             step = plan.step
             if not step.taken:  # else the prefetch took it, and undoes it if it timed out
-                await step.run(self._store)
+                with ctx.scope.shielded():  # as Prefetch: what the call takes is then settled
+                    await step.run(self._store)
                 if step.error is not None:
                     # A reservation that timed out may still be made once storage catches up:
                     # release it then, or it would hold the quota until its lease ends.

@@ -66,7 +66,11 @@ class Prefetch:
             steps = [step for _, plan in plans for step in plan.steps]
             if not steps:
                 return
-            await self._storage.admit(steps)
+            # Shielded from the client's leaving: a call cancelled while Redis runs it would
+            # take a slot and a reservation that no one records, so no one gives them back
+            # until their leases end; its outcome is kept, and what it took settled as usual.
+            with ctx.scope.shielded():
+                await self._storage.admit(steps)
             self._undo_late(steps)
             if not any(planner.replan(ctx, plan) for planner, plan in plans):
                 break

@@ -80,7 +80,7 @@ class RateLimits:
         limits = ctx.tenant.limits
         prefetched = plan.step.taken  # the prefetch undoes what a timed-out step took
         try:
-            admission = await self._admit(plan, limits)
+            admission = await self._admit(ctx, plan, limits)
         except StorageError as exc:
             if not prefetched or exc is not plan.step.error:
                 self._undo_later(exc, plan.hold)
@@ -115,7 +115,8 @@ class RateLimits:
             shape.scope, self._lease_ids.next(), tenant.limits.lease_ttl, shape.slots
         )
         try:
-            admission = await self._try(hold, shape.buckets, costs)
+            with ctx.scope.shielded():  # as Prefetch: what the call takes is then settled
+                admission = await self._try(hold, shape.buckets, costs)
         except StorageError as exc:
             self._undo_later(exc, hold)
             self._failures.decide("rate_limit", tenant.limits, exc)
@@ -209,11 +210,13 @@ class RateLimits:
         for trued in true_ups:
             await warned(trued, _log, "could not true up the token bucket of %s: %s", tenant)
 
-    async def _admit(self, plan: LimitPlan, limits: Limits) -> Admission:
-        """Admit now, or with `queue_timeout`, wait in this tenant's FIFO line for a slot."""
+    async def _admit(self, ctx: Admitted, plan: LimitPlan, limits: Limits) -> Admission:
+        """Admit now, or with `queue_timeout`, wait in this tenant's FIFO line for a slot. The
+        store calls are shielded from the client's leaving, as Prefetch's; the waits are not."""
         hold, buckets, costs = plan.hold, plan.shape.buckets, plan.costs
         if not plan.step.taken:
-            await plan.step.run(self._store)
+            with ctx.scope.shielded():
+                await plan.step.run(self._store)
         admission = plan.step.answer
         if (
             admission.admitted
@@ -231,7 +234,8 @@ class RateLimits:
                 if left_s <= 0:
                     return admission
                 if line[0] is turn:
-                    admission = await self._try(hold, buckets, costs)
+                    with ctx.scope.shielded():
+                        admission = await self._try(hold, buckets, costs)
                     if admission.admitted or not _slot_refused(admission, buckets):
                         return admission
                 # Woken by a release in this process, or poll for releases by other replicas.

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
+from proxy.policy.units import hash_key
 from tests.redis_server import RedisProcess, frozen
 from tests.reliability.state import AUTH, policy_text, slots_held, tokens_reserved
 from tests.servers import replicas
@@ -46,5 +48,46 @@ def test_what_a_timed_out_call_takes_late_is_given_back(backend_url: str, tmp_pa
             after = http.post("/v1/chat/completions", json=CHAT)
             assert after.status_code == 200, after.text
             assert time.monotonic() - began < 1.0
+    finally:
+        redis.close()
+
+
+BACKEND_LIMITED = """
+storage: {storage}
+backends:
+  - {{name: mock, url: "{backend_url}/v1", models: [mock-llm], limits: {{max_concurrent: 1}}}}
+models: {{mock-llm: {{}}}}
+tenants:
+  app:
+    api_keys: [{key}]
+    models: [mock-llm]
+"""
+
+
+@pytest.mark.parametrize("limited", ["tenant", "backend"])
+def test_a_client_that_leaves_during_admission_leaves_nothing_held(
+    backend_url: str, tmp_path: Path, limited: str
+) -> None:
+    """The client leaves while the admission's call waits on a slow Redis: the call still runs
+    when Redis wakes. What it takes (a slot, a reservation) is given back, not kept for the
+    minute of its lease, when the next request would find the gateway full."""
+    redis = RedisProcess()
+    redis.start()
+    try:
+        config = tmp_path / "policy.yaml"
+        if limited == "tenant":
+            config.write_text(policy_text(backend_url, redis.url, max_concurrent=1))
+        else:  # only the route stage's admission on the backend's own slots calls Redis
+            key = hash_key(AUTH["authorization"].removeprefix("Bearer "))
+            text = BACKEND_LIMITED.format(storage=redis.url, backend_url=backend_url, key=key)
+            config.write_text(text)
+        with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
+            assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+            with frozen(redis.url, 2), pytest.raises(httpx.ReadTimeout):
+                http.post("/v1/chat/completions", json=CHAT, timeout=0.5)  # and leaves
+            until(lambda: slots_held(redis.url) == 0, "the slot is given back", 6.0)
+            until(lambda: tokens_reserved(redis.url) == 0, "the reservation ends", 6.0)
+            after = http.post("/v1/chat/completions", json=CHAT)
+            assert after.status_code == 200, after.text
     finally:
         redis.close()
