@@ -112,6 +112,9 @@ class RequestContext:
     counted_input_tokens: int | None = None
     reservation: Reservation | None = None
     rate_limits: list[RateLimitHold] = field(default_factory=list)
+    # The model the rate-limit stage admitted the request on: another one that serves it (a
+    # degradation rule's, a fallback) is admitted on its own `per_model` limits when routed.
+    limited_model: str | None = None
     rate_limit_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     input_tokens: int | None = None
     output_tokens: int | None = None

@@ -50,23 +50,36 @@ class LimitShapes:
     __slots__ = ("_shapes",)
 
     def __init__(self) -> None:
-        self._shapes: dict[tuple[str, str | None], LimitShape] = {}
+        self._shapes: dict[tuple[str, str | None, bool], LimitShape] = {}
 
     def of(self, scope: str, limits: Limits | LimitSet, model: str) -> LimitShape:
         on_model = model if isinstance(limits, Limits) and model in limits.per_model else None
-        shape = self._shapes.get((scope, on_model))
+        return self._built(scope, limits, on_model, only_model=False)
+
+    def of_model(self, scope: str, limits: Limits, model: str) -> LimitShape:
+        """Only the limits on `model` (`per_model`, which has it), without the scope's own."""
+        return self._built(scope, limits, model, only_model=True)
+
+    def _built(
+        self, scope: str, limits: Limits | LimitSet, model: str | None, *, only_model: bool
+    ) -> LimitShape:
+        shape = self._shapes.get((scope, model, only_model))
         if shape is None or shape.limits is not limits:
             if len(self._shapes) >= _MAX_SHAPES:
                 self._shapes.clear()
-            shape = self._shapes[scope, on_model] = _shape_of(scope, limits, on_model)
+            shape = _shape_of(scope, limits, model, only_model=only_model)
+            self._shapes[scope, model, only_model] = shape
         return shape
 
 
-def _shape_of(scope: str, limits: Limits | LimitSet, model: str | None) -> LimitShape:
-    """The buckets and slot pools of `limits`, then those of its limits on `model`."""
+def _shape_of(
+    scope: str, limits: Limits | LimitSet, model: str | None, *, only_model: bool = False
+) -> LimitShape:
+    """The buckets and slot pools of `limits` (unless `only_model`), then those of its limits
+    on `model`."""
     buckets: list[Bucket] = []
     slots: list[SlotPool] = []
-    levels: list[tuple[str | None, Limits | LimitSet]] = [(None, limits)]
+    levels: list[tuple[str | None, Limits | LimitSet]] = [] if only_model else [(None, limits)]
     if model is not None and isinstance(limits, Limits):
         levels.append((model, limits.per_model[model]))
     for on_model, level in levels:

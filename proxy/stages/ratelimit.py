@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections import deque
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -19,12 +18,13 @@ from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.holds import RateLimitHold
 from proxy.leases import LeaseIds, Renewals
 from proxy.policy.model import Backend, Limits
+from proxy.stages.limitheaders import format_reset, rate_limit_headers, tighter
 from proxy.stages.limitshape import LimitShape, LimitShapes, limit_key
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Admit
-from proxy.storage.limits import Admission, Bucket, BucketState, LimitKey, LimitStore
+from proxy.storage.limits import Admission, Bucket, LimitKey, LimitStore
 
 __all__ = [
     "LimitPlan",
@@ -74,6 +74,7 @@ class RateLimits:
         )
 
     async def __call__(self, ctx: Admitted) -> None:
+        ctx.limited_model = ctx.model
         plan = taken(ctx, LimitPlan) or self.plan(ctx)
         if plan is None:
             return
@@ -86,7 +87,7 @@ class RateLimits:
                 self._undo_later(exc, plan.hold)
             self._failures.decide("rate_limit", limits, exc)
             return
-        ctx.rate_limit_headers = _headers(plan.shape, admission.buckets)
+        ctx.rate_limit_headers = rate_limit_headers(plan.shape, admission.buckets)
         if not admission.admitted:
             raise _refused(plan.shape, plan.costs, admission)
         self._hold(ctx, plan.hold, plan.shape, plan.costs)
@@ -105,29 +106,58 @@ class RateLimits:
         return False
 
     async def admit_backend(self, ctx: Admitted, backend: Backend) -> None:
-        """The chosen backend's own limits, shared by every tenant: a full backend is a 503."""
-        tenant = ctx.tenant
+        """The chosen backend's own limits, shared by every tenant: a full backend is a 503.
+        First, the limits of the model it serves if a rule or a fallback changed it."""
+        await self._admit_served_model(ctx)
         shape = self._shapes.of(f"tw:{{backend:{backend.name}}}", backend.limits, "")
         if shape.empty:
             return
         costs = shape.costs(_token_cost(ctx))
-        hold = RateLimitHold(
-            shape.scope, self._lease_ids.next(), tenant.limits.lease_ttl, shape.slots
-        )
-        try:
-            with ctx.scope.shielded():  # as Prefetch: what the call takes is then settled
-                admission = await self._try(hold, shape.buckets, costs)
-        except StorageError as exc:
-            self._undo_later(exc, hold)
-            self._failures.decide("rate_limit", tenant.limits, exc)
-            return
-        if not admission.admitted:
+        admission = await self._admit_once(ctx, shape, costs)
+        if admission is not None and not admission.admitted:
             refusal = _refused(shape, costs, admission)
             raise UpstreamUnavailable(
                 f"Backend {backend.name!r} is at capacity: {refusal.message}",
                 retry_after_s=refusal.retry_after_s or 1.0,
             )
-        self._hold(ctx, hold, shape, costs)
+
+    async def _admit_served_model(self, ctx: Admitted) -> None:
+        """A degradation rule or a fallback sent the request to another model after the stage
+        admitted it: its limits on that model (`per_model`) admit it too, or it is a 429 (no
+        queueing). The asked model's limits keep counting it."""
+        model, limits = ctx.model, ctx.tenant.limits
+        if ctx.limited_model in (None, model):
+            return
+        ctx.limited_model = model
+        if model not in limits.per_model:
+            return
+        shape = self._shapes.of_model(f"tw:{{{ctx.tenant_name}}}", limits, model)
+        costs = shape.costs(_token_cost(ctx))
+        admission = await self._admit_once(ctx, shape, costs)
+        if admission is None:
+            return
+        more = rate_limit_headers(shape, admission.buckets)
+        ctx.rate_limit_headers = tighter(ctx.rate_limit_headers, more)
+        if not admission.admitted:
+            raise _refused(shape, costs, admission)
+
+    async def _admit_once(
+        self, ctx: Admitted, shape: LimitShape, costs: list[int]
+    ) -> Admission | None:
+        """Admit on `shape` without waiting in line; held on the request if admitted. None
+        when storage failed and the tenant's policy let the request in."""
+        limits = ctx.tenant.limits
+        hold = RateLimitHold(shape.scope, self._lease_ids.next(), limits.lease_ttl, shape.slots)
+        try:
+            with ctx.scope.shielded():  # as Prefetch: what the call takes is then settled
+                admission = await self._try(hold, shape.buckets, costs)
+        except StorageError as exc:
+            self._undo_later(exc, hold)
+            self._failures.decide("rate_limit", limits, exc)
+            return None
+        if admission.admitted:
+            self._hold(ctx, hold, shape, costs)
+        return admission
 
     async def admit_count(self, ctx: Admitted) -> None:
         """A token count (`POST /v1/messages/count_tokens`) takes one request from the tenant's
@@ -283,49 +313,6 @@ def _token_cost(ctx: Admitted) -> int:
 
 def _slot_refused(admission: Admission, buckets: Sequence[Bucket]) -> bool:
     return admission.refused is not None and admission.refused >= len(buckets)
-
-
-_HEADER_NAMES = {
-    kind: (
-        b"x-ratelimit-limit-" + kind,
-        b"x-ratelimit-remaining-" + kind,
-        b"x-ratelimit-reset-" + kind,
-    )
-    for kind in (b"requests", b"tokens")
-}
-
-
-def _headers(shape: LimitShape, states: tuple[BucketState, ...]) -> list[tuple[bytes, bytes]]:
-    """OpenAI's six headers; with a per-model limit too, the tighter of each kind is shown."""
-    tightest: dict[bytes, BucketState] = {}
-    for counted, state in zip(shape.counts_tokens, states):  # noqa: B905 (one per bucket)
-        kind = b"tokens" if counted else b"requests"
-        known = tightest.get(kind)
-        if known is None or state.remaining < known.remaining:
-            tightest[kind] = state
-    headers: list[tuple[bytes, bytes]] = []
-    for kind, state in tightest.items():
-        limit, remaining, reset = _HEADER_NAMES[kind]
-        headers += (
-            (limit, b"%d" % state.limit),
-            (remaining, b"%d" % state.remaining),
-            (reset, format_reset(state.reset_s).encode()),
-        )
-    return headers
-
-
-def format_reset(seconds: float) -> str:
-    """A duration as OpenAI writes its reset headers: `20ms`, `1s`, `6m0s`, `1h2m3s`."""
-    if seconds < 1:
-        return f"{max(0, math.ceil(seconds * 1000))}ms"
-    whole = math.ceil(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
 
 
 def _refused(shape: LimitShape, costs: list[int], admission: Admission) -> RateLimited:

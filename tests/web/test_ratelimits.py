@@ -14,9 +14,11 @@ from proxy.app import create_app
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.tools.mock import backend as mockbackend
-from tests.servers import serve
+from tests.reliability.state import slots_held
+from tests.servers import free_port, serve
 
 KEY = "tw-limits-key"
+AUTH = {"authorization": f"Bearer {KEY}"}
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
@@ -105,6 +107,25 @@ def most_in_flight(backend: httpx.Client, stop: threading.Event, seen: list[int]
         time.sleep(0.005)
 
 
+def streams_at_once(url: str, backend: httpx.Client, count: int) -> tuple[list[int], list[int]]:
+    """`count` streams sent at once: their statuses, and the backend's in-flight counts seen
+    meanwhile."""
+    stop, seen = threading.Event(), [0]
+    watcher = threading.Thread(target=most_in_flight, args=(backend, stop, seen))
+
+    async def burst() -> list[int]:
+        headers = {"authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+            return await asyncio.gather(*(stream(http) for _ in range(count)))
+
+    watcher.start()
+    try:
+        return asyncio.run(burst()), seen
+    finally:
+        stop.set()
+        watcher.join()
+
+
 @pytest.mark.parametrize(
     ("limits", "ok"),
     [("{max_concurrent: 2}", 2), ("{max_concurrent: 2, queue_timeout: 10s}", 6)],
@@ -112,21 +133,8 @@ def most_in_flight(backend: httpx.Client, stop: threading.Event, seen: list[int]
 def test_max_concurrent_holds_with_streams(
     backend_url: str, backend: httpx.Client, limits: str, ok: int
 ) -> None:
-    stop, seen = threading.Event(), [0]
-    watcher = threading.Thread(target=most_in_flight, args=(backend, stop, seen))
     with serve(create_app(limits_policy(backend_url, limits))) as url:
-
-        async def burst() -> list[int]:
-            headers = {"authorization": f"Bearer {KEY}"}
-            async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
-                return await asyncio.gather(*(stream(http) for _ in range(6)))
-
-        watcher.start()
-        try:
-            statuses = asyncio.run(burst())
-        finally:
-            stop.set()
-            watcher.join()
+        statuses, seen = streams_at_once(url, backend, 6)
     assert statuses.count(200) == ok
     assert statuses.count(429) == 6 - ok
     assert max(seen) <= 2
@@ -236,3 +244,60 @@ def test_tokens_per_minute_charges_every_answer_of_n_and_of_a_prompt_batch(
     assert int(four.headers["x-ratelimit-remaining-tokens"]) < 1000 - 400
     assert refused.status_code == 429, refused.text
     assert "can never be admitted" in refused.json()["error"]["message"]
+
+
+def served_elsewhere_policy(backend_url: str, redis_url: str, how: str) -> Policy:
+    """Asked for mock-llm, served by mock-small (a degradation rule's switch, or a fallback
+    once mock-llm's only backend refuses connections), limited to one at a time on it."""
+    backends = f'[{{name: mock, url: "{backend_url}/v1", models: [mock-llm, mock-small]}}]'
+    models = "{mock-llm: {}, mock-small: {}}"
+    degrade = "[{name: spill, when: {}, then: {model: mock-small}}]"
+    if how == "fallback":
+        dead = f"http://127.0.0.1:{free_port()}/v1"
+        backends = f"""
+  - {{name: dead, url: "{dead}", models: [mock-llm]}}
+  - {{name: mock, url: "{backend_url}/v1", models: [mock-small]}}"""
+        models, degrade = "{mock-llm: {fallback_models: [mock-small]}, mock-small: {}}", "[]"
+    small = "{max_concurrent: 1, requests_per_minute: 3}"
+    return parse_policy(
+        f"""
+storage: {redis_url}
+backends: {backends}
+models: {models}
+tenants:
+  app:
+    api_keys: [{hash_key(KEY)}]
+    models: [mock-llm, mock-small]
+    limits: {{requests_per_minute: 1000, per_model: {{mock-small: {small}}}}}
+    degrade: {degrade}
+""",
+        environ={},
+    )
+
+
+@pytest.mark.parametrize("how", ["degrade", "fallback"])
+def test_a_request_another_model_serves_is_held_to_that_models_limits(
+    backend_url: str, backend: httpx.Client, redis_url: str, how: str
+) -> None:
+    """20 streams at once for mock-llm, each served by mock-small: its per_model limits (one
+    at a time, 3 a minute) hold as they do for requests that ask for it. They were admitted on
+    mock-llm's limits only, and all 20 ran on mock-small, 10 or more at once."""
+    policy = served_elsewhere_policy(backend_url, redis_url, how)
+    with serve(create_app(policy)) as url:
+        began_s = time.monotonic()
+        statuses, seen = streams_at_once(url, backend, 20)
+        # Then one at a time until refused: 3 a minute in all (one more each 20 s taken).
+        after: list[httpx.Response] = []
+        while len(after) < 6 and (not after or after[-1].status_code == 200):
+            after.append(httpx.post(url + "/v1/chat/completions", json=CHAT, headers=AUTH))
+        took_s = time.monotonic() - began_s
+    assert max(seen) == 1
+    assert statuses.count(200) >= 1
+    assert statuses.count(429) == 20 - statuses.count(200)
+    served = statuses.count(200) + [a.status_code for a in after].count(200)
+    assert 3 <= served <= 3 + took_s // 20
+    refused = after[-1]
+    assert refused.status_code == 429
+    assert "on model mock-small" in refused.json()["error"]["message"]
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert slots_held(redis_url) == 0
