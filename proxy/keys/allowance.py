@@ -19,10 +19,11 @@ from proxy.context import Admitted
 from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.leases import LeaseIds
+from proxy.stages.budget import IN_FLIGHT_RETRY_S
+from proxy.stages.limitheaders import format_reset
 from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
-from proxy.stages.ratelimit import format_reset
-from proxy.storage.base import Counter, QuotaStore, StorageError
+from proxy.storage.base import Counter, QuotaStore, Refusal, StorageError
 from proxy.storage.joint import Admit, Reserve, Step
 from proxy.storage.limits import Bucket, LimitStore
 from proxy.together import nothing
@@ -85,12 +86,7 @@ class KeyAllowances:
             if refusal is not None:
                 hold.refused = True
                 counter = plan.reserve.counters[refusal.index]
-                raise InsufficientQuota(
-                    f"This API key's own quota is used up: {counter.limit} tokens, "
-                    f"{refusal.used} used and {refusal.reserved} held by requests in flight, "
-                    f"and this request needs up to {tokens}.",
-                    retry_after_s=max(1.0, counter.expires_at - 86400 - plan.reserve.now),
-                )
+                raise _refused(counter, refusal, tokens, plan.reserve.now)
             hold.counters = tuple(plan.reserve.counters)
         if plan.admit is not None:
             if not plan.admit.taken:
@@ -190,6 +186,23 @@ class KeyAllowances:
             now = self._clock.wall()
             calls.append(self._limits.settle(hold.scope, bucket, used - charged, now=now))
         return _quietly(calls)
+
+
+def _refused(counter: Counter, refusal: Refusal, tokens: int, now: float) -> InsufficientQuota:
+    held = (
+        f"{counter.limit} tokens, {refusal.used} used and {refusal.reserved} held by requests "
+        f"in flight, and this request needs up to {tokens}"
+    )
+    if refusal.used + tokens <= counter.limit:  # as the tenant's quotas (budget.py) say it
+        return InsufficientQuota(
+            f"Requests in flight hold this API key's own quota: {held}. It fits once they end; "
+            "please try again shortly.",
+            retry_after_s=IN_FLIGHT_RETRY_S,
+        )
+    return InsufficientQuota(
+        f"This API key's own quota is used up: {held}.",
+        retry_after_s=max(1.0, counter.expires_at - 86400 - now),
+    )
 
 
 async def _quietly(calls: list[Awaitable[None]]) -> None:

@@ -28,9 +28,12 @@ from proxy.storage.base import Counter, QuotaStore, StorageError
 from proxy.storage.joint import Reserve
 from proxy.together import nothing
 
-__all__ = ["Budgets", "QuotaPlan"]
+__all__ = ["IN_FLIGHT_RETRY_S", "Budgets", "QuotaPlan"]
 
 _NUSD_PER_USD = 1_000_000_000
+# A quota that only requests in flight hold frees as they end (a reservation is mostly an
+# answer's allowance, given back unused): retry soon, as a full slot pool says.
+IN_FLIGHT_RETRY_S = 1.0
 _log = logging.getLogger("tokenweir.budget")
 
 
@@ -313,9 +316,15 @@ def _refused(quota: Quota, used: int, reserved: int, needed: int, now: float) ->
             "send fewer prompts, or shorten the input.",
             should_retry=False,
         )
+    held = f"{quota.name} is {limit} {unit}; {used_s} used and {reserved_s} held by requests in "
+    held += f"flight, and this request needs up to {needed_s}"
+    if used + needed <= quota.counter.limit:
+        return InsufficientQuota(
+            f"Requests in flight hold this quota: {held}. It fits once they end (what they do "
+            "not use is given back); please try again shortly.",
+            retry_after_s=IN_FLIGHT_RETRY_S,
+        )
     return InsufficientQuota(
-        f"You exceeded your current quota: {quota.name} is {limit} {unit}; {used_s} used and "
-        f"{reserved_s} held by requests in flight, and this request needs up to {needed_s}. "
-        f"It resets at {when}.",
+        f"You exceeded your current quota: {held}. It resets at {when}.",
         retry_after_s=max(1.0, reset_at - now),
     )

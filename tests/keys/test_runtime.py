@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -19,11 +20,16 @@ from proxy.cli import main
 from proxy.clock import FakeClock
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
+from tests.sdkburst import streams_at_once
 from tests.servers import replicas, serve
 
 ADMIN_KEY = "tw-keys-admin"
 TENANT_KEY = "tw-keys-yaml"
-CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+CHAT: dict[str, Any] = {
+    "model": "mock-llm",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 5,
+}
 
 
 def policy_text(backend_url: str, storage: str, limits: str = "{requests_per_minute: 1000}") -> str:
@@ -211,3 +217,15 @@ def test_a_keys_own_quota_bounds_an_answer_the_client_left_unbounded(
     assert answer.status_code == 200
     assert answer.json()["usage"]["completion_tokens"] <= 4096
     assert answer.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_requests_refused_for_what_a_keys_requests_in_flight_hold_retry_soon(
+    gateway: httpx.Client,
+) -> None:
+    """A key's own 2,000 tokens a day, 12 streams at once reserving 300 tokens each and using
+    about 30: the ones that do not fit at first are told to retry in a second and the SDK's
+    retries get them through (they were told to wait until midnight, and not to retry)."""
+    body = {"tenant": "alpha", "budget": {"tokens_per_day": 2000}}
+    key = gateway.post("/admin/keys", json=body).json()["key"]
+    body = {**CHAT, "max_tokens": 300, "extra_body": {"mock_completion_tokens": 20}}
+    assert all(streams_at_once(f"{gateway.base_url}/v1", key, body, 12))

@@ -15,13 +15,15 @@ from pathlib import Path
 import httpx
 import orjson
 
-from proxy.policy import load_policy
+from proxy.app import create_app
+from proxy.policy import load_policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.stages.budget import _quotas
 from proxy.storage import open_store
 from tests.conftest import ADMIN_KEY, BACKEND_KEY
-from tests.reliability.state import AUTH, TENANT, policy_text
-from tests.servers import free_port, wait_healthy
+from tests.reliability.state import AUTH, KEY, TENANT, policy_text
+from tests.sdkburst import streams_at_once
+from tests.servers import free_port, serve, wait_healthy
 
 QUOTA = 5000
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -106,3 +108,19 @@ def test_a_hundred_requests_race_for_a_small_quota_and_every_view_agrees(
     [reported] = orjson.loads(report.stdout)["rows"]
     assert reported["input_tokens"] + reported["output_tokens"] == used
     assert reported["requests"] == 100
+
+
+def test_requests_refused_for_what_requests_in_flight_hold_retry_soon_and_succeed(
+    backend_url: str, redis_url: str
+) -> None:
+    """12 streams at once on a 2,000 tokens/day quota: each reserves its 300-token allowance, so
+    only 6 fit at first, though each uses about 30. The others are told to retry in a second
+    (the holds free as those end) and the SDK's own retries get them through; they were told to
+    wait until midnight and not to retry (`x-should-retry: false`), and failed."""
+    policy = parse_policy(
+        race_policy(backend_url, redis_url).replace(str(QUOTA), "2000"), environ={}
+    )
+    body = {**CHAT, "max_tokens": 300, "extra_body": {"mock_completion_tokens": 20}}
+    with serve(create_app(policy)) as url:
+        answers = streams_at_once(url + "/v1", KEY, body, 12)
+    assert all(answers)

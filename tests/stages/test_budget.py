@@ -86,6 +86,8 @@ async def test_refusal_is_insufficient_quota_with_reset_time() -> None:
     stage, _ = budgets()
     first = request(Budget(tokens_per_day=200))
     await stage(first)
+    first.input_tokens, first.output_tokens = 100, 10
+    await stage.settle(first)
     with pytest.raises(InsufficientQuota) as caught:
         await stage(request(Budget(tokens_per_day=200)))
     error = caught.value
@@ -94,13 +96,25 @@ async def test_refusal_is_insufficient_quota_with_reset_time() -> None:
         "insufficient_quota",
         "insufficient_quota",
     )
-    assert "tokens_per_day is 200 tokens; 0 used and 150 held" in error.message
+    assert "tokens_per_day is 200 tokens; 110 used and 0 held" in error.message
     assert "resets at 2027-01-16 00:00 UTC" in error.message
     assert error.headers() == {
         "retry-after": str(12 * 3600),
         "retry-after-ms": str(12 * 3600 * 1000),
         "x-should-retry": "false",  # hours away: an automatic retry would only fail again
     }
+
+
+async def test_a_quota_only_requests_in_flight_hold_is_retried_soon() -> None:
+    """What requests in flight hold frees as they end (mostly unused): not hours away."""
+    stage, _ = budgets()
+    await stage(request(Budget(tokens_per_day=200)))
+    with pytest.raises(InsufficientQuota) as caught:
+        await stage(request(Budget(tokens_per_day=200)))
+    error = caught.value
+    assert "tokens_per_day is 200 tokens; 0 used and 150 held" in error.message
+    assert "It fits once they end" in error.message
+    assert error.headers() == {"retry-after": "1", "retry-after-ms": "1000"}
 
 
 async def test_unbounded_output_gets_the_default_bound() -> None:
