@@ -116,6 +116,11 @@ class RateLimits:
         admission = await self._admit_once(ctx, shape, costs)
         if admission is not None and not admission.admitted:
             refusal = _refused(shape, costs, admission)
+            if refusal.should_retry is False:  # larger than a per-minute limit of the backend
+                raise UpstreamUnavailable(
+                    f"Backend {backend.name!r} cannot take this request: {refusal.message}",
+                    should_retry=False,
+                )
             raise UpstreamUnavailable(
                 f"Backend {backend.name!r} is at capacity: {refusal.message}",
                 retry_after_s=refusal.retry_after_s or 1.0,

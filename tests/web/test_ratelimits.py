@@ -301,3 +301,31 @@ def test_a_request_another_model_serves_is_held_to_that_models_limits(
     assert "on model mock-small" in refused.json()["error"]["message"]
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert slots_held(redis_url) == 0
+
+
+def test_a_request_larger_than_a_backends_token_rate_is_not_worth_retrying(
+    backend_url: str,
+) -> None:
+    """500 tokens asked of a backend that takes 100 a minute can never be sent to it: the 503
+    says so and tells the SDK not to retry (it said `Retry-After: 1`, and the SDK retried)."""
+    policy = parse_policy(
+        f"""
+backends:
+  - name: small-gpu
+    url: "{backend_url}/v1"
+    models: [mock-llm]
+    limits: {{tokens_per_minute: 100}}
+models: {{mock-llm: {{}}}}
+tenants:
+  app: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}
+""",
+        environ={},
+    )
+    with serve(create_app(policy)) as url:
+        refused = httpx.post(
+            url + "/v1/chat/completions", json={**CHAT, "max_tokens": 500}, headers=AUTH
+        )
+    assert refused.status_code == 503
+    assert "'small-gpu' cannot take this request" in refused.json()["error"]["message"]
+    assert refused.headers["x-should-retry"] == "false"
+    assert "retry-after" not in refused.headers
