@@ -109,7 +109,10 @@ class Gateway:
         rate_limits, cache = services.rate_limits, services.cache
         key_limits = KeyAllowances(store, storage.limits, clock)
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
-        attempts = Attempts(pools, services.upstream, clock, rate_limits.admit_backend)
+        attempts = Attempts(
+            pools, services.upstream, clock, rate_limits.admit_backend,
+            rate_limits.give_back_backend,
+        )  # fmt: skip
         # The request path after auth. The stages say themselves whether they plan storage
         # steps (taken by the prefetch in one round trip), hold something until the request
         # ends (settled, last first), and are traced.

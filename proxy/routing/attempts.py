@@ -1,6 +1,7 @@
 """A request's tries at its model's backends, before the first byte of an answer: choose one,
 admit the request on that backend's own limits, open the call, and on a failure (a connect
-error, a 5xx) or a full backend move to the next, at most the pool's `max_attempts` in all.
+error, a 5xx) or a full backend move to the next, at most the pool's `max_attempts` in all; a
+backend that failed gives back what the request held on its limits before the next is tried.
 
 Writes backend, route (the backend held in flight, for settling) and, on a fallback, model.
 `settle` feeds the backend's health with the outcome, TTFT and tokens/s.
@@ -22,21 +23,30 @@ from proxy.routing.health import BackendHealth
 from proxy.routing.pool import Pools
 from proxy.upstream.client import CONNECT_TIMEOUT_CODE, UpstreamClient
 
-__all__ = ["Admit", "Attempts"]
+__all__ = ["Admit", "Attempts", "GiveBack"]
 
 Admit = Callable[[Admitted, Backend], Awaitable[None]]
 """The chosen backend's own limits (RateLimits.admit_backend); raises UpstreamUnavailable if
 the backend is full."""
+GiveBack = Callable[[Admitted, Backend], Awaitable[None]]
+"""What a backend that failed holds on its own limits, given back as the request moves on
+(RateLimits.give_back_backend)."""
 
 
 class Attempts:
     def __init__(
-        self, pools: Pools, upstream: UpstreamClient, clock: Clock, admit: Admit | None = None
+        self,
+        pools: Pools,
+        upstream: UpstreamClient,
+        clock: Clock,
+        admit: Admit | None = None,
+        give_back: GiveBack | None = None,
     ) -> None:
         self._pools = pools
         self._upstream = upstream
         self._clock = clock
         self._admit = admit
+        self._give_back = give_back
 
     async def begin(self, ctx: Admitted) -> Routed:
         """Hold the first backend that is available and admits the request; a 503 if none."""
@@ -67,7 +77,11 @@ class Attempts:
             except UpstreamError as exc:
                 routed.health.failed(self._clock.monotonic())
                 routed.tried.append(routed.health.name)
-                if not _retryable(exc) or not await self._fail_over(ctx, routed):
+                if not _retryable(exc):
+                    raise
+                if self._give_back is not None:
+                    await self._give_back(ctx, backend)
+                if not await self._fail_over(ctx, routed):
                     raise
                 if body.get("model") != ctx.model:
                     body = {**body, "model": ctx.model}

@@ -109,7 +109,7 @@ class RateLimits:
         """The chosen backend's own limits, shared by every tenant: a full backend is a 503.
         First, the limits of the model it serves if a rule or a fallback changed it."""
         await self._admit_served_model(ctx)
-        shape = self._shapes.of(f"tw:{{backend:{backend.name}}}", backend.limits, "")
+        shape = self._shapes.of(_backend_scope(backend), backend.limits, "")
         if shape.empty:
             return
         costs = shape.costs(_token_cost(ctx))
@@ -214,6 +214,19 @@ class RateLimits:
         The store calls are made now; the awaitable ends with them."""
         holds, ctx.rate_limits = ctx.rate_limits, []
         used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
+        return self._given_back(ctx.tenant_name, holds, used)
+
+    def give_back_backend(self, ctx: Admitted, backend: Backend) -> Awaitable[None]:
+        """`backend` failed before answering and the request moves to another: its slot is free
+        at once and its token buckets get back what they were charged (it generated nothing;
+        settling would charge them what the next backend generates)."""
+        scope = _backend_scope(backend)
+        holds = [hold for hold in ctx.rate_limits if hold.scope == scope]
+        ctx.rate_limits = [hold for hold in ctx.rate_limits if hold.scope != scope]
+        return self._given_back(ctx.tenant_name, holds, 0)
+
+    def _given_back(self, tenant: str, holds: list[RateLimitHold], used: int) -> Awaitable[None]:
+        """Free the holds' slots and true their token buckets up to `used`."""
         now = self._clock.wall()
         releases: list[tuple[str, Awaitable[None]]] = []
         true_ups: list[Awaitable[None]] = []
@@ -227,7 +240,7 @@ class RateLimits:
                 for bucket, charged in hold.token_buckets
                 if used != charged
             ]
-        return self._settled(ctx.tenant_name, releases, true_ups)
+        return self._settled(tenant, releases, true_ups)
 
     async def _settled(
         self,
@@ -310,6 +323,10 @@ class RateLimits:
             )
 
         self._renewals.keep(hold, renew)
+
+
+def _backend_scope(backend: Backend) -> str:
+    return f"tw:{{backend:{backend.name}}}"
 
 
 def _token_cost(ctx: Admitted) -> int:

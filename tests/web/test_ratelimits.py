@@ -9,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+import redis
 
 from proxy.app import create_app
 from proxy.policy import Policy, parse_policy
@@ -329,3 +330,44 @@ tenants:
     assert "'small-gpu' cannot take this request" in refused.json()["error"]["message"]
     assert refused.headers["x-should-retry"] == "false"
     assert "retry-after" not in refused.headers
+
+
+def test_a_backend_that_failed_gives_back_its_slot_and_tokens_as_the_request_moves_on(
+    backend_url: str, redis_url: str
+) -> None:
+    """gpu-a answers 503 and the request fails over to gpu-b: gpu-a's own slot is free while
+    gpu-b streams, and its tokens_per_minute is not charged what gpu-b generated (its slot was
+    held to the end, and each such request drained 3,006 tokens of gpu-a's minute, so a
+    recovered gpu-a was 'at capacity' with nothing running)."""
+    with serve(mockbackend.create_app(fail_status=503)) as failing:
+        policy = parse_policy(
+            f"""
+storage: {redis_url}
+backends:
+  - name: gpu-a
+    url: "{failing}/v1"
+    models: [mock-llm]
+    limits: {{tokens_per_minute: 10000, max_concurrent: 1}}
+  - {{name: gpu-b, url: "{backend_url}/v1", models: [mock-llm]}}
+models: {{mock-llm: {{}}}}
+tenants:
+  app: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}
+""",
+            environ={},
+        )
+        body = {**CHAT, "stream": True, "max_tokens": 3000, "mock_completion_tokens": 3000}
+        with serve(create_app(policy)) as url:
+            with httpx.stream(
+                "POST", url + "/v1/chat/completions", json=body, headers=AUTH
+            ) as answer:
+                lines = answer.iter_lines()
+                next(lines)
+                held_meanwhile = slots_held(redis_url)
+                for _ in lines:
+                    pass
+            tried_a = httpx.get(failing + "/mock/stats").json()["requests_total"]
+    assert answer.status_code == 200
+    assert tried_a == 1  # gpu-a was tried first
+    assert held_meanwhile == 0
+    with redis.Redis.from_url(redis_url) as client:
+        assert not client.exists("tw:{backend:gpu-a}:rl:tpm")  # full: nothing charged
