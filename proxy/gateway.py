@@ -116,10 +116,15 @@ class Gateway:
         # The request path after auth. The stages say themselves whether they plan storage
         # steps (taken by the prefetch in one round trip), hold something until the request
         # ends (settled, last first), and are traced.
+        # A runtime key's own allowance before the tenant's rate limits: a request it refuses
+        # takes nothing from them (its refusals spent the tenant's requests_per_minute, and one
+        # key kept over its own limit refused every other key of the tenant). The budget stays
+        # first: a refusal it answers by shortening the request (stop_stream_at_budget) has
+        # every stage take its steps again, and a step taken before it would be taken twice.
         admission: list[Stage] = [
             budgets,
-            rate_limits,
             key_limits,
+            rate_limits,
             cache,
             Degrade(pools, clock, store, failures, cache),
             Route(attempts),

@@ -20,7 +20,7 @@ from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.leases import LeaseIds
 from proxy.stages.budget import IN_FLIGHT_RETRY_S
-from proxy.stages.limitheaders import format_reset
+from proxy.stages.limitheaders import format_reset, rate_limit_headers
 from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
 from proxy.storage.base import Counter, QuotaStore, Refusal, StorageError
@@ -92,7 +92,7 @@ class KeyAllowances:
             if not plan.admit.taken:
                 with ctx.scope.shielded():
                     await plan.admit.run(self._limits)
-            self._admitted(hold, plan.admit, tokens)
+            self._admitted(ctx, hold, plan.admit, tokens)
 
     def plan(self, ctx: Admitted) -> KeyPlan | None:
         """The key's counters and buckets for this request; None for a key without its own."""
@@ -122,10 +122,14 @@ class KeyAllowances:
     def replan(self, ctx: Admitted, plan: Plan) -> bool:
         return False
 
-    def _admitted(self, hold: _Hold, step: Admit, tokens: int) -> None:
-        """Refuse as the key's buckets did, or note its tokens-per-minute charge to true up."""
+    def _admitted(self, ctx: Admitted, hold: _Hold, step: Admit, tokens: int) -> None:
+        """Refuse as the key's buckets did, or note its tokens-per-minute charge to true up.
+        Its buckets give the x-ratelimit-* headers (the tenant's limits show theirs too, after,
+        where tighter)."""
         admission = step.answer  # a StorageError goes up as it is
         buckets, costs = step.buckets, step.costs
+        kinds = [limit_key(bucket).kind == "tokens" for bucket in buckets]
+        ctx.rate_limit_headers = rate_limit_headers(kinds, admission.buckets)
         if not admission.admitted:
             hold.refused = True
             index = admission.refused or 0

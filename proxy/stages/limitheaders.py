@@ -4,8 +4,8 @@ of each kind (requests, tokens), resets written as OpenAI writes them."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-from proxy.stages.limitshape import LimitShape
 from proxy.storage.limits import BucketState
 
 __all__ = ["format_reset", "rate_limit_headers", "tighter"]
@@ -22,10 +22,11 @@ _HEADER_NAMES = {
 }
 
 
-def rate_limit_headers(shape: LimitShape, states: tuple[BucketState, ...]) -> Headers:
-    """OpenAI's six headers; with a per-model limit too, the tighter of each kind is shown."""
+def rate_limit_headers(counts_tokens: Sequence[bool], states: Sequence[BucketState]) -> Headers:
+    """OpenAI's six headers from the buckets' states (`counts_tokens`: for each, tokens, else
+    requests); with a per-model limit too, the tighter of each kind is shown."""
     tightest: dict[bytes, BucketState] = {}
-    for counted, state in zip(shape.counts_tokens, states):  # noqa: B905 (one per bucket)
+    for counted, state in zip(counts_tokens, states):  # noqa: B905 (one per bucket)
         kind = b"tokens" if counted else b"requests"
         known = tightest.get(kind)
         if known is None or state.remaining < known.remaining:

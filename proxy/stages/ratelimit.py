@@ -87,7 +87,9 @@ class RateLimits:
                 self._undo_later(exc, plan.hold)
             self._failures.decide("rate_limit", limits, exc)
             return
-        ctx.rate_limit_headers = rate_limit_headers(plan.shape, admission.buckets)
+        headers = rate_limit_headers(plan.shape.counts_tokens, admission.buckets)
+        shown = ctx.rate_limit_headers  # a runtime key's own, if it has limits
+        ctx.rate_limit_headers = tighter(shown, headers) if shown else headers
         if not admission.admitted:
             raise _refused(plan.shape, plan.costs, admission)
         self._hold(ctx, plan.hold, plan.shape, plan.costs)
@@ -141,7 +143,7 @@ class RateLimits:
         admission = await self._admit_once(ctx, shape, costs)
         if admission is None:
             return
-        more = rate_limit_headers(shape, admission.buckets)
+        more = rate_limit_headers(shape.counts_tokens, admission.buckets)
         ctx.rate_limit_headers = tighter(ctx.rate_limit_headers, more)
         if not admission.admitted:
             raise _refused(shape, costs, admission)

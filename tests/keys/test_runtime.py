@@ -229,3 +229,29 @@ def test_requests_refused_for_what_a_keys_requests_in_flight_hold_retry_soon(
     key = gateway.post("/admin/keys", json=body).json()["key"]
     body = {**CHAT, "max_tokens": 300, "extra_body": {"mock_completion_tokens": 20}}
     assert all(streams_at_once(f"{gateway.base_url}/v1", key, body, 12))
+
+
+def test_a_key_held_to_its_own_limit_leaves_the_tenants_to_its_other_keys(
+    backend_url: str, redis_url: str
+) -> None:
+    """A runtime key limited to 2 requests a minute sends 30: the 28 it is refused take nothing
+    from the tenant's 20 a minute, so the tenant's other keys are still served (they took 30,
+    and every other key was refused for the rest of the minute). Its refusals show its own
+    limit in OpenAI's headers."""
+    policy = parse_policy(
+        policy_text(backend_url, redis_url, "{requests_per_minute: 20}"), environ={}
+    )
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    with serve(create_app(policy)) as url:
+        body = {"tenant": "alpha", "limits": {"requests_per_minute": 2}}
+        key = httpx.post(url + "/admin/keys", json=body, headers=admin).json()["key"]
+        answers = [_chat(url, key) for _ in range(30)]
+        other = _chat(url, TENANT_KEY)
+    assert [a.status_code for a in answers].count(200) == 2
+    assert other.status_code == 200, other.text
+    refused = answers[-1]
+    assert refused.status_code == 429
+    assert refused.headers["x-ratelimit-limit-requests"] == "2"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    # 20, less the key's 2 admitted and this one, plus what refilled meanwhile (1 each 3 s)
+    assert int(other.headers["x-ratelimit-remaining-requests"]) >= 17
