@@ -88,14 +88,17 @@ class SSEForwarder:
             out = self._take_usage(out)
         if self._saw_token:  # after the first token (nearly every read): no count by search
             lines = out.count(_DATA)
-            if lines != 1 or not out.startswith(_DATA):  # not the usual read: one data event
-                lines = _data_events(out, lines)
             # Text where the last text began (one comparison, no search, nothing allocated;
-            # whole events go on past the head), else searched for: a read whose events
-            # changed their shape, or hold no text.
-            self.texted = (
-                out.startswith(self._text_head) and out[self._text_at] != _QUOTE
-            ) or self._search_text(out)
+            # whole events go on past the head, which begins with `data:`), else searched for:
+            # a read whose events changed their shape, or hold no text.
+            if out.startswith(self._text_head) and out[self._text_at] != _QUOTE:
+                self.texted = True
+                if lines != 1:  # not the usual read: one data event
+                    lines = _data_events(out, lines)
+                return out, lines - self._textless
+            if lines != 1 or not out.startswith(_DATA):
+                lines = _data_events(out, lines)
+            self.texted = self._search_text(out)
             return out, lines - self._textless
         return out, self._token_events(out)
 
