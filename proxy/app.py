@@ -25,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from proxy.accepted import AcceptedPolicy
 from proxy.clock import Clock, SystemClock
 from proxy.errors import GatewayError, InternalError, NotFound
 from proxy.gateway import Gateway
@@ -103,7 +104,8 @@ def create_app(
     `tokenizers`: some already loaded, by spec (`load_tokenizers`), not loaded again."""
     if policy is None:
         config = config or Path(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
-    source = PolicySource.read(config) if config is not None else None
+    accepted = AcceptedPolicy.from_environment()  # under `tokenweir serve --workers N`
+    source = PolicySource.starting(config, accepted) if config is not None else None
     resolved = policy or (source.policy if source else load_policy(DEFAULT_POLICY))
     chosen_clock = clock or SystemClock()
     watching = watch if watch is not None else os.environ.get(WATCH_ENV) == "1"
@@ -125,7 +127,7 @@ def create_app(
             resolved, chosen_clock, transport, store, otel or sdk, digest, live, counters
         )
         await gateway.start()
-        reloader = Reloader(live, source, watch=watching)
+        reloader = Reloader(live, source, watch=watching, accepted=accepted)
         reloader.start()
         if freeze_gc:
             # Everything built so far lives as long as the process: keep it out of the

@@ -23,12 +23,13 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 from proxy import __version__
+from proxy.accepted import ACCEPTED_ENV, AcceptedPolicy
 from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV, create_served_app
 from proxy.asgi.protocol import protocol_with_header_timeout
 from proxy.asgi.server import GatewayServer
-from proxy.policy import Policy, PolicyError, load_policy
+from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
-from proxy.reload import SUPERVISOR_ENV, WATCH_ENV
+from proxy.reload import SUPERVISOR_ENV, WATCH_ENV, PolicySource
 from proxy.sighup import hold_sighup, release_sighup, sighup_held
 from proxy.storage.redis.url import is_redis_url
 from proxy.telemetry.logs import log_config
@@ -135,7 +136,8 @@ def _serve(args: argparse.Namespace) -> int:
     if isinstance(usable, str):
         print(usable, file=sys.stderr)
         return 1
-    policy, tokenizers = usable
+    source, tokenizers = usable
+    policy = source.policy
     server = policy.server
     os.environ["TOKENWEIR_CONFIG"] = str(config)
     os.environ[WATCH_ENV] = "1" if args.watch else "0"
@@ -158,6 +160,7 @@ def _serve(args: argparse.Namespace) -> int:
     }
     if args.workers <= 1:
         os.environ.pop(METRICS_DIR_ENV, None)
+        os.environ.pop(ACCEPTED_ENV, None)
         # One process: its app takes the tokenizers loaded above instead of loading them again.
         served = functools.partial(create_served_app, tokenizers)
         return _serve_one(uvicorn.Config(served, **config_kwargs))
@@ -167,6 +170,11 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     metrics_dir = tempfile.mkdtemp(prefix="tokenweir-metrics-")
     os.environ[METRICS_DIR_ENV] = metrics_dir
+    # What the workers serve, for a worker started again: the file may since hold a version
+    # they refused (it would fail to start, and uvicorn then stops every worker).
+    accepted = AcceptedPolicy(Path(metrics_dir) / "accepted-policy.yaml")
+    accepted.keep(source.data)
+    os.environ[ACCEPTED_ENV] = str(accepted.path)
     try:
         uvicorn_config = uvicorn.Config("proxy.app:create_served_app", **config_kwargs)
         workers = _ReloadingWorkers(uvicorn_config, sockets=[uvicorn_config.bind_socket()])
@@ -178,17 +186,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _usable_policy(
     config: Path, workers: int
-) -> tuple[Policy, dict[str | None, TokenCounter]] | str:
-    """The policy and its tokenizers, or why they cannot be served: checked here, readably,
-    rather than as a traceback from the app's startup in every worker."""
+) -> tuple[PolicySource, dict[str | None, TokenCounter]] | str:
+    """The policy file read and its tokenizers, or why they cannot be served: checked here,
+    readably, rather than as a traceback from the app's startup in every worker."""
     try:
-        policy = load_policy(config)
+        source = PolicySource.read(config)
     except PolicyError as exc:
         return f"tokenweir: the policy cannot be used:\n{exc}"
-    if workers > 1 and not is_redis_url(policy.storage):
+    if workers > 1 and not is_redis_url(source.policy.storage):
         return _MEMORY_WITH_WORKERS.format(n=workers)
     try:
-        return policy, load_tokenizers(policy)
+        return source, load_tokenizers(source.policy)
     except TokenizerError as exc:
         return f"tokenweir: the policy cannot be used: {config}: {exc}"
 

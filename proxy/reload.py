@@ -23,6 +23,7 @@ from typing import Generic, Protocol, Self, TypeVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy.accepted import AcceptedPolicy
 from proxy.errors import BadRequest
 from proxy.policy import Policy, PolicyError, Problem, parse_policy
 from proxy.sighup import hold_sighup, release_sighup
@@ -63,6 +64,7 @@ class PolicySource:
     path: Path
     policy: Policy
     digest: str
+    data: bytes
 
     @classmethod
     def read(cls, path: Path) -> PolicySource:
@@ -72,8 +74,30 @@ class PolicySource:
         except OSError as exc:
             problem = Problem(str(path), 0, "", f"cannot read the file: {exc.strerror}")
             raise PolicyError([problem]) from exc
+        return cls.parse(path, data)
+
+    @classmethod
+    def parse(cls, path: Path, data: bytes) -> PolicySource:
+        """`data` as the policy file `path` (problems are named by it)."""
         text = data.decode("utf-8", errors="replace")
-        return cls(path, parse_policy(text, file=str(path)), _digest(data))
+        return cls(path, parse_policy(text, file=str(path)), _digest(data), data)
+
+    @classmethod
+    def starting(cls, path: Path, accepted: AcceptedPolicy | None) -> PolicySource:
+        """The policy a process starts with: the file's, or under `serve --workers N` the one
+        the workers serve (the file may hold a version they refused or have not reloaded)."""
+        kept = accepted.read() if accepted is not None else None
+        if kept is None:
+            return cls.read(path)
+        source = cls.parse(path, kept)
+        with contextlib.suppress(OSError):
+            if _digest(path.read_bytes()) != source.digest:
+                _log.warning(
+                    "%s is not the policy the other workers serve (%s); this worker serves "
+                    "theirs until a reload (SIGHUP) applies the file",
+                    path, source.digest,
+                )  # fmt: skip
+        return source
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +190,17 @@ def restart_needed(old: Policy, new: Policy) -> list[str]:
 class Reloader(Generic[G]):
     """Loads the policy file again on request, on SIGHUP and (with `watch`) when it changes."""
 
-    def __init__(self, live: LiveGateway[G], source: PolicySource | None, *, watch: bool) -> None:
+    def __init__(
+        self,
+        live: LiveGateway[G],
+        source: PolicySource | None,
+        *,
+        watch: bool,
+        accepted: AcceptedPolicy | None = None,
+    ) -> None:
+        """`accepted` keeps what each reload accepts, for workers started again later."""
         self._live = live
+        self._accepted = accepted
         self._path = source.path if source else None
         self._watch = watch and source is not None
         self._lock = asyncio.Lock()
@@ -237,6 +270,8 @@ class Reloader(Generic[G]):
                     "and the old policy keeps serving."
                 ) from exc
             await self._live.swap(new)
+            if self._accepted is not None:
+                self._accepted.keep(source.data)
         _log.info(
             "policy reloaded (%s): %s -> %s, %d tenants",
             cause, current.policy_hash, source.digest, len(source.policy.tenants),

@@ -254,3 +254,54 @@ def test_a_worker_starting_when_sighup_is_forwarded_survives_it(
         _eventually(both_answer)
         assert process.poll() is None
     assert b"died" not in log_path.read_bytes()
+
+
+def test_a_worker_started_again_serves_the_policy_its_siblings_serve(
+    backend_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """A file every worker refused (here its tokenizer cannot load) stays on disk; a worker that
+    dies and is started again serves the policy the others serve, not that file: it used to fail
+    to start, and the supervisor then stopped the whole server (exit code 3)."""
+
+    def on_redis(text: str) -> str:
+        return text.replace("storage: memory", f"storage: {redis_url}")
+
+    config = tmp_path / "policy.yaml"
+    config.write_text(on_redis(policy_text(backend_url)))
+    log = config.with_suffix(".log")
+    with tokenweir_serve(config, "--workers", "2") as (process, url):
+        serving = _ready(url)["policy_hash"]
+        pids: set[object] = set()
+
+        def both_answered() -> bool:
+            pids.add(_ready(url)["pid"])
+            return len(pids) == 2
+
+        _eventually(both_answered)
+        missing = "models: {mock-llm: {tokenizer: /nonexistent/tokenizer.json}}"
+        newcomer = on_redis(policy_text(backend_url, newcomer=True))
+        config.write_text(newcomer.replace("models: {mock-llm: {}}", missing))
+        os.kill(process.pid, signal.SIGHUP)
+        _eventually(lambda: log.read_bytes().count(b"policy reload (SIGHUP) refused") == 2)
+        killed = pids.pop()
+        assert isinstance(killed, int)
+        os.kill(killed, signal.SIGKILL)
+        answering: set[object] = set()
+
+        def restarted_serves() -> bool:
+            assert process.poll() is None, "the server stopped"
+            try:
+                ready = _ready(url)
+            except httpx.TransportError:  # a connection the killed worker had taken
+                return False
+            assert ready["policy_hash"] == serving
+            answering.add(ready["pid"])
+            return len(answering - {killed} - pids) == 1
+
+        _eventually(restarted_serves)
+        for _ in range(6):  # whichever worker answers: the policy they all serve
+            assert _chat(url, NEW_KEY) == 401
+            assert _chat(url, STAY_KEY) == 200
+    written = log.read_bytes()
+    assert b"failed to start" not in written
+    assert b"is not the policy the other workers serve" in written  # the started one says so

@@ -17,6 +17,8 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
+from proxy.atomicfile import replace_file
+
 __all__ = ["METRICS_DIR_ENV", "PUBLISH_S", "WorkerShare"]
 
 METRICS_DIR_ENV = "TOKENWEIR_METRICS_DIR"
@@ -41,10 +43,8 @@ class WorkerShare:
 
     def publish(self, dumped: bytes) -> None:
         """Replace this worker's file (a small local write: no await, no partial file)."""
-        partial = self.path.with_suffix(".partial")
         try:
-            partial.write_bytes(dumped)
-            os.replace(partial, self.path)
+            replace_file(self.path, dumped)
         except OSError as exc:  # the directory went away: the server is stopping
             if not self._failed:
                 _log.warning("cannot share this worker's metrics in %s: %s", self._directory, exc)
