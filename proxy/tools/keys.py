@@ -138,11 +138,20 @@ def _call(
     except httpx.HTTPError as exc:
         print(f"tokenweir: cannot reach {args.base_url}: {exc}", file=sys.stderr)
         return None
+    if response.is_redirect:  # not followed: a redirected DELETE or POST may be resent as a GET
+        where = response.headers.get("location", "?")
+        print(
+            f"tokenweir: {response.status_code}: the gateway answered with a redirect to "
+            f"{where}; nothing was done (give --base-url as the URL the gateway serves, and "
+            "a key id as listed)",
+            file=sys.stderr,
+        )
+        return None
     try:
         answer = response.json()
     except ValueError:
         answer = {}
-    if response.status_code >= 400 or not isinstance(answer, dict):
+    if not response.is_success or not isinstance(answer, dict):
         error = answer.get("error", {}) if isinstance(answer, dict) else {}
         message = error.get("message") if isinstance(error, dict) else None
         print(f"tokenweir: {response.status_code}: {message or response.text}", file=sys.stderr)

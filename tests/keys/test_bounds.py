@@ -9,6 +9,10 @@ import httpx
 import orjson
 import pytest
 import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import RedirectResponse
+from starlette.routing import Route
 
 from proxy.app import create_app
 from proxy.cli import main
@@ -97,3 +101,29 @@ def test_a_stored_record_beyond_the_bounds_still_lists(
     assert "key_farfuture" in capsys.readouterr().out
     revoked = gateway.delete("/admin/keys/key_farfuture")  # so the admin can get rid of it
     assert revoked.status_code == 200
+
+
+def test_the_cli_takes_no_redirect_for_done(
+    gateway: httpx.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A redirect (a trailing slash; an http:// URL a proxy sends to https://) did nothing: the
+    CLI said `revoked` with exit code 0 while the key kept working, and `create` crashed."""
+    admin = ["--base-url", str(gateway.base_url), "--admin-key", ADMIN_KEY]
+    assert main(["keys", "create", "--tenant", "alpha", "--json", *admin]) == 0
+    key_id = orjson.loads(capsys.readouterr().out)["id"]
+    assert main(["keys", "revoke", key_id + "/", *admin]) == 1
+    out, err = capsys.readouterr()
+    assert "revoked" not in out
+    assert "307" in err
+    assert "redirect" in err
+    assert [k["id"] for k in gateway.get("/admin/keys").json()["data"]] == [key_id]
+
+    def moved(request: Request) -> RedirectResponse:
+        return RedirectResponse("https://gateway.example/admin/keys", status_code=301)
+
+    methods = ["GET", "POST", "DELETE"]
+    with serve(Starlette(routes=[Route("/{path:path}", moved, methods=methods)])) as url:
+        elsewhere = ["--base-url", url, "--admin-key", ADMIN_KEY]
+        assert main(["keys", "create", "--tenant", "alpha", *elsewhere]) == 1
+        assert "https://gateway.example/admin/keys" in capsys.readouterr().err
+        assert main(["keys", "list", *elsewhere]) == 1
