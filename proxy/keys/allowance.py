@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from proxy.clock import Clock
 from proxy.context import Admitted
 from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
-from proxy.leases import LeaseIds
+from proxy.leases import Lease, LeaseIds, Renewals
 from proxy.stages.budget import IN_FLIGHT_RETRY_S
 from proxy.stages.limitheaders import format_reset, rate_limit_headers
 from proxy.stages.limitshape import limit_key, per_minute
@@ -30,8 +31,9 @@ from proxy.together import nothing
 
 __all__ = ["KeyAllowances", "KeyPlan"]
 
-# A dead replica's reservation for a key is released after this (none is renewed).
+# A dead replica's reservation for a key is released after this (a running request renews it).
 _LEASE_S = 600.0
+_log = logging.getLogger("tokenweir.keys")
 
 
 @dataclass(slots=True)
@@ -40,6 +42,7 @@ class _Hold:
     scope: str
     lease_id: str
     counters: tuple[Counter, ...] = ()
+    lease: Lease | None = None  # the reservation's, renewed while the request runs
     tpm: tuple[Bucket, int] | None = None
     refused: bool = False
     charged: int = 0  # booked by checkpoints of the running request (stages/checkpoint.py)
@@ -66,6 +69,7 @@ class KeyAllowances:
         self._clock = clock
         self._holds: dict[Admitted, _Hold] = {}
         self._lease_ids = LeaseIds()
+        self._renewals = Renewals(clock, _log, "a runtime key's quota lease")
 
     def note(self, ctx: Admitted, record: KeyRecord) -> None:
         """Auth found a runtime key; only one with an allowance of its own needs more."""
@@ -88,6 +92,7 @@ class KeyAllowances:
                 counter = plan.reserve.counters[refusal.index]
                 raise _refused(counter, refusal, tokens, plan.reserve.now)
             hold.counters = tuple(plan.reserve.counters)
+            self._keep_leased(hold)
         if plan.admit is not None:
             if not plan.admit.taken:
                 with ctx.scope.shielded():
@@ -150,6 +155,16 @@ class KeyAllowances:
         if hold.record.allowance.tokens_per_minute:
             hold.tpm = (buckets[-1], costs[-1])
 
+    def _keep_leased(self, hold: _Hold) -> None:
+        """Renew the reservation while the request runs: a request may outlive one lease (a
+        long stream, a failover), and an expired one frees the key's quota for others."""
+        lease = hold.lease = Lease(hold.scope, hold.lease_id, _LEASE_S)
+
+        def renew(until: float) -> Awaitable[bool]:
+            return self._store.renew(lease.scope, lease.lease_id, lease_until=until)
+
+        self._renewals.keep(lease, renew)
+
     def holding(self, ctx: Admitted) -> bool:
         return ctx in self._holds
 
@@ -179,6 +194,8 @@ class KeyAllowances:
         hold = self._holds.pop(ctx, None)
         if hold is None:
             return nothing()
+        if hold.lease is not None:
+            hold.lease.end()
         used = 0 if hold.refused else (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
         calls: list[Awaitable[None]] = []
         if hold.counters:

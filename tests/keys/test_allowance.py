@@ -1,0 +1,73 @@
+"""A runtime key's own quota holds for the whole of a long request: its reservation is renewed
+while the request runs, as the tenant's is, so no other request can spend it meanwhile."""
+
+from __future__ import annotations
+
+import calendar
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.clock import FakeClock
+from proxy.policy import parse_policy
+from proxy.tools.mock import backend as mockbackend
+from tests.keys.test_runtime import ADMIN_KEY, policy_text
+from tests.servers import serve
+
+
+@pytest.fixture
+def slow_backend() -> Iterator[str]:
+    """20 tokens/s: a 900-token stream stays open for 45 seconds."""
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=20)) as url:
+        yield url
+
+
+def test_a_long_stream_keeps_its_keys_quota_reserved(slow_backend: str) -> None:
+    """A key of 1,000 tokens a day; a stream holds 900 of them for longer than the 10 minutes
+    a key's reservation lasts: the reservation was never renewed, expired mid-stream, and a
+    second 900-token request was admitted on the key while the first still ran."""
+    clock = FakeClock(start_wall=calendar.timegm((2027, 3, 1, 12, 0, 0)))
+    text = policy_text(slow_backend, "memory") + "upstream: {total_timeout: 2h}\n"
+    app = create_app(parse_policy(text, environ={}), clock=clock)
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    with serve(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+        body = {"tenant": "alpha", "budget": {"tokens_per_day": 1000}}
+        key = http.post("/admin/keys", json=body, headers=admin).json()["key"]
+        chat = {
+            "model": "mock-llm",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 900,
+            "mock_completion_tokens": 900,
+        }
+        bearer = {"authorization": f"Bearer {key}"}
+        opened, done = threading.Event(), threading.Event()
+
+        def long_stream() -> None:
+            with http.stream(
+                "POST", "/v1/chat/completions", json={**chat, "stream": True}, headers=bearer
+            ) as answer:
+                assert answer.status_code == 200
+                for _ in answer.iter_bytes():
+                    opened.set()
+                    if done.is_set():
+                        return  # the client leaves: the stream ends
+
+        streaming = threading.Thread(target=long_stream)
+        streaming.start()
+        try:
+            assert opened.wait(30)
+            assert http.post("/v1/chat/completions", json=chat, headers=bearer).status_code == 429
+            for _ in range(4):  # 20 minutes on the gateway's clock, the stream still open
+                clock.advance(300)
+                time.sleep(0.3)  # the renewals the clock's timers started reach the storage
+            short = {**chat, "mock_completion_tokens": 1}  # 900 reserved all the same
+            second = http.post("/v1/chat/completions", json=short, headers=bearer)
+            assert second.status_code == 429, "the key's quota was spent twice"
+            assert "own quota" in second.json()["error"]["message"]
+        finally:
+            done.set()
+            streaming.join(60)
