@@ -65,22 +65,26 @@ class PolicySource:
     policy: Policy
     digest: str
     data: bytes
+    # The file's (mtime, size) taken before its bytes were read: a later save changes it.
+    # None when the bytes came from elsewhere (the accepted policy of `serve --workers N`).
+    seen: tuple[int, int] | None = None
 
     @classmethod
     def read(cls, path: Path) -> PolicySource:
         """Parse `path`; PolicyError names the file, line and key of every problem."""
+        seen = _stat(path)
         try:
             data = path.read_bytes()
         except OSError as exc:
             problem = Problem(str(path), 0, "", f"cannot read the file: {exc.strerror}")
             raise PolicyError([problem]) from exc
-        return cls.parse(path, data)
+        return cls.parse(path, data, seen)
 
     @classmethod
-    def parse(cls, path: Path, data: bytes) -> PolicySource:
+    def parse(cls, path: Path, data: bytes, seen: tuple[int, int] | None = None) -> PolicySource:
         """`data` as the policy file `path` (problems are named by it)."""
         text = data.decode("utf-8", errors="replace")
-        return cls(path, parse_policy(text, file=str(path)), _digest(data), data)
+        return cls(path, parse_policy(text, file=str(path)), _digest(data), data, seen)
 
     @classmethod
     def starting(cls, path: Path, accepted: AcceptedPolicy | None) -> PolicySource:
@@ -114,6 +118,15 @@ def policy_digest(policy: Policy) -> str:
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    """The file's (mtime, size), what the watcher compares; None if it cannot be read."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size
 
 
 class Prober(Protocol):
@@ -204,7 +217,9 @@ class Reloader(Generic[G]):
         self._path = source.path if source else None
         self._watch = watch and source is not None
         self._lock = asyncio.Lock()
-        self._seen = self._stat()
+        # As the file was when it was read, not now: a save since then (while the gateway
+        # started, which may take long) is a change the watcher must see.
+        self._seen = source.seen if source else None
         self._seen_digest = source.digest if source else ""
         self._tasks: set[asyncio.Task[None]] = set()
         self._watcher: asyncio.Task[None] | None = None
@@ -289,27 +304,19 @@ class Reloader(Generic[G]):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _stat(self) -> tuple[int, int] | None:
-        if self._path is None:
-            return None
-        try:
-            info = self._path.stat()
-        except OSError:
-            return None
-        return info.st_mtime_ns, info.st_size
-
     async def _watch_file(self) -> None:
         """Poll the file's mtime and size; reload when its bytes changed (a broken file is
         reported once, then again only when it changes)."""
+        path = self._path
+        if path is None:  # nothing to watch (`watch` is set only with a file)
+            return
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            seen = self._stat()
+            seen = _stat(path)
             if seen is None or seen == self._seen:
                 continue
             self._seen = seen
-            if self._path is None:
-                continue
             with contextlib.suppress(OSError):
-                if _digest(self._path.read_bytes()) == self._seen_digest:
+                if _digest(path.read_bytes()) == self._seen_digest:
                     continue
             await self.reload_logged("file changed")

@@ -305,3 +305,25 @@ def test_a_worker_started_again_serves_the_policy_its_siblings_serve(
     written = log.read_bytes()
     assert b"failed to start" not in written
     assert b"is not the policy the other workers serve" in written  # the started one says so
+
+
+def test_the_watcher_sees_a_change_made_while_serve_starts(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """A file saved after `serve --watch` read it but before its watcher began (here: while
+    startup waits for Redis; a tokenizer downloading is another such wait) is applied: the
+    watcher took the file as it was then for the one it serves, and never reloaded it."""
+    redis = _SilentRedis()
+    config = tmp_path / "policy.yaml"
+
+    def on_redis(text: str) -> str:
+        return text.replace("storage: memory", f"storage: {redis.url}")
+
+    config.write_text(on_redis(policy_text(backend_url)))
+    with _serving_on_silent_redis(config, redis, "--watch") as (process, url, _):
+        assert redis.connected.wait(120), "the gateway never reached its storage"
+        config.write_text(on_redis(policy_text(backend_url, newcomer=True)))  # read already
+        redis.release()
+        wait_healthy(url, process)
+        _eventually(lambda: _chat(url, NEW_KEY) == 200)
+        assert _ready(url)["policy_hash"] == _digest(config)
