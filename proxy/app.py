@@ -127,7 +127,10 @@ def create_app(
             resolved, chosen_clock, transport, store, otel or sdk, digest, live, counters
         )
         await gateway.start()
-        reloader = Reloader(live, source, watch=watching, accepted=accepted)
+        reloader = Reloader(
+            live, source, watch=watching, accepted=accepted,
+            counted=gateway.services.metrics.policy_reloaded,
+        )  # fmt: skip
         reloader.start()
         if freeze_gc:
             # Everything built so far lives as long as the process: keep it out of the

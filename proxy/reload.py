@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Protocol, Self, TypeVar
@@ -210,10 +211,13 @@ class Reloader(Generic[G]):
         *,
         watch: bool,
         accepted: AcceptedPolicy | None = None,
+        counted: Callable[[str], None] | None = None,
     ) -> None:
-        """`accepted` keeps what each reload accepts, for workers started again later."""
+        """`accepted` keeps what each reload accepts, for workers started again later;
+        `counted` is told each reload's result (the metrics)."""
         self._live = live
         self._accepted = accepted
+        self._counted = counted
         self._path = source.path if source else None
         self._watch = watch and source is not None
         self._lock = asyncio.Lock()
@@ -240,12 +244,20 @@ class Reloader(Generic[G]):
         await cancelled([*self._tasks, self._watcher])
 
     async def reload(self, cause: str) -> Reloaded:
-        """Load the file and swap to it; ReloadRefused (logged) leaves all as it was."""
+        """Load the file and swap to it; ReloadRefused (logged) leaves all as it was. Each
+        outcome but `unchanged` is counted (`counted`): applied, refused or failed."""
+        result = "failed"
         try:
-            return await self._reload(cause)
+            reloaded = await self._reload(cause)
+            result = "applied" if reloaded.changed else ""
+            return reloaded
         except ReloadRefused as exc:
+            result = "refused"
             _log.error("policy reload (%s) refused: %s", cause, exc.message)
             raise
+        finally:
+            if result and self._counted is not None:
+                self._counted(result)
 
     async def reload_logged(self, cause: str) -> None:
         """`reload` for SIGHUP and the watcher, which have no one to answer: every failure is

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -67,6 +68,16 @@ def _ready(url: str) -> dict[str, object]:
     return answer
 
 
+def _reloads(url: str) -> dict[str, float]:
+    """`tokenweir_policy_reloads_total` on `/metrics`, by result."""
+    found = re.findall(
+        r'^tokenweir_policy_reloads_total\{result="(\w+)"\} (\S+)$',
+        httpx.get(url + "/metrics").text,
+        re.MULTILINE,
+    )
+    return {result: float(value) for result, value in found}
+
+
 def test_sighup_reloads_a_running_serve(backend_url: str, tmp_path: Path) -> None:
     config = tmp_path / "policy.yaml"
     config.write_text(policy_text(backend_url))
@@ -89,12 +100,14 @@ def test_watch_reloads_on_change_and_refuses_a_broken_file(
         config.write_text(policy_text(backend_url, newcomer=True))
         _eventually(lambda: _chat(url, NEW_KEY) == 200)
         serving = _ready(url)["policy_hash"]
+        assert _reloads(url) == {"applied": 1}
         config.write_text("tenants: [not, a, mapping\n")
         log = config.with_suffix(".log")
         _eventually(lambda: b"refused" in log.read_bytes())
         assert _chat(url, NEW_KEY) == 200
         assert _chat(url, STAY_KEY) == 200
         assert _ready(url)["policy_hash"] == serving
+        assert _reloads(url) == {"applied": 1, "refused": 1}  # an alert can watch this
     assert f"{config}:".encode() in log.read_bytes()  # the line-numbered problem is logged
 
 

@@ -116,6 +116,12 @@ class GatewayMetrics(Collector):
         self._own.record(sample, self._gap_spans)
         self._changed()
 
+    def policy_reloaded(self, result: str) -> None:
+        """A policy reload's outcome: `applied`, `refused` (the old policy serves on), `failed`."""
+        reloads = self._own.reloads
+        reloads[(result,)] = reloads.get((result,), 0) + 1
+        self._changed()
+
     def _changed(self) -> None:
         """Under `--workers N`: publish this worker's figures soon (once per `PUBLISH_S`)."""
         if self._share is not None and not self._publishing:
@@ -187,6 +193,12 @@ class GatewayMetrics(Collector):
             "Answers that ended in an error after their 200 (a stream broken off mid-way), "
             "which tokenweir_requests_total counts under status_class 2xx.",
             ("tenant", "gen_ai_request_model", "backend"), state.broken.items(),
+        )  # fmt: skip
+        yield _counter(
+            "tokenweir_policy_reloads",
+            "Policy reloads by result: applied, refused (the file has errors or cannot be "
+            "applied; the old policy serves on), failed. Each worker counts its own.",
+            ("result",), state.reloads.items(),
         )  # fmt: skip
         inflight = GaugeMetricFamily(
             "tokenweir_inflight_streams", "Streams being relayed now.",

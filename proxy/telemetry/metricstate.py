@@ -95,7 +95,7 @@ class MetricState:
 
     __slots__ = (
         "broken", "cache", "degraded", "inflight", "ledger", "ledger_buffered", "rejected",
-        "saved_tokens", "saved_usd", "series",
+        "reloads", "saved_tokens", "saved_usd", "series",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -109,6 +109,7 @@ class MetricState:
         self.inflight: dict[_Key, int] = {}  # (tenant, model)
         self.ledger: dict[_Key, int] = {}  # (what,): the ledger's records written, dropped, ...
         self.ledger_buffered: dict[_Key, int] = {}  # (): its records not written yet
+        self.reloads: dict[_Key, int] = {}  # (result,): policy reloads applied, refused, failed
 
     def record(self, sample: RequestSample, gap_spans: Sequence[tuple[int, int]]) -> None:
         series = self.series.get(sample.labels)
@@ -187,5 +188,7 @@ class MetricState:
                 mine[key2] = mine.get(key2, 0) + value
 
 
-_COUNTERS = ("cache", "saved_tokens", "saved_usd", "rejected", "degraded", "broken", "ledger")
+_COUNTERS = (
+    "cache", "saved_tokens", "saved_usd", "rejected", "degraded", "broken", "ledger", "reloads",
+)  # fmt: skip
 _GAUGES = ("inflight", "ledger_buffered")  # a dead worker's are not summed: it holds none
