@@ -107,7 +107,7 @@ class Gateway:
         prices = PriceTable(policy)
         budgets = Budgets(store, prices, clock, failures)
         rate_limits, cache = services.rate_limits, services.cache
-        key_limits = KeyAllowances(store, storage.limits, clock)
+        key_limits = KeyAllowances(store, storage.limits, clock, failures)
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
         attempts = Attempts(
             pools, services.upstream, clock, rate_limits.admit_backend,

@@ -24,6 +24,7 @@ from proxy.stages.budget import IN_FLIGHT_RETRY_S
 from proxy.stages.limitheaders import format_reset, rate_limit_headers
 from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
+from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.base import Counter, QuotaStore, Refusal, StorageError
 from proxy.storage.joint import Admit, Reserve, Step
 from proxy.storage.limits import Bucket, LimitStore
@@ -63,10 +64,13 @@ class KeyPlan:
 
 
 class KeyAllowances:
-    def __init__(self, store: QuotaStore, limits: LimitStore, clock: Clock) -> None:
+    def __init__(
+        self, store: QuotaStore, limits: LimitStore, clock: Clock, failures: StorageFailures
+    ) -> None:
         self._store = store
         self._limits = limits
         self._clock = clock
+        self._failures = failures
         self._holds: dict[Admitted, _Hold] = {}
         self._lease_ids = LeaseIds()
         self._renewals = Renewals(clock, _log, "a runtime key's quota lease")
@@ -81,23 +85,30 @@ class KeyAllowances:
         plan = taken(ctx, KeyPlan) or self.plan(ctx)
         if plan is None:
             return
-        hold, tokens = plan.hold, plan.tokens
-        if plan.reserve is not None:
-            if not plan.reserve.taken:
-                with ctx.scope.shielded():  # as Prefetch's: what the call takes is settled
-                    await plan.reserve.run(self._store)
-            refusal = plan.reserve.answer  # a StorageError goes up as it is
-            if refusal is not None:
-                hold.refused = True
-                counter = plan.reserve.counters[refusal.index]
-                raise _refused(counter, refusal, tokens, plan.reserve.now)
-            hold.counters = tuple(plan.reserve.counters)
-            self._keep_leased(hold)
-        if plan.admit is not None:
-            if not plan.admit.taken:
-                with ctx.scope.shielded():
-                    await plan.admit.run(self._limits)
-            self._admitted(ctx, hold, plan.admit, tokens)
+        try:
+            if plan.reserve is not None:
+                await self._reserve(ctx, plan.hold, plan.reserve, plan.tokens)
+            if plan.admit is not None:
+                if not plan.admit.taken:
+                    with ctx.scope.shielded():  # as Prefetch's: what the call takes is settled
+                        await plan.admit.run(self._limits)
+                self._admitted(ctx, plan.hold, plan.admit, plan.tokens)
+        except StorageError as exc:  # the tenant's on_storage_error decides, as for its quota
+            self._failures.decide("key_allowance", ctx.tenant.limits, exc)
+
+    async def _reserve(self, ctx: Admitted, hold: _Hold, step: Reserve, tokens: int) -> None:
+        """Reserve on the key's counters (unless the prefetch did), or refuse as they did."""
+        if not step.taken:  # else the prefetch took it, and undoes it if it timed out
+            with ctx.scope.shielded():  # as Prefetch's: what the call takes is settled
+                await step.run(self._store)
+            if step.error is not None:
+                self._failures.undo_later(step.error, *step.undo(self._store))
+        refusal = step.answer  # a StorageError goes up to the caller
+        if refusal is not None:
+            hold.refused = True
+            raise _refused(step.counters[refusal.index], refusal, tokens, step.now)
+        hold.counters = tuple(step.counters)
+        self._keep_leased(hold)
 
     def plan(self, ctx: Admitted) -> KeyPlan | None:
         """The key's counters and buckets for this request; None for a key without its own."""

@@ -16,6 +16,7 @@ from proxy.clock import FakeClock
 from proxy.policy import parse_policy
 from proxy.tools.mock import backend as mockbackend
 from tests.keys.test_runtime import ADMIN_KEY, policy_text
+from tests.redis_server import RedisProcess, frozen
 from tests.servers import serve
 
 
@@ -71,3 +72,34 @@ def test_a_long_stream_keeps_its_keys_quota_reserved(slow_backend: str) -> None:
         finally:
             done.set()
             streaming.join(60)
+
+
+@pytest.mark.parametrize(("policy", "status"), [("open", 200), ("closed", 503)])
+def test_a_keys_own_quota_follows_on_storage_error_when_redis_is_slow(
+    backend_url: str, policy: str, status: int
+) -> None:
+    """Redis stops answering: a key with a quota of its own is admitted (`open`) or refused
+    with 503 `storage_unavailable` (`closed`), as its tenant's quota would be; it was a 500
+    `internal_error` with a traceback in the log either way."""
+    redis = RedisProcess()
+    redis.start()
+    try:
+        text = policy_text(backend_url, redis.url, limits=f"{{on_storage_error: {policy}}}")
+        app = create_app(parse_policy(text, environ={}))
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        with serve(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+            body = {"tenant": "alpha", "budget": {"tokens_per_day": 1000}}
+            key = http.post("/admin/keys", json=body, headers=admin).json()["key"]
+            chat = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]}
+            with frozen(redis.url, 4):
+                answer = http.post(
+                    "/v1/chat/completions", json=chat, headers={"authorization": f"Bearer {key}"}
+                )
+            assert answer.status_code == status, answer.text
+            if policy == "closed":
+                assert answer.json()["error"]["code"] == "storage_unavailable"
+                assert answer.headers["retry-after"] == "1"
+            decisions = http.get("/readyz").json()["storage_failure_decisions"]
+            assert decisions == {f"key_allowance:{policy}": 1}
+    finally:
+        redis.close()

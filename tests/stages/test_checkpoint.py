@@ -46,7 +46,7 @@ class Gateway:
         self.budgets = Budgets(self.store, prices, self.clock, StorageFailures())
         telemetry = Telemetry(POLICY, self.clock, GatewayMetrics())
         counters = TokenCounters(POLICY)
-        self.keys = KeyAllowances(self.store, MemoryLimitStore(), self.clock)
+        self.keys = KeyAllowances(self.store, MemoryLimitStore(), self.clock, StorageFailures())
         self.account = Account(
             self.clock, [self.budgets, self.keys], prices, ledger, telemetry, counters=counters
         )
