@@ -317,17 +317,24 @@ class Reloader(Generic[G]):
         task.add_done_callback(self._tasks.discard)
 
     async def _watch_file(self) -> None:
-        """Poll the file's mtime and size; reload when its bytes changed (a broken file is
-        reported once, then again only when it changes)."""
+        """Poll the file's mtime and size; reload when its bytes changed and it has held still
+        for one interval (a file still being written is not applied half-way: a part without
+        a tenant would revoke that tenant's runtime keys). A broken file is reported once,
+        then again only when it changes."""
         path = self._path
         if path is None:  # nothing to watch (`watch` is set only with a file)
             return
+        changing: tuple[int, int] | None = None  # a change seen at the last poll
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             seen = _stat(path)
             if seen is None or seen == self._seen:
+                changing = None
                 continue
-            self._seen = seen
+            if seen != changing:  # changed since the last poll: wait for it to hold still
+                changing = seen
+                continue
+            self._seen, changing = seen, None
             with contextlib.suppress(OSError):
                 if _digest(path.read_bytes()) == self._seen_digest:
                     continue

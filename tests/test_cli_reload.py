@@ -340,3 +340,31 @@ def test_the_watcher_sees_a_change_made_while_serve_starts(
         wait_healthy(url, process)
         _eventually(lambda: _chat(url, NEW_KEY) == 200)
         assert _ready(url)["policy_hash"] == _digest(config)
+
+
+def test_the_watcher_waits_for_a_file_being_written_to_hold_still(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """A file written in pieces over a few seconds (a slow copy, a script writing as it goes):
+    the watcher reloads it once it holds still, not a piece of it. It used to apply what it
+    found mid-way, here a policy without the last tenant, and that reload revoked the tenant's
+    runtime keys for good."""
+    config = tmp_path / "policy.yaml"
+    text = policy_text(backend_url, newcomer=True)
+    config.write_text(text)
+    head, tail = text.split("  gamma:")
+    with tokenweir_serve(config, "--watch") as (_, url):
+        created = httpx.post(url + "/admin/keys", json={"tenant": "gamma"}, headers=ADMIN)
+        key = created.json()["key"]
+        assert _chat(url, key) == 200
+        with config.open("w") as writing:
+            writing.write(head)
+            for line in range(60):  # three seconds of a valid file without gamma, growing
+                writing.write(f"    # line {line}\n")
+                writing.flush()
+                time.sleep(0.05)
+            writing.write("  gamma:" + tail)
+        _eventually(lambda: _ready(url)["policy_hash"] == _digest(config))
+        assert _chat(url, key) == 200
+        assert _chat(url, NEW_KEY) == 200
+    assert b"revoked" not in config.with_suffix(".log").read_bytes()
