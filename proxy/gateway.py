@@ -98,8 +98,8 @@ class Gateway:
         ) == (policy.backends, policy.models)
         if previous is not None and same_routing:
             pools, prober = previous.pools, previous.prober
-        else:
-            pools = Pools(policy, clock)
+        else:  # a backend left as it was keeps its health (a dead one stays out)
+            pools = Pools(policy, clock, previous.pools.health if previous is not None else None)
             prober = Prober(pools, services.upstream, policy.upstream.probe_interval)
         if counters is None:
             counters = TokenCounters(policy)

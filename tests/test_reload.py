@@ -14,7 +14,7 @@ from proxy.app import create_app
 from proxy.policy.units import hash_key
 from proxy.tokens import TokenCounter, counters
 from proxy.tools.mock import backend as mockbackend
-from tests.servers import serve
+from tests.servers import free_port, serve
 from tests.shared import tokenizer_file
 
 pytestmark = pytest.mark.anyio
@@ -254,3 +254,42 @@ async def test_a_reload_loads_only_new_tokenizers_and_not_on_the_event_loop(
     assert health.status_code == 200
     assert reloaded.json()["status"] == "reloaded", reloaded.text
     assert events == ["load mock-new", "healthz answered", "loaded mock-new"]
+
+
+async def test_a_reload_that_changes_a_price_keeps_a_dead_backend_out(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """A backend its probe found dead stays out of rotation after a reload that leaves it as
+    it was (here only a price changes): every backend's health used to start again, so the
+    dead one took its turn until the next probe, and a model allowed one attempt got a 502."""
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: connections are refused
+
+    def text(price: int) -> str:
+        good = f'{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}'
+        return (
+            policy_text(backend_url)
+            .replace(good, f'{{name: dead, url: "{dead}", models: [mock-llm]}}, {good}')
+            .replace(
+                "models: {mock-llm: {}}",
+                f"models: {{mock-llm: {{max_attempts: 1, price: {{input_per_1m: {price}}}}}}}",
+            )
+            + "upstream: {probe_interval: 5s}\n"
+        )
+
+    config = tmp_path / "policy.yaml"
+    config.write_text(text(1))
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30, headers=_bearer(STAY_KEY)) as http:
+            in_a_row = 0
+            for _ in range(200):  # until the dead backend is out (its probe, or its circuit)
+                answer = await http.post("/v1/chat/completions", json=CHAT)
+                in_a_row = in_a_row + 1 if answer.status_code == 200 else 0
+                if in_a_row == 6:
+                    break
+                await asyncio.sleep(0.1)
+            assert in_a_row == 6, "the dead backend never left the rotation"
+            config.write_text(text(2))
+            reloaded = await http.post("/admin/reload", headers=ADMIN)
+            assert reloaded.json()["status"] == "reloaded"
+            after = [(await http.post("/v1/chat/completions", json=CHAT)) for _ in range(4)]
+    assert [a.status_code for a in after] == [200] * 4, after[0].text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from proxy.clock import Clock
@@ -60,9 +60,20 @@ class ModelPool:
 class Pools:
     """Built once per process from the policy; the route stage and the prober update it."""
 
-    def __init__(self, policy: Policy, clock: Clock) -> None:
+    def __init__(
+        self, policy: Policy, clock: Clock, kept: Mapping[str, BackendHealth] | None = None
+    ) -> None:
+        """`kept`: the health of the backends of the policy before a reload; a backend the
+        reload leaves as it was keeps its own (its probe's finding, its circuit, its requests
+        in flight), so a backend found dead stays out of rotation."""
         self.clock = clock
-        self.health = {b.name: BackendHealth(b, policy.upstream.circuit) for b in policy.backends}
+        kept = kept or {}
+        self.health = {}
+        for backend in policy.backends:
+            health = kept.get(backend.name)
+            if health is None or health.backend != backend:
+                health = BackendHealth(backend, policy.upstream.circuit)
+            self.health[backend.name] = health
         self._pools: dict[str, ModelPool] = {}
         for name, spec in policy.models.items():
             backends = policy.backends_for(name)
