@@ -39,11 +39,12 @@ class Reservation(Lease):
 
 @dataclass(slots=True)
 class RateLimitHold(Lease):
-    """What an admitted request holds until it is settled: its slots' lease, and what it was
-    charged on token buckets."""
+    """What an admitted request holds until it is settled: its slots' lease, what it was
+    charged on token buckets, and the request buckets it took one from."""
 
     slots: tuple[SlotPool, ...]
     token_buckets: tuple[tuple[Bucket, int], ...] = ()
+    request_buckets: tuple[Bucket, ...] = ()
 
 
 @dataclass(slots=True)

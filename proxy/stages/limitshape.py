@@ -26,6 +26,7 @@ class LimitShape:
     buckets: tuple[Bucket, ...]
     counts_tokens: tuple[bool, ...]  # for each bucket: tokens, else requests
     slots: tuple[SlotPool, ...]
+    request_buckets: tuple[Bucket, ...]  # the buckets that count requests (one each)
 
     @property
     def empty(self) -> bool:
@@ -90,7 +91,8 @@ def _shape_of(
         if level.max_concurrent:
             slots.append(LimitKey(scope, "slots", on_model).pool(level.max_concurrent))
     counts_tokens = tuple(limit_key(bucket).kind == "tokens" for bucket in buckets)
-    return LimitShape(scope, limits, tuple(buckets), counts_tokens, tuple(slots))
+    requests = tuple(b for b, tokens in zip(buckets, counts_tokens, strict=True) if not tokens)
+    return LimitShape(scope, limits, tuple(buckets), counts_tokens, tuple(slots), requests)
 
 
 def per_minute(

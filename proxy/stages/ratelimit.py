@@ -204,6 +204,7 @@ class RateLimits:
         self, ctx: Admitted, hold: RateLimitHold, shape: LimitShape, costs: list[int]
     ) -> None:
         hold.token_buckets = tuple((bucket, costs[index]) for index, bucket in shape.token_buckets)
+        hold.request_buckets = shape.request_buckets
         if hold.slots:
             self._keep_leased(hold)
         ctx.rate_limits.append(hold)
@@ -216,7 +217,10 @@ class RateLimits:
         The store calls are made now; the awaitable ends with them."""
         holds, ctx.rate_limits = ctx.rate_limits, []
         used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
-        return self._given_back(ctx.tenant_name, holds, used)
+        # Refused after this stage admitted it, before any backend (a degradation rule's
+        # rejection): a refused request takes nothing, so its request is given back too.
+        refused = ctx.route is None and ctx.cached is None and ctx.outcome.error_code is not None
+        return self._given_back(ctx.tenant_name, holds, used, refused=refused)
 
     def give_back_backend(self, ctx: Admitted, backend: Backend) -> Awaitable[None]:
         """`backend` failed before answering and the request moves to another: its slot is free
@@ -225,10 +229,13 @@ class RateLimits:
         scope = _backend_scope(backend)
         holds = [hold for hold in ctx.rate_limits if hold.scope == scope]
         ctx.rate_limits = [hold for hold in ctx.rate_limits if hold.scope != scope]
-        return self._given_back(ctx.tenant_name, holds, 0)
+        return self._given_back(ctx.tenant_name, holds, 0, refused=False)
 
-    def _given_back(self, tenant: str, holds: list[RateLimitHold], used: int) -> Awaitable[None]:
-        """Free the holds' slots and true their token buckets up to `used`."""
+    def _given_back(
+        self, tenant: str, holds: list[RateLimitHold], used: int, *, refused: bool
+    ) -> Awaitable[None]:
+        """Free the holds' slots and true their token buckets up to `used`; a `refused`
+        request's request buckets get back the one it took."""
         now = self._clock.wall()
         releases: list[tuple[str, Awaitable[None]]] = []
         true_ups: list[Awaitable[None]] = []
@@ -242,6 +249,11 @@ class RateLimits:
                 for bucket, charged in hold.token_buckets
                 if used != charged
             ]
+            if refused:
+                true_ups += [
+                    self._store.settle(hold.scope, bucket, -1, now=now)
+                    for bucket in hold.request_buckets
+                ]
         return self._settled(tenant, releases, true_ups)
 
     async def _settled(

@@ -15,7 +15,7 @@ from proxy.app import create_app
 from proxy.clock import FakeClock
 from proxy.policy import parse_policy
 from proxy.tools.mock import backend as mockbackend
-from tests.keys.test_runtime import ADMIN_KEY, policy_text
+from tests.keys.test_runtime import ADMIN_KEY, TENANT_KEY, policy_text
 from tests.redis_server import RedisProcess, frozen
 from tests.servers import serve
 
@@ -103,3 +103,30 @@ def test_a_keys_own_quota_follows_on_storage_error_when_redis_is_slow(
             assert decisions == {f"key_allowance:{policy}": 1}
     finally:
         redis.close()
+
+
+def test_requests_a_key_refuses_leave_its_tenants_requests_per_minute_alone(
+    backend_url: str,
+) -> None:
+    """A key allowed one request a minute, retried in a loop: its refused requests used to take
+    one each from its tenant's requests_per_minute, so the tenant's other keys got 429s."""
+    clock = FakeClock(start_wall=calendar.timegm((2027, 3, 1, 12, 0, 0)))
+    text = policy_text(backend_url, "memory", limits="{requests_per_minute: 5}")
+    app = create_app(parse_policy(text, environ={}), clock=clock)
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    chat = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]}
+    with serve(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        body = {"tenant": "alpha", "limits": {"requests_per_minute": 1}}
+        key = http.post("/admin/keys", json=body, headers=admin).json()["key"]
+        looping = {"authorization": f"Bearer {key}"}
+        assert http.post("/v1/chat/completions", json=chat, headers=looping).status_code == 200
+        for _ in range(10):
+            refused = http.post("/v1/chat/completions", json=chat, headers=looping)
+            assert refused.status_code == 429
+            assert "this API key" in refused.json()["error"]["message"]
+        other = {"authorization": f"Bearer {TENANT_KEY}"}
+        answers = [
+            http.post("/v1/chat/completions", json=chat, headers=other).status_code
+            for _ in range(5)
+        ]
+    assert answers == [200, 200, 200, 200, 429]  # the tenant's 5: one used by the key
