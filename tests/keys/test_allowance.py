@@ -27,12 +27,16 @@ def slow_backend() -> Iterator[str]:
         yield url
 
 
-def test_a_long_stream_keeps_its_keys_quota_reserved(slow_backend: str) -> None:
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+def test_a_long_stream_keeps_its_keys_quota_reserved(
+    slow_backend: str, storage: str, request: pytest.FixtureRequest
+) -> None:
     """A key of 1,000 tokens a day; a stream holds 900 of them for longer than the 10 minutes
     a key's reservation lasts: the reservation was never renewed, expired mid-stream, and a
     second 900-token request was admitted on the key while the first still ran."""
     clock = FakeClock(start_wall=calendar.timegm((2027, 3, 1, 12, 0, 0)))
-    text = policy_text(slow_backend, "memory") + "upstream: {total_timeout: 2h}\n"
+    where = request.getfixturevalue("redis_url") if storage == "redis" else "memory"
+    text = policy_text(slow_backend, where) + "upstream: {total_timeout: 2h}\n"
     app = create_app(parse_policy(text, environ={}), clock=clock)
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     with serve(app) as url, httpx.Client(base_url=url, timeout=60) as http:
@@ -105,13 +109,15 @@ def test_a_keys_own_quota_follows_on_storage_error_when_redis_is_slow(
         redis.close()
 
 
+@pytest.mark.parametrize("storage", ["memory", "redis"])
 def test_requests_a_key_refuses_leave_its_tenants_requests_per_minute_alone(
-    backend_url: str,
+    backend_url: str, storage: str, request: pytest.FixtureRequest
 ) -> None:
     """A key allowed one request a minute, retried in a loop: its refused requests used to take
     one each from its tenant's requests_per_minute, so the tenant's other keys got 429s."""
     clock = FakeClock(start_wall=calendar.timegm((2027, 3, 1, 12, 0, 0)))
-    text = policy_text(backend_url, "memory", limits="{requests_per_minute: 5}")
+    where = request.getfixturevalue("redis_url") if storage == "redis" else "memory"
+    text = policy_text(backend_url, where, limits="{requests_per_minute: 5}")
     app = create_app(parse_policy(text, environ={}), clock=clock)
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     chat = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]}
