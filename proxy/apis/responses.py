@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.apis.events import StreamEvents, type_pattern
+from proxy.errors import BadRequest
 from proxy.stages.jsoncheck import (
     Check,
     an_object,
@@ -37,8 +38,25 @@ _CONTENT = by_type("a string or an array of content parts", {str: string, list: 
 _ITEM = fields({"type": string, "role": string, "content": _CONTENT})
 INPUT = by_type("a string or an array of input items", {str: string, list: array_of(_ITEM)})
 
+
+def _foreground(value: object, param: str) -> None:
+    """`background: true` is refused: the backend would answer `queued` at once and generate
+    after the request has ended, outside the key's quotas, concurrency and billing (and the
+    gateway does not serve `GET /v1/responses/{id}`, where its result would be read)."""
+    boolean(value, param)
+    if value:
+        raise BadRequest(
+            "'background' is not supported by this gateway: a background response goes on "
+            "after its request ends, where the key's limits and billing cannot follow it. "
+            "Send the request without it (stream it for a long answer).",
+            param=param,
+            code="unsupported_parameter",
+        )
+
+
 OPTIONAL: Mapping[str, Check] = {
     "stream": boolean,
+    "background": _foreground,
     "max_output_tokens": integer(1, MAX_TOKENS_CAP),
     "temperature": number(0.0, 2.0),
     "top_p": number(0.0, 1.0),

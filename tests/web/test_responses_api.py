@@ -257,6 +257,20 @@ def test_a_stored_conversation_is_refused_under_an_input_limit(
     assert gateway.stats()["requests_total"] == 1
 
 
+def test_a_background_response_is_refused_before_the_backend(gateway: AgentGateway) -> None:
+    """A background response is answered `queued` at once and generated afterwards, past the
+    request's end: its output would be billed 0 and held by no quota or concurrency slot (and
+    GET /v1/responses/{id} is not served here to read it)."""
+    gateway.reset()
+    with sdk(gateway) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="mock-llm", input="Hi", background=True, store=True)
+    assert (refused.value.code, refused.value.param) == ("unsupported_parameter", "background")
+    assert gateway.stats()["requests_total"] == 0
+    with sdk(gateway) as client:
+        answer = client.responses.create(model="mock-llm", input="Hi", background=False)
+    assert answer.status == "completed"
+
+
 def test_responses_bypass_the_cache_even_where_it_is_on(gateway: AgentGateway) -> None:
     gateway.reset()
     with sdk(gateway, CACHED_KEY) as client:
