@@ -196,13 +196,26 @@ def _read_usage(event: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any] 
         message = event.get("message")
         usage = message.get("usage") if isinstance(message, dict) else None
         if isinstance(usage, dict):
-            parts.update(usage)
+            _merge(parts, usage)
         return None
     usage = event.get("usage")
     if not isinstance(usage, dict):
         return None
-    parts.update({name: value for name, value in usage.items() if value is not None})
+    _merge(parts, usage)
     return dict(parts)
+
+
+def _merge(parts: dict[str, Any], usage: dict[str, Any]) -> None:
+    """A stream's counts are cumulative (Anthropic's rule): a later count below one already
+    given is not believed to lower it (a message_delta's `input_tokens: 0` after 40 in
+    message_start billed no input). Anything but an int replaces, for the checks to judge."""
+    for name, value in usage.items():
+        if value is None:
+            continue
+        known = parts.get(name)
+        if type(value) is int and type(known) is int and value < known:
+            continue
+        parts[name] = value
 
 
 EVENTS = StreamEvents(

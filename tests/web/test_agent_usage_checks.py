@@ -7,9 +7,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import orjson
 import pytest
+from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from proxy.app import create_app
@@ -22,20 +24,27 @@ from tests.web.test_billing import ledger_records
 
 KEY = "tw-usage-checks"
 ANSWER = "hello " * 12
+WORDS = ANSWER.split()
 QUESTION = [{"role": "user", "content": "Say hello twelve times."}]
 
 
 class UsageLiar:
-    """Honest answers on /v1/responses and /v1/messages; their `usage` is whatever is set."""
+    """Honest answers on /v1/responses and /v1/messages; their `usage` is whatever is set (on a
+    Messages stream, `start_usage` in message_start and `usage` in message_delta)."""
 
     def __init__(self) -> None:
         self.usage: dict[str, object] = {}
+        self.start_usage: dict[str, object] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        while (await receive()).get("more_body"):
-            pass
+        body = await Request(scope, receive).body()
+        if body and orjson.loads(body).get("stream"):
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": self._message_stream()})
+            return
         if scope["path"] == "/v1/responses":
             item = {"type": "message", "role": "assistant", "status": "completed"}
             item["content"] = [{"type": "output_text", "text": ANSWER, "annotations": []}]
@@ -44,10 +53,32 @@ class UsageLiar:
         else:
             answer = {"type": "message", "role": "assistant", "stop_reason": "end_turn"}
             answer |= {"content": [{"type": "text", "text": ANSWER}], "usage": self.usage}
-        body = orjson.dumps(answer)
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.body", "body": orjson.dumps(answer)})
+
+    def _message_stream(self) -> bytes:
+        message = {"id": "m1", "type": "message", "role": "assistant", "content": []}
+        events: list[dict[str, object]] = [
+            {"type": "message_start", "message": message | {"usage": self.start_usage}},
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+            *({"type": "content_block_delta", "index": 0, "delta": _text(w)} for w in WORDS),
+            {"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": self.usage},
+            {"type": "message_stop"},
+        ]
+        return b"".join(
+            b"event: " + str(e["type"]).encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
+            for e in events
+        )
+
+
+def _text(word: str) -> dict[str, str]:
+    return {"type": "text_delta", "text": word}
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +168,45 @@ def test_believable_usage_is_the_bill(
     liar.usage = usage
     answer = ask(url, route)
     assert billed(ledger, answer.headers["x-request-id"]) == (*expected, "backend")
+
+
+@pytest.mark.parametrize(
+    ("start", "delta", "expected"),
+    [
+        # a count lowered at the end is not believed: the stream's counts are cumulative
+        (
+            {"input_tokens": 40, "output_tokens": 1},
+            {"input_tokens": 0, "output_tokens": 12},
+            (40, 12),
+        ),
+        (
+            {"input_tokens": 3, "cache_read_input_tokens": 37, "output_tokens": 1},
+            {"cache_read_input_tokens": 0, "output_tokens": 12},
+            (40, 12),
+        ),
+        # vLLM's: message_start says 0 input, message_delta the real count
+        (
+            {"input_tokens": 0, "output_tokens": 0},
+            {"input_tokens": 40, "output_tokens": 12},
+            (40, 12),
+        ),
+    ],
+)
+def test_a_messages_streams_usage_is_read_as_cumulative(
+    setup: tuple[UsageLiar, str, Path],
+    start: dict[str, object],
+    delta: dict[str, object],
+    expected: tuple[int, int],
+) -> None:
+    """The client reads the stream as it came, through the anthropic SDK; the bill takes no
+    count lower than the backend gave before."""
+    liar, url, ledger = setup
+    liar.start_usage, liar.usage = start, delta
+    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    with (
+        client,
+        client.messages.stream(model="exact-llm", max_tokens=50, messages=QUESTION) as stream,
+    ):
+        request_id = stream.response.headers["x-request-id"]
+        assert "".join(stream.text_stream) == "".join(WORDS)
+    assert billed(ledger, request_id) == (*expected, "backend")
