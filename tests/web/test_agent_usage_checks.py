@@ -23,6 +23,7 @@ from tests.web.agentgateway import qwen_spec
 from tests.web.test_billing import ledger_records
 
 KEY = "tw-usage-checks"
+SINGLE_KEY = "tw-usage-checks-single"  # one request in flight at most
 ANSWER = "hello " * 12
 WORDS = ANSWER.split()
 QUESTION = [{"role": "user", "content": "Say hello twelve times."}]
@@ -30,11 +31,13 @@ QUESTION = [{"role": "user", "content": "Say hello twelve times."}]
 
 class UsageLiar:
     """Honest answers on /v1/responses and /v1/messages; their `usage` is whatever is set (on a
-    Messages stream, `start_usage` in message_start and `usage` in message_delta)."""
+    Messages stream, `start_usage` in message_start and `usage` in message_delta). A whole
+    Messages answer's `content` may be set as raw JSON bytes (`raw_content`)."""
 
     def __init__(self) -> None:
         self.usage: dict[str, object] = {}
         self.start_usage: dict[str, object] = {}
+        self.raw_content: bytes | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -53,9 +56,12 @@ class UsageLiar:
         else:
             answer = {"type": "message", "role": "assistant", "stop_reason": "end_turn"}
             answer |= {"content": [{"type": "text", "text": ANSWER}], "usage": self.usage}
+        body = orjson.dumps(answer)
+        if self.raw_content is not None and "content" in answer:
+            body = body[:-1] + b',"content":' + self.raw_content + b"}"  # the later key wins
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": orjson.dumps(answer)})
+        await send({"type": "http.response.body", "body": body})
 
     def _message_stream(self) -> bytes:
         message = {"id": "m1", "type": "message", "role": "assistant", "content": []}
@@ -94,6 +100,10 @@ models:
   exact-llm: {{tokenizer: "{qwen_spec()}"}}
 tenants:
   alpha: {{api_keys: [{hash_key(KEY)}], models: [exact-llm]}}
+  single:
+    api_keys: [{hash_key(SINGLE_KEY)}]
+    models: [exact-llm]
+    limits: {{max_concurrent: 1}}
 """
         with serve(create_app(parse_policy(text, file="usage.yaml", environ={}))) as url:
             yield liar, url, ledger
@@ -210,3 +220,34 @@ def test_a_messages_streams_usage_is_read_as_cumulative(
         request_id = stream.response.headers["x-request-id"]
         assert "".join(stream.text_stream) == "".join(WORDS)
     assert billed(ledger, request_id) == (*expected, "backend")
+
+
+def test_a_tool_input_nested_past_what_orjson_writes_is_counted_and_settled(
+    setup: tuple[UsageLiar, str, Path],
+) -> None:
+    """A whole message without usage is billed from its counted content; a tool call's input
+    300 levels deep (which the gateway reads but orjson cannot write) made that count raise: the
+    client got a 200 head and a dropped connection, nothing was billed, and the key's slot was
+    never given back (every later request of a max_concurrent: 1 key was a 429)."""
+    liar, url, ledger = setup
+    deep = "[" * 300 + "]" * 300
+    liar.usage = {"input_tokens": 9}  # no output count: the content is counted
+    liar.raw_content = (
+        b'[{"type":"tool_use","id":"t1","name":"f","input":{"a":' + deep.encode() + b"}}]"
+    )
+    try:
+        client = anthropic.Anthropic(base_url=url, api_key=SINGLE_KEY, max_retries=0)
+        with client:
+            raw = client.messages.with_raw_response.create(
+                model="exact-llm", max_tokens=50, messages=QUESTION
+            )
+            assert raw.parse().content[0].type == "tool_use"
+            counter = load_counter(qwen_spec(), model="exact-llm")
+            output = counter.count_text("f") + counter.count_text('{"a":' + deep + "}")
+            expected = (counter.count_chat(QUESTION), output, "counted")
+            assert billed(ledger, raw.headers["x-request-id"]) == expected
+            liar.raw_content = None
+            again = client.messages.create(model="exact-llm", max_tokens=50, messages=QUESTION)
+            assert again.content[0].type == "text"  # the slot was given back
+    finally:
+        liar.raw_content = None
