@@ -61,11 +61,20 @@ def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
         _log.warning(
             "backend %r reported usage the gateway does not believe (%s); billing its own counts",
             backend,
-            orjson.dumps({k: usage.get(k) for k in _FIELDS}).decode()[:200],
+            orjson.dumps({k: _shown(usage.get(k)) for k in _FIELDS}).decode()[:200],
         )
         return
     ctx.outcome.usage = usage  # what the cache keeps with the answer
     ctx.outcome.backend_usage = checked
+
+
+def _shown(value: object) -> object:
+    """A usage number as the warning shows it: a list or an object by its kind, since it may
+    nest past the 254 levels orjson writes (the backend's JSON is read to 1024), and a string
+    cut short (the line is cut anyway)."""
+    if isinstance(value, list | dict):
+        return f"<{'array' if isinstance(value, list) else 'object'}>"
+    return value[:50] if isinstance(value, str) else value
 
 
 def checked_usage(usage: dict[str, Any]) -> tuple[int, int] | None:

@@ -32,12 +32,12 @@ QUESTION = [{"role": "user", "content": "Say hello twelve times."}]
 class UsageLiar:
     """Honest answers on /v1/responses and /v1/messages; their `usage` is whatever is set (on a
     Messages stream, `start_usage` in message_start and `usage` in message_delta). A whole
-    Messages answer's `content` may be set as raw JSON bytes (`raw_content`)."""
+    answer's fields may be set as raw JSON bytes too (`raw`: what orjson cannot write)."""
 
     def __init__(self) -> None:
         self.usage: dict[str, object] = {}
         self.start_usage: dict[str, object] = {}
-        self.raw_content: bytes | None = None
+        self.raw: dict[str, bytes] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -56,9 +56,10 @@ class UsageLiar:
         else:
             answer = {"type": "message", "role": "assistant", "stop_reason": "end_turn"}
             answer |= {"content": [{"type": "text", "text": ANSWER}], "usage": self.usage}
-        body = orjson.dumps(answer)
-        if self.raw_content is not None and "content" in answer:
-            body = body[:-1] + b',"content":' + self.raw_content + b"}"  # the later key wins
+        body = orjson.dumps(answer)[:-1]
+        for name, value in self.raw.items():  # the later key wins
+            body += b',"' + name.encode() + b'":' + value
+        body += b"}"
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -232,9 +233,8 @@ def test_a_tool_input_nested_past_what_orjson_writes_is_counted_and_settled(
     liar, url, ledger = setup
     deep = "[" * 300 + "]" * 300
     liar.usage = {"input_tokens": 9}  # no output count: the content is counted
-    liar.raw_content = (
-        b'[{"type":"tool_use","id":"t1","name":"f","input":{"a":' + deep.encode() + b"}}]"
-    )
+    tool_use = b'{"type":"tool_use","id":"t1","name":"f","input":{"a":' + deep.encode() + b"}}"
+    liar.raw = {"content": b"[" + tool_use + b"]"}
     try:
         client = anthropic.Anthropic(base_url=url, api_key=SINGLE_KEY, max_retries=0)
         with client:
@@ -246,8 +246,27 @@ def test_a_tool_input_nested_past_what_orjson_writes_is_counted_and_settled(
             output = counter.count_text("f") + counter.count_text('{"a":' + deep + "}")
             expected = (counter.count_chat(QUESTION), output, "counted")
             assert billed(ledger, raw.headers["x-request-id"]) == expected
-            liar.raw_content = None
+            liar.raw = {}
             again = client.messages.create(model="exact-llm", max_tokens=50, messages=QUESTION)
             assert again.content[0].type == "text"  # the slot was given back
     finally:
-        liar.raw_content = None
+        liar.raw = {}
+
+
+@pytest.mark.parametrize("route", ["/v1/messages", "/v1/responses"])
+def test_a_usage_number_nested_past_what_orjson_writes_is_logged_and_not_believed(
+    setup: tuple[UsageLiar, str, Path], route: str
+) -> None:
+    """The warning that names an unbelievable usage wrote its numbers with orjson: one nested
+    300 levels deep raised there, and the client got a 200 head and a dropped connection."""
+    liar, url, ledger = setup
+    deep = b"[" * 300 + b"]" * 300
+    liar.raw = {"usage": b'{"input_tokens":' + deep + b',"output_tokens":12}'}
+    try:
+        answer = ask(url, route)
+    finally:
+        liar.raw = {}
+    assert answer.status_code == 200
+    counter = load_counter(qwen_spec(), model="exact-llm")
+    expected = (counter.count_chat(QUESTION), counter.count_text(ANSWER), "counted")
+    assert billed(ledger, answer.headers["x-request-id"]) == expected

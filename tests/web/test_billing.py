@@ -127,6 +127,8 @@ BAD_USAGE = [
     b'{"prompt_tokens": 9.0, "completion_tokens": 12.5}',
     b'{"prompt_tokens": "9", "completion_tokens": 12}',
     b'{"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 1e30}',
+    # deeper than orjson writes: the warning naming the backend's numbers raised on it
+    b'{"prompt_tokens": ' + b"[" * 300 + b"]" * 300 + b', "completion_tokens": 12}',
 ]
 
 
