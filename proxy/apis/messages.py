@@ -11,6 +11,7 @@ import orjson
 
 from proxy.apis.events import StreamEvents, type_pattern
 from proxy.apis.responses import chat_tool
+from proxy.jsontext import json_text
 from proxy.stages.jsoncheck import (
     Check,
     an_object,
@@ -168,38 +169,10 @@ def answer_texts(answer: Mapping[str, Any]) -> list[str]:
         if not isinstance(block, dict):
             continue
         if block.get("type") == "tool_use":
-            texts += [block.get("name") or "", _input_text(block.get("input") or {})]
+            texts += [block.get("name") or "", json_text(block.get("input") or {})]
         else:
             texts.append(block.get("text") or block.get("thinking") or "")
     return [text for text in texts if isinstance(text, str)]
-
-
-def _input_text(value: object) -> str:
-    """A tool call's input as JSON text, to count. orjson writes at most 254 levels and an
-    answer may nest up to the 1024 the gateway reads (a hostile backend's: its counting raised
-    and left the request's holds unsettled): deeper input is written here level by level,
-    without recursion (Python's writers stop near 1000) and without commas (a count's text)."""
-    try:
-        return orjson.dumps(value).decode()
-    except orjson.JSONEncodeError:
-        pass
-    texts: list[str] = []
-    pending: list[object] = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, tuple):  # a bracket or a key, as it is written (JSON has no tuples)
-            texts.append(item[0])
-        elif isinstance(item, dict):
-            pending.append(("}",))
-            for key, member in reversed(item.items()):
-                pending += [member, (orjson.dumps(key).decode() + ":",)]
-            texts.append("{")
-        elif isinstance(item, list):
-            pending += [("]",), *reversed(item)]
-            texts.append("[")
-        else:
-            texts.append(orjson.dumps(item).decode())
-    return "".join(texts)
 
 
 def add_system(body: dict[str, Any], system_prompt: str) -> bool:

@@ -15,6 +15,7 @@ import httpx
 import orjson
 
 from proxy.errors import GatewayError, UpstreamError, UpstreamUnavailable
+from proxy.jsontext import json_text
 from proxy.policy.model import Backend
 
 __all__ = [
@@ -72,7 +73,7 @@ def field_text(value: object) -> str | None:
     (a `code` object stays readable, never a Python repr); None and "" are absent."""
     if value is None or value == "":
         return None
-    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    text = value if isinstance(value, str) else json_text(value)  # nested past 254 levels too
     return text if len(text) <= _MAX_FIELD_CHARS else text[:_MAX_FIELD_CHARS] + "..."
 
 

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 
 from proxy.policy.units import hash_key
 from tests.servers import replicas
-from tests.upstream.hostile import HostileBackend
+from tests.upstream.hostile import DEEP, HostileBackend
 
 KEY = "tw-hostile"
 MODEL = "hostile-llm"  # its backend has a first_byte_timeout of 2 s
@@ -285,6 +286,32 @@ def test_backend_error_fields_come_back_as_strings(gateway: Gateway) -> None:
         "type": '["invalid","request"]',
         "param": "7",
         "code": '{"reason":"bad","detail":[1,2]}',
+    }
+    assert_still_serving(gateway)
+
+
+def test_a_backend_error_nested_past_what_orjson_writes_comes_back_as_a_string(
+    gateway: Gateway,
+) -> None:
+    """A message 300 levels deep was a 500 (writing it as JSON text raised); it is the
+    backend's 400 with the message as JSON text, on chat and in Anthropic's shape on
+    /v1/messages."""
+    error = refused(gateway, "deep_error")
+    assert error.status_code == 400
+    assert isinstance(error.body, dict)
+    assert error.body["message"] == DEEP.decode()
+    with (
+        anthropic.Anthropic(
+            base_url=str(gateway.client.base_url).removesuffix("/v1/"), api_key=KEY, max_retries=0
+        ) as client,
+        pytest.raises(anthropic.BadRequestError) as caught,
+    ):
+        client.messages.create(
+            model=MODEL, max_tokens=5, messages=MESSAGES, extra_body={"hostile": "deep_error"}
+        )
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": DEEP.decode()},
     }
     assert_still_serving(gateway)
 

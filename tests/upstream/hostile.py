@@ -335,6 +335,10 @@ _CODE_OBJECT = {
     }
 }
 
+# Deeper than orjson writes (254 levels), well within what it reads (1024).
+DEEP = b"[" * 300 + b'"deep"' + b"]" * 300
+_DEEP_ERROR = b'{"error": {"message": ' + DEEP + b', "type": "invalid_request_error"}}'
+
 MISBEHAVIOURS: dict[str, Misbehaviour] = {
     "normal": normal,
     "endless_body": endless_body,
@@ -358,6 +362,7 @@ MISBEHAVIOURS: dict[str, Misbehaviour] = {
     "sse_html_event": typed("text/event-stream", b"data: <html>oops</html>\n\ndata: [DONE]\n\n"),
     "sse_empty": typed("text/event-stream", b""),
     "code_object": whole("400 Bad Request", orjson.dumps(_CODE_OBJECT)),
+    "deep_error": whole("400 Bad Request", _DEEP_ERROR),
     **{
         f"retry_after_{key}": retry_after(status, value)
         for key, status, value in (
