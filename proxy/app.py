@@ -26,6 +26,7 @@ from starlette.types import ASGIApp
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from proxy.accepted import AcceptedPolicy
+from proxy.apis.anthropic import anthropic_error
 from proxy.clock import Clock, SystemClock
 from proxy.errors import GatewayError, InternalError, NotFound
 from proxy.gateway import Gateway
@@ -72,6 +73,7 @@ DEFAULT_POLICY = Path(__file__).parent / "policies" / "default.yaml"
 SESSION_SECRET_ENV = "TOKENWEIR_SESSION_SECRET"  # noqa: S105 - a variable name, not a secret
 SESSION_TTL_S = 12 * 3600.0
 _log = logging.getLogger("tokenweir")
+_MESSAGES = "/v1/messages"  # Anthropic's routes: their errors in its shape
 SERVING_GC_THRESHOLDS = (5000, 20, 20)
 """The collector's thresholds in a serving process (CPython's are 700, 10, 10). With tens of
 requests in flight, most of what the young generation holds when it fills belongs to requests
@@ -154,7 +156,7 @@ def create_app(
         "/v1/completions": OpenAIEndpoint("text_completion"),
         "/v1/embeddings": OpenAIEndpoint("embeddings"),
         "/v1/responses": OpenAIEndpoint("responses"),
-        "/v1/messages": MessagesEndpoint(),
+        _MESSAGES: MessagesEndpoint(),
         "/v1/messages/count_tokens": CountTokens(),
     }
     return LanedStarlette(
@@ -230,18 +232,21 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     else:
         error = GatewayError(f"{request.method} is not allowed on {request.url.path}.")
         error.status, error.type, error.code = status, "invalid_request_error", "method_not_allowed"
-    return _render(error)
+    return _render(error, request.url.path)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     _log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return _render(InternalError("The gateway hit an unexpected error; it has been logged."))
+    error = InternalError("The gateway hit an unexpected error; it has been logged.")
+    return _render(error, request.url.path)
 
 
-def _render(error: GatewayError) -> Response:
+def _render(error: GatewayError, path: str) -> Response:
+    """The error in OpenAI's shape, or Anthropic's on the Messages routes (where a 404, a 405
+    or an error no stage caught reaches this handler past the routes' own wrapper)."""
+    status, body = error.status, error.to_json()
+    if path == _MESSAGES or path.startswith(_MESSAGES + "/"):
+        status, body = anthropic_error(status, body)
     return Response(
-        error.to_json(),
-        status_code=error.status,
-        media_type="application/json",
-        headers=error.headers(),
+        body, status_code=status, media_type="application/json", headers=error.headers()
     )

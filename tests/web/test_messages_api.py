@@ -12,7 +12,11 @@ import httpx
 import orjson
 import pytest
 
+from proxy.app import create_app
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
 from proxy.tokens import load_counter
+from tests.servers import serve
 from tests.web.agentgateway import (
     CAPPED_KEY,
     COUNTING_KEY,
@@ -212,6 +216,60 @@ def test_bad_requests_get_anthropics_error_shape_and_reach_no_backend(
     assert error["error"]["message"]
     assert answer.headers["content-length"] == str(len(answer.content))
     assert gateway.stats()["requests_total"] == 0
+
+
+def test_a_wrong_route_or_method_under_messages_is_an_anthropic_error(
+    gateway: AgentGateway,
+) -> None:
+    """A 404 or 405 the router gives on the Messages routes (the batches API, a GET) was
+    OpenAI-shaped: the anthropic SDK's error then had no Anthropic type."""
+    with sdk(gateway) as client, pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.batches.list()
+    assert missing.value.body == {
+        "type": "error",
+        "error": {
+            "type": "not_found_error",
+            "message": "Unknown request URL: GET /v1/messages/batches.",
+        },
+    }
+    answer = httpx.get(gateway.url + "/v1/messages", headers={"x-api-key": OPEN_KEY}, timeout=10)
+    assert answer.status_code == 405
+    assert answer.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "GET is not allowed on /v1/messages.",
+        },
+    }
+
+
+def test_an_unexpected_error_is_an_anthropic_500(tmp_path: Path) -> None:
+    """An error no stage caught is answered by the app's handler, past the Messages route's
+    own wrapper: it was OpenAI-shaped there."""
+
+    class Broken(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            raise RuntimeError("a bug below the relay")
+
+    policy = parse_policy(
+        f"""
+backends: [{{name: b, url: "http://127.0.0.1:9/v1", models: [m]}}]
+models: {{m: {{}}}}
+tenants: {{t: {{api_keys: [{hash_key(OPEN_KEY)}], models: [m]}}}}
+""",
+        file="broken.yaml",
+        environ={},
+    )
+    with (
+        serve(create_app(policy, transport=Broken())) as url,
+        anthropic.Anthropic(base_url=url, api_key=OPEN_KEY, max_retries=0) as client,
+        pytest.raises(anthropic.InternalServerError) as caught,
+    ):
+        client.messages.create(model="m", max_tokens=5, messages=HELLO)
+    assert caught.value.status_code == 500
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["type"] == "error"
+    assert caught.value.body["error"]["type"] == "api_error"
 
 
 def test_a_client_that_leaves_cancels_the_backend(gateway: AgentGateway) -> None:
