@@ -59,7 +59,9 @@ OPTIONAL: Mapping[str, Check] = {
     "top_p": number(0.0, 1.0),
     "top_k": integer(0, 2**31 - 1),
     "stop_sequences": array_of(string),
-    "metadata": an_object,
+    # user_id is the end user the request is attributed to: one of another type went
+    # unattributed (Anthropic refuses it)
+    "metadata": fields({"user_id": string}),
 }
 
 _CACHE_INPUT = ("cache_creation_input_tokens", "cache_read_input_tokens")

@@ -432,3 +432,27 @@ def test_metadata_user_id_is_the_end_user_and_the_tags_header_tags(gateway: Agen
     record = gateway.record(raw.headers["x-request-id"])
     assert (record.user, record.tags) == ("ann-42", ("agents", "beta"))  # user_id is no tag
     assert "metadata.user_id" in refused.value.message
+
+
+@pytest.mark.parametrize("user_id", [42, ["ann"], {"id": "ann"}, True])
+def test_a_user_id_that_is_no_string_is_an_anthropic_400(
+    gateway: AgentGateway, user_id: object
+) -> None:
+    """It passed to the backend and the request went unattributed (no user in the ledger)."""
+    gateway.reset()
+    answer = httpx.post(
+        gateway.url + "/v1/messages",
+        json={
+            "model": "mock-llm",
+            "max_tokens": 5,
+            "messages": HELLO,
+            "metadata": {"user_id": user_id},
+        },
+        headers={"x-api-key": OPEN_KEY},
+        timeout=10,
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "'metadata.user_id'" in error["message"]
+    assert gateway.stats()["requests_total"] == 0
