@@ -26,9 +26,10 @@ class StreamEvents:
     """How one API's stream says things: each a regex over an event's `"type"` field."""
 
     delta: re.Pattern[bytes]  # an event with generated text (a token event)
-    usage: re.Pattern[bytes]  # an event with usage in it
+    usage: re.Pattern[bytes]  # an event with usage in it, or one of `failures`
     last: re.Pattern[bytes]  # the event that ends the stream
     read_usage: UsageReader
+    failures: frozenset[str]  # the types of events that say the answer failed
 
 
 def type_pattern(types: str) -> re.Pattern[bytes]:
@@ -41,11 +42,14 @@ class EventForwarder:
 
     Same contract as SSEForwarder: `feed` gives the bytes to write now and how many of their
     events carry generated text, `finish` what is left at the end, `usage` the backend's usage
-    (in the API's own names). The ending event is held back for `finish`, so the request is
-    settled before the client reads it (as [DONE] is on chat streams).
+    (in the API's own names); `failed` says an event of the backend's said the answer failed.
+    The ending event is held back for `finish`, so the request is settled before the client
+    reads it (as [DONE] is on chat streams).
     """
 
-    __slots__ = ("_ended", "_events", "_held", "_partial", "_parts", "_tail", "texted", "usage")
+    __slots__ = (
+        "_ended", "_events", "_held", "_partial", "_parts", "_tail", "failed", "texted", "usage",
+    )  # fmt: skip
 
     def __init__(self, events: StreamEvents) -> None:
         self._events = events
@@ -56,6 +60,7 @@ class EventForwarder:
         self._ended = False  # the ending event was held back once
         self.texted = False  # the last bytes `feed` returned hold text: its count is above 0
         self.usage: dict[str, Any] | None = None
+        self.failed = False  # the backend said, in an event, that the answer failed
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         if self._partial.size:
@@ -112,8 +117,10 @@ class EventForwarder:
                 parsed = orjson.loads(payload)
             except orjson.JSONDecodeError:
                 continue
-            found = (
-                self._events.read_usage(parsed, self._parts) if isinstance(parsed, dict) else None
-            )
+            if not isinstance(parsed, dict):
+                continue
+            if parsed.get("type") in self._events.failures:
+                self.failed = True
+            found = self._events.read_usage(parsed, self._parts)
             if found is not None:
                 self.usage = found

@@ -223,7 +223,8 @@ def _merge(parts: dict[str, Any], usage: dict[str, Any]) -> None:
 
 EVENTS = StreamEvents(
     delta=type_pattern("content_block_delta"),
-    usage=type_pattern("message_start|message_delta"),
+    usage=type_pattern("message_start|message_delta|error"),
     last=type_pattern("message_stop"),
     read_usage=_read_usage,
+    failures=frozenset({"error"}),  # Anthropic's (and vLLM's) error event, under the 200
 )

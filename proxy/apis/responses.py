@@ -193,7 +193,8 @@ EVENTS = StreamEvents(
         r"response\.(?:output_text|refusal|function_call_arguments|reasoning_text"
         r"|reasoning_summary_text)\.delta"
     ),
-    usage=type_pattern(_ENDINGS),
+    usage=type_pattern(_ENDINGS + "|error"),
     last=type_pattern(_ENDINGS),
     read_usage=_read_usage,
+    failures=frozenset({"error", "response.failed"}),
 )

@@ -122,6 +122,10 @@ class Forward:
             if ctx.capture is not None:
                 ctx.capture.add(ending)
             ctx.outcome.completed = True
+            if isinstance(sse, EventForwarder) and sse.failed:
+                # Ended as the backend ended it, with its own error event: an error to the
+                # ledger and metrics, as a stream the gateway breaks off is.
+                ctx.outcome.error_code = "upstream_error"
         except UpstreamError as exc:
             if not ctx.status:
                 raise  # nothing sent yet: the client gets a proper error status instead

@@ -317,6 +317,34 @@ async def messages_after_end(server: HostileBackend, writer: Writer, request: An
     await server.send(name, writer, b"0\r\n\r\n")
 
 
+# Streams a backend ends with its own error event, under the 200: Anthropic's (and vLLM's)
+# `error` event on Messages; `response.failed` on Responses.
+_OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+_STARTED = {"type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 3}}
+MESSAGES_ERROR_EVENT = b"".join(
+    _named(payload)
+    for payload in [
+        {"type": "message_start", "message": _STARTED},
+        *_MESSAGE_EVENTS[1:3],
+        _OVERLOADED,
+    ]
+)
+_FAILED = {
+    "status": "failed",
+    "error": {"code": "server_error", "message": "The model failed."},
+    "usage": {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4},
+    "output": [],
+}
+RESPONSES_FAILED = b"".join(
+    _named(payload)
+    for payload in [
+        {"type": "response.created", "sequence_number": 0, "response": {"status": "in_progress"}},
+        {"type": "response.output_text.delta", "sequence_number": 1, "delta": "fine"},
+        {"type": "response.failed", "sequence_number": 2, "response": _FAILED},
+    ]
+)
+
+
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
@@ -363,6 +391,8 @@ MISBEHAVIOURS: dict[str, Misbehaviour] = {
     "sse_empty": typed("text/event-stream", b""),
     "code_object": whole("400 Bad Request", orjson.dumps(_CODE_OBJECT)),
     "deep_error": whole("400 Bad Request", _DEEP_ERROR),
+    "messages_error_event": typed("text/event-stream", MESSAGES_ERROR_EVENT),
+    "responses_failed": typed("text/event-stream", RESPONSES_FAILED),
     **{
         f"retry_after_{key}": retry_after(status, value)
         for key, status, value in (

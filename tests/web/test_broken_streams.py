@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -80,3 +81,52 @@ def test_a_stream_broken_off_counts_as_an_error(gateway: str, tmp_path: Path) ->
     }
     labels = (("backend", "hostile"), ("gen_ai_request_model", "hostile-llm"), ("tenant", "app"))
     assert samples == {("tokenweir_broken_streams_total", labels): 1.0}
+
+
+def _errors_after(url: str, requests: int) -> object:
+    """The tenant's error count once the ledger has `requests` requests (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        rows = httpx.get(url + "/api/usage", headers=ADMIN).json()["data"]
+        if rows and rows[0]["requests"] >= requests:
+            return rows[0]["errors"]
+        time.sleep(0.1)
+    raise AssertionError(f"the ledger did not show {requests} requests within 10 s")
+
+
+def _so_far(url: str) -> tuple[int, int]:
+    rows = httpx.get(url + "/api/usage", headers=ADMIN).json()["data"]
+    return (rows[0]["requests"], rows[0]["errors"]) if rows else (0, 0)
+
+
+def test_a_messages_stream_the_backend_ends_with_an_error_event_counts_as_an_error(
+    gateway: str,
+) -> None:
+    """The client gets the backend's error event (the SDK raises it); the ledger counted the
+    request a success."""
+    requests, errors = _so_far(gateway)
+    with (
+        anthropic.Anthropic(base_url=gateway, api_key=KEY, max_retries=0) as sdk,
+        pytest.raises(anthropic.APIStatusError, match="Overloaded"),
+        sdk.messages.stream(
+            model="hostile-llm",
+            max_tokens=20,
+            messages=[{"role": "user", "content": "hello"}],
+            extra_body={"hostile": "messages_error_event"},
+        ) as stream,
+    ):
+        list(stream.text_stream)
+    assert _errors_after(gateway, requests + 1) == errors + 1
+
+
+def test_a_failed_response_counts_as_an_error(gateway: str) -> None:
+    requests, errors = _so_far(gateway)
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0) as sdk:
+        events = sdk.responses.create(
+            model="hostile-llm",
+            input="hello",
+            stream=True,
+            extra_body={"hostile": "responses_failed"},
+        )
+        assert [event.type for event in events][-1] == "response.failed"
+    assert _errors_after(gateway, requests + 1) == errors + 1
