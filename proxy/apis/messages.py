@@ -178,11 +178,18 @@ def answer_texts(answer: Mapping[str, Any]) -> list[str]:
 
 
 def add_system(body: dict[str, Any], system_prompt: str) -> bool:
-    """Put the tenant's system prompt first in `system`; True if the body changed."""
+    """Put the tenant's system prompt first in `system`; True if the body changed. A first
+    block that has the prompt's text is the prompt only if it is a text block: vLLM reads a
+    system list's text blocks alone, so a `"type": "document"` one carrying the text kept the
+    prompt out of the model."""
     given = body.get("system")
     if isinstance(given, list):
         first = given[0] if given else None
-        if isinstance(first, dict) and first.get("text") == system_prompt:
+        if (
+            isinstance(first, dict)
+            and first.get("type") == "text"
+            and first.get("text") == system_prompt
+        ):
             return False
         body["system"] = [{"type": "text", "text": system_prompt}, *given]
         return True

@@ -154,6 +154,26 @@ def test_the_output_cap_and_system_prompt_apply(gateway: AgentGateway) -> None:
     assert set(raw.headers["x-tokenweir-shaped"].split(",")) == {"system_prompt", "max_tokens"}
 
 
+@pytest.mark.parametrize("kind", ["document", None])
+def test_the_system_prompt_is_not_taken_as_given_in_a_block_that_is_not_text(
+    gateway: AgentGateway, kind: str | None
+) -> None:
+    """A first system block with the prompt's text but another type (or none) was taken as the
+    tenant's prompt already in place; vLLM reads only text blocks, so the prompt was left out."""
+    block = {"text": SYSTEM_PROMPT} if kind is None else {"type": kind, "text": SYSTEM_PROMPT}
+    with sdk(gateway, CAPPED_KEY) as client:
+        raw = client.messages.with_raw_response.create(
+            model="mock-llm",
+            max_tokens=5,
+            system=[block],
+            messages=HELLO,  # type: ignore[list-item]
+        )
+    sent = gateway.stats()["last_request"]
+    assert isinstance(sent, dict)
+    assert sent["system"] == [{"type": "text", "text": SYSTEM_PROMPT}, block]
+    assert "system_prompt" in raw.headers["x-tokenweir-shaped"].split(",")
+
+
 def test_over_quota_is_an_anthropic_429_that_bills_nothing(gateway: AgentGateway) -> None:
     gateway.reset()
     with sdk(gateway, POOR_KEY) as client, pytest.raises(anthropic.RateLimitError) as refused:
