@@ -19,7 +19,8 @@ __all__ = ["InputCounter", "Shape"]
 
 Message = Mapping[str, Any]
 _SYSTEM_ROLES = frozenset({"system", "developer"})
-_STORED_HISTORY = ("previous_response_id", "conversation")  # Responses only: Messages has none
+# Responses only (Messages has none): a stored conversation, or a stored prompt template
+_STORED_HISTORY = ("previous_response_id", "conversation", "prompt")
 
 
 class InputCounter(Protocol):
@@ -220,14 +221,15 @@ def _temperature(outgoing: OutgoingRequest, budget: Budget) -> None:
 
 def _refuse_stored_history(body: Mapping[str, Any], limit: int) -> None:
     """A Responses request that continues a stored conversation (`previous_response_id`,
-    `conversation`) has an input the gateway never sees: the backend adds the stored turns, so
-    the key's input limit could not be held. Refused; the client can send the turns as input."""
+    `conversation`) or names a stored prompt template (`prompt`) has an input the gateway never
+    sees: the backend adds the stored turns or prompt, so the key's input limit could not be
+    held. Refused; the client can send them as input."""
     for param in _STORED_HISTORY:
         if body.get(param) is not None:
             raise BadRequest(
-                f"'{param}' cannot be used with this key: the backend would add a stored "
-                f"conversation the gateway cannot count against the key's limit of {limit} "
-                "input tokens. Send the conversation's turns in 'input' instead.",
+                f"'{param}' cannot be used with this key: the backend would add stored input "
+                f"the gateway cannot count against the key's limit of {limit} input tokens. "
+                "Send the conversation's turns or the prompt in 'input' instead.",
                 param=param,
                 code="unsupported_parameter",
             )

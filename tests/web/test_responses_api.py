@@ -237,13 +237,15 @@ def test_a_custom_tools_grammar_counts_toward_the_input_limit(gateway: AgentGate
 
 
 @pytest.mark.parametrize(
-    ("param", "value"), [("previous_response_id", "resp_1"), ("conversation", "conv_1")]
+    ("param", "value"),
+    [("previous_response_id", "resp_1"), ("conversation", "conv_1"), ("prompt", {"id": "pmpt_1"})],
 )
 def test_a_stored_conversation_is_refused_under_an_input_limit(
-    gateway: AgentGateway, param: str, value: str
+    gateway: AgentGateway, param: str, value: object
 ) -> None:
-    """The backend would add stored turns the gateway never counts: the key's input limit
-    could not hold. Without a limit the request goes on to the backend."""
+    """The backend would add stored turns (or a stored prompt template) the gateway never
+    counts: the key's input limit could not hold. Without a limit the request goes on to the
+    backend."""
     gateway.reset()
     with sdk(gateway, SHORT_KEY) as client, pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model="mock-llm", input="Hi", extra_body={param: value})
