@@ -82,20 +82,22 @@ class Account:
         if ctx.released:
             return
         ctx.released = True
-        counter = None
-        if self._counters is not None and self._known(ctx.model):
-            counter = self._counters.for_model(ctx.model)
-            if ctx.outcome.backend_usage is None and ctx.counted_input_tokens is None:
-                await count_unreported_input(ctx, self._counters)
-        bill(ctx, counter)
+        # A bill that cannot be worked out (a bug) leaves what the request holds to be given
+        # back all the same (the tenant's slot would be taken for good), then is raised.
+        failed: Exception | None = None
+        try:
+            await self._bill(ctx)
+        except Exception as exc:
+            failed = exc
         if not isinstance(ctx, Admitted):  # refused at auth: it holds nothing
+            if failed is not None:
+                raise failed
             return
         settling_s = self._clock.monotonic()
         # Every stage makes its storage calls before any is waited for: with Redis they go out
         # as one call, and the answer's end waits for that one round trip. A stage whose settle
         # raises at once (a bug) leaves the others to give back what they hold, then is raised.
         settling: list[Awaitable[None]] = []
-        failed: Exception | None = None
         for hold in self._holds:
             if hold.holding(ctx):
                 try:
@@ -107,16 +109,26 @@ class Account:
         if failed is not None:
             raise failed
 
+    async def _bill(self, ctx: RequestContext) -> None:
+        counter = None
+        if self._counters is not None and self._known(ctx.model):
+            counter = self._counters.for_model(ctx.model)
+            if ctx.outcome.backend_usage is None and ctx.counted_input_tokens is None:
+                await count_unreported_input(ctx, self._counters)
+        bill(ctx, counter)
+
     async def __call__(self, ctx: RequestContext) -> None:
-        await self.release(ctx)
-        usage = self.usage_record(ctx)
-        if self._ledger is not None:
-            self._ledger.append(usage)
-        self._telemetry.finish(ctx, usage)
-        if self._log.isEnabledFor(logging.INFO):
-            line = self._access_line(ctx, usage)
-            line.update(self._telemetry.log_fields(ctx))
-            log_access_line(self._log, orjson.dumps(line).decode())
+        try:
+            await self.release(ctx)
+        finally:  # a release that failed (a bug) still leaves the request in the ledger
+            usage = self.usage_record(ctx)
+            if self._ledger is not None:
+                self._ledger.append(usage)
+            self._telemetry.finish(ctx, usage)
+            if self._log.isEnabledFor(logging.INFO):
+                line = self._access_line(ctx, usage)
+                line.update(self._telemetry.log_fields(ctx))
+                log_access_line(self._log, orjson.dumps(line).decode())
 
     def usage_record(self, ctx: RequestContext) -> UsageRecord:
         meter = ctx.meter

@@ -50,3 +50,27 @@ async def test_a_stage_whose_settle_raises_leaves_the_others_to_give_back() -> N
     used, reserved = (await store.read(counters))[0]
     assert reserved == 0  # the reservation was given back; the request's use booked
     assert used > 0
+
+
+async def test_a_bill_that_raises_leaves_what_the_request_holds_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bill that cannot be worked out (an audit found one: a tool input nested past what
+    orjson writes) gave back nothing: the reservation, and a slot, stayed held until their
+    leases ended. Now they are given back, the error raised after."""
+
+    def broken(ctx: object, counter: object) -> None:
+        raise RuntimeError("the bill could not be worked out")
+
+    monkeypatch.setattr("proxy.stages.account.bill", broken)
+    clock, store, prices = FakeClock(start_wall=NOON), MemoryStore(), PriceTable(POLICY)
+    budgets = Budgets(store, prices, clock, StorageFailures())
+    account = Account(clock, [budgets], prices, None, Telemetry(POLICY, clock, GatewayMetrics()))
+    ctx = request(Budget(tokens_per_day=10_000), counted=100, allowance=500)
+    await budgets(ctx)
+    assert ctx.reservation is not None
+    counters = [quota.counter for quota in ctx.reservation.quotas]
+    ctx.outcome.status = 200
+    with pytest.raises(RuntimeError, match="could not be worked out"):
+        await account.release(ctx)
+    assert (await store.read(counters))[0][1] == 0  # nothing held any more
