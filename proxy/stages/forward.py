@@ -166,6 +166,8 @@ class Forward:
         await self._start(ctx, send, headers)
         ctx.outcome.answered = True
         _take_usage(ctx, _usage_of(parsed))
+        if ctx.operation == "responses" and parsed.get("status") == "failed":
+            ctx.outcome.error_code = "upstream_error"  # at 200, as a stream's response.failed
         await send({"type": "http.response.body", "body": raw, "more_body": False})
         ctx.meter.wrote(self._clock.monotonic(), 1, True)
 

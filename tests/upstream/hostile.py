@@ -344,6 +344,10 @@ RESPONSES_FAILED = b"".join(
     ]
 )
 
+RESPONSE_FAILED_WHOLE = orjson.dumps(
+    {"id": "resp_1", "object": "response", "created_at": 1, "model": "hostile-llm", **_FAILED}
+)
+
 
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
@@ -393,6 +397,7 @@ MISBEHAVIOURS: dict[str, Misbehaviour] = {
     "deep_error": whole("400 Bad Request", _DEEP_ERROR),
     "messages_error_event": typed("text/event-stream", MESSAGES_ERROR_EVENT),
     "responses_failed": typed("text/event-stream", RESPONSES_FAILED),
+    "responses_failed_whole": whole("200 OK", RESPONSE_FAILED_WHOLE),
     **{
         f"retry_after_{key}": retry_after(status, value)
         for key, status, value in (

@@ -130,3 +130,15 @@ def test_a_failed_response_counts_as_an_error(gateway: str) -> None:
         )
         assert [event.type for event in events][-1] == "response.failed"
     assert _errors_after(gateway, requests + 1) == errors + 1
+
+
+def test_a_whole_response_that_failed_counts_as_an_error(gateway: str) -> None:
+    """A whole Responses answer at 200 whose status is `failed` (the backend's model failed)
+    was a success in the ledger and the metrics, where its stream's `response.failed` is not."""
+    requests, errors = _so_far(gateway)
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0) as sdk:
+        answer = sdk.responses.create(
+            model="hostile-llm", input="hello", extra_body={"hostile": "responses_failed_whole"}
+        )
+    assert answer.status == "failed"
+    assert _errors_after(gateway, requests + 1) == errors + 1
