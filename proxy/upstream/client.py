@@ -38,6 +38,7 @@ __all__ = [
 CONNECT_TIMEOUT_CODE = "upstream_connect_timeout"
 
 _MAX_ERROR_BODY_BYTES = 64 * 1024
+_MAX_PROBE_BODY_BYTES = 1024 * 1024  # a /models list of thousands of models
 _MAX_TARGETS = 256
 
 _Target: TypeAlias = tuple[httpx.URL, list[tuple[bytes, bytes]]]
@@ -154,11 +155,21 @@ class UpstreamClient:
         return timeouts
 
     async def probe(self, backend: Backend, timeout_s: float) -> str | None:
-        """None if `GET {url}/models` answers 200 within the timeout, else what went wrong."""
+        """None if `GET {url}/models` answers 200 within the timeout, else what went wrong.
+        The whole exchange takes at most `timeout_s` and keeps at most `_MAX_PROBE_BODY_BYTES`
+        of the answer (read only so its connection can serve again): a backend that trickled
+        its list, or sent gigabytes of it, held `/readyz` and the prober for ever, or the
+        whole list in memory for each probe."""
+        request = self._client.build_request(
+            "GET", backend.url + "/models", headers=_headers(backend, None)
+        )
+        request.extensions["timeout"] = {**httpx.Timeout(timeout_s).as_dict(), "total": timeout_s}
         try:
-            response = await self._client.get(
-                backend.url + "/models", headers=_headers(backend, None), timeout=timeout_s
-            )
+            response = await self._client.send(request, stream=True)
+            try:
+                await read_capped(response, _MAX_PROBE_BODY_BYTES)
+            finally:
+                await close(response)
         except httpx.HTTPError as exc:
             return type(exc).__name__
         return None if response.status_code == 200 else f"HTTP {response.status_code}"
