@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from proxy.context import RequestContext
 from proxy.policy.model import Backend
+from proxy.telemetry import semconv
 from proxy.telemetry.attrwire import AttributeWriter
 from proxy.telemetry.samplers import HeadSampler
 from proxy.telemetry.spanattrs import REPEATING_KEYS, VARYING_KEYS, SpanAttributes
@@ -193,7 +194,7 @@ class DirectTrace:
         if not self._call_id or self._call_end_ns:
             return
         self._call_end_ns = self._ns(now_s)
-        self._call_status, self._call_error = status, error
+        self._call_status, self._call_error = status, semconv.clipped(error)
 
     def finish(self, ctx: RequestContext, now_s: float, attributes: SpanAttributes | None) -> None:
         """Write the request's spans (the backend call, the storage stages, the request) and

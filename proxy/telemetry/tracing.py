@@ -132,8 +132,8 @@ class RequestTrace:
             return
         if status is not None:
             span.set_attribute("http.response.status_code", status)
-        if error is not None:
-            span.set_attribute("error.type", error)
+        if error is not None:  # a backend's error code: cut, as on the request span
+            span.set_attribute("error.type", semconv.clipped(error))
             span.set_status(Status(StatusCode.ERROR))
         span.end(self._ns(now_s))
 

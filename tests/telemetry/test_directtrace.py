@@ -58,6 +58,7 @@ def failing(error: str) -> Drive:
 
 backend_failed = failing("upstream_error")
 timed_out = failing("upstream_timeout")  # the same status, another description
+long_code = failing("e" * 300)  # a backend's error code, cut on both spans
 
 
 def relay_cut(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
@@ -89,7 +90,16 @@ def degraded(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
     return answered(trace, ctx)
 
 
-DRIVES = [answered, degraded, backend_failed, timed_out, relay_cut, rejected, long_values]
+DRIVES = [
+    answered,
+    degraded,
+    backend_failed,
+    timed_out,
+    long_code,
+    relay_cut,
+    rejected,
+    long_values,
+]
 HEADERS = [
     {}, {"traceparent": PARENT}, {"traceparent": PARENT, "tracestate": "rojo=00f067aa,congo=t61"},
 ]  # fmt: skip
