@@ -156,10 +156,10 @@ class UpstreamClient:
 
     async def probe(self, backend: Backend, timeout_s: float) -> str | None:
         """None if `GET {url}/models` answers 200 within the timeout, else what went wrong.
-        The whole exchange takes at most `timeout_s` and keeps at most `_MAX_PROBE_BODY_BYTES`
-        of the answer (read only so its connection can serve again): a backend that trickled
-        its list, or sent gigabytes of it, held `/readyz` and the prober for ever, or the
-        whole list in memory for each probe."""
+        The whole exchange takes at most `timeout_s`; the answer is read (and let go of) read
+        by read, up to `_MAX_PROBE_BODY_BYTES`, only so its connection can serve again: a
+        backend that trickled its list, or sent gigabytes of it, held `/readyz` and the prober
+        for ever, or the whole list in memory for each probe."""
         request = self._client.build_request(
             "GET", backend.url + "/models", headers=_headers(backend, None)
         )
@@ -167,7 +167,7 @@ class UpstreamClient:
         try:
             response = await self._client.send(request, stream=True)
             try:
-                await read_capped(response, _MAX_PROBE_BODY_BYTES)
+                await _drain(response, _MAX_PROBE_BODY_BYTES)
             finally:
                 await close(response)
         except httpx.HTTPError as exc:
@@ -253,6 +253,16 @@ async def read_capped(response: httpx.Response, limit_bytes: int) -> bytes | Non
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _drain(response: httpx.Response, limit_bytes: int) -> None:
+    """Read the body to its end, keeping none of it; stop past `limit_bytes` (the caller's
+    close then drops the connection)."""
+    size = 0
+    async for chunk in raw_reads(response):
+        size += len(chunk)
+        if size > limit_bytes:
+            return
 
 
 def raw_reads(response: httpx.Response) -> AsyncIterator[bytes]:

@@ -26,7 +26,8 @@ def anyio_backend() -> str:
 
 class ModelsBackend:
     """Answers `GET /models` with a 200 whose body comes a byte a second (`trickle`) or is
-    HUGE_BYTES of spaces sent as fast as the gateway reads (`huge`); counts what it sent."""
+    HUGE_BYTES of spaces sent as fast as the gateway reads, with its length (`huge`) or without,
+    ended by closing the connection (`endless`); counts what it sent."""
 
     def __init__(self, how: str) -> None:
         self.how = how
@@ -34,9 +35,10 @@ class ModelsBackend:
 
     async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        size = HUGE_BYTES if self.how == "huge" else 1_000_000
-        writer.write(f"HTTP/1.1 200 OK\r\ncontent-length: {size}\r\n\r\n".encode())
-        chunk = b" " * (1024 * 1024 if self.how == "huge" else 1)
+        size = 1_000_000 if self.how == "trickle" else HUGE_BYTES
+        length = "connection: close" if self.how == "endless" else f"content-length: {size}"
+        writer.write(f"HTTP/1.1 200 OK\r\n{length}\r\n\r\n".encode())
+        chunk = b" " * (1 if self.how == "trickle" else 1024 * 1024)
         for _ in range(size // len(chunk)):
             writer.write(chunk)
             await writer.drain()
@@ -66,11 +68,12 @@ async def test_a_backend_trickling_its_model_list_cannot_hold_readyz() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_huge_model_list_is_not_read_into_memory() -> None:
+@pytest.mark.parametrize("how", ["huge", "endless"])
+async def test_a_huge_model_list_is_not_read_into_memory(how: str) -> None:
     """/readyz read a backend's whole `/models` answer into memory on every call: four calls
-    at once against a 600 MB answer took the gateway to 3.2 GB. It reads at most 1 MiB now, and
-    a 200 is a 200."""
-    backend = ModelsBackend("huge")
+    at once against a 600 MB answer took the gateway to 3.2 GB. It reads at most 1 MiB now, a
+    read at a time, and a 200 is a 200."""
+    backend = ModelsBackend(how)
     async with RawServer(backend) as raw:
         with serve(create_app(make_policy(raw.url))) as url:
             answer, took_s = await ready_answer(url)
