@@ -63,7 +63,12 @@ NAMES: dict[str, tuple[str, str]] = {
     "tokenweir_cache_saved_usd": ("tokenweir.cache.saved_cost", "USD"),
     "tokenweir_rejected_requests": ("tokenweir.rejected_requests", "{request}"),
     "tokenweir_degraded_requests": ("tokenweir.degraded_requests", "{request}"),
+    "tokenweir_broken_streams": ("tokenweir.broken_streams", "{request}"),
     "tokenweir_inflight_streams": ("tokenweir.inflight_streams", "{stream}"),
+    "tokenweir_ledger_records_written": ("tokenweir.ledger.records_written", "{record}"),
+    "tokenweir_ledger_records_dropped": ("tokenweir.ledger.records_dropped", "{record}"),
+    "tokenweir_ledger_write_failures": ("tokenweir.ledger.write_failures", "{write}"),
+    "tokenweir_ledger_records_buffered": ("tokenweir.ledger.records_buffered", "{record}"),
     "tokenweir_budget_remaining_tokens": ("tokenweir.budget.remaining_tokens", "{token}"),
     "tokenweir_budget_remaining_usd": ("tokenweir.budget.remaining_cost", "USD"),
 }  # fmt: skip

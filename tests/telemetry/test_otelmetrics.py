@@ -14,9 +14,13 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
+from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.ledger import LedgerStats
 from proxy.telemetry import semconv
+from proxy.telemetry.metrics import GatewayMetrics
+from proxy.telemetry.otlpmetrics import NAMES, metrics_data
 from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ALPHA_KEY
 from tests.servers import replicas, serve
@@ -113,3 +117,19 @@ def test_otlp_metrics_match_the_prometheus_page(
     cache = metrics["tokenweir.cache.requests"]
     assert cache.sum.is_monotonic
     assert sum(map(value, cache.sum.data_points)) == 2
+
+
+def test_every_family_goes_out_under_its_opentelemetry_name() -> None:
+    """The broken-stream and ledger families went out under their Prometheus names
+    (`tokenweir_ledger_records_written`, no unit) while the page said every series has an
+    OpenTelemetry one."""
+    metrics = GatewayMetrics()
+    metrics.watch_ledger(lambda: LedgerStats(3, 2, 1, 0, 0, None))
+    metrics.render()  # reads the ledger's counters
+    families = list(metrics.collect())
+    assert {f.name for f in families} <= set(NAMES)
+    data = metrics_data(families, Resource.create({}), 0, 1)
+    sent = {m.name: m.unit for rm in data.resource_metrics for sm in rm.scope_metrics
+            for m in sm.metrics}  # fmt: skip
+    assert sent["tokenweir.ledger.records_written"] == "{record}"
+    assert all("." in name for name in sent), sorted(sent)  # none under its Prometheus name
