@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any, Protocol, TypeAlias
@@ -87,8 +88,12 @@ class UpstreamClient:
         # path goes to the transport directly: cookies, redirects and auth hooks cost ~12% per
         # request there and a gateway needs none of them.
         self._client = httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False)
+        # (backend name, url) -> its probe under way, which every caller meanwhile shares.
+        self._probes: dict[tuple[str, str], asyncio.Task[str | None]] = {}
 
     async def aclose(self) -> None:
+        for task in list(self._probes.values()):
+            task.cancel()
         await self._client.aclose()
 
     async def open(
@@ -156,6 +161,25 @@ class UpstreamClient:
 
     async def probe(self, backend: Backend, timeout_s: float) -> str | None:
         """None if `GET {url}/models` answers 200 within the timeout, else what went wrong.
+        Callers while a backend's probe is under way share it: a flood of `/readyz` calls is
+        one `GET /models` per backend at a time, not one per call (each held a connection of
+        the pool the requests use, for up to `timeout_s`)."""
+        key = (backend.name, backend.url)
+        task = self._probes.get(key)
+        if task is None:
+            task = asyncio.create_task(self._probe(backend, timeout_s))
+            self._probes[key] = task
+            task.add_done_callback(lambda done: self._probe_done(key, done))
+        return await asyncio.shield(task)  # a caller that leaves does not end it for the rest
+
+    def _probe_done(self, key: tuple[str, str], task: asyncio.Task[str | None]) -> None:
+        if self._probes.get(key) is task:
+            del self._probes[key]
+        if not task.cancelled():
+            task.exception()  # seen, should every caller have left
+
+    async def _probe(self, backend: Backend, timeout_s: float) -> str | None:
+        """One `GET {url}/models`: None if it answers 200 within the timeout.
         The whole exchange takes at most `timeout_s`; the answer is read (and let go of) read
         by read, up to `_MAX_PROBE_BODY_BYTES`, only so its connection can serve again: a
         backend that trickled its list, or sent gigabytes of it, held `/readyz` and the prober

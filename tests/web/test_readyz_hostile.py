@@ -81,3 +81,33 @@ async def test_a_huge_model_list_is_not_read_into_memory(how: str) -> None:
     assert answer.json()["backends"]["mock-a"] == "ok"
     assert took_s < ANSWERED_WITHIN_S
     assert backend.sent_bytes < 32 * 1024 * 1024  # socket buffers; not the 256 MiB answer
+
+
+class SlowModels:
+    """Answers each `GET /models` well, after 1.5 s (the probe allows 2); counts them."""
+
+    def __init__(self) -> None:
+        self.probes = 0
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            self.probes += 1
+            await asyncio.sleep(1.5)
+            body = b'{"object":"list","data":[]}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+
+@pytest.mark.anyio
+async def test_a_flood_of_readyz_calls_is_one_probe_per_backend_at_a_time() -> None:
+    """Forty /readyz calls at once against a slow backend were forty `GET /models`, each holding
+    a connection of the pool that requests use; they share one probe now."""
+    backend = SlowModels()
+    async with RawServer(backend) as raw:
+        with serve(create_app(make_policy(raw.url))) as url:
+            limits = httpx.Limits(max_connections=40)
+            async with httpx.AsyncClient(timeout=ANSWERED_WITHIN_S * 3, limits=limits) as client:
+                answers = await asyncio.gather(*(client.get(url + "/readyz") for _ in range(40)))
+    assert [a.status_code for a in answers] == [200] * 40
+    assert backend.probes <= 5, backend.probes  # the calls arrive within a probe or two, not 40
