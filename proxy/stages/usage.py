@@ -52,7 +52,8 @@ def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
     checked = checked_usage(usage)
     if ctx.operation != "embeddings" and not isinstance(usage.get("completion_tokens"), int):
         checked = None  # a generation's usage without its output count is not a usage
-    bound = ctx.outgoing.reserved_output()
+    # An embedding generates nothing: output it reports is no believable count.
+    bound = 0 if ctx.operation == "embeddings" else ctx.outgoing.reserved_output()
     if checked is not None and bound is not None and checked[1] > bound:
         checked = None  # more output than the bound it was sent with: not a believable count
     if checked is None:

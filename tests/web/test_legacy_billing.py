@@ -1,0 +1,84 @@
+"""What /v1/embeddings and /v1/completions requests bill, end to end: a small backend answering
+as a test sets, a real gateway with a SQLite ledger (tests/web/test_billing.py's policy), and
+the `openai` SDK as the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from proxy.app import create_app
+from tests.conftest import ALPHA_KEY
+from tests.servers import serve
+from tests.web.test_billing import billing_policy, ledger_path, ledger_records
+
+__all__ = ["ledger_path"]  # a fixture
+
+Answer = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _backend(answer: Answer) -> Starlette:
+    """Answers /v1/completions and /v1/embeddings with `answer(body)`."""
+
+    async def answered(request: Request) -> JSONResponse:
+        return JSONResponse(answer(await request.json()))
+
+    routes = [
+        Route(path, answered, methods=["POST"]) for path in ("/v1/completions", "/v1/embeddings")
+    ]
+    return Starlette(routes=routes)
+
+
+@pytest.fixture
+def client_of(ledger_path: Path) -> Iterator[Callable[[Answer], openai.OpenAI]]:
+    """A real gateway in front of a backend answering as a test says, and an SDK client."""
+    with ExitStack() as servers:
+
+        def make(answer: Answer) -> openai.OpenAI:
+            backend = servers.enter_context(serve(_backend(answer)))
+            gateway = servers.enter_context(serve(create_app(billing_policy(backend, ledger_path))))
+            return openai.OpenAI(base_url=gateway + "/v1", api_key=ALPHA_KEY, max_retries=0)
+
+        yield make
+
+
+def _embeddings(usage: dict[str, int]) -> Answer:
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        data = [{"object": "embedding", "index": i, "embedding": [0.5, 0.25]} for i in range(2)]
+        return {"object": "list", "model": "exact-llm", "data": data, "usage": usage}
+
+    return answer
+
+
+def test_an_embedding_bills_no_output_a_backend_reports(
+    client_of: Callable[[Answer], openai.OpenAI], ledger_path: Path
+) -> None:
+    """An embedding generates nothing, but a backend's `completion_tokens: 5000` on one was
+    believed: the request was billed 5,000 output tokens (0.01 USD at 2 USD a million)."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 5000, "total_tokens": 5007}
+    client = client_of(_embeddings(usage))
+    result = client.embeddings.create(model="exact-llm", input=["first", "second"])
+    assert [item.embedding for item in result.data] == [[0.5, 0.25]] * 2
+    [record] = ledger_records(ledger_path, 1)
+    assert (record.operation, record.output_tokens) == ("embeddings", 0)
+    assert record.usage_source == "counted"  # the backend's usage is not believed
+    assert record.input_tokens == 2  # "first" and "second", one token each
+
+
+def test_an_honest_embeddings_usage_is_billed(
+    client_of: Callable[[Answer], openai.OpenAI], ledger_path: Path
+) -> None:
+    client = client_of(_embeddings({"prompt_tokens": 7, "completion_tokens": 0, "total_tokens": 7}))
+    client.embeddings.create(model="exact-llm", input=["first", "second"])
+    [record] = ledger_records(ledger_path, 1)
+    assert (record.input_tokens, record.output_tokens, record.usage_source) == (7, 0, "backend")
