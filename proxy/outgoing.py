@@ -19,14 +19,23 @@ class OutgoingRequest:
     """`bounds` are the body fields that cap each answer's length for the operation (proxy.apis
     `output_fields`); the last is the one every backend of the operation reads, so a bound the
     gateway holds the answer to is always written there. `answers` is how many answers the
-    backend generates (chat's `n`; a completions batch's prompts times `n` or `best_of`)."""
+    backend generates (chat's `n`; a completions batch's prompts times `n` or `best_of`).
+    `default` is the bound the API gives an answer whose body sets none (completions: 16), which
+    a bound the gateway sets in its place never exceeds."""
 
-    __slots__ = ("allowance", "answers", "body", "bounds", "model", "shaped")
+    __slots__ = ("allowance", "answers", "body", "bounds", "default", "model", "shaped")
 
-    def __init__(self, body: dict[str, Any], model: str = "", bounds: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        body: dict[str, Any],
+        model: str = "",
+        bounds: tuple[str, ...] = (),
+        default: int | None = None,
+    ) -> None:
         self.body = body
         self.model = model
         self.bounds = bounds
+        self.default = default
         self.allowance: int | None = None  # the most output tokens one answer may have
         self.answers = 1
         self.shaped: list[str] = []  # why the body differs from the client's, in order
@@ -37,9 +46,9 @@ class OutgoingRequest:
 
     def bound_output(self, limit: int, reason: str | None) -> None:
         """Bound each answer to `limit` tokens: each output field the body sets is lowered to it
-        (never raised), and the operation's own field carries the bound (set to it when the body
-        sets no field). `reason`, a shaping name, is recorded once when a bound was lowered or
-        set."""
+        (never raised), and the operation's own field carries the bound (set to it, or to the
+        API's lower default, when the body sets no field). `reason`, a shaping name, is recorded
+        once when a bound was lowered or set."""
         body = self.body
         bound: int | None = None
         changed = False
@@ -52,7 +61,8 @@ class OutgoingRequest:
                 changed = True
             bound = value if bound is None or value > bound else bound
         if bound is None:
-            bound, changed = limit, True
+            default = self.default
+            bound, changed = limit if default is None else min(limit, default), True
         self._carry(bound)
         if self.allowance is not None:
             bound = min(bound, self.allowance)
@@ -81,7 +91,8 @@ class OutgoingRequest:
     def held_output(self) -> int:
         """The output tokens a reservation holds: every answer at its bound. A request with no
         bound is bounded to DEFAULT_OUTPUT_BOUND first, so the backend is held to what is
-        reserved (a quota, a key's own allowance: one bound, whichever reserves first)."""
+        reserved (a quota, a key's own allowance: one bound, whichever reserves first), or to
+        the API's own default where it is lower (a completion's 16)."""
         if self.allowance is None:
             self.bound_output(DEFAULT_OUTPUT_BOUND, "max_tokens")
         return (self.allowance or 0) * self.answers

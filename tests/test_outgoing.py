@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
-from proxy.apis import output_fields
+from proxy.apis import output_default, output_fields
 from proxy.context import Operation
 from proxy.outgoing import DEFAULT_OUTPUT_BOUND, OutgoingRequest
 
 
 def outgoing(operation: Operation, **body: Any) -> OutgoingRequest:
-    request = OutgoingRequest({"model": "m", **body}, "m", output_fields(operation))
+    fields, default = output_fields(operation), output_default(operation)
+    request = OutgoingRequest({"model": "m", **body}, "m", fields, default)
     request.allow_as_sent()
     return request
 
@@ -34,6 +35,9 @@ def outgoing(operation: Operation, **body: Any) -> OutgoingRequest:
         ("chat", {"max_completion_tokens": 300, "max_tokens": None}, 500,
          {"max_completion_tokens": 300, "max_tokens": 300}, 300, []),
         ("text_completion", {"max_tokens": None}, 16, {"max_tokens": 16}, 16, ["budget"]),
+        # none set: the API's own default (16), where it is lower
+        ("text_completion", {}, 500, {"max_tokens": 16}, 16, ["budget"]),
+        ("text_completion", {}, 8, {"max_tokens": 8}, 8, ["budget"]),
         ("messages", {"max_tokens": 900}, 500, {"max_tokens": 500}, 500, ["budget"]),
         ("responses", {}, 64, {"max_output_tokens": 64}, 64, ["budget"]),
     ],

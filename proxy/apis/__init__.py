@@ -15,7 +15,14 @@ from proxy.apis.events import EventForwarder, StreamEvents
 from proxy.context import Operation
 from proxy.stages.jsoncheck import Check
 
-__all__ = ["AGENT_APIS", "AgentApi", "EventForwarder", "output_fields"]
+__all__ = [
+    "AGENT_APIS",
+    "COMPLETIONS_MAX_TOKENS",
+    "AgentApi",
+    "EventForwarder",
+    "output_default",
+    "output_fields",
+]
 
 Body = Mapping[str, Any]
 ChatView = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
@@ -65,6 +72,8 @@ AGENT_APIS: Mapping[Operation, AgentApi] = {
 # vLLM prefers max_completion_tokens. Completions backends read max_tokens alone.
 _CHAT_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
 _OUTPUT_FIELD = ("max_tokens",)
+# What a completion without `max_tokens` generates at OpenAI and in vLLM (the API's default).
+COMPLETIONS_MAX_TOKENS = 16
 
 
 def output_fields(operation: Operation) -> tuple[str, ...]:
@@ -74,3 +83,8 @@ def output_fields(operation: Operation) -> tuple[str, ...]:
     if api is not None:
         return (api.output_field,)
     return _CHAT_OUTPUT_FIELDS if operation == "chat" else _OUTPUT_FIELD
+
+
+def output_default(operation: Operation) -> int | None:
+    """The bound an API gives an answer whose body sets none (None: its context's room)."""
+    return COMPLETIONS_MAX_TOKENS if operation == "text_completion" else None

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from proxy.apis import AGENT_APIS, output_fields
+from proxy.apis import AGENT_APIS, output_default, output_fields
 from proxy.context import Admitted, Operation
 from proxy.errors import BadRequest, GatewayError, InvalidJSON, ModelNotFound, PermissionDenied
 from proxy.outgoing import OutgoingRequest
@@ -53,7 +53,10 @@ class Parse:
     def read(self, ctx: Admitted) -> dict[str, Any]:
         """The body as a JSON object, its model one the tenant may use: the outgoing request."""
         body = _load(ctx.raw_body)
-        ctx.outgoing = OutgoingRequest(body, _model(body), output_fields(ctx.operation))
+        operation = ctx.operation
+        ctx.outgoing = OutgoingRequest(
+            body, _model(body), output_fields(operation), output_default(operation)
+        )
         self._check_access(ctx)
         _check_depth(ctx.raw_body, body)
         return body

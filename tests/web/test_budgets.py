@@ -314,8 +314,8 @@ def test_a_reservation_covers_every_answer_of_n_and_of_a_prompt_batch(
     full = {"mock_completion_tokens": 100}  # every answer runs to its bound
     never = [
         ("/v1/chat/completions", {**hi, "n": 128}),
-        ("/v1/completions", {"model": "mock-llm", "prompt": ["a"] * 500}),
-        ("/v1/completions", {"model": "mock-llm", "prompt": "a", "best_of": 20}),
+        ("/v1/completions", {"model": "mock-llm", "prompt": ["a"] * 500, "max_tokens": 100}),
+        ("/v1/completions", {"model": "mock-llm", "prompt": "a", "best_of": 20, "max_tokens": 100}),
     ]
     headers = {"authorization": f"Bearer {KEY}"}
     with (

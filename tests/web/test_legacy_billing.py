@@ -82,3 +82,36 @@ def test_an_honest_embeddings_usage_is_billed(
     client.embeddings.create(model="exact-llm", input=["first", "second"])
     [record] = ledger_records(ledger_path, 1)
     assert (record.input_tokens, record.output_tokens, record.usage_source) == (7, 0, "backend")
+
+
+def _completions(seen: list[dict[str, Any]]) -> Answer:
+    """One choice of one token for each prompt; each body kept in `seen`."""
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        seen.append(body)
+        prompt = body["prompt"]
+        count = len(prompt) if isinstance(prompt, list) and type(prompt[0]) is not int else 1
+        choices = [{"index": i, "text": " x", "finish_reason": "length"} for i in range(count)]
+        usage = {"prompt_tokens": count, "completion_tokens": count}
+        return {"id": "c", "object": "text_completion", "choices": choices, "usage": usage}
+
+    return answer
+
+
+def test_a_completion_without_max_tokens_is_held_to_the_apis_16_not_4096(
+    client_of: Callable[[Answer], openai.OpenAI], ledger_path: Path
+) -> None:
+    """A completion without `max_tokens` generates 16 tokens at OpenAI and in vLLM. Under a
+    quota the gateway sent it with `max_tokens: 4096` (chat's default bound), so the backend
+    wrote answers 256 times as long, and a batch of 300 prompts, which reserved 300 x 4096
+    tokens, was refused as one that "can never be admitted" under a 1,000,000-token quota."""
+    seen: list[dict[str, Any]] = []
+    client = client_of(_completions(seen))
+    client.completions.create(model="exact-llm", prompt="Once upon a time")
+    assert seen[-1]["max_tokens"] == 16
+    batch = client.completions.create(model="exact-llm", prompt=["Once upon a time"] * 300)
+    assert len(batch.choices) == 300
+    assert seen[-1]["max_tokens"] == 16
+    client.completions.create(model="exact-llm", prompt="Once upon a time", max_tokens=100)
+    assert seen[-1]["max_tokens"] == 100  # the client's own bound, as it was
+    assert len(ledger_records(ledger_path, 3)) == 3
