@@ -140,9 +140,9 @@ class RequestContext:
 
     @property
     def choices(self) -> int:
-        """How many answers the request asks for: its `n`, if a whole number above 1, else 1."""
-        n = self.outgoing.body.get("n")
-        return n if type(n) is int and n > 1 else 1
+        """How many answers the client gets: its `n` (1 if it sets none), for each prompt of a
+        completions batch (as parse read them)."""
+        return self.outgoing.choices
 
     @property
     def status(self) -> int:

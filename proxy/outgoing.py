@@ -19,11 +19,12 @@ class OutgoingRequest:
     """`bounds` are the body fields that cap each answer's length for the operation (proxy.apis
     `output_fields`); the last is the one every backend of the operation reads, so a bound the
     gateway holds the answer to is always written there. `answers` is how many answers the
-    backend generates (chat's `n`; a completions batch's prompts times `n` or `best_of`).
+    backend generates (chat's `n`; a completions batch's prompts times `n` or `best_of`), and
+    `choices` how many of them the client gets (the prompts times `n`).
     `default` is the bound the API gives an answer whose body sets none (completions: 16), which
     a bound the gateway sets in its place never exceeds."""
 
-    __slots__ = ("allowance", "answers", "body", "bounds", "default", "model", "shaped")
+    __slots__ = ("allowance", "answers", "body", "bounds", "choices", "default", "model", "shaped")
 
     def __init__(
         self,
@@ -38,6 +39,7 @@ class OutgoingRequest:
         self.default = default
         self.allowance: int | None = None  # the most output tokens one answer may have
         self.answers = 1
+        self.choices = 1
         self.shaped: list[str] = []  # why the body differs from the client's, in order
 
     def set_model(self, name: str) -> None:

@@ -1,6 +1,7 @@
 """Parse and check the body as OpenAI would, and that the tenant may use the model.
 
-Writes body, model, stream, client_wants_usage, and the number of answers asked for.
+Writes body, model, stream, client_wants_usage, and the number of answers asked for (the
+choices the client gets, the answers the backend generates).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Parse:
         if ctx.operation != "embeddings":
             ctx.stream = body.get("stream") is True
             ctx.client_wants_usage = _stream_options(body, ctx.stream)
-            ctx.outgoing.answers = _answers(body, ctx.operation == "chat")
+            ctx.outgoing.choices, ctx.outgoing.answers = _answers(body, ctx.operation == "chat")
 
     def read(self, ctx: Admitted) -> dict[str, Any]:
         """The body as a JSON object, its model one the tenant may use: the outgoing request."""
@@ -163,19 +164,19 @@ def _writable(value: object) -> bool:
     return True
 
 
-def _answers(body: dict[str, Any], chat: bool) -> int:
-    """How many answers the backend generates: `n` (for completions, `best_of` when larger,
-    as the backend generates them all), for each prompt of a completions batch."""
+def _answers(body: dict[str, Any], chat: bool) -> tuple[int, int]:
+    """How many answers the client gets, and how many the backend generates: `n` (for
+    completions, `best_of` when larger, as the backend generates them all), for each prompt of
+    a completions batch."""
     each: int = body.get("n") or 1
     if chat:
-        return each
+        return each, each
     best_of = body.get("best_of")
-    if best_of is not None and best_of > each:
-        each = best_of
+    generated = best_of if best_of is not None and best_of > each else each
     prompt = body["prompt"]
     if type(prompt) is list and type(prompt[0]) is not int:  # texts or token-id lists
-        return each * len(prompt)
-    return each
+        return each * len(prompt), generated * len(prompt)
+    return each, generated
 
 
 def _stream_options(body: dict[str, Any], stream: bool) -> bool:

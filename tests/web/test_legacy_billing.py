@@ -5,16 +5,17 @@ the `openai` SDK as the client.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy.app import create_app
@@ -24,14 +25,15 @@ from tests.web.test_billing import billing_policy, ledger_path, ledger_records
 
 __all__ = ["ledger_path"]  # a fixture
 
-Answer = Callable[[dict[str, Any]], dict[str, Any]]
+Answer = Callable[[dict[str, Any]], dict[str, Any] | Response]
 
 
 def _backend(answer: Answer) -> Starlette:
     """Answers /v1/completions and /v1/embeddings with `answer(body)`."""
 
-    async def answered(request: Request) -> JSONResponse:
-        return JSONResponse(answer(await request.json()))
+    async def answered(request: Request) -> Response:
+        given = answer(await request.json())
+        return given if isinstance(given, Response) else JSONResponse(given)
 
     routes = [
         Route(path, answered, methods=["POST"]) for path in ("/v1/completions", "/v1/embeddings")
@@ -115,3 +117,64 @@ def test_a_completion_without_max_tokens_is_held_to_the_apis_16_not_4096(
     client.completions.create(model="exact-llm", prompt="Once upon a time", max_tokens=100)
     assert seen[-1]["max_tokens"] == 100  # the client's own bound, as it was
     assert len(ledger_records(ledger_path, 3)) == 3
+
+
+def _batch(seen: list[dict[str, Any]], reported_tokens: int) -> Answer:
+    """Twelve " hello" tokens for each prompt of a batch, the usage reporting only
+    `reported_tokens` of them."""
+
+    def answer(body: dict[str, Any]) -> dict[str, Any] | Response:
+        seen.append(body)
+        if body.get("stream"):
+            return StreamingResponse(
+                _batch_stream(len(body["prompt"])), media_type="text/event-stream"
+            )
+        text = " hello" * 12
+        choices = [
+            {"index": i, "text": text, "finish_reason": "stop"} for i in range(len(body["prompt"]))
+        ]
+        usage = {"prompt_tokens": 6, "completion_tokens": reported_tokens}
+        return {"id": "c", "object": "text_completion", "choices": choices, "usage": usage}
+
+    return answer
+
+
+def test_a_batch_bills_every_prompts_answer_not_the_one_reported(
+    client_of: Callable[[Answer], openai.OpenAI], ledger_path: Path
+) -> None:
+    """The gateway overrules a backend that reports one choice's tokens of `n`, but a batch's
+    prompts were not choices to it: three prompts answered with 12 tokens each, reported as 12,
+    were billed 12 (with `n: 3` they were billed 36)."""
+    client = client_of(_batch([], 12))
+    answer = client.completions.create(model="exact-llm", prompt=["a", "b", "c"], max_tokens=20)
+    assert len(answer.choices) == 3
+    [record] = ledger_records(ledger_path, 1)
+    assert (record.output_tokens, record.usage_source) == (36, "counted_output")
+
+
+async def _batch_stream(prompts: int) -> AsyncIterator[bytes]:
+    """Twelve " hello" events for each prompt, interleaved, a finish event each, no usage."""
+
+    def event(index: int, text: str, finish: str | None = None) -> bytes:
+        choice = {"index": index, "text": text, "finish_reason": finish}
+        chunk = {"id": "c", "object": "text_completion", "choices": [choice]}
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    for _ in range(12):
+        yield b"".join(event(i, " hello") for i in range(prompts))
+    yield b"".join(event(i, "", "stop") for i in range(prompts))
+    yield b"data: [DONE]\n\n"
+
+
+def test_a_streamed_batch_without_usage_bills_what_was_relayed(
+    client_of: Callable[[Answer], openai.OpenAI], ledger_path: Path
+) -> None:
+    """A stream's own count is its token events less each choice's finish event; a batch's
+    prompts were not counted as choices, so three prompts' 36 tokens were billed 38."""
+    client = client_of(_batch([], 0))
+    stream = client.completions.create(
+        model="exact-llm", prompt=["a", "b", "c"], max_tokens=20, stream=True
+    )
+    assert "".join(chunk.choices[0].text for chunk in stream) == " hello" * 36
+    [record] = ledger_records(ledger_path, 1)
+    assert (record.output_tokens, record.usage_source) == (36, "counted")
