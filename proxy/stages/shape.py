@@ -52,7 +52,7 @@ class Shape:
             field = "prompt" if ctx.operation == "text_completion" else "input"
             count = await self._counter.count_prompt(ctx.model, outgoing.body[field])
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
-                raise _too_long(count, budget.max_input_tokens)
+                raise _too_long(count, budget.max_input_tokens, field)
             ctx.counted_input_tokens = count
         if ctx.operation != "embeddings":
             if budget.max_output_tokens is not None:
@@ -99,7 +99,7 @@ class Shape:
             messages, tools = api.to_chat(ctx.body)
             count = await self._counter.count_chat(ctx.model, messages, tools)
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
-                raise _too_long(count, budget.max_input_tokens)
+                raise _too_long(count, budget.max_input_tokens, api.required[0])
             ctx.counted_input_tokens = count
 
     async def _trim(
@@ -235,9 +235,10 @@ def _refuse_stored_history(body: Mapping[str, Any], limit: int) -> None:
             )
 
 
-def _too_long(count: int, limit: int) -> ContextLengthExceeded:
+def _too_long(count: int, limit: int, param: str = "messages") -> ContextLengthExceeded:
+    """The refusal of an input over the limit, naming the field that holds it."""
     return ContextLengthExceeded(
         f"This request's input is {count} tokens, over this key's limit of {limit} input tokens. "
-        "Please shorten the messages.",
-        param="messages",
+        f"Please shorten the {param}.",
+        param=param,
     )

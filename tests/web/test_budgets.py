@@ -70,13 +70,24 @@ def test_shaping_reaches_the_backend_and_is_announced(
 
 
 def test_input_over_the_limit_is_context_length_exceeded(backend_url: str) -> None:
+    """The error names the field that holds the input: it named `messages` on every route."""
     with serve(create_app(budget_policy(backend_url, "{max_input_tokens: 20}"))) as url:
         sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        with pytest.raises(openai.BadRequestError) as caught:
+        with pytest.raises(openai.BadRequestError) as chat:
             sdk.chat.completions.create(
                 model="mock-llm", messages=[{"role": "user", "content": "word " * 200}]
             )
-    assert caught.value.code == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError) as completion:
+            sdk.completions.create(model="mock-llm", prompt=["word " * 100, "word " * 100])
+        with pytest.raises(openai.BadRequestError) as embedding:
+            sdk.embeddings.create(model="mock-llm", input=[[1] * 15, [2] * 15])
+    refusals = [(e.value.code, e.value.param) for e in (chat, completion, embedding)]
+    assert refusals == [
+        ("context_length_exceeded", "messages"),
+        ("context_length_exceeded", "prompt"),
+        ("context_length_exceeded", "input"),
+    ]
+    assert "shorten the input" in str(embedding.value)
 
 
 def test_quota_refuses_with_insufficient_quota_once_spent(backend_url: str) -> None:
