@@ -17,6 +17,7 @@ from proxy.errors import BadRequest, GatewayError, InvalidJSON, ModelNotFound, P
 from proxy.outgoing import OutgoingRequest
 from proxy.stages.jsoncheck import Check, boolean, fields, invalid_type, missing
 from proxy.stages.openai_schema import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, PROMPT
+from proxy.tokens.base import prompt_count
 
 __all__ = ["MAX_DEPTH", "Parse", "check_fields"]
 
@@ -173,10 +174,8 @@ def _answers(body: dict[str, Any], chat: bool) -> tuple[int, int]:
         return each, each
     best_of = body.get("best_of")
     generated = best_of if best_of is not None and best_of > each else each
-    prompt = body["prompt"]
-    if type(prompt) is list and type(prompt[0]) is not int:  # texts or token-id lists
-        return each * len(prompt), generated * len(prompt)
-    return each, generated
+    prompts = prompt_count(body["prompt"])
+    return each * prompts, generated * prompts
 
 
 def _stream_options(body: dict[str, Any], stream: bool) -> bool:

@@ -9,13 +9,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from proxy.apis import AGENT_APIS, AgentApi
-from proxy.context import Admitted
+from proxy.context import Admitted, Operation
 from proxy.errors import BadRequest, ContextLengthExceeded
 from proxy.outgoing import OutgoingRequest
 from proxy.policy.model import Budget, Tenant
 from proxy.tokens import TokenizerError
+from proxy.tokens.base import prompt_count
 
-__all__ = ["InputCounter", "Shape"]
+__all__ = ["InputCounter", "Shape", "count_prompts"]
 
 Message = Mapping[str, Any]
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -49,9 +50,9 @@ class Shape:
         elif api is not None:
             await self._shape_agent(ctx, tenant, api)
         elif _needs_count(tenant):
-            field = "prompt" if ctx.operation == "text_completion" else "input"
-            count = await self._counter.count_prompt(ctx.model, outgoing.body[field])
+            count = await count_prompts(self._counter, ctx.model, ctx.operation, outgoing.body)
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
+                field = "prompt" if ctx.operation == "text_completion" else "input"
                 raise _too_long(count, budget.max_input_tokens, field)
             ctx.counted_input_tokens = count
         if ctx.operation != "embeddings":
@@ -122,6 +123,22 @@ class Shape:
             newest = await self._counter.count_chat(model, head + turns[cuts[-1] :], tools)
             raise _too_long(newest, limit)
         return best
+
+
+async def count_prompts(
+    counter: InputCounter, model: str, operation: Operation, body: Mapping[str, Any]
+) -> int:
+    """Input tokens of a completions or embeddings request: its `prompt` (or `input`), and a
+    completion's `suffix` once for each prompt (a fill-in-the-middle backend, Ollama's, reads it
+    as input beside each)."""
+    if operation != "text_completion":
+        return await counter.count_prompt(model, body["input"])
+    prompt = body["prompt"]
+    count = await counter.count_prompt(model, prompt)
+    suffix = body.get("suffix")
+    if isinstance(suffix, str) and suffix:
+        count += prompt_count(prompt) * await counter.count_prompt(model, suffix)
+    return count
 
 
 class _Checked:

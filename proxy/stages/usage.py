@@ -12,6 +12,7 @@ import orjson
 
 from proxy.apis import AGENT_APIS
 from proxy.context import Operation, RequestContext, UsageSource
+from proxy.stages.shape import count_prompts
 from proxy.tokens import TokenCounter, TokenCounters, TokenizerError
 
 __all__ = [
@@ -160,9 +161,8 @@ async def count_unreported_input(ctx: RequestContext, counters: TokenCounters) -
                 return
             count = await counters.count_chat(ctx.model, messages, body.get("tools") or None)
         else:
-            field = "prompt" if ctx.operation == "text_completion" else "input"
-            count = await counters.count_prompt(ctx.model, body.get(field, ""))
-    except (TokenizerError, TypeError, ValueError, AttributeError):
+            count = await count_prompts(counters, ctx.model, ctx.operation, body)
+    except (TokenizerError, TypeError, ValueError, AttributeError, KeyError):
         return  # a prompt the counter cannot read was checked by parse; bill it as uncounted
     ctx.counted_input_tokens = count
 

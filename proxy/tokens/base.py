@@ -24,6 +24,7 @@ __all__ = [
     "chat_chars",
     "media_tokens",
     "prompt_chars",
+    "prompt_count",
     "prompt_tokens",
     "split_content",
 ]
@@ -86,6 +87,14 @@ def prompt_chars(prompt: Prompt) -> int:
     if isinstance(prompt, str):
         return len(prompt)
     return sum(len(item) if isinstance(item, str | list) else 1 for item in prompt)
+
+
+def prompt_count(prompt: object) -> int:
+    """How many prompts a completions `prompt` (or embeddings `input`) holds: one text or one
+    list of token ids, or each text or id list of a batch."""
+    if type(prompt) is list and prompt and type(prompt[0]) is not int:
+        return len(prompt)
+    return 1
 
 
 def prompt_tokens(prompt: Prompt, count_text: Callable[[str], int], added_per_text: int) -> int:

@@ -90,6 +90,23 @@ def test_input_over_the_limit_is_context_length_exceeded(backend_url: str) -> No
     assert "shorten the input" in str(embedding.value)
 
 
+def test_a_completions_suffix_counts_toward_the_input_limit(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    """A fill-in-the-middle backend (Ollama's /v1/completions) reads `suffix` as input beside
+    each prompt, but only the prompt was counted: 1,000 words of suffix passed a 20-token
+    `max_input_tokens` (and `tokens_per_minute`) uncounted."""
+    with serve(create_app(budget_policy(backend_url, "{max_input_tokens: 20}"))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk.completions.create(model="mock-llm", prompt="def f(", suffix=" word" * 1000)
+        with pytest.raises(openai.BadRequestError):  # the suffix beside each of 4 prompts
+            sdk.completions.create(model="mock-llm", prompt=["def f("] * 4, suffix=" word" * 4)
+        fits = sdk.completions.create(model="mock-llm", prompt="def f(", suffix=" word" * 4)
+    assert caught.value.code == "context_length_exceeded"
+    assert fits.choices
+
+
 def test_quota_refuses_with_insufficient_quota_once_spent(backend_url: str) -> None:
     with serve(create_app(budget_policy(backend_url, "{tokens_per_day: 100}"))) as url:
         sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
