@@ -14,6 +14,7 @@ from proxy.apis import AGENT_APIS
 from proxy.context import Operation, RequestContext, UsageSource
 from proxy.stages.shape import count_prompts
 from proxy.tokens import TokenCounter, TokenCounters, TokenizerError
+from proxy.tokens.base import prompts_of
 
 __all__ = [
     "MAX_USAGE_TOKENS",
@@ -218,25 +219,28 @@ def _bounded(ctx: RequestContext, events: int) -> int:
     return events if bound is None else min(events, bound)
 
 
-def _echoed(ctx: RequestContext) -> tuple[str, ...]:
-    """The prompts a completion's choices begin with, under `echo: true` (text prompts only:
-    a prompt of token ids is echoed as text the gateway does not decode, and is counted)."""
+def _echoed(ctx: RequestContext) -> tuple[str | None, ...]:
+    """The prompt each choice of a completion begins with under `echo: true`, by the choice's
+    index (each prompt's `n` choices in turn, as OpenAI and vLLM number them); None for a prompt
+    of token ids, echoed as text the gateway does not decode, and counted."""
     if ctx.operation != "text_completion" or ctx.body.get("echo") is not True:
         return ()
-    prompt = ctx.body.get("prompt")
-    prompts = prompt if isinstance(prompt, list) else [prompt]
-    return tuple(sorted((p for p in prompts if isinstance(p, str) and p), key=len, reverse=True))
+    prompts = prompts_of(ctx.body.get("prompt"))
+    each = ctx.choices // len(prompts)
+    return tuple(p if isinstance(p, str) else None for p in prompts for _ in range(each))
 
 
-def _unechoed(text: str, echoed: tuple[str, ...]) -> str:
-    for prompt in echoed:  # the longest first: one prompt may begin another
-        if text.startswith(prompt):
-            return text[len(prompt) :]
-    return text
+def _unechoed(text: str, index: object, position: int, echoed: tuple[str | None, ...]) -> str:
+    """`text` without the prompt its choice echoes: the choice's own, by its index (its place in
+    the answer if the index is not one), never another prompt's (one prompt may begin
+    another, and the longer one would take the output with it)."""
+    at = index if type(index) is int and 0 <= index < len(echoed) else position
+    prompt = echoed[at] if at < len(echoed) else None
+    return text[len(prompt) :] if prompt and text.startswith(prompt) else text
 
 
 def _count_answer(
-    raw: bytes, operation: Operation, counter: TokenCounter, echoed: tuple[str, ...] = ()
+    raw: bytes, operation: Operation, counter: TokenCounter, echoed: tuple[str | None, ...] = ()
 ) -> int | None:
     try:
         parsed = orjson.loads(raw)
@@ -249,12 +253,13 @@ def _count_answer(
     if not isinstance(choices, list):
         return None
     texts: list[str] = []
-    for choice in choices:
+    for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
             continue
         if operation == "text_completion":
             text = choice.get("text")
-            texts.append(_unechoed(text, echoed) if isinstance(text, str) else "")
+            if isinstance(text, str):
+                texts.append(_unechoed(text, choice.get("index"), position, echoed))
             continue
         message = choice.get("message")
         if isinstance(message, dict):

@@ -26,6 +26,7 @@ __all__ = [
     "prompt_chars",
     "prompt_count",
     "prompt_tokens",
+    "prompts_of",
     "split_content",
 ]
 
@@ -89,12 +90,16 @@ def prompt_chars(prompt: Prompt) -> int:
     return sum(len(item) if isinstance(item, str | list) else 1 for item in prompt)
 
 
-def prompt_count(prompt: object) -> int:
-    """How many prompts a completions `prompt` (or embeddings `input`) holds: one text or one
-    list of token ids, or each text or id list of a batch."""
+def prompts_of(prompt: object) -> list[Any]:
+    """The prompts a completions `prompt` (or embeddings `input`) holds: one text or one list
+    of token ids, or each text or id list of a batch."""
     if type(prompt) is list and prompt and type(prompt[0]) is not int:
-        return len(prompt)
-    return 1
+        return prompt
+    return [prompt]
+
+
+def prompt_count(prompt: object) -> int:
+    return len(prompts_of(prompt))
 
 
 def prompt_tokens(prompt: Prompt, count_text: Callable[[str], int], added_per_text: int) -> int:

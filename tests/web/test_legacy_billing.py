@@ -178,3 +178,27 @@ def test_a_streamed_batch_without_usage_bills_what_was_relayed(
     assert "".join(chunk.choices[0].text for chunk in stream) == " hello" * 36
     [record] = ledger_records(ledger_path, 1)
     assert (record.output_tokens, record.usage_source) == (36, "counted")
+
+
+def _echoing(body: dict[str, Any]) -> dict[str, Any]:
+    """Each prompt echoed, then " done": the first prompt's answer repeats the second prompt's
+    words first (as "repeat after me" asks); no usage."""
+    first, second = body["prompt"]
+    texts = [first + second.removeprefix(first) + " done", second + " done"]
+    choices = [{"index": i, "text": text, "finish_reason": "stop"} for i, text in enumerate(texts)]
+    return {"id": "c", "object": "text_completion", "choices": choices}
+
+
+def test_an_echoed_batch_takes_off_each_choices_own_prompt(
+    client_of: Callable[[Answer], openai.OpenAI], ledger_path: Path
+) -> None:
+    """Under `echo: true` a choice's text was cut after the longest prompt it began with, not
+    its own: an answer that began with a longer prompt's words lost them all, and 300 tokens
+    generated were billed as none, where the backend reported no usage."""
+    client = client_of(_echoing)
+    prompts = ["Repeat after me:", "Repeat after me:" + " yes" * 300]
+    answer = client.completions.create(model="exact-llm", prompt=prompts, echo=True, max_tokens=400)
+    assert answer.choices[0].text.endswith(" yes done")
+    [record] = ledger_records(ledger_path, 1)
+    assert record.usage_source == "counted"
+    assert record.output_tokens >= 302  # 300 " yes" and two " done"
