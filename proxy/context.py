@@ -189,6 +189,8 @@ class Admitted(RequestContext):
     tenant_name: str
     tenant: Tenant
     scope: RequestScope = field(default_factory=RequestScope)  # the client leaving cancels it
+    # A runtime key with a token allowance of its own: its input is counted, as a quota's is.
+    key_counts_tokens: bool = False
 
 
 _UPSTREAM_PATHS: dict[str, str] = {

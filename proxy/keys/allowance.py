@@ -77,9 +77,15 @@ class KeyAllowances:
 
     def note(self, ctx: Admitted, record: KeyRecord) -> None:
         """Auth found a runtime key; only one with an allowance of its own needs more."""
-        if not record.allowance.empty:
+        allowance = record.allowance
+        if not allowance.empty:
             scope = f"tw:{{{record.tenant}}}:key:{record.id}"
             self._holds[ctx] = _Hold(record, scope, self._lease_ids.next())
+            ctx.key_counts_tokens = bool(
+                allowance.tokens_per_day
+                or allowance.tokens_per_month
+                or allowance.tokens_per_minute
+            )
 
     async def __call__(self, ctx: Admitted) -> None:
         plan = taken(ctx, KeyPlan) or self.plan(ctx)

@@ -49,7 +49,7 @@ class Shape:
             await self._shape_chat(ctx, tenant)
         elif api is not None:
             await self._shape_agent(ctx, tenant, api)
-        elif _needs_count(tenant):
+        elif _needs_count(ctx):
             count = await count_prompts(self._counter, ctx.model, ctx.operation, outgoing.body)
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
                 field = "prompt" if ctx.operation == "text_completion" else "input"
@@ -75,7 +75,7 @@ class Shape:
             if len(kept) < len(messages):
                 messages = kept
                 shaped.append("history")
-        if _needs_count(tenant):
+        if _needs_count(ctx):
             tools = outgoing.body.get("tools")
             count = await self._counter.count_chat(ctx.model, messages, tools)
             limit = budget.max_input_tokens
@@ -96,7 +96,7 @@ class Shape:
             ctx.outgoing.record("system_prompt")  # the API's own rules put it in place
         if budget.max_input_tokens is not None:
             _refuse_stored_history(ctx.body, budget.max_input_tokens)
-        if _needs_count(tenant):
+        if _needs_count(ctx):
             messages, tools = api.to_chat(ctx.body)
             count = await self._counter.count_chat(ctx.model, messages, tools)
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
@@ -164,8 +164,13 @@ class _Checked:
             raise BadRequest(f"The input cannot be counted: {exc}", code="invalid_value") from exc
 
 
-def _needs_count(tenant: Tenant) -> bool:
-    return tenant.budget.max_input_tokens is not None or _charges_tokens(tenant)
+def _needs_count(ctx: Admitted) -> bool:
+    tenant = ctx.tenant
+    return (
+        tenant.budget.max_input_tokens is not None
+        or _charges_tokens(tenant)
+        or ctx.key_counts_tokens
+    )
 
 
 def _charges_output(tenant: Tenant) -> bool:

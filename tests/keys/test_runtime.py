@@ -219,6 +219,34 @@ def test_a_keys_own_quota_bounds_an_answer_the_client_left_unbounded(
     assert answer.json()["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/embeddings", {"input": "word " * 2000}),
+        ("/v1/completions", {"prompt": "word " * 2000, "max_tokens": 5}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 2000}]}),
+    ],
+)
+def test_a_keys_own_quota_counts_the_input_before_the_backend_is_asked(
+    gateway: httpx.Client, route: str, body: dict[str, Any]
+) -> None:
+    """The tenant has no quota or token limit, so its input was not counted: a key with 100
+    tokens a day had 2,000 input tokens admitted (reserving 0 of them, or only the answer's
+    bound), and its day was overspent by the whole prompt."""
+    limited = gateway.post(
+        "/admin/keys", json={"tenant": "alpha", "budget": {"tokens_per_day": 100}}
+    ).json()
+    answer = httpx.post(
+        str(gateway.base_url) + route,
+        json={"model": "mock-llm", **body},
+        headers={"authorization": f"Bearer {limited['key']}"},
+    )
+    assert answer.status_code == 429, answer.text
+    assert answer.json()["error"]["code"] == "insufficient_quota"
+    needs = int(answer.json()["error"]["message"].rstrip(".").rsplit(" ", 1)[-1])
+    assert needs >= 2000  # the input is reserved
+
+
 def test_requests_refused_for_what_a_keys_requests_in_flight_hold_retry_soon(
     gateway: httpx.Client,
 ) -> None:
