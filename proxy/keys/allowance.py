@@ -231,7 +231,14 @@ def _refused(counter: Counter, refusal: Refusal, tokens: int, now: float) -> Ins
         f"{counter.limit} tokens, {refusal.used} used and {refusal.reserved} held by requests "
         f"in flight, and this request needs up to {tokens}"
     )
-    if refusal.used + tokens <= counter.limit:  # as the tenant's quotas (budget.py) say it
+    if tokens > counter.limit:  # as the tenant's quotas (budget.py) say it
+        return InsufficientQuota(
+            f"This request needs up to {tokens} tokens, more than this API key's own quota "
+            f"({counter.limit} tokens) allows in a whole period: it can never be admitted. "
+            "Lower max_tokens or n, send fewer prompts, or shorten the input.",
+            should_retry=False,
+        )
+    if refusal.used + tokens <= counter.limit:
         return InsufficientQuota(
             f"Requests in flight hold this API key's own quota: {held}. It fits once they end; "
             "please try again shortly.",
