@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from proxy.app import create_app
+from proxy.ledger import UsageRecord
 from tests.servers import serve
 from tests.telemetry.scripted import chunk, scripted_backend, usage_chunk
 from tests.web.lyingbackend import LyingBackend
@@ -59,19 +60,29 @@ def test_textless_events_never_bill_past_the_bound_the_backend_was_sent(
     """A backend padding a stream with 500 empty deltas, after 3 words, for `max_tokens: 10`:
     each event after the first text is a token to the gateway's count (it does not search every
     event for text), which overruled the backend's usage (or stood for it) and billed 502."""
-    padded = [chunk({"role": "assistant", "content": ""})]
+    padded: list[bytes | float] = [chunk({"role": "assistant", "content": ""})]
     padded += [chunk({"content": " word"}) for _ in range(3)] + [chunk({})] * 500
     padded += [chunk({}, "stop")] + ([usage_chunk(9, 3)] if usage else []) + [b"data: [DONE]\n\n"]
-    with serve(scripted_backend({"pad": padded})) as backend:
-        with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
-            messages = [{"role": "user", "content": "pad"}]
-            body = {"model": "exact-llm", "messages": messages, "stream": True, "max_tokens": 10}
-            with httpx.stream(
-                "POST", gateway + "/v1/chat/completions", json=body, headers=AUTH, timeout=10
-            ) as answer:
-                assert answer.read().decode().count(" word") == 3
-            [record] = ledger_records(ledger_path, 1)
+    text, record = _streamed_bill(ledger_path, padded, max_tokens=10)
+    assert text.count(" word") == 3
     assert record.output_tokens == 10  # events are not read for text: the bound is the most
+
+
+def _streamed_bill(
+    ledger_path: Path, script: list[bytes | float], *, max_tokens: int
+) -> tuple[str, UsageRecord]:
+    """What a client streaming `script` from the scripted backend reads, and its record."""
+    with serve(scripted_backend({"script": script})) as backend:
+        with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
+            messages = [{"role": "user", "content": "script"}]
+            body = {"model": "exact-llm", "messages": messages, "stream": True}
+            with httpx.stream(
+                "POST", gateway + "/v1/chat/completions", json=body | {"max_tokens": max_tokens},
+                headers=AUTH, timeout=10,
+            ) as answer:  # fmt: skip
+                text = answer.read().decode()
+            [record] = ledger_records(ledger_path, 1)
+    return text, record
 
 
 def _echoing_backend(words: int) -> Starlette:
@@ -116,13 +127,6 @@ def test_events_without_text_between_tokens_are_not_billed(ledger_path: Path, us
     for _ in range(3):
         script += [chunk({"content": " word"}), 0.3, verdict, 0.3]
     script += [chunk({}, "stop")] + ([usage_chunk(9, 3)] if usage else []) + [b"data: [DONE]\n\n"]
-    with serve(scripted_backend({"filtered": script})) as backend:
-        with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
-            messages = [{"role": "user", "content": "filtered"}]
-            body = {"model": "exact-llm", "messages": messages, "stream": True, "max_tokens": 50}
-            with httpx.stream(
-                "POST", gateway + "/v1/chat/completions", json=body, headers=AUTH, timeout=10
-            ) as answer:
-                assert answer.read().decode().count(" word") == 3
-            [record] = ledger_records(ledger_path, 1)
+    text, record = _streamed_bill(ledger_path, script, max_tokens=50)
+    assert text.count(" word") == 3
     assert (record.usage_source, record.output_tokens) == ("backend" if usage else "counted", 3)
