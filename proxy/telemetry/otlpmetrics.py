@@ -71,6 +71,7 @@ NAMES: dict[str, tuple[str, str]] = {
     "tokenweir_ledger_records_buffered": ("tokenweir.ledger.records_buffered", "{record}"),
     "tokenweir_budget_remaining_tokens": ("tokenweir.budget.remaining_tokens", "{token}"),
     "tokenweir_budget_remaining_usd": ("tokenweir.budget.remaining_cost", "USD"),
+    "tokenweir_policy_reloads": ("tokenweir.policy.reloads", "{reload}"),
 }  # fmt: skip
 
 # Prometheus label -> OpenTelemetry attribute key.
@@ -87,11 +88,17 @@ ATTRIBUTES = {
     "quota": "tokenweir.quota",
 }
 
+# Families whose label means something else than ATTRIBUTES says: a reload's `result`.
+_FAMILY_ATTRIBUTES = {
+    "tokenweir_policy_reloads": ATTRIBUTES | {"result": "tokenweir.reload.result"},
+}
+
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 
 
-def _attributes(labels: dict[str, str]) -> dict[str, str]:
-    out = {ATTRIBUTES.get(name, name): value for name, value in labels.items() if name != "le"}
+def _attributes(labels: dict[str, str], family: str = "") -> dict[str, str]:
+    names = _FAMILY_ATTRIBUTES.get(family, ATTRIBUTES)
+    out = {names.get(name, name): value for name, value in labels.items() if name != "le"}
     if "gen_ai.operation.name" in out:
         out["gen_ai.provider.name"] = semconv.PROVIDER
     return out
@@ -125,7 +132,7 @@ def _histogram(family: Family, start_ns: int, now_ns: int) -> Histogram:
 
 def _numbers(family: Family, start_ns: int, now_ns: int) -> list[NumberDataPoint]:
     return [
-        NumberDataPoint(_attributes(dict(s.labels)), start_ns, now_ns, s.value)
+        NumberDataPoint(_attributes(dict(s.labels), family.name), start_ns, now_ns, s.value)
         for s in family.samples
         if not s.name.endswith("_created")
     ]

@@ -133,3 +133,15 @@ def test_every_family_goes_out_under_its_opentelemetry_name() -> None:
             for m in sm.metrics}  # fmt: skip
     assert sent["tokenweir.ledger.records_written"] == "{record}"
     assert all("." in name for name in sent), sorted(sent)  # none under its Prometheus name
+
+
+def test_a_reloads_result_is_no_cache_result() -> None:
+    """The reload counter's `result` label went out as the cache's attribute
+    (`tokenweir.cache.result`), under its Prometheus name."""
+    metrics = GatewayMetrics()
+    metrics.policy_reloaded("refused")
+    data = metrics_data(list(metrics.collect()), Resource.create({}), 0, 1)
+    [reloads] = [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                 if m.name == "tokenweir.policy.reloads"]  # fmt: skip
+    [point] = reloads.data.data_points
+    assert point.attributes == {"tokenweir.reload.result": "refused"}
