@@ -187,12 +187,13 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
         events = ctx.meter.token_events
         if ctx.operation in AGENT_APIS:
             return _bounded(ctx, events)  # the agent APIs' token events are their text deltas
-        texted = ctx.meter.texted_events  # events in chunks with text: a mid-stream event
-        if ctx.outcome.backend_usage is None:  # without text, in a chunk of its own, is none
-            # the bill: an ended stream's finish events are no tokens
+        # The events of the chunks that held text: an event without text in a chunk of its
+        # own (a filter's verdict) is no token.
+        texted = ctx.meter.texted_events
+        if ctx.outcome.backend_usage is None:  # the bill itself
             return relayed_output(ctx) if ctx.outcome.completed else _bounded(ctx, texted)
-        # a lower bound, to be compared with the backend's: each choice's role and finish
-        # events, or its finish in a chunk with text, are no tokens
+        # A lower bound to compare with the backend's: each choice's role and finish events,
+        # or its finish in a chunk with text, are no tokens.
         own = min(events - _TEXTLESS_PER_CHOICE * choices, texted - choices)
         return _bounded(ctx, max(0, own))
     # A whole answer is counted only when needed: no usage to believe, or several choices.
