@@ -61,6 +61,7 @@ class OutgoingRequest:
             if value > limit:
                 body[name] = value = limit
                 changed = True
+                _fit_thinking(body, limit)
             bound = value if bound is None or value > bound else bound
         if bound is None:
             default = self.default
@@ -121,3 +122,25 @@ class OutgoingRequest:
         put first by an agent API's own rules)."""
         if reason not in self.shaped:
             self.shaped.append(reason)
+
+
+# Anthropic's extended thinking: `budget_tokens` is at least this, and below `max_tokens`.
+_LEAST_THINKING = 1024
+
+
+def _fit_thinking(body: dict[str, Any], bound: int) -> None:
+    """A Messages body whose `max_tokens` the gateway lowered to `bound` keeps its extended
+    thinking below it: `thinking.budget_tokens` must stay under `max_tokens`, or Anthropic (and
+    backends that check as it does) refuse a request the client wrote correctly. Lowered to
+    `bound - 1`, or, where that is below the least budget Anthropic takes, thinking is left out
+    (the answer could not hold the least thinking anyway)."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict):
+        return
+    budget = thinking.get("budget_tokens")
+    if type(budget) is not int or budget < bound:
+        return
+    if bound - 1 >= _LEAST_THINKING:
+        body["thinking"] = {**thinking, "budget_tokens": bound - 1}
+    else:
+        del body["thinking"]

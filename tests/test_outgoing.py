@@ -82,3 +82,24 @@ def test_what_a_reservation_holds_is_a_bound_the_backend_is_sent() -> None:
     assert bounded.held_output() == 50
     assert bounded.body == {"model": "m", "max_tokens": 50}
     assert bounded.shaped == []
+
+
+@pytest.mark.parametrize(
+    ("budget", "limit", "sent"),
+    [
+        (2048, 1500, {"type": "enabled", "budget_tokens": 1499}),  # lowered under the bound
+        (2048, 1024, None),  # under the least budget, 1,024: left out
+        (1024, 1025, {"type": "enabled", "budget_tokens": 1024}),  # already under the bound
+        (1400, 2000, {"type": "enabled", "budget_tokens": 1400}),  # the bound above max_tokens
+    ],
+)
+def test_a_messages_bound_keeps_extended_thinking_below_it(
+    budget: int, limit: int, sent: dict[str, object] | None
+) -> None:
+    """Anthropic refuses `thinking.budget_tokens` at or above `max_tokens`."""
+    thinking = {"type": "enabled", "budget_tokens": budget}
+    request = outgoing("messages", max_tokens=1600, thinking=thinking)
+    request.bound_output(limit, "max_tokens")
+    assert request.body["max_tokens"] == min(1600, limit)
+    assert request.body.get("thinking") == sent
+    assert thinking == {"type": "enabled", "budget_tokens": budget}  # the client's own, unchanged

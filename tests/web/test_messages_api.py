@@ -476,3 +476,31 @@ def test_a_user_id_that_is_no_string_is_an_anthropic_400(
     assert error["type"] == "invalid_request_error"
     assert "'metadata.user_id'" in error["message"]
     assert gateway.stats()["requests_total"] == 0
+
+
+def _sent_with_thinking(gateway: AgentGateway, key: str, thinking: dict[str, object]) -> dict:
+    with sdk(gateway, key) as client:
+        client.messages.create(
+            model="mock-llm",
+            max_tokens=4000,
+            messages=HELLO,
+            thinking=thinking,  # type: ignore[arg-type]
+        )
+    sent = gateway.stats()["last_request"]
+    assert isinstance(sent, dict)
+    return sent
+
+
+def test_extended_thinking_is_left_out_below_the_least_budget_the_bound_leaves(
+    gateway: AgentGateway,
+) -> None:
+    """Anthropic refuses `thinking.budget_tokens` at or above `max_tokens`: a request the client
+    wrote correctly (a budget of 2,048 under 4,000) was sent with the tenant's bound of 3 and the
+    budget as given, which the backend refused. A bound under 1,025 leaves no room for the least
+    budget (1,024): thinking is left out. (tests/test_outgoing.py: a bound above it.)"""
+    thinking: dict[str, object] = {"type": "enabled", "budget_tokens": 2048}
+    sent = _sent_with_thinking(gateway, CAPPED_KEY, thinking)
+    assert sent["max_tokens"] == OUTPUT_CAP
+    assert "thinking" not in sent
+    sent = _sent_with_thinking(gateway, OPEN_KEY, thinking)  # no bound of the gateway's
+    assert (sent["max_tokens"], sent["thinking"]) == (4000, thinking)
