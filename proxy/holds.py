@@ -57,6 +57,7 @@ class Routed:
     attempt_s: float = 0.0
     sent: bool = False  # the current attempt's request reached its backend whole
     opened: bool = False
+    counted: bool = False  # in the backend's count across replicas (BackendHealth.counted)
 
     async def trace(self, event: str, info: dict[str, Any]) -> None:
         """httpcore's `trace` request extension, which the pooled transport calls too: the

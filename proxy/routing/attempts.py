@@ -25,9 +25,9 @@ from proxy.upstream.client import CONNECT_TIMEOUT_CODE, UpstreamClient
 
 __all__ = ["Admit", "Attempts", "GiveBack"]
 
-Admit = Callable[[Admitted, Backend], Awaitable[None]]
+Admit = Callable[[Admitted, Backend], Awaitable[int | None]]
 """The chosen backend's own limits (RateLimits.admit_backend); raises UpstreamUnavailable if
-the backend is full."""
+the backend is full, else returns its requests in flight across replicas (None: not counted)."""
 GiveBack = Callable[[Admitted, Backend], Awaitable[None]]
 """What a backend that failed holds on its own limits, given back as the request moves on
 (RateLimits.give_back_backend)."""
@@ -99,7 +99,7 @@ class Attempts:
         if routed is None:
             return
         health = routed.health
-        health.active.discard(ctx.meter)
+        health.left(ctx.meter, routed.counted)
         if not routed.opened:
             if health.name not in routed.tried:
                 health.circuit.abandoned()
@@ -131,11 +131,14 @@ class Attempts:
         if self._admit is None:
             return None
         try:
-            await self._admit(ctx, routed.health.backend)
+            inflight = await self._admit(ctx, routed.health.backend)
         except UpstreamUnavailable as full:
             routed.tried.append(routed.health.name)
             routed.health.circuit.abandoned()
             return full
+        if inflight is not None:
+            routed.health.counted(inflight, self._clock.monotonic())
+            routed.counted = True
         return None
 
     def _choose(self, ctx: Admitted, home: str, tried: Sequence[str]) -> BackendHealth | None:
@@ -149,7 +152,8 @@ class Attempts:
         return None
 
     def _take(self, ctx: Admitted, routed: Routed, health: BackendHealth) -> None:
-        routed.health.active.discard(ctx.meter)
+        routed.health.left(ctx.meter, routed.counted)
+        routed.counted = False
         routed.health = health
         health.active.add(ctx.meter)
         health.circuit.picked(self._clock.monotonic())

@@ -13,9 +13,12 @@ from proxy.routing.circuit import Circuit
 if TYPE_CHECKING:
     from proxy.upstream.meter import StreamMeter
 
-__all__ = ["WINDOW_S", "BackendHealth", "Window"]
+__all__ = ["SHARED_COUNT_S", "WINDOW_S", "BackendHealth", "Window"]
 
 WINDOW_S = 60.0
+# How long a backend's count across replicas (its slot pool's, at this process's last admission
+# there) is believed; after it, only this process's own requests are known.
+SHARED_COUNT_S = 1.0
 _MAX_SAMPLES = 256
 
 
@@ -48,7 +51,17 @@ def quantile(values: list[float], q: float) -> float | None:
 class BackendHealth:
     """One per backend, shared by every model it serves; the route stage keeps it current."""
 
-    __slots__ = ("active", "backend", "circuit", "outcomes", "probe_error", "tokens_per_s", "ttft")
+    __slots__ = (
+        "_shared",
+        "_shared_s",
+        "active",
+        "backend",
+        "circuit",
+        "outcomes",
+        "probe_error",
+        "tokens_per_s",
+        "ttft",
+    )
 
     def __init__(self, backend: Backend, spec: CircuitSpec) -> None:
         self.backend = backend
@@ -58,6 +71,8 @@ class BackendHealth:
         self.ttft = Window()
         self.tokens_per_s = Window()
         self.outcomes = Window()  # 1.0 for a failure, 0.0 for a success
+        self._shared = 0  # requests in flight across replicas, as last counted (see `counted`)
+        self._shared_s = -math.inf
 
     @property
     def name(self) -> str:
@@ -65,7 +80,28 @@ class BackendHealth:
 
     @property
     def inflight(self) -> int:
+        """This process's requests in flight on the backend."""
         return len(self.active)
+
+    def counted(self, inflight: int, now_s: float) -> None:
+        """The backend's requests in flight across every replica sharing its limits, as its
+        `max_concurrent` pool counted them when this process was admitted there."""
+        self._shared, self._shared_s = inflight, now_s
+
+    def left(self, meter: StreamMeter, counted: bool) -> None:
+        """A request of this process no longer holds the backend; `counted`: the count across
+        replicas held it (it was admitted at or before that count), so it is one lower too."""
+        self.active.discard(meter)
+        if counted:
+            self._shared -= 1
+
+    def inflight_at(self, now_s: float) -> int:
+        """Requests in flight on the backend as this process best knows: the count across
+        replicas while fresh (`SHARED_COUNT_S`), never below its own."""
+        own = len(self.active)
+        if now_s - self._shared_s > SHARED_COUNT_S:
+            return own
+        return max(own, self._shared)
 
     def available(self, now_s: float) -> bool:
         return self.probe_error is None and self.circuit.available(now_s)

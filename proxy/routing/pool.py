@@ -39,18 +39,21 @@ class ModelPool:
     def available(self, now_s: float) -> list[BackendHealth]:
         return [h for h in self.members if h.available(now_s)]
 
-    def inflight_ratio(self) -> float | None:
+    def inflight_ratio(self, now_s: float) -> float | None:
+        """Requests in flight over the backends' `max_concurrent`, across replicas as far as
+        this process knows (BackendHealth.inflight_at)."""
         capacity = sum(h.backend.limits.max_concurrent or 0 for h in self.members)
         if not capacity:
             return None
-        inflight = sum(h.inflight for h in self.members if h.backend.limits.max_concurrent)
+        members = self.members
+        inflight = sum(h.inflight_at(now_s) for h in members if h.backend.limits.max_concurrent)
         return inflight / capacity
 
     def signals(self, now_s: float) -> PoolSignals:
         ttfts = [v for h in self.members for v in h.ttft.recent(now_s)]
         outcomes = [v for h in self.members for v in h.outcomes.recent(now_s)]
         return PoolSignals(
-            inflight_ratio=self.inflight_ratio(),
+            inflight_ratio=self.inflight_ratio(now_s),
             queue_depth=sum(h.waiting() for h in self.members),
             ttft_p95_s=quantile(ttfts, 0.95),
             error_rate=sum(outcomes) / len(outcomes) if len(outcomes) >= MIN_OUTCOMES else None,

@@ -159,7 +159,7 @@ class Degrade:
         shed_at = SHED_AT.get(priority)
         if shed_at is None:
             return
-        ratio = self.pools.pool(ctx.model).inflight_ratio()
+        ratio = self.pools.pool(ctx.model).inflight_ratio(self.clock.monotonic())
         if ratio is None or ratio < shed_at:
             return
         if shadow:

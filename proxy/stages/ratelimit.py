@@ -107,26 +107,31 @@ class RateLimits:
     def replan(self, ctx: Admitted, plan: Plan) -> bool:
         return False
 
-    async def admit_backend(self, ctx: Admitted, backend: Backend) -> None:
+    async def admit_backend(self, ctx: Admitted, backend: Backend) -> int | None:
         """The chosen backend's own limits, shared by every tenant: a full backend is a 503.
-        First, the limits of the model it serves if a rule or a fallback changed it."""
+        First, the limits of the model it serves if a rule or a fallback changed it. Returns
+        the backend's requests in flight across every replica, this one included, as its
+        `max_concurrent` pool counted them (None: it has none, or storage did not answer)."""
         await self._admit_served_model(ctx)
         shape = self._shapes.of(_backend_scope(backend), backend.limits, "")
         if shape.empty:
-            return
+            return None
         costs = shape.costs(_token_cost(ctx))
         admission = await self._admit_once(ctx, shape, costs)
-        if admission is not None and not admission.admitted:
-            refusal = _refused(shape, costs, admission)
-            if refusal.should_retry is False:  # larger than a per-minute limit of the backend
-                raise UpstreamUnavailable(
-                    f"Backend {backend.name!r} cannot take this request: {refusal.message}",
-                    should_retry=False,
-                )
+        if admission is None:
+            return None
+        if admission.admitted:
+            return admission.held[0] + 1 if admission.held else None
+        refusal = _refused(shape, costs, admission)
+        if refusal.should_retry is False:  # larger than a per-minute limit of the backend
             raise UpstreamUnavailable(
-                f"Backend {backend.name!r} is at capacity: {refusal.message}",
-                retry_after_s=refusal.retry_after_s or 1.0,
+                f"Backend {backend.name!r} cannot take this request: {refusal.message}",
+                should_retry=False,
             )
+        raise UpstreamUnavailable(
+            f"Backend {backend.name!r} is at capacity: {refusal.message}",
+            retry_after_s=refusal.retry_after_s or 1.0,
+        )
 
     async def _admit_served_model(self, ctx: Admitted) -> None:
         """A degradation rule or a fallback sent the request to another model after the stage

@@ -99,6 +99,8 @@ class Admission:
     refused: int | None
     retry_after_s: float  # 0 when admitted; math.inf when the request can never be admitted
     buckets: tuple[BucketState, ...]
+    # live leases in each slot pool before this admission, across every replica
+    held: tuple[int, ...] = ()
 
     @property
     def never(self) -> bool:
@@ -184,13 +186,14 @@ def judge(
     """
     if _admits(buckets, costs, tokens, slots, held):  # nearly every request: no waits to weigh
         after = zip(buckets, costs, tokens, strict=True)
-        return Admission(True, None, 0.0, tuple([bucket_state(b, t - c) for b, c, t in after]))
+        states = tuple([bucket_state(b, t - c) for b, c, t in after])
+        return Admission(True, None, 0.0, states, tuple(held))
     waits = [_bucket_wait(b, c, t) for b, c, t in zip(buckets, costs, tokens, strict=True)]
     waits += [_slot_wait(pool, n) for pool, n in zip(slots, held, strict=True)]
     longest = max(waits, default=0.0)
     refused = waits.index(longest) if math.isinf(longest) else _first_positive(waits)
     states = tuple(bucket_state(b, t) for b, t in zip(buckets, tokens, strict=True))
-    return Admission(False, refused, longest, states)
+    return Admission(False, refused, longest, states, tuple(held))
 
 
 def check_scope(scope: str, keys: Iterable[str]) -> None:

@@ -171,6 +171,29 @@ async def test_tenant_priority_decides_who_is_shed() -> None:
     assert raised.value.code == "overloaded"
 
 
+async def test_the_backends_count_across_replicas_is_believed_while_fresh() -> None:
+    """Another replica's requests count toward the load (tests/web/test_shedding_replicas.py
+    end to end): 8 of 10 in flight by the backend's slot pool at this process's last admission
+    sheds low priority; a request of this process ending since lowers it; a second later the
+    count is stale and only this process's own requests are known."""
+    text = BASE.replace(
+        "tenants:\n",
+        f"tenants:\n  batch: {{api_keys: [{hash_key('b')}], models: [m], priority: low}}\n",
+    )
+    setup = Setup(parse_policy(text, environ={}))
+    health = setup.pools.health["a"]
+    mine = setup.ctx().meter
+    health.active.add(mine)
+    health.counted(8, setup.clock.monotonic())
+    with pytest.raises(UpstreamUnavailable):
+        await setup.stage(setup.ctx("batch"))
+    health.left(mine, counted=True)  # 7 of 10
+    await setup.stage(setup.ctx("batch"))
+    health.counted(9, setup.clock.monotonic())
+    setup.clock.advance(1.5)  # stale: this process holds nothing
+    await setup.stage(setup.ctx("batch"))
+
+
 @pytest.mark.parametrize("where", ["rule", "tenant"])
 async def test_shadow_mode_records_and_changes_nothing(where: str) -> None:
     shadow_rule = ", shadow: true" if where == "rule" else ""
