@@ -33,7 +33,8 @@ have one) is shown as this, so that one old record cannot break the listing."""
 
 POLICY_KEY_ID_HEX = 12
 PositiveInt = Annotated[int, Field(gt=0)]
-Allowance = Annotated[int, Field(gt=0, le=MAX_ALLOWANCE)]  # what an admin may ask for
+# What an admin may ask for: a JSON integer, strictly (not "5", not 2.0, not true).
+Allowance = Annotated[int, Field(gt=0, le=MAX_ALLOWANCE, strict=True)]
 
 
 def _lifetime(seconds: float) -> float:

@@ -40,6 +40,8 @@ def gateway(backend_url: str, redis_url: str) -> Iterator[httpx.Client]:
         ({"limits": {"requests_per_minute": 10**30}}, "limits.requests_per_minute", "1000000"),
         ({"budget": {"tokens_per_month": 10**16}}, "budget.tokens_per_month", "1000000"),
         ({"budget": {"tokens_per_day": True}}, "budget.tokens_per_day", "not true"),
+        ({"limits": {"requests_per_minute": "5"}}, "limits.requests_per_minute", "integer"),
+        ({"budget": {"tokens_per_day": 2.0}}, "budget.tokens_per_day", "integer"),
     ],
 )
 def test_a_key_out_of_range_is_a_400_naming_the_field_and_is_not_stored(
