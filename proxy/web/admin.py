@@ -38,6 +38,8 @@ def admin_routes() -> list[Route]:
         Route("/admin/keys", _Admin(_create_key), methods=["POST"]),
         Route("/admin/keys", _Admin(_list_keys), methods=["GET"]),
         Route("/admin/keys/{key_id}", _Admin(_revoke_key), methods=["DELETE"]),
+        # Else Starlette answers a bare 307 to the path without it (`DELETE /admin/keys/`).
+        Route("/admin/{path:path}/", _TrailingSlash()),
     ]
 
 
@@ -62,6 +64,25 @@ class _Admin:
         except ClientGone:
             return
         await send_json(send, status, orjson.dumps(body), _NO_STORE)
+
+
+class _TrailingSlash:
+    """An admin path ending in `/` (an empty key id, a URL joined by hand): a 404 saying so."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
+        if method == "DELETE" and path == "/admin/keys/":
+            error = NotFound(
+                "DELETE /admin/keys/ names no key: revoke one with DELETE /admin/keys/{id}, "
+                "an id as GET /admin/keys lists it.",
+                param="id",
+            )
+        else:
+            error = NotFound(
+                f"Unknown request URL: {method} {path}. "
+                f"Admin routes end without a slash: {path.rstrip('/')}."
+            )
+        await send_error(send, error, _NO_STORE)
 
 
 def _check_admin(gateway: Gateway, authorization: str | None) -> None:
