@@ -1,11 +1,13 @@
 """Runtime keys as every replica sees them: a local mirror of the key storage, refreshed when the
 storage's version changes (polled twice a second on shared storage), so a revocation holds
 everywhere within 1 s. On `memory` storage only this process changes the keys: no polling.
-A stored record this version cannot read is skipped (logged once); it never stops the polling."""
+A stored record this version cannot read is skipped (logged once); it never stops the polling.
+A key expired KEEP_EXPIRED_S ago is forgotten: by a create, a listing, or the hourly poll."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -17,9 +19,12 @@ from proxy.storage.base import StorageError
 from proxy.storage.keys import KeyStore
 from proxy.together import cancelled
 
-__all__ = ["REFRESH_S", "RuntimeKeys"]
+__all__ = ["KEEP_EXPIRED_S", "REFRESH_S", "RuntimeKeys"]
 
 REFRESH_S = 0.5
+KEEP_EXPIRED_S = 30 * 86400.0
+"""How long an expired key stays stored and listed (`"expired": true`) before it is deleted."""
+_FORGET_EVERY_S = 3600.0  # how often a polling replica looks for keys to forget
 _SECRET_PREFIX = "tw-"  # noqa: S105 - how a runtime key starts, not a key
 _log = logging.getLogger("tokenweir.keys")
 
@@ -34,6 +39,7 @@ class RuntimeKeys:
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self._unreadable: dict[str, bytes] = {}  # by id: the records already logged as such
+        self._forgot_at: float | None = None  # monotonic; None: not yet
 
     async def start(self) -> None:
         await self._refresh()
@@ -77,6 +83,8 @@ class RuntimeKeys:
         )
         await self._store.put(record.id, record.dumps())
         self._by_digest[record.digest] = record
+        with contextlib.suppress(StorageError):  # the key is made; the old ones wait for later
+            await self._forget_expired(self._readable(await self._store.records()))
         return record, secret
 
     async def revoke(self, key_id: str) -> bool:
@@ -87,9 +95,31 @@ class RuntimeKeys:
     async def listed(self, tenant: str | None) -> list[KeyRecord]:
         """The stored keys (of one tenant, or all), read from storage, oldest first."""
         records = self._readable(await self._store.records())
+        forgotten = await self._forget_expired(records)
         return sorted(
-            (r for r in records if tenant is None or r.tenant == tenant), key=lambda r: r.created
+            (
+                r
+                for r in records
+                if r.id not in forgotten and (tenant is None or r.tenant == tenant)
+            ),
+            key=lambda r: r.created,
         )
+
+    async def _forget_expired(self, records: list[KeyRecord]) -> set[str]:
+        """Delete the keys expired KEEP_EXPIRED_S ago or more; their ids. A storage error on
+        the way stops here: the rest wait for the next time (ids are never reused)."""
+        now = self._clock.wall()
+        forgotten: set[str] = set()
+        for record in records:
+            if record.expires_at is not None and now >= record.expires_at + KEEP_EXPIRED_S:
+                try:
+                    await self.revoke(record.id)  # False: another replica deleted it first
+                except StorageError:
+                    break
+                forgotten.add(record.id)
+        if forgotten:
+            _log.info("deleted runtime keys expired 30 days ago: %s", ", ".join(sorted(forgotten)))
+        return forgotten
 
     async def _refresh(self) -> None:
         try:
@@ -124,12 +154,23 @@ class RuntimeKeys:
         self._unreadable = unreadable
         return records
 
+    async def _forget_now_and_then(self) -> None:
+        """On the first poll and hourly after it: a replica nobody asks to create or list keys
+        still forgets the long expired ones."""
+        now = self._clock.monotonic()
+        if self._forgot_at is not None and now - self._forgot_at < _FORGET_EVERY_S:
+            return
+        self._forgot_at = now
+        with contextlib.suppress(StorageError):  # the keys' poll itself logs storage trouble
+            await self._forget_expired(self._readable(await self._store.records()))
+
     async def _poll(self) -> None:
         failed = False
         while True:
             await asyncio.sleep(self._refresh_s)
             try:
                 await self._refresh()
+                await self._forget_now_and_then()
             except Exception:  # the poll's outermost handler: revocations must keep arriving
                 if not failed:
                     _log.exception("runtime keys not refreshed (the last known stay in use)")

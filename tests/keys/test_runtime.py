@@ -18,6 +18,7 @@ import redis
 from proxy.app import create_app
 from proxy.cli import main
 from proxy.clock import FakeClock
+from proxy.keys.runtime import KEEP_EXPIRED_S
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from tests.sdkburst import streams_at_once
@@ -25,6 +26,7 @@ from tests.servers import replicas, serve
 
 ADMIN_KEY = "tw-keys-admin"
 TENANT_KEY = "tw-keys-yaml"
+RECORDS = "tw:{keys}:records"
 CHAT: dict[str, Any] = {
     "model": "mock-llm",
     "messages": [{"role": "user", "content": "hi"}],
@@ -158,6 +160,40 @@ def test_a_key_expires(gateway: httpx.Client, clock: FakeClock) -> None:
     assert _chat(str(gateway.base_url), created["key"]).status_code == 401
     listed = gateway.get("/admin/keys", params={"tenant": "alpha"}).json()["data"]
     assert [k["expired"] for k in listed] == [True]
+
+
+def test_an_expired_key_is_listed_for_30_days_then_forgotten(
+    gateway: httpx.Client, clock: FakeClock
+) -> None:
+    """Expired keys stayed stored and listed for ever (on `memory` storage nothing polls:
+    a listing or a create forgets them)."""
+    old = gateway.post("/admin/keys", json={"tenant": "alpha", "expires": "1d"}).json()
+    lasting = gateway.post("/admin/keys", json={"tenant": "alpha"}).json()
+    clock.advance(86400 + KEEP_EXPIRED_S - 1)
+    listed = gateway.get("/admin/keys").json()["data"]
+    assert [(k["id"], k["expired"]) for k in listed] == [(old["id"], True), (lasting["id"], False)]
+    clock.advance(1)
+    assert [k["id"] for k in gateway.get("/admin/keys").json()["data"]] == [lasting["id"]]
+    assert _chat(str(gateway.base_url), lasting["key"]).status_code == 200
+
+
+def test_a_replica_forgets_long_expired_keys_from_shared_storage_unasked(
+    backend_url: str, redis_url: str, clock: FakeClock
+) -> None:
+    """No admin call: the replica's poll deletes the record from Redis (it was stored for ever)."""
+    policy = parse_policy(policy_text(backend_url, redis_url), environ={})
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    with serve(create_app(policy, clock=clock)) as url:
+        made = httpx.post(
+            url + "/admin/keys", json={"tenant": "alpha", "expires": "1h"}, headers=admin
+        )
+        key_id = made.json()["id"]
+        kept = httpx.post(url + "/admin/keys", json={"tenant": "alpha"}, headers=admin).json()
+        clock.advance(3600 + KEEP_EXPIRED_S)
+        with redis.Redis.from_url(redis_url) as raw:
+            _wait(lambda: not raw.hexists(RECORDS, key_id))
+            assert raw.hexists(RECORDS, kept["id"])
+        assert _chat(url, kept["key"]).status_code == 200
 
 
 def test_a_key_has_its_own_limits_within_its_tenants(gateway: httpx.Client) -> None:
