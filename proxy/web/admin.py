@@ -121,9 +121,17 @@ async def _create_key(gateway: Gateway, scope: Scope, receive: Receive) -> tuple
     above = beyond_tenant(allowance, tenant)
     if above:
         raise BadRequest("A key's limits live within its tenant's: " + "; ".join(above) + ".")
-    record, secret = await gateway.services.keys.create(
+    keys = gateway.services.keys
+    record, secret = await keys.create(
         wanted.tenant, allowance, expires_s=wanted.expires, name=wanted.name
     )
+    serving: Gateway = scope["state"]["live"].current
+    if wanted.tenant not in serving.policy.tenants:
+        # A reload removed the tenant meanwhile, and its revocation may have listed the tenant's
+        # keys before this one was stored. (A reload after this check lists it: it is stored.)
+        await keys.revoke(record.id)
+        removed = f"No tenant {wanted.tenant!r} in the policy (a reload removed it)."
+        raise BadRequest(removed, param="tenant")
     return 201, {**record.public(), "key": secret}
 
 
