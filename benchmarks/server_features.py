@@ -37,6 +37,7 @@ from server_compare import granian_started
 from proxy.telemetry.workershare import METRICS_DIR_ENV
 from tests.redis_server import private_redis
 from tests.reliability.state import AUTH, KEY, ledger_records, policy_text, slots_held
+from tests.servers import ready_workers
 
 # keep_alive_timeout differs from header_timeout, to see which one closes an idle connection.
 SERVER = "{header_timeout: 1s, body_timeout: 1s, keep_alive_timeout: 2s, drain_timeout: 2s}"
@@ -306,7 +307,7 @@ def two_workers(server: str, mock: str, redis_url: str, work: Path) -> list[tupl
                     json={**CHAT, "max_tokens": 4},
                     headers=AUTH,
                 ).raise_for_status()
-        before = _ready_workers(gateway.url)
+        before = ready_workers(gateway.url)
         counted = _until(lambda: _requests_total(gateway.url) == 20, 8)
         metrics = {
             "ok": counted is not None and len(before) == 2,
@@ -318,7 +319,7 @@ def two_workers(server: str, mock: str, redis_url: str, work: Path) -> list[tupl
         body: dict[str, object] = {**LONG, "stream": True, "mock_completion_tokens": 24_000,
                                    "max_tokens": 24_000}  # fmt: skip
         [lines], _ = asyncio.run(_signal_mid_streams(gateway, signal.SIGHUP, [body]))
-        after = _ready_workers(gateway.url)
+        after = ready_workers(gateway.url)
     hashes = set(after.values())
     reloaded = len(hashes) == 1 and not hashes & set(before.values())
     kept = set(after) == set(before)
@@ -343,16 +344,6 @@ def _requests_total(url: str) -> float:
         for line in text.splitlines()
         if line.startswith("tokenweir_requests_total{")
     )
-
-
-def _ready_workers(url: str) -> dict[int, str]:
-    """Each worker that answers /readyz on a new connection: its pid and policy hash."""
-    seen: dict[int, str] = {}
-    for _ in range(10):
-        with httpx.Client() as fresh:
-            ready = fresh.get(url + "/readyz?backends=skip").json()
-            seen[ready["pid"]] = ready["policy_hash"]
-    return seen
 
 
 CHECKS: tuple[tuple[str, Callable[[str, str], Result]], ...] = (

@@ -129,6 +129,7 @@ def create_app(
             resolved, chosen_clock, transport, store, otel or sdk, digest, live, counters
         )
         await gateway.start()
+        gateway.services.metrics.serving(digest)
         reloader = Reloader(
             live, source, watch=watching, accepted=accepted,
             counted=gateway.services.metrics.policy_reloaded,
@@ -197,6 +198,7 @@ class _LiveGateway(LiveGateway[Gateway]):
     async def swap(self, new: Gateway) -> None:
         old = self.current
         await super().swap(new)
+        new.services.metrics.serving(new.policy_hash)
         await revoke_removed_tenants(new.services.keys, old.policy, new.policy)
 
 

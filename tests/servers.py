@@ -119,3 +119,14 @@ def replicas(config: Path, count: int) -> Iterator[list[tuple[subprocess.Popen[b
                 process.terminate()
         for process, _ in started:
             process.communicate(timeout=30)
+
+
+def ready_workers(url: str, tries: int = 10) -> dict[int, str]:
+    """Each worker that answers /readyz on a new connection (any worker may take one): its pid
+    and the policy version it serves."""
+    seen: dict[int, str] = {}
+    for _ in range(tries):
+        with httpx.Client() as fresh:
+            ready = fresh.get(url + "/readyz?backends=skip").json()
+        seen[ready["pid"]] = ready["policy_hash"]
+    return seen

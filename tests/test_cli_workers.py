@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.redis_server import private_redis
 from tests.reliability.state import KEY, policy_text
-from tests.servers import free_port
+from tests.servers import free_port, ready_workers
 from tests.test_cli_reload import tokenweir_serve
 
 CHAT: dict[str, Any] = {
@@ -213,3 +213,43 @@ def _alive_workers_answer(url: str, killed: int) -> bool:
         except httpx.TransportError:
             return False
     return killed not in pids and len(pids) == 2
+
+
+def _hashes(url: str) -> set[str]:
+    """The policy versions one scrape (any worker may answer) says serve."""
+    with httpx.Client() as fresh:
+        text = fresh.get(url + "/metrics").text
+    return {
+        sample.labels["hash"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tokenweir_policy_info"
+    }
+
+
+def test_metrics_show_every_policy_version_the_workers_serve(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """One worker reloaded, the other not yet: a scrape showed only the answering worker's
+    version, a different one from scrape to scrape. It shows both, whichever worker answers."""
+    with _two_workers(backend_url, tmp_path) as (url, _):
+        workers: dict[int, str] = {}  # pid: the version it serves, as last seen
+
+        def seen(pid: int | None = None, serving: str = "") -> bool:
+            workers.update(ready_workers(url))
+            return len(workers) == 2 if pid is None else workers[pid] != serving
+
+        _eventually(seen)
+        (old,) = set(workers.values())
+        assert _hashes(url) == {old}
+        config = tmp_path / "policy.yaml"
+        config.write_text(config.read_text() + "# a new version\n")
+        first, second = workers
+        os.kill(first, signal.SIGHUP)  # this worker alone reloads
+        _eventually(lambda: seen(first, old))
+        new = workers[first]
+        _eventually(lambda: _hashes(url) == {old, new})
+        for _ in range(10):
+            assert _hashes(url) == {old, new}
+        os.kill(second, signal.SIGHUP)
+        _eventually(lambda: _hashes(url) == {new})

@@ -122,6 +122,11 @@ class GatewayMetrics(Collector):
         reloads[(result,)] = reloads.get((result,), 0) + 1
         self._changed()
 
+    def serving(self, policy_hash: str) -> None:
+        """The policy version this process serves now (at startup and after each reload)."""
+        self._own.policy = {(policy_hash,): 1}
+        self._changed()
+
     def _changed(self) -> None:
         """Under `--workers N`: publish this worker's figures soon (once per `PUBLISH_S`)."""
         if self._share is not None and not self._publishing:
@@ -142,14 +147,14 @@ class GatewayMetrics(Collector):
         self.use_budgets(budgets)
         if self._share is None:
             self._read_ledger()
-            return generate_latest(self.registry)
+            return generate_latest(self.registry) + _policy_info(self._own)
         whole = MetricState()
         whole.add(self._publish(), alive=True)
         for dumped, alive in self._share.others():
             whole.add(dumped, alive=alive)
         self._shown = whole
         try:
-            return generate_latest(self.registry)
+            return generate_latest(self.registry) + _policy_info(whole)
         finally:
             self._shown = self._own
 
@@ -261,6 +266,19 @@ _LEDGER_COUNTERS = (
     ("write_failures", "tokenweir_ledger_write_failures",
      "Ledger writes that failed (retried until the store is back)."),
 )  # fmt: skip
+
+
+def _policy_info(state: MetricState) -> bytes:
+    """Which policy versions serve (the first 16 hex digits of the SHA-256 of the file): one
+    series each, 1, for every version a live worker serves (two while workers disagree)."""
+    lines = [
+        b"# HELP tokenweir_policy_info The policy this server serves (hash of its file).\n",
+        b"# TYPE tokenweir_policy_info gauge\n",
+    ]
+    for (policy_hash,), workers in sorted(state.policy.items()):
+        if workers > 0:
+            lines.append(b'tokenweir_policy_info{hash="' + policy_hash.encode() + b'"} 1.0\n')
+    return b"".join(lines)
 
 
 def _gap_spans(bounds: Sequence[float]) -> list[tuple[int, int]]:

@@ -2,9 +2,10 @@
 the event loop with no lock, and their JSON form, so `serve --workers N` can sum every worker's
 (proxy/telemetry/workershare.py).
 
-Each worker's figures only grow, except two gauges, `inflight` (streams relayed now) and
-`ledger_buffered` (records not written yet): summing workers adds their counters and histogram
-buckets, and their gauges only for workers still alive (a dead worker holds none).
+Each worker's figures only grow, except three gauges, `inflight` (streams relayed now),
+`ledger_buffered` (records not written yet) and `policy` (the version it serves): summing
+workers adds their counters and histogram buckets, and their gauges only for workers still
+alive (a dead worker holds none).
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ class MetricState:
     """One process's figures (or the sum of several processes')."""
 
     __slots__ = (
-        "broken", "cache", "degraded", "inflight", "ledger", "ledger_buffered", "rejected",
-        "reloads", "saved_tokens", "saved_usd", "series",
+        "broken", "cache", "degraded", "inflight", "ledger", "ledger_buffered", "policy",
+        "rejected", "reloads", "saved_tokens", "saved_usd", "series",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -110,6 +111,7 @@ class MetricState:
         self.ledger: dict[_Key, int] = {}  # (what,): the ledger's records written, dropped, ...
         self.ledger_buffered: dict[_Key, int] = {}  # (): its records not written yet
         self.reloads: dict[_Key, int] = {}  # (result,): policy reloads applied, refused, failed
+        self.policy: dict[_Key, int] = {}  # (hash,): 1 for the policy version this one serves
 
     def record(self, sample: RequestSample, gap_spans: Sequence[tuple[int, int]]) -> None:
         series = self.series.get(sample.labels)
@@ -191,4 +193,4 @@ class MetricState:
 _COUNTERS = (
     "cache", "saved_tokens", "saved_usd", "rejected", "degraded", "broken", "ledger", "reloads",
 )  # fmt: skip
-_GAUGES = ("inflight", "ledger_buffered")  # a dead worker's are not summed: it holds none
+_GAUGES = ("inflight", "ledger_buffered", "policy")  # a dead worker's are not summed

@@ -87,7 +87,7 @@ class Metrics:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
         budgets = await budgets_left(gateway.policy, gateway.store, gateway.clock.wall())
-        body = gateway.telemetry.metrics.render(budgets) + _policy_info(gateway.policy_hash)
+        body = gateway.telemetry.metrics.render(budgets)
         await send(
             {
                 "type": "http.response.start",
@@ -99,15 +99,6 @@ class Metrics:
             }
         )
         await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _policy_info(policy_hash: str) -> bytes:
-    """Which policy version serves: the first 16 hex digits of the SHA-256 of its file."""
-    return (
-        b"# HELP tokenweir_policy_info The policy this process serves (hash of its file).\n"
-        b"# TYPE tokenweir_policy_info gauge\n"
-        b'tokenweir_policy_info{hash="' + policy_hash.encode() + b'"} 1.0\n'
-    )
 
 
 async def _storage_problem(gateway: Gateway) -> str | None:
