@@ -40,6 +40,7 @@ class RuntimeKeys:
         self._failing = False
         self._unreadable: dict[str, bytes] = {}  # by id: the records already logged as such
         self._forgot_at: float | None = None  # monotonic; None: not yet
+        self._changes = 0  # this process's creates and revokes, applied to the mirror at once
 
     async def start(self) -> None:
         await self._refresh()
@@ -83,6 +84,7 @@ class RuntimeKeys:
         )
         await self._store.put(record.id, record.dumps())
         self._by_digest[record.digest] = record
+        self._changes += 1
         with contextlib.suppress(StorageError):  # the key is made; the old ones wait for later
             await self._forget_expired(self._readable(await self._store.records()))
         return record, secret
@@ -90,6 +92,7 @@ class RuntimeKeys:
     async def revoke(self, key_id: str) -> bool:
         removed = await self._store.delete(key_id)
         self._by_digest = {d: r for d, r in self._by_digest.items() if r.id != key_id}
+        self._changes += 1
         return removed
 
     async def listed(self, tenant: str | None) -> list[KeyRecord]:
@@ -122,6 +125,7 @@ class RuntimeKeys:
         return forgotten
 
     async def _refresh(self) -> None:
+        changes = self._changes
         try:
             version = await self._store.version()
             if version == self._version:
@@ -133,6 +137,10 @@ class RuntimeKeys:
             self._failing = True
             return
         self._failing = False
+        if self._changes != changes:
+            # A create or revoke here while the storage was read: what was read may be older
+            # than it (a new key answered 401 for up to half a second). The next poll reads again.
+            return
         self._by_digest = {r.digest: r for r in self._readable(stored)}
         self._version = version
 

@@ -15,6 +15,7 @@ from proxy.clock import SystemClock
 from proxy.keys.record import KeyAllowance
 from proxy.keys.runtime import RuntimeKeys
 from proxy.storage.keys import open_key_store
+from tests.keys.relay import HeldCommand
 
 pytestmark = pytest.mark.anyio
 
@@ -72,3 +73,25 @@ async def test_a_replica_polling_redis_stops_whenever_it_is_closed(redis_url: st
         closing = asyncio.create_task(keys.aclose())
         done, _ = await asyncio.wait([closing], timeout=30)
         assert done == {closing}, f"close number {attempt + 1} never ended"
+
+
+async def test_a_key_made_while_the_keys_are_read_works_at_once_on_its_replica(
+    redis_url: str,
+) -> None:
+    """The replica read the stored keys just before a key was made on it and installed that
+    read just after: the new key answered 401 there until the next poll (2 of 400 keys made
+    and used at once under load)."""
+    relay = HeldCommand(redis_url, b"HGETALL", reply=True)  # Redis has read the keys
+    keys = RuntimeKeys(open_key_store(relay.url), SystemClock(), refresh_s=3600)
+    try:
+        relay.armed.set()
+        starting = asyncio.create_task(keys.start())  # its first read of the keys
+        assert await asyncio.to_thread(relay.held.wait, 10)
+        record, secret = await keys.create("alpha", KeyAllowance())
+        assert keys.lookup(_digest(secret)) == record
+        relay.released.set()
+        await starting
+        assert keys.lookup(_digest(secret)) == record
+    finally:
+        relay.close()
+        await keys.aclose()

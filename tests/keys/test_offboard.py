@@ -3,18 +3,15 @@ same name does not inherit them."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 
 from proxy.policy.units import hash_key
+from tests.keys.relay import HeldCommand
 from tests.servers import replicas
 
 ADMIN = {"authorization": "Bearer tw-offboard-admin"}
@@ -84,49 +81,14 @@ def test_a_removed_tenants_runtime_keys_do_not_come_back_with_a_new_tenant_of_it
     assert alpha_id not in {k["id"] for k in listed}
 
 
-class _HeldPut:
-    """A TCP relay in front of Redis that holds the next runtime-key `put` until released, so a
-    reload can be made to land while a key is being created."""
-
-    def __init__(self, redis_url: str) -> None:
-        self._upstream = urlsplit(redis_url)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
-        self.held, self.released = threading.Event(), threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self._listener.accept()
-                server = socket.create_connection((self._upstream.hostname, self._upstream.port))
-                threading.Thread(
-                    target=self._pump, args=(client, server, True), daemon=True
-                ).start()
-                threading.Thread(
-                    target=self._pump, args=(server, client, False), daemon=True
-                ).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, outgoing: bool) -> None:
-        with contextlib.suppress(OSError), source, sink:
-            while chunk := source.recv(65536):
-                if outgoing and b"\r\nput\r\n" in chunk and not self.held.is_set():
-                    self.held.set()
-                    self.released.wait(10)
-                sink.sendall(chunk)
-
-    def close(self) -> None:
-        self.released.set()
-        self._listener.close()
-
-
 def test_a_key_created_while_a_reload_removes_its_tenant_does_not_survive(
     backend_url: str, redis_url: str, tmp_path: Path
 ) -> None:
     """The create checked the tenant, the reload removed it and revoked its keys (none stored
     yet), then the key was stored: a 201, and the key came back to life for the next tenant of
     that name. Now the create is a 400 and the key is gone."""
-    relay = _HeldPut(redis_url)
+    relay = HeldCommand(redis_url, b"\r\nput\r\n")  # the key's write, before Redis runs it
+    relay.armed.set()
     config = tmp_path / "policy.yaml"
     config.write_text(_policy_text(backend_url, relay.url, "tw-offboard-alpha-1"))
     try:
