@@ -164,7 +164,9 @@ class UsageQuery:
 
     `tenant` None means every tenant. `bucket` splits the window into UTC hours or days;
     `group_by` splits it by model, backend, key, user or tag (a request with two tags counts
-    under each, so rows grouped by tag may sum to more than the tenant's total).
+    under each, so rows grouped by tag may sum to more than the tenant's total). `now` is when
+    the question is asked: the hour totals by key, user and tag are kept 8 days before it, so
+    an older window by those is answered in whole UTC days (None: as if asked at `until`).
     """
 
     tenant: str | None
@@ -172,6 +174,7 @@ class UsageQuery:
     until: float
     bucket: Bucket | None = None
     group_by: GroupBy | None = None
+    now: float | None = None
 
     def __post_init__(self) -> None:
         if not self.since < self.until:

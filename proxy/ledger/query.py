@@ -29,11 +29,15 @@ class Span:
 
 def window(q: UsageQuery) -> tuple[int, int]:
     """The query's window widened to whole hours: what the answer actually covers. By key,
-    user or tag, a start older than the hour cells kept by those is widened to its UTC day."""
+    user or tag, an edge older than the hour cells kept by those is widened to its UTC day."""
     start = math.floor(q.since / HOUR_S) * HOUR_S
     end = max(math.ceil(q.until / HOUR_S) * HOUR_S, start + HOUR_S)
-    if is_attribution(q) and q.bucket != "hour" and start < end - HOUR_RETENTION_S:
-        start -= start % DAY_S
+    if is_attribution(q) and q.bucket != "hour":
+        kept_from = (end if q.now is None else q.now) - HOUR_RETENTION_S
+        if start < kept_from:
+            start -= start % DAY_S
+        if end % DAY_S and end - end % DAY_S < kept_from:
+            end += DAY_S - end % DAY_S
     return start, end
 
 

@@ -77,7 +77,7 @@ def main(args: argparse.Namespace, *, clock: Clock | None = None, out: TextIO | 
                 f"--since ({_minute(since)} UTC) must be before --until ({_minute(until)} UTC)"
             )
         url, storage = _ledger_location(args.ledger, args.config)
-        query = UsageQuery(args.tenant, since, until, group_by=args.by)
+        query = UsageQuery(args.tenant, since, until, group_by=args.by, now=now)
         rows, totals = asyncio.run(_fetch(url, storage, query))
     except ReportError as exc:
         print(f"tokenweir report: {exc}", file=sys.stderr)

@@ -130,7 +130,7 @@ class DashboardPages:
     def _window(self, request: Request, now: float, *, default_since: str) -> Window:
         since, until, bucket = parse_window(request.query_params, now, default_since=default_since)
         chosen = bucket or ("hour" if until - since <= _AUTO_HOURS_S else "day")
-        return Window(since, until, chosen)
+        return Window(since, until, chosen, now)
 
     def _page(
         self, template: str, viewer: Viewer | None, status: int = 200, **values: object

@@ -41,11 +41,12 @@ _WARN_RATIO = 0.8
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """[since, until) as asked; `start`/`end` the whole hours the ledger answers for."""
+    """[since, until) as asked at `now`; `start`/`end` the whole hours the ledger answers for."""
 
     since: float
     until: float
     bucket: Bucket
+    now: float
 
     @property
     def start(self) -> float:
@@ -58,7 +59,7 @@ class Window:
     def query(
         self, tenant: str | None, *, bucket: Bucket | None = None, group_by: GroupBy | None = None
     ) -> UsageQuery:
-        return UsageQuery(tenant, self.since, self.until, bucket, group_by)
+        return UsageQuery(tenant, self.since, self.until, bucket, group_by, self.now)
 
 
 @dataclass(frozen=True, slots=True)

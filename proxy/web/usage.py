@@ -74,14 +74,15 @@ def parse_params(params: QueryParams, viewer: Viewer, now: float, *, accept: str
         tenant = viewer.tenant
     since, until, bucket = parse_window(params, now, default_since="7d")
     group_by = _choice(params, "group_by", ("key", "user", "tag", "model", "backend"))
-    if group_by in ATTRIBUTES and bucket == "hour" and until - since > HOUR_RETENTION_S:
+    query = UsageQuery(tenant, since, until, bucket, cast(GroupBy | None, group_by), now)
+    # The hour totals by key, user and tag are kept 8 days: an hour before that has none left.
+    if group_by in ATTRIBUTES and bucket == "hour" and window(query)[0] < now - HOUR_RETENTION_S:
         raise BadRequest(
             f"Hour buckets by {group_by} cover at most the last 8 days; use bucket=day.",
             param="bucket",
         )
     fmt = _choice(params, "format", ("json", "csv"))
     wants_csv = fmt == "csv" or (fmt is None and "text/csv" in accept)
-    query = UsageQuery(tenant, since, until, bucket, cast(GroupBy | None, group_by))
     return UsageParams(query, wants_csv)
 
 

@@ -112,6 +112,20 @@ async def test_an_old_window_by_key_is_answered_in_whole_days(ledger_url: str) -
     assert HOUR_RETENTION_S < 20 * DAY_S
 
 
+async def test_an_old_window_inside_two_days_is_answered_in_whole_days(ledger_url: str) -> None:
+    """Asked at T0, a window 20 days back from 05:00 to the next day's 13:00 finds its usage
+    by key in day cells (its hour cells by key are gone), as much as its totals hold."""
+    start = T0 - 20 * DAY_S
+    since, until = start - start % DAY_S + 5 * HOUR_S, start - start % DAY_S + 37 * HOUR_S
+    old = [record(1, ts=since + HOUR_S, key_id="k1"), record(2, ts=until - HOUR_S, key_id="k1")]
+    await write(ledger_url, [*old, record(3, key_id="k1")])
+    async with opened(ledger_url) as ledger:
+        rows = by(await ledger.query(UsageQuery(None, since, until, None, "key", now=T0)))
+        totals = by(await ledger.query(UsageQuery(None, since, until)))
+    assert rows == {("alpha", "k1"): (2, 60_000)}
+    assert totals == {("alpha", None): (2, 60_000)}
+
+
 async def test_a_v3_database_is_migrated_and_old_usage_counts_as_none(tmp_path: Path) -> None:
     """Usage a v3 gateway recorded shows as "none" in every breakdown, so breakdowns still sum
     to the totals; new records are attributed."""

@@ -16,8 +16,8 @@ from proxy.clock import FakeClock
 from proxy.ledger.present import iso_utc
 from proxy.tools import report
 from tests.conftest import ADMIN_KEY, ALPHA_KEY
-from tests.ledger.factory import T0
-from tests.web.usage_ledger import CN_KEY, CN_TENANT, NOW, usage_gateway
+from tests.ledger.factory import DAY_S, HOUR_S, T0, record
+from tests.web.usage_ledger import CN_KEY, CN_TENANT, NOW, records, usage_gateway
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ALPHA = {"authorization": f"Bearer {ALPHA_KEY}"}
@@ -180,3 +180,46 @@ def test_the_chinese_tenant_reads_its_own(gateway: str) -> None:
     answer = usage(gateway, {"authorization": f"Bearer {CN_KEY}"}, since="1d", format="csv")
     assert answer.text.splitlines()[1].startswith(CN_TENANT + ",")
     assert orjson.loads(usage(gateway, ADMIN, tenant=CN_TENANT).content)["tenant"] == CN_TENANT
+
+
+OLD_DAY = (NOW // DAY_S - 30) * DAY_S
+"""A UTC day a month before NOW: its hour totals by key, user and tag are long gone."""
+
+
+@pytest.fixture(scope="module")
+def old_gateway(backend_url: str, ledger_dir: Path) -> Iterator[str]:
+    """alpha's key-old, used a month ago (06:00 and the next day at 12:00), and NOW's usage."""
+    old = [
+        record(900 + n, ts=ts, key_id="key-old", user="ann", tags=("search",), cost_nusd=1000)
+        for n, ts in enumerate((OLD_DAY + 6 * HOUR_S, OLD_DAY + DAY_S + 12 * HOUR_S))
+    ]
+    (ledger_dir / "old").mkdir()
+    with usage_gateway(backend_url, ledger_dir / "old", [*old, *records()]) as url:
+        yield url
+
+
+@pytest.mark.parametrize("group", ["key", "user", "tag"])
+def test_an_old_window_by_key_user_or_tag_adds_up_to_its_total(
+    old_gateway: str, ledger_dir: Path, group: str
+) -> None:
+    """Two days a month ago, from 05:00 to 13:00: by key, user or tag the API and `tokenweir
+    report` answer the whole UTC days (the hours kept 8 days are gone) and count both requests,
+    as the total does; the old code read the gone hours and found none. Hour buckets refuse."""
+    since, until = iso_utc(OLD_DAY + 5 * HOUR_S), iso_utc(OLD_DAY + DAY_S + 13 * HOUR_S)
+    api = usage(old_gateway, ADMIN, since=since, until=until, group_by=group).json()
+    expected = {"key": "key-old", "user": "ann", "tag": "search"}[group]
+    assert [(row[group], row["cost_nusd"]) for row in api["data"]] == [(expected, 2000)]
+    assert (api["total"]["requests"], api["total"]["cost_nusd"]) == (2, 2000)
+    assert (api["since"], api["until"]) == (iso_utc(OLD_DAY), iso_utc(OLD_DAY + 2 * DAY_S))
+    args = argparse.Namespace(
+        tenant="alpha", since=since, until=until, by=group, format="json",
+        ledger=f"sqlite:///{ledger_dir / 'old' / 'ledger.db'}", config=None,
+    )  # fmt: skip
+    out = io.StringIO()
+    assert report.main(args, clock=FakeClock(NOW), out=out) == 0
+    reported = orjson.loads(out.getvalue())
+    assert [(row[group], row["requests"]) for row in reported["rows"]] == [(expected, 2)]
+    assert reported["total"]["requests"] == 2
+    hours = usage(old_gateway, ADMIN, since=since, until=until, group_by=group, bucket="hour")
+    assert hours.status_code == 400
+    assert hours.json()["error"]["param"] == "bucket"

@@ -85,10 +85,13 @@ def dashboard_policy(backend_url: str, ledger: Path) -> Policy:
 
 
 @contextmanager
-def usage_gateway(backend_url: str, directory: Path) -> Iterator[str]:
-    """A gateway on its own ledger of `records()`, its clock at NOW; yields its base URL."""
+def usage_gateway(
+    backend_url: str, directory: Path, made: list[UsageRecord] | None = None
+) -> Iterator[str]:
+    """A gateway on its own ledger of `made` (default `records()`), its clock at NOW; yields
+    its base URL."""
     path = directory / "ledger.db"
-    write_ledger(path, records())
+    write_ledger(path, records() if made is None else made)
     app = create_app(dashboard_policy(backend_url, path), clock=FakeClock(NOW))
     with serve(app) as url:
         yield url
