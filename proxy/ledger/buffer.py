@@ -11,7 +11,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.ledger.base import LedgerStats, UsageRecord
 
@@ -49,16 +49,31 @@ class RecordBuffer:
         self._last_error: str | None = None
         self._lock = threading.Lock()
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # A running request whose last checkpoint was dropped (by its link): the checkpoint
+        # the ledger holds for it instead, which the request's next record supersedes.
+        self._held: dict[str, UsageRecord | None] = {}
 
     def put(self, record: UsageRecord) -> int:
         """Queue `record`; returns the queue length, or -1 when the record was dropped."""
         queue = self._queue
+        if self._held and record.supersedes is not None:
+            record = self._relink(record)
         if len(queue) >= self._max_records:
             self._drop()
+            if record.checkpoint:  # the request's checkpoint before it stays the one held
+                self._held[record.link] = record.supersedes
             return -1
         queue.append(record)
         self._accepted += 1
         return len(queue)
+
+    def _relink(self, record: UsageRecord) -> UsageRecord:
+        """`record`, superseding the checkpoint the ledger holds, not a dropped one it never saw
+        (the totals would lose the dropped one's share, which they never had)."""
+        link = record.link
+        if link not in self._held:
+            return record
+        return replace(record, supersedes=self._held.pop(link))
 
     def next_batch(self, max_records: int) -> Batch | None:
         """The batch to write now: the one that failed last time, else up to `max_records` new."""

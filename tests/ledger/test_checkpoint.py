@@ -3,13 +3,20 @@ record supersedes them, and no total, raw record or report counts a request twic
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, closing
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from proxy.ledger import UsageRecord, UsageRow
+from proxy.ledger import RedisLedger, SqliteLedger, UsageRecord, UsageRow
+from proxy.ledger.writer import BufferedLedger
 from tests.ledger.factory import record
 from tests.ledger.test_contract import EVERYTHING, opened
+from tests.redis_server import RedisProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -114,3 +121,66 @@ async def test_a_checkpointed_request_counts_once_by_key_user_and_tag(ledger_url
         ("beta", 1, 42),
         ("search", 1, 42),
     ]
+
+
+Outage = tuple[BufferedLedger, Callable[[], Awaitable[None]]]
+
+
+@asynccontextmanager
+async def store_down(kind: str, path: Path) -> AsyncIterator[Outage]:
+    """A ledger that buffers 2 records, its store down (a SQLite file another process holds
+    locked, a Redis not yet started), and what brings the store back."""
+    if kind == "sqlite":
+        sqlite = SqliteLedger(path / "ledger.db", buffer_records=2, busy_timeout_s=0.02)
+        await sqlite.start()
+        with closing(sqlite3.connect(sqlite.path, isolation_level=None)) as blocker:
+            blocker.execute("BEGIN IMMEDIATE")
+
+            async def unlock() -> None:
+                blocker.execute("ROLLBACK")
+
+            yield sqlite, unlock
+        await sqlite.aclose()
+        return
+    server = RedisProcess()
+    ledger = RedisLedger(server.url, buffer_records=2, socket_timeout_s=0.5)
+    await ledger.start()
+
+    async def start() -> None:
+        await asyncio.to_thread(server.start)
+
+    try:
+        yield ledger, start
+    finally:
+        await ledger.aclose()
+        await asyncio.to_thread(server.close)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+@pytest.mark.parametrize("dropped", [[1, 2], [0]])
+async def test_a_checkpoint_dropped_from_a_full_buffer_is_not_taken_out_of_the_totals(
+    kind: str, dropped: list[int], tmp_path: Path
+) -> None:
+    """The store is down and the buffer full when a stream's checkpoints come: they are dropped
+    (counted). The request's later records supersede the checkpoint the ledger holds, so its
+    totals are its final record's, as its raw record is. The old code took the dropped one's
+    share out too: 22 output tokens for 42, or the request not counted at all."""
+    points = checkpoints(1, [10, 20, 30])
+    final = record(1, output_tokens=42, cost_nusd=420, supersedes=points[-1])
+    async with store_down(kind, tmp_path) as (ledger, store_back):
+        for point in points[: dropped[0]]:
+            ledger.append(point)
+        while ledger.stats().buffered < 2:  # other tenants' records fill the buffer
+            ledger.append(record(9, tenant="beta"))
+        for point in points[dropped[0] : dropped[-1] + 1]:
+            ledger.append(point)
+        assert ledger.stats().dropped == len(dropped)
+        await store_back()
+        for later in [*points[dropped[-1] + 1 :], final]:
+            await ledger.flush()
+            ledger.append(later)
+        await ledger.flush()
+        rows = await ledger.query(replace(EVERYTHING, tenant="alpha"))
+        latest = await ledger.latest("alpha", 10)
+    assert totals(rows) == [(1, 100, 42, 420, 750)]
+    assert latest == [final]
