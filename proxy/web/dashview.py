@@ -109,6 +109,8 @@ class TenantPage:
     by_tag: tuple[UsageRow, ...]
     error_kinds: tuple[tuple[str, int], ...]
     errors_sampled: int
+    breakdown: tuple[int, int] | None = None
+    """The whole UTC days the key, user and tag tables cover, when wider than the window."""
 
 
 def quotas(budget: Budget | None, today: UsageRow, month: UsageRow) -> tuple[Quota, ...]:
@@ -173,7 +175,15 @@ async def load_tenant_page(
         by_tag=_costliest(by_tag),
         error_kinds=tuple(kinds.most_common(8)),
         errors_sampled=len(latest),
+        breakdown=_breakdown_window(window, tenant),
     )
+
+
+def _breakdown_window(window: Window, tenant: str) -> tuple[int, int] | None:
+    """What the tables by key, user and tag cover, if not the window: an edge older than the
+    hour totals by those (8 days) widens to its UTC day (proxy.ledger.query.window)."""
+    covered = planner.window(window.query(tenant, group_by="key"))
+    return None if covered == (window.start, window.end) else covered
 
 
 def _costliest(rows: list[UsageRow]) -> tuple[UsageRow, ...]:

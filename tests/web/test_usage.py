@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,3 +224,10 @@ def test_an_old_window_by_key_user_or_tag_adds_up_to_its_total(
     hours = usage(old_gateway, ADMIN, since=since, until=until, group_by=group, bucket="hour")
     assert hours.status_code == 400
     assert hours.json()["error"]["param"] == "bucket"
+    page = httpx.get(
+        old_gateway + "/dashboard/tenants/alpha", params={"since": since, "until": until},
+        headers=ADMIN,
+    ).text  # fmt: skip
+    table = page.split(f'id="by-{group}"', 1)[1].split("</table>", 1)[0]
+    assert re.search(f'data-{group}="{expected}".*?data-k="requests">2<', table, re.S)
+    assert f'data-breakdown="{group}">From\n  {iso_utc(OLD_DAY)[:10]} 00:00 to' in page
