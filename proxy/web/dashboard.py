@@ -22,14 +22,13 @@ from proxy.errors import (
     BadRequest,
     GatewayError,
     PermissionDenied,
-    StorageUnavailable,
 )
 from proxy.ledger import LedgerError
 from proxy.ledger.present import day_start, iso_utc
 from proxy.web import pagefmt
 from proxy.web.dashview import Window, load_overview, load_tenant_page
 from proxy.web.session import COOKIE_NAME, Sessions, Viewer
-from proxy.web.usage import ledger_of, parse_window
+from proxy.web.usage import ledger_of, ledger_unreadable, parse_window
 
 if TYPE_CHECKING:
     from proxy.gateway import Gateway
@@ -167,8 +166,7 @@ class _Endpoint:
         except GatewayError as exc:
             response = self._pages.error_page(request, exc)
         except LedgerError as exc:
-            error = StorageUnavailable(f"The usage ledger cannot be read: {exc}", retry_after_s=5)
-            response = self._pages.error_page(request, error)
+            response = self._pages.error_page(request, ledger_unreadable(exc))
         await response(scope, receive, send)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -35,10 +36,13 @@ __all__ = [
     "UsageApi",
     "UsageParams",
     "api_row",
+    "ledger_unreadable",
     "parse_params",
     "parse_window",
     "read_ledger",
 ]
+
+_log = logging.getLogger("tokenweir.ledger")
 
 MAX_WINDOW_S = 400 * 86400
 MAX_HOUR_BUCKETS_S = 62 * 86400
@@ -116,9 +120,15 @@ async def read_ledger(ledger: Ledger, q: UsageQuery) -> list[UsageRow]:
     try:
         return await ledger.query(q)
     except LedgerError as exc:
-        raise StorageUnavailable(
-            f"The usage ledger cannot be read: {exc}", retry_after_s=5
-        ) from exc
+        raise ledger_unreadable(exc) from exc
+
+
+def ledger_unreadable(exc: LedgerError) -> StorageUnavailable:
+    """The 503 for a ledger that cannot be read. Why goes to the log, not to the caller: a
+    tenant's key reads usage too, and the reason names the Redis address or the file's path."""
+    _log.error("the usage ledger cannot be read: %s", exc)
+    message = "The usage ledger cannot be read; try again shortly."
+    return StorageUnavailable(message, retry_after_s=5)
 
 
 class UsageApi:

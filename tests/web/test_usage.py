@@ -13,11 +13,13 @@ import httpx
 import orjson
 import pytest
 
+from proxy.app import create_app
 from proxy.clock import FakeClock
 from proxy.ledger.present import iso_utc
 from proxy.tools import report
-from tests.conftest import ADMIN_KEY, ALPHA_KEY
+from tests.conftest import ADMIN_KEY, ALPHA_KEY, make_policy
 from tests.ledger.factory import DAY_S, HOUR_S, T0, record
+from tests.servers import free_port, serve
 from tests.web.usage_ledger import CN_KEY, CN_TENANT, NOW, records, usage_gateway
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -231,3 +233,26 @@ def test_an_old_window_by_key_user_or_tag_adds_up_to_its_total(
     table = page.split(f'id="by-{group}"', 1)[1].split("</table>", 1)[0]
     assert re.search(f'data-{group}="{expected}".*?data-k="requests">2<', table, re.S)
     assert f'data-breakdown="{group}">From\n  {iso_utc(OLD_DAY)[:10]} 00:00 to' in page
+
+
+def test_a_ledger_that_cannot_be_read_is_a_503_that_names_no_address(
+    backend_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Redis the ledger is on is down: a tenant's key gets a 503 on the API and the page,
+    without the Redis address (it read "Error 111 connecting to 127.0.0.1:<port>"); the log
+    keeps the reason."""
+    port = free_port()
+    policy = make_policy(backend_url, extra=f"ledger: redis://127.0.0.1:{port}/0\n")
+    with serve(create_app(policy)) as url:
+        answer = usage(url, ALPHA)
+        page = httpx.get(url + "/dashboard/tenants/alpha", headers=ALPHA)
+    assert (answer.status_code, page.status_code) == (503, 503)
+    error = answer.json()["error"]
+    assert (error["code"], error["message"]) == (
+        "storage_unavailable",
+        "The usage ledger cannot be read; try again shortly.",
+    )
+    assert str(port) not in page.text
+    assert "The usage ledger cannot be read; try again shortly." in page.text
+    logged = [r.getMessage() for r in caplog.records if r.name == "tokenweir.ledger"]
+    assert any(str(port) in line for line in logged)
