@@ -17,6 +17,22 @@ def test_window_widens_to_whole_hours() -> None:
     assert window(UsageQuery(None, T0, T0 + HOUR_S)) == (T0, T0 + HOUR_S)
 
 
+def test_a_breakdown_widens_to_whole_days_only_the_edges_older_than_its_hours() -> None:
+    """By key, user or tag, hour totals are kept 8 days before `now`: an edge older than that
+    widens to its UTC day, a younger one stays whole hours; by model nothing widens."""
+    old, recent = DAY0 - 20 * DAY_S, DAY0 - 2 * DAY_S
+    by_key = UsageQuery(None, old + 5 * HOUR_S, old + 37 * HOUR_S, None, "key", now=T0)
+    assert window(by_key) == (old, old + 2 * DAY_S)
+    straddling = UsageQuery(None, old + 5 * HOUR_S, recent + 7 * HOUR_S, None, "key", now=T0)
+    assert window(straddling) == (old, recent + 7 * HOUR_S)
+    young = UsageQuery(None, recent + 5 * HOUR_S, recent + 7 * HOUR_S, None, "user", now=T0)
+    assert window(young) == (recent + 5 * HOUR_S, recent + 7 * HOUR_S)
+    by_model = UsageQuery(None, old + 5 * HOUR_S, old + 37 * HOUR_S, None, "model", now=T0)
+    assert window(by_model) == (old + 5 * HOUR_S, old + 37 * HOUR_S)
+    hours = UsageQuery(None, old + 5 * HOUR_S, old + 37 * HOUR_S, "hour", "tag", now=T0)
+    assert window(hours) == (old + 5 * HOUR_S, old + 37 * HOUR_S)
+
+
 def test_short_windows_read_hours_only() -> None:
     assert plan(UsageQuery(None, DAY0 + 600, DAY0 + DAY_S - 4000)) == [
         Span("hour", DAY0, DAY0 + 23 * 3600)
