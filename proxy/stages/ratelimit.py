@@ -19,7 +19,8 @@ from proxy.holds import RateLimitHold
 from proxy.leases import LeaseIds, Renewals
 from proxy.policy.model import Backend, Limits
 from proxy.stages.limitheaders import format_reset, rate_limit_headers, tighter
-from proxy.stages.limitshape import LimitShape, LimitShapes, limit_key
+from proxy.stages.limitrefusal import limit_refusal
+from proxy.stages.limitshape import LimitShape, LimitShapes
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
@@ -91,7 +92,7 @@ class RateLimits:
         shown = ctx.rate_limit_headers  # a runtime key's own, if it has limits
         ctx.rate_limit_headers = tighter(shown, headers) if shown else headers
         if not admission.admitted:
-            raise _refused(plan.shape, plan.costs, admission)
+            raise limit_refusal(plan.shape, plan.costs, admission)
         self._hold(ctx, plan.hold, plan.shape, plan.costs)
 
     def plan(self, ctx: Admitted) -> LimitPlan | None:
@@ -122,7 +123,7 @@ class RateLimits:
             return None
         if admission.admitted:
             return admission.held[0] + 1 if admission.held else None
-        refusal = _refused(shape, costs, admission)
+        refusal = limit_refusal(shape, costs, admission)
         if refusal.should_retry is False:  # larger than a per-minute limit of the backend
             raise UpstreamUnavailable(
                 f"Backend {backend.name!r} cannot take this request: {refusal.message}",
@@ -151,7 +152,7 @@ class RateLimits:
         more = rate_limit_headers(shape.counts_tokens, admission.buckets)
         ctx.rate_limit_headers = tighter(ctx.rate_limit_headers, more)
         if not admission.admitted:
-            raise _refused(shape, costs, admission)
+            raise limit_refusal(shape, costs, admission)
 
     async def _admit_once(
         self, ctx: Admitted, shape: LimitShape, costs: list[int]
@@ -354,36 +355,3 @@ def _token_cost(ctx: Admitted) -> int:
 
 def _slot_refused(admission: Admission, buckets: Sequence[Bucket]) -> bool:
     return admission.refused is not None and admission.refused >= len(buckets)
-
-
-def _refused(shape: LimitShape, costs: list[int], admission: Admission) -> RateLimited:
-    buckets, slots = shape.buckets, shape.slots
-    index = admission.refused if admission.refused is not None else 0
-    retry_s = admission.retry_after_s
-    if index >= len(buckets):
-        pool = slots[index - len(buckets)]
-        what = f"max_concurrent{_on_model(limit_key(pool))}: {pool.size} requests in flight"
-    else:
-        bucket = buckets[index]
-        name = limit_key(bucket)
-        what = (
-            f"{name.kind}_per_minute{_on_model(name)}: limit {bucket.capacity}, "
-            f"this request needs {costs[index]}"
-        )
-        if costs[index] > bucket.capacity:
-            return RateLimited(
-                f"Rate limit exceeded: {what}; it is larger than the per-minute limit and can "
-                "never be admitted. Lower max_tokens or n, send fewer prompts, or shorten the "
-                "input.",
-                should_retry=False,
-            )
-    wait = format_reset(retry_s)
-    return RateLimited(
-        f"Rate limit reached for this key ({what}). Please try again in {wait}.",
-        retry_after_s=retry_s,
-    )
-
-
-def _on_model(name: LimitKey) -> str:
-    """` on model NAME` for a per-model limit, else nothing."""
-    return f" on model {name.model}" if name.model is not None else ""

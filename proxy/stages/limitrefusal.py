@@ -1,0 +1,44 @@
+"""The 429 a rate limit answers: which limit refused, its value, and when to retry (or that the
+request can never fit it)."""
+
+from __future__ import annotations
+
+from proxy.errors import RateLimited
+from proxy.stages.limitheaders import format_reset
+from proxy.stages.limitshape import LimitShape, limit_key
+from proxy.storage.limits import Admission, LimitKey
+
+__all__ = ["limit_refusal"]
+
+
+def limit_refusal(shape: LimitShape, costs: list[int], admission: Admission) -> RateLimited:
+    buckets, slots = shape.buckets, shape.slots
+    index = admission.refused if admission.refused is not None else 0
+    retry_s = admission.retry_after_s
+    if index >= len(buckets):
+        pool = slots[index - len(buckets)]
+        what = f"max_concurrent{_on_model(limit_key(pool))}: {pool.size} requests in flight"
+    else:
+        bucket = buckets[index]
+        name = limit_key(bucket)
+        what = (
+            f"{name.kind}_per_minute{_on_model(name)}: limit {bucket.capacity}, "
+            f"this request needs {costs[index]}"
+        )
+        if costs[index] > bucket.capacity:
+            return RateLimited(
+                f"Rate limit exceeded: {what}; it is larger than the per-minute limit and can "
+                "never be admitted. Lower max_tokens or n, send fewer prompts, or shorten the "
+                "input.",
+                should_retry=False,
+            )
+    wait = format_reset(retry_s)
+    return RateLimited(
+        f"Rate limit reached for this key ({what}). Please try again in {wait}.",
+        retry_after_s=retry_s,
+    )
+
+
+def _on_model(name: LimitKey) -> str:
+    """` on model NAME` for a per-model limit, else nothing."""
+    return f" on model {name.model}" if name.model is not None else ""
