@@ -105,9 +105,10 @@ class Gateway:
             counters = TokenCounters(policy)
         keyring = Keyring(policy, services.keys)
         prices = PriceTable(policy)
-        budgets = Budgets(store, prices, clock, failures)
         rate_limits, cache = services.rate_limits, services.cache
-        key_limits = KeyAllowances(store, storage.limits, clock, failures)
+        # A quota's refusal shows the tenant's rate-limit headers too, as every answer does.
+        budgets = Budgets(store, prices, clock, failures, refusing=rate_limits.show)
+        key_limits = KeyAllowances(store, storage.limits, clock, failures, rate_limits.show)
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
         attempts = Attempts(
             pools, services.upstream, clock, rate_limits.admit_backend,

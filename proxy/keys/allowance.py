@@ -20,7 +20,7 @@ from proxy.context import Admitted
 from proxy.errors import InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.leases import Lease, LeaseIds, Renewals
-from proxy.stages.budget import IN_FLIGHT_RETRY_S
+from proxy.stages.budget import IN_FLIGHT_RETRY_S, Refusing
 from proxy.stages.limitheaders import format_reset, rate_limit_headers
 from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
@@ -65,9 +65,15 @@ class KeyPlan:
 
 class KeyAllowances:
     def __init__(
-        self, store: QuotaStore, limits: LimitStore, clock: Clock, failures: StorageFailures
+        self,
+        store: QuotaStore,
+        limits: LimitStore,
+        clock: Clock,
+        failures: StorageFailures,
+        refusing: Refusing | None = None,
     ) -> None:
         self._store = store
+        self._refusing = refusing
         self._limits = limits
         self._clock = clock
         self._failures = failures
@@ -112,6 +118,8 @@ class KeyAllowances:
         refusal = step.answer  # a StorageError goes up to the caller
         if refusal is not None:
             hold.refused = True
+            if self._refusing is not None:
+                await self._refusing(ctx)
             raise _refused(step.counters[refusal.index], refusal, tokens, step.now)
         hold.counters = tuple(step.counters)
         self._keep_leased(hold)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import calendar
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -28,13 +28,15 @@ from proxy.storage.base import Counter, QuotaStore, StorageError
 from proxy.storage.joint import Reserve
 from proxy.together import nothing
 
-__all__ = ["IN_FLIGHT_RETRY_S", "Budgets", "QuotaPlan"]
+__all__ = ["IN_FLIGHT_RETRY_S", "Budgets", "QuotaPlan", "Refusing"]
 
 _NUSD_PER_USD = 1_000_000_000
 # A quota that only requests in flight hold frees as they end (a reservation is mostly an
 # answer's allowance, given back unused): retry soon, as a full slot pool says.
 IN_FLIGHT_RETRY_S = 1.0
 _log = logging.getLogger("tokenweir.budget")
+# Called before a quota refuses a request (the rate-limit headers it still shows).
+Refusing = Callable[[Admitted], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -64,8 +66,10 @@ class Budgets:
         failures: StorageFailures,
         *,
         lease_s: float = 60.0,
+        refusing: Refusing | None = None,
     ) -> None:
         self._store = store
+        self._refusing = refusing
         self._failures = failures
         self._prices = prices
         self._clock = clock
@@ -106,6 +110,8 @@ class Budgets:
                 ctx.reservation = plan.reservation
                 return
             if not self.replan(ctx, plan):
+                if self._refusing is not None:
+                    await self._refusing(ctx)
                 raise self._refusal(plan)
             plan = self.plan(ctx)
             if plan is None:

@@ -108,6 +108,21 @@ class RateLimits:
     def replan(self, ctx: Admitted, plan: Plan) -> bool:
         return False
 
+    async def show(self, ctx: Admitted) -> None:
+        """The tenant's x-ratelimit-* headers as its buckets stand, charging nothing, for a
+        request refused before this stage admitted it (a quota's 429): every answer has them."""
+        shape = self._shapes.of(f"tw:{{{ctx.tenant_name}}}", ctx.tenant.limits, ctx.model)
+        if not shape.buckets:
+            return
+        try:
+            states = await self._store.peek(shape.scope, shape.buckets, now=self._clock.wall())
+        except StorageError as exc:
+            _log.debug("could not read the rate limits of %s: %s", ctx.tenant_name, exc)
+            return
+        headers = rate_limit_headers(shape.counts_tokens, states)
+        shown = ctx.rate_limit_headers  # a runtime key's own, if it has limits
+        ctx.rate_limit_headers = tighter(shown, headers) if shown else headers
+
     async def admit_backend(self, ctx: Admitted, backend: Backend) -> int | None:
         """The chosen backend's own limits, shared by every tenant: a full backend is a 503.
         First, the limits of the model it serves if a rule or a fallback changed it. Returns

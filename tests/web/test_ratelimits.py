@@ -24,7 +24,7 @@ CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "m
 
 
 def limits_policy_text(
-    backend_url: str, limits: str, storage: str = "memory", cache: str = "{}"
+    backend_url: str, limits: str, storage: str = "memory", cache: str = "{}", budget: str = "{}"
 ) -> str:
     return f"""
 storage: {storage}
@@ -36,6 +36,7 @@ tenants:
     models: [mock-llm]
     limits: {limits}
     cache: {cache}
+    budget: {budget}
 """
 
 
