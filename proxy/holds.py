@@ -46,6 +46,24 @@ class RateLimitHold(Lease):
     token_buckets: tuple[tuple[Bucket, int], ...] = ()
     request_buckets: tuple[Bucket, ...] = ()
 
+    def part_on(self, model: str) -> RateLimitHold:
+        """Its limits on `model` (a tenant's `per_model`), taken out of it as a hold of their
+        own under the same lease; what stays is renewed and settled as before."""
+
+        def on(limit: Bucket | SlotPool) -> bool:
+            return limit.name is not None and limit.name.model == model
+
+        part = RateLimitHold(self.scope, self.lease_id, self.lease_s, ())
+        part.slots = tuple(pool for pool in self.slots if on(pool))
+        part.token_buckets = tuple(held for held in self.token_buckets if on(held[0]))
+        part.request_buckets = tuple(bucket for bucket in self.request_buckets if on(bucket))
+        self.slots = tuple(pool for pool in self.slots if not on(pool))
+        self.token_buckets = tuple(held for held in self.token_buckets if not on(held[0]))
+        self.request_buckets = tuple(b for b in self.request_buckets if not on(b))
+        if not self.slots:
+            self.end()  # no slot left to renew
+        return part
+
 
 @dataclass(slots=True)
 class Routed:

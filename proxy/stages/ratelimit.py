@@ -151,15 +151,21 @@ class RateLimits:
 
     async def _admit_served_model(self, ctx: Admitted) -> None:
         """A degradation rule or a fallback sent the request to another model after the stage
-        admitted it: its limits on that model (`per_model`) admit it too, or it is a 429 (no
-        queueing). The asked model's limits keep counting it."""
-        model, limits = ctx.model, ctx.tenant.limits
-        if ctx.limited_model in (None, model):
+        admitted it: its limits on the model asked for (`per_model`) give back what they took
+        (that model does not serve it), and its limits on the served model admit it, or it is
+        a 429 (no queueing)."""
+        model, limits, asked = ctx.model, ctx.tenant.limits, ctx.limited_model
+        if asked in (None, model):
             return
         ctx.limited_model = model
+        scope = f"tw:{{{ctx.tenant_name}}}"
+        if asked in limits.per_model:
+            parts = [hold.part_on(asked) for hold in ctx.rate_limits if hold.scope == scope]
+            with ctx.scope.shielded():
+                await self._given_back(ctx.tenant_name, parts, 0, refused=True)
         if model not in limits.per_model:
             return
-        shape = self._shapes.of_model(f"tw:{{{ctx.tenant_name}}}", limits, model)
+        shape = self._shapes.of_model(scope, limits, model)
         costs = shape.costs(_token_cost(ctx))
         admission = await self._admit_once(ctx, shape, costs)
         if admission is None:

@@ -1,0 +1,56 @@
+"""per_model limits when a degradation rule sends a request to another model, through the real
+gateway: the request counts on the model that serves it, once."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import Policy, parse_policy
+from proxy.policy.units import hash_key
+from tests.reliability.state import slots_held
+from tests.servers import serve
+from tests.web.test_ratelimits import AUTH, CHAT, KEY
+
+
+def spilling_policy(backend_url: str, storage: str, limits: str) -> Policy:
+    """Every request for mock-llm is sent to mock-small by a degradation rule."""
+    return parse_policy(
+        f"""
+storage: {storage}
+backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm, mock-small]}}]
+models: {{mock-llm: {{}}, mock-small: {{}}}}
+tenants:
+  app:
+    api_keys: [{hash_key(KEY)}]
+    models: [mock-llm, mock-small]
+    limits: {limits}
+    degrade: [{{name: spill, when: {{}}, then: {{model: mock-small}}}}]
+""",
+        environ={},
+    )
+
+
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+def test_a_request_sent_to_another_model_takes_nothing_from_the_asked_models_limits(
+    backend_url: str, redis_url: str, storage: str
+) -> None:
+    """mock-llm allows one at a time and 2 a minute; every request for it is served by
+    mock-small, so none uses mock-llm's allowance. They used both models': a second request
+    while one streamed was a 429 (max_concurrent on model mock-llm), and the third in a minute
+    too, though mock-llm had served nothing."""
+    limits = "{per_model: {mock-llm: {max_concurrent: 1, requests_per_minute: 2}}}"
+    policy = spilling_policy(backend_url, redis_url if storage == "redis" else storage, limits)
+    body = {**CHAT, "stream": True, "max_tokens": 5000, "mock_completion_tokens": 5000}
+    with serve(create_app(policy)) as url, httpx.Client(base_url=url, headers=AUTH) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as first:
+            lines = first.iter_lines()  # kept: a discarded iterator closes the response
+            next(lines)
+            meanwhile = http.post("/v1/chat/completions", json=CHAT)
+        after = [http.post("/v1/chat/completions", json=CHAT) for _ in range(3)]
+    assert meanwhile.status_code == 200, meanwhile.text
+    assert meanwhile.headers["x-tokenweir-degraded"] == "spill"
+    assert [answer.status_code for answer in after] == [200] * 3, after[-1].text
+    if storage == "redis":
+        assert slots_held(redis_url) == 0
