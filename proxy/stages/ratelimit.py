@@ -152,8 +152,8 @@ class RateLimits:
     async def _admit_served_model(self, ctx: Admitted) -> None:
         """A degradation rule or a fallback sent the request to another model after the stage
         admitted it: its limits on the model asked for (`per_model`) give back what they took
-        (that model does not serve it), and its limits on the served model admit it, or it is
-        a 429 (no queueing)."""
+        (that model does not serve it), and its limits on the served model admit it, waiting
+        in line with `queue_timeout` as the stage does, or it is a 429."""
         model, limits, asked = ctx.model, ctx.tenant.limits, ctx.limited_model
         if asked in (None, model):
             return
@@ -167,13 +167,19 @@ class RateLimits:
             return
         shape = self._shapes.of_model(scope, limits, model)
         costs = shape.costs(_token_cost(ctx))
-        admission = await self._admit_once(ctx, shape, costs)
-        if admission is None:
+        hold = RateLimitHold(scope, self._lease_ids.next(), limits.lease_ttl, shape.slots)
+        plan = LimitPlan(hold, shape, costs, self._step(hold, shape.buckets, costs))
+        try:
+            admission = await self._admit(ctx, plan, limits)
+        except StorageError as exc:
+            self._undo_later(exc, hold)
+            self._failures.decide("rate_limit", limits, exc)
             return
         more = rate_limit_headers(shape.counts_tokens, admission.buckets)
         ctx.rate_limit_headers = tighter(ctx.rate_limit_headers, more)
         if not admission.admitted:
             raise limit_refusal(shape, costs, admission)
+        self._hold(ctx, hold, shape, costs)
 
     async def _admit_once(
         self, ctx: Admitted, shape: LimitShape, costs: list[int]

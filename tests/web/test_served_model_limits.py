@@ -1,5 +1,5 @@
 """per_model limits when a degradation rule sends a request to another model, through the real
-gateway: the request counts on the model that serves it, once."""
+gateway: the request counts on the model that serves it, once, and queues as a direct one does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from tests.reliability.state import slots_held
 from tests.servers import serve
-from tests.web.test_ratelimits import AUTH, CHAT, KEY
+from tests.web.test_ratelimits import AUTH, CHAT, KEY, streams_at_once
 
 
 def spilling_policy(backend_url: str, storage: str, limits: str) -> Policy:
@@ -54,3 +54,16 @@ def test_a_request_sent_to_another_model_takes_nothing_from_the_asked_models_lim
     assert [answer.status_code for answer in after] == [200] * 3, after[-1].text
     if storage == "redis":
         assert slots_held(redis_url) == 0
+
+
+def test_a_request_sent_to_a_full_model_waits_in_line_as_one_that_asked_for_it(
+    backend_url: str, backend: httpx.Client, redis_url: str
+) -> None:
+    """With queue_timeout, a request spilled to mock-small (one at a time) waits for its slot,
+    as a request that asked for mock-small does; it was refused at once with a 429."""
+    limits = "{queue_timeout: 20s, per_model: {mock-small: {max_concurrent: 1}}}"
+    with serve(create_app(spilling_policy(backend_url, redis_url, limits))) as url:
+        statuses, seen = streams_at_once(url, backend, 4)
+    assert statuses == [200] * 4
+    assert max(seen) == 1
+    assert slots_held(redis_url) == 0
