@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from proxy.asgi.cancel import RequestScope
 from proxy.outgoing import OutgoingRequest
-from proxy.policy.model import Backend, Tenant
+from proxy.policy.model import Backend, DegradeRule, Tenant
 from proxy.upstream.meter import StreamMeter
 
 if TYPE_CHECKING:
@@ -27,10 +27,14 @@ if TYPE_CHECKING:
     from proxy.telemetry.spanattrs import SpanAttributes
     from proxy.upstream.capture import Capture
 
-__all__ = ["Admitted", "Operation", "Outcome", "RequestContext", "TraceHooks", "UsageSource"]
+__all__ = [
+    "Admitted", "Chosen", "Operation", "Outcome", "RequestContext", "TraceHooks", "UsageSource",
+]  # fmt: skip
 
 Operation = Literal["chat", "text_completion", "embeddings", "responses", "messages"]
 UsageSource = Literal["backend", "counted", "estimated", "counted_output", "cache"]
+Chosen = tuple[DegradeRule | None, DegradeRule | None]
+"""A request's degradation rules: the first matching enforced one, the first shadow one."""
 """Where a record's billed tokens come from (None: nothing billed, no backend answered):
 the backend's usage; the gateway's count (exact tokenizer) or estimate (no tokenizer) when the
 backend sent none it could believe; the backend's input with the gateway's larger output count;
@@ -105,6 +109,7 @@ class RequestContext:
     cache_serve_stale: bool = False
     saved_input_tokens: int = 0
     saved_output_tokens: int = 0
+    degrade_choice: Chosen | None = None  # chosen before admission, applied after the cache
     degraded: list[str] = field(default_factory=list)
     degraded_shadow: list[str] = field(default_factory=list)  # rules that would have fired
     route: Routed | None = None

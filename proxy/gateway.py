@@ -27,7 +27,7 @@ from proxy.stages.auth import Authenticate, Keyring
 from proxy.stages.budget import Budgets
 from proxy.stages.cache import ResponseCache
 from proxy.stages.checkpoint import Checkpoint
-from proxy.stages.degrade import Degrade
+from proxy.stages.degrade import Degrade, DegradeChoice
 from proxy.stages.forward import Forward
 from proxy.stages.parse import Parse
 from proxy.stages.prefetch import Prefetch, planners_in
@@ -122,18 +122,13 @@ class Gateway:
         # key kept over its own limit refused every other key of the tenant). The budget stays
         # first: a refusal it answers by shortening the request (stop_stream_at_budget) has
         # every stage take its steps again, and a step taken before it would be taken twice.
-        admission: list[Stage] = [
-            budgets,
-            key_limits,
-            rate_limits,
-            cache,
-            Degrade(pools, clock, store, failures, cache),
-            Route(attempts),
-        ]
+        degrade = Degrade(pools, clock, store, failures, cache, budgets.quotas)
+        admission: list[Stage] = [budgets, key_limits, rate_limits, cache, degrade, Route(attempts)]
         stages: list[Stage] = [
             Parse(policy.models),
             Attribute(),
             Shape(counters),
+            DegradeChoice(degrade),  # a rule's output bound is what the admission reserves
             Prefetch(storage, planners_in(admission), failures),
             *admission,
         ]

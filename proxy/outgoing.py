@@ -24,7 +24,10 @@ class OutgoingRequest:
     `default` is the bound the API gives an answer whose body sets none (completions: 16), which
     a bound the gateway sets in its place never exceeds."""
 
-    __slots__ = ("allowance", "answers", "body", "bounds", "choices", "default", "model", "shaped")
+    __slots__ = (
+        "allowance", "answers", "body", "bounds", "choices", "default", "model", "planned_bound",
+        "shaped",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -38,6 +41,9 @@ class OutgoingRequest:
         self.bounds = bounds
         self.default = default
         self.allowance: int | None = None  # the most output tokens one answer may have
+        # A bound a later stage writes (a degradation rule, chosen before admission), which
+        # what is reserved counts on already.
+        self.planned_bound: int | None = None
         self.answers = 1
         self.choices = 1
         self.shaped: list[str] = []  # why the body differs from the client's, in order
@@ -88,8 +94,8 @@ class OutgoingRequest:
 
     def reserved_output(self) -> int | None:
         """The most output tokens the whole request may produce: every answer at its bound."""
-        allowance = self.allowance
-        return None if allowance is None else allowance * self.answers
+        bound = self._reserved_bound()
+        return None if bound is None else bound * self.answers
 
     def held_output(self) -> int:
         """The output tokens a reservation holds: every answer at its bound. A request with no
@@ -98,7 +104,14 @@ class OutgoingRequest:
         the API's own default where it is lower (a completion's 16)."""
         if self.allowance is None:
             self.bound_output(DEFAULT_OUTPUT_BOUND, "max_tokens")
-        return (self.allowance or 0) * self.answers
+        return (self._reserved_bound() or 0) * self.answers
+
+    def _reserved_bound(self) -> int | None:
+        """Each answer's bound as reservations count it: the planned one, if lower."""
+        bound, planned = self.allowance, self.planned_bound
+        if planned is None:
+            return bound
+        return planned if bound is None else min(bound, planned)
 
     def _carry(self, bound: int) -> None:
         """The field every backend reads carries the bound where the client left it unset."""

@@ -134,6 +134,10 @@ class Budgets:
         )  # fmt: skip
         return QuotaPlan(reservation, input_tokens, output_tokens, amounts, step)
 
+    def quotas(self, ctx: Admitted) -> tuple[Quota, ...]:
+        """The tenant's quotas now (none without a budget)."""
+        return self._quotas.of(ctx.tenant_name, ctx.tenant.budget, self._clock.wall())
+
     def replan(self, ctx: Admitted, plan: Plan) -> bool:
         """After a refusal, with `stop_stream_at_budget`: bound the answer to the output that
         still fits the refusing quota, and say so (True), for a new reservation."""

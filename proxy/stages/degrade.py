@@ -1,25 +1,29 @@
 """Degradation: the tenant's first matching `degrade:` rule changes the request, and under
 overload the lowest priorities are shed first.
 
-Writes degraded, degraded_shadow, and per the rule's `then`: body max_tokens, output_allowance,
-model, cache_min_similarity / cache_serve_stale (and the cache's second lookup), or an error.
+Writes degrade_choice and the planned output bound (DegradeChoice, before admission, so that a
+rule's max_output_tokens is what quotas and rate limits reserve); then degraded, degraded_shadow,
+and per the chosen rule's `then`: body max_tokens, output_allowance, model, cache_min_similarity /
+cache_serve_stale (and the cache's second lookup), or an error.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 from proxy.clock import Clock
-from proxy.context import Admitted
+from proxy.context import Admitted, Chosen
 from proxy.errors import GatewayError, RateLimited, UpstreamUnavailable
+from proxy.holds import Quota
 from proxy.policy.model import DegradeRule, DegradeThen, DegradeWhen, Tenant
 from proxy.routing.pool import Pools, PoolSignals
 from proxy.stages import Stage
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.base import QuotaStore, StorageError
 
-__all__ = ["SHED_AT", "STORAGE_WINDOW_S", "Degrade"]
+__all__ = ["SHED_AT", "STORAGE_WINDOW_S", "Degrade", "DegradeChoice"]
 
 Priority = Literal["low", "normal", "high"]
 # Shed a request of this priority when the model's backends are this full (in flight over
@@ -62,17 +66,21 @@ class Degrade:
         store: QuotaStore,
         failures: StorageFailures,
         cache: Stage | None = None,
+        quotas: Callable[[Admitted], tuple[Quota, ...]] | None = None,
     ) -> None:
         self.pools = pools
         self.clock = clock
         self._store = store
         self._failures = failures
         self._cache = cache
+        self._quotas = quotas  # the tenant's, for budget_used_above before a reservation
 
     async def __call__(self, ctx: Admitted) -> None:
         tenant = ctx.tenant
-        signals = _Signals(self, ctx)
-        live, shadow = await self._first_matches(tenant, signals)
+        chosen = ctx.degrade_choice  # DegradeChoice's: what was reserved counts on it
+        if chosen is None:
+            chosen = await self.choose(ctx)
+        live, shadow = chosen
         if shadow is not None:
             ctx.degraded_shadow.append(shadow.name)
         priority: Priority = tenant.priority
@@ -82,9 +90,11 @@ class Degrade:
         if ctx.cached is None:
             self._shed(ctx, priority, shadow=tenant.shadow)
 
-    async def _first_matches(
-        self, tenant: Tenant, signals: _Signals
-    ) -> tuple[DegradeRule | None, DegradeRule | None]:
+    async def choose(self, ctx: Admitted) -> Chosen:
+        """The tenant's first matching enforced rule and first matching shadow rule."""
+        return await self._first_matches(ctx.tenant, _Signals(self, ctx))
+
+    async def _first_matches(self, tenant: Tenant, signals: _Signals) -> Chosen:
         """The first matching enforced rule, and the first matching rule of all if it is a
         shadow one (what would have happened had the shadow rules been live)."""
         live: DegradeRule | None = None
@@ -128,9 +138,13 @@ class Degrade:
     async def budget_used(self, ctx: Admitted) -> float | None:
         """The largest settled fraction of the tenant's quotas (None: no quotas, or unreadable)."""
         reservation = ctx.reservation
-        if reservation is None:
+        if reservation is not None:
+            quotas = reservation.quotas
+        else:
+            quotas = self._quotas(ctx) if self._quotas is not None else ()
+        if not quotas:
             return None
-        counters = [quota.counter for quota in reservation.quotas]
+        counters = [quota.counter for quota in quotas]
         try:
             readings = await self._store.read(counters)
         except StorageError as exc:
@@ -171,6 +185,22 @@ class Degrade:
             code="overloaded",
             retry_after_s=1.0,
         )
+
+
+class DegradeChoice:
+    """Chooses the rule before admission (the stage applies it after the cache lookup): a rule's
+    `max_output_tokens` is then the bound that quotas and rate limits reserve, where they held
+    the bound it lowers and refused requests that it would have let fit."""
+
+    def __init__(self, degrade: Degrade) -> None:
+        self._degrade = degrade
+
+    async def __call__(self, ctx: Admitted) -> None:
+        if not ctx.tenant.degrade:
+            return
+        ctx.degrade_choice = live, _ = await self._degrade.choose(ctx)
+        if live is not None and ctx.operation != "embeddings":
+            ctx.outgoing.planned_bound = live.then.max_output_tokens
 
 
 def _rejection(name: str, then: DegradeThen) -> GatewayError:

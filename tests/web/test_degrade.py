@@ -12,6 +12,7 @@ from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from tests.conftest import ADMIN_KEY
 from tests.servers import serve
+from tests.web.test_ratelimits import AUTH, CHAT, limits_policy_text
 
 KEY, SHADOW_KEY = "tw-degrade-live", "tw-degrade-shadow"
 
@@ -121,3 +122,45 @@ def test_an_answer_a_rule_changed_is_not_cached_for_the_request_as_asked(
     assert after.headers["x-tokenweir-cache"] == ("miss" if changed else "hit")
     if not stream:
         assert after.json()["usage"]["completion_tokens"] == 20
+
+
+SHORT = "[{name: short, when: {}, then: {max_output_tokens: 50}}]"
+
+
+def test_a_rules_output_bound_is_what_tokens_per_minute_is_charged(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    """A rule bounds every answer to 50 tokens: a request for 2,000 under a 1,000-token minute
+    is sent with 50 and charged that. It was charged the 2,000 it asked for, before the rule
+    applied: a 429 saying it could never be admitted."""
+    text = limits_policy_text(backend_url, "{tokens_per_minute: 1000}", degrade=SHORT)
+    with serve(create_app(parse_policy(text, environ={}))) as url:
+        answer = httpx.post(
+            url + "/v1/chat/completions", json={**CHAT, "max_tokens": 2000}, headers=AUTH
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-tokenweir-degraded"] == "short"
+    assert backend.get("/mock/stats").json()["last_request"]["max_tokens"] == 50
+    assert int(answer.headers["x-ratelimit-remaining-tokens"]) >= 1000 - 100
+
+
+def test_a_rules_output_bound_is_what_a_quota_reserves_near_its_limit(
+    backend_url: str, redis_url: str
+) -> None:
+    """Past half the day's 1,000 tokens a rule bounds answers to 50: a request for 500 more is
+    sent with 50, which fits. The quota reserved the 500 before the rule applied, and refused
+    it (429 insufficient_quota) just where the rule was meant to let it through shortened."""
+    near_limit = SHORT.replace("when: {}", "when: {budget_used_above: 0.5}")
+    text = limits_policy_text(
+        backend_url, "{}", redis_url, budget="{tokens_per_day: 1000}", degrade=near_limit
+    )
+    policy = parse_policy(text, environ={})
+    with serve(create_app(policy)) as url, httpx.Client(base_url=url, headers=AUTH) as http:
+        spent = http.post(
+            "/v1/chat/completions", json={**CHAT, "max_tokens": 600, "mock_completion_tokens": 600}
+        )
+        near = http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 500})
+    assert "x-tokenweir-degraded" not in spent.headers
+    assert near.status_code == 200, near.text
+    assert near.headers["x-tokenweir-degraded"] == "short"
+    assert near.json()["usage"]["completion_tokens"] <= 50

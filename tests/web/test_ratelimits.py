@@ -24,7 +24,12 @@ CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "m
 
 
 def limits_policy_text(
-    backend_url: str, limits: str, storage: str = "memory", cache: str = "{}", budget: str = "{}"
+    backend_url: str,
+    limits: str,
+    storage: str = "memory",
+    cache: str = "{}",
+    budget: str = "{}",
+    degrade: str = "[]",
 ) -> str:
     return f"""
 storage: {storage}
@@ -37,6 +42,7 @@ tenants:
     limits: {limits}
     cache: {cache}
     budget: {budget}
+    degrade: {degrade}
 """
 
 
