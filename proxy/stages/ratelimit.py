@@ -250,9 +250,11 @@ class RateLimits:
         The store calls are made now; the awaitable ends with them."""
         holds, ctx.rate_limits = ctx.rate_limits, []
         used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
-        # Refused after this stage admitted it, before any backend (a degradation rule's
-        # rejection): a refused request takes nothing, so its request is given back too.
-        refused = ctx.route is None and ctx.cached is None and ctx.outcome.error_code is not None
+        # Refused after this stage admitted it, before any backend was asked (a degradation
+        # rule's rejection, a full backend, the served model's per_model limits at the route):
+        # a refused request takes nothing, so its request is given back too.
+        unsent = ctx.meter.upstream_sent_s is None and ctx.cached is None
+        refused = unsent and ctx.outcome.error_code is not None
         return self._given_back(ctx.tenant_name, holds, used, refused=refused)
 
     def give_back_backend(self, ctx: Admitted, backend: Backend) -> Awaitable[None]:

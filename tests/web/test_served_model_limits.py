@@ -13,20 +13,27 @@ from tests.reliability.state import slots_held
 from tests.servers import serve
 from tests.web.test_ratelimits import AUTH, CHAT, KEY, streams_at_once
 
+SPILL = "[{name: spill, when: {}, then: {model: mock-small}}]"
 
-def spilling_policy(backend_url: str, storage: str, limits: str) -> Policy:
-    """Every request for mock-llm is sent to mock-small by a degradation rule."""
+
+def spilling_policy(
+    backend_url: str, storage: str, limits: str, backend: str = "{}", degrade: str = SPILL
+) -> Policy:
+    """Every request for mock-llm is sent to mock-small by a degradation rule (`degrade`); the
+    backend's own limits are `backend`."""
     return parse_policy(
         f"""
 storage: {storage}
-backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm, mock-small]}}]
+backends:
+  - {{name: mock, url: "{backend_url}/v1", models: [mock-llm, mock-small], limits: {backend}}}
 models: {{mock-llm: {{}}, mock-small: {{}}}}
 tenants:
   app:
     api_keys: [{hash_key(KEY)}]
     models: [mock-llm, mock-small]
     limits: {limits}
-    degrade: [{{name: spill, when: {{}}, then: {{model: mock-small}}}}]
+    priority: high
+    degrade: {degrade}
 """,
         environ={},
     )
@@ -67,3 +74,28 @@ def test_a_request_sent_to_a_full_model_waits_in_line_as_one_that_asked_for_it(
     assert statuses == [200] * 4
     assert max(seen) == 1
     assert slots_held(redis_url) == 0
+
+
+@pytest.mark.parametrize("full", ["served model", "backend"])
+def test_a_request_refused_at_the_route_gives_its_request_back(
+    backend_url: str, redis_url: str, full: str
+) -> None:
+    """Three requests a minute: while one streams, two more are refused at the route, by the
+    per_model limit of the model a rule sent them to (429) or by the backend's own limit (503).
+    Refused before any backend was asked, they take nothing, and two more fit the minute after.
+    They spent the tenant's requests_per_minute: a 429 for the rest of the minute, with one
+    request served."""
+    limits, backend, degrade = "{per_model: {mock-small: {max_concurrent: 1}}}", "{}", SPILL
+    if full == "backend":
+        limits, backend, degrade = "{}", "{max_concurrent: 1}", "[]"
+    limits = limits.replace("{", "{requests_per_minute: 3, ", 1)
+    policy = spilling_policy(backend_url, redis_url, limits, backend, degrade)
+    body = {**CHAT, "stream": True, "max_tokens": 5000, "mock_completion_tokens": 5000}
+    with serve(create_app(policy)) as url, httpx.Client(base_url=url, headers=AUTH) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as first:
+            lines = first.iter_lines()  # kept: a discarded iterator closes the response
+            next(lines)
+            refused = [http.post("/v1/chat/completions", json=CHAT) for _ in range(2)]
+        after = [http.post("/v1/chat/completions", json=CHAT) for _ in range(2)]
+    assert [answer.status_code for answer in refused] == [429 if full != "backend" else 503] * 2
+    assert [answer.status_code for answer in after] == [200, 200], after[-1].text
