@@ -22,6 +22,7 @@ from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.leases import Lease, LeaseIds, Renewals
 from proxy.stages.budget import IN_FLIGHT_RETRY_S, Refusing
 from proxy.stages.limitheaders import format_reset, rate_limit_headers
+from proxy.stages.limitrefusal import refused_unsent
 from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures
@@ -45,6 +46,7 @@ class _Hold:
     counters: tuple[Counter, ...] = ()
     lease: Lease | None = None  # the reservation's, renewed while the request runs
     tpm: tuple[Bucket, int] | None = None
+    rpm: Bucket | None = None  # given its request back if the request is refused later
     refused: bool = False
     charged: int = 0  # booked by checkpoints of the running request (stages/checkpoint.py)
 
@@ -179,6 +181,8 @@ class KeyAllowances:
             )
         if hold.record.allowance.tokens_per_minute:
             hold.tpm = (buckets[-1], costs[-1])
+        if hold.record.allowance.requests_per_minute:
+            hold.rpm = buckets[0]
 
     def _keep_leased(self, hold: _Hold) -> None:
         """Renew the reservation while the request runs: a request may outlive one lease (a
@@ -231,6 +235,8 @@ class KeyAllowances:
             bucket, charged = hold.tpm
             now = self._clock.wall()
             calls.append(self._limits.settle(hold.scope, bucket, used - charged, now=now))
+        if hold.rpm is not None and refused_unsent(ctx):  # as the tenant's limits give it back
+            calls.append(self._limits.settle(hold.scope, hold.rpm, -1, now=self._clock.wall()))
         return _quietly(calls)
 
 

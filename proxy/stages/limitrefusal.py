@@ -3,12 +3,13 @@ request can never fit it)."""
 
 from __future__ import annotations
 
+from proxy.context import Admitted
 from proxy.errors import RateLimited
 from proxy.stages.limitheaders import format_reset
 from proxy.stages.limitshape import LimitShape, limit_key
 from proxy.storage.limits import Admission, LimitKey
 
-__all__ = ["limit_refusal"]
+__all__ = ["limit_refusal", "refused_unsent"]
 
 
 def limit_refusal(shape: LimitShape, costs: list[int], admission: Admission) -> RateLimited:
@@ -42,3 +43,11 @@ def limit_refusal(shape: LimitShape, costs: list[int], admission: Admission) -> 
 def _on_model(name: LimitKey) -> str:
     """` on model NAME` for a per-model limit, else nothing."""
     return f" on model {name.model}" if name.model is not None else ""
+
+
+def refused_unsent(ctx: Admitted) -> bool:
+    """Refused after the limits admitted it, before any backend was asked (a degradation rule's
+    rejection, a shed request, a later limit, every backend full) and not answered from the
+    cache: a refused request takes nothing, so the per-minute requests it took are given back."""
+    unsent = ctx.meter.upstream_sent_s is None and ctx.cached is None
+    return unsent and ctx.outcome.error_code is not None

@@ -19,7 +19,7 @@ from proxy.holds import RateLimitHold
 from proxy.leases import LeaseIds, Renewals
 from proxy.policy.model import Backend, Limits
 from proxy.stages.limitheaders import format_reset, rate_limit_headers, tighter
-from proxy.stages.limitrefusal import limit_refusal
+from proxy.stages.limitrefusal import limit_refusal, refused_unsent
 from proxy.stages.limitshape import LimitShape, LimitShapes
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
@@ -250,12 +250,7 @@ class RateLimits:
         The store calls are made now; the awaitable ends with them."""
         holds, ctx.rate_limits = ctx.rate_limits, []
         used = (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
-        # Refused after this stage admitted it, before any backend was asked (a degradation
-        # rule's rejection, a full backend, the served model's per_model limits at the route):
-        # a refused request takes nothing, so its request is given back too.
-        unsent = ctx.meter.upstream_sent_s is None and ctx.cached is None
-        refused = unsent and ctx.outcome.error_code is not None
-        return self._given_back(ctx.tenant_name, holds, used, refused=refused)
+        return self._given_back(ctx.tenant_name, holds, used, refused=refused_unsent(ctx))
 
     def give_back_backend(self, ctx: Admitted, backend: Backend) -> Awaitable[None]:
         """`backend` failed before answering and the request moves to another: its slot is free

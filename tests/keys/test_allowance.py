@@ -136,3 +136,33 @@ def test_requests_a_key_refuses_leave_its_tenants_requests_per_minute_alone(
             for _ in range(5)
         ]
     assert answers == [200, 200, 200, 200, 429]  # the tenant's 5: one used by the key
+
+
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+def test_requests_its_tenant_refuses_leave_a_keys_requests_per_minute_alone(
+    backend_url: str, storage: str, request: pytest.FixtureRequest
+) -> None:
+    """A key allowed 3 requests a minute, under a tenant that runs one at a time: while its
+    stream runs, two more are refused by the tenant's max_concurrent and take nothing from the
+    key, which has two left after it (they took one each, and the key was 429 after one served
+    request)."""
+    clock = FakeClock(start_wall=calendar.timegm((2027, 3, 1, 12, 0, 0)))  # no refill
+    where = request.getfixturevalue("redis_url") if storage == "redis" else "memory"
+    text = policy_text(backend_url, where, limits="{max_concurrent: 1}")
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    chat = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]}
+    stream = {**chat, "stream": True, "max_tokens": 5000, "mock_completion_tokens": 5000}
+    app = create_app(parse_policy(text, environ={}), clock=clock)
+    with serve(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        body = {"tenant": "alpha", "limits": {"requests_per_minute": 3}}
+        key = http.post("/admin/keys", json=body, headers=admin).json()["key"]
+        auth = {"authorization": f"Bearer {key}"}
+        with http.stream("POST", "/v1/chat/completions", json=stream, headers=auth) as first:
+            lines = first.iter_lines()  # kept: a discarded iterator closes the response
+            next(lines)
+            refused = [http.post("/v1/chat/completions", json=chat, headers=auth) for _ in "ab"]
+        after = [http.post("/v1/chat/completions", json=chat, headers=auth) for _ in "abc"]
+    assert [answer.status_code for answer in refused] == [429, 429]
+    assert "max_concurrent: 1" in refused[0].json()["error"]["message"]
+    assert [answer.status_code for answer in after] == [200, 200, 429]
+    assert "this API key" in after[-1].json()["error"]["message"]
