@@ -4,6 +4,7 @@ or an error status with an OpenAI error body, for judging the gateway's figures 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -13,10 +14,40 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["Script", "chunk", "event", "scripted_backend", "usage_chunk"]
+__all__ = ["AtLeast", "Received", "Script", "chunk", "event", "scripted_backend", "usage_chunk"]
 
-Script = Sequence[bytes | float] | tuple[int, dict[str, Any]]
-"""Events (bytes) and pauses (seconds) of a stream, or (status, error fields) of a refusal."""
+
+class Received:
+    """Lock-step with the client: the client counts each event it reads (`add`), and a stream's
+    step `received.at(n)` waits until it has read n, so the next event reaches the gateway in a
+    read of its own whatever the machine's load (a pause only makes that likely)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._changed = threading.Condition()
+
+    def add(self) -> None:
+        with self._changed:
+            self._count += 1
+            self._changed.notify_all()
+
+    def at(self, count: int) -> AtLeast:
+        return AtLeast(self, count)
+
+    def _wait(self, count: int) -> None:
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._count >= count, timeout=30):
+                raise TimeoutError(f"the client read {self._count} events, not {count}")
+
+
+class AtLeast:
+    def __init__(self, received: Received, count: int) -> None:
+        self.received, self.count = received, count
+
+
+Script = Sequence[bytes | float | AtLeast] | tuple[int, dict[str, Any]]
+"""Events (bytes), pauses (seconds) and waits for the client (Received.at) of a stream, or
+(status, error fields) of a refusal."""
 
 
 def chunk(delta: dict[str, Any], finish_reason: str | None = None, index: int = 0) -> bytes:
@@ -66,9 +97,11 @@ def scripted_backend(scripts: dict[str, Script]) -> Starlette:
     )
 
 
-async def _played(script: Sequence[bytes | float]) -> AsyncIterator[bytes]:
+async def _played(script: Sequence[bytes | float | AtLeast]) -> AsyncIterator[bytes]:
     for step in script:
         if isinstance(step, bytes):
             yield step
+        elif isinstance(step, AtLeast):
+            await asyncio.to_thread(step.received._wait, step.count)
         else:
             await asyncio.sleep(step)

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from proxy.app import create_app
 from proxy.ledger import UsageRecord
 from tests.servers import serve
-from tests.telemetry.scripted import chunk, scripted_backend, usage_chunk
+from tests.telemetry.scripted import AtLeast, Received, Script, chunk, scripted_backend, usage_chunk
 from tests.web.lyingbackend import LyingBackend
 from tests.web.test_billing import (
     AUTH,
@@ -69,18 +69,28 @@ def test_textless_events_never_bill_past_the_bound_the_backend_was_sent(
 
 
 def _streamed_bill(
-    ledger_path: Path, script: list[bytes | float], *, max_tokens: int
+    ledger_path: Path,
+    script: Script,
+    *,
+    max_tokens: int,
+    received: Received | None = None,
 ) -> tuple[str, UsageRecord]:
-    """What a client streaming `script` from the scripted backend reads, and its record."""
+    """What a client streaming `script` from the scripted backend reads, and its record;
+    `received` counts each event the client reads, for a script in lock-step with it."""
     with serve(scripted_backend({"script": script})) as backend:
         with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
             messages = [{"role": "user", "content": "script"}]
             body = {"model": "exact-llm", "messages": messages, "stream": True}
             with httpx.stream(
                 "POST", gateway + "/v1/chat/completions", json=body | {"max_tokens": max_tokens},
-                headers=AUTH, timeout=10,
+                headers=AUTH, timeout=30,
             ) as answer:  # fmt: skip
-                text = answer.read().decode()
+                lines = []
+                for line in answer.iter_lines():
+                    lines.append(line)
+                    if received is not None and line.startswith("data:"):
+                        received.add()
+                text = "\n".join(lines)
             [record] = ledger_records(ledger_path, 1)
     return text, record
 
@@ -119,14 +129,17 @@ def test_an_echoed_prompt_is_no_output(ledger_path: Path) -> None:
 
 @pytest.mark.parametrize("usage", [True, False])
 def test_events_without_text_between_tokens_are_not_billed(ledger_path: Path, usage: bool) -> None:
-    """Three words, each followed 0.3 s later by an event without text (a content filter's
-    verdict) in a read of its own: each such event counted as a token, so the gateway's count
-    (7) overruled the backend's honest 3, or stood for it (6) without usage."""
-    verdict = chunk({})
-    script: list[bytes | float] = [chunk({"role": "assistant", "content": ""})]
-    for _ in range(3):
-        script += [chunk({"content": " word"}), 0.3, verdict, 0.3]
-    script += [chunk({}, "stop")] + ([usage_chunk(9, 3)] if usage else []) + [b"data: [DONE]\n\n"]
-    text, record = _streamed_bill(ledger_path, script, max_tokens=50)
+    """Three words, each followed by an event without text (a content filter's verdict) in a
+    read of its own: each such event counted as a token, so the gateway's count (7) overruled
+    the backend's honest 3, or stood for it (6) without usage. Each event is sent once the
+    client has read the one before it, so each reaches the gateway in a read of its own."""
+    received = Received()
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": " word"}), chunk({})] * 3 + [chunk({}, "stop")]
+    script: list[bytes | float | AtLeast] = [events[0]]
+    for read, sent in enumerate(events[1:], start=1):
+        script += [received.at(read), sent]  # once the client has read the events before it
+    script += ([usage_chunk(9, 3)] if usage else []) + [b"data: [DONE]\n\n"]
+    text, record = _streamed_bill(ledger_path, script, max_tokens=50, received=received)
     assert text.count(" word") == 3
     assert (record.usage_source, record.output_tokens) == ("backend" if usage else "counted", 3)
