@@ -12,14 +12,12 @@ import logging
 from collections.abc import Awaitable, Collection, Sequence
 from typing import Protocol, runtime_checkable
 
-import orjson
-
 from proxy.clock import Clock
 from proxy.context import Admitted, RequestContext
 from proxy.cost import PriceTable
 from proxy.ledger import Ledger, UsageRecord
 from proxy.stages.usage import bill, count_unreported_input
-from proxy.telemetry.logs import ACCESS_LOGGER, log_access_line, utc_ms
+from proxy.telemetry.logs import ACCESS_LOGGER, json_line, log_access_line, utc_ms
 from proxy.telemetry.recorder import Telemetry
 from proxy.telemetry.semconv import MAX_TEXT_CHARS, clipped
 from proxy.together import in_turn
@@ -128,7 +126,7 @@ class Account:
             if self._log.isEnabledFor(logging.INFO):
                 line = self._access_line(ctx, usage)
                 line.update(self._telemetry.log_fields(ctx))
-                log_access_line(self._log, orjson.dumps(line).decode())
+                log_access_line(self._log, json_line(line))
 
     def usage_record(self, ctx: RequestContext) -> UsageRecord:
         meter = ctx.meter

@@ -22,6 +22,7 @@ __all__ = [
     "BatchedLines",
     "content_fields",
     "flush_access_log",
+    "json_line",
     "log_access_line",
     "log_config",
     "utc_ms",
@@ -209,6 +210,25 @@ def log_access_line(log: logging.Logger, line: str) -> None:
             handler.add(line)
             return
     log.info(line)
+
+
+# Valid in JSON as they are, but `str.splitlines()` ends a line at U+0085 and JavaScript at
+# U+2028 and U+2029: a client's or backend's string must not split an access line in two.
+_LINE_BREAKS = (
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+    (b"\xc2\x85", b"\\u0085"),
+)
+
+
+def json_line(fields: dict[str, object]) -> str:
+    """`fields` as one line of JSON, every line break escaped (orjson leaves three as they
+    are); json.loads reads back the same strings."""
+    dumped = orjson.dumps(fields)
+    if not dumped.isascii():  # most lines are: 0.06 µs, where the three searches cost 1.4
+        for raw, escaped in _LINE_BREAKS:  # UTF-8 synchronises: only that character matches
+            dumped = dumped.replace(raw, escaped)
+    return dumped.decode()
 
 
 def flush_access_log() -> None:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import openai
+import orjson
 import pytest
 
 from proxy.app import create_app
@@ -21,6 +22,7 @@ from proxy.telemetry.logs import PLAIN_FORMAT, BatchedLines, log_access_line, ut
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
 from tests.servers import serve
 from tests.stages.test_account import records
+from tests.telemetry.scripted import chunk, scripted_backend
 
 PROMPT = "tell me about weirs"
 
@@ -63,6 +65,42 @@ def test_no_content_by_default(client: openai.OpenAI, caplog: pytest.LogCaptureF
     assert "prompt" not in line
     assert "completion" not in line
     assert PROMPT not in caplog.records[-1].getMessage()
+
+
+BREAKS = "\u2028\u2029\x85"  # line ends to str.splitlines() or JavaScript, not to JSON
+
+
+def test_line_breaks_in_logged_strings_leave_each_access_line_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client's prompt and model name and a backend's answer and error code, each with
+    U+2028, U+2029 and U+0085, are escaped: each access line is one line to splitlines() (as to
+    a JavaScript reader) and reads back as the same strings."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    scripts = {
+        "ask" + BREAKS: [chunk({"content": "an" + BREAKS + "swer"}, "stop"), b"data: [DONE]\n\n"],
+        "fail": (400, {"message": "no", "type": "invalid_request_error", "code": "x" + BREAKS}),
+    }
+    with (
+        serve(scripted_backend(scripts)) as backend,
+        serve(create_app(make_policy(backend, extra="log_content: true\n"))) as gateway,
+        openai.OpenAI(base_url=gateway + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk,
+    ):
+        for model, text in (("mock-llm", "ask" + BREAKS), ("mock-llm", "fail"), (BREAKS, "ask")):
+            messages = [{"role": "user", "content": text}]
+            try:
+                for _ in sdk.chat.completions.create(model=model, messages=messages, stream=True):
+                    pass
+            except openai.APIStatusError:
+                pass
+        records(caplog, 3)  # the last may be logged just after its answer's end
+        lines = [r.getMessage() for r in caplog.records if r.name == "tokenweir.access"]
+    assert [len(line.splitlines()) for line in lines] == [1, 1, 1]
+    answered, refused, unknown = (orjson.loads(line) for line in lines)
+    assert answered["prompt"] == [{"role": "user", "content": "ask" + BREAKS}]
+    assert answered["completion"] == "an" + BREAKS + "swer"
+    assert refused["error"] == "x" + BREAKS
+    assert unknown["model_requested"] == BREAKS
 
 
 def _logger(handler: logging.Handler, name: str) -> logging.Logger:
