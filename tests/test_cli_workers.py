@@ -174,7 +174,9 @@ def _eventually(check: Callable[[], bool]) -> None:
         time.sleep(0.1)
 
 
-def test_metrics_sum_every_worker_and_survive_a_restart(backend_url: str, tmp_path: Path) -> None:
+def test_metrics_sum_every_worker_and_survive_restarts(backend_url: str, tmp_path: Path) -> None:
+    """Across two worker restarts the totals neither go back nor count twice, and each dead
+    worker's file is folded into the one archive: the directory does not grow per restart."""
     with _two_workers(backend_url, tmp_path) as (url, temp):
         _chat(url, 20)
         _eventually(lambda: _totals(url) == (20, 20, 10))
@@ -185,22 +187,39 @@ def test_metrics_sum_every_worker_and_survive_a_restart(backend_url: str, tmp_pa
         assert all(answered.values()), answered  # both workers served some
         for _ in range(10):  # whichever worker answers, the whole server
             assert _totals(url) == (20, 20, 10)
+        for total in (30, 40):
+            _restart_one_worker(url, temp)
+            _chat(url, 10)
+            _all_counted(url, total)
+        (directory,) = temp.glob("tokenweir-metrics-*")
+        names = sorted(path.name for path in directory.iterdir() if path.suffix != ".json")
+        assert names == [".lock", "accepted-policy.yaml", "dead-workers.archive"]
+        assert len(_per_worker(temp)) == 2  # the live workers' files only
 
-        killed = max(answered, key=lambda pid: answered[pid])
-        os.kill(killed, signal.SIGKILL)  # the supervisor starts a new worker in its place
-        _eventually(lambda: _alive_workers_answer(url, killed))
-        _chat(url, 10)
-        seen: list[float] = []
 
-        def all_counted() -> bool:
-            seen.append(_totals(url)[0])
-            return seen[-1] == 30
+def _all_counted(url: str, total: int) -> None:
+    """Every request counted, the dead worker's too (never going back), and none twice."""
+    seen: list[float] = []
 
-        _eventually(all_counted)
-        assert min(seen) >= 20  # the dead worker's requests stay counted: never backwards
-        for _ in range(10):
-            assert _totals(url) == (30, 30, 15)  # and are never counted twice
-        assert killed in _per_worker(temp)  # its last figures are still part of the sum
+    def counted() -> bool:
+        seen.append(_totals(url)[0])
+        return seen[-1] == total
+
+    _eventually(counted)
+    assert min(seen) >= total - 10  # the dead worker's requests stay counted
+    for _ in range(10):
+        assert _totals(url) == (total, total, total // 2)  # and are never counted twice
+
+
+def _restart_one_worker(url: str, temp: Path) -> None:
+    """Kill the worker that served the most; the supervisor starts a new one in its place,
+    and a scrape folds the dead one's file into the archive."""
+    answered = _per_worker(temp)
+    killed = max(answered, key=lambda pid: answered[pid])
+    os.kill(killed, signal.SIGKILL)
+    _eventually(lambda: _alive_workers_answer(url, killed))
+    _totals(url)
+    assert killed not in _per_worker(temp)
 
 
 def _alive_workers_answer(url: str, killed: int) -> bool:

@@ -28,7 +28,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from proxy.telemetry import semconv
-from proxy.telemetry.metricstate import MetricState
+from proxy.telemetry.metricstate import MetricState, counts_of_dead
 from proxy.telemetry.sample import RequestSample
 from proxy.telemetry.workershare import PUBLISH_S, WorkerShare
 from proxy.upstream.meter import GapHistogram, gap_bucket_mid_s
@@ -150,7 +150,7 @@ class GatewayMetrics(Collector):
             return generate_latest(self.registry) + _policy_info(self._own)
         whole = MetricState()
         whole.add(self._publish(), alive=True)
-        for dumped, alive in self._share.others():
+        for dumped, alive in self._share.others(counts_of_dead):
             whole.add(dumped, alive=alive)
         self._shown = whole
         try:

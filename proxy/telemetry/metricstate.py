@@ -20,7 +20,7 @@ from proxy.telemetry import semconv
 from proxy.telemetry.sample import Labels, RequestSample
 from proxy.upstream.meter import GapHistogram
 
-__all__ = ["HISTOGRAMS", "Histogram", "MetricState", "Series"]
+__all__ = ["HISTOGRAMS", "Histogram", "MetricState", "Series", "counts_of_dead"]
 
 
 class Histogram:
@@ -188,6 +188,14 @@ class MetricState:
             for labels, value in data.get(name, ()):  # a worker of an older version: none
                 key2 = tuple(labels)
                 mine[key2] = mine.get(key2, 0) + value
+
+
+def counts_of_dead(dumps: Sequence[bytes]) -> bytes:
+    """The counters and histograms of workers no longer alive, summed as one `dump()`."""
+    state = MetricState()
+    for dumped in dumps:
+        state.add(dumped, alive=False)
+    return state.dump()
 
 
 _COUNTERS = (

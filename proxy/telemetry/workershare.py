@@ -4,25 +4,36 @@ figures there as one JSON file, replaced atomically, at most every `PUBLISH_S` a
 when scraped and when it exits; the worker that answers a scrape sums its own live figures
 with every other file.
 
-A file is named `{pid}-{random}.json`, so a worker the supervisor restarts writes a new file
-and the dead one's stays: its counts stay in the sum (counters never go backwards) and are
-never counted twice. Only in-flight streams, a gauge, are left out for a worker no longer alive.
+A file is named `{pid}-{random}.json`, so a worker the supervisor restarts writes a new file.
+A scrape folds a dead worker's file into one archive of every dead worker's counts (its gauges,
+the in-flight streams, are left out: it holds none) and removes it: counters never go backwards,
+nothing is counted twice, and the directory holds one file per live worker and the archive.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+
+import orjson
 
 from proxy.atomicfile import replace_file
 
-__all__ = ["METRICS_DIR_ENV", "PUBLISH_S", "WorkerShare"]
+__all__ = ["ARCHIVE", "METRICS_DIR_ENV", "PUBLISH_S", "Fold", "WorkerShare"]
 
 METRICS_DIR_ENV = "TOKENWEIR_METRICS_DIR"
 PUBLISH_S = 0.1  # how stale another worker's figures may be on a scrape
+ARCHIVE = "dead-workers.archive"  # not `*.json`: never taken for a worker's file
+_LOCK = ".lock"
+
+Fold = Callable[[Sequence[bytes]], bytes]
+"""Workers' figures summed into one JSON object (counters only: the dead hold no gauge); any
+other key of theirs (the archive's own list of what it holds) is ignored."""
 
 _log = logging.getLogger("tokenweir.metrics")
 
@@ -50,19 +61,79 @@ class WorkerShare:
                 _log.warning("cannot share this worker's metrics in %s: %s", self._directory, exc)
             self._failed = True
 
-    def others(self) -> Iterator[tuple[bytes, bool]]:
-        """Every other worker's last figures, and whether that worker is still alive."""
-        for path in self._directory.glob("*.json"):
+    def others(self, fold: Fold) -> list[tuple[bytes, bool]]:
+        """Every other worker's last figures, and whether that worker is still alive: the dead
+        ones' as one archive, into which the dead workers' files are first folded with `fold`
+        (by one worker at a time; the others read meanwhile under a shared lock)."""
+        try:
+            with _locked(self._directory / _LOCK) as exclusive:
+                if exclusive:
+                    self._fold_dead(fold)
+                return self._read_others()
+        except OSError:  # the directory went away: the server is stopping
+            return []
+
+    def _read_others(self) -> list[tuple[bytes, bool]]:
+        found = []
+        for path in (*self._directory.glob("*.json"), self._directory / ARCHIVE):
             if path == self.path:
                 continue
             try:
                 dumped = path.read_bytes()
-            except OSError:  # replaced or removed meanwhile: its next version is read next time
+            except OSError:  # no archive yet, or a file removed: the server is stopping
                 continue
-            yield dumped, _alive(int(path.name.partition("-")[0]))
+            found.append((dumped, path.name != ARCHIVE and _alive(_pid(path.name))))
+        return found
+
+    def _fold_dead(self, fold: Fold) -> None:
+        try:
+            self._fold(fold)
+        except OSError as exc:  # a full disk: the dead workers' files stay, and are read
+            _log.warning("cannot fold dead workers' metrics in %s: %s", self._directory, exc)
+
+    def _fold(self, fold: Fold) -> None:
+        """Add the dead workers' files to the archive, then remove them. The archive names the
+        files it holds, so a worker killed between the two steps leaves none counted twice."""
+        archive = self._directory / ARCHIVE
+        dead = [p for p in self._directory.glob("*.json") if not _alive(_pid(p.name))]
+        for partial in self._directory.glob("*.partial"):  # a write a dead worker left half done
+            if not _alive(_pid(partial.name.rsplit(".", 2)[-2])):
+                partial.unlink(missing_ok=True)
+        if not dead:
+            return
+        held = archive.read_bytes() if archive.exists() else None
+        done = set(orjson.loads(held)["folded"]) if held is not None else set()
+        new = [path.read_bytes() for path in dead if path.name not in done]
+        if new:
+            summed = orjson.loads(fold(new if held is None else [held, *new]))
+            replace_file(archive, orjson.dumps({**summed, "folded": [p.name for p in dead]}))
+        for path in dead:
+            path.unlink()
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[bool]:
+    """The directory's lock, exclusive if no other worker holds it (True), else shared."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            yield True
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # another worker folds or reads: a few ms at most
+            yield False
+    finally:
+        os.close(fd)  # and the lock with it
+
+
+def _pid(name: str) -> int:
+    digits = name.partition("-")[0]
+    return int(digits) if digits.isdigit() else 0
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:  # not a worker's name (os.kill(0) would mean our own process group)
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -1,5 +1,6 @@
-"""Workers' metrics summed on a scrape: counters and histograms of every worker, dead ones too;
-in-flight streams of live workers only. (A real `serve --workers 2`: tests/test_cli_workers.py.)"""
+"""Workers' metrics summed on a scrape: counters and histograms of every worker, dead ones too
+(folded into one archive); in-flight streams of live workers only. (A real `serve --workers 2`
+across restarts: tests/test_cli_workers.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.sample import RequestSample
-from proxy.telemetry.workershare import PUBLISH_S, WorkerShare
+from proxy.telemetry.workershare import ARCHIVE, PUBLISH_S, WorkerShare
 from proxy.upstream.meter import GapHistogram
 
 LABELS = ("alpha", "chat", "mock-llm", "mock", "2xx")
@@ -88,3 +89,49 @@ async def test_a_dead_worker_keeps_its_counts_but_not_its_streams(
     whole = _values(survivor.render())
     assert _get(whole, "tokenweir_requests_total") == 1  # counters never go backwards
     assert _get(whole, "tokenweir_inflight_streams") == 1  # only the survivor's stream
+
+
+@pytest.mark.anyio
+async def test_a_dead_workers_file_is_folded_into_the_archive_once(
+    tmp_path: Path, dead_pid: int
+) -> None:
+    """A scrape folds a dead worker's file (and a write it left half done) into the archive
+    and removes it; the file found again (its folder killed before removing it) is not counted
+    twice, and a second dead worker's counts join the first's."""
+    survivor_share = WorkerShare(tmp_path)
+    survivor = GatewayMetrics(survivor_share)
+    for name, total in (("first", 1), ("second", 2)):
+        share = WorkerShare(tmp_path)
+        GatewayMetrics(share).record(_sample(4))
+        await asyncio.sleep(PUBLISH_S * 5)  # it publishes on its own, soon
+        dead = share.path.rename(tmp_path / f"{dead_pid}-{name}.json")  # and dies
+        half_written = tmp_path / f"{dead.name}.{dead_pid}.partial"
+        half_written.write_bytes(b"{")
+        left = dead.read_bytes()
+        assert _get(_values(survivor.render()), "tokenweir_requests_total") == total
+        assert not dead.exists()
+        assert not half_written.exists()
+        dead.write_bytes(left)
+        assert _get(_values(survivor.render()), "tokenweir_requests_total") == total
+    assert _names(tmp_path) == sorted([".lock", ARCHIVE, survivor_share.path.name])
+
+
+@pytest.mark.anyio
+async def test_a_dead_worker_that_cannot_be_folded_is_still_counted(
+    tmp_path: Path, dead_pid: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The archive cannot be written (here a directory is in its place; a full disk): the
+    dead worker's file stays and is read as it is, and the failure is logged."""
+    (tmp_path / ARCHIVE).mkdir()
+    share = WorkerShare(tmp_path)
+    GatewayMetrics(share).record(_sample(4))
+    await asyncio.sleep(PUBLISH_S * 5)  # it publishes on its own, soon
+    dead = share.path.rename(tmp_path / f"{dead_pid}-dead.json")  # and dies
+    survivor = GatewayMetrics(WorkerShare(tmp_path))
+    assert _get(_values(survivor.render()), "tokenweir_requests_total") == 1
+    assert _names(tmp_path).count(dead.name) == 1
+    assert "cannot fold dead workers' metrics" in caplog.text
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.iterdir())
