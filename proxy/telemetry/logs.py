@@ -260,8 +260,15 @@ def _streamed_text(relayed: bytes) -> str | None:
             event = orjson.loads(line[5:])
         except orjson.JSONDecodeError:
             continue
-        choices = event.get("choices") if isinstance(event, dict) else None
-        parts.extend(_texts(choices, "delta"))
+        if not isinstance(event, dict):
+            continue
+        if "choices" in event:
+            parts.extend(_texts(event["choices"], "delta"))
+        elif event.get("type") == "content_block_delta":  # Messages
+            parts.extend(_typed_texts([event.get("delta")], "text_delta"))
+        elif event.get("type") == "response.output_text.delta":  # Responses
+            delta = event.get("delta")
+            parts.extend([delta] if isinstance(delta, str) else ())
     return "".join(parts) if parts else None
 
 
@@ -270,9 +277,31 @@ def _whole_text(raw: bytes) -> str | None:
         answer = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
         return None
-    choices = answer.get("choices") if isinstance(answer, dict) else None
-    parts = _texts(choices, "message")
+    if not isinstance(answer, dict):
+        return None
+    if "choices" in answer:
+        parts = _texts(answer["choices"], "message")
+    elif isinstance(answer.get("output"), list):  # Responses: its messages' output_text parts
+        messages = [item for item in answer["output"] if isinstance(item, dict)]
+        parts = [
+            text
+            for item in messages
+            if item.get("type") == "message"
+            for text in _typed_texts(item.get("content"), "output_text")
+        ]
+    else:  # Messages: its text blocks
+        parts = _typed_texts(answer.get("content"), "text")
     return "".join(parts) if parts else None
+
+
+def _typed_texts(parts: object, kind: str) -> list[str]:
+    """The `text` of each part of type `kind` (a Messages block or delta, a Responses part)."""
+    found = parts if isinstance(parts, list) else ()
+    return [
+        part["text"]
+        for part in found
+        if isinstance(part, dict) and part.get("type") == kind and isinstance(part.get("text"), str)
+    ]
 
 
 def _texts(choices: object, field: str) -> list[str]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import anthropic
 import openai
 import orjson
 import pytest
@@ -54,6 +55,28 @@ def test_prompt_and_completion_are_logged_when_asked(
     for record in caplog.records:
         assert ALPHA_KEY not in record.getMessage()
         assert BACKEND_KEY not in record.getMessage()
+
+
+def test_agent_api_completions_are_logged_when_asked(
+    logging_gateway: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Messages and Responses, whole and streamed: `completion` is the text the client read (it
+    was null: only chat's `choices` were read)."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    messages = [{"role": "user", "content": PROMPT}]
+    with anthropic.Anthropic(base_url=logging_gateway, api_key=ALPHA_KEY, max_retries=0) as sdk:
+        whole = sdk.messages.create(model="mock-llm", max_tokens=8, messages=messages)
+        with sdk.messages.stream(model="mock-llm", max_tokens=8, messages=messages) as stream:
+            streamed = "".join(stream.text_stream)
+    read = [whole.content[0].text, streamed]
+    with openai.OpenAI(base_url=logging_gateway + "/v1", api_key=ALPHA_KEY, max_retries=0) as oai:
+        read.append(oai.responses.create(model="mock-llm", input=PROMPT).output_text)
+        events = oai.responses.create(model="mock-llm", input=PROMPT, stream=True)
+        read.append("".join(e.delta for e in events if e.type == "response.output_text.delta"))
+    lines = records(caplog, 4)
+    assert all(read), read
+    assert [line["completion"] for line in lines] == read
+    assert [line["prompt"] for line in lines] == [messages, messages, PROMPT, PROMPT]
 
 
 def test_no_content_by_default(client: openai.OpenAI, caplog: pytest.LogCaptureFixture) -> None:
@@ -213,7 +236,7 @@ def test_an_access_line_skips_the_log_record_only_where_it_would_print_the_same(
     make_record = logging.Logger.makeRecord
 
     def spied(self: logging.Logger, *args: object, **kwargs: object) -> logging.LogRecord:
-        record = make_record(self, *args, **kwargs)  # type: ignore[arg-type]
+        record = make_record(self, *args, **kwargs)
         made.append(record.getMessage())
         return record
 
