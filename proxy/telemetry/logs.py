@@ -243,7 +243,11 @@ def content_fields(ctx: RequestContext) -> dict[str, object]:
     """`prompt` (as sent to the backend) and `completion` text, for `log_content: true` only."""
     body = ctx.body
     prompt = body.get("messages", body.get("prompt", body.get("input")))
-    if ctx.stream:
+    cached = ctx.cached
+    if cached is not None:  # a cache hit: the stored answer is what the client read
+        text = cached.text if cached.message is None else cached.message.get("content")
+        completion = text if isinstance(text, str) else None
+    elif ctx.stream:
         relayed = ctx.capture.data() if ctx.capture is not None else None
         completion = _streamed_text(relayed or b"")
     else:

@@ -1,4 +1,5 @@
-"""Long streams through the cache: stored as they pass, replayed exactly, with `log_content` too."""
+"""Long streams through the cache: stored as they pass, replayed exactly, with `log_content` too
+(a hit's answer logged as the miss's was)."""
 
 from __future__ import annotations
 
@@ -64,9 +65,17 @@ def test_a_stream_is_stored_while_its_content_is_logged(
     with serve(create_app(policy.model_copy(update={"log_content": True}))) as url:
         with sdk(url) as client:
             miss, hit = streamed(client), streamed(client)
+            whole = client.chat.completions.create(
+                model="mock-llm",
+                messages=QUESTION,  # type: ignore[arg-type]
+                temperature=0,
+                extra_body={"mock_completion_tokens": TOKENS},
+            )
     assert (miss[3], hit[3]) == ("miss", "hit")
     assert hit[:3] == miss[:3]
     assert backend_requests(backend) == 1
-    logged = records(caplog, 2)
-    assert [line["cache"] for line in logged] == ["miss", "hit"]
+    logged = records(caplog, 3)
+    assert [line["cache"] for line in logged] == ["miss", "hit", "hit"]
     assert logged[0]["completion"] == miss[0]  # what `log_content` logged, as without the cache
+    # A hit's answer is logged too, streamed or whole (it was null: no bytes came from a backend)
+    assert [line["completion"] for line in logged[1:]] == [hit[0], whole.choices[0].message.content]
