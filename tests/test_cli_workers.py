@@ -3,13 +3,16 @@ Redis, `/metrics` shows the whole server, whichever worker answers, across a wor
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.redis_server import private_redis
 from tests.reliability.state import KEY, policy_text
-from tests.servers import free_port, ready_workers
+from tests.servers import free_port, ready_workers, wait_healthy
 from tests.test_cli_reload import tokenweir_serve
 
 CHAT: dict[str, Any] = {
@@ -272,3 +275,63 @@ def test_metrics_show_every_policy_version_the_workers_serve(
             assert _hashes(url) == {old, new}
         os.kill(second, signal.SIGHUP)
         _eventually(lambda: _hashes(url) == {new})
+
+
+def test_access_lines_of_two_workers_stay_whole_on_a_slow_stdout(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """Both workers write batches of access lines to one stdout; a reader that falls behind
+    (a log shipper) keeps the pipe full, so each batch (here each line: its prompt is logged)
+    goes out in pieces: every line must still be whole, not cut by the other worker's bytes."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # the smallest pipe: every batch fills it
+    received = bytearray()
+
+    def read_slowly() -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            while chunk := pipe.read1(512):
+                received.extend(chunk)
+                time.sleep(0.005)
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    count = 200
+    with private_redis() as redis_url:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, redis_url) + "log_content: true\n")
+        port = free_port()
+        command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+        with (tmp_path / "serve.log").open("wb") as log:
+            process = subprocess.Popen(
+                [*command, "--port", str(port), "--workers", "2"], stdout=write_end, stderr=log
+            )
+        os.close(write_end)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, process)
+            with ThreadPoolExecutor(16) as pool:
+                statuses = list(pool.map(lambda _: _chat_status(url), range(count)))
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+    reader.join(timeout=_WAIT_S)
+    assert statuses == [200] * count
+    lines = bytes(received).decode().splitlines()
+    broken = [line[:80] for line in lines if not _is_json(line)]
+    assert broken == []
+    assert sum(json.loads(line)["operation"] == "chat" for line in lines) == count
+
+
+def _chat_status(url: str) -> int:
+    """A chat whose prompt (logged) makes its access line longer than a pipe takes at once."""
+    body = {**CHAT, "messages": [{"role": "user", "content": "weir " * 1200}]}
+    headers = {"authorization": f"Bearer {KEY}"}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers).status_code
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True

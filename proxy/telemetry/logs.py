@@ -15,6 +15,7 @@ import orjson
 from proxy.context import RequestContext
 from proxy.doze import Doze
 from proxy.telemetry.forks import call_in_forked_child
+from proxy.telemetry.sharedwrites import in_turn, shared_lock
 
 __all__ = [
     "ACCESS_LOGGER",
@@ -74,7 +75,8 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
     A write and a flush per access line cost a system call per request; a line now reaches
     the stream within `flush_s` (a process killed with SIGKILL loses at most that much). After
     `flush_s` with no line the flushing thread sleeps until one comes: an idle gateway does not
-    wake it."""
+    wake it. Under `serve --workers N` a batch is written under a lock the workers share, so
+    lines stay whole on a stdout they all write to."""
 
     def __init__(
         self, stream: TextIO | None = None, flush_s: float = 0.2, max_lines: int = 256
@@ -86,6 +88,7 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         self._flusher: threading.Thread | None = None
         self._dozing = Doze()  # the flusher's, after flush_s with no line
         self._closed = False
+        self._shared = shared_lock("stdout.lock")
         call_in_forked_child(self._forget_parents_lines)
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -139,10 +142,13 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         super().close()
 
     def _write(self) -> None:
-        if self._pending:
-            lines, self._pending = self._pending, []
+        if not self._pending:
+            super().flush()
+            return
+        lines, self._pending = self._pending, []
+        with in_turn(self._shared):  # the flush too: the stream's buffer may hold part of it
             self.stream.write(self.terminator.join(lines) + self.terminator)
-        super().flush()
+            super().flush()
 
     def _flush_often(self) -> None:
         while not self._closed:
