@@ -14,6 +14,7 @@ import orjson
 
 from proxy.context import RequestContext
 from proxy.doze import Doze
+from proxy.jsontext import json_text
 from proxy.telemetry.forks import call_in_forked_child
 from proxy.telemetry.sharedwrites import in_turn, shared_lock
 
@@ -230,7 +231,10 @@ _LINE_BREAKS = (
 def json_line(fields: dict[str, object]) -> str:
     """`fields` as one line of JSON, every line break escaped (orjson leaves three as they
     are); json.loads reads back the same strings."""
-    dumped = orjson.dumps(fields)
+    try:
+        dumped = orjson.dumps(fields)
+    except orjson.JSONEncodeError:  # a prompt nested past orjson's 254 levels (a refused body)
+        dumped = json_text(fields).encode()
     if not dumped.isascii():  # most lines are: 0.06 µs, where the three searches cost 1.4
         for raw, escaped in _LINE_BREAKS:  # UTF-8 synchronises: only that character matches
             dumped = dumped.replace(raw, escaped)

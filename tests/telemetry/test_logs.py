@@ -11,14 +11,17 @@ import time
 import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from functools import reduce
 from pathlib import Path
 
 import anthropic
+import httpx
 import openai
 import orjson
 import pytest
 
 from proxy.app import create_app
+from proxy.jsontext import json_text
 from proxy.telemetry.logs import PLAIN_FORMAT, BatchedLines, log_access_line, utc_ms
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, make_policy
 from tests.servers import serve
@@ -77,6 +80,22 @@ def test_agent_api_completions_are_logged_when_asked(
     assert all(read), read
     assert [line["completion"] for line in lines] == read
     assert [line["prompt"] for line in lines] == [messages, messages, PROMPT, PROMPT]
+
+
+def test_a_prompt_too_deep_to_send_is_refused_and_logged(
+    logging_gateway: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A prompt nested past what orjson writes is a 400; its access line is still written,
+    with the prompt as sent (it was lost, and a traceback logged in its place)."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    messages = [{"role": "user", "content": reduce(lambda inner, _: [inner], range(300), [])}]
+    body = b'{"model": "mock-llm", "messages": ' + json_text(messages).encode() + b"}"
+    headers = {"authorization": f"Bearer {ALPHA_KEY}", "content-type": "application/json"}
+    answer = httpx.post(logging_gateway + "/v1/chat/completions", content=body, headers=headers)
+    assert answer.status_code == 400
+    [line] = records(caplog, 1)
+    assert (line["status"], line["error"]) == (400, "invalid_value")
+    assert line["prompt"] == messages
 
 
 def test_no_content_by_default(client: openai.OpenAI, caplog: pytest.LogCaptureFixture) -> None:
