@@ -31,7 +31,7 @@ from proxy.upstream.client import UpstreamOpener, close, raw_reads, read_capped,
 from proxy.upstream.deadline import ContentDeadline
 from proxy.upstream.exchange import Exchange, Sink
 from proxy.upstream.prebuilt import header_bytes
-from proxy.upstream.sse import SSEForwarder
+from proxy.upstream.sse import ChoicesForwarder, SSEForwarder
 from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, MalformedAnswer, whole_answer
 
 __all__ = ["SSE_HEADERS", "Forward"]
@@ -85,11 +85,14 @@ class Forward:
         self, ctx: Admitted, backend: Backend, response: httpx.Response, send: Send
     ) -> None:
         api = AGENT_APIS.get(ctx.operation)
-        sse: SSEForwarder | EventForwarder = (
-            SSEForwarder(keep_usage=ctx.client_wants_usage)
-            if api is None
-            else EventForwarder(api.events)
-        )
+        sse: SSEForwarder | EventForwarder
+        if api is not None:
+            sse = EventForwarder(api.events)
+        elif ctx.choices > 1:
+            completions = ctx.operation == "text_completion"
+            sse = ChoicesForwarder(keep_usage=ctx.client_wants_usage, completions=completions)
+        else:
+            sse = SSEForwarder(keep_usage=ctx.client_wants_usage)
         relay = _Relay(ctx, backend, sse, self._content_deadline(ctx, backend), self._clock)
         ending = b""
         outcome = ctx.outcome

@@ -9,7 +9,7 @@ import orjson
 
 from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
-__all__ = ["SSEForwarder"]
+__all__ = ["ChoicesForwarder", "SSEForwarder"]
 
 # An event that carries generated text: a non-empty content/text/reasoning/arguments string
 # (`reasoning` is vLLM's name since 0.11, and OpenRouter's and Ollama's).
@@ -175,6 +175,35 @@ class SSEForwarder:
             return event
         chunk["usage"] = None
         return b"data: " + orjson.dumps(chunk)
+
+
+class ChoicesForwarder(SSEForwarder):
+    """An SSEForwarder for a request of several answers (`n`, a completions batch): an event
+    that carries several choices side by side counts one token event for each, as if the backend
+    had sent each choice in an event of its own. Only such requests pay the extra count."""
+
+    __slots__ = ("_mark",)
+
+    def __init__(self, *, keep_usage: bool, completions: bool) -> None:
+        super().__init__(keep_usage=keep_usage)
+        self._mark = b'"text":' if completions else b'"delta":'  # one in each choice
+
+    def feed(self, data: bytes) -> tuple[bytes, int]:
+        first = not self._saw_token
+        out, events = super().feed(data)
+        if events and out.count(self._mark) > events:
+            if first:  # the events before the first text are not counted
+                found = _TOKEN.search(out)
+                out_counted = out[out.rfind(_DATA, 0, found.start()) :] if found else b""
+            else:
+                out_counted = out
+            events += _more_choices(out_counted, self._mark)
+        return out, events
+
+
+def _more_choices(out: bytes, mark: bytes) -> int:
+    """The choices past the first in each of `out`'s events."""
+    return sum(max(0, event.count(mark) - 1) for event in EVENT_END.split(out))
 
 
 _NOT_JSON = object()

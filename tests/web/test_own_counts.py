@@ -19,7 +19,15 @@ from starlette.routing import Route
 from proxy.app import create_app
 from proxy.ledger import UsageRecord
 from tests.servers import serve
-from tests.telemetry.scripted import AtLeast, Received, Script, chunk, scripted_backend, usage_chunk
+from tests.telemetry.scripted import (
+    AtLeast,
+    Received,
+    Script,
+    chunk,
+    event,
+    scripted_backend,
+    usage_chunk,
+)
 from tests.web.lyingbackend import LyingBackend
 from tests.web.test_billing import (
     AUTH,
@@ -73,6 +81,7 @@ def _streamed_bill(
     script: Script,
     *,
     max_tokens: int,
+    n: int = 1,
     received: Received | None = None,
 ) -> tuple[str, UsageRecord]:
     """What a client streaming `script` from the scripted backend reads, and its record;
@@ -80,7 +89,7 @@ def _streamed_bill(
     with serve(scripted_backend({"script": script})) as backend:
         with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
             messages = [{"role": "user", "content": "script"}]
-            body = {"model": "exact-llm", "messages": messages, "stream": True}
+            body = {"model": "exact-llm", "messages": messages, "stream": True, "n": n}
             with httpx.stream(
                 "POST", gateway + "/v1/chat/completions", json=body | {"max_tokens": max_tokens},
                 headers=AUTH, timeout=30,
@@ -143,3 +152,21 @@ def test_events_without_text_between_tokens_are_not_billed(ledger_path: Path, us
     text, record = _streamed_bill(ledger_path, script, max_tokens=50, received=received)
     assert text.count(" word") == 3
     assert (record.usage_source, record.output_tokens) == ("backend" if usage else "counted", 3)
+
+
+def _both(delta: dict[str, str], finish: str | None = None) -> bytes:
+    """One event carrying both choices of `n: 2`, as some backends batch them."""
+    item = {"delta": delta, "finish_reason": finish}
+    choices = [{"index": i, **item} for i in range(2)]
+    return event({"id": "c", "object": "chat.completion.chunk", "choices": choices})
+
+
+def test_an_event_carrying_several_choices_bills_each_choices_token(ledger_path: Path) -> None:
+    """A backend without usage that sends `n: 2`'s choices side by side in one event: the
+    gateway counted each event as one token, so 2 x 5 words were billed 4."""
+    script: list[bytes | float] = [_both({"role": "assistant", "content": ""})]
+    script += [_both({"content": " word"}) for _ in range(5)]
+    script += [_both({}, "stop"), b"data: [DONE]\n\n"]
+    text, record = _streamed_bill(ledger_path, script, max_tokens=50, n=2)
+    assert text.count(" word") == 10
+    assert (record.usage_source, record.output_tokens) == ("counted", 10)
