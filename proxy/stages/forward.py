@@ -125,7 +125,10 @@ class Forward:
             if ctx.capture is not None:
                 ctx.capture.add(ending)
             ctx.outcome.completed = True
-            if isinstance(sse, EventForwarder) and sse.failed:
+            if isinstance(sse, SSEForwarder):
+                last = sse.textless(relay.last) or sse.textless(relay.before_last)
+                ctx.meter.textless_at_end = last
+            elif sse.failed:
                 # Ended as the backend ended it, with its own error event: an error to the
                 # ledger and metrics, as a stream the gateway breaks off is.
                 ctx.outcome.error_code = "upstream_error"

@@ -205,11 +205,13 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
 def relayed_output(ctx: RequestContext) -> int:
     """Output tokens a running stream has surely relayed: its token events, less the textless
     finish event each choice may have sent, and no more than the events of the chunks that held
-    text (an event without text in a chunk of its own, mid-stream, is no token). Exact where each
-    event carries one token (llama.cpp, the mock backend), a lower bound where events carry
-    several; never above what was sent."""
+    text (an event without text in a chunk of its own, mid-stream, is no token; nor, once the
+    stream ended, one beside the last text). Exact where each event carries one token
+    (llama.cpp, the mock backend), a lower bound where events carry several; never above what
+    was sent."""
     meter = ctx.meter
-    return _bounded(ctx, max(0, min(meter.token_events - ctx.choices, meter.texted_events)))
+    texted = meter.texted_events - meter.textless_at_end
+    return _bounded(ctx, max(0, min(meter.token_events - ctx.choices, texted)))
 
 
 def _bounded(ctx: RequestContext, events: int) -> int:

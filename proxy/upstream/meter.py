@@ -93,6 +93,7 @@ class StreamMeter:
         "last_token_s",
         "received_s",
         "texted_events",
+        "textless_at_end",
         "token_events",
         "upstream_first_byte_s",
         "upstream_sent_s",
@@ -107,6 +108,9 @@ class StreamMeter:
         self.last_token_s: float | None = None
         self.token_events = 0
         self.texted_events = 0  # token events in the chunks with generated text
+        # Of those, the events without text in the stream's last chunks with text (its finish
+        # beside its last token): counted once, when the stream ends whole.
+        self.textless_at_end = 0
         self.gateway_s = 0.0
         self.gaps = GapHistogram()
         self.last_read_s = 0.0  # meaningful once upstream_first_byte_s is set

@@ -108,6 +108,22 @@ class SSEForwarder:
         tail, self._tail = self._tail, b""
         return tail + self._partial.drain() if self._partial.size else tail
 
+    def textless(self, read: bytes) -> int:
+        """The events (choices, `_choices_in`) without text, usage aside, from the first token
+        on in a sent `read`: each took a token's place in the count. Asked once, at the end."""
+        first = _TOKEN.search(read)
+        if first is None:
+            return 0
+        read = read[max(0, read.rfind(_DATA, 0, first.start())) :]
+        return sum(
+            max(0, self._choices_in(event) - len(_TEXT.findall(event)))
+            for event in EVENT_END.split(read)
+            if _DATA_LINE.search(event) and event.find(_USAGE_MARK) < 0
+        )
+
+    def _choices_in(self, event: bytes) -> int:
+        return 1
+
     def _token_events(self, out: bytes) -> int:
         """Until the first token: the events from the first one with text on count as tokens,
         bar a usage-only one ([DONE] never reaches here: `feed` holds it back). After it, `feed`
@@ -199,6 +215,9 @@ class ChoicesForwarder(SSEForwarder):
                 out_counted = out
             events += _more_choices(out_counted, self._mark)
         return out, events
+
+    def _choices_in(self, event: bytes) -> int:
+        return max(1, event.count(self._mark))
 
 
 def _more_choices(out: bytes, mark: bytes) -> int:

@@ -170,3 +170,17 @@ def test_an_event_carrying_several_choices_bills_each_choices_token(ledger_path:
     text, record = _streamed_bill(ledger_path, script, max_tokens=50, n=2)
     assert text.count(" word") == 10
     assert (record.usage_source, record.output_tokens) == ("counted", 10)
+
+
+def test_a_finish_sharing_the_last_read_beside_a_textless_event_is_no_token(
+    ledger_path: Path,
+) -> None:
+    """No usage; three words, an event without text in a read of its own after the second,
+    and the finish event in the same read as the last word: the finish took a token's place
+    in the count (4 billed for 3)."""
+    script: list[bytes | float] = [chunk({"role": "assistant", "content": ""})]
+    script += [chunk({"content": " word"}), 0.3, chunk({"content": " word"}), 0.3, chunk({})]
+    script += [0.3, chunk({"content": " word"}) + chunk({}, "stop"), b"data: [DONE]\n\n"]
+    text, record = _streamed_bill(ledger_path, script, max_tokens=50)
+    assert text.count(" word") == 3
+    assert (record.usage_source, record.output_tokens) == ("counted", 3)
