@@ -222,28 +222,34 @@ def _bounded(ctx: RequestContext, events: int) -> int:
     return events if bound is None else min(events, bound)
 
 
-def _echoed(ctx: RequestContext) -> tuple[str | None, ...]:
+def _echoed(ctx: RequestContext) -> tuple[str | int, ...]:
     """The prompt each choice of a completion begins with under `echo: true`, by the choice's
-    index (each prompt's `n` choices in turn, as OpenAI and vLLM number them); None for a prompt
-    of token ids, echoed as text the gateway does not decode, and counted."""
+    index (each prompt's `n` choices in turn, as OpenAI and vLLM number them): its text, or for
+    a prompt of token ids how many they are (echoed as their text, which the gateway does not
+    decode)."""
     if ctx.operation != "text_completion" or ctx.body.get("echo") is not True:
         return ()
     prompts = prompts_of(ctx.body.get("prompt"))
     each = ctx.choices // len(prompts)
-    return tuple(p if isinstance(p, str) else None for p in prompts for _ in range(each))
+    return tuple(p if isinstance(p, str) else len(p) for p in prompts for _ in range(each))
 
 
-def _unechoed(text: str, index: object, position: int, echoed: tuple[str | None, ...]) -> str:
-    """`text` without the prompt its choice echoes: the choice's own, by its index (its place in
-    the answer if the index is not one), never another prompt's (one prompt may begin
-    another, and the longer one would take the output with it)."""
+def _unechoed(
+    text: str, index: object, position: int, echoed: tuple[str | int, ...], counter: TokenCounter
+) -> int:
+    """Tokens of `text` without the prompt its choice echoes: the choice's own, by its index
+    (its place in the answer if the index is not one), never another prompt's (one prompt may
+    begin another, and the longer one would take the output with it). Token ids echoed come
+    back as text that reads as about as many tokens: so many are taken off the count."""
     at = index if type(index) is int and 0 <= index < len(echoed) else position
-    prompt = echoed[at] if at < len(echoed) else None
-    return text[len(prompt) :] if prompt and text.startswith(prompt) else text
+    prompt = echoed[at] if at < len(echoed) else ""
+    if isinstance(prompt, int):
+        return max(0, counter.count_text(text) - prompt)
+    return counter.count_text(text[len(prompt) :] if text.startswith(prompt) else text)
 
 
 def _count_answer(
-    raw: bytes, operation: Operation, counter: TokenCounter, echoed: tuple[str | None, ...] = ()
+    raw: bytes, operation: Operation, counter: TokenCounter, echoed: tuple[str | int, ...] = ()
 ) -> int | None:
     try:
         parsed = orjson.loads(raw)
@@ -256,18 +262,19 @@ def _count_answer(
     if not isinstance(choices, list):
         return None
     texts: list[str] = []
+    completions = 0  # tokens of the completions' texts, each less its echoed prompt
     for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
             continue
         if operation == "text_completion":
             text = choice.get("text")
             if isinstance(text, str):
-                texts.append(_unechoed(text, choice.get("index"), position, echoed))
+                completions += _unechoed(text, choice.get("index"), position, echoed, counter)
             continue
         message = choice.get("message")
         if isinstance(message, dict):
             texts.extend(_message_texts(message))
-    return sum(counter.count_text(text) for text in texts if isinstance(text, str))
+    return completions + sum(counter.count_text(text) for text in texts if isinstance(text, str))
 
 
 def _message_texts(message: dict[str, Any]) -> list[str]:

@@ -19,8 +19,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy.app import create_app
+from proxy.tokens.tiktoken_counter import encoding_from_file
 from tests.conftest import ALPHA_KEY
 from tests.servers import serve
+from tests.shared import tokenizer_file
 from tests.web.test_billing import billing_policy, ledger_path, ledger_records
 
 __all__ = ["ledger_path"]  # a fixture
@@ -202,3 +204,26 @@ def test_an_echoed_batch_takes_off_each_choices_own_prompt(
     [record] = ledger_records(ledger_path, 1)
     assert record.usage_source == "counted"
     assert record.output_tokens >= 302  # 300 " yes" and two " done"
+
+
+def test_an_echoed_prompt_of_token_ids_is_no_output(
+    client_of: Callable[[Answer], openai.OpenAI], ledger_path: Path
+) -> None:
+    """A prompt sent as token ids comes back under `echo: true` as its text: the gateway could
+    not take it off, counted it as output, overruled the honest usage of `n: 2` and billed the
+    400-token prompt again for each choice."""
+    encoding, _ = encoding_from_file(tokenizer_file("qwen2.5/qwen.tiktoken"), "qwen2.5")
+    text = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 40
+    ids = encoding.encode(text)
+
+    def echoing(body: dict[str, Any]) -> dict[str, Any]:
+        answer = encoding.decode(body["prompt"]) + " hello" * 12
+        choices = [{"index": i, "text": answer, "finish_reason": "stop"} for i in range(2)]
+        usage = {"prompt_tokens": len(ids), "completion_tokens": 24}
+        return {"id": "c", "object": "text_completion", "choices": choices, "usage": usage}
+
+    client = client_of(echoing)
+    answer = client.completions.create(model="exact-llm", prompt=ids, n=2, echo=True, max_tokens=20)
+    assert answer.choices[1].text.startswith(text)
+    [record] = ledger_records(ledger_path, 1)
+    assert (record.usage_source, record.output_tokens) == ("backend", 24)
