@@ -202,7 +202,9 @@ class ChoicesForwarder(SSEForwarder):
 
     def __init__(self, *, keep_usage: bool, completions: bool) -> None:
         super().__init__(keep_usage=keep_usage)
-        self._mark = b'"text":' if completions else b'"delta":'  # one in each choice
+        # A key in each choice and nowhere else in a chunk (a completion's "text" can be a key
+        # of its `top_logprobs`, a token named so); a backend without it counts as before.
+        self._mark = b'"finish_reason":' if completions else b'"delta":'
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         first = not self._saw_token

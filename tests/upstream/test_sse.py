@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.upstream.sse import SSEForwarder
+from proxy.upstream.sse import ChoicesForwarder, SSEForwarder
 
 
 def event(payload: dict[str, object]) -> bytes:
@@ -276,3 +276,16 @@ def test_a_tool_calls_name_and_a_refusal_are_text_but_not_yet_tokens() -> None:
     fresh = SSEForwarder(keep_usage=True)
     assert fresh.feed(refusal) == (refusal, 0)
     assert fresh.texted
+
+
+def test_a_completions_choice_counts_once_whatever_its_logprobs_name() -> None:
+    """Choices side by side count one token event each, in any read; a completion's
+    `top_logprobs` may have a token named "text" as a key, which is no choice."""
+    logprobs = {"tokens": [" w"], "top_logprobs": [{"text": -0.5, " w": -0.1}]}
+    one = {"text": " w", "logprobs": logprobs, "finish_reason": None}
+    choices = [{"index": i, **one} for i in range(2)]
+    stream = event({"choices": choices}) * 3 + event({"choices": choices[:1]})
+    for size in (1, 7, len(stream)):
+        forwarder = ChoicesForwarder(keep_usage=True, completions=True)
+        reads = [stream[i : i + size] for i in range(0, len(stream), size)]
+        assert feed_all(forwarder, reads)[1] == 7

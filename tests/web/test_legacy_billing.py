@@ -128,9 +128,8 @@ def _batch(seen: list[dict[str, Any]], reported_tokens: int) -> Answer:
     def answer(body: dict[str, Any]) -> dict[str, Any] | Response:
         seen.append(body)
         if body.get("stream"):
-            return StreamingResponse(
-                _batch_stream(len(body["prompt"])), media_type="text/event-stream"
-            )
+            stream = _batch_stream(len(body["prompt"]), body.get("user") == "together")
+            return StreamingResponse(stream, media_type="text/event-stream")
         text = " hello" * 12
         choices = [
             {"index": i, "text": text, "finish_reason": "stop"} for i in range(len(body["prompt"]))
@@ -154,30 +153,35 @@ def test_a_batch_bills_every_prompts_answer_not_the_one_reported(
     assert (record.output_tokens, record.usage_source) == (36, "counted_output")
 
 
-async def _batch_stream(prompts: int) -> AsyncIterator[bytes]:
-    """Twelve " hello" events for each prompt, interleaved, a finish event each, no usage."""
+async def _batch_stream(prompts: int, together: bool = False) -> AsyncIterator[bytes]:
+    """Twelve " hello" events for each prompt, interleaved, a finish event each, no usage; or,
+    `together`, each event carrying every prompt's choice."""
 
-    def event(index: int, text: str, finish: str | None = None) -> bytes:
-        choice = {"index": index, "text": text, "finish_reason": finish}
-        chunk = {"id": "c", "object": "text_completion", "choices": [choice]}
+    def event(indexes: range, text: str, finish: str | None = None) -> bytes:
+        choices = [{"index": i, "text": text, "finish_reason": finish} for i in indexes]
+        chunk = {"id": "c", "object": "text_completion", "choices": choices}
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
+    each = [range(prompts)] if together else [range(i, i + 1) for i in range(prompts)]
     for _ in range(12):
-        yield b"".join(event(i, " hello") for i in range(prompts))
-    yield b"".join(event(i, "", "stop") for i in range(prompts))
+        yield b"".join(event(indexes, " hello") for indexes in each)
+    yield b"".join(event(indexes, "", "stop") for indexes in each)
     yield b"data: [DONE]\n\n"
 
 
+@pytest.mark.parametrize("together", [False, True])
 def test_a_streamed_batch_without_usage_bills_what_was_relayed(
-    client_of: Callable[[Answer], openai.OpenAI], ledger_path: Path
+    client_of: Callable[[Answer], openai.OpenAI], ledger_path: Path, together: bool
 ) -> None:
     """A stream's own count is its token events less each choice's finish event; a batch's
-    prompts were not counted as choices, so three prompts' 36 tokens were billed 38."""
+    prompts were not counted as choices, so three prompts' 36 tokens were billed 38; and sent
+    in events that each carry all three choices, billed 10."""
     client = client_of(_batch([], 0))
+    user = "together" if together else "apart"  # tells the backend how to send them
     stream = client.completions.create(
-        model="exact-llm", prompt=["a", "b", "c"], max_tokens=20, stream=True
+        model="exact-llm", prompt=["a", "b", "c"], max_tokens=20, stream=True, user=user
     )
-    assert "".join(chunk.choices[0].text for chunk in stream) == " hello" * 36
+    assert "".join(choice.text for chunk in stream for choice in chunk.choices) == " hello" * 36
     [record] = ledger_records(ledger_path, 1)
     assert (record.output_tokens, record.usage_source) == (36, "counted")
 
