@@ -126,7 +126,7 @@ class Forward:
                 ctx.capture.add(ending)
             ctx.outcome.completed = True
             if isinstance(sse, SSEForwarder):
-                last = sse.textless(relay.last) or sse.textless(relay.before_last)
+                last = sse.textless(relay.before_last) + sse.textless(relay.last)
                 ctx.meter.textless_at_end = last
             elif sse.failed:
                 # Ended as the backend ended it, with its own error event: an error to the

@@ -108,8 +108,8 @@ class StreamMeter:
         self.last_token_s: float | None = None
         self.token_events = 0
         self.texted_events = 0  # token events in the chunks with generated text
-        # Of those, the events without text in the stream's last chunks with text (its finish
-        # beside its last token): counted once, when the stream ends whole.
+        # Of those, the events without text in the stream's last two chunks (its finish beside
+        # its last token): counted once, when the stream ends whole.
         self.textless_at_end = 0
         self.gateway_s = 0.0
         self.gaps = GapHistogram()
