@@ -12,7 +12,7 @@ import orjson
 
 from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
-__all__ = ["EventForwarder", "StreamEvents"]
+__all__ = ["EventForwarder", "StreamEvents", "text_pattern", "type_pattern"]
 
 _DATA = b"data:"
 
@@ -26,10 +26,17 @@ class StreamEvents:
     """How one API's stream says things: each a regex over an event's `"type"` field."""
 
     delta: re.Pattern[bytes]  # an event with generated text (a token event)
+    # A delta's text, not empty: only the reads that hold it are timed and bound the count.
+    text: re.Pattern[bytes]
     usage: re.Pattern[bytes]  # an event with usage in it, or one of `failures`
     last: re.Pattern[bytes]  # the event that ends the stream
     read_usage: UsageReader
     failures: frozenset[str]  # the types of events that say the answer failed
+
+
+def text_pattern(keys: str) -> re.Pattern[bytes]:
+    """A regex matching a non-empty string under one of `keys` (a regex alternation)."""
+    return re.compile(rb'"(?:' + keys.encode() + rb')":\s*"(?!")')
 
 
 def type_pattern(types: str) -> re.Pattern[bytes]:
@@ -58,7 +65,7 @@ class EventForwarder:
         self._held = 0  # text events in `_tail`, counted when it was held
         self._parts: dict[str, Any] = {}
         self._ended = False  # the ending event was held back once
-        self.texted = False  # the last bytes `feed` returned hold text: its count is above 0
+        self.texted = False  # the last bytes `feed` returned hold text, not only empty deltas
         self.usage: dict[str, Any] | None = None
         self.failed = False  # the backend said, in an event, that the answer failed
 
@@ -75,7 +82,7 @@ class EventForwarder:
         if cut < 0:
             if len(data) > MAX_HELD_BYTES:
                 count = self._count(data)
-                self.texted = count > 0
+                self.texted = count > 0 and self._events.text.search(data) is not None
                 return data, count
             self._partial.start(data)
             return b"", 0
@@ -87,6 +94,7 @@ class EventForwarder:
             self._read_usage(out)
         # Text events count when they come: the held ones then, not again when they go out.
         count, self._held = self._count(out) - self._held, 0
+        self.texted = count > 0 and events.text.search(out) is not None
         # Held back once: events a backend sends after its ending one go out as they come,
         # the held ending with them (as chat's [DONE] does), never held again and again (which
         # kept every later byte and scanned it all anew on each read).
@@ -96,7 +104,6 @@ class EventForwarder:
             start = max(0, after_last_end(out, 0, last.start()))
             out, self._tail = out[:start], out[start:]
             self._held = self._count(self._tail)
-        self.texted = count > 0
         return out, count
 
     def finish(self) -> bytes:

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from proxy.apis.events import StreamEvents, type_pattern
+from proxy.apis.events import StreamEvents, text_pattern, type_pattern
 from proxy.apis.responses import chat_tool
 from proxy.jsontext import json_text
 from proxy.stages.jsoncheck import (
@@ -230,6 +230,7 @@ def _merge(parts: dict[str, Any], usage: dict[str, Any]) -> None:
 
 EVENTS = StreamEvents(
     delta=type_pattern("content_block_delta"),
+    text=text_pattern("text|thinking|partial_json"),
     usage=type_pattern("message_start|message_delta|error"),
     last=type_pattern("message_stop"),
     read_usage=_read_usage,

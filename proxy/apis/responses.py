@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.apis.events import StreamEvents, type_pattern
+from proxy.apis.events import StreamEvents, text_pattern, type_pattern
 from proxy.errors import BadRequest
 from proxy.stages.jsoncheck import (
     Check,
@@ -193,6 +193,7 @@ EVENTS = StreamEvents(
         r"response\.(?:output_text|refusal|function_call_arguments|reasoning_text"
         r"|reasoning_summary_text)\.delta"
     ),
+    text=text_pattern("delta"),
     usage=type_pattern(_ENDINGS + "|error"),
     last=type_pattern(_ENDINGS),
     read_usage=_read_usage,

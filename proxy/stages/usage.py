@@ -186,7 +186,9 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
     if ctx.stream:
         events = ctx.meter.token_events
         if ctx.operation in AGENT_APIS:
-            return _bounded(ctx, events)  # the agent APIs' token events are their text deltas
+            # The agent APIs' token events are their deltas, in the reads that held text (a
+            # delta may be empty).
+            return _bounded(ctx, min(events, ctx.meter.texted_events))
         # The events of the chunks that held text: an event without text in a chunk of its
         # own (a filter's verdict) is no token.
         texted = ctx.meter.texted_events

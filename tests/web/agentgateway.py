@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from starlette.types import ASGIApp
 
 from proxy.app import create_app
 from proxy.ledger import UsageRecord
@@ -36,6 +37,23 @@ PRICE_OUT_NUSD_PER_TOKEN = 2_000  # output_per_1m: 2.0 USD
 
 def qwen_spec() -> str:
     return f"{tokenizer_file('qwen2.5/qwen.tiktoken')}#qwen2.5"
+
+
+@contextmanager
+def exact_gateway(backend: ASGIApp, ledger: Path, tenants: str) -> Iterator[str]:
+    """A real gateway's URL, over `backend` serving exact-llm (Qwen2.5's tokenizer), with a
+    SQLite ledger and the policy's `tenants` (YAML lines, indented two spaces)."""
+    with serve(backend) as backend_url:
+        text = f"""
+storage: memory
+ledger: sqlite:///{ledger}
+backends: [{{name: liar, url: "{backend_url}/v1", models: [exact-llm]}}]
+models:
+  exact-llm: {{tokenizer: "{qwen_spec()}"}}
+tenants:
+{tenants}"""
+        with serve(create_app(parse_policy(text, file="exact.yaml", environ={}))) as url:
+            yield url
 
 
 @dataclass(frozen=True, slots=True)

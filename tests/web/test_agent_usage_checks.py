@@ -14,12 +14,9 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from proxy.app import create_app
-from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from proxy.tokens import load_counter
-from tests.servers import serve
-from tests.web.agentgateway import qwen_spec
+from tests.web.agentgateway import exact_gateway, qwen_spec
 from tests.web.test_billing import ledger_records
 
 KEY = "tw-usage-checks"
@@ -92,22 +89,14 @@ def _text(word: str) -> dict[str, str]:
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UsageLiar, str, Path]]:
     liar = UsageLiar()
     ledger = Path(tmp_path_factory.mktemp("usage")) / "ledger.db"
-    with serve(liar) as backend_url:
-        text = f"""
-storage: memory
-ledger: sqlite:///{ledger}
-backends: [{{name: liar, url: "{backend_url}/v1", models: [exact-llm]}}]
-models:
-  exact-llm: {{tokenizer: "{qwen_spec()}"}}
-tenants:
-  alpha: {{api_keys: [{hash_key(KEY)}], models: [exact-llm]}}
+    tenants = f"""  alpha: {{api_keys: [{hash_key(KEY)}], models: [exact-llm]}}
   single:
     api_keys: [{hash_key(SINGLE_KEY)}]
     models: [exact-llm]
     limits: {{max_concurrent: 1}}
 """
-        with serve(create_app(parse_policy(text, file="usage.yaml", environ={}))) as url:
-            yield liar, url, ledger
+    with exact_gateway(liar, ledger, tenants) as url:
+        yield liar, url, ledger
 
 
 BAD = [
