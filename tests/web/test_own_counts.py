@@ -73,7 +73,9 @@ def test_textless_events_never_bill_past_the_bound_the_backend_was_sent(
     padded += [chunk({}, "stop")] + ([usage_chunk(9, 3)] if usage else []) + [b"data: [DONE]\n\n"]
     text, record = _streamed_bill(ledger_path, padded, max_tokens=10)
     assert text.count(" word") == 3
-    assert record.output_tokens == 10  # events are not read for text: the bound is the most
+    # Events are not read for text, so empty ones sharing reads with text may count: never past
+    # the bound (3, the words alone, where the reads fall so that the end's count finds them).
+    assert 3 <= record.output_tokens <= 10
 
 
 def _streamed_bill(
