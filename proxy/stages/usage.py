@@ -229,11 +229,28 @@ def _echoed(ctx: RequestContext) -> tuple[str | int, ...]:
     index (each prompt's `n` choices in turn, as OpenAI and vLLM number them): its text, or for
     a prompt of token ids how many they are (echoed as their text, which the gateway does not
     decode)."""
-    if ctx.operation != "text_completion" or ctx.body.get("echo") is not True:
+    if ctx.body.get("echo") is not True:
+        return ()
+    if ctx.operation == "chat":
+        return (_prefill(ctx.body.get("messages")),)
+    if ctx.operation != "text_completion":
         return ()
     prompts = prompts_of(ctx.body.get("prompt"))
     each = ctx.choices // len(prompts)
     return tuple(p if isinstance(p, str) else len(p) for p in prompts for _ in range(each))
+
+
+def _prefill(messages: object) -> str:
+    """What vLLM's chat `echo: true` puts before each choice's content: the last message's, when
+    it is the assistant's (its text parts joined by lines, as vLLM joins them)."""
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return ""
+    content = last.get("content")
+    if isinstance(content, list):
+        parts = (p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return "\n".join(text for text in parts if isinstance(text, str))
+    return content if isinstance(content, str) else ""
 
 
 def _unechoed(
@@ -275,13 +292,15 @@ def _count_answer(
             continue
         message = choice.get("message")
         if isinstance(message, dict):
-            texts.extend(_message_texts(message))
+            texts.extend(_message_texts(message, str(echoed[0]) if echoed else ""))
     return completions + sum(counter.count_text(text) for text in texts if isinstance(text, str))
 
 
-def _message_texts(message: dict[str, Any]) -> list[str]:
+def _message_texts(message: dict[str, Any], prefill: str = "") -> list[str]:
     names = ("content", "reasoning_content", "reasoning", "refusal")  # reasoning: vLLM >= 0.11
     texts = [message.get(name) or "" for name in names]
+    if prefill and isinstance(texts[0], str) and texts[0].startswith(prefill):
+        texts[0] = texts[0][len(prefill) :]  # echoed, not generated
     for call in message.get("tool_calls") or ():
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):

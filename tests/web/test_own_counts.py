@@ -107,20 +107,25 @@ def _streamed_bill(
 
 
 def _echoing_backend(words: int) -> Starlette:
-    """Answers a completion as `echo: true` asks: each choice's text is the prompt, then the
-    words; its usage counts the words alone as output, as OpenAI's and vLLM's do."""
+    """Answers as `echo: true` asks: a completion's text is the prompt, then the words; a chat's
+    content, as vLLM's, the last message's when it is the assistant's (a prefill), then the
+    words. Its usage counts the words alone as output, as OpenAI's and vLLM's do."""
 
-    async def completions(request: Request) -> JSONResponse:
+    async def answer(request: Request) -> JSONResponse:
         body = await request.json()
-        n = body.get("n", 1)
-        text = body["prompt"] + " hello" * words
-        choices = [{"index": i, "text": text, "finish_reason": "stop"} for i in range(n)]
+        n, words_text = body.get("n", 1), " hello" * words
+        if "prompt" in body:
+            item: dict[str, object] = {"text": body["prompt"] + words_text}
+        else:
+            last = body["messages"][-1]
+            echoed = last["content"] if body.get("echo") and last["role"] == "assistant" else ""
+            item = {"message": {"role": "assistant", "content": echoed + words_text}}
+        choices = [{"index": i, **item, "finish_reason": "stop"} for i in range(n)]
         usage = {"prompt_tokens": 9, "completion_tokens": n * words}
-        return JSONResponse(
-            {"id": "c", "object": "text_completion", "choices": choices, "usage": usage}
-        )
+        return JSONResponse({"id": "c", "choices": choices, "usage": usage})
 
-    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+    paths = ("/v1/completions", "/v1/chat/completions")
+    return Starlette(routes=[Route(path, answer, methods=["POST"]) for path in paths])
 
 
 def test_an_echoed_prompt_is_no_output(ledger_path: Path) -> None:
@@ -186,3 +191,22 @@ def test_a_finish_sharing_the_last_read_beside_a_textless_event_is_no_token(
     text, record = _streamed_bill(ledger_path, script, max_tokens=50)
     assert text.count(" word") == 3
     assert (record.usage_source, record.output_tokens) == ("counted", 3)
+
+
+def test_an_echoed_assistant_prefill_is_no_output(ledger_path: Path) -> None:
+    """vLLM's chat `echo: true` puts the last message, an assistant's prefill, before each
+    choice's content: the gateway counted it as output, overruled the honest usage of `n: 2`,
+    and billed the prefill again once per choice."""
+    prefill = "Sure. " + "the quick brown fox jumps over the lazy dog. " * 40
+    messages = [{"role": "user", "content": "Go on."}, {"role": "assistant", "content": prefill}]
+    with serve(_echoing_backend(12)) as backend:
+        with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
+            body = {"model": "exact-llm", "messages": messages, "n": 2, "echo": True}
+            answer = httpx.post(
+                gateway + "/v1/chat/completions", json=body | {"max_tokens": 20}, headers=AUTH,
+                timeout=10,
+            )  # fmt: skip
+            assert answer.status_code == 200
+            assert answer.json()["choices"][1]["message"]["content"].startswith(prefill)
+            [record] = ledger_records(ledger_path, 1)
+    assert (record.usage_source, record.output_tokens) == ("backend", 24)
