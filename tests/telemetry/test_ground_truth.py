@@ -296,10 +296,13 @@ def test_events_without_text_between_tokens_are_no_gaps(
         assert line["output_tokens"] in (4, 5), line
     gaps = histogram(gateway, name)
     assert gaps[0] - before[0] == 3  # one a token after the first (reads 0.1 s apart)
-    assert gaps[1] - before[1] > 0.55
+    # First token to last, 0.6 s as sent: a loaded machine that reads the first token late
+    # shortens it (0.536 s seen at a load of 13), so the floor is wide; the count above and
+    # the p50 below are what tell 0.2 s gaps from 0.1 s ones.
+    assert gaps[1] - before[1] > 0.35
     assert 150 < line["itl_p50_ms"] < 1500, line  # 0.2 s (0.1 s when the events were gaps)
-    span_s = (line["output_tokens"] - 1) / line["tokens_per_s"]  # first token to last
-    assert 0.55 < span_s < 1.5, line
+    span_s = (line["output_tokens"] - 1) / line["tokens_per_s"]
+    assert 0.35 < span_s < 1.5, line
 
 
 @pytest.mark.parametrize("script", ["tool-call", "refusal"])
