@@ -161,7 +161,16 @@ def test_requests_its_tenant_refuses_leave_a_keys_requests_per_minute_alone(
             lines = first.iter_lines()  # kept: a discarded iterator closes the response
             next(lines)
             refused = [http.post("/v1/chat/completions", json=chat, headers=auth) for _ in "ab"]
-        after = [http.post("/v1/chat/completions", json=chat, headers=auth) for _ in "abc"]
+        # The stream's slot is given back once the gateway has seen the client leave: until
+        # then the tenant's max_concurrent refuses (and, as tested, takes nothing from the key).
+        deadline = time.monotonic() + 10
+        while True:
+            freed = http.post("/v1/chat/completions", json=chat, headers=auth)
+            if freed.status_code != 429 or "max_concurrent" not in freed.text:
+                break
+            assert time.monotonic() < deadline, "the stream's slot was never given back"
+            time.sleep(0.05)
+        after = [freed] + [http.post("/v1/chat/completions", json=chat, headers=auth) for _ in "bc"]
     assert [answer.status_code for answer in refused] == [429, 429]
     assert "max_concurrent: 1" in refused[0].json()["error"]["message"]
     assert [answer.status_code for answer in after] == [200, 200, 429]
