@@ -7,9 +7,11 @@ import asyncio
 
 import pytest
 
-from proxy.tools.bench.client import EVENTS, USAGE
+from proxy.tools.bench.client import EVENTS, TOKENIZER, USAGE
 from proxy.tools.bench.level import LevelResult, run_level
+from proxy.tools.bench.prompts import build_workload
 from proxy.tools.bench.run import BenchConfig
+from tests.tools.test_benchclient import WORDS
 from tests.tools.test_benchwire import Handler, read_request, server
 
 TTFT_S = 0.3  # the role chunk comes at once; the first token this long after the request
@@ -72,3 +74,36 @@ def test_figures_are_what_the_server_did(usage: bool, newline: bytes) -> None:
     assert level.wall_s >= 2 * level.e2e_s.min  # type: ignore[operator]
     assert level.requests_per_s == pytest.approx(4 / level.wall_s)
     assert level.aggregate_tokens_per_s == pytest.approx(4 * TOKENS / level.wall_s)
+
+
+def usage_server(completion_tokens: bytes) -> Handler:
+    """Answers streams and whole answers of TOKENS words, with this `usage.completion_tokens`."""
+    usage = b'"usage":{"completion_tokens":%b}' % completion_tokens
+    event = b'data: {"choices":[{"delta":{"content":"w "}}]}\n\n'
+    stream = event * TOKENS + b'data: {"choices":[],%b}\n\ndata: [DONE]\n\n' % usage
+    whole = b'{"choices":[{"message":{"content":"%b"}}],%b}' % (b"w " * TOKENS, usage)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while (request := await read_request(reader)) is not None:
+            body = stream if b'"stream":true' in request[1] else whole
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+            await writer.drain()
+
+    return handle
+
+
+async def measure_usage(completion_tokens: bytes, *, stream: bool) -> LevelResult:
+    async with server(usage_server(completion_tokens)) as url:
+        base_url = url.removesuffix("/chat/completions")
+        config = BenchConfig(base_url=base_url, model="m", requests=3, stream=stream)
+        return await run_level(config, 1, workload=build_workload(config, WORDS))
+
+
+@pytest.mark.parametrize("completion_tokens", [b"-1000", b"1000000000000000", b"0", b"true"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_usage_no_answer_can_have_is_not_believed(completion_tokens: bytes, stream: bool) -> None:
+    # A negative count once made a negative tokens/s, a huge one a figure of 10**17 tok/s, and
+    # 0 beside five words of text 0 tok/s: the answer's text is counted instead.
+    level = asyncio.run(measure_usage(completion_tokens, stream=stream))
+    assert (level.ok, level.output_tokens, level.token_source) == (3, 3 * TOKENS, TOKENIZER)
+    assert level.aggregate_tokens_per_s == pytest.approx(3 * TOKENS / level.wall_s)

@@ -135,8 +135,10 @@ class _StreamSink:
         if sample.error is None and not self.done:
             sample.error = "incomplete"
             sample.error_detail = "stream ended without data: [DONE]"
-        if self.usage_tokens is not None:
-            sample.output_tokens, sample.token_source = self.usage_tokens, USAGE
+        # A usage of 0 beside generated text is no count either.
+        usage = self.usage_tokens if self.usage_tokens or not sample.content_events else None
+        if usage is not None:
+            sample.output_tokens, sample.token_source = usage, USAGE
         elif tokenizer is not None:
             text = "".join(content_text(data) for data in self.payloads)
             sample.output_tokens, sample.token_source = tokenizer.count(text), TOKENIZER
@@ -208,6 +210,8 @@ class RequestSender:
             sample.error, sample.error_detail = "error_body", message
             return
         tokens = usage_completion_tokens(content)
+        if tokens == 0 and content_text(content):  # a usage of 0 beside text is no count
+            tokens = None
         if tokens is not None:
             sample.output_tokens, sample.token_source = tokens, USAGE
         elif self._tokenizer is not None:

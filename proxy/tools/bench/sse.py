@@ -12,6 +12,7 @@ import orjson
 
 __all__ = [
     "MAX_EVENT_BYTES",
+    "MAX_USAGE_TOKENS",
     "SseEvent",
     "SseParser",
     "content_text",
@@ -31,6 +32,9 @@ _USAGE_RE = re.compile(rb'"usage"\s*:\s*\{')
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning", "refusal", "text")
 # An event longer than this is dropped unparsed (SseParser.dropped); no chat chunk comes near.
 MAX_EVENT_BYTES = 16 << 20
+# The most output tokens a `usage` is believed for (the gateway's bound too): a larger count,
+# a negative one, a float or a bool is no count.
+MAX_USAGE_TOKENS = 100_000_000
 # A held event start shorter than this is joined to each read and searched again (as cheap as
 # it gets for the usual start of a few bytes); a longer one is kept in pieces.
 _JOIN_BELOW = 1 << 16
@@ -169,7 +173,8 @@ def has_content(data: bytes) -> bool:
 
 
 def usage_completion_tokens(data: bytes) -> int | None:
-    """`usage.completion_tokens` of a chunk that has a usage object, else None (no JSON parse)."""
+    """`usage.completion_tokens` of a chunk that has a usage object, else None (no JSON parse);
+    None too for a count no answer can have (see MAX_USAGE_TOKENS)."""
     if b'"usage"' not in data or _USAGE_RE.search(data) is None:
         return None
     try:
@@ -177,7 +182,7 @@ def usage_completion_tokens(data: bytes) -> int | None:
     except (orjson.JSONDecodeError, AttributeError):
         return None
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+    return tokens if type(tokens) is int and 0 <= tokens <= MAX_USAGE_TOKENS else None
 
 
 def error_message(event: SseEvent) -> str | None:
