@@ -79,20 +79,26 @@ def keep_alive_sse(heads: list[bytes], connections: list[int]) -> Handler:
     return handle
 
 
-def test_requests_reuse_one_kept_alive_connection() -> None:
-    heads: list[bytes] = []
-    connections: list[int] = []
+def answer_each(handler: Handler, requests: int, *, api_key: str | None = None) -> None:
+    """Send `requests` requests through one transport; each must get `data: 1` and [DONE]."""
 
     async def scenario() -> None:
-        async with server(keep_alive_sse(heads, connections)) as url:
-            transport = WireTransport(url, api_key="sk-test")
-            for _ in range(3):
+        async with server(handler) as url:
+            transport = WireTransport(url, api_key=api_key)
+            for _ in range(requests):
                 sink = Sink()
                 await transport.exchange(b'{"x":1}', sink)
                 assert (sink.status, sink.body) == (200, b"data: 1\n\ndata: [DONE]\n\n")
             await transport.aclose()
 
     asyncio.run(scenario())
+
+
+def test_requests_reuse_one_kept_alive_connection() -> None:
+    heads: list[bytes] = []
+    connections: list[int] = []
+
+    answer_each(keep_alive_sse(heads, connections), 3, api_key="sk-test")
     assert connections == [1]
     assert len(heads) == 3
     assert heads[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
@@ -167,6 +173,26 @@ def test_a_body_delimited_by_close_is_complete() -> None:
             await transport.aclose()
 
     asyncio.run(scenario())
+
+
+def test_interim_responses_before_the_answer_are_skipped() -> None:
+    """RFC 9110 15.2: a client must parse 1xx responses it did not ask for. Each request here
+    was once an `http_100` error and its real answer dropped as bytes out of step."""
+    connections: list[int] = []
+
+    async def interim_first(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        connections.append(n)
+        while await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n")
+            writer.write(chunked(b"data: 1\n\n", b"data: [DONE]\n\n"))
+            await writer.drain()
+
+    answer_each(interim_first, 2)
+    assert connections == [1]
 
 
 def test_timeout_mid_response_leaves_the_transport_usable() -> None:

@@ -33,6 +33,7 @@ class _Connection(asyncio.Protocol):
         self._now_s = 0.0
         self._body_until_eof = False
         self._headers_done = False
+        self._interim = False
         self.lost: asyncio.Future[None] = loop.create_future()
         self.received = False
 
@@ -46,6 +47,7 @@ class _Connection(asyncio.Protocol):
             raise TransportFailure("connection", "connection not ready for a request")
         self._sink, self._done = sink, self._loop.create_future()
         self._body_until_eof, self._headers_done, self.received = True, False, False
+        self._interim = False
         self._transport.write(request)
         return self._done
 
@@ -83,15 +85,22 @@ class _Connection(asyncio.Protocol):
             self._body_until_eof = False
 
     def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # interim (100 Continue, 103 Early Hints)
+            self._interim, self._body_until_eof = True, True
+            return
         self._headers_done = True
         if self._sink is not None:
-            self._sink.on_status(self._parser.get_status_code())
+            self._sink.on_status(status)
 
     def on_body(self, body: bytes) -> None:
         if self._sink is not None:
             self._sink.on_body(body, self._now_s)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self._finish(keep_alive=self._parser.should_keep_alive())
 
     def _finish(self, *, keep_alive: bool) -> None:
