@@ -12,6 +12,7 @@ import httpx
 import orjson
 import pytest
 
+from proxy.tools.bench.config import open_files_limit
 from proxy.tools.bench.run import BenchConfig, LevelResult, add_arguments, main, run_level
 from proxy.tools.bench.stats import summarize
 from proxy.tools.mock.backend import create_app
@@ -168,6 +169,38 @@ def test_cli_exit_status_for_bad_input_and_for_total_failure(
     failing = [*base, "--requests", "1", "--extra-body", '{"mock_fail": 503}']
     assert main(parse(failing)) == 1
     assert "1 x http_503" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--base-url", "http://127.0.0.1:99999/v1"], "Port out of range"),
+        (["--base-url", "http://127.0.0.1:abc/v1"], "Port could not be cast"),
+        (["--base-url", "http://[::1/v1"], "Invalid IPv6 URL"),
+        (["--base-url", "http://:8000/v1"], "is not an http(s) URL"),
+        (["--concurrency", "\u00b2"], "concurrency '\u00b2' is not a positive integer"),
+    ],
+)
+def test_bad_flags_are_a_message_not_a_traceback(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each was a ValueError's traceback.
+    args = ["--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--requests", "1", *flags]
+    assert main(parse(args)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tokenweir bench: ")
+    assert message in err
+
+
+def test_a_level_past_the_open_files_limit_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # Once it ran, its connections failing as "connection" errors (or, at 10**13, never ended
+    # making workers): each request in flight holds a socket.
+    files = open_files_limit()
+    if files is None:
+        pytest.skip("no open-files limit here")
+    args = ["--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--requests", "1"]
+    assert main(parse([*args, "--concurrency", f"1,{files + 1}"])) == 2
+    assert f"concurrency {files + 1} needs a socket for each request" in capsys.readouterr().err
 
 
 def test_duration_mode_stops_starting_requests_at_the_deadline(fast_backend: str) -> None:

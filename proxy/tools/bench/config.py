@@ -14,6 +14,7 @@ __all__ = [
     "BenchConfig",
     "BenchError",
     "chat_completions_url",
+    "open_files_limit",
     "parse_concurrency",
     "parse_duration_s",
     "parse_extra_body",
@@ -51,6 +52,12 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1:
             raise BenchError("concurrency levels must be positive integers")
+        files = open_files_limit()
+        if files is not None and max(self.concurrency) > files:
+            raise BenchError(
+                f"concurrency {max(self.concurrency)} needs a socket for each request in flight, "
+                f"more than the {files} open files this process may have (ulimit -n)"
+            )
         if self.requests is not None and self.duration_s is not None:
             raise BenchError("give --requests or --duration, not both")
         if self.requests is not None and self.requests < 1:
@@ -73,6 +80,16 @@ class BenchConfig:
         return max(16, 4 * concurrency)
 
 
+def open_files_limit() -> int | None:
+    """This process's soft limit on open files, or None where there is none (or no `resource`)."""
+    try:
+        import resource  # not on Windows
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def parse_concurrency(text: str) -> tuple[int, ...]:
     """'1,8,32' -> (1, 8, 32); order kept, duplicates dropped."""
     levels: list[int] = []
@@ -80,7 +97,7 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
         part = part.strip()
         if not part:
             continue
-        if not part.isdigit() or int(part) < 1:
+        if not (part.isascii() and part.isdigit()) or int(part) < 1:
             raise BenchError(f"concurrency {part!r} is not a positive integer")
         if int(part) not in levels:
             levels.append(int(part))
@@ -102,8 +119,12 @@ def parse_duration_s(text: str) -> float:
 
 def chat_completions_url(base_url: str) -> str:
     """The chat endpoint under `base_url`; a bare host gets the conventional /v1 prefix."""
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        parts = urlsplit(base_url)
+        parts.port  # noqa: B018 (raises on a port that is not a number from 0 to 65535)
+    except ValueError as exc:
+        raise BenchError(f"--base-url {base_url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BenchError(f"--base-url {base_url!r} is not an http(s) URL")
     path = parts.path.rstrip("/")
     if not path:
