@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
 
     mock = commands.add_parser("mock-backend", help="a simulated OpenAI-compatible LLM server")
     mock.add_argument("--host", default="127.0.0.1")
-    mock.add_argument("--port", type=int, default=8000)
+    mock.add_argument("--port", type=_port, default=8000)
     mock.add_argument("--ttft-ms", type=float, default=0.0)
     mock.add_argument("--tokens-per-second", type=float, default=750.0)
     mock.add_argument(
@@ -254,16 +254,27 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _mock_backend(args: argparse.Namespace) -> int:
-    mockbackend.run(
-        host=args.host,
-        port=args.port,
-        ttft_ms=args.ttft_ms,
-        tokens_per_second=args.tokens_per_second,
-        load_ttft_ms=args.load_ttft_ms,
-        prefill_ms_per_1k_tokens=args.prefill_ms_per_1k_tokens,
-        prefix_cache=args.prefix_cache,
-    )
+    try:
+        mockbackend.run(
+            host=args.host,
+            port=args.port,
+            ttft_ms=args.ttft_ms,
+            tokens_per_second=args.tokens_per_second,
+            load_ttft_ms=args.load_ttft_ms,
+            prefill_ms_per_1k_tokens=args.prefill_ms_per_1k_tokens,
+            prefix_cache=args.prefix_cache,
+        )
+    except ValueError as exc:  # create_app's check of the settings
+        print(f"tokenweir mock-backend: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _port(text: str) -> int:
+    """A TCP port: an out-of-range number would be bound modulo 65536, not refused."""
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return int(text)
 
 
 def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:

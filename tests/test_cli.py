@@ -86,6 +86,29 @@ def test_hash_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip().startswith("sha256:ba7816bf")
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ttft-ms", "-5"], "tokenweir mock-backend: ttft_ms must be a number >= 0, got -5.0"),
+        (["--ttft-ms", "nan"], "tokenweir mock-backend: ttft_ms must be a number >= 0, got nan"),
+        (["--load-ttft-ms", "-100"], "load_ttft_ms must be a number >= 0, got -100.0"),
+        (["--prefill-ms-per-1k-tokens", "-1"], "prefill_ms_per_1k_tokens must be a number >= 0"),
+        (["--prefix-cache", "-3"], "prefix_cache must be >= 0, got -3"),
+        (["--port", "99999"], "argument --port: expected a port from 0 to 65535, got '99999'"),
+    ],
+)
+def test_mock_backend_refuses_impossible_settings_in_one_line(
+    flags: list[str], message: str
+) -> None:
+    """-5 was a traceback; the others started a mock that lied: a negative load or prefill
+    time sent tokens before the TTFT it claimed, nan never streamed one, and port 99999 was
+    served on 34463 (99999 - 65536) while the log said 99999."""
+    done = tokenweir("mock-backend", "--port", str(free_port()), *flags, timeout_s=20)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_demo_runs_on_a_fresh_machine() -> None:
     done = tokenweir("demo", "--exit", "--port", "0")
     assert done.returncode == 0, done.stderr

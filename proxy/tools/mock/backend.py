@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final
 
@@ -315,10 +316,15 @@ def create_app(
     """The mock backend as an ASGI app; `tokens_per_second` may be `math.inf` (unpaced).
 
     The simulations and faults are described in the module docstring."""
-    if ttft_ms < 0:
-        raise ValueError(f"ttft_ms must be >= 0, got {ttft_ms}")
+    delays = {"ttft_ms": ttft_ms, "load_ttft_ms": load_ttft_ms}
+    delays["prefill_ms_per_1k_tokens"] = prefill_ms_per_1k_tokens
+    for name, value in delays.items():  # a negative one would send tokens before they are due
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{name} must be a number >= 0, got {value}")
     if not tokens_per_second > 0:
         raise ValueError(f"tokens_per_second must be > 0, got {tokens_per_second}")
+    if prefix_cache < 0:
+        raise ValueError(f"prefix_cache must be >= 0, got {prefix_cache}")
     return MockBackend(
         ttft_s=ttft_ms / 1000.0,
         interval_s=1.0 / tokens_per_second,
