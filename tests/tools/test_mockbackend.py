@@ -227,6 +227,21 @@ def test_n_past_openais_range_or_a_stream_of_several_answers_is_a_400(
         sdk.chat.completions.create(model="m", messages=MESSAGES, n=2, stream=True)
 
 
+def test_stream_options_without_a_stream_is_a_400_as_openai_and_vllm_answer(
+    sdk: openai.OpenAI,
+) -> None:
+    # The mock answered 200, so a gateway that sent the option on a whole answer passed its
+    # tests against the mock and failed against vLLM.
+    options: dict[str, Any] = {"stream_options": {"include_usage": True}, "max_tokens": 2}
+    with pytest.raises(openai.BadRequestError) as chat:
+        sdk.chat.completions.create(model="m", messages=MESSAGES, **options)
+    with pytest.raises(openai.BadRequestError) as text:
+        sdk.completions.create(model="m", prompt="a b", **options)
+    for caught in (chat, text):
+        assert caught.value.param == "stream_options"
+        assert "only allowed when 'stream' is enabled" in caught.value.message
+
+
 def test_embeddings_via_sdk_base64_default_match_float(sdk: openai.OpenAI) -> None:
     default = sdk.embeddings.create(model="mock-embed", input=["a cat", "a dog"])
     floats = sdk.embeddings.create(

@@ -10,7 +10,8 @@ would. Usage counts are the mock's own: whitespace-split words (+4 per chat mess
 A whole answer has `n` choices for each prompt of a completions batch, alike (a stream has one:
 n=1 and one prompt); `max_tokens`/`max_completion_tokens` cut each short (finish_reason "length"),
 as `max_output_tokens` does a response (status "incomplete") and `max_tokens` a message
-(stop_reason "max_tokens"). Errors on /v1/messages are Anthropic-shaped.
+(stop_reason "max_tokens"). `stream_options` without `stream` is a 400, as OpenAI and vLLM
+answer it. Errors on /v1/messages are Anthropic-shaped.
 
 Testing knobs, as extra fields in the request body:
   mock_fail: 400-599            answer with that status and an OpenAI-shaped error

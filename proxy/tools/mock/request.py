@@ -250,6 +250,13 @@ def parse_completion(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequ
     if stream and n * prompts > 1:
         raise MockHTTPError(400, "The mock backend streams one answer (n=1, one prompt).")
     options = body.get("stream_options")
+    if options is not None and not stream:  # as OpenAI and vLLM refuse it
+        raise MockHTTPError(
+            400,
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+            code="invalid_value",
+        )
     if options is not None and not isinstance(options, dict):
         raise MockHTTPError(400, "'stream_options' must be an object.", param="stream_options")
     return CompletionRequest(
