@@ -306,6 +306,20 @@ def test_mock_fail_answers_with_the_requested_status(sdk: openai.OpenAI, fast_ur
     assert limited.json()["error"]["type"] == "rate_limit_error"
 
 
+def test_a_backend_that_always_fails_fails_every_request() -> None:
+    # create_app(fail_status=...) once failed chat and completions only: embeddings and
+    # rerank answered 200 from a backend meant to be down.
+    with serve(create_app(fail_status=503)) as url:
+        with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as sdk:
+            with pytest.raises(openai.InternalServerError):
+                sdk.chat.completions.create(model="m", messages=MESSAGES)
+            with pytest.raises(openai.InternalServerError) as caught:
+                sdk.embeddings.create(model="mock-embed", input="a cat")
+        rerank = httpx.post(url + "/v1/rerank", json={"query": "a", "documents": ["a"]})
+    assert caught.value.status_code == rerank.status_code == 503
+    assert rerank.json()["error"]["code"] == "mock_fail"
+
+
 def test_mock_fail_after_tokens_drops_the_connection_mid_stream() -> None:
     with serve(create_app(tokens_per_second=math.inf)) as url:
         body = CHAT | {"stream": True, "mock_fail_after_tokens": 3}

@@ -275,16 +275,23 @@ class MockBackend:
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival_s = self._clock.monotonic()
         body = await self._json_body(receive)
-        knobs = parse_knobs(body)
+        knobs = self._faults.apply(parse_knobs(body))
         request = parse_embedding(body)
         async with self._inflight(receive) as watcher:
             if not await self._left_during_delay(watcher, knobs, arrival_s):
                 await respond(send, 200, embedding_answer(request))
 
     async def _rerank(self, scope: Scope, receive: Receive, send: Send) -> None:
-        answer = rerank_answer(await self._json_body(receive))  # rerank.py
+        arrival_s = self._clock.monotonic()
+        body = await self._json_body(receive)
+        knobs = self._faults.apply(parse_knobs(body))
+        answer = rerank_answer(body)  # rerank.py
         async with self._inflight(receive) as watcher:
-            if not await left_within(watcher, self._ttft_s):
+            if await self._left_during_delay(watcher, knobs, arrival_s):
+                return
+            if not await left_within(
+                watcher, arrival_s + knobs.delay_s + self._ttft_s - self._clock.monotonic()
+            ):
                 await respond(send, 200, answer)
 
     async def _list_models(self, scope: Scope, receive: Receive, send: Send) -> None:
