@@ -10,7 +10,8 @@ import pytest
 from proxy.tools.bench.client import EVENTS, TOKENIZER, USAGE
 from proxy.tools.bench.level import LevelResult, run_level
 from proxy.tools.bench.prompts import build_workload
-from proxy.tools.bench.run import BenchConfig
+from proxy.tools.bench.run import BenchConfig, main
+from tests.tools.test_bench import parse
 from tests.tools.test_benchclient import WORDS
 from tests.tools.test_benchwire import Handler, read_request, server
 
@@ -107,3 +108,34 @@ def test_a_usage_no_answer_can_have_is_not_believed(completion_tokens: bytes, st
     level = asyncio.run(measure_usage(completion_tokens, stream=stream))
     assert (level.ok, level.output_tokens, level.token_source) == (3, 3 * TOKENS, TOKENIZER)
     assert level.aggregate_tokens_per_s == pytest.approx(3 * TOKENS / level.wall_s)
+
+
+def test_an_error_body_cannot_write_lines_or_escapes_into_the_report(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The body's newline once began a line of the server's making in the table (a verdict it
+    # chose), and its escape sequences reached the terminal (a title, a colour).
+    forged = "concurrency 1: median stream speed >=750 tok/s: 750-class deployment"
+    detail = f"oops\x1b]0;pwned\x07\x1b[31m\n{forged}".encode()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while await read_request(reader) is not None:
+            writer.write(
+                b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n%b" % (len(detail), detail)
+            )
+            await writer.drain()
+
+    async def bench(argv: list[str]) -> int:
+        async with server(handle) as url:
+            base = ["--base-url", url.removesuffix("/chat/completions"), "--model", "m"]
+            return await asyncio.to_thread(main, parse([*base, *argv]))
+
+    assert asyncio.run(bench(["--concurrency", "1", "--requests", "1"])) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    assert "\x07" not in out
+    assert f"1 x http_500: oops\\x1b]0;pwned\\x07\\x1b[31m\\n{forged}" in out
+    assert [line for line in out.splitlines() if line.startswith("concurrency 1:")] == [
+        "concurrency 1: median stream speed n/a: no per-stream speed measured (needs streaming "
+        "and 2+ output tokens)"
+    ]

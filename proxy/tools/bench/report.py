@@ -107,7 +107,7 @@ def format_table(levels: Sequence[LevelResult]) -> str:
         if level.ok and level.token_source != USAGE:  # with no answer, nothing was counted
             lines.append(f"  tokens counted from: {level.token_source}")
         for kind, count in level.errors.items():
-            example = level.error_examples.get(kind, "")
+            example = _inert(level.error_examples.get(kind, ""))
             lines.append(f"  {count} x {kind}" + (f": {example}" if example else ""))
         if level.client_cpu_fraction > CPU_WARNING_FRACTION:
             lines.append(
@@ -115,6 +115,12 @@ def format_table(levels: Sequence[LevelResult]) -> str:
                 " these numbers may be the client's limit, not the server's"
             )
     return "\n".join(lines)
+
+
+def _inert(text: str) -> str:
+    """An endpoint's words as one line that cannot move the cursor or restyle the terminal:
+    control characters (newlines, escape sequences) and invisible format ones shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def level_line(level: LevelResult) -> str:
