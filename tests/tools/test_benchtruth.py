@@ -139,3 +139,23 @@ def test_an_error_body_cannot_write_lines_or_escapes_into_the_report(
         "concurrency 1: median stream speed n/a: no per-stream speed measured (needs streaming "
         "and 2+ output tokens)"
     ]
+
+
+@pytest.mark.parametrize(
+    "answer", [b"{}", b"[]", b"null", b'"ok"', b'{"object":"error","message":"no model loaded"}']
+)
+def test_a_whole_answer_that_is_no_chat_completion_is_a_bad_response(answer: bytes) -> None:
+    # Each was counted as a successful request, its figures in requests/s and e2e.
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(answer), answer))
+            await writer.drain()
+
+    async def measure() -> LevelResult:
+        async with server(handle) as url:
+            base_url = url.removesuffix("/chat/completions")
+            config = BenchConfig(base_url=base_url, model="m", requests=2, stream=False)
+            return await run_level(config, 1)
+
+    level = asyncio.run(measure())
+    assert (level.ok, level.errors, level.requests_per_s) == (0, {"bad_response": 2}, 0.0)

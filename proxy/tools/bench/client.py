@@ -200,14 +200,16 @@ class RequestSender:
             sample.error_detail = content.decode("utf-8", "replace")[:200]
             return
         try:
-            orjson.loads(content)
+            answer = orjson.loads(content)
         except orjson.JSONDecodeError:
-            sample.error = "bad_response"
-            sample.error_detail = content.decode("utf-8", "replace")[:200]
-            return
-        message = error_message(SseEvent(data=content))
+            answer = None
+        message = None if answer is None else error_message(SseEvent(data=content))
         if message is not None:
             sample.error, sample.error_detail = "error_body", message
+            return
+        if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+            sample.error = "bad_response"  # not JSON, or no chat completion
+            sample.error_detail = content.decode("utf-8", "replace")[:200]
             return
         tokens = usage_completion_tokens(content)
         if tokens == 0 and content_text(content):  # a usage of 0 beside text is no count
