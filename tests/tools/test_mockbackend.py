@@ -293,6 +293,21 @@ def test_errors_are_openai_shaped(fast_url: str) -> None:
     assert httpx.get(fast_url + "/v1/chat/completions").status_code == 405
 
 
+def test_an_answer_longer_than_a_models_context_is_a_400(sdk: openai.OpenAI) -> None:
+    # The mock built any length asked in one go: 5M tokens held its loop, and every other
+    # stream's pacing, 10 s and took 400 MB; a billion would end it.
+    longest = sdk.chat.completions.create(
+        model="m", messages=MESSAGES, extra_body={"mock_completion_tokens": 131_072}
+    )
+    assert longest.usage is not None
+    assert longest.usage.completion_tokens == 131_072
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.chat.completions.create(
+            model="m", messages=MESSAGES, extra_body={"mock_completion_tokens": 131_073}
+        )
+    assert caught.value.param == "mock_completion_tokens"
+
+
 def test_mock_fail_answers_with_the_requested_status(sdk: openai.OpenAI, fast_url: str) -> None:
     with pytest.raises(openai.InternalServerError) as caught:
         sdk.chat.completions.create(model="m", messages=MESSAGES, extra_body={"mock_fail": 503})

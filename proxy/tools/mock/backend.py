@@ -18,7 +18,8 @@ Testing knobs, as extra fields in the request body:
   mock_retry_after_s: N         with mock_fail, also send `Retry-After: N`
   mock_fail_after_tokens: N     streams only: send N tokens, then drop the connection mid-body
   mock_delay_ms: N              wait N ms before the first byte (the headers) of any answer
-  mock_completion_tokens: N     the answer's natural length (default 256, finish_reason "stop")
+  mock_completion_tokens: N     the answer's natural length (default 256, finish_reason "stop";
+                                at most 131,072)
 
 Simulations (create_app arguments and `tokenweir mock-backend` flags): `load_ttft_ms` adds that
 much TTFT per other request in flight; `prefill_ms_per_1k_tokens` adds prefill time for prompt

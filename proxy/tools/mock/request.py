@@ -15,6 +15,7 @@ from proxy.tools.mock.text import count_words
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
+    "MAX_COMPLETION_TOKENS",
     "TOKENS_PER_MESSAGE",
     "CompletionRequest",
     "EmbeddingRequest",
@@ -32,6 +33,9 @@ __all__ = [
 ]
 
 DEFAULT_COMPLETION_TOKENS: Final = 256
+# The longest answer, as a model's context bounds it: the whole text is built at once, and 5M
+# tokens held the loop (every other stream with it) 10 s and took 400 MB.
+MAX_COMPLETION_TOKENS: Final = 131_072
 TOKENS_PER_MESSAGE: Final = 4
 MAX_EMBEDDING_INPUTS: Final = 2048
 MAX_DIMENSIONS: Final = 8192
@@ -175,7 +179,7 @@ def parse_knobs(body: dict[str, Any]) -> Knobs:
     delay_ms = body.get("mock_delay_ms", 0)
     if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or delay_ms < 0:
         raise MockHTTPError(400, "'mock_delay_ms' must be a number >= 0.", param="mock_delay_ms")
-    completion_tokens = int_field(body, "mock_completion_tokens", low=1)
+    completion_tokens = int_field(body, "mock_completion_tokens", low=1, high=MAX_COMPLETION_TOKENS)
     return Knobs(
         fail_status=int_field(body, "mock_fail", low=400, high=599),
         fail_after_tokens=int_field(body, "mock_fail_after_tokens", low=0),
