@@ -306,6 +306,14 @@ def test_an_answer_longer_than_a_models_context_is_a_400(sdk: openai.OpenAI) -> 
             model="m", messages=MESSAGES, extra_body={"mock_completion_tokens": 131_073}
         )
     assert caught.value.param == "mock_completion_tokens"
+    # Nor may n choices for each prompt of a batch add up past 128 answers of that length:
+    # n=128 and 2,048 prompts of a few bytes each once asked for 34 billion tokens.
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.completions.create(
+            model="m", prompt=["a", "b"], n=128, extra_body={"mock_completion_tokens": 65_537}
+        )
+    assert caught.value.param == "n"
+    assert "256 choices of 65537 tokens" in caught.value.message
 
 
 def test_mock_fail_answers_with_the_requested_status(sdk: openai.OpenAI, fast_url: str) -> None:

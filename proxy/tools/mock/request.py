@@ -36,6 +36,9 @@ DEFAULT_COMPLETION_TOKENS: Final = 256
 # The longest answer, as a model's context bounds it: the whole text is built at once, and 5M
 # tokens held the loop (every other stream with it) 10 s and took 400 MB.
 MAX_COMPLETION_TOKENS: Final = 131_072
+# The most tokens one whole answer holds, over its `n` choices for each prompt of a batch: 128
+# answers of the longest length (about 100 MB of JSON).
+MAX_ANSWER_TOKENS: Final = 128 * MAX_COMPLETION_TOKENS
 TOKENS_PER_MESSAGE: Final = 4
 MAX_EMBEDDING_INPUTS: Final = 2048
 MAX_DIMENSIONS: Final = 8192
@@ -121,10 +124,18 @@ class CompletionRequest:
     answers: int = 1  # choices in a whole answer: `n` for each prompt of a batch
 
     def plan(self, knobs: Knobs) -> tuple[int, str]:
-        """How many tokens the answer has, and its finish_reason."""
-        if self.max_tokens is not None and self.max_tokens < knobs.completion_tokens:
-            return self.max_tokens, "length"
-        return knobs.completion_tokens, "stop"
+        """How many tokens each choice has, and its finish_reason."""
+        n_tokens, finish_reason = knobs.completion_tokens, "stop"
+        if self.max_tokens is not None and self.max_tokens < n_tokens:
+            n_tokens, finish_reason = self.max_tokens, "length"
+        if n_tokens * self.answers > MAX_ANSWER_TOKENS:
+            raise MockHTTPError(
+                400,
+                f"{self.answers} choices of {n_tokens} tokens are more than the mock backend "
+                f"answers at once ({MAX_ANSWER_TOKENS:,} tokens).",
+                param="n",
+            )
+        return n_tokens, finish_reason
 
 
 @dataclass(frozen=True, slots=True)
