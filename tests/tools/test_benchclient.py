@@ -119,6 +119,21 @@ def test_usage_counts_tokens_when_events_carry_several() -> None:
     assert sample.stream_tokens_per_s == pytest.approx(8 / 0.2)
 
 
+def test_streamed_reasoning_stays_in_the_stream_speed() -> None:
+    # Reasoning a server streams (vLLM's reasoning_content) is timed like any text, so usage's
+    # reasoning tokens stay in the per-stream speed; reasoning never streamed does not.
+    think = b'data: {"choices":[{"delta":{"reasoning_content":"hm "}}]}\n\n'
+    details = b'"completion_tokens_details":{"reasoning_tokens":2}'
+    usage_chunk = b'data: {"choices":[],"usage":{"completion_tokens":6,%b}}\n\n' % details
+    reads = [(0.1, think), (0.2, think), (0.3, chunk("a")), (0.4, chunk("b")), (0.5, usage_chunk)]
+    sample = send(ReplayTransport([*reads, (0.5, DONE)]))
+    assert (sample.output_tokens, sample.unstreamed_tokens) == (6, 0)
+    assert sample.stream_tokens_per_s == pytest.approx(5 / 0.3)
+    hidden = send(ReplayTransport([*reads[2:], (0.5, DONE)]))
+    assert (hidden.output_tokens, hidden.unstreamed_tokens) == (6, 2)
+    assert hidden.stream_tokens_per_s == pytest.approx(3 / 0.1)
+
+
 def test_without_usage_a_tokenizer_counts_the_text() -> None:
     reads = [*timed_stream(4, ttft_s=0.1, gap_s=0.01), (0.2, DONE)]
     sample = send(ReplayTransport(reads), tokenizer=WORDS)

@@ -159,3 +159,35 @@ def test_a_whole_answer_that_is_no_chat_completion_is_a_bad_response(answer: byt
 
     level = asyncio.run(measure())
     assert (level.ok, level.errors, level.requests_per_s) == (0, {"bad_response": 2}, 0.0)
+
+
+def test_reasoning_a_server_counts_but_never_streams_is_not_in_the_stream_speed() -> None:
+    # OpenAI's reasoning models think before the first visible token and count those tokens in
+    # usage: 5 tokens streamed over 0.2 s with 1,000 more in usage read as 5,000 tok/s a stream.
+    usage = b'{"choices":[],"usage":{"completion_tokens":1005,"completion_tokens_details":'
+    usage += b'{"reasoning_tokens":1000}}}'
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            await asyncio.sleep(TTFT_S)
+            for i in range(TOKENS):
+                await asyncio.sleep(GAP_S if i else 0)
+                writer.write(chunked_part(b'data: {"choices":[{"delta":{"content":"w "}}]}\n\n'))
+                await writer.drain()
+            writer.write(chunked_part(b"data: %b\n\ndata: [DONE]\n\n" % usage) + b"0\r\n\r\n")
+            await writer.drain()
+
+    async def measure() -> LevelResult:
+        async with server(handle) as url:
+            base_url = url.removesuffix("/chat/completions")
+            return await run_level(BenchConfig(base_url=base_url, model="m", requests=2), 1)
+
+    level = asyncio.run(measure())
+    assert (level.ok, level.output_tokens, level.token_source) == (2, 2 * 1005, USAGE)
+    span_s = GAP_S * (TOKENS - 1)  # 4 tokens after the first in 0.2 s: 20 tok/s
+    assert (TOKENS - 1) / (span_s + 2.0) < (level.stream_tokens_per_s.max or 0) < 100
+
+
+def chunked_part(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)

@@ -16,8 +16,10 @@ from proxy.tools.bench.sse import (
     content_text,
     error_message,
     has_content,
+    has_reasoning,
     is_done,
     usage_completion_tokens,
+    usage_reasoning_tokens,
 )
 from proxy.tools.bench.transport import Transport, TransportFailure
 
@@ -47,6 +49,7 @@ class RequestSample:
     first_token_s: float | None = None
     last_token_s: float | None = None
     output_tokens: int | None = None
+    unstreamed_tokens: int = 0  # of output_tokens: reasoning usage counts that was never sent
     token_source: str = UNKNOWN
     content_events: int = 0
     gaps_s: list[float] = field(default_factory=list)
@@ -61,24 +64,38 @@ class RequestSample:
 
     @property
     def stream_tokens_per_s(self) -> float | None:
-        """Generation speed after the first token: (tokens - 1) / (last - first); TTFT excluded."""
+        """Generation speed after the first token: (tokens - 1) / (last - first); TTFT excluded,
+        and so are tokens never streamed (hidden reasoning, generated before the first)."""
         if self.output_tokens is None or self.first_token_s is None or self.last_token_s is None:
             return None
         span_s = self.last_token_s - self.first_token_s
-        if self.output_tokens < 2 or span_s <= 0:
+        streamed = self.output_tokens - self.unstreamed_tokens
+        if streamed < 2 or span_s <= 0:
             return None
-        return (self.output_tokens - 1) / span_s
+        return (streamed - 1) / span_s
 
 
 class _StreamSink:
     """Times content events as reads arrive; JSON is parsed only for usage and errors."""
 
-    __slots__ = ("_keep_text", "_parser", "done", "payloads", "sample", "status", "usage_tokens")
+    __slots__ = (
+        "_keep_text",
+        "_parser",
+        "done",
+        "payloads",
+        "reasoning_streamed",
+        "reasoning_tokens",
+        "sample",
+        "status",
+        "usage_tokens",
+    )
 
     def __init__(self, sample: RequestSample, *, keep_text: bool) -> None:
         self.sample = sample
         self.status = 0
         self.usage_tokens: int | None = None
+        self.reasoning_tokens = 0  # usage's count of them
+        self.reasoning_streamed = False
         self.done = False
         self.payloads: list[bytes] = []
         self._keep_text = keep_text
@@ -114,9 +131,12 @@ class _StreamSink:
             sample.content_events += 1
             if self._keep_text:
                 self.payloads.append(data)
+            if not self.reasoning_streamed:
+                self.reasoning_streamed = has_reasoning(data)
         tokens = usage_completion_tokens(data)
         if tokens is not None:
             self.usage_tokens = tokens
+            self.reasoning_tokens = usage_reasoning_tokens(data)
 
     def settle(self, tokenizer: Tokenizer | None, now_s: float) -> None:
         sample = self.sample
@@ -139,6 +159,8 @@ class _StreamSink:
         usage = self.usage_tokens if self.usage_tokens or not sample.content_events else None
         if usage is not None:
             sample.output_tokens, sample.token_source = usage, USAGE
+            if not self.reasoning_streamed:  # counted in usage, thought before the first token
+                sample.unstreamed_tokens = min(self.reasoning_tokens, usage)
         elif tokenizer is not None:
             text = "".join(content_text(data) for data in self.payloads)
             sample.output_tokens, sample.token_source = tokenizer.count(text), TOKENIZER

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -18,8 +19,10 @@ __all__ = [
     "content_text",
     "error_message",
     "has_content",
+    "has_reasoning",
     "is_done",
     "usage_completion_tokens",
+    "usage_reasoning_tokens",
 ]
 
 # A token-bearing field with a non-empty string value: a tool call's function `name` too (its
@@ -28,6 +31,7 @@ __all__ = [
 _CONTENT_RE = re.compile(
     rb'"(?:content|reasoning_content|reasoning|refusal|text|name|arguments)"\s*:\s*"[^"]'
 )
+_REASONING_RE = re.compile(rb'"(?:reasoning_content|reasoning)"\s*:\s*"[^"]')
 _USAGE_RE = re.compile(rb'"usage"\s*:\s*\{')
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning", "refusal", "text")
 # An event longer than this is dropped unparsed (SseParser.dropped); no chat chunk comes near.
@@ -172,17 +176,38 @@ def has_content(data: bytes) -> bool:
     return _CONTENT_RE.search(data) is not None
 
 
-def usage_completion_tokens(data: bytes) -> int | None:
-    """`usage.completion_tokens` of a chunk that has a usage object, else None (no JSON parse);
-    None too for a count no answer can have (see MAX_USAGE_TOKENS)."""
+def has_reasoning(data: bytes) -> bool:
+    """Whether a chunk carries reasoning text (a reasoning model's thinking, streamed)."""
+    return data.find(b'"reasoning') >= 0 and _REASONING_RE.search(data) is not None
+
+
+def _usage_of(data: bytes) -> dict[str, Any] | None:
     if b'"usage"' not in data or _USAGE_RE.search(data) is None:
         return None
     try:
         usage = orjson.loads(data).get("usage")
     except (orjson.JSONDecodeError, AttributeError):
         return None
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return tokens if type(tokens) is int and 0 <= tokens <= MAX_USAGE_TOKENS else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _count(value: object) -> int | None:
+    return value if type(value) is int and 0 <= value <= MAX_USAGE_TOKENS else None
+
+
+def usage_completion_tokens(data: bytes) -> int | None:
+    """`usage.completion_tokens` of a chunk that has a usage object, else None (no JSON parse);
+    None too for a count no answer can have (see MAX_USAGE_TOKENS)."""
+    usage = _usage_of(data)
+    return None if usage is None else _count(usage.get("completion_tokens"))
+
+
+def usage_reasoning_tokens(data: bytes) -> int:
+    """`usage.completion_tokens_details.reasoning_tokens` of a usage chunk, else 0."""
+    usage = _usage_of(data)
+    details = None if usage is None else usage.get("completion_tokens_details")
+    tokens = _count(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+    return tokens or 0
 
 
 def error_message(event: SseEvent) -> str | None:
