@@ -215,6 +215,39 @@ def test_sdk_stream_matches_the_non_stream_answer(sdk: openai.OpenAI) -> None:
     assert chunks[-1].usage.completion_tokens == 9
 
 
+def test_a_stop_sequence_ends_the_answer_where_it_begins_as_vllm_does(
+    sdk: openai.OpenAI,
+) -> None:
+    # The mock ignored `stop`: the sequence came back in the text, and the answer ran on.
+    full = sdk.chat.completions.create(model="m", messages=MESSAGES, max_tokens=12)
+    words = (full.choices[0].message.content or "").split(" ")
+    stop = " " + words[5][:2]  # begins in token 5 and ends in it: 6 tokens generated
+    whole = sdk.chat.completions.create(model="m", messages=MESSAGES, max_tokens=12, stop=stop)
+    assert whole.choices[0].message.content == " ".join(words[:5])
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens == 6
+    stream = sdk.chat.completions.create(
+        model="m",
+        messages=MESSAGES,
+        max_tokens=12,
+        stop=["no such words", words[3][1:]],  # mid-token: the kept text ends inside token 3
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == " ".join(words[:3]) + " " + words[3][:1]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 4
+    text_answer = sdk.completions.create(model="m", prompt="a b", max_tokens=5, stop=["zzz"])
+    assert text_answer.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.chat.completions.create(model="m", messages=MESSAGES, stop=[""])
+    assert caught.value.param == "stop"
+
+
 def test_n_past_openais_range_or_a_stream_of_several_answers_is_a_400(
     sdk: openai.OpenAI,
 ) -> None:

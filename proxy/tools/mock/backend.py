@@ -2,16 +2,17 @@
 
 Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank (rerank.py),
 /v1/responses and /v1/messages (OpenAI's Responses and Anthropic's Messages, agents.py);
-GET /v1/models, /mock/stats;
-POST /mock/stats/reset. Answers are deterministic pseudo-text seeded by the prompt, one word per
-token and per SSE event. Token i is due at arrival + ttft + i / tokens_per_second; a late stream
-sends every due token in one write, never early. A non-stream answer arrives when its last token
-would. Usage counts are the mock's own: whitespace-split words (+4 per chat message for prompts).
-A whole answer has `n` choices for each prompt of a completions batch, alike (a stream has one:
-n=1 and one prompt); `max_tokens`/`max_completion_tokens` cut each short (finish_reason "length"),
-as `max_output_tokens` does a response (status "incomplete") and `max_tokens` a message
-(stop_reason "max_tokens"). `stream_options` without `stream` is a 400, as OpenAI and vLLM
-answer it. Errors on /v1/messages are Anthropic-shaped.
+GET /v1/models, /mock/stats; POST /mock/stats/reset. Answers are deterministic pseudo-text seeded
+by the prompt, one word per token and per SSE event. Token i is due at arrival + ttft + i /
+tokens_per_second; a late stream sends every due token in one write, never early. A non-stream
+answer arrives when its last token would. Usage counts are the mock's own: whitespace-split words
+(+4 per chat message for prompts). A whole answer has `n` choices for each prompt of a
+completions batch, alike (a stream has one: n=1 and one prompt); `max_tokens` /
+`max_completion_tokens` cut each short (finish_reason "length"), as `max_output_tokens` does a
+response (status "incomplete") and `max_tokens` a message (stop_reason "max_tokens"). `stop`
+ends a chat or text completion where a sequence first occurs, as vLLM does (text.py stopped).
+`stream_options` without `stream` is a 400, as in OpenAI and vLLM. Errors on /v1/messages are
+Anthropic-shaped.
 
 Testing knobs, as extra fields in the request body:
   mock_fail: 400-599            answer with that status and an OpenAI-shaped error
@@ -28,12 +29,11 @@ prefixes (see sim.py). `fail_status` and `fail_after_tokens` apply the knobs of 
 name to every request that does not set them (a backend that always fails, or always dies).
 
 GET /mock/stats: streams_started, streams_completed (sent [DONE]), streams_cancelled (client left
-mid-stream), streams_aborted (mock_fail_after_tokens), requests_total (/v1 requests but the model
-listing), models_listed (GET /v1/models: gateways' health probes send it on their own clock, so it
-is kept out of requests_total), requests_cancelled (client left before the answer began),
-tokens_sent, inflight, prefix_hits and prefix_misses (the simulated prefix cache), and the last
-counted request's parsed JSON body (`last_request`) and Authorization header
-(`last_authorization`).
+mid-stream), streams_aborted (mock_fail_after_tokens), requests_total (/v1 requests but
+models_listed: GET /v1/models, which gateways' health probes send on their own clock),
+requests_cancelled (client left before the answer began), tokens_sent, inflight, prefix_hits and
+prefix_misses (the simulated prefix cache), and the last counted request's parsed JSON body
+(`last_request`) and Authorization (`last_authorization`).
 """
 
 from __future__ import annotations
@@ -105,11 +105,11 @@ class MockBackend:
         self._clock = clock
         self._ticker = Ticker(clock)
         self._routes: dict[tuple[str, str], Handler] = {
-            ("POST", "/v1/chat/completions"): self._chat,
-            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/chat/completions"): self._generating(Endpoint.CHAT),
+            ("POST", "/v1/completions"): self._generating(Endpoint.COMPLETIONS),
             ("POST", "/v1/embeddings"): self._embeddings,
-            ("POST", "/v1/responses"): self._responses,
-            ("POST", "/v1/messages"): self._messages,
+            ("POST", "/v1/responses"): self._generating(Endpoint.RESPONSES),
+            ("POST", "/v1/messages"): self._generating(Endpoint.MESSAGES),
             ("POST", "/v1/rerank"): self._rerank,
             ("GET", "/v1/models"): self._list_models,
             ("GET", "/mock/stats"): self._get_stats,
@@ -179,17 +179,11 @@ class MockBackend:
             )
         return False
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._completion(receive, send, Endpoint.CHAT)
+    def _generating(self, endpoint: Endpoint) -> Handler:
+        async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+            await self._completion(receive, send, endpoint)
 
-    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._completion(receive, send, Endpoint.COMPLETIONS)
-
-    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._completion(receive, send, Endpoint.RESPONSES)
-
-    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._completion(receive, send, Endpoint.MESSAGES)
+        return handle
 
     async def _completion(self, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         arrival_s = self._clock.monotonic()
@@ -199,7 +193,7 @@ class MockBackend:
         async with self._inflight(receive) as watcher:
             if await self._left_during_delay(watcher, knobs, arrival_s):
                 return
-            n_tokens, finish_reason = request.plan(knobs)
+            tokens, n_tokens, finish_reason = request.plan(knobs)
             schedule = Schedule(
                 first_due_s=arrival_s
                 + knobs.delay_s
@@ -208,10 +202,11 @@ class MockBackend:
                 interval_s=self._interval_s,
                 n_tokens=n_tokens,
             )
+            answer = (tokens, request, body, schedule, finish_reason)
             if request.stream:
-                await self._stream(send, watcher, request, body, knobs, schedule, finish_reason)
+                await self._stream(send, watcher, knobs, *answer)
             else:
-                await self._complete(send, watcher, request, body, schedule, finish_reason)
+                await self._complete(send, watcher, *answer)
 
     def _extra_ttft_s(self, body: dict[str, Any], prompt_tokens: int) -> float:
         load = self._load
@@ -225,13 +220,13 @@ class MockBackend:
         self,
         send: Send,
         watcher: asyncio.Future[Any],
+        knobs: Knobs,
+        tokens: TokenSource,
         request: CompletionRequest,
         body: dict[str, Any],
-        knobs: Knobs,
         schedule: Schedule,
         finish_reason: str,
     ) -> None:
-        tokens = TokenSource(request.prompt_text)
         created = int(self._clock.wall())
         stream = StreamRun(
             send=send,
@@ -257,6 +252,7 @@ class MockBackend:
         self,
         send: Send,
         watcher: asyncio.Future[Any],
+        tokens: TokenSource,
         request: CompletionRequest,
         body: dict[str, Any],
         schedule: Schedule,
@@ -267,7 +263,7 @@ class MockBackend:
         if await left_within(watcher, done_s - self._clock.monotonic()):
             self.stats.requests_cancelled += 1
             return
-        text = TokenSource(request.prompt_text).completion(n_tokens)
+        text = tokens.completion(n_tokens)
         created = int(self._clock.wall())
         answer = whole_answer(request, body, created, text, n_tokens, finish_reason)
         await respond(send, 200, answer)

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.tools.mock.text import count_words
+from proxy.tools.mock.text import TokenSource, count_words, stopped
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
@@ -41,6 +41,7 @@ MAX_COMPLETION_TOKENS: Final = 131_072
 MAX_ANSWER_TOKENS: Final = 128 * MAX_COMPLETION_TOKENS
 TOKENS_PER_MESSAGE: Final = 4
 MAX_EMBEDDING_INPUTS: Final = 2048
+MAX_STOPS: Final = 64  # each is searched for in the whole answer
 MAX_DIMENSIONS: Final = 8192
 
 _ERROR_KINDS: Final = {
@@ -122,9 +123,10 @@ class CompletionRequest:
     prompt_tokens: int
     max_tokens: int | None
     answers: int = 1  # choices in a whole answer: `n` for each prompt of a batch
+    stops: tuple[str, ...] = ()  # stop sequences
 
-    def plan(self, knobs: Knobs) -> tuple[int, str]:
-        """How many tokens each choice has, and its finish_reason."""
+    def plan(self, knobs: Knobs) -> tuple[TokenSource, int, str]:
+        """The answer's tokens, how many each choice has, and its finish_reason."""
         n_tokens, finish_reason = knobs.completion_tokens, "stop"
         if self.max_tokens is not None and self.max_tokens < n_tokens:
             n_tokens, finish_reason = self.max_tokens, "length"
@@ -135,7 +137,10 @@ class CompletionRequest:
                 f"answers at once ({MAX_ANSWER_TOKENS:,} tokens).",
                 param="n",
             )
-        return n_tokens, finish_reason
+        cut = stopped(self.prompt_text, n_tokens, self.stops) if self.stops else None
+        if cut is not None:
+            return *cut, "stop"
+        return TokenSource(self.prompt_text), n_tokens, finish_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +254,18 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[str, int, int]:
     return (*_one_prompt(prompt), 1)
 
 
+def _stops(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise MockHTTPError(
+            400, "'stop' must be a string or a list of non-empty strings.", param="stop"
+        )
+    if len(stops) > MAX_STOPS:
+        raise MockHTTPError(400, f"'stop' takes at most {MAX_STOPS} sequences.", param="stop")
+    return tuple(stops)
+
+
 def parse_completion(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
     model = model_of(body)
     n = int_field(body, "n", low=1, high=128) or 1
@@ -283,6 +300,7 @@ def parse_completion(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequ
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         answers=n * prompts,
+        stops=_stops(body),
     )
 
 

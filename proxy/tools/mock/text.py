@@ -5,7 +5,9 @@ Everything here is a pure function of its input, so the same request always gets
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import math
 import struct
 import zlib
@@ -14,7 +16,7 @@ from typing import Final
 
 import orjson
 
-__all__ = ["TokenSource", "count_words", "embedding_bytes", "embedding_floats"]
+__all__ = ["TokenSource", "count_words", "embedding_bytes", "embedding_floats", "stopped"]
 
 _WORDS: Final = (
     "the", "river", "quiet", "light", "of", "morning", "falls", "across", "a", "field",
@@ -62,6 +64,46 @@ class TokenSource:
 
     def completion(self, n_tokens: int) -> str:
         return "".join(self.text(i) for i in range(n_tokens))
+
+
+class _CutTokens(TokenSource):
+    """An answer cut where a stop sequence began: token `cut` keeps the text before it, and the
+    tokens after it (up to the one that completed the sequence) carry none."""
+
+    __slots__ = ("_cut", "_partial")
+
+    def __init__(self, prompt_text: str, cut: int, partial: str) -> None:
+        super().__init__(prompt_text)
+        self._cut = cut
+        self._partial = partial
+
+    def json(self, i: int) -> bytes:
+        return super().json(i) if i < self._cut else orjson.dumps(self.text(i))
+
+    def text(self, i: int) -> str:
+        if i < self._cut:
+            return super().text(i)
+        return self._partial if i == self._cut else ""
+
+
+def stopped(
+    prompt_text: str, n_tokens: int, stops: Sequence[str]
+) -> tuple[TokenSource, int] | None:
+    """The answer as the first stop sequence ends it, and how many tokens it took; None if no
+    sequence occurs in its `n_tokens`. As vLLM does: generation ends with the token that
+    completes the sequence (it is counted), and the text ends where the sequence began."""
+    tokens = TokenSource(prompt_text)
+    texts = [tokens.text(i) for i in range(n_tokens)]
+    ends = list(itertools.accumulate(map(len, texts)))
+    text = "".join(texts)
+    starts = [(at + len(stop), at) for stop in stops if (at := text.find(stop)) >= 0]
+    if not starts:
+        return None
+    end, start = min(starts)  # the sequence completed first
+    last = bisect.bisect_left(ends, end)  # the token holding its last character
+    cut = bisect.bisect_right(ends, start)  # the token it begins in
+    partial = tokens.text(cut)[: start - (ends[cut - 1] if cut else 0)]
+    return _CutTokens(prompt_text, cut, partial), last + 1
 
 
 def count_words(text: str) -> int:
