@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
 
 from proxy.tools.bench.transport import TransportFailure
-from proxy.tools.bench.wire import WireTransport
+from proxy.tools.bench.wire import MAX_HEAD_BYTES, WireTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -193,6 +194,31 @@ def test_interim_responses_before_the_answer_are_skipped() -> None:
 
     answer_each(interim_first, 2)
     assert connections == [1]
+
+
+def test_an_endless_head_is_a_connection_failure_not_a_growing_buffer() -> None:
+    """A header that never ended was held whole by the parser until the request's timeout: 20 s
+    of it took 320 MB and a core. Now a head past MAX_HEAD_BYTES fails at once."""
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Junk: ")
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"a" * 65536)
+                await writer.drain()
+
+    async def scenario() -> None:
+        async with server(endless) as url:
+            transport = WireTransport(url, api_key=None)
+            with pytest.raises(TransportFailure) as failure:
+                async with asyncio.timeout(5):
+                    await transport.exchange(b"{}", Sink())
+            assert failure.value.kind == "connection"
+            assert f"a head of more than {MAX_HEAD_BYTES:,} bytes" in failure.value.detail
+            await transport.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_timeout_mid_response_leaves_the_transport_usable() -> None:

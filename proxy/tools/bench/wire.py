@@ -16,9 +16,12 @@ import httptools
 
 from proxy.tools.bench.transport import ResponseSink, TransportFailure
 
-__all__ = ["WireTransport"]
+__all__ = ["MAX_HEAD_BYTES", "WireTransport"]
 
 _CLOSE_WAIT_S = 2.0
+# A response's status line and headers may take this many bytes (the gateway's own default
+# upstream cap): the parser holds an unfinished header whole, so an endless one grew without end.
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class _Connection(asyncio.Protocol):
@@ -34,6 +37,7 @@ class _Connection(asyncio.Protocol):
         self._body_until_eof = False
         self._headers_done = False
         self._interim = False
+        self._head_bytes = 0
         self.lost: asyncio.Future[None] = loop.create_future()
         self.received = False
 
@@ -47,7 +51,7 @@ class _Connection(asyncio.Protocol):
             raise TransportFailure("connection", "connection not ready for a request")
         self._sink, self._done = sink, self._loop.create_future()
         self._body_until_eof, self._headers_done, self.received = True, False, False
-        self._interim = False
+        self._interim, self._head_bytes = False, 0
         self._transport.write(request)
         return self._done
 
@@ -70,6 +74,12 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(f"bad HTTP response: {exc}")
             self.close()
+            return
+        if not self._headers_done:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(f"bad HTTP response: a head of more than {MAX_HEAD_BYTES:,} bytes")
+                self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._sink is not None and self._body_until_eof and self._headers_done:
