@@ -11,6 +11,7 @@ from proxy.tools.bench.client import EVENTS, TOKENIZER, USAGE
 from proxy.tools.bench.level import LevelResult, run_level
 from proxy.tools.bench.prompts import build_workload
 from proxy.tools.bench.run import BenchConfig, main
+from proxy.tools.bench.sse import MAX_EVENT_BYTES
 from tests.tools.test_bench import parse
 from tests.tools.test_benchclient import WORDS
 from tests.tools.test_benchwire import Handler, read_request, server
@@ -141,23 +142,26 @@ def test_an_error_body_cannot_write_lines_or_escapes_into_the_report(
     ]
 
 
-@pytest.mark.parametrize(
-    "answer", [b"{}", b"[]", b"null", b'"ok"', b'{"object":"error","message":"no model loaded"}']
-)
-def test_a_whole_answer_that_is_no_chat_completion_is_a_bad_response(answer: bytes) -> None:
-    # Each was counted as a successful request, its figures in requests/s and e2e.
+async def measure_whole(answer: bytes, *, requests: int) -> LevelResult:
+    """A --no-stream level against a server that answers every request 200 with `answer`."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while await read_request(reader) is not None:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(answer), answer))
             await writer.drain()
 
-    async def measure() -> LevelResult:
-        async with server(handle) as url:
-            base_url = url.removesuffix("/chat/completions")
-            config = BenchConfig(base_url=base_url, model="m", requests=2, stream=False)
-            return await run_level(config, 1)
+    async with server(handle) as url:
+        base_url = url.removesuffix("/chat/completions")
+        config = BenchConfig(base_url=base_url, model="m", requests=requests, stream=False)
+        return await run_level(config, 1)
 
-    level = asyncio.run(measure())
+
+@pytest.mark.parametrize(
+    "answer", [b"{}", b"[]", b"null", b'"ok"', b'{"object":"error","message":"no model loaded"}']
+)
+def test_a_whole_answer_that_is_no_chat_completion_is_a_bad_response(answer: bytes) -> None:
+    # Each was counted as a successful request, its figures in requests/s and e2e.
+    level = asyncio.run(measure_whole(answer, requests=2))
     assert (level.ok, level.errors, level.requests_per_s) == (0, {"bad_response": 2}, 0.0)
 
 
@@ -191,3 +195,15 @@ def test_reasoning_a_server_counts_but_never_streams_is_not_in_the_stream_speed(
 
 def chunked_part(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def test_a_whole_answer_past_the_limit_is_dropped_in_bounded_memory() -> None:
+    # The whole-answer sink held every byte: an endless body grew the bench by 0.5 GB a second
+    # until the request's timeout. Now past MAX_EVENT_BYTES the rest is dropped unread.
+    content = b"a" * MAX_EVENT_BYTES
+    answer = b'{"choices":[{"message":{"content":"%b"}}]}' % content
+    level = asyncio.run(measure_whole(answer, requests=1))
+    assert (level.ok, level.errors) == (0, {"oversized_response": 1})
+    assert level.error_examples["oversized_response"] == (
+        f"more than {MAX_EVENT_BYTES:,} bytes, dropped unread"
+    )

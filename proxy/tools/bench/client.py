@@ -169,19 +169,25 @@ class _StreamSink:
 
 
 class _BodySink:
-    """Collects a whole non-streamed response."""
+    """Collects a whole non-streamed response, up to MAX_EVENT_BYTES (then `oversized`)."""
 
-    __slots__ = ("parts", "status")
+    __slots__ = ("oversized", "parts", "size", "status")
 
     def __init__(self) -> None:
         self.status = 0
         self.parts: list[bytes] = []
+        self.size = 0
+        self.oversized = False
 
     def on_status(self, status: int) -> None:
         self.status = status
 
     def on_body(self, data: bytes, now_s: float) -> None:
-        self.parts.append(data)
+        self.size += len(data)
+        if self.size <= MAX_EVENT_BYTES:
+            self.parts.append(data)
+        elif not self.oversized:  # an endless body once grew the bench by 0.5 GB a second
+            self.oversized, self.parts = True, []
 
 
 class RequestSender:
@@ -205,7 +211,11 @@ class RequestSender:
                 else:
                     whole = _BodySink()
                     await self._transport.exchange(body, whole)
-                    self._settle_unary(sample, whole.status, b"".join(whole.parts))
+                    if whole.oversized and whole.status == 200:
+                        sample.error = "oversized_response"
+                        sample.error_detail = f"more than {MAX_EVENT_BYTES:,} bytes, dropped unread"
+                    else:
+                        self._settle_unary(sample, whole.status, b"".join(whole.parts))
         except TimeoutError:
             sample.error, sample.error_detail = (
                 "timeout",
