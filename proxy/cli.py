@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", type=Path, help="policy file (default: the embedded default)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--port", type=_port, default=8080)
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--no-access-log", action="store_true", help="no JSON line per request")
@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo", help="simulated backend + gateway + a little traffic")
-    demo.add_argument("--port", type=int, default=8080, help="gateway port (0: any free port)")
+    demo.add_argument("--port", type=_port, default=8080, help="gateway port (0: any free port)")
     demo.add_argument(
         "--exit", action="store_true", help="stop after the traffic instead of serving"
     )

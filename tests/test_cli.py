@@ -109,6 +109,17 @@ def test_mock_backend_refuses_impossible_settings_in_one_line(
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_a_port_past_65535_is_refused_not_bound_modulo_65536(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `serve --port 99999` listened on 34463 while its log said 99999.
+    monkeypatch.setenv("TOKENWEIR_API_KEY", "sk-test")  # the embedded policy's key: it starts
+    done = tokenweir(command, "--port", "99999", timeout_s=20)
+    assert done.returncode == 2
+    assert "argument --port: expected a port from 0 to 65535, got '99999'" in done.stderr
+
+
 def test_demo_runs_on_a_fresh_machine() -> None:
     done = tokenweir("demo", "--exit", "--port", "0")
     assert done.returncode == 0, done.stderr
