@@ -27,7 +27,7 @@ from proxy.ledger import LedgerError
 from proxy.ledger.present import day_start, iso_utc
 from proxy.web import pagefmt
 from proxy.web.dashview import Window, load_overview, load_tenant_page
-from proxy.web.session import COOKIE_NAME, Sessions, Viewer
+from proxy.web.session import COOKIE_NAME, Sessions, Viewer, caller
 from proxy.web.usage import ledger_of, ledger_unreadable, parse_window
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class DashboardPages:
         target = _safe_next((body.get("next") or [""])[0])
         gateway: Gateway = request.state.gateway
         try:
-            self._sessions.authenticate(f"Bearer {key}")
+            self._sessions.authenticate(f"Bearer {key}", caller(request, "the dashboard login"))
         except AuthenticationFailed:
             return self._page("login.html", None, next=target, failed=True, status=401)
         cookie = self._sessions.issue(key, gateway.clock.wall())
@@ -123,7 +123,8 @@ class DashboardPages:
         gateway: Gateway = request.state.gateway
         now = gateway.clock.wall()
         ended = gateway.services.ended_sessions
-        viewer = await self._sessions.resolve(request.headers, request.cookies, now, ended)
+        where = caller(request, "a dashboard page")
+        viewer = await self._sessions.resolve(request.headers, request.cookies, now, ended, where)
         return gateway, viewer, now
 
     def _window(self, request: Request, now: float, *, default_since: str) -> Window:

@@ -12,18 +12,23 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import secrets
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from proxy.errors import PermissionDenied, StorageUnavailable
+from starlette.requests import HTTPConnection
+
+from proxy.errors import AuthenticationFailed, PermissionDenied, StorageUnavailable
 from proxy.policy.model import Policy
 from proxy.stages.auth import Keyring
 from proxy.storage.base import StorageError
 from proxy.storage.sessions import EndedSessions
 
-__all__ = ["COOKIE_NAME", "Session", "Sessions", "Viewer"]
+__all__ = ["COOKIE_NAME", "Session", "Sessions", "Viewer", "caller"]
+
+_log = logging.getLogger("tokenweir.dashboard")
 
 COOKIE_NAME = "tokenweir_session"
 _FINGERPRINT_BYTES = 16
@@ -90,11 +95,18 @@ class Sessions:
         self._viewers_of = (policy, viewers)
         return viewers
 
-    def authenticate(self, authorization: str | None) -> Viewer:
-        """The viewer a `Bearer <key>` header names, or AuthenticationFailed (401)."""
+    def authenticate(self, authorization: str | None, caller: str = "") -> Viewer:
+        """The viewer a `Bearer <key>` header names, or AuthenticationFailed (401). A key given
+        and refused is logged with `caller` (where and from whom, never the key): guesses made
+        here leave a trace, as those on the API routes do in the access log."""
         if self._keyring.is_admin(authorization):
             return Viewer(None)
-        return Viewer(self._keyring.tenant_for(authorization))
+        try:
+            return Viewer(self._keyring.tenant_for(authorization))
+        except AuthenticationFailed:
+            if authorization and authorization.partition(" ")[2].strip():
+                _log.warning("refused a key this gateway does not know: %s", caller)
+            raise
 
     def issue(self, key: str, now: float) -> str | None:
         """A cookie value for `key` (already authenticated), valid for `ttl_s`; None for a key
@@ -132,12 +144,13 @@ class Sessions:
         cookies: Mapping[str, str],
         now: float,
         ended: EndedSessions,
+        caller: str = "",
     ) -> Viewer:
         """A Bearer header wins; else a session cookie not logged out; else
         AuthenticationFailed."""
         authorization = headers.get("authorization")
         if authorization:
-            return self.authenticate(authorization)
+            return self.authenticate(authorization, caller)
         found = self.session(cookies.get(COOKIE_NAME), now)
         if found is None or await _has_ended(ended, found, now):
             return self.authenticate(None)  # raises the usual "no key" 401
@@ -168,6 +181,13 @@ async def _has_ended(ended: EndedSessions, found: Session, now: float) -> bool:
         return await ended.ended(found.session_id, now)
     except StorageError as exc:  # closed, not open: a logged-out cookie must not read usage
         raise StorageUnavailable(f"The session cannot be checked: {exc}", retry_after_s=5) from exc
+
+
+def caller(connection: HTTPConnection, where: str) -> str:
+    """`where` and the client's address (behind a trusted proxy, from X-Forwarded-For), for
+    the log."""
+    client = connection.client.host if connection.client else "an unknown address"
+    return f"{where} from {client}"
 
 
 def _stored_digest(key: str) -> bytes:

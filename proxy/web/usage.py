@@ -26,7 +26,7 @@ from proxy.ledger.attribution import HOUR_RETENTION_S
 from proxy.ledger.base import ATTRIBUTES
 from proxy.ledger.present import format_usd, iso_utc, parse_moment, spreadsheet_cell
 from proxy.ledger.query import total_of, window
-from proxy.web.session import Sessions, Viewer
+from proxy.web.session import Sessions, Viewer, caller
 
 if TYPE_CHECKING:
     from proxy.gateway import Gateway
@@ -143,7 +143,10 @@ class UsageApi:
         now = gateway.clock.wall()
         try:
             ended = gateway.services.ended_sessions
-            viewer = await self._sessions.resolve(request.headers, request.cookies, now, ended)
+            where = caller(request, "/api/usage")
+            viewer = await self._sessions.resolve(
+                request.headers, request.cookies, now, ended, where
+            )
             accept = request.headers.get("accept", "")
             params = parse_params(request.query_params, viewer, now, accept=accept)
             ledger = ledger_of(gateway)
