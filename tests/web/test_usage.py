@@ -173,6 +173,23 @@ def test_no_valid_key_no_data(gateway: str, headers: dict[str, str]) -> None:
     assert "data" not in answer.json()
 
 
+@pytest.mark.parametrize(
+    ("headers", "params"),
+    [(ADMIN, {}), (ADMIN, {"format": "csv"}), (ADMIN, {"since": "<b>"}), ({}, {})],
+)
+def test_answers_are_not_pages(
+    gateway: str, headers: dict[str, str], params: dict[str, str]
+) -> None:
+    """A `user` or tag is the tenant's text, and so is a parameter a link sent the operator:
+    no answer may be sniffed into a page, framed or cached, errors included."""
+    answer = usage(gateway, headers, **params)
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    policy = answer.headers["content-security-policy"]
+    assert "default-src 'none'" in policy
+    assert "frame-ancestors 'none'" in policy
+    assert answer.headers["cache-control"] == "no-store"
+
+
 def test_a_gateway_without_a_ledger_says_so(gateway_url: str) -> None:
     answer = usage(gateway_url, ADMIN)
     assert answer.status_code == 404
