@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 from typing import Protocol, cast
 
@@ -53,6 +54,7 @@ class Connection(asyncio.BufferedProtocol):
         self._read_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._buffer = read_buffer
+        self._fd = -1
 
     @property
     def connected(self) -> bool:
@@ -61,6 +63,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
         if sock is not None:
+            self._fd = sock.fileno()
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._transport = cast(asyncio.Transport, transport)
@@ -94,11 +97,25 @@ class Connection(asyncio.BufferedProtocol):
 
     def start(self, request: httpx.Request, limits: ExchangeLimits, keep_alive: bool) -> Exchange:
         """Attach a new exchange; the caller writes the request next."""
+        if self.reused and not self.is_closed and self._unread():
+            self.close()
         if self.is_closed:
             raise StaleConnection
         exchange = Exchange(self, request, limits, keep_alive)
         self._exchange = exchange
         return exchange
+
+    def _unread(self) -> bool:
+        """Whether the socket holds bytes the loop has not read yet. On a connection between
+        exchanges they are an answer nobody asked for (a backend's late duplicate, say) or the
+        server's close: the loop would have dropped the connection on reading them, but a
+        request taking it first would get them as its own answer. A poll, as httpcore's
+        `has_expired` does; what comes after it is the next request's answer for any client."""
+        if self._fd < 0:
+            return False
+        poll = select.poll()
+        poll.register(self._fd, select.POLLIN)
+        return bool(poll.poll(0))
 
     def write(self, data: bytes) -> None:
         if self._transport is not None and not self.is_closed:

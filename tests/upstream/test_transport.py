@@ -19,21 +19,11 @@ from proxy.tools.mock import backend as mockbackend
 from proxy.tools.mock.asgi import read_body, respond, run_lifespan
 from proxy.upstream.transport import PooledTransport
 from tests.servers import serve
+from tests.upstream.loops import anyio_backend  # noqa: F401 (the fixture)
 from tests.upstream.rawserver import Handler, RawServer, read_request
 
 TEXT = ((b"content-type", b"text/plain"),)
 OK_HELLO = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
-
-
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, bool]]:
-    """Both loops: the gateway serves on uvloop, tests elsewhere run on plain asyncio."""
-    return request.param  # type: ignore[no-any-return]
 
 
 def make_client(
