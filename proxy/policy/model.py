@@ -345,7 +345,8 @@ class UpstreamSpec(_Frozen):
     max_connections: PositiveInt = 2048
     # A whole (non-stream) answer longer than this is a 502; streams pass through unbuffered.
     max_response_bytes: Bytes = 32 * 1024 * 1024
-    # The answer's status line and headers together, and how many headers.
+    # The answer's status line and headers together (and, after them, the bytes between body
+    # bytes: chunk framing, trailers), and how many headers (trailers included).
     max_header_bytes: Bytes = 64 * 1024
     max_headers: PositiveInt = 256
     # Active health checks: `GET {url}/models` on every backend this often; 0 turns them off.

@@ -165,6 +165,7 @@ class Exchange(httpx.AsyncByteStream):
     def feed(self, data: memoryview) -> None:
         self._got_bytes = True
         in_head = not self.headers_done
+        buffered = self._buffered
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -179,8 +180,13 @@ class Exchange(httpx.AsyncByteStream):
                 httpx.RemoteProtocolError("unexpected protocol upgrade", request=self.request)
             )
             return
-        if in_head and self._head_too_large(len(data)):
-            return
+        if self._buffered == buffered:  # no byte of the body: the head, chunk framing, trailers
+            if self._past_caps(len(data), in_head):
+                return
+        else:
+            if in_head and self._past_caps(0, in_head):  # the header count
+                return
+            self._head_bytes = 0
         waiter, sink = self._waiter, self._sink
         if self._done:
             self._finish()
@@ -215,17 +221,22 @@ class Exchange(httpx.AsyncByteStream):
             self._deadline.waiting()
         return taken
 
-    def _head_too_large(self, nbytes: int) -> bool:
-        """Past the caps on the response head (checked after each read, so httptools holds at
-        most one read more than the cap): fail the exchange, which drops the connection."""
+    def _past_caps(self, nbytes: int, in_head: bool) -> bool:
+        """Past the caps on what is not body (checked after each read, so httptools holds at
+        most one read more than a cap): the count of headers, trailers included, and the bytes
+        of reads in a row that bring no byte of the body, `nbytes` more: the head, or after it
+        chunk-size lines, their extensions and the trailers, which httptools takes without end
+        (the trailers kept, in `headers`). Past one, fail the exchange: the connection drops."""
         limits = self._limits
         self._head_bytes += nbytes
         if len(self.headers) > limits.max_headers:
             what = f"more than {limits.max_headers} headers"
-        elif not self.headers_done and self._head_bytes > limits.max_head_bytes:
+        elif self._head_bytes <= limits.max_head_bytes:
+            return False
+        elif in_head:
             what = f"a head of more than {limits.max_head_bytes} bytes"
         else:
-            return False
+            what = f"more than {limits.max_head_bytes} bytes of chunk framing or trailers"
         self._fail(ResponseHeadTooLarge(f"the backend sent {what}", request=self.request))
         return True
 

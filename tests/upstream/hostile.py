@@ -68,10 +68,12 @@ class _GaveUp(Exception):
 
 class HostileBackend:
     """The server and what it saw: per misbehaviour, whether the gateway hung up on it, and how
-    many bytes it managed to send. `stop` ends every endless misbehaviour at once."""
+    many bytes it managed to send. `stop` ends every endless misbehaviour at once. `extra`
+    adds misbehaviours (a test module's own) to MISBEHAVIOURS."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: dict[str, Misbehaviour] | None = None) -> None:
         self.url = ""
+        self.misbehaviours = {**MISBEHAVIOURS, **(extra or {})}
         self.stop = threading.Event()
         self.hung_up: dict[str, threading.Event] = {}
         self.sent_bytes: dict[str, int] = {}
@@ -127,7 +129,7 @@ class HostileBackend:
                 request = orjson.loads(body)
                 name = str(request.get("hostile", "normal"))
                 self.sent_bytes[name] = 0
-                await MISBEHAVIOURS[name](self, writer, request)
+                await self.misbehaviours[name](self, writer, request)
         except _GaveUp:
             pass
         except (ConnectionError, asyncio.IncompleteReadError):

@@ -1,10 +1,12 @@
 """What one exchange may take, against raw servers on 127.0.0.1: the response head's size and count
-caps, a first-byte deadline that bytes trickled into the head cannot move, and a total deadline
-that a steady answer cannot outrun; each ends the exchange and drops the connection."""
+caps (on chunk framing and trailers too), a first-byte deadline that bytes trickled into the
+head cannot move, and a total deadline that a steady answer cannot outrun; each ends the
+exchange and drops the connection."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from pathlib import Path
@@ -123,6 +125,63 @@ async def test_too_many_headers_fail_even_in_a_small_head() -> None:
             await get(pooled, raw.url)
     async with transport(max_headers=400) as pooled, RawServer(many) as raw:
         assert await get(pooled, raw.url) == b"ok"
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("first", "data"),
+    [
+        pytest.param(CHUNKED + b"0\r\n", b"x-t: 1\r\n" * 512, id="countless-trailers"),
+        pytest.param(CHUNKED + b"0\r\nx-t: ", b"a" * 4096, id="endless-trailer"),
+        pytest.param(CHUNKED + b"5;", b"a" * 4096, id="endless-chunk-extension"),
+        pytest.param(CHUNKED, b"0" * 4096, id="endless-chunk-size"),
+    ],
+)
+async def test_endless_chunk_framing_or_trailers_fail_and_drop_the_connection(
+    first: bytes, data: bytes
+) -> None:
+    """After the head, bytes that are no body byte (httptools takes them without end, and keeps
+    the trailers) are capped as the head is: they took memory without bound (4 GB in 8 s of
+    trailers) until the total deadline."""
+    gone = asyncio.Event()
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """`first`, a pause (the head comes in a read of its own), then 4 MB of `data`, no end."""
+        await read_request(reader)
+        writer.write(first)
+        await asyncio.sleep(0.1)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(4 * 1024 * 1024 // len(data)):
+                writer.write(data)
+                await writer.drain()
+            await reader.read()
+        gone.set()
+
+    async with (
+        transport(max_head_bytes=16 * 1024, total_s=5) as pooled,
+        RawServer(flood) as raw,
+    ):
+        with pytest.raises(ResponseHeadTooLarge, match="more than"):
+            await get(pooled, raw.url)
+        await asyncio.wait_for(gone.wait(), 5)
+
+
+@pytest.mark.anyio
+async def test_framing_and_trailers_between_body_bytes_are_not_capped() -> None:
+    """The cap counts reads in a row without a body byte: a long answer of tiny chunks, with
+    trailers, has far more framing than the cap in all."""
+    chunks = b"1\r\nx\r\n" * 20_000 + b"0\r\nx-t: 1\r\n\r\n"
+
+    async def tiny_chunks(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunks)
+        await reader.read()
+
+    async with transport(max_head_bytes=1024) as pooled, RawServer(tiny_chunks) as raw:
+        assert await get(pooled, raw.url) == b"x" * 20_000
 
 
 @pytest.mark.anyio
