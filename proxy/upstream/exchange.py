@@ -80,6 +80,11 @@ class _ExtraResponse(Exception):
     """Stops the parser when bytes follow a complete response."""
 
 
+class _BadStatus(Exception):
+    """Stops the parser at a status below 100: httptools takes any three digits, and would
+    take a 0xx answer as interim, its body joining the next answer's."""
+
+
 class Exchange(httpx.AsyncByteStream):
     """One request's response: the httptools callbacks fill it, httpx iterates it."""
 
@@ -135,6 +140,8 @@ class Exchange(httpx.AsyncByteStream):
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if status < 200:
+            if status < 100:
+                raise _BadStatus(f"status {status:03d}")
             self._interim = True  # 1xx: the real response follows
             return
         self.status_code = status
@@ -170,8 +177,9 @@ class Exchange(httpx.AsyncByteStream):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             if not self._done:
+                reason = exc.__context__ if isinstance(exc.__context__, _BadStatus) else exc
                 self._fail(
-                    httpx.RemoteProtocolError(f"malformed response: {exc}", request=self.request)
+                    httpx.RemoteProtocolError(f"malformed response: {reason}", request=self.request)
                 )
                 return
             self._keep_alive = False  # garbage after a complete response

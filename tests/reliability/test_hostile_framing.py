@@ -94,6 +94,7 @@ FRAMING: dict[str, Misbehaviour] = {
     "obs_fold": _raw(FINE_ANSWER.replace(b"content-type:", b"x-folded: a\r\n b\r\ncontent-type:")),
     "http2_status": _raw(FINE_ANSWER.replace(b"HTTP/1.1", b"HTTP/2")),
     "junk_status": _raw(FINE_ANSWER.replace(b"HTTP/1.1 200 OK", b"SPDY 200 fine")),
+    "status_below_100": _raw(b"HTTP/1.1 099 Wait\r\n\r\n"),
 }
 
 
@@ -198,9 +199,12 @@ def test_an_answer_sent_to_an_idle_connection_drops_it(tenants: Tenants) -> None
         "obs_fold",
         "http2_status",
         "junk_status",
+        "status_below_100",
     ],
 )
 def test_broken_framing_is_a_502(tenants: Tenants, hostile: str) -> None:
+    """A status below 100 was taken as an interim answer: the client waited for read_timeout
+    (5 minutes by default) for one to follow, and a body it had joined the next answer's."""
     assert_openai_error(refused(tenants.a, hostile), 502, "upstream_error")
     assert tenants.a.backend.saw_hang_up(hostile)
     assert_b_gets_its_own(tenants)
