@@ -124,11 +124,14 @@ class Gateway:
         # every stage take its steps again, and a step taken before it would be taken twice.
         degrade = Degrade(pools, clock, store, failures, cache, budgets.quotas)
         admission: list[Stage] = [budgets, key_limits, rate_limits, cache, degrade, Route(attempts)]
+        # A rule's output bound is what the admission reserves: chosen before it, where any
+        # tenant has rules (a stage fewer a request where none has).
+        choice = [DegradeChoice(degrade)] if any(t.degrade for t in policy.tenants.values()) else []
         stages: list[Stage] = [
             Parse(policy.models),
             Attribute(),
             Shape(counters),
-            DegradeChoice(degrade),  # a rule's output bound is what the admission reserves
+            *choice,
             Prefetch(storage, planners_in(admission), failures),
             *admission,
         ]

@@ -11,6 +11,7 @@ import pytest
 
 from proxy.clock import SystemClock
 from proxy.gateway import Gateway
+from proxy.policy.units import hash_key
 from tests.conftest import make_policy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +28,10 @@ def documented_stages() -> list[tuple[str, str]]:
 
 
 async def test_the_stage_table_is_the_gateways_stage_list() -> None:
-    gateway = Gateway.build(make_policy("http://127.0.0.1:9"), SystemClock())
+    # A tenant with a degradation rule: DegradeChoice is in the list only then.
+    rule = "[{name: r, when: {}, then: {}}]"
+    gamma = f"  gamma: {{api_keys: [{hash_key('tw-x')}], models: [mock-llm], degrade: {rule}}}\n"
+    gateway = Gateway.build(make_policy("http://127.0.0.1:9", extra=gamma), SystemClock())
     try:
         built = [
             (type(stage).__name__, str(Path(inspect.getfile(type(stage))).relative_to(ROOT)))
