@@ -26,7 +26,7 @@ class PoolSignals:
 
 
 class ModelPool:
-    __slots__ = ("members", "name", "spec", "strategy")
+    __slots__ = ("capacity", "members", "name", "spec", "strategy")
 
     def __init__(
         self, name: str, spec: ModelSpec, members: tuple[BackendHealth, ...], strategy: Strategy
@@ -35,6 +35,8 @@ class ModelPool:
         self.spec = spec
         self.members = members
         self.strategy = strategy
+        # The backends' `max_concurrent` together (0: none has one, and no ratio is known).
+        self.capacity = sum(h.backend.limits.max_concurrent or 0 for h in members)
 
     def available(self, now_s: float) -> list[BackendHealth]:
         return [h for h in self.members if h.available(now_s)]
@@ -42,7 +44,7 @@ class ModelPool:
     def inflight_ratio(self, now_s: float) -> float | None:
         """Requests in flight over the backends' `max_concurrent`, across replicas as far as
         this process knows (BackendHealth.inflight_at)."""
-        capacity = sum(h.backend.limits.max_concurrent or 0 for h in self.members)
+        capacity = self.capacity
         if not capacity:
             return None
         members = self.members

@@ -173,7 +173,10 @@ class Degrade:
         shed_at = SHED_AT.get(priority)
         if shed_at is None:
             return
-        ratio = self.pools.pool(ctx.model).inflight_ratio(self.clock.monotonic())
+        pool = self.pools.pool(ctx.model)
+        if not pool.capacity:  # no backend of the model has max_concurrent: nothing is shed
+            return
+        ratio = pool.inflight_ratio(self.clock.monotonic())
         if ratio is None or ratio < shed_at:
             return
         if shadow:

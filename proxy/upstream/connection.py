@@ -54,7 +54,7 @@ class Connection(asyncio.BufferedProtocol):
         self._read_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._buffer = read_buffer
-        self._fd = -1
+        self._poll: select.poll | None = None  # the socket, for `_unread`
 
     @property
     def connected(self) -> bool:
@@ -63,7 +63,8 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            self._fd = sock.fileno()
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), select.POLLIN)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._transport = cast(asyncio.Transport, transport)
@@ -111,11 +112,8 @@ class Connection(asyncio.BufferedProtocol):
         server's close: the loop would have dropped the connection on reading them, but a
         request taking it first would get them as its own answer. A poll, as httpcore's
         `has_expired` does; what comes after it is the next request's answer for any client."""
-        if self._fd < 0:
-            return False
-        poll = select.poll()
-        poll.register(self._fd, select.POLLIN)
-        return bool(poll.poll(0))
+        poll = self._poll
+        return poll is not None and bool(poll.poll(0))
 
     def write(self, data: bytes) -> None:
         if self._transport is not None and not self.is_closed:
