@@ -26,6 +26,7 @@ from proxy.storage.base import QuotaStore, StorageError
 __all__ = ["SHED_AT", "STORAGE_WINDOW_S", "Degrade", "DegradeChoice"]
 
 Priority = Literal["low", "normal", "high"]
+_NO_RULE: Chosen = (None, None)  # a tenant without rules: no signal is read
 # Shed a request of this priority when the model's backends are this full (in flight over
 # their max_concurrent), keeping the rest for higher priorities: low goes first at 80%, normal
 # at 95%; high is refused only by the backends' own limits, when they are full.
@@ -79,7 +80,7 @@ class Degrade:
         tenant = ctx.tenant
         chosen = ctx.degrade_choice  # DegradeChoice's: what was reserved counts on it
         if chosen is None:
-            chosen = await self.choose(ctx)
+            chosen = await self.choose(ctx) if tenant.degrade else _NO_RULE
         live, shadow = chosen
         if shadow is not None:
             ctx.degraded_shadow.append(shadow.name)
