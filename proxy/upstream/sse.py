@@ -114,7 +114,7 @@ class SSEForwarder:
         first = _TOKEN.search(read)
         if first is None:
             return 0
-        read = read[max(0, read.rfind(_DATA, 0, first.start())) :]
+        read = _from_event_of(read, first)
         return sum(
             max(0, self._choices_in(event) - len(_TEXT.findall(event)))
             for event in EVENT_END.split(read)
@@ -134,8 +134,7 @@ class SSEForwarder:
             return 0
         self._saw_token = self.texted = True
         self._learn_text_head(out, first)
-        start = out.rfind(_DATA, 0, first.start())
-        out = out[start:] if start > 0 else out
+        out = _from_event_of(out, first)
         return _data_events(out, out.count(_DATA)) - self._textless
 
     def _search_text(self, out: bytes) -> bool:
@@ -212,7 +211,7 @@ class ChoicesForwarder(SSEForwarder):
         if events and out.count(self._mark) > events:
             if first:  # the events before the first text are not counted
                 found = _TOKEN.search(out)
-                out_counted = out[out.rfind(_DATA, 0, found.start()) :] if found else b""
+                out_counted = _from_event_of(out, found) if found else b""
             else:
                 out_counted = out
             events += _more_choices(out_counted, self._mark)
@@ -220,6 +219,11 @@ class ChoicesForwarder(SSEForwarder):
 
     def _choices_in(self, event: bytes) -> int:
         return max(1, event.count(self._mark))
+
+
+def _from_event_of(out: bytes, found: re.Match[bytes]) -> bytes:
+    """`out` from the data line of the event `found` is in on."""
+    return out[max(0, out.rfind(_DATA, 0, found.start())) :]
 
 
 def _more_choices(out: bytes, mark: bytes) -> int:
