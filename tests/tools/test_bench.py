@@ -179,6 +179,7 @@ def test_cli_exit_status_for_bad_input_and_for_total_failure(
         (["--base-url", "http://[::1/v1"], "Invalid IPv6 URL"),
         (["--base-url", "http://:8000/v1"], "is not an http(s) URL"),
         (["--concurrency", "\u00b2"], "concurrency '\u00b2' is not a positive integer"),
+        (["--input-tokens", "2000001"], "--input-tokens must be at most 2,000,000"),
     ],
 )
 def test_bad_flags_are_a_message_not_a_traceback(

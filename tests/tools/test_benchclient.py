@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from time import perf_counter
 from unittest import mock
 
@@ -11,6 +12,7 @@ import pytest
 
 from proxy.tools.bench import sse
 from proxy.tools.bench.client import EVENTS, TOKENIZER, USAGE, RequestSample, RequestSender
+from proxy.tools.bench.config import MAX_CONTENT_EVENTS, BenchConfig
 from proxy.tools.bench.level import summarize_level
 from proxy.tools.bench.prompts import Tokenizer
 from proxy.tools.bench.transport import ResponseSink, TransportFailure
@@ -71,8 +73,9 @@ def send(
     stream: bool = True,
     tokenizer: Tokenizer | None = None,
     timeout_s: float = 5.0,
+    max_events: int = 1_000,
 ) -> RequestSample:
-    sender = RequestSender(transport, tokenizer, timeout_s)
+    sender = RequestSender(transport, tokenizer, timeout_s, max_events=max_events)
     return asyncio.run(sender.send(b"{}", stream=stream))
 
 
@@ -217,6 +220,29 @@ def test_an_event_past_the_parsers_limit_fails_the_request_but_the_rest_is_read(
     assert sample.error == "oversized_event"
     assert "1 event(s)" in (sample.error_detail or "")
     assert (sample.content_events, sample.output_tokens) == (2, 2)
+
+
+def test_a_stream_past_its_max_tokens_is_an_error_and_keeps_only_what_was_asked() -> None:
+    # A server ignoring max_tokens (or an endless one) grew the bench ~20 MB a second: every
+    # gap and, with a tokenizer, every payload was kept until the timeout.
+    reads = [(0.1 + i / 1000, chunk(f"w{i} ")) for i in range(500)] + [(0.7, DONE)]
+    sample = send(ReplayTransport(reads), tokenizer=WORDS, max_events=20)
+    assert sample.error == "too_many_events"
+    assert "500 content events, more than the 20" in (sample.error_detail or "")
+    assert sample.content_events == 500
+    assert len(sample.gaps_s) == 19
+    assert sample.output_tokens == 20  # the tokenizer read the 20 kept
+
+
+def test_a_config_bounds_events_by_what_it_asks_for() -> None:
+    config = BenchConfig(base_url="http://h/v1", model="m", max_tokens=100)
+    assert config.max_events == 4 * 100 + 64
+    asked_more = {"max_completion_tokens": 300, "n": 2}
+    assert replace(config, extra_body=asked_more).max_events == 4 * 300 * 2 + 64
+    junk = {"max_tokens": "9" * 40, "n": -3}
+    assert replace(config, extra_body=junk).max_events == 4 * 100 + 64
+    huge = {"max_tokens": 10**12}
+    assert replace(config, extra_body=huge).max_events == MAX_CONTENT_EVENTS
 
 
 def test_transport_failure_and_timeout() -> None:

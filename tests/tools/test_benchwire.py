@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from proxy.tools.bench.config import chat_completions_url
 from proxy.tools.bench.transport import TransportFailure
 from proxy.tools.bench.wire import MAX_HEAD_BYTES, WireTransport
 
@@ -258,3 +259,18 @@ def test_refused_connection() -> None:
         await transport.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_query_in_the_base_url_reaches_the_server() -> None:
+    # Azure OpenAI needs ?api-version=...: --base-url once lost its query on the way.
+    heads: list[bytes] = []
+
+    async def scenario() -> None:
+        async with server(keep_alive_sse(heads, [])) as url:
+            base = url.removesuffix("/chat/completions") + "?api-version=2024-10-21"
+            transport = WireTransport(chat_completions_url(base), api_key=None)
+            await transport.exchange(b"{}", Sink())
+            await transport.aclose()
+
+    asyncio.run(scenario())
+    assert heads[0].startswith(b"POST /v1/chat/completions?api-version=2024-10-21 HTTP/1.1\r\n")

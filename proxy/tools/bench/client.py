@@ -8,6 +8,7 @@ from time import perf_counter
 
 import orjson
 
+from proxy.tools.bench.config import MAX_CONTENT_EVENTS
 from proxy.tools.bench.prompts import Tokenizer
 from proxy.tools.bench.sse import (
     MAX_EVENT_BYTES,
@@ -80,6 +81,7 @@ class _StreamSink:
 
     __slots__ = (
         "_keep_text",
+        "_max_events",
         "_parser",
         "done",
         "payloads",
@@ -90,7 +92,7 @@ class _StreamSink:
         "usage_tokens",
     )
 
-    def __init__(self, sample: RequestSample, *, keep_text: bool) -> None:
+    def __init__(self, sample: RequestSample, *, keep_text: bool, max_events: int) -> None:
         self.sample = sample
         self.status = 0
         self.usage_tokens: int | None = None
@@ -99,6 +101,7 @@ class _StreamSink:
         self.done = False
         self.payloads: list[bytes] = []
         self._keep_text = keep_text
+        self._max_events = max_events
         self._parser = SseParser()
 
     def on_status(self, status: int) -> None:
@@ -123,6 +126,9 @@ class _StreamSink:
             return
         if has_content(data):
             sample = self.sample
+            if sample.content_events >= self._max_events:  # past what was asked: keep nothing
+                sample.content_events += 1
+                return
             if sample.last_token_s is None:
                 sample.first_token_s = now_s
             else:
@@ -151,6 +157,12 @@ class _StreamSink:
             sample.error_detail = (
                 f"{self._parser.dropped} event(s) of more than {MAX_EVENT_BYTES:,} bytes, "
                 "dropped unread"
+            )
+        if sample.content_events > self._max_events:
+            sample.error = "too_many_events"
+            sample.error_detail = (
+                f"{sample.content_events:,} content events, more than the {self._max_events:,} "
+                "the request's max_tokens allows (only those were timed)"
             )
         if sample.error is None and not self.done:
             sample.error = "incomplete"
@@ -193,19 +205,28 @@ class _BodySink:
 class RequestSender:
     """Sends pre-encoded chat bodies through one transport; a failed request is a sample."""
 
-    __slots__ = ("_timeout_s", "_tokenizer", "_transport")
+    __slots__ = ("_max_events", "_timeout_s", "_tokenizer", "_transport")
 
-    def __init__(self, transport: Transport, tokenizer: Tokenizer | None, timeout_s: float) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        tokenizer: Tokenizer | None,
+        timeout_s: float,
+        *,
+        max_events: int = MAX_CONTENT_EVENTS,
+    ) -> None:
         self._transport = transport
         self._tokenizer = tokenizer
         self._timeout_s = timeout_s
+        self._max_events = max_events
 
     async def send(self, body: bytes, *, stream: bool) -> RequestSample:
         sample = RequestSample(start_s=perf_counter())
         try:
             async with asyncio.timeout(self._timeout_s):
                 if stream:
-                    sink = _StreamSink(sample, keep_text=self._tokenizer is not None)
+                    keep_text = self._tokenizer is not None
+                    sink = _StreamSink(sample, keep_text=keep_text, max_events=self._max_events)
                     await self._transport.exchange(body, sink)
                     sink.settle(self._tokenizer, perf_counter())
                 else:

@@ -11,6 +11,8 @@ import orjson
 
 __all__ = [
     "HTTP_CLIENTS",
+    "MAX_CONTENT_EVENTS",
+    "MAX_INPUT_TOKENS",
     "BenchConfig",
     "BenchError",
     "chat_completions_url",
@@ -21,6 +23,11 @@ __all__ = [
 ]
 
 HTTP_CLIENTS = ("raw", "httpx")
+# Content events one stream may have timed (and, with a tokenizer, kept): an endless stream
+# once grew the bench by ~20 MB a second until its timeout. BenchConfig.max_events is lower.
+MAX_CONTENT_EVENTS = 4_000_000
+# The longest prompt --input-tokens may ask for (10**9 once filled the memory building it).
+MAX_INPUT_TOKENS = 2_000_000
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -66,10 +73,30 @@ class BenchConfig:
             raise BenchError("--duration must be positive")
         if self.input_tokens < 1 or self.max_tokens < 1:
             raise BenchError("--input-tokens and --max-tokens must be at least 1")
+        if self.input_tokens > MAX_INPUT_TOKENS:
+            raise BenchError(
+                f"--input-tokens must be at most {MAX_INPUT_TOKENS:,} (the longest context "
+                "windows served); each prompt is built in memory"
+            )
         if self.timeout_s <= 0:
             raise BenchError("--timeout must be positive")
         if self.http_client not in HTTP_CLIENTS:
             raise BenchError(f"--http-client must be one of {', '.join(HTTP_CLIENTS)}")
+
+    @property
+    def max_events(self) -> int:
+        """Content events a stream may send before the bench calls it broken: four for each
+        token asked of each choice (--extra-body may ask for more of either), with room for
+        role and tool events; a server that ignores max_tokens never grows the bench for ever."""
+        asked = [self.max_tokens]
+        asked += [
+            value
+            for name in ("max_tokens", "max_completion_tokens")
+            if type(value := self.extra_body.get(name)) is int and value > 0
+        ]
+        choices = self.extra_body.get("n")
+        choices = choices if type(choices) is int and choices > 0 else 1
+        return min(MAX_CONTENT_EVENTS, 4 * max(asked) * choices + 64)
 
     def requests_for(self, concurrency: int) -> int | None:
         """Requests to send at one level; None means "until the duration runs out"."""
@@ -129,7 +156,8 @@ def chat_completions_url(base_url: str) -> str:
     path = parts.path.rstrip("/")
     if not path:
         path = "/v1"
-    return f"{parts.scheme}://{parts.netloc}{path}/chat/completions"
+    query = f"?{parts.query}" if parts.query else ""  # Azure's api-version, for one
+    return f"{parts.scheme}://{parts.netloc}{path}/chat/completions{query}"
 
 
 def parse_extra_body(text: str) -> dict[str, Any]:

@@ -129,7 +129,9 @@ async def run_level(
     own_transport = transport is None
     if transport is None:
         transport = open_transport(config, concurrency)
-    sender = RequestSender(transport, workload.tokenizer, config.timeout_s)
+    sender = RequestSender(
+        transport, workload.tokenizer, config.timeout_s, max_events=config.max_events
+    )
     try:
         return await _measure(config, concurrency, sender, workload, on_progress, first_request)
     finally:
