@@ -22,6 +22,8 @@ Message = Mapping[str, Any]
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 # Responses only (Messages has none): a stored conversation, or a stored prompt template
 _STORED_HISTORY = ("previous_response_id", "conversation", "prompt")
+# Chat fields vLLM hands its chat template beside the messages
+_TEMPLATE_INPUTS = ("documents", "chat_template_kwargs")
 
 
 class InputCounter(Protocol):
@@ -77,12 +79,14 @@ class Shape:
                 shaped.append("history")
         if _needs_count(ctx):
             tools = outgoing.body.get("tools")
-            count = await self._counter.count_chat(ctx.model, messages, tools)
+            rendered = _template_inputs(outgoing.body)  # vLLM's documents, template variables
+            extra = await self._counter.count_prompt(ctx.model, rendered) if rendered else 0
+            count = extra + await self._counter.count_chat(ctx.model, messages, tools)
             limit = budget.max_input_tokens
             if limit is not None and count > limit:
                 if budget.on_input_overflow == "reject":
                     raise _too_long(count, limit)
-                messages, count = await self._trim(ctx.model, messages, tools, limit)
+                messages, count = await self._trim(ctx.model, messages, tools, limit, extra)
                 shaped.append("input")
             ctx.counted_input_tokens = count
         if shaped:
@@ -104,9 +108,10 @@ class Shape:
             ctx.counted_input_tokens = count
 
     async def _trim(
-        self, model: str, messages: list[Message], tools: Any, limit: int
+        self, model: str, messages: list[Message], tools: Any, limit: int, extra: int
     ) -> tuple[list[Message], int]:
-        """Drop the oldest turns until the rest fits: the fewest drops, found by bisection."""
+        """Drop the oldest turns until the rest and the `extra` tokens beside them fit: the
+        fewest drops, found by bisection."""
         head, turns = _split_system(messages)
         cuts = _turn_starts(turns)
         low, high = 0, len(cuts) - 1  # cuts[-1] keeps only the newest turn
@@ -114,14 +119,14 @@ class Shape:
         while low <= high:
             middle = (low + high) // 2
             candidate = head + turns[cuts[middle] :]
-            count = await self._counter.count_chat(model, candidate, tools)
+            count = extra + await self._counter.count_chat(model, candidate, tools)
             if count <= limit:
                 best, high = (candidate, count), middle - 1
             else:
                 low = middle + 1
         if best is None:
             newest = await self._counter.count_chat(model, head + turns[cuts[-1] :], tools)
-            raise _too_long(newest, limit)
+            raise _too_long(extra + newest, limit)
         return best
 
 
@@ -255,6 +260,23 @@ def _refuse_stored_history(body: Mapping[str, Any], limit: int) -> None:
                 param=param,
                 code="unsupported_parameter",
             )
+
+
+def _template_inputs(body: Mapping[str, Any]) -> str:
+    """The text a vLLM chat template renders into the prompt beside the messages: the strings in
+    `documents` (RAG templates) and `chat_template_kwargs`. Counted as prompt tokens, so that
+    neither carries input past a key's limit or its reservation unseen."""
+    texts: list[str] = []
+    stack = [body.get(name) for name in _TEMPLATE_INPUTS]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, Mapping):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return "\n".join(texts)
 
 
 def _too_long(count: int, limit: int, param: str = "messages") -> ContextLengthExceeded:

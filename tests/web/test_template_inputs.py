@@ -1,0 +1,39 @@
+"""vLLM's chat fields that its template renders into the prompt count as input, end to end."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from proxy.app import create_app
+from tests.servers import serve
+from tests.web.test_budgets import KEY, budget_policy
+
+
+def test_documents_and_template_variables_count_toward_the_input_limit(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    """A RAG template renders `documents` (and a template may render `chat_template_kwargs`)
+    into the prompt, but only the messages were counted: 1,000 words of documents passed a
+    20-token `max_input_tokens` to the backend uncounted."""
+    with serve(create_app(budget_policy(backend_url, "{max_input_tokens: 20}"))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        before = backend.get("/mock/stats").json()["requests_total"]
+        question = [{"role": "user", "content": "Summarise the notes."}]
+        documents = [{"title": "notes", "text": "word " * 1000}]
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk.chat.completions.create(
+                model="mock-llm", messages=question, extra_body={"documents": documents}
+            )
+        kwargs = {"chat_template_kwargs": {"persona": "word " * 1000}}
+        with pytest.raises(openai.BadRequestError):
+            sdk.chat.completions.create(model="mock-llm", messages=question, extra_body=kwargs)
+        assert backend.get("/mock/stats").json()["requests_total"] == before
+        fits = sdk.chat.completions.create(
+            model="mock-llm",
+            messages=question,
+            extra_body={"documents": [{"text": "short"}], "chat_template_kwargs": {"x": True}},
+        )
+    assert caught.value.code == "context_length_exceeded"
+    assert fits.choices
