@@ -7,14 +7,18 @@ closing error event) into `{"type": "error", "error": {"type", "message"}}`.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Final
 
 import orjson
+from starlette.datastructures import QueryParams
 from starlette.types import Message, Scope, Send
 
+from proxy.errors import BadRequest
 from proxy.upstream.rejection import error_fields
 
-__all__ = ["AnthropicErrors", "anthropic_error", "with_api_key"]
+__all__ = ["AnthropicErrors", "anthropic_error", "anthropic_models", "with_api_key"]
 
 _TYPES: Final = {
     400: "invalid_request_error",
@@ -46,6 +50,44 @@ def with_api_key(scope: Scope) -> Scope:
     if key is None:
         return scope
     return {**scope, "headers": [*headers, (b"authorization", b"Bearer " + key)]}
+
+
+def anthropic_models(
+    models: Sequence[str], wanted: str | None, created: int, query: QueryParams
+) -> dict[str, object]:
+    """Anthropic's `ModelInfo` for `wanted`, or a page of `models`: `limit` of them (1 to 1,000,
+    20 when not given) after `after_id` or before `before_id`."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    if wanted is not None:
+        return _model_info(wanted, stamp)
+    limit_text = query.get("limit", "20")
+    if not (limit_text.isascii() and limit_text.isdigit() and 1 <= int(limit_text) <= 1000):
+        raise BadRequest("limit must be an integer from 1 to 1000", param="limit")
+    limit, start, end = int(limit_text), 0, len(models)
+    for param in ("after_id", "before_id"):
+        cursor = query.get(param)
+        if cursor is None:
+            continue
+        if cursor not in models:
+            raise BadRequest(f"{param} {cursor!r} is not a model of this key", param=param)
+        if param == "after_id":
+            start = models.index(cursor) + 1
+        else:
+            end = models.index(cursor)
+    if "before_id" in query and "after_id" not in query:
+        start = max(start, end - limit)
+    page = list(models[start:end][:limit])
+    backwards = "before_id" in query and "after_id" not in query
+    return {
+        "data": [_model_info(model, stamp) for model in page],
+        "has_more": start > 0 if backwards else start + len(page) < end,
+        "first_id": page[0] if page else None,
+        "last_id": page[-1] if page else None,
+    }
+
+
+def _model_info(model: str, created_at: str) -> dict[str, object]:
+    return {"type": "model", "id": model, "display_name": model, "created_at": created_at}
 
 
 def anthropic_error(status: int, openai_body: bytes) -> tuple[int, bytes]:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import orjson
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, QueryParams
 from starlette.types import Receive, Scope, Send
 
+from proxy.apis.anthropic import AnthropicErrors, anthropic_models, with_api_key
 from proxy.asgi.direct import lent_cycle
 from proxy.asgi.headers import RequestHeaders
 from proxy.asgi.respond import send_error, send_json
@@ -47,27 +48,34 @@ class OpenAIEndpoint:
 
 class ModelList:
     """`GET /v1/models`: only the models the caller's tenant may use; `GET /v1/models/{id}`: one
-    of them, and 404 for any other (a model the tenant may not use is not shown to exist)."""
+    of them, and 404 for any other (a model the tenant may not use is not shown to exist).
+
+    The key may come as `x-api-key`. A request with `anthropic-version` (Anthropic's SDKs send
+    it) is answered in Anthropic's shape, its list paged by `limit`, `after_id` and `before_id`
+    (apis/anthropic.py)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
+        headers = Headers(scope=with_api_key(scope))  # the key as Anthropic's SDKs send it too
+        anthropic = "anthropic-version" in headers
+        if anthropic:
+            send = AnthropicErrors(send)
+        wanted: str | None = scope.get("path_params", {}).get("model_id")
         try:
-            tenant_name = gateway.keyring.tenant_for(Headers(scope=scope).get("authorization"))
+            tenant_name = gateway.keyring.tenant_for(headers.get("authorization"))
+            models = gateway.policy.tenants[tenant_name].models
+            if wanted is not None and wanted not in models:
+                raise ModelNotFound.named(wanted)
+            created = int(gateway.started_wall)
+            if anthropic:
+                query = QueryParams(scope.get("query_string", b""))
+                body = anthropic_models(models, wanted, created, query)
+            elif wanted is None:
+                body = {"object": "list", "data": [_model(model, created) for model in models]}
+            else:
+                body = _model(wanted, created)
         except GatewayError as exc:
             await send_error(send, exc)
-            return
-        tenant = gateway.policy.tenants[tenant_name]
-        created = int(gateway.started_wall)
-        wanted: str | None = scope.get("path_params", {}).get("model_id")
-        if wanted is None:
-            body: dict[str, object] = {
-                "object": "list",
-                "data": [_model(model, created) for model in tenant.models],
-            }
-        elif wanted in tenant.models:
-            body = _model(wanted, created)
-        else:
-            await send_error(send, ModelNotFound.named(wanted))
             return
         await send_json(send, 200, orjson.dumps(body))
 
