@@ -2,6 +2,7 @@
 admit the request on that backend's own limits, open the call, and on a failure (a connect
 error, a 5xx) or a full backend move to the next, at most the pool's `max_attempts` in all; a
 backend that failed gives back what the request held on its limits before the next is tried.
+The gateway's own connection pool being full is no backend's failure and is not retried.
 
 Writes backend, route (the backend held in flight, for settling) and, on a fallback, model.
 `settle` feeds the backend's health with the outcome, TTFT and tokens/s.
@@ -21,7 +22,7 @@ from proxy.holds import Routed
 from proxy.policy.model import Backend
 from proxy.routing.health import BackendHealth
 from proxy.routing.pool import Pools
-from proxy.upstream.client import CONNECT_TIMEOUT_CODE, UpstreamClient
+from proxy.upstream.client import CONNECT_TIMEOUT_CODE, ConnectionsBusy, UpstreamClient
 
 __all__ = ["Admit", "Attempts", "GiveBack"]
 
@@ -74,6 +75,10 @@ class Attempts:
             try:
                 backend = routed.health.backend
                 response = await self._upstream.open(ctx, backend, body, extra_headers)
+            except ConnectionsBusy:
+                # The gateway's own pool is full: no mark on a backend that heard nothing, and
+                # no other backend to try, as they share the pool.
+                raise
             except UpstreamError as exc:
                 routed.health.failed(self._clock.monotonic())
                 routed.tried.append(routed.health.name)

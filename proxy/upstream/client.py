@@ -27,6 +27,7 @@ from proxy.upstream.transport import PooledTransport
 
 __all__ = [
     "CONNECT_TIMEOUT_CODE",
+    "ConnectionsBusy",
     "UpstreamClient",
     "UpstreamOpener",
     "UpstreamRejected",
@@ -43,6 +44,11 @@ _MAX_PROBE_BODY_BYTES = 1024 * 1024  # a /models list of thousands of models
 _MAX_TARGETS = 256
 
 _Target: TypeAlias = tuple[httpx.URL, list[tuple[bytes, bytes]]]
+
+
+class ConnectionsBusy(UpstreamUnavailable):
+    """No connection of the gateway's own pool (`upstream.max_connections`, shared by every
+    backend) came free in time: the gateway is full, not the backend, which heard nothing."""
 
 
 class UpstreamOpener(Protocol):
@@ -220,7 +226,7 @@ class translate:
 
 def _gateway_error(name: str, exc: httpx.HTTPError) -> GatewayError:
     if isinstance(exc, httpx.PoolTimeout):
-        return UpstreamUnavailable(f"all connections to backend {name!r} are busy", retry_after_s=1)
+        return ConnectionsBusy(f"all connections to backend {name!r} are busy", retry_after_s=1)
     if isinstance(exc, httpx.ConnectTimeout):
         return UpstreamTimeout(
             f"backend {name!r} did not accept the connection in time", code=CONNECT_TIMEOUT_CODE

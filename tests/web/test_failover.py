@@ -3,6 +3,7 @@ one dying mid-stream; circuits open and close on an injected clock; fallback mod
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -17,6 +18,7 @@ from proxy.policy.units import hash_key
 from proxy.routing import Pools, Prober
 from proxy.tools.mock import backend as mockbackend
 from proxy.upstream.client import UpstreamClient
+from tests.redis_server import wait_until
 from tests.servers import free_port, serve
 
 KEY = "tw-failover"
@@ -30,6 +32,7 @@ def _policy(
     models: str = "m: {routing: weighted}",
     tenant_models: str = "[m]",
     cache: str = "",
+    upstream: str = "",
 ) -> Policy:
     """`backends`: (name, url, models as YAML flow list); probes off, circuits after 2 failures."""
     listed = "\n".join(
@@ -37,7 +40,7 @@ def _policy(
     )
     text = f"""
 upstream: {{connect_timeout: 1s, read_timeout: 5s, probe_interval: 0,
-           circuit: {{failures: 2, open_for: 10s, max_open_for: 60s}}}}
+           circuit: {{failures: 2, open_for: 10s, max_open_for: 60s}}{upstream}}}
 backends:
 {listed}
 models: {{{models}}}
@@ -61,6 +64,10 @@ def _mocks(**faults: dict[str, Any]) -> Iterator[dict[str, str]]:
 
 def _served(url: str) -> int:
     return int(httpx.get(url + "/mock/stats").json()["requests_total"])
+
+
+def _inflight(url: str) -> int:
+    return int(httpx.get(url + "/mock/stats").json()["inflight"])
 
 
 def test_connect_errors_and_500s_fail_over_to_a_healthy_backend() -> None:
@@ -190,3 +197,37 @@ async def test_a_backend_failing_its_probe_is_out_of_rotation() -> None:
             assert [h.name for h in pools.pool("m").available(0.0)] == ["good"]
         finally:
             await upstream.aclose()
+
+
+def test_a_full_connection_pool_is_no_backends_failure() -> None:
+    """The gateway's own pool (`max_connections`, shared by every backend) full for a moment:
+    the requests that found no connection get 503, and no backend, which heard nothing of
+    them, is taken out of rotation (both circuits opened, and the next requests were 503 for
+    `open_for` once the pool was free again)."""
+    clock = FakeClock()  # a circuit that opened stays open
+    with _mocks(a={}, b={}, c={}) as urls:
+        policy = _policy(
+            [("a", urls["a"], "[m]"), ("b", urls["b"], "[m]"), ("c", urls["c"], "[s]")],
+            models="m: {}, s: {}",
+            tenant_models="[m, s]",
+            upstream=", max_connections: 1, pool_timeout: 0.2s",
+        )
+        with serve(create_app(policy, clock=clock)) as gateway:
+            post = lambda body: httpx.post(  # noqa: E731
+                gateway + "/v1/chat/completions", json=body, headers=AUTH, timeout=30
+            )
+            held: list[httpx.Response] = []
+            holder = threading.Thread(
+                target=lambda: held.append(post({**CHAT, "model": "s", "mock_delay_ms": 3000}))
+            )
+            holder.start()
+            try:
+                wait_until(lambda: _inflight(urls["c"]) == 1, "the held request")
+                busy = [post(CHAT) for _ in range(2)]
+            finally:
+                holder.join()
+            assert [a.status_code for a in busy] == [503, 503]
+            assert busy[0].headers["retry-after"] == "1"
+            assert held[0].status_code == 200
+            assert [post(CHAT).status_code for _ in range(2)] == [200, 200]
+        assert _served(urls["a"]) + _served(urls["b"]) == 2
