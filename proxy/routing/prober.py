@@ -7,7 +7,7 @@ import logging
 
 from proxy.routing.pool import Pools
 from proxy.together import cancelled
-from proxy.upstream.client import UpstreamClient
+from proxy.upstream.client import POOL_BUSY, UpstreamClient
 
 __all__ = ["Prober"]
 
@@ -16,7 +16,8 @@ _PROBE_TIMEOUT_S = 2.0
 
 
 class Prober:
-    """A backend whose probe fails is taken out of rotation until a probe succeeds again."""
+    """A backend whose probe fails is taken out of rotation until a probe succeeds again; a
+    probe that found the gateway's own connection pool full changes nothing."""
 
     def __init__(self, pools: Pools, upstream: UpstreamClient, interval_s: float) -> None:
         self._pools = pools
@@ -31,6 +32,8 @@ class Prober:
             *(self._upstream.probe(h.backend, timeout_s) for h in healths)
         )
         for health, problem in zip(healths, results, strict=True):
+            if problem == POOL_BUSY:
+                continue  # the gateway's own connections were all busy: the backend was not asked
             if problem != health.probe_error:
                 if problem is None:
                     _log.info("backend %s answers its probe again", health.name)

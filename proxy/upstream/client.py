@@ -27,6 +27,7 @@ from proxy.upstream.transport import PooledTransport
 
 __all__ = [
     "CONNECT_TIMEOUT_CODE",
+    "POOL_BUSY",
     "ConnectionsBusy",
     "UpstreamClient",
     "UpstreamOpener",
@@ -38,6 +39,9 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT_CODE = "upstream_connect_timeout"
+# What a probe that found no free connection in the gateway's own pool says: the backend was
+# not asked, so the probe learned nothing of it.
+POOL_BUSY = "no free connection in the gateway's pool (upstream.max_connections)"
 
 _MAX_ERROR_BODY_BYTES = 64 * 1024
 _MAX_PROBE_BODY_BYTES = 1024 * 1024  # a /models list of thousands of models
@@ -200,6 +204,8 @@ class UpstreamClient:
                 await _drain(response, _MAX_PROBE_BODY_BYTES)
             finally:
                 await close(response)
+        except httpx.PoolTimeout:
+            return POOL_BUSY
         except httpx.HTTPError as exc:
             return type(exc).__name__
         return None if response.status_code == 200 else f"HTTP {response.status_code}"

@@ -17,7 +17,8 @@ from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.routing import Pools, Prober
 from proxy.tools.mock import backend as mockbackend
-from proxy.upstream.client import UpstreamClient
+from proxy.upstream.client import UpstreamClient, close
+from tests.contexts import admitted
 from tests.redis_server import wait_until
 from tests.servers import free_port, serve
 
@@ -231,3 +232,34 @@ def test_a_full_connection_pool_is_no_backends_failure() -> None:
             assert held[0].status_code == 200
             assert [post(CHAT).status_code for _ in range(2)] == [200, 200]
         assert _served(urls["a"]) + _served(urls["b"]) == 2
+
+
+@pytest.mark.anyio
+async def test_a_probe_that_finds_the_gateways_pool_full_changes_no_backends_health() -> None:
+    """A probe waiting in vain for a connection of the gateway's own pool never asked the
+    backend: it used to take every backend out of rotation ("failed its probe: PoolTimeout"),
+    so a busy gateway refused all requests with 503 until the next probe."""
+    with _mocks(good={"tokens_per_second": 10}) as urls:
+        policy = _policy(
+            [("alive", urls["good"], "[m]"), ("dead", urls["refusing"], "[m]")],
+            upstream=", max_connections: 1",
+        )
+        pools = Pools(policy, FakeClock())
+        upstream = UpstreamClient(policy.upstream)
+        prober = Prober(pools, upstream, 0.2)
+        try:
+            await prober.probe_once()  # the pool is free: each probe asks its backend
+            assert pools.health["dead"].probe_error is not None
+            ctx = admitted(policy.tenants["t"], {**CHAT, "stream": True, "max_tokens": 100})
+            alive = pools.health["alive"].backend
+            # The pool's one connection, busy with a stream of 10 s.
+            held = await upstream.open(ctx, alive, ctx.body)
+            try:
+                await prober.probe_once()
+            finally:
+                await close(held)
+            assert pools.health["alive"].probe_error is None, pools.health["alive"].probe_error
+            assert [h.name for h in pools.pool("m").available(0.0)] == ["alive"]
+            assert pools.health["dead"].probe_error is not None, "a finding stays as it was"
+        finally:
+            await upstream.aclose()
