@@ -38,11 +38,14 @@ _SECONDS: Final = re.compile(r"\s*\d+(?:\.\d*)?(?:[eE]\+?\d+)?\s*")
 class UpstreamRejected(GatewayError):
     """A backend's own 4xx answer, passed on to the client with its status and OpenAI fields."""
 
-    def __init__(self, status: int, backend_error: dict[str, Any]) -> None:
+    def __init__(
+        self, status: int, backend_error: dict[str, Any], retry_after_s: float | None = None
+    ) -> None:
         super().__init__(
             field_text(backend_error.get("message")) or f"the backend answered {status}",
             param=field_text(backend_error.get("param")),
             code=field_text(backend_error.get("code")),
+            retry_after_s=retry_after_s,
         )
         self.status = status
         self.type = field_text(backend_error.get("type")) or "invalid_request_error"
@@ -56,10 +59,11 @@ def status_error(backend: Backend, response: httpx.Response, raw: bytes) -> Gate
     if status in (401, 403):
         return UpstreamError(f"backend {backend.name!r} rejected the gateway's credentials")
     if 400 <= status < 500:
-        rejected = UpstreamRejected(status, backend_error)
-        if status == 429:
-            rejected.retry_after_s = retry_after_s(response.headers.get("retry-after")) or 1
-        return rejected
+        if status != 429:
+            return UpstreamRejected(status, backend_error)
+        # Through the constructor: a wait over a minute also says `x-should-retry: false`.
+        wait_s = retry_after_s(response.headers.get("retry-after")) or 1
+        return UpstreamRejected(status, backend_error, retry_after_s=wait_s)
     if status == 503:
         return UpstreamUnavailable(
             f"backend {backend.name!r} is unavailable: {detail}",

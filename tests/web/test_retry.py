@@ -104,3 +104,23 @@ def test_a_near_rate_limit_says_retry_after_in_ms_too(backend_url: str) -> None:
     assert 50_000 <= ms <= 60_000
     assert seconds == -(-ms // 1000)
     assert "x-should-retry" not in refused.headers  # a minute away at most: the SDK may retry
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_sdk_does_not_retry_a_backend_that_asks_for_over_a_minute(
+    backend_url: str, status: int
+) -> None:
+    """A backend's own 429 or 503 with `Retry-After: 3600`, passed on: the SDK, which ignores
+    a Retry-After over a minute and retries at once, is told not to. (A 429 came without
+    `x-should-retry: false`, a 503 with it: the SDK sent a backend that asked for an hour's
+    rest two more requests within two seconds.)"""
+    counting = Counting(create_app(parse_policy(_policy_text(backend_url, ""), environ={})))
+    asking = {"mock_fail": status, "mock_retry_after_s": 3600}
+    with serve(counting) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=2)
+        with sdk, pytest.raises(openai.APIStatusError) as refused:
+            sdk.chat.completions.create(**CHAT, extra_body=asking)  # type: ignore[call-overload]
+    assert refused.value.status_code == status
+    assert refused.value.response.headers["retry-after"] == "3600"
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    assert counting.chats == 1
