@@ -77,6 +77,10 @@ class Routed:
     opened: bool = False
     counted: bool = False  # in the backend's count across replicas (BackendHealth.counted)
 
+    def answering(self) -> None:
+        """The backend's stream began well (its first event): see Circuit.answering."""
+        self.health.circuit.answering()
+
     async def trace(self, event: str, info: dict[str, Any]) -> None:
         """httpcore's `trace` request extension, which the pooled transport calls too: the
         request went out whole (a client that leaves now is billed the backend's work), or,

@@ -92,7 +92,8 @@ class Attempts:
                     body = {**body, "model": ctx.model}
                 continue
             routed.opened = True
-            routed.health.circuit.succeeded()
+            if not ctx.stream:  # a whole answer's head comes with the answer
+                routed.health.circuit.succeeded()
             return backend, response
 
     def holding(self, ctx: Admitted) -> bool:
@@ -110,8 +111,13 @@ class Attempts:
                 health.circuit.abandoned()
             return
         now = self._clock.monotonic()
-        if not (ctx.outcome.completed or ctx.outcome.client_disconnected):
-            health.failed(now)  # it broke off mid-answer
+        if ctx.outcome.completed:
+            if ctx.stream:  # a stream's head says nothing: its headers come before any token
+                health.circuit.succeeded()
+        elif ctx.outcome.client_disconnected:
+            health.circuit.abandoned()  # no verdict: a trial may be tried again
+        else:
+            health.failed(now)  # it broke off mid-answer, or sent no event in time
             return
         meter = ctx.meter
         first_s = meter.upstream_first_byte_s

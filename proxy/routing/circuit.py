@@ -42,6 +42,12 @@ class Circuit:
         """The picked request never reached the backend: a trial may be tried again."""
         self._trial = False
 
+    def answering(self) -> None:
+        """The picked request's answer began well (a stream's first event): a trial has its
+        verdict and the circuit closes; failures in a row are counted on to the answer's end."""
+        self._trial = False
+        self.open_until_s = None
+
     def succeeded(self) -> None:
         self._failures = 0
         self._trial = False

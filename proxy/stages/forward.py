@@ -101,6 +101,8 @@ class Forward:
             with translate(backend):
                 chunks = raw_reads(response)
                 held = await _first_events(backend, response, chunks, relay.content, relay.clock)
+                if ctx.route is not None:
+                    ctx.route.answering()
                 held.reverse()
                 while True:
                     # The held first reads, then the stream's own: read straight from it, not

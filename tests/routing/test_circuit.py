@@ -53,3 +53,17 @@ def test_an_abandoned_trial_may_be_tried_again() -> None:
     assert not circuit.available(1.0)
     circuit.abandoned()
     assert circuit.available(1.0)
+
+
+def test_an_answer_begun_ends_the_trial_and_failures_count_on() -> None:
+    """A trial stream's first event closes the circuit; a stream that then breaks opens it
+    again at once, as the failures in a row were not reset by the answer's start."""
+    circuit = Circuit(CircuitSpec(failures=2, open_for=1.0))
+    circuit.failed(0.0)
+    circuit.failed(0.0)
+    circuit.picked(1.0)
+    circuit.answering()
+    assert circuit.available(1.0)
+    assert not circuit.is_open
+    circuit.failed(1.5)
+    assert not circuit.available(1.5)

@@ -263,3 +263,30 @@ async def test_a_probe_that_finds_the_gateways_pool_full_changes_no_backends_hea
             assert pools.health["dead"].probe_error is not None, "a finding stays as it was"
         finally:
             await upstream.aclose()
+
+
+def test_a_backend_whose_streams_break_has_its_circuit_opened() -> None:
+    """A stream's headers come before any token, so they prove nothing: a backend whose every
+    stream broke off (or sent no event within first_byte_timeout) had its count of failures
+    reset by each stream's headers, and its circuit never opened."""
+    clock = FakeClock()
+    with _mocks(good={"tokens_per_second": 200}) as urls:
+        policy = _policy([("only", urls["good"], "[m]")])
+        with serve(create_app(policy, clock=clock)) as gateway:
+
+            def stream(**knobs: int) -> tuple[int, str]:
+                body = {**CHAT, "stream": True, "max_tokens": 8, **knobs}
+                with httpx.stream(
+                    "POST", gateway + "/v1/chat/completions", json=body, headers=AUTH, timeout=30
+                ) as answer:
+                    return answer.status_code, answer.read().decode()
+
+            broken = [stream(mock_fail_after_tokens=2) for _ in range(2)]
+            assert [status for status, _ in broken] == [200, 200]
+            assert all("[DONE]" not in text for _, text in broken)
+            assert stream()[0] == 503, "two broken streams in a row open the circuit"
+            assert _served(urls["good"]) == 2
+            clock.advance(10)
+            status, text = stream()
+            assert (status, text.rstrip().endswith("data: [DONE]")) == (200, True)
+            assert stream()[0] == 200, "a trial stream that ended well closed the circuit"
