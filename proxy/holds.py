@@ -72,6 +72,7 @@ class Routed:
     home: str  # the model asked for (after degradation): its fallbacks are the ones tried
     health: BackendHealth
     tried: list[str] = field(default_factory=list)
+    passed: int = 0  # of `tried`, those passed over as full: no attempt was made on them
     attempt_s: float = 0.0
     sent: bool = False  # the current attempt's request reached its backend whole
     opened: bool = False

@@ -125,9 +125,10 @@ class Attempts:
         health.served(now, ttft_s, meter.tokens_per_s(ctx.output_tokens or 0, ctx.choices))
 
     async def _fail_over(self, ctx: Admitted, routed: Routed) -> bool:
-        """Move the request to the next backend that admits it; False if none is left."""
+        """Move the request to the next backend that admits it; False if none is left. A full
+        backend passed over is no attempt: `max_attempts` bounds the backends sent the request."""
         max_attempts = self._pools.pool(routed.home).spec.max_attempts
-        while len(routed.tried) < max_attempts:
+        while len(routed.tried) - routed.passed < max_attempts:
             health = self._choose(ctx, routed.home, routed.tried)
             if health is None:
                 return False
@@ -145,6 +146,7 @@ class Attempts:
             inflight = await self._admit(ctx, routed.health.backend)
         except UpstreamUnavailable as full:
             routed.tried.append(routed.health.name)
+            routed.passed += 1
             routed.health.circuit.abandoned()
             return full
         if inflight is not None:

@@ -190,8 +190,13 @@ tenants:
     assert after.status_code == 200
 
 
-def test_a_full_backend_is_passed_over_for_one_that_admits_the_request(backend_url: str) -> None:
-    """Not a 503 while another backend of the model has room: the first pick too moves on."""
+@pytest.mark.parametrize("attempts", ["", ", max_attempts: 1"])
+def test_a_full_backend_is_passed_over_for_one_that_admits_the_request(
+    backend_url: str, attempts: str
+) -> None:
+    """Not a 503 while another backend of the model has room: the first pick too moves on.
+    A backend passed over was sent nothing, so it is no attempt: with `max_attempts: 1` the
+    request was refused 503 'at capacity' while big-gpu stood idle."""
     with serve(mockbackend.create_app()) as big_url:
         # Smooth weighted round robin at 1000:1 picks small-gpu first every time.
         policy = parse_policy(
@@ -200,7 +205,7 @@ backends:
   - {{name: small-gpu, url: "{backend_url}/v1", models: [mock-llm], weight: 1000,
      limits: {{max_concurrent: 1}}}}
   - {{name: big-gpu, url: "{big_url}/v1", models: [mock-llm], weight: 1}}
-models: {{mock-llm: {{routing: weighted}}}}
+models: {{mock-llm: {{routing: weighted{attempts}}}}}
 tenants:
   app: {{api_keys: [{hash_key(KEY)}], models: [mock-llm], priority: high}}
 """,
