@@ -92,8 +92,8 @@ class Attempts:
                     body = {**body, "model": ctx.model}
                 continue
             routed.opened = True
-            if not ctx.stream:  # a whole answer's head comes with the answer
-                routed.health.circuit.succeeded()
+            if not ctx.stream:  # a whole answer's head comes with it (a stream's, before any)
+                routed.health.circuit.answering()
             return backend, response
 
     def holding(self, ctx: Admitted) -> bool:
@@ -112,8 +112,7 @@ class Attempts:
             return
         now = self._clock.monotonic()
         if ctx.outcome.completed:
-            if ctx.stream:  # a stream's head says nothing: its headers come before any token
-                health.circuit.succeeded()
+            health.circuit.succeeded()
         elif ctx.outcome.client_disconnected:
             health.circuit.abandoned()  # no verdict: a trial may be tried again
         else:

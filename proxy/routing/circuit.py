@@ -43,8 +43,9 @@ class Circuit:
         self._trial = False
 
     def answering(self) -> None:
-        """The picked request's answer began well (a stream's first event): a trial has its
-        verdict and the circuit closes; failures in a row are counted on to the answer's end."""
+        """The picked request's answer began well (a whole answer's head, a stream's first
+        event): a trial has its verdict and the circuit closes; failures in a row are counted
+        on to the answer's end (`succeeded`, or `failed` if it breaks off)."""
         self._trial = False
         self.open_until_s = None
 

@@ -21,6 +21,7 @@ from proxy.upstream.client import UpstreamClient, close
 from tests.contexts import admitted
 from tests.redis_server import wait_until
 from tests.servers import free_port, serve
+from tests.upstream.hostile import HostileBackend
 
 KEY = "tw-failover"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -290,3 +291,21 @@ def test_a_backend_whose_streams_break_has_its_circuit_opened() -> None:
             status, text = stream()
             assert (status, text.rstrip().endswith("data: [DONE]")) == (200, True)
             assert stream()[0] == 200, "a trial stream that ended well closed the circuit"
+
+
+def test_a_backend_whose_whole_answers_are_malformed_has_its_circuit_opened() -> None:
+    """A 200 whose body is no answer (502 `upstream_bad_response`) is a failure: its head
+    reset the count of failures in a row, and such a backend kept every request."""
+    with HostileBackend() as hostile:
+        policy = _policy([("hostile", hostile.url, "[m]")])
+        with serve(create_app(policy, clock=FakeClock())) as gateway:
+            answers = [
+                httpx.post(
+                    gateway + "/v1/chat/completions",
+                    json={**CHAT, "hostile": "hello_200"},
+                    headers=AUTH,
+                )
+                for _ in range(3)
+            ]
+    assert [a.status_code for a in answers] == [502, 502, 503]
+    assert answers[0].json()["error"]["code"] == "upstream_bad_response"
