@@ -10,9 +10,11 @@ import asyncio
 import operator
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from importlib import resources
+from typing import Any
 
 import orjson
 from redis.commands.core import AsyncScript
@@ -178,16 +180,32 @@ class RedisLedger(BufferedLedger):
                 attempt = 0
 
     async def _write(self, batch: Batch) -> None:
-        """One round trip: each tenant's share of the batch is one atomic, idempotent script."""
-        connection = self._connected()
+        """One round trip: each tenant's share of the batch is one atomic, idempotent script.
+        A tenant's share that supersedes checkpoints this Redis has lost (lua/append.lua) is
+        sent again, those records superseding nothing: one more round trip, after an outage."""
         by_tenant: defaultdict[str, list[UsageRecord]] = defaultdict(list)
         for record in batch.records:
             by_tenant[keys.tag(record.tenant)].append(record)
+        tenants: Sequence[str] = list(by_tenant)  # the tenants' set is written once
+        while by_tenant:
+            replies = await self._append(batch.seq, by_tenant, tenants)
+            tenants = ()
+            by_tenant = defaultdict(list)
+            for (tenant_tag, records), reply in replies:
+                if isinstance(reply, list):
+                    by_tenant[tenant_tag] = _unlinked(records, {_str(link) for link in reply})
+
+    async def _append(
+        self, seq: int, by_tenant: Mapping[str, list[UsageRecord]], tenants: Sequence[str]
+    ) -> list[tuple[tuple[str, list[UsageRecord]], Any]]:
+        """Each tenant's append script, and the set of tenants if `tenants`; each tenant's
+        records with the script's reply."""
+        connection = self._connected()
         appends = [
             keys.script_call(
                 tenant_tag,
                 self._writer_id,
-                batch.seq,
+                seq,
                 records,
                 stream_records=self._stream_records,
                 ttl_s=self._retention_s,
@@ -197,16 +215,18 @@ class RedisLedger(BufferedLedger):
         ]
         # A batch that failed in part is sent again whole: append.lua applies it once per tenant.
         direct = self._direct
+        replies: list[Any]
         if direct is not None:  # redis-py's pipeline would send SCRIPT EXISTS every batch
-            await asyncio.gather(
-                direct.client.execute("SADD", keys.TENANTS_KEY, *by_tenant),
-                *(direct.append(keys=call_keys, args=args) for call_keys, args in appends),
-            )
-            return
-        # TENANTS_KEY has no tenant's hash tag: on a cluster it is a command of its own.
-        calls: list[Call] = [lambda client: client.sadd(keys.TENANTS_KEY, *by_tenant)]
-        calls += [partial(connection.append, *call) for call in appends]
-        await send_all(connection.client, calls)
+            sends = [direct.append(keys=call_keys, args=args) for call_keys, args in appends]
+            if tenants:
+                sends.insert(0, direct.client.execute("SADD", keys.TENANTS_KEY, *tenants))
+            replies = await asyncio.gather(*sends)
+        else:
+            calls: list[Call] = [partial(connection.append, *call) for call in appends]
+            if tenants:  # no tenant's hash tag: on a cluster it is a command of its own
+                calls.insert(0, lambda client: client.sadd(keys.TENANTS_KEY, *tenants))
+            replies = await send_all(connection.client, calls)
+        return list(zip(by_tenant.items(), replies[len(replies) - len(appends) :], strict=True))
 
     async def _read_cells(self, q: UsageQuery) -> list[Cell]:
         """Summed in Redis by lua/sum.lua: one small reply per tenant, span and group."""
@@ -242,6 +262,20 @@ class RedisLedger(BufferedLedger):
         if self._connection is None:
             raise LedgerError("the ledger is not started")
         return self._connection
+
+
+def _unlinked(records: list[UsageRecord], lost: set[str]) -> list[UsageRecord]:
+    """`records`, those that supersede a checkpoint in `lost` (by link) superseding nothing."""
+    if not any(r.supersedes is not None and r.link in lost for r in records):
+        raise RuntimeError(f"the ledger script named checkpoints the batch lacks: {lost}")
+    return [
+        replace(r, supersedes=None) if r.supersedes is not None and r.link in lost else r
+        for r in records
+    ]
+
+
+def _str(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _entry_order(entry: str) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import redis
 
 from proxy.ledger import RedisLedger, SqliteLedger, UsageRecord, UsageRow
 from proxy.ledger.writer import BufferedLedger
@@ -184,3 +185,41 @@ async def test_a_checkpoint_dropped_from_a_full_buffer_is_not_taken_out_of_the_t
         latest = await ledger.latest("alpha", 10)
     assert totals(rows) == [(1, 100, 42, 420, 750)]
     assert latest == [final]
+
+
+@pytest.mark.parametrize("lost", ["restarted", "flushed"])
+async def test_a_checkpoint_redis_lost_is_not_taken_out_of_the_totals(lost: str) -> None:
+    """Redis restarts empty (or is flushed) while a stream runs, after its checkpoint was
+    written: the final record supersedes a checkpoint Redis no longer has, so the totals are
+    the final record's. The old code took the lost one's share out anyway: the request was not
+    counted at all and its input tokens went below zero."""
+    points = checkpoints(1, [10, 20])
+    final = record(1, output_tokens=42, cost_nusd=420, supersedes=points[-1])
+    other = record(2, output_tokens=5, cost_nusd=50)  # in the same batch, superseding nothing
+    server = RedisProcess()
+    await asyncio.to_thread(server.start)
+    try:
+        async with opened(server.url) as ledger:
+            for point in points:
+                ledger.append(point)
+                await ledger.flush()
+            if lost == "restarted":
+                await asyncio.to_thread(server.stop)
+                await asyncio.to_thread(server.start)
+            else:
+                await asyncio.to_thread(_flushall, server.url)
+            ledger.append(final)
+            ledger.append(other)
+            await ledger.flush()
+            (row,) = await ledger.query(EVERYTHING)
+            latest = await ledger.latest(None, 10)
+            assert ledger.stats().dropped == 0
+    finally:
+        await asyncio.to_thread(server.close)
+    assert totals([row]) == [(2, 200, 47, 470, 750 + 750)]
+    assert sorted(latest, key=lambda r: r.request_id) == [final, other]
+
+
+def _flushall(url: str) -> None:
+    with redis.Redis.from_url(url) as client:
+        client.flushall()

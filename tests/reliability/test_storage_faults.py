@@ -8,13 +8,15 @@ import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from proxy.tools.mock import backend as mockbackend
 from tests.redis_server import RedisProcess, frozen
 from tests.reliability.state import AUTH, ledger_records, policy_text, slots_held
-from tests.servers import replicas
+from tests.servers import replicas, serve
 
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 # What each Redis call of the limit and quota stores may take (RedisStore, RedisLimitStore
@@ -81,6 +83,43 @@ def test_redis_killed_mid_stream_and_restarted_loses_no_ledger_record(
             assert slots_held(redis.url) == 0
     finally:
         redis.close()
+
+
+def test_redis_restarted_after_a_streams_checkpoint_counts_the_request_once(
+    tmp_path: Path,
+) -> None:
+    """Redis restarts (empty) after a running stream's checkpoint reached it: the stream's final
+    record supersedes a checkpoint Redis no longer holds. /api/usage showed the request not at
+    all (requests 0) with its input tokens below zero; it shows it once, whole."""
+    redis = RedisProcess()
+    redis.start()
+    config = tmp_path / "policy.yaml"
+    try:
+        with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=200)) as backend_url:
+            config.write_text(policy_text(backend_url, redis.url))
+            with replicas(config, 1) as [(_, url)]:
+                total = _usage_after_a_restart_mid_stream(url, redis)
+        assert (total["requests"], total["output_tokens"]) == (1, 1000)
+        assert total["input_tokens"] > 0
+    finally:
+        redis.close()
+
+
+def _usage_after_a_restart_mid_stream(url: str, redis: RedisProcess) -> dict[str, Any]:
+    """Stream 1,000 tokens (5 s at 200/s), restarting Redis once the stream's first checkpoint
+    is in its ledger; then the tenant's total on /api/usage once the final record is written."""
+    body = {**CHAT, "stream": True, "max_tokens": 1000, "mock_completion_tokens": 1000}
+    with httpx.Client(base_url=url, headers=AUTH, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as answer:
+            lines = answer.iter_lines()
+            next(lines)
+            _wait_for(lambda: ledger_records(redis.url) == 1)  # the checkpoint
+            redis.stop()
+            redis.start()
+            assert [line for line in lines if line][-1] == "data: [DONE]"
+        _wait_for(lambda: ledger_records(redis.url) == 1)  # the final record
+        total: dict[str, Any] = http.get("/api/usage").json()["total"]
+    return total
 
 
 @pytest.mark.parametrize(("policy", "while_slow"), [("open", 200), ("closed", 503)])

@@ -14,13 +14,34 @@
 -- A cell's value is kept by name if it already is in its period's set `prefix names:<start>`
 -- or the set has fewer than max_named values; else it is summed under `other`.
 -- A retry of a batch whose reply was lost finds its seq already applied and changes nothing.
+-- The totals take a superseded checkpoint's share back out: if this Redis no longer holds the
+-- checkpoint (restarted or flushed since, failed over before it replicated), its totals never
+-- had that share, so nothing is written and the links of those checkpoints are returned; the
+-- writer sends the batch again with those records superseding nothing.
 local applied = redis.call('GET', KEYS[1])
 if applied and tonumber(applied) >= tonumber(ARGV[1]) then
   return 0
 end
 local maxlen, ttl = ARGV[2], tonumber(ARGV[3])
 local n = tonumber(ARGV[6])
+local lost, written = {}, {}
 local a = 7
+for _ = 1, n do
+  local link = ARGV[a]
+  if link ~= '' then
+    local name = string.sub(link, 3)
+    if string.sub(link, 1, 1) == '1' and not written[name]
+        and redis.call('HEXISTS', KEYS[5], name) == 0 then
+      lost[#lost + 1] = name
+    end
+    written[name] = string.sub(link, 2, 2) == '1' -- a checkpoint earlier in this batch
+  end
+  a = a + 2
+end
+if #lost > 0 then
+  return lost
+end
+a = 7
 for _ = 1, n do
   local link = ARGV[a]
   local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'v1', ARGV[a + 1])
