@@ -125,6 +125,25 @@ async def test_charging_more_than_was_reserved_never_leaves_a_negative_reservati
     assert await store.read([DAY]) == [(170, 200)]
 
 
+async def test_a_refund_on_a_counter_redis_lost_never_takes_it_below_zero(redis_url: str) -> None:
+    """A stream's checkpoints booked more than its final usage (the gateway counted its input
+    above the backend's `usage`), and Redis restarted (empty) meanwhile: settling gives back the
+    difference on a counter that no longer holds it. It went to -20 used, and the tenant could
+    then reserve 20 over its limit; it stays at 0."""
+    store = RedisStore(redis_url)
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.flushdb()
+        assert await reserve(store, "stream", [300, 300]) is None
+        assert await store.charge(SCOPE, "stream", [DAY, MONTH], [100, 100])
+        admin.flushdb()
+        await store.settle(SCOPE, "stream", [DAY, MONTH], [-20, -20])
+        assert await store.read([DAY, MONTH]) == [(0, 0), (0, 0)]
+        over = await reserve(store, "next", [1010, 1010])
+    await store.aclose()
+    assert over is not None
+    assert (over.index, over.used, over.reserved) == (0, 0, 0)
+
+
 async def test_what_a_crashed_request_charged_stays_used_when_its_lease_expires(
     store: QuotaStore,
 ) -> None:

@@ -67,7 +67,7 @@ class MemoryStore:
             self._release(lease)
         for counter, amount in zip(counters, used, strict=True):
             slot = self._slots.setdefault(counter.key, _Slot(expires_at=counter.expires_at))
-            slot.used += amount
+            slot.used = max(0, slot.used + amount)  # as settle.lua: never below zero
 
     async def charge(
         self, scope: str, lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]
