@@ -42,6 +42,9 @@ class MemoryStore:
     ) -> Refusal | None:
         self._expire(scope, now)
         slots = [self._slot(c, now) for c in counters]
+        if not self._leases.get(scope):  # nothing is held: as reserve.lua, let go what says so
+            for slot in slots:
+                slot.reserved = 0
         for index, (counter, slot, amount) in enumerate(zip(counters, slots, amounts, strict=True)):
             if slot.used + slot.reserved + amount > counter.limit:
                 return Refusal(index, slot.used, slot.reserved)

@@ -8,6 +8,13 @@ local now = tonumber(ARGV[3])
 for _, expired in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   release(KEYS[1], KEYS[2], expired)
 end
+-- No lease left: nothing is reserved. A counter that says otherwise lost its lease to an eviction
+-- (a maxmemory policy took the zset or the holdings, not the counter), which nothing would give
+-- back before the counter's period ends: it is let go now, and any holdings with it.
+local orphaned = redis.call('ZCARD', KEYS[1]) == 0
+if orphaned then
+  redis.call('DEL', KEYS[2])
+end
 local count = #KEYS - 2
 local new = {} -- the counters that do not exist yet: only they need their expiry set
 for i = 1, count do
@@ -16,6 +23,10 @@ for i = 1, count do
   local amount = tonumber(ARGV[2 + i * 3])
   local counter = redis.call('HMGET', key, 'used', 'reserved') -- false where a field is missing
   local used, reserved = tonumber(counter[1] or '0'), tonumber(counter[2] or '0')
+  if orphaned and reserved ~= 0 then
+    redis.call('HSET', key, 'reserved', 0)
+    reserved = 0
+  end
   if used + reserved + amount > limit then
     return {i - 1, used, reserved}, true
   end
