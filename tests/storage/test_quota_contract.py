@@ -145,14 +145,14 @@ async def test_a_refund_on_a_counter_redis_lost_never_takes_it_below_zero(redis_
 
 
 @pytest.mark.parametrize("evicted", ["lease_holdings", "leases"])
-async def test_a_reservation_whose_lease_redis_evicted_is_let_go_by_the_next(
+async def test_a_reservation_whose_lease_redis_evicted_does_not_refuse_what_fits(
     redis_url: str, evicted: str
 ) -> None:
     """Under a maxmemory policy Redis evicted a running request's lease (its holdings, then it
     settled; or the lease set, then its gateway died) but kept the counter, which a /metrics
     scrape had just read. Nothing gave the 300 reserved back until the day's counter expired:
-    the tenant was refused a request that fits. The next reservation, finding no lease held,
-    lets it go."""
+    the tenant was refused requests that fit. A reservation that would be refused first brings
+    the counters down to what live leases hold (here another request's 100)."""
     store = RedisStore(redis_url)
     with redis.Redis.from_url(redis_url) as admin:
         admin.flushdb()
@@ -160,12 +160,15 @@ async def test_a_reservation_whose_lease_redis_evicted_is_let_go_by_the_next(
         admin.delete(f"{SCOPE}:{evicted}")
         if evicted == "lease_holdings":
             await store.settle(SCOPE, "running", [DAY, MONTH], [100, 100])
-        refusal = await reserve(store, "next", [850, 850])
+        assert await reserve(store, "busy", [100, 100]) is None
+        used = 100 if evicted == "lease_holdings" else 0
+        fits = await reserve(store, "next", [900 - used, 900 - used])
+        over = await reserve(store, "over", [1, 1])
         day = await store.read([DAY])
     await store.aclose()
-    assert refusal is None
-    used = 100 if evicted == "lease_holdings" else 0
-    assert day == [(used, 850)]
+    assert fits is None
+    assert over is not None
+    assert day == [(used, 1000 - used)]
 
 
 async def test_what_a_crashed_request_charged_stays_used_when_its_lease_expires(

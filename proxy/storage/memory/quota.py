@@ -42,12 +42,12 @@ class MemoryStore:
     ) -> Refusal | None:
         self._expire(scope, now)
         slots = [self._slot(c, now) for c in counters]
-        if not self._leases.get(scope):  # nothing is held: as reserve.lua, let go what says so
-            for slot in slots:
-                slot.reserved = 0
-        for index, (counter, slot, amount) in enumerate(zip(counters, slots, amounts, strict=True)):
-            if slot.used + slot.reserved + amount > counter.limit:
-                return Refusal(index, slot.used, slot.reserved)
+        refusal = _refusing(counters, slots, amounts)
+        if refusal is not None:
+            self._let_go_orphans(scope, counters, slots)
+            refusal = _refusing(counters, slots, amounts)
+            if refusal is not None:
+                return refusal
         lease = _Lease(lease_until)
         for counter, slot, amount in zip(counters, slots, amounts, strict=True):
             slot.reserved += amount
@@ -109,8 +109,28 @@ class MemoryStore:
         for lease_id in [i for i, lease in leases.items() if lease.until <= now]:
             self._release(leases.pop(lease_id))
 
+    def _let_go_orphans(
+        self, scope: str, counters: Sequence[Counter], slots: Sequence[_Slot]
+    ) -> None:
+        """As reserve.lua before a refusal: no counter holds more than the live leases hold."""
+        live: dict[str, int] = {}
+        for lease in self._leases.get(scope, {}).values():
+            for key, amount in lease.held.items():
+                live[key] = live.get(key, 0) + amount
+        for counter, slot in zip(counters, slots, strict=True):
+            slot.reserved = min(slot.reserved, live.get(counter.key, 0))
+
     def _release(self, lease: _Lease) -> None:
         for key, amount in lease.held.items():
             slot = self._slots.get(key)
             if slot is not None:
                 slot.reserved = max(0, slot.reserved - amount)
+
+
+def _refusing(
+    counters: Sequence[Counter], slots: Sequence[_Slot], amounts: Sequence[int]
+) -> Refusal | None:
+    for index, (counter, slot, amount) in enumerate(zip(counters, slots, amounts, strict=True)):
+        if slot.used + slot.reserved + amount > counter.limit:
+            return Refusal(index, slot.used, slot.reserved)
+    return None

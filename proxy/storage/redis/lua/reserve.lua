@@ -8,29 +8,57 @@ local now = tonumber(ARGV[3])
 for _, expired in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   release(KEYS[1], KEYS[2], expired)
 end
--- No lease left: nothing is reserved. A counter that says otherwise lost its lease to an eviction
--- (a maxmemory policy took the zset or the holdings, not the counter), which nothing would give
--- back before the counter's period ends: it is let go now, and any holdings with it.
-local orphaned = redis.call('ZCARD', KEYS[1]) == 0
-if orphaned then
-  redis.call('DEL', KEYS[2])
-end
 local count = #KEYS - 2
-local new = {} -- the counters that do not exist yet: only they need their expiry set
-for i = 1, count do
-  local key = KEYS[i + 2]
-  local limit = tonumber(ARGV[1 + i * 3])
-  local amount = tonumber(ARGV[2 + i * 3])
-  local counter = redis.call('HMGET', key, 'used', 'reserved') -- false where a field is missing
-  local used, reserved = tonumber(counter[1] or '0'), tonumber(counter[2] or '0')
-  if orphaned and reserved ~= 0 then
-    redis.call('HSET', key, 'reserved', 0)
-    reserved = 0
+
+-- The first counter the reservation does not fit ({index, used, reserved}), or nil; and which
+-- counters do not exist yet (only they need their expiry set).
+local function refusing(new)
+  for i = 1, count do
+    local key = KEYS[i + 2]
+    local limit = tonumber(ARGV[1 + i * 3])
+    local amount = tonumber(ARGV[2 + i * 3])
+    local counter = redis.call('HMGET', key, 'used', 'reserved') -- false where a field is missing
+    local used, reserved = tonumber(counter[1] or '0'), tonumber(counter[2] or '0')
+    if used + reserved + amount > limit then
+      return {i - 1, used, reserved}
+    end
+    new[i] = not (counter[1] or counter[2])
   end
-  if used + reserved + amount > limit then
-    return {i - 1, used, reserved}, true
+  return nil
+end
+
+-- Before refusing: a counter may say more is reserved than the leases held hold, when Redis
+-- evicted a lease (a maxmemory policy took the zset or a holding, not the counter); nothing
+-- would give that back before the counter's period ends. Each counter is brought down to what
+-- the live leases hold, and holdings of leases no longer in the zset are deleted.
+local function let_go_orphans()
+  local live = {}
+  local holdings = redis.call('HGETALL', KEYS[2])
+  for j = 1, #holdings, 2 do
+    if redis.call('ZSCORE', KEYS[1], holdings[j]) then
+      for key, amount in pairs(cjson.decode(holdings[j + 1])) do
+        live[key] = (live[key] or 0) + amount
+      end
+    else
+      redis.call('HDEL', KEYS[2], holdings[j])
+    end
   end
-  new[i] = not (counter[1] or counter[2])
+  for i = 1, count do
+    local key = KEYS[i + 2]
+    local reserved = tonumber(redis.call('HGET', key, 'reserved') or '0')
+    if reserved > (live[key] or 0) then
+      redis.call('HSET', key, 'reserved', live[key] or 0)
+    end
+  end
+end
+
+local new = {}
+if refusing(new) then
+  let_go_orphans()
+  local refusal = refusing(new)
+  if refusal then
+    return refusal, true
+  end
 end
 local held = {}
 for i = 1, count do
