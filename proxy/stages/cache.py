@@ -89,9 +89,12 @@ class ResponseCache:
             return
         tenant, key = ctx.tenant, plan.key
         spec = tenant.cache
-        # A second lookup in this request (a degradation rule's looser bar) reuses the vector.
-        cache_plan = ctx.cache_plan if ctx.cache_plan is not None else CachePlan(key)
-        cache_plan.asked = _asked(ctx)
+        # A second lookup in this request (a degradation rule's looser bar) reuses the vector,
+        # and keeps the first's key and what it asked for: the rule may have changed the model
+        # or the bound since, and such an answer is not stored under the key as first asked.
+        cache_plan = ctx.cache_plan
+        if cache_plan is None:
+            cache_plan = CachePlan(key, asked=_asked(ctx))
         try:
             if not plan.step.taken:
                 await plan.step.run(self._store)

@@ -92,7 +92,15 @@ tenants:
 
 
 @pytest.mark.parametrize(
-    "then", ["{max_output_tokens: 3}", "{model: mock-small}", "{priority: low}"]
+    "then",
+    [
+        "{max_output_tokens: 3}",
+        "{model: mock-small}",
+        "{priority: low}",
+        # a second lookup (a cache rule) after the rule changed the request
+        "{max_output_tokens: 3, cache: serve_stale}",
+        "{model: mock-small, cache: serve_stale}",
+    ],
 )
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_answer_a_rule_changed_is_not_cached_for_the_request_as_asked(
@@ -100,7 +108,8 @@ def test_an_answer_a_rule_changed_is_not_cached_for_the_request_as_asked(
 ) -> None:
     """A shortened answer, or another model's, is no answer to the request as asked: stored
     under its key, it was served as a hit (no degraded header) after the load had gone. A rule
-    that changes nothing of the answer (priority) leaves it cached."""
+    that changes nothing of the answer (priority) leaves it cached. A rule that also looks
+    again (serve_stale) stored the changed answer under the first lookup's key."""
     config = tmp_path / "policy.yaml"
     config.write_text(
         _cached_policy(backend_url, f"{{name: under-load, when: {{}}, then: {then}}}")
