@@ -1,6 +1,7 @@
 """A stored answer in one shape for streams and whole responses, built from either, kept compact.
 
-Only complete answers are ever built: a stream without a finish reason and `[DONE]` is not one.
+Only complete answers are ever built: a stream without a finish reason and `[DONE]` is not one,
+nor an answer the backend says it cut short (`UNFINISHED`).
 A whole response's answer comes from `from_response`; a stream's is folded in as its chunks
 pass (proxy/cache/fold.py).
 """
@@ -12,7 +13,13 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Answer", "from_response"]
+__all__ = ["UNFINISHED", "Answer", "from_response"]
+
+# Finish reasons of an answer cut short by something other than the request itself: the engine
+# aborted it (vLLM's and SGLang's `abort`, as when vLLM's generation is paused to swap weights),
+# failed it (vLLM's and Mistral's `error`), or a content filter cut it. Asked again, the backend
+# may well answer in full: such an answer is relayed and never stored.
+UNFINISHED = frozenset({"abort", "error", "content_filter"})
 
 
 @dataclass(slots=True)
@@ -71,7 +78,7 @@ def from_response(operation: str, body: dict[str, Any], usage: dict[str, Any]) -
         return None
     choice = choices[0]
     finish = choice.get("finish_reason")
-    if not isinstance(finish, str):
+    if not isinstance(finish, str) or finish in UNFINISHED:
         return None
     message = choice.get("message") if operation == "chat" else None
     text = choice.get("text") if operation == "text_completion" else None

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.cache.answer import Answer
+from proxy.cache.answer import UNFINISHED, Answer
 from proxy.cache.template import Template
 
 __all__ = ["StreamFold", "from_stream"]
@@ -177,7 +177,7 @@ class StreamFold:
     def answer(self, operation: str, usage: dict[str, Any]) -> Answer | None:
         """The answer the stream carried, or None if it is incomplete or was refused."""
         self._fold_pending()
-        if self.broken or not self._done or self._finish is None:
+        if self.broken or not self._done or self._finish is None or self._finish in UNFINISHED:
             return None
         try:
             texts = {name: _decoded(parts) for name, parts in self._texts.items()}

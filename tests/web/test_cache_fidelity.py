@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy.app import create_app
@@ -51,7 +52,9 @@ async def chat(request: Request) -> Response:
     if body.get("deep"):  # a tool call's arguments nested so deep: JSON, if hardly useful
         return Response(deep_answer(body["deep"]), media_type="application/json")
     message = body["reply"]
-    finish = "function_call" if message.get("function_call") else "stop"
+    finish = body.get("finish") or ("function_call" if message.get("function_call") else "stop")
+    if body.get("stream"):
+        return StreamingResponse(streamed(message, finish), media_type="text/event-stream")
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
     return JSONResponse(
         {
@@ -63,6 +66,21 @@ async def chat(request: Request) -> Response:
             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
         }
     )
+
+
+def streamed(message: dict[str, Any], finish: str) -> Iterator[bytes]:
+    """`message`'s text as a chat stream, a word a chunk, ended by `finish`, usage and [DONE]."""
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1}
+    deltas = [{"role": "assistant", "content": ""}]
+    deltas += [{"content": word} for word in (message.get("content") or "").split(" ")]
+    for delta in deltas:
+        choice = {"index": 0, "delta": delta, "finish_reason": None}
+        yield b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
+    ending = {"index": 0, "delta": {}, "finish_reason": finish}
+    yield b"data: " + orjson.dumps({**head, "choices": [ending]}) + b"\n\n"
+    usage = {"prompt_tokens": 5, "completion_tokens": len(deltas) - 1, "total_tokens": 9}
+    yield b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 def deep_answer(levels: int) -> bytes:
@@ -133,15 +151,15 @@ def test_a_completion_without_logprobs_is_still_cached(url: str) -> None:
     )
 
 
-def converse(url: str, reply: dict[str, Any], *, stream: bool) -> httpx.Response:
-    """A chat request whose answer is `reply` (a stream is not asked of the backend: the
-    first request of each test is whole, and a stream after it can only be a replay)."""
+def converse(url: str, reply: dict[str, Any], *, stream: bool, **fields: Any) -> httpx.Response:
+    """A chat request whose answer is `reply` (streamed as its content's words)."""
     payload = {
         "model": "logprob-llm",
         "messages": [{"role": "user", "content": "Call f."}],
         "temperature": 0,
         "reply": reply,
         "stream": stream,
+        **fields,
     }
     auth = {"authorization": f"Bearer {KEY}"}
     return httpx.post(url + "/v1/chat/completions", json=payload, headers=auth, timeout=10)
@@ -188,6 +206,28 @@ def test_a_whole_answer_with_empty_extra_fields_is_still_cached(url: str) -> Non
         "hit",
     )
     assert b"hi" in again.content
+
+
+@pytest.mark.parametrize(
+    ("finish", "kept"),
+    [("abort", False), ("error", False), ("content_filter", False), ("length", True)],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_the_backend_says_it_cut_short_is_relayed_and_not_kept(
+    url: str, finish: str, kept: bool, stream: bool
+) -> None:
+    """vLLM and SGLang end an answer their engine aborted (as when vLLM pauses generation to swap
+    weights) with `finish_reason: "abort"` after part of its text; vLLM and Mistral have
+    `"error"`, and a content filter cuts an answer short. Such a half answer was stored, and
+    every repeat within the ttl got it from the cache while the backend would answer in full.
+    An answer cut by its own bound (`length`) is what the same request gets again: kept."""
+    reply = {"role": "assistant", "content": "Paris is the cap"}
+    first = converse(url, reply, stream=stream, finish=finish)
+    again = converse(url, reply, stream=stream, finish=finish)
+    assert first.status_code == again.status_code == 200
+    assert finish in first.text
+    assert "cap" in first.text
+    assert again.headers["x-tokenweir-cache"] == ("hit" if kept else "miss")
 
 
 @pytest.mark.parametrize("levels", [400, 248])
