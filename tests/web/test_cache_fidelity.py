@@ -56,6 +56,10 @@ async def chat(request: Request) -> Response:
     if body.get("stream"):
         return StreamingResponse(streamed(message, finish), media_type="text/event-stream")
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+    # vLLM's extras, sent as vLLM sends them: null unless asked for
+    ids = body.get("return_token_ids")
+    choice["token_ids"] = [12366] if ids else None
+    prompt_logprobs = None if body.get("prompt_logprobs") is None else [None, {"17": -0.5}]
     return JSONResponse(
         {
             "id": "chatcmpl-1",
@@ -64,6 +68,8 @@ async def chat(request: Request) -> Response:
             "model": "logprob-llm",
             "choices": [choice],
             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+            "prompt_token_ids": [1, 17] if ids else None,
+            "prompt_logprobs": prompt_logprobs,
         }
     )
 
@@ -163,6 +169,23 @@ def converse(url: str, reply: dict[str, Any], *, stream: bool, **fields: Any) ->
     }
     auth = {"authorization": f"Bearer {KEY}"}
     return httpx.post(url + "/v1/chat/completions", json=payload, headers=auth, timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("asked", "field"),
+    [({"return_token_ids": True}, "prompt_token_ids"), ({"prompt_logprobs": 0}, "prompt_logprobs")],
+)
+def test_a_chat_asked_for_token_ids_or_prompt_logprobs_is_never_answered_without_them(
+    url: str, asked: dict[str, Any], field: str
+) -> None:
+    """vLLM's `return_token_ids` (RL trainers read the sampled ids) and `prompt_logprobs` add
+    fields a stored answer does not keep: the repeat came from the cache without them
+    (`token_ids` and `prompt_token_ids` null)."""
+    reply = {"role": "assistant", "content": "Paris"}
+    first, second = (converse(url, reply, stream=False, **asked) for _ in range(2))
+    for answer in (first, second):
+        assert answer.json()[field] is not None
+    assert second.headers["x-tokenweir-cache"] != "hit"
 
 
 @pytest.mark.parametrize(
