@@ -3,8 +3,8 @@ overload the lowest priorities are shed first.
 
 Writes degrade_choice and the planned output bound (DegradeChoice, before admission, so that a
 rule's max_output_tokens is what quotas and rate limits reserve); then degraded, degraded_shadow,
-and per the chosen rule's `then`: body max_tokens, output_allowance, model, cache_min_similarity /
-cache_serve_stale (and the cache's second lookup), or an error.
+and per the chosen rule's `then`: cache_min_similarity / cache_serve_stale (and the cache's second
+lookup), then, unless that hit, body max_tokens, output_allowance, model; or an error.
 """
 
 from __future__ import annotations
@@ -157,15 +157,19 @@ class Degrade:
         then = rule.then
         if then.reject is not None:
             raise _rejection(rule.name, then)
-        if then.max_output_tokens is not None and ctx.operation != "embeddings":
-            ctx.outgoing.bound_output(then.max_output_tokens, None)  # recorded as the rule's name
-        if then.model is not None and then.model != ctx.model:
-            ctx.outgoing.set_model(then.model)
         if then.cache is not None or then.similarity is not None:
             ctx.cache_serve_stale = then.cache == "serve_stale"
             ctx.cache_min_similarity = then.similarity
             if ctx.cache == "miss" and self._cache is not None:
-                await self._cache(ctx)  # look again, at the looser bar
+                # Look again, at the looser bar, for the request as the client sent it (its
+                # stale answer): before the rule shortens it or sends it to another model,
+                # which no stored answer is for. A hit is served as it is.
+                await self._cache(ctx)
+        if ctx.cached is None:
+            if then.max_output_tokens is not None and ctx.operation != "embeddings":
+                ctx.outgoing.bound_output(then.max_output_tokens, None)  # as the rule's name
+            if then.model is not None and then.model != ctx.model:
+                ctx.outgoing.set_model(then.model)
         priority: Priority = then.priority or ctx.tenant.priority
         return priority
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from proxy.app import create_app
+from proxy.clock import FakeClock
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from tests.conftest import ADMIN_KEY
@@ -131,6 +132,44 @@ def test_an_answer_a_rule_changed_is_not_cached_for_the_request_as_asked(
     assert after.headers["x-tokenweir-cache"] == ("miss" if changed else "hit")
     if not stream:
         assert after.json()["usage"]["completion_tokens"] == 20
+
+
+@pytest.mark.parametrize(
+    "then",
+    [
+        "{cache: serve_stale}",
+        "{max_output_tokens: 3, cache: serve_stale}",
+        "{model: mock-small, cache: serve_stale}",
+    ],
+)
+def test_a_stale_answer_is_served_when_its_rule_also_shortens_or_moves_the_request(
+    backend_url: str, tmp_path: Path, then: str
+) -> None:
+    """Under load a rule serves expired answers and shortens (or moves) the rest. It looked for
+    a stale answer to the shortened request, which is never stored: the request as asked, whose
+    answer the cache still held, got a new 3-token one (or the small model's)."""
+    clock = FakeClock()
+    config = tmp_path / "policy.yaml"
+    # The tenant has the rule from the start (its answers are kept two ttls); it fires once the
+    # load comes (a reload here: no backend has max_concurrent, so the ratio is never known).
+    rule = "{{name: under-load, when: {when}, then: {then}}}"
+    config.write_text(
+        _cached_policy(backend_url, rule.format(when="{inflight_ratio_above: 0.99}", then=then))
+    )
+    body = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 20, "temperature": 0}  # fmt: skip
+    auth = {"authorization": f"Bearer {KEY}"}
+    with serve(create_app(config=config, clock=clock)) as url:
+        fresh = httpx.post(url + "/v1/chat/completions", json=body, headers=auth)
+        clock.advance(3601)  # the ttl (1h) is over: only a serve_stale rule may answer with it
+        config.write_text(_cached_policy(backend_url, rule.format(when="{}", then=then)))
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        assert httpx.post(url + "/admin/reload", headers=admin).status_code == 200
+        stale = httpx.post(url + "/v1/chat/completions", json=body, headers=auth)
+    assert stale.headers["x-tokenweir-degraded"] == "under-load"
+    assert stale.headers["x-tokenweir-cache"] == "hit"
+    assert stale.json()["choices"] == fresh.json()["choices"]
+    assert stale.json()["model"] == fresh.json()["model"]
 
 
 SHORT = "[{name: short, when: {}, then: {max_output_tokens: 50}}]"
