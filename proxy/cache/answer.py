@@ -95,16 +95,19 @@ def from_response(operation: str, body: dict[str, Any], usage: dict[str, Any]) -
 
 # A message's fields a stream replay carries (proxy/cache/replay.py), as the stream fold keeps
 # only these (proxy/cache/fold.py).
-_REPLAYED = frozenset(
-    {"role", "content", "reasoning_content", "reasoning", "refusal", "tool_calls"}
-)
+_TEXTS = ("content", "reasoning_content", "reasoning", "refusal")
+_REPLAYED = frozenset({"role", "tool_calls", *_TEXTS})
 _EMPTY: tuple[Any, ...] = (None, [], {})
 
 
 def _replayable(message: dict[str, Any]) -> bool:
     """True when a stream replay would carry all of `message` (a whole answer may be asked for
-    again as a stream): any other field empty (OpenAI sends `"audio": null`, `"annotations": []`),
-    and tool calls a list of objects."""
+    again as a stream): its texts strings (a replay sends only those: content as a list of
+    parts, as Mistral's reasoning models answer, came back as an empty stream), any other field
+    empty (OpenAI sends `"audio": null`, `"annotations": []`), and tool calls a list of
+    objects."""
+    if any(not isinstance(message.get(name), str | None) for name in _TEXTS):
+        return False
     calls = message.get("tool_calls")
     if calls not in _EMPTY and not (
         isinstance(calls, list) and all(isinstance(call, dict) for call in calls)

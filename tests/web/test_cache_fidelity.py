@@ -78,7 +78,8 @@ def streamed(message: dict[str, Any], finish: str) -> Iterator[bytes]:
     """`message`'s text as a chat stream, a word a chunk, ended by `finish`, usage and [DONE]."""
     head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1}
     deltas = [{"role": "assistant", "content": ""}]
-    deltas += [{"content": word} for word in (message.get("content") or "").split(" ")]
+    text = message.get("content")
+    deltas += [{"content": word} for word in (text if isinstance(text, str) else "").split(" ")]
     for delta in deltas:
         choice = {"index": 0, "delta": delta, "finish_reason": None}
         yield b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
@@ -205,6 +206,14 @@ def test_a_chat_asked_for_token_ids_or_prompt_logprobs_is_never_answered_without
         ),
         pytest.param({"role": "assistant", "content": "hi", "tool_calls": "f"}, id="calls-text"),
         pytest.param({"role": "assistant", "content": "hi", "tool_calls": [7]}, id="calls-numbers"),
+        pytest.param(
+            {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+            id="content-parts",  # Mistral's reasoning models answer so
+        ),
+        pytest.param(
+            {"role": "assistant", "content": "hi", "reasoning_content": {"text": "hmm"}},
+            id="reasoning-not-text",
+        ),
     ],
 )
 def test_a_whole_answer_a_stream_replay_would_not_carry_in_full_is_not_cached(
