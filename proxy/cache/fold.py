@@ -246,6 +246,8 @@ class StreamFold:
                 piece = delta.get(name)
                 if isinstance(piece, str):
                     self._texts.setdefault(name, []).append(_escaped(piece))
+                elif piece is not None:  # a list of parts (Mistral's): no replay would carry it
+                    return False
             for call in delta.get("tool_calls") or []:
                 self._add_tool_call(call)
         return True

@@ -305,6 +305,7 @@ DONE = b"data: [DONE]\n\n"
         [*WORDS, finish_event()],  # cut: no [DONE]
         [*WORDS, DONE],  # no finish reason
         [*WORDS, finish_event("abort"), DONE],  # the engine aborted it (vLLM, SGLang)
+        [*WORDS, event({"index": 0, "delta": {"content": [{"text": "b"}]}}), finish_event(), DONE],
         [*WORDS, finish_event(), DONE, DONE],
         [*WORDS, finish_event(), DONE, WORDS[0]],
         [*WORDS, b'data: {"error": {"message": "boom"}}\n\n', finish_event(), DONE],
