@@ -87,15 +87,16 @@ def _single_plain_answer(body: dict[str, Any]) -> bool:
         (n is None or n == 1)
         and no_logprobs
         and not body.get("top_logprobs")
-        and body.get("prompt_logprobs") is None
         and not _asks_for_more(body)
     )
 
 
 def _asks_for_more(body: dict[str, Any]) -> bool:
-    """A `return_*` flag set: vLLM's, SGLang's and LMDeploy's ask for the token ids, hidden
-    states or routed experts beside the text, which a stored answer does not keep (nor vLLM's
-    `prompt_logprobs`)."""
+    """vLLM's `prompt_logprobs`, or a `return_*` flag set (vLLM's, SGLang's and LMDeploy's ask
+    for the token ids, hidden states or routed experts): fields beside the text, which a stored
+    answer does not keep."""
+    if body.get("prompt_logprobs") is not None:
+        return True
     return any(value and name.startswith("return_") for name, value in body.items())
 
 
