@@ -31,8 +31,10 @@ from proxy.clock import Clock, SystemClock
 from proxy.errors import GatewayError, InternalError, NotFound
 from proxy.gateway import Gateway
 from proxy.keys.offboard import revoke_removed_tenants
+from proxy.orphan import end_with_supervisor
 from proxy.policy import Policy, load_policy
 from proxy.reload import (
+    SUPERVISOR_ENV,
     WATCH_ENV,
     CurrentGateway,
     LiveGateway,
@@ -210,7 +212,11 @@ def _forwarded_allow_ips() -> str:
 
 def create_served_app(tokenizers: Mapping[str | None, TokenCounter] | None = None) -> Starlette:
     """What `tokenweir serve` runs in each worker: the policy from TOKENWEIR_CONFIG, and the
-    startup heap frozen; `tokenizers` those the command loaded already (one process)."""
+    startup heap frozen; `tokenizers` those the command loaded already (one process). A
+    worker (SUPERVISOR_ENV names its supervisor) drains and exits if the supervisor dies."""
+    supervisor = os.environ.get(SUPERVISOR_ENV, "")
+    if supervisor.isdigit():
+        end_with_supervisor(int(supervisor))
     return create_app(freeze_gc=True, tokenizers=tokenizers)
 
 

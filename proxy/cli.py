@@ -161,6 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers <= 1:
         os.environ.pop(METRICS_DIR_ENV, None)
         os.environ.pop(ACCEPTED_ENV, None)
+        os.environ.pop(SUPERVISOR_ENV, None)  # one inherited would make this process a worker
         # One process: its app takes the tokenizers loaded above instead of loading them again.
         served = functools.partial(create_served_app, tokenizers)
         return _serve_one(uvicorn.Config(served, **config_kwargs))
