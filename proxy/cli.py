@@ -228,6 +228,13 @@ class _ReloadingWorkers(Multiprocess):
         super().init_processes()  # SIGHUP held since `_serve` began
         release_sighup()  # the supervisor's handler (queued, forwarded) takes it from now on
 
+    def terminate_all(self) -> None:
+        # Stopping: SIGHUP is no longer answered (nor forwarded), and once Python exits its
+        # default action (ending the process) is back: one sent then made a clean stop look
+        # killed (status 129). Held, it is ignored, as it is by a worker that stops.
+        hold_sighup()
+        super().terminate_all()
+
     def keep_subprocess_alive(self) -> None:
         with sighup_held():  # it may start a worker
             super().keep_subprocess_alive()

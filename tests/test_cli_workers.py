@@ -3,6 +3,7 @@ Redis, `/metrics` shows the whole server, whichever worker answers, across a wor
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -100,6 +101,26 @@ def test_a_tokenizer_that_cannot_load_is_one_line_before_any_worker(tmp_path: Pa
     assert f"no such file or directory: {missing}" in lines[0]
     assert "a tokenizer is tiktoken:ENCODING" in lines[0]  # the forms that would load
     assert "Started server process" not in done.stderr  # no worker was started
+
+
+def test_a_sighup_while_the_supervisor_stops_leaves_a_clean_exit(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM, then SIGHUP (`systemctl reload` racing a stop, logrotate): one that reached the
+    supervisor as Python exited ended it by SIGHUP's default action, status 129 for a clean
+    stop; it is ignored, as one-process `serve` ignores it at shutdown."""
+    with private_redis() as redis_url:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, redis_url))
+        with tokenweir_serve(config, "--workers", "2") as (process, _):
+            process.terminate()
+            began = time.monotonic()
+            while process.poll() is None:  # SIGHUPs all the way to the end of the process
+                assert time.monotonic() - began < _WAIT_S, "serve did not stop"
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGHUP)
+                time.sleep(0.02)
+            assert process.returncode == 0
 
 
 @contextmanager
