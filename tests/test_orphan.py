@@ -101,3 +101,17 @@ def test_a_worker_whose_supervisor_died_while_it_started_exits_at_once() -> None
     )
     child = subprocess.run([sys.executable, "-c", code], timeout=_WAIT_S, check=False)
     assert child.returncode == -signal.SIGTERM
+
+
+def test_one_process_serve_with_an_inherited_supervisor_pid_keeps_serving(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """One `serve` started from a worker's environment is no worker: it does not take the pid
+    it inherited for a supervisor gone, and serves on."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(backend_url, "memory"))
+    env = {**os.environ, "TOKENWEIR_SUPERVISOR_PID": "999999999"}  # not serve's parent
+    with tokenweir_serve(config, env=env) as (process, url):
+        time.sleep(1)  # a worker that took itself for an orphan would be draining by now
+        assert httpx.get(url + "/healthz").status_code == 200
+        assert process.poll() is None
