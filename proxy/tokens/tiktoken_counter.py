@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,40 @@ def _openai(name: str, encoding: tiktoken.Encoding, encoding_name: str) -> Token
     return RuleCounter(name, count, rule)
 
 
+# tiktoken's regex engine panics (a bare 500) on a run of about a million whitespace characters
+# other than newlines, so a text longer than this is cut inside each longer run, every RUN_CUT
+# characters from its start. A run of one character (spaces, tabs) counts exactly as it would
+# whole (checked on cl100k, o200k, Qwen and Llama 3); a mixed run may count a token less a cut.
+RUN_CUT = 65_536
+_WHITESPACE = re.compile(r"\s+")
+
+
 def _ordinary(encoding: tiktoken.Encoding) -> CountText:
-    return lambda text: len(encoding.encode_ordinary(text))
+    encode = encoding.encode_ordinary
+
+    def count(text: str) -> int:
+        if len(text) <= RUN_CUT:
+            return len(encode(text))
+        return sum(len(encode(part)) for part in _cut_long_runs(text))
+
+    return count
+
+
+def _cut_long_runs(text: str) -> list[str]:
+    """`text` in parts, cut inside each whitespace run longer than RUN_CUT. Such a run covers two
+    neighbouring characters of every (RUN_CUT // 2)th, so a text without two of those both
+    whitespace is not scanned."""
+    samples = text[:: RUN_CUT // 2]
+    if not any(a.isspace() and b.isspace() for a, b in pairwise(samples)):
+        return [text]
+    cuts = [
+        cut
+        for run in _WHITESPACE.finditer(text)  # linear: each run is matched once
+        if run.end() - run.start() > RUN_CUT
+        for cut in range(run.start() + RUN_CUT, run.end(), RUN_CUT)
+    ]
+    bounds = [0, *cuts, len(text)]
+    return [text[start:end] for start, end in pairwise(bounds)]
 
 
 def load_encoding(name: str) -> TokenCounter:

@@ -227,3 +227,15 @@ def test_a_cache_miss_fails_at_once_with_advice() -> None:
 def test_unknown_encoding_lists_the_known_ones() -> None:
     with pytest.raises(TokenizerError, match=r"known: .*o200k_base"):
         load_counter("tiktoken:o300k_base", model="m")
+
+
+@pytest.mark.parametrize("blank", [" ", "\t", "\u3000"])
+def test_a_whitespace_run_of_a_million_is_counted(by_name: TokenCounter, blank: str) -> None:
+    """tiktoken's regex engine panics on a run of about a million whitespace characters (o200k,
+    Qwen, Llama 3); the count cuts such a run and gets what a whole count would."""
+    long_run = "Hi" + blank * 1_100_000 + "there"
+    assert by_name.count_text(long_run) > 1_100_000 // 128
+    encoding = tiktoken.get_encoding(by_name.name.removeprefix("tiktoken:"))
+    for length in (65_537, 200_001):  # a cut or three, on runs tiktoken counts whole
+        text = "Hi" + blank * length + "there"
+        assert by_name.count_text(text) == len(encoding.encode_ordinary(text))
