@@ -5,7 +5,6 @@ on a reload, only the specs it did not have).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,12 +20,13 @@ from proxy.tokens.base import (
     prompt_chars,
 )
 from proxy.tokens.estimate import EstimateCounter
+from proxy.tokens.lanes import CountLanes
 
 __all__ = ["INLINE_MAX_CHARS", "TokenCounters", "load_counter", "load_tokenizers"]
 
 # Inputs up to this size are counted on the event loop (up to ~0.8 ms with tiktoken, less than
 # a hand-off to a worker thread costs below ~8k characters); longer ones in a worker thread, so a
-# 100k-token prompt never stalls other streams for long.
+# 100k-token prompt never stalls other streams for long (a few of one tenant's at a time: lanes).
 INLINE_MAX_CHARS = 32_000
 _log = logging.getLogger("tokenweir.tokens")
 _SPECS = (
@@ -116,7 +116,7 @@ class TokenCounters:
     `reusing` makes the counters of a reloaded policy, loading only the specs not loaded here.
     """
 
-    __slots__ = ("_base_dir", "_by_model", "_fallback", "_inline_max_chars", "_loaded")
+    __slots__ = ("_base_dir", "_by_model", "_fallback", "_inline_max_chars", "_lanes", "_loaded")
 
     def __init__(
         self,
@@ -125,6 +125,7 @@ class TokenCounters:
         base_dir: Path | None = None,
         inline_max_chars: int = INLINE_MAX_CHARS,
         loaded: Mapping[str | None, TokenCounter] | None = None,
+        lanes: CountLanes | None = None,
     ) -> None:
         fallback: TokenCounter = EstimateCounter()
         self._loaded: dict[str | None, TokenCounter] = {None: fallback}
@@ -148,6 +149,7 @@ class TokenCounters:
         self._fallback = fallback
         self._base_dir = base_dir
         self._inline_max_chars = inline_max_chars
+        self._lanes = lanes or CountLanes()
 
     def reusing(self, policy: Policy) -> TokenCounters:
         """The counters of `policy`, sharing every tokenizer already loaded here (a reload that
@@ -158,6 +160,7 @@ class TokenCounters:
             base_dir=self._base_dir,
             inline_max_chars=self._inline_max_chars,
             loaded=self._loaded,
+            lanes=self._lanes,
         )
 
     def for_model(self, model: str) -> TokenCounter:
@@ -171,10 +174,10 @@ class TokenCounters:
         counter = self.for_model(model)
         if chat_chars(messages, tools) <= self._inline_max_chars:
             return counter.count_chat(messages, tools)
-        return await asyncio.to_thread(counter.count_chat, messages, tools)
+        return await self._lanes.run(counter.count_chat, messages, tools)
 
     async def count_prompt(self, model: str, prompt: Prompt) -> int:
         counter = self.for_model(model)
         if prompt_chars(prompt) <= self._inline_max_chars:
             return counter.count_prompt(prompt)
-        return await asyncio.to_thread(counter.count_prompt, prompt)
+        return await self._lanes.run(counter.count_prompt, prompt)

@@ -22,7 +22,7 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar, Token
 
-__all__ = ["SegmentMemory", "counting_for", "done_counting", "remembered"]
+__all__ = ["SegmentMemory", "counting_for", "counting_tenant", "done_counting", "remembered"]
 
 MAX_CHARS = 4_000_000
 """The remembered pieces' characters in a memory (one a tokenizer), every tenant together, each
@@ -40,6 +40,11 @@ def counting_for(tenant: str | None) -> Token[str | None]:
 
 def done_counting(token: Token[str | None]) -> None:
     _tenant.reset(token)
+
+
+def counting_tenant() -> str | None:
+    """The tenant whose counts this task makes (None outside a request)."""
+    return _tenant.get()
 
 
 class SegmentMemory:
