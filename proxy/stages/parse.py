@@ -54,7 +54,11 @@ class Parse:
 
     def read(self, ctx: Admitted) -> dict[str, Any]:
         """The body as a JSON object, its model one the tenant may use: the outgoing request."""
-        body = _load(ctx.raw_body)
+        try:
+            body = _load(ctx.raw_body)
+        except InvalidJSON:
+            _check_encoding(ctx.headers.get("content-encoding"))
+            raise
         operation = ctx.operation
         ctx.outgoing = OutgoingRequest(
             body, _model(body), output_fields(operation), output_default(operation)
@@ -117,6 +121,17 @@ def _load(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidJSON("The request body must be a JSON object.")
     return body
+
+
+def _check_encoding(encoding: str | None) -> None:
+    """A body that is not JSON because it came compressed is told so (looked at only then: a
+    body that parses is taken whatever the header says)."""
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise BadRequest(
+            f"The request body has Content-Encoding: {encoding[:40]}; this gateway accepts only "
+            "uncompressed JSON bodies. Send the body without compressing it.",
+            code="unsupported_content_encoding",
+        )
 
 
 def _model(body: dict[str, Any]) -> str:

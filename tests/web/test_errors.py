@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import socket
 from collections.abc import Iterator
 
@@ -98,6 +99,23 @@ def test_chunked_body_over_the_cap_is_413(http: httpx.Client) -> None:
 
     answer = http.post("/v1/chat/completions", content=chunks(), headers=AUTH)
     assert_openai_error(answer, 413, "request_too_large")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/chat/completions", CHAT), ("/v1/embeddings", {"model": "mock-embed", "input": "hi"})],
+)
+def test_a_compressed_body_is_400_naming_its_encoding(
+    http: httpx.Client, path: str, body: dict[str, object]
+) -> None:
+    """It was told only that its JSON could not be parsed."""
+    squeezed = gzip.compress(orjson.dumps(body))
+    headers = {**AUTH, "content-encoding": "gzip", "content-type": "application/json"}
+    answer = http.post(path, content=squeezed, headers=headers)
+    error = assert_openai_error(answer, 400, "unsupported_content_encoding")
+    assert "Content-Encoding: gzip" in str(error["message"])
+    plain = {**headers, "content-encoding": "identity"}
+    assert http.post(path, content=orjson.dumps(body), headers=plain).status_code == 200
 
 
 def test_missing_and_wrong_keys_are_401(http: httpx.Client) -> None:
