@@ -7,13 +7,14 @@ endpoint needs none of Starlette's: it answers its own errors. So the lane does,
 frame and one wrapper, what the middleware would do for it: the gateway current at the start
 (`take_current`), the request id and its `x-request-id` header (`IdSender`), and, as Starlette's
 outermost handler, an answer from the app's handler for `Exception` to an error nothing caught
-while nothing was sent yet, the error then raised again for the server to log. Any other method
-or path (a 405, a 404, the dashboard, a path under a `root_path`, the lifespan) goes the usual
-way, so its answer is as before.
+(a Rust extension's panic too) while nothing was sent yet, the error then raised again for the
+server to log. Any other method or path (a 405, a 404, the dashboard, a path under a
+`root_path`, the lifespan) goes the usual way, so its answer is as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -50,13 +51,13 @@ class LanedStarlette(Starlette):
         sender = IdSender(send, assign_request_id(scope), lent_cycle(scope))
         try:
             await endpoint(scope, receive, sender)
-        except Exception as exc:
-            if not sender.started:
+        except BaseException as exc:
+            if not sender.started and _is_failure(exc):
                 response = await self._unexpected(Request(scope), exc)
                 await response(scope, receive, sender)
             raise
 
-    async def _unexpected(self, request: Request, exc: Exception) -> Response:
+    async def _unexpected(self, request: Request, exc: BaseException) -> Response:
         """The answer Starlette's ServerErrorMiddleware would give (not in debug mode)."""
         handler = self.exception_handlers.get(Exception) or self.exception_handlers.get(500)
         if handler is None:
@@ -65,3 +66,12 @@ class LanedStarlette(Starlette):
         if inspect.isawaitable(response):
             response = await response
         return response  # type: ignore[no-any-return]
+
+
+def _is_failure(exc: BaseException) -> bool:
+    """An error to answer 500 for: any Exception, and a panic in a Rust extension (pyo3's
+    PanicException derives from BaseException: a tokenizer's panic was a bare text 500), but not
+    the task's cancellation or the process's exit."""
+    return isinstance(exc, Exception) or not isinstance(
+        exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit | GeneratorExit
+    )

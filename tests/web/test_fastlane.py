@@ -4,9 +4,11 @@ middleware would have given it; anything else goes through the middleware and th
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
 import pytest
+import tiktoken
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -155,3 +157,36 @@ async def test_an_error_after_the_answer_began_sends_nothing_more() -> None:
     with pytest.raises(RuntimeError, match="midway"):
         await call(app, http("POST", "/v1/chat/completions"), sent)
     assert [m["type"] for m in sent] == ["http.response.start"]
+
+
+async def test_a_panic_in_a_rust_extension_gets_the_apps_500_too() -> None:
+    """pyo3's PanicException is a BaseException: Starlette's handler for Exception missed it, and
+    the server answered a bare text `Internal Server Error`."""
+
+    async def panics(scope: Scope, receive: Receive, send: Send) -> None:
+        blanks = tiktoken.Encoding(
+            "blanks",
+            pat_str=r"\s+(?!\S)|\s+|\S+",
+            mergeable_ranks={bytes([i]): i for i in range(256)},
+            special_tokens={},
+        )
+        blanks.encode_ordinary(" " * 1_100_000)  # the regex engine's stack overflows
+
+    app = app_of({"/v1/chat/completions": panics}, Answers())
+    sent: list[Message] = []
+    with pytest.raises(BaseException, match="StackOverflow") as raised:
+        await call(app, http("POST", "/v1/chat/completions"), sent)
+    assert not isinstance(raised.value, Exception)
+    assert sent[0]["status"] == 500
+    assert b"internal_error" in sent[1]["body"]
+
+
+async def test_a_cancelled_request_gets_no_answer() -> None:
+    async def cancelled(scope: Scope, receive: Receive, send: Send) -> None:
+        raise asyncio.CancelledError
+
+    app = app_of({"/v1/chat/completions": cancelled}, Answers())
+    sent: list[Message] = []
+    with pytest.raises(asyncio.CancelledError):
+        await call(app, http("POST", "/v1/chat/completions"), sent)
+    assert sent == []
