@@ -115,8 +115,8 @@ def _load(raw: bytes) -> dict[str, Any]:
                 f"gateway accepts at most {MAX_DEPTH}."
             ) from None
         raise InvalidJSON(
-            "We could not parse the JSON body of your request. (HINT: This likely means you "
-            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)"
+            f"We could not parse the JSON body of your request ({exc}). (HINT: This likely means "
+            "you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)"
         ) from None
     if not isinstance(body, dict):
         raise InvalidJSON("The request body must be a JSON object.")

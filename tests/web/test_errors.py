@@ -42,6 +42,27 @@ def test_malformed_json_is_400(http: httpx.Client) -> None:
     assert_openai_error(answer, 400, "invalid_json")
 
 
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        (b'{"model": "mock-llm", "temperature": NaN}', "unexpected character"),
+        (b'{"model": "mock-llm", "temperature": 1e309}', "number is infinity"),
+        (b'{"model": "mock-llm", "user": "\\ud800"}', "no low surrogate"),
+        (b'{"model": "mock-llm", "user": "\xff"}', "not valid UTF-8"),
+        (b'\xef\xbb\xbf{"model": "mock-llm"}', "byte order mark"),
+        (b"", "empty document"),
+    ],
+)
+def test_json_the_parser_refuses_is_400_saying_why(
+    http: httpx.Client, raw: bytes, named: str
+) -> None:
+    """Each was told only that its JSON could not be parsed, not what or where."""
+    answer = http.post("/v1/chat/completions", content=raw, headers=AUTH)
+    message = str(assert_openai_error(answer, 400, "invalid_json")["message"])
+    assert named in message
+    assert "line 1 column" in message or not raw
+
+
 def test_body_that_is_not_an_object_is_400(http: httpx.Client) -> None:
     answer = http.post("/v1/chat/completions", content=b"[1, 2]", headers=AUTH)
     assert_openai_error(answer, 400, "invalid_json")
