@@ -9,6 +9,7 @@ GatewayError                      500 api_error (never raised bare; the base)
 +-- NotFound                      404 invalid_request_error / not_found
 |   +-- ModelNotFound             404 invalid_request_error / model_not_found
 +-- RequestTimeout                408 invalid_request_error / request_timeout
++-- HeadersTooLarge               431 invalid_request_error / request_headers_too_large
 +-- BodyTooLarge                  413 invalid_request_error / request_too_large
 +-- RateLimited                   429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
 +-- InsufficientQuota             429 insufficient_quota / insufficient_quota (+ Retry-After)
@@ -42,6 +43,7 @@ __all__ = [
     "BodyTooLarge",
     "ContextLengthExceeded",
     "GatewayError",
+    "HeadersTooLarge",
     "InsufficientQuota",
     "InternalError",
     "InvalidJSON",
@@ -156,6 +158,12 @@ class RequestTimeout(GatewayError):
     status = 408
     type = "invalid_request_error"
     code = "request_timeout"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_headers_too_large"
 
 
 class BodyTooLarge(GatewayError):

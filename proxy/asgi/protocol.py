@@ -4,7 +4,10 @@ lending each request's scope its response cycle for a stream's direct writes
 client left (`watch_client`).
 
 uvicorn times out idle keep-alive connections but not a client that dribbles its headers; this
-protocol answers such a client 408 in OpenAI's shape and closes the connection.
+protocol answers such a client 408 in OpenAI's shape and closes the connection. Nor does it
+bound the headers' size (a client could send hundreds of MB of one header within the deadline,
+held in memory): headers still coming past MAX_HEAD_BYTES are answered 431 and the connection
+closed.
 """
 
 from __future__ import annotations
@@ -19,9 +22,18 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from proxy.asgi.direct import LentCycle, lend_cycle
-from proxy.errors import RequestTimeout
+from proxy.errors import GatewayError, HeadersTooLarge, RequestTimeout
 
-__all__ = ["HeaderTimeoutProtocol", "protocol_with_header_timeout", "watch_client"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "HeaderTimeoutProtocol",
+    "protocol_with_header_timeout",
+    "watch_client",
+]
+
+# What a request's line and headers may take in the reads after the one that begins them (which
+# is at most one read, 256 KiB, more). Browsers and SDKs send a few KiB; nginx's default is 32 KiB.
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -44,6 +56,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._header_timeout_s = header_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a request's first byte came, its headers are not all here
+        self._head_bytes = 0  # of the reads of the headers after the first
         self._watched: RequestResponseCycle | None = None  # the cycle `_gone` watches
         self._gone: Callable[[], None] | None = None
 
@@ -69,13 +82,23 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._gone = self._watched = None
 
     def data_received(self, data: bytes) -> None:
+        was_in_head = self._in_head
         super().data_received(data)
-        if self._in_head and self._header_timer is None:
+        if not self._in_head:
+            return
+        if was_in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._disarm()
+                self._refuse(b"431 Request Header Fields Too Large", _too_large())
+                return
+        if self._header_timer is None:
             self._arm()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
+        self._head_bytes = 0
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -98,13 +121,25 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         error = RequestTimeout(
             f"The request headers did not arrive within {self._header_timeout_s:g} s."
         )
+        self._refuse(b"408 Request Timeout", error)
+
+    def _refuse(self, status: bytes, error: GatewayError) -> None:
+        """Answer `error` and close the connection (its request never reached the app)."""
+        self._in_head = False
         body = error.to_json()
         head = (
-            b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+            b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % (status, len(body))
         )
         self.transport.write(head + body)
         self.transport.close()
+
+
+def _too_large() -> HeadersTooLarge:
+    return HeadersTooLarge(
+        f"The request line and headers are larger than this gateway accepts ({MAX_HEAD_BYTES} "
+        "bytes, after the first read)."
+    )
 
 
 def watch_client(lent: LentCycle | None, gone: Callable[[], None]) -> HeaderTimeoutProtocol | None:

@@ -97,6 +97,32 @@ def test_slowloris_dribbling_headers_is_cut_at_the_header_timeout(gateway: int) 
     assert answer.startswith(b"HTTP/1.1 408")
 
 
+def test_headers_past_the_cap_get_431_and_are_closed(gateway: int) -> None:
+    """A 20 MB header was taken whole, held in memory, and answered 200 (a client could send
+    hundreds of MB a connection within the header deadline)."""
+    with _connect(gateway) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-big: ")
+        sent = 0
+        try:
+            while sent < 20_000_000:
+                sock.sendall(b"v" * 65536)
+                sent += 65536
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        status, error = _status_and_error(_read_all(sock))
+    assert status == 431
+    assert error["code"] == "request_headers_too_large"
+    assert sent < 10_000_000  # cut early (what socket buffers took), not at its end
+    with _connect(gateway) as sock:  # headers of a usual size are as before
+        body = b'{"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]}'
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\n"
+            b"x-fair: %s\r\ncontent-length: %d\r\n\r\n%s"
+            % (KEY.encode(), b"v" * 30_000, len(body), body)
+        )
+        assert _read_response(sock).startswith(b"HTTP/1.1 200")
+
+
 def test_a_later_request_dribbling_its_headers_on_a_kept_connection_is_cut(gateway: int) -> None:
     """The header deadline holds for every request of a connection, not only its first."""
     with _connect(gateway) as sock:
