@@ -149,7 +149,7 @@ class TokenCounters:
         self._fallback = fallback
         self._base_dir = base_dir
         self._inline_max_chars = inline_max_chars
-        self._lanes = lanes or CountLanes()
+        self._lanes = CountLanes() if lanes is None else lanes
 
     def reusing(self, policy: Policy) -> TokenCounters:
         """The counters of `policy`, sharing every tokenizer already loaded here (a reload that
