@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from opentelemetry.context import Context
 from opentelemetry.trace import (
+    NonRecordingSpan,
     Span,
+    SpanContext,
     SpanKind,
     Status,
     StatusCode,
+    TraceFlags,
     Tracer,
     TracerProvider,
+    TraceState,
     set_span_in_context,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -33,6 +37,7 @@ from proxy.telemetry.traces import (
     Timed,
     TraceSource,
 )
+from proxy.telemetry.w3c import remote_parent
 
 __all__ = ["RequestTrace", "Tracing", "open_tracing"]
 
@@ -53,8 +58,22 @@ class Tracing:
         self._propagator = TraceContextTextMapPropagator()
 
     def begin(self, ctx: RequestContext) -> RequestTrace:
-        parent = self._propagator.extract(ctx.headers) if "traceparent" in ctx.headers else None
+        parent = _client_context(ctx) if "traceparent" in ctx.headers else None
         return RequestTrace(self._tracer, self._propagator, parent, ctx)
+
+
+def _client_context(ctx: RequestContext) -> Context:
+    """The client's span as the propagator's `extract` finds it, read by w3c.remote_parent
+    (as the direct path reads it): `extract` logs a warning for a malformed `tracestate` or
+    an oversized header, so any client could write a line into the log with every request."""
+    parent = remote_parent(ctx.headers)
+    if parent is None:
+        return Context()  # as `extract` answers: a new trace, not the current context's
+    state = TraceState.from_header([parent.state]) if parent.state else None  # valid: silent
+    span = NonRecordingSpan(
+        SpanContext(parent.trace_id, parent.span_id, True, TraceFlags(parent.flags), state)
+    )
+    return set_span_in_context(span)
 
 
 class RequestTrace:

@@ -1,14 +1,13 @@
-"""W3C trace context for the direct span path: the client's `traceparent` and `tracestate` read
-exactly as the OpenTelemetry API's TraceContextTextMapPropagator reads them, without its
-Context objects, and `traceparent` written for the backend as it writes it."""
+"""W3C trace context for both span paths: the client's `traceparent` and `tracestate` read
+exactly as the OpenTelemetry API's TraceContextTextMapPropagator reads them, but without its
+Context objects and without its warnings (it logs a client's malformed header, text and all,
+once per request), and `traceparent` written for the backend as it writes it."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from opentelemetry.trace import TraceState
 
 __all__ = ["RANDOM_TRACE_ID", "SAMPLED", "RemoteParent", "remote_parent", "trace_headers"]
 
@@ -20,7 +19,14 @@ _TRACEPARENT = re.compile(
     "^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$"
 )
 _MAX_TRACEPARENT_CHARS = 512
-_MAX_TRACESTATE_CHARS = 512
+# The API's tracestate rules (opentelemetry.trace.span): its member pattern, at most 32 members
+# and 8192 characters; an invalid member or a repeated key discards the whole header.
+_MAX_TRACESTATE_CHARS = 8192
+_MAX_TRACESTATE_MEMBERS = 32
+_MEMBER = re.compile(
+    r"([a-z][_0-9a-z\-\*\/]{0,255}|[a-z0-9][_0-9a-z\-\*\/]{0,240}@[a-z][_0-9a-z\-\*\/]{0,13})"
+    r"=([\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e])"
+)
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 _FLAGS = tuple(f"-{flags:02x}" for flags in range(256))  # traceparent's last field
@@ -53,10 +59,23 @@ def remote_parent(headers: Mapping[str, str]) -> RemoteParent | None:
 
 
 def _state(headers: Mapping[str, str]) -> str:
+    """The tracestate as TraceState.from_header(...).to_header() renders it, "" for none or
+    an invalid one; rare (only with a traceparent), and silent whatever a client sends."""
     state = headers.get("tracestate")
     if state is None or len(state) > _MAX_TRACESTATE_CHARS:
         return ""
-    return TraceState.from_header([state]).to_header()  # rare: the API's own parser
+    members: dict[str, str] = {}
+    for member in state.split(","):
+        member = member.strip(" \t")
+        if not member:
+            continue
+        match = _MEMBER.fullmatch(member)
+        if match is None or match.group(1) in members:
+            return ""
+        members[match.group(1)] = match.group(2)
+    if len(members) > _MAX_TRACESTATE_MEMBERS:
+        return ""
+    return ",".join(key + "=" + value for key, value in members.items())
 
 
 def trace_headers(trace_id: int, span_id: int, flags: int, state: str) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import httpx
@@ -165,6 +166,25 @@ def test_client_trace_context_is_continued(traced: Traced) -> None:
     spans = traced.spans(2)
     assert {f"{span.context.trace_id:032x}" for span in spans} == {trace_id}
     assert traced.backend.seen[0]["traceparent"].split("-")[1] == trace_id
+
+
+def test_a_malformed_tracestate_is_dropped_without_a_log_line(
+    traced: Traced, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any client could write its own text into the gateway's log once a request through the
+    propagator's warnings; the trace is still continued, without the tracestate."""
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {"authorization": f"Bearer {ALPHA_KEY}",
+               "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
+               "tracestate": "injected text from a client"}  # fmt: skip
+    body = {"model": "mock-llm", "messages": MESSAGES, "max_tokens": 3}
+    with caplog.at_level(logging.WARNING):
+        response = httpx.post(traced.url + "/v1/chat/completions", json=body, headers=headers)
+        spans = traced.spans(2)
+    assert response.status_code == 200
+    assert [r for r in caplog.records if "injected text" in r.getMessage()] == []
+    assert {f"{span.context.trace_id:032x}" for span in spans} == {trace_id}
+    assert "tracestate" not in traced.backend.seen[0]
 
 
 def test_storage_stages_get_child_spans(traced: Traced) -> None:

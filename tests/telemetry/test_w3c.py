@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from opentelemetry.trace import get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -33,8 +35,19 @@ TRACESTATES = [
     " rojo=1 , , congo=2 ",
     "vendor@tenant=x",
     "bad key=1",  # an invalid member discards the whole header
-    "a=" + "x" * 600,  # over 512 characters
+    "a=" + "x" * 600,  # a value over 256 characters
+    ",".join(f"k{i}=" + "x" * 200 for i in range(3)),  # over 512 characters, each member valid
+    ",".join(f"k{i}=v" for i in range(33)),  # over 32 members
+    "rojo=1,rojo=2",  # a key twice
+    "k=" + ("x" * 200 + ",k=") * 41,  # over 8192 characters
     "",
+]
+# What a client may send that the propagator would log a warning for, with the client's text.
+MALFORMED = [
+    ("00-" + TRACE + "-" + SPAN + "-01" + " " * 600, None),
+    (f"00-{TRACE}-{SPAN}-01", "bad member from a client"),
+    (f"00-{TRACE}-{SPAN}-01", ",".join(f"k{i}=v" for i in range(33))),
+    (f"00-{TRACE}-{SPAN}-01", "k=" + "x" * 9000),
 ]
 
 
@@ -57,6 +70,19 @@ def test_parsing_matches_the_propagator(traceparent: str, tracestate: str | None
         expected.trace_flags,
     )
     assert ours.state == expected.trace_state.to_header()
+
+
+@pytest.mark.parametrize(("traceparent", "tracestate"), MALFORMED)
+def test_a_clients_malformed_trace_context_is_read_without_a_log_line(
+    traceparent: str, tracestate: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    raw = [(b"traceparent", traceparent.encode())]
+    if tracestate is not None:
+        raw.append((b"tracestate", tracestate.encode()))
+    with caplog.at_level(logging.DEBUG):
+        parent = remote_parent(Headers(raw=raw))
+    assert caplog.records == []
+    assert parent is None or parent.state == ""
 
 
 def test_written_headers_are_what_the_propagator_reads_back() -> None:
