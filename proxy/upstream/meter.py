@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from itertools import pairwise
+
+from proxy.telemetry.semconv import CHUNK_S
 
 __all__ = ["GapHistogram", "StreamMeter", "gap_bucket_mid_s"]
 
-# Log-spaced gap buckets from 50 µs to ~100 s: quantiles within ~12% without keeping every gap.
+# Log-spaced gap buckets from 50 µs to ~100 s: quantiles within ~12% without keeping every gap,
+# split where a time-per-chunk histogram has a boundary.
 _BUCKET_BASE_S = 50e-6
 _BUCKETS_PER_DOUBLING = 6
 _BUCKET_COUNT = 21 * _BUCKETS_PER_DOUBLING
@@ -34,8 +38,24 @@ def _lowest_in(bucket: int) -> float:
 
 
 # Where each bucket after the first begins: a gap's bucket is how many of these it reaches
-# (`bisect_right`, one call in C a token instead of a logarithm and four operations).
-_BUCKET_STARTS = tuple(_lowest_in(bucket) for bucket in range(1, _BUCKET_COUNT))
+# (`bisect_right`, one call in C a token instead of a logarithm and four operations). The
+# time-per-chunk histograms' boundaries are starts too, each just above its bound (a bound's
+# `le` takes a gap equal to it), so no bucket straddles one of them and folding buckets into
+# those histograms puts every gap where its own value belongs (a log bucket across 2.5 s put
+# gaps of 2.5-2.6 s under `le="2.5"`).
+_BUCKET_STARTS = tuple(
+    sorted(
+        {_lowest_in(bucket) for bucket in range(1, _BUCKET_COUNT)}
+        | {math.nextafter(bound, math.inf) for bound in CHUNK_S}
+    )
+)
+# Each bucket's geometric middle (the first's is the base; the last, open one's is taken a
+# twelfth of a doubling above its start, as if a log bucket).
+_BUCKET_MIDS: tuple[float, ...] = (
+    _BUCKET_BASE_S,
+    *(math.sqrt(low * high) for low, high in pairwise(_BUCKET_STARTS)),
+    _BUCKET_STARTS[-1] * 2.0 ** (0.5 / _BUCKETS_PER_DOUBLING),
+)
 
 
 class GapHistogram:
@@ -44,7 +64,7 @@ class GapHistogram:
     __slots__ = ("count", "counts", "max_s", "total_s")
 
     def __init__(self) -> None:
-        self.counts = [0] * _BUCKET_COUNT
+        self.counts = [0] * len(_BUCKET_MIDS)
         self.count = 0
         self.total_s = 0.0
         self.max_s = 0.0
@@ -71,9 +91,7 @@ class GapHistogram:
 
 def gap_bucket_mid_s(index: int) -> float:
     """The geometric middle of gap bucket `index` (for re-bucketing into other histograms)."""
-    if index == 0:
-        return _BUCKET_BASE_S
-    return float(_BUCKET_BASE_S * 2.0 ** ((index - 0.5) / _BUCKETS_PER_DOUBLING))
+    return _BUCKET_MIDS[index]
 
 
 class StreamMeter:

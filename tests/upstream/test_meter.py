@@ -8,6 +8,7 @@ import random
 import pytest
 
 from proxy.clock import FakeClock
+from proxy.telemetry.semconv import CHUNK_S
 from proxy.upstream import meter
 from proxy.upstream.meter import GapHistogram, StreamMeter
 
@@ -77,15 +78,22 @@ def _bucket_of(gap_s: float) -> int:
 
 
 def test_a_gap_lands_in_the_bucket_its_logarithm_names() -> None:
-    """The table of bucket starts agrees with the log-spaced definition at every start, a float
-    either side of it, and for gaps across the whole range."""
+    """The table of bucket starts holds every start of the log-spaced definition, and one more
+    just above each time-per-chunk boundary: a gap lands in the bucket the definition names,
+    moved on by the boundaries below it; at every start, a float either side of it, and for
+    gaps across the whole range."""
     starts = meter._BUCKET_STARTS
     assert len(starts) == len(GapHistogram().counts) - 1
+    by_log = {meter._lowest_in(bucket) for bucket in range(1, meter._BUCKET_COUNT)}
+    splits = [math.nextafter(bound, math.inf) for bound in CHUNK_S]
+    assert set(starts) == by_log | set(splits)
+    added = [split for split in splits if split not in by_log]
     edges = [math.nextafter(start, side) for start in starts for side in (0.0, math.inf)]
     rng = random.Random(7)  # noqa: S311 (test data, not a secret)
     spread = [10 ** rng.uniform(-8, 4) for _ in range(20_000)]
     for gap_s in [*starts, *edges, *spread, 0.0, -1.0, 50e-6, 1e9]:
-        assert _bucket_of(gap_s) == meter._bucket_by_log(gap_s), gap_s
+        moved = sum(split <= gap_s for split in added)
+        assert _bucket_of(gap_s) == meter._bucket_by_log(gap_s) + moved, gap_s
     assert _bucket_of(50e-6) == 0
     assert _bucket_of(1e9) == len(starts)
 
