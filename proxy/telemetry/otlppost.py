@@ -6,7 +6,9 @@ It reads the standard variables (the signal-specific one first, then the general
 `..._TIMEOUT` (milliseconds, as the specification says; default 10000), `..._COMPRESSION`
 (`gzip` or `none`), `..._CERTIFICATE`, `..._CLIENT_CERTIFICATE` and `..._CLIENT_KEY`.
 A batch the collector refuses with 429, 502, 503 or 504, or cannot take (connection error),
-is retried with back-off until the timeout; any other refusal drops the batch with a warning.
+is retried with back-off until the timeout, waiting at least what its `Retry-After` asks (as
+the SDK's exporter does; a wait past the timeout drops the batch at once); any other refusal
+drops the batch with a warning.
 
 Posts go over one kept-alive connection with the standard library's `http.client` (a post
 costs less than half the CPU it did through httpx: docs/benchmarks.md, "spans posted with
@@ -38,6 +40,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import certifi
 
 from proxy import __version__
+from proxy.upstream.rejection import retry_after_s
 
 __all__ = ["OtlpPoster", "OtlpSettings", "otlp_settings"]
 
@@ -127,7 +130,10 @@ class OtlpPoster:
                 problem = self._post(body, deadline)
             if problem is None:
                 return True
-            retryable, reason = problem
+            retryable, reason, asked_s = problem
+            if asked_s is not None:  # the collector's Retry-After: no sooner than it asked
+                delay_s = max(delay_s, asked_s)
+                reason += f" (Retry-After {asked_s:g} s)"
             if not retryable or time.monotonic() + delay_s >= deadline:
                 _log.warning("dropped %d spans: %s at %s", spans, reason, self.endpoint)
                 return False
@@ -135,10 +141,11 @@ class OtlpPoster:
                 return False
             delay_s *= 2
 
-    def _post(self, body: bytes, deadline: float) -> tuple[bool, str] | None:
-        """None once the collector took the batch, else (worth retrying?, why not)."""
+    def _post(self, body: bytes, deadline: float) -> tuple[bool, str, float | None] | None:
+        """None once the collector took the batch, else (worth retrying?, why not, the wait
+        its Retry-After asks for)."""
         if self._route.unusable is not None:
-            return False, self._route.unusable
+            return False, self._route.unusable, None
         timeout_s = max(0.001, deadline - time.monotonic())
         try:
             connection = self._connected(timeout_s)
@@ -146,14 +153,16 @@ class OtlpPoster:
             with connection.getresponse() as answer:
                 answer.read()
                 status = answer.status
+                retry_after = answer.getheader("retry-after")
             if answer.will_close:
                 self._drop()
         except (OSError, http.client.HTTPException) as exc:
             self._drop()
-            return True, f"{type(exc).__name__}: {exc}"
+            return True, f"{type(exc).__name__}: {exc}", None
         if 200 <= status < 300:
             return None
-        return status in _RETRY_STATUSES, f"HTTP {status}"
+        retryable = status in _RETRY_STATUSES
+        return retryable, f"HTTP {status}", retry_after_s(retry_after) if retryable else None
 
     def _connected(self, timeout_s: float) -> http.client.HTTPConnection:
         """The kept-alive connection (unless the collector closed it meanwhile), or a new one;

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,13 +23,17 @@ from tests.conftest import BACKEND_KEY, BETA_KEY, policy_text
 
 
 class Collector(ThreadingHTTPServer):
-    """Records every export; answers 503 to the first `refuse` of them."""
+    """Records every export; answers `refused_with` (503) to the first `refuse` of them, with
+    a `Retry-After` of `retry_after` if set, noting when (`refused_at`)."""
 
     def __init__(self, refuse: int, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         if tls is not None:
             self.socket = tls.wrap_socket(self.socket, server_side=True)
         self.refuse = refuse
+        self.refused_with = 503
+        self.retry_after: str | None = None
+        self.refused_at: list[float] = []
         self.posts: list[tuple[str, dict[str, str], bytes]] = []
         self.connections = 0
         self.lock = threading.Lock()
@@ -68,7 +73,11 @@ class _Handler(BaseHTTPRequestHandler):
             if not refused:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 self.server.posts.append((self.path, headers, body))
-        self.send_response(503 if refused else 200)
+            else:
+                self.server.refused_at.append(time.monotonic())
+        self.send_response(self.server.refused_with if refused else 200)
+        if refused and self.server.retry_after is not None:
+            self.send_header("retry-after", self.server.retry_after)
         self.send_header("content-length", "0")
         self.end_headers()
 

@@ -82,6 +82,26 @@ def test_a_connection_the_collector_closed_is_replaced_before_posting() -> None:
         _until_served(served, 3)
 
 
+def test_a_collectors_retry_after_is_waited_for(caplog: pytest.LogCaptureFixture) -> None:
+    """A collector throttling with 429 and `Retry-After: 1` is asked again no sooner than a
+    second later (not after the back-off's 0.5 s); one asking for 30 s, past the timeout, is
+    not asked again at all (it was asked four times more within 7.5 s)."""
+    with collector(refuse=1) as server:
+        server.refused_with, server.retry_after = 429, "1"
+        poster = OtlpPoster(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_port}"}
+        )
+        began = time.monotonic()
+        assert poster.send(_body(1), 1)
+        assert time.monotonic() - began >= 1.0
+        assert _names(server) == ["span 1.0"]
+        server.refuse, server.retry_after = 10, "30"
+        assert not poster.send(_body(2), 1)
+        poster.close()
+    assert len(server.refused_at) == 2
+    assert "dropped 1 spans: HTTP 429 (Retry-After 30 s)" in caplog.text
+
+
 def _until_served(served: list[int], count: int) -> None:
     deadline = time.monotonic() + 10
     while served[0] < count:
