@@ -46,6 +46,9 @@ __all__ = ["OtlpPoster", "OtlpSettings", "otlp_settings"]
 
 _log = logging.getLogger("tokenweir")
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# An OTLP answer's body is a few bytes (an ExportTraceServiceResponse); past this much, or
+# past the post's deadline, the rest is left unread and the connection closed.
+_MAX_ANSWER_BYTES = 64 * 1024
 
 
 def _setting(environ: Mapping[str, str], name: str) -> str | None:
@@ -151,10 +154,10 @@ class OtlpPoster:
             connection = self._connected(timeout_s)
             connection.request("POST", self._route.target, body, self._headers)
             with connection.getresponse() as answer:
-                answer.read()
                 status = answer.status
                 retry_after = answer.getheader("retry-after")
-            if answer.will_close:
+                whole = _drained(answer, connection, deadline)
+            if answer.will_close or not whole:
                 self._drop()
         except (OSError, http.client.HTTPException) as exc:
             self._drop()
@@ -312,6 +315,32 @@ def _proxy_login(proxy: SplitResult) -> dict[str, str]:
         return {}
     login = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode()
     return {"proxy-authorization": "Basic " + base64.b64encode(login).decode()}
+
+
+def _drained(
+    answer: http.client.HTTPResponse, connection: http.client.HTTPConnection, deadline: float
+) -> bool:
+    """Read the answer's body, at most _MAX_ANSWER_BYTES and until `deadline`: False if it
+    was longer, slower or broken off (a collector streaming a body without end held the
+    exporting thread and its memory as long as it went on; one that stalled after its 200 had
+    the batch it took posted again)."""
+    if answer.length is not None and answer.length > _MAX_ANSWER_BYTES:
+        return False
+    read = 0
+    while read <= _MAX_ANSWER_BYTES:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            return False
+        try:
+            if connection.sock is not None:
+                connection.sock.settimeout(left_s)
+            data = answer.read1(16384)
+        except (OSError, http.client.HTTPException):  # its status said all there is to know
+            return False
+        if not data:
+            return True
+        read += len(data)
+    return False
 
 
 def _readable(sock: socket.socket) -> bool:

@@ -231,6 +231,37 @@ def test_close_ends_a_post_the_collector_never_answers() -> None:
     assert time.monotonic() - began < 30  # not the minute the post may take
 
 
+@pytest.mark.parametrize(("chunk_bytes", "pause_s"), [(65536, 0.0), (1, 0.1)])
+def test_an_answer_without_end_is_read_no_further_than_its_limit_or_the_timeout(
+    chunk_bytes: int, pause_s: float
+) -> None:
+    """A collector that takes the batch (200) and then streams its answer's body without end,
+    fast or a byte at a time: the post is done within its timeout, the batch taken, having read
+    a bounded part (the exporter read it all, 200 MB into memory, or for as long as it went on)."""
+    sent = [0]
+
+    def endless(conn: socket.socket) -> None:
+        _read_message(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n" % chunk_bytes + b"x" * chunk_bytes + b"\r\n"
+        stop = time.monotonic() + 20
+        while sent[0] < 200_000_000 and time.monotonic() < stop:
+            conn.sendall(chunk)
+            sent[0] += chunk_bytes
+            time.sleep(pause_s)
+
+    with _serving(endless) as port:
+        poster = OtlpPoster(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+             "OTEL_EXPORTER_OTLP_TIMEOUT": "2000"}
+        )  # fmt: skip
+        began = time.monotonic()
+        assert poster.send(_body(1), 1)
+        assert time.monotonic() - began < 10
+        poster.close()
+    assert sent[0] < 32_000_000
+
+
 @contextmanager
 def _serving(handle: Callable[[socket.socket], None]) -> Iterator[int]:
     """A raw server on 127.0.0.1 that runs `handle` on each connection in a thread of its
