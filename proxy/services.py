@@ -28,7 +28,7 @@ from proxy.storage.keys import open_key_store
 from proxy.storage.sessions import EndedSessions, open_ended_sessions
 from proxy.telemetry.budgets import budgets_left
 from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
-from proxy.telemetry.traces import TraceSource
+from proxy.telemetry.traces import CountsDrops, TraceSource
 from proxy.telemetry.tracing import open_tracing
 from proxy.telemetry.workershare import WorkerShare
 from proxy.upstream.client import UpstreamClient
@@ -80,6 +80,8 @@ class Services:
         ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
         if ledger is not None:
             metrics.watch_ledger(ledger.stats)
+        if isinstance(tracer_provider, CountsDrops):  # tokenweir's own OTLP export
+            metrics.watch_spans(tracer_provider.dropped_spans)
         serving = current_policy or (lambda: policy)
         quotas = storage.quotas
         return cls(

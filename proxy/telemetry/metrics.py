@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -79,6 +79,7 @@ class GatewayMetrics(Collector):
         self._publishing = False
         self._budgets: Sequence[BudgetLeft] = ()
         self._ledger: Callable[[], LedgerStats] | None = None
+        self._spans: Callable[[], Mapping[str, int]] | None = None
         self._gap_spans = _gap_spans(semconv.CHUNK_S)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -91,11 +92,19 @@ class GatewayMetrics(Collector):
         what it wrote, dropped and holds, and its failed writes."""
         self._ledger = stats
 
+    def watch_spans(self, dropped: Callable[[], Mapping[str, int]]) -> None:
+        """Show the request spans the OTLP export lost (`dropped`, by why), read as the
+        ledger's counters are."""
+        self._spans = dropped
+
     def _read_ledger(self) -> None:
+        """Read the watched counters: the ledger's and the lost spans'."""
+        own = self._own
+        if self._spans is not None:
+            own.spans = {(why,): count for why, count in self._spans().items()}
         if self._ledger is None:
             return
         stats = self._ledger()
-        own = self._own
         own.ledger = {
             ("written",): stats.written,
             ("dropped",): stats.dropped,
@@ -213,6 +222,8 @@ class GatewayMetrics(Collector):
             inflight.add_metric(key, value)
         yield inflight
         yield from _ledger_metrics(state)
+        if state.spans:  # tokenweir's own OTLP span export is on
+            yield _counter(*_SPANS_DROPPED, state.spans.items())
         yield from self._budget_gauges()
 
     def _histograms(self, state: MetricState) -> Iterator[Metric]:
@@ -258,6 +269,13 @@ def _ledger_metrics(state: MetricState) -> Iterator[Metric]:
     buffered.add_metric((), sum(state.ledger_buffered.values()))
     yield buffered
 
+
+_SPANS_DROPPED = (
+    "tokenweir_spans_dropped",
+    "Request spans the OTLP export lost: queue_full (OTEL_BSP_MAX_QUEUE_SIZE reached) or "
+    "export_failed (the collector did not take them in time).",
+    ("reason",),
+)
 
 _LEDGER_COUNTERS = (
     ("written", "tokenweir_ledger_records_written", "Usage records written to the ledger."),

@@ -96,7 +96,7 @@ class MetricState:
 
     __slots__ = (
         "broken", "cache", "degraded", "inflight", "ledger", "ledger_buffered", "policy",
-        "rejected", "reloads", "saved_tokens", "saved_usd", "series",
+        "rejected", "reloads", "saved_tokens", "saved_usd", "series", "spans",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -112,6 +112,7 @@ class MetricState:
         self.ledger_buffered: dict[_Key, int] = {}  # (): its records not written yet
         self.reloads: dict[_Key, int] = {}  # (result,): policy reloads applied, refused, failed
         self.policy: dict[_Key, int] = {}  # (hash,): 1 for the policy version this one serves
+        self.spans: dict[_Key, int] = {}  # (reason,): request spans the OTLP export lost
 
     def record(self, sample: RequestSample, gap_spans: Sequence[tuple[int, int]]) -> None:
         series = self.series.get(sample.labels)
@@ -200,5 +201,6 @@ def counts_of_dead(dumps: Sequence[bytes]) -> bytes:
 
 _COUNTERS = (
     "cache", "saved_tokens", "saved_usd", "rejected", "degraded", "broken", "ledger", "reloads",
+    "spans",
 )  # fmt: skip
 _GAUGES = ("inflight", "ledger_buffered", "policy")  # a dead worker's are not summed

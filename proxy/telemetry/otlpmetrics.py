@@ -72,6 +72,7 @@ NAMES: dict[str, tuple[str, str]] = {
     "tokenweir_budget_remaining_tokens": ("tokenweir.budget.remaining_tokens", "{token}"),
     "tokenweir_budget_remaining_usd": ("tokenweir.budget.remaining_cost", "USD"),
     "tokenweir_policy_reloads": ("tokenweir.policy.reloads", "{reload}"),
+    "tokenweir_spans_dropped": ("tokenweir.spans.dropped", "{span}"),
 }  # fmt: skip
 
 # Prometheus label -> OpenTelemetry attribute key.

@@ -39,6 +39,10 @@ class OwnTracerProvider(TracerProvider):
     def request_tracing(self) -> TraceSource:
         return self._tracing
 
+    def dropped_spans(self) -> dict[str, int]:
+        """The request spans lost so far, by why (proxy/telemetry/spanbatch.py)."""
+        return self.batcher.dropped()
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self.batcher.flush()
         return super().force_flush(timeout_millis)

@@ -5,7 +5,8 @@ It follows the SDK's BatchSpanProcessor and reads the same variables: every
 spans (512) wait, it posts them, at most that many a batch; at most `OTEL_BSP_MAX_QUEUE_SIZE`
 spans (2048) wait, and a request whose spans do not fit is dropped whole, counted and logged
 (the SDK drops the oldest span instead); one export may take `OTEL_BSP_EXPORT_TIMEOUT` ms
-(30000) with its retries, or the OTLP timeout if shorter. `shutdown` posts what is left.
+(30000) with its retries, or the OTLP timeout if shorter, and spans it could not post are
+counted too (`dropped`, shown on /metrics). `shutdown` posts what is left.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class SpanBatcher:
         self._limit = settings.max_queue_size
         self._timeout_s = settings.export_timeout_s
         self._queue: deque[bytes] = deque()
-        self.dropped_spans = 0
+        self.dropped_spans = 0  # the queue was full (counted on the event loop)
+        self.failed_spans = 0  # their post failed (counted by the posting thread)
         self._logged_drops = 0
         self._stopping = False
         self._start_thread()
@@ -120,9 +122,12 @@ class SpanBatcher:
                 if not spans:
                     break
                 try:
-                    self._sender.send(self._frame(spans), len(spans), self._timeout_s)
+                    sent = self._sender.send(self._frame(spans), len(spans), self._timeout_s)
                 except Exception:  # this thread's outermost handler: it must go on posting
                     _log.exception("posting %d spans failed", len(spans))
+                    sent = False
+                if not sent:
+                    self.failed_spans += len(spans)
                 partial = False
             self._report_drops()
 
@@ -142,6 +147,10 @@ class SpanBatcher:
                 self._limit,
             )
             self._logged_drops = dropped
+
+    def dropped(self) -> dict[str, int]:
+        """The spans lost so far, by why: `queue_full` or `export_failed`."""
+        return {"queue_full": self.dropped_spans, "export_failed": self.failed_spans}
 
     def flush(self) -> None:
         """Post every span queued now, from the calling thread."""

@@ -18,6 +18,7 @@ from proxy.telemetry import semconv
 from proxy.telemetry.spanattrs import SpanAttributes
 
 __all__ = [
+    "CountsDrops",
     "OwnTracing",
     "Timed",
     "TraceSource",
@@ -35,6 +36,13 @@ class OwnTracing(Protocol):
     """A tracer provider that records the gateway's request spans its own way."""
 
     def request_tracing(self) -> TraceSource: ...
+
+
+@runtime_checkable
+class CountsDrops(Protocol):
+    """A tracer provider that counts the request spans it lost, by why."""
+
+    def dropped_spans(self) -> dict[str, int]: ...
 
 
 _FINISH_REASON = re.compile(rb'"finish_reason":\s*"([a-z_]{1,32})"')

@@ -34,6 +34,7 @@ class Collector(ThreadingHTTPServer):
         self.refused_with = 503
         self.retry_after: str | None = None
         self.refused_at: list[float] = []
+        self.refused_spans = 0  # in the posts refused
         self.posts: list[tuple[str, dict[str, str], bytes]] = []
         self.connections = 0
         self.lock = threading.Lock()
@@ -61,6 +62,11 @@ class Collector(ThreadingHTTPServer):
         return [ExportMetricsServiceRequest.FromString(b) for _, b in self._bodies("/v1/metrics")]
 
 
+def _span_count(body: bytes) -> int:
+    request = ExportTraceServiceRequest.FromString(body)
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: Collector
     protocol_version = "HTTP/1.1"  # keep-alive, as a collector
@@ -75,6 +81,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.posts.append((self.path, headers, body))
             else:
                 self.server.refused_at.append(time.monotonic())
+                if self.path == "/v1/traces":
+                    self.server.refused_spans += _span_count(body)
         self.send_response(self.server.refused_with if refused else 200)
         if refused and self.server.retry_after is not None:
             self.send_header("retry-after", self.server.retry_after)

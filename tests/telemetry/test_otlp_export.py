@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ALPHA_KEY
 from tests.servers import replicas
@@ -51,3 +53,42 @@ def test_spans_reach_the_collector_with_headers_gzip_and_a_retry(
     assert attributes["gen_ai.usage.output_tokens"].int_value == 7
     assert attributes["gen_ai.request.stream"].bool_value is True
     assert spans["POST /chat/completions"].parent_span_id == chat.span_id
+
+
+def _dropped(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics").text
+    return {
+        sample.labels["reason"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "tokenweir_spans_dropped"
+        for sample in family.samples
+    }
+
+
+def test_spans_the_collector_refused_are_counted_on_metrics(
+    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collector that refuses every batch: the spans lost show on /metrics (they were in the
+    log only, so losing every trace could not be alerted on)."""
+    config = policy_file(backend_url, tmp_path, monkeypatch)
+    with collector(refuse=1_000_000) as server:
+        server.refused_with = 400  # not worth retrying: each batch is dropped at once
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        with replicas(config, 1) as [(_, url)]:
+            assert _dropped(url) == {"queue_full": 0, "export_failed": 0}
+            with openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as client:
+                for _ in range(3):
+                    client.chat.completions.create(
+                        model="mock-llm", messages=[{"role": "user", "content": "hi"}],
+                        max_tokens=3,
+                    )  # fmt: skip
+            deadline = time.monotonic() + 15
+            while (dropped := _dropped(url)) != {
+                "queue_full": 0,
+                "export_failed": server.refused_spans,
+            } or server.refused_spans < 6:  # each request: its span and its backend call's
+                assert time.monotonic() < deadline, (dropped, server.refused_spans)
+                time.sleep(0.05)
