@@ -91,9 +91,14 @@ def _server(url: str) -> tuple[str | None, int | None]:
 
 
 def _max_tokens(ctx: RequestContext) -> int | None:
+    """The client's output limit, if an int64 (an OTLP int attribute): a refused request's
+    2**63 went out as -2**63."""
     body = ctx.body
     for field in output_fields(ctx.operation):  # max_output_tokens on the Responses API
         value = body.get(field)
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return value if _INT64_MIN <= value <= _INT64_MAX else None
     return None
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1

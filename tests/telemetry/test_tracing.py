@@ -187,6 +187,18 @@ def test_a_malformed_tracestate_is_dropped_without_a_log_line(
     assert "tracestate" not in traced.backend.seen[0]
 
 
+def test_a_refused_max_tokens_beyond_int64_is_no_span_attribute(traced: Traced) -> None:
+    """OTLP's int attributes are int64: 2**63 went out as -2**63 on the refused request's span."""
+    body = {"model": "mock-llm", "messages": MESSAGES, "max_tokens": 2**63}
+    headers = {"authorization": f"Bearer {ALPHA_KEY}"}
+    response = httpx.post(traced.url + "/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 400
+    [span] = traced.spans(1)
+    assert span.attributes is not None
+    assert "gen_ai.request.max_tokens" not in span.attributes
+    assert span.attributes["http.response.status_code"] == 400
+
+
 def test_storage_stages_get_child_spans(traced: Traced) -> None:
     with sdk(traced, GAMMA_KEY) as client:
         client.chat.completions.create(model="mock-llm", messages=MESSAGES, max_tokens=3)
