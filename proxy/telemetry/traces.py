@@ -69,7 +69,8 @@ def span_attributes(
     backend = ctx.backend
     host, port = _server(backend.url) if backend else (None, None)
     repeating = (
-        ctx.operation, semconv.PROVIDER, semconv.clipped(ctx.model) or None, response_model,
+        ctx.operation, semconv.PROVIDER, semconv.clipped(ctx.model) or None,
+        semconv.clipped(response_model),
         _max_tokens(ctx), ctx.stream, reasons or None, host, port, ctx.status or None,
         semconv.clipped(ctx.error_code), ctx.tenant_name, backend.name if backend else None,
         ctx.cache, ",".join(ctx.degraded) or None, ",".join(ctx.outgoing.shaped) or None,
