@@ -97,8 +97,9 @@ class GatewayMetrics(Collector):
         ledger's counters are."""
         self._spans = dropped
 
-    def _read_ledger(self) -> None:
-        """Read the watched counters: the ledger's and the lost spans'."""
+    def read_watched(self) -> None:
+        """Read the watched counters now (the ledger's, the lost spans'): a scrape, a worker's
+        publishing and the OTLP metrics push each do first."""
         own = self._own
         if self._spans is not None:
             own.spans = {(why,): count for why, count in self._spans().items()}
@@ -144,7 +145,7 @@ class GatewayMetrics(Collector):
 
     def _publish(self) -> bytes:
         self._publishing = False
-        self._read_ledger()
+        self.read_watched()
         dumped = self._own.dump()
         if self._share is not None:
             self._share.publish(dumped)
@@ -155,7 +156,7 @@ class GatewayMetrics(Collector):
         `budgets` are the quotas just read from storage."""
         self.use_budgets(budgets)
         if self._share is None:
-            self._read_ledger()
+            self.read_watched()
             return generate_latest(self.registry) + _policy_info(self._own)
         whole = MetricState()
         whole.add(self._publish(), alive=True)

@@ -187,6 +187,7 @@ class MetricsPush:
     async def push(self) -> None:
         """One export now: the current figures, budgets read from storage first."""
         self._metrics.use_budgets(await self._budgets())
+        self._metrics.read_watched()  # the ledger's figures were only as new as a scrape's
         families = list(self._metrics.collect())  # on the loop, which alone updates them
         result = await asyncio.to_thread(self._export, families, time.time_ns())
         if result is not MetricExportResult.SUCCESS:

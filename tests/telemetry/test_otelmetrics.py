@@ -55,6 +55,14 @@ def latest(server: Collector, requests: int) -> dict[str, Any]:
         time.sleep(0.05)
 
 
+def metrics_to(server: Collector, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTLP metrics (no traces) to `server`, every 200 ms."""
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+
+
 @pytest.fixture
 def paced_url() -> Iterator[str]:
     """100 tokens/s: the stream's chunks come apart, so its gaps are measured, as a rule."""
@@ -67,10 +75,7 @@ def test_otlp_metrics_match_the_prometheus_page(
 ) -> None:
     config = policy_file(paced_url, tmp_path, monkeypatch)
     with collector() as server:
-        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
-        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+        metrics_to(server, monkeypatch)
         with replicas(config, 1) as [(_, url)]:
             with openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as client:
                 messages = [{"role": "user", "content": "hi"}]
@@ -117,6 +122,29 @@ def test_otlp_metrics_match_the_prometheus_page(
     cache = metrics["tokenweir.cache.requests"]
     assert cache.sum.is_monotonic
     assert sum(map(value, cache.sum.data_points)) == 2
+
+
+def test_the_ledgers_figures_go_out_without_a_scrape(
+    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's counters were read only when /metrics was scraped: with OTLP alone they
+    never went out (or went out as old as the last scrape)."""
+    config = policy_file(backend_url, tmp_path, monkeypatch)
+    config.write_text(config.read_text() + f"ledger: sqlite:///{tmp_path / 'ledger.db'}\n")
+    with collector() as server:
+        metrics_to(server, monkeypatch)
+        with replicas(config, 1) as [(_, url)]:
+            with openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as client:
+                client.chat.completions.create(
+                    model="mock-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )  # fmt: skip
+            deadline = time.monotonic() + 30
+            while True:  # the record is written within seconds, then exported
+                written = latest(server, requests=1).get("tokenweir.ledger.records_written")
+                if written is not None and sum(map(value, written.sum.data_points)) == 1:
+                    break
+                assert time.monotonic() < deadline, written
+                time.sleep(0.05)
 
 
 def test_every_family_goes_out_under_its_opentelemetry_name() -> None:
