@@ -12,7 +12,10 @@ from proxy.storage.limits import Admission, LimitKey
 __all__ = ["limit_refusal", "refused_unsent"]
 
 
-def limit_refusal(shape: LimitShape, costs: list[int], admission: Admission) -> RateLimited:
+def limit_refusal(
+    shape: LimitShape, costs: list[int], admission: Admission, *, holder: str = "this key"
+) -> RateLimited:
+    """The refusal of the limit `admission` names; `holder` is whose limits they are."""
     buckets, slots = shape.buckets, shape.slots
     index = admission.refused if admission.refused is not None else 0
     retry_s = admission.retry_after_s
@@ -35,7 +38,7 @@ def limit_refusal(shape: LimitShape, costs: list[int], admission: Admission) -> 
             )
     wait = format_reset(retry_s)
     return RateLimited(
-        f"Rate limit reached for this key ({what}). Please try again in {wait}.",
+        f"Rate limit reached for {holder} ({what}). Please try again in {wait}.",
         retry_after_s=retry_s,
     )
 

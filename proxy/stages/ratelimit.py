@@ -138,7 +138,8 @@ class RateLimits:
             return None
         if admission.admitted:
             return admission.held[0] + 1 if admission.held else None
-        refusal = limit_refusal(shape, costs, admission)
+        # The backend's own limits, which every key shares: not "this key"'s
+        refusal = limit_refusal(shape, costs, admission, holder="the backend, shared by every key")
         if refusal.should_retry is False:  # larger than a per-minute limit of the backend
             raise UpstreamUnavailable(
                 f"Backend {backend.name!r} cannot take this request: {refusal.message}",

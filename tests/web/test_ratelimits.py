@@ -186,6 +186,9 @@ tenants:
     assert full.json()["error"]["code"] == "upstream_unavailable"
     assert "'small-gpu' is at capacity: " in full.json()["error"]["message"]
     assert "max_concurrent: 2 requests in flight" in full.json()["error"]["message"]
+    # the backend's limits, shared by every key: it once said "Rate limit reached for this key"
+    assert "for the backend, shared by every key" in full.json()["error"]["message"]
+    assert "this key" not in full.json()["error"]["message"]
     assert int(full.headers["retry-after"]) >= 1
     assert after.status_code == 200
 
