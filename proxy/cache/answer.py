@@ -96,6 +96,7 @@ def from_response(operation: str, body: dict[str, Any], usage: dict[str, Any]) -
 # A message's fields a stream replay carries (proxy/cache/replay.py), as the stream fold keeps
 # only these (proxy/cache/fold.py).
 _TEXTS = ("content", "reasoning_content", "reasoning", "refusal")
+_TEXT_TYPES = (str, type(None))
 _REPLAYED = frozenset({"role", "tool_calls", *_TEXTS})
 _EMPTY: tuple[Any, ...] = (None, [], {})
 
@@ -106,8 +107,9 @@ def _replayable(message: dict[str, Any]) -> bool:
     parts, as Mistral's reasoning models answer, came back as an empty stream), any other field
     empty (OpenAI sends `"audio": null`, `"annotations": []`), and tool calls a list of
     objects."""
-    if any(not isinstance(message.get(name), str | None) for name in _TEXTS):
-        return False
+    for name in _TEXTS:
+        if not isinstance(message.get(name), _TEXT_TYPES):
+            return False
     calls = message.get("tool_calls")
     if calls not in _EMPTY and not (
         isinstance(calls, list) and all(isinstance(call, dict) for call in calls)

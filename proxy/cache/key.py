@@ -97,7 +97,10 @@ def _asks_for_more(body: dict[str, Any]) -> bool:
     answer does not keep."""
     if body.get("prompt_logprobs") is not None:
         return True
-    return any(value and name.startswith("return_") for name, value in body.items())
+    for name in body:  # a plain loop over the names: the values are looked at only for a flag
+        if name.startswith("return_") and body[name]:
+            return True
+    return False
 
 
 def _question(body: dict[str, Any]) -> str | None:

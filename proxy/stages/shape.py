@@ -266,8 +266,10 @@ def _template_inputs(body: Mapping[str, Any]) -> str:
     """The text a vLLM chat template renders into the prompt beside the messages: the strings in
     `documents` (RAG templates) and `chat_template_kwargs`. Counted as prompt tokens, so that
     neither carries input past a key's limit or its reservation unseen."""
+    stack = [body[name] for name in _TEMPLATE_INPUTS if name in body]
+    if not stack:  # nearly every request: no list built, no ABC checked
+        return ""
     texts: list[str] = []
-    stack = [body.get(name) for name in _TEMPLATE_INPUTS]
     while stack:
         value = stack.pop()
         if isinstance(value, str):
