@@ -27,7 +27,14 @@ from proxy.ledger.attribution import is_attribution
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
 from proxy.ledger.buffer import Batch
 from proxy.ledger.writer import BufferedLedger
-from proxy.storage.redis.conn import REDIS_ERRORS, Call, RedisClient, connect, send_all
+from proxy.storage.redis.conn import (
+    REDIS_ERRORS,
+    Call,
+    RedisClient,
+    connect,
+    reply_text,
+    send_all,
+)
 from proxy.storage.redis.resp import Multiplexed, MultiplexedScript, can_multiplex
 
 __all__ = ["RedisLedger"]
@@ -193,7 +200,7 @@ class RedisLedger(BufferedLedger):
             by_tenant = defaultdict(list)
             for (tenant_tag, records), reply in replies:
                 if isinstance(reply, list):
-                    by_tenant[tenant_tag] = _unlinked(records, {_str(link) for link in reply})
+                    by_tenant[tenant_tag] = _unlinked(records, {reply_text(link) for link in reply})
 
     async def _append(
         self, seq: int, by_tenant: Mapping[str, list[UsageRecord]], tenants: Sequence[str]
@@ -272,10 +279,6 @@ def _unlinked(records: list[UsageRecord], lost: set[str]) -> list[UsageRecord]:
         replace(r, supersedes=None) if r.supersedes is not None and r.link in lost else r
         for r in records
     ]
-
-
-def _str(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _entry_order(entry: str) -> tuple[int, int]:

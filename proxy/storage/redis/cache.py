@@ -22,7 +22,7 @@ from proxy.storage.cache import VECTOR_PAGE, CacheEntry, VectorEngine, VectorRow
 from proxy.storage.joint import Lookup
 from proxy.storage.redis.cache_ft import RedisSearchVectors
 from proxy.storage.redis.cache_vset import RedisVectorSets
-from proxy.storage.redis.conn import translated
+from proxy.storage.redis.conn import reply_text, translated
 from proxy.storage.redis.link import Arg, LuaCall, OnLink, RedisLink, nothing
 from proxy.storage.redis.resp import Multiplexed, can_multiplex
 
@@ -93,8 +93,8 @@ class RedisCacheStore(OnLink):
             )
         if not found:
             return [], after
-        rows = [(_text(fields[b"k"]), bytes(fields[b"v"])) for _, fields in found]
-        return rows, _text(found[-1][0])
+        rows = [(reply_text(fields[b"k"]), bytes(fields[b"v"])) for _, fields in found]
+        return rows, reply_text(found[-1][0])
 
     def forget(self, tenant: str, key: str) -> Awaitable[None]:
         prefix = _prefix(tenant)
@@ -135,10 +135,6 @@ async def _indexed(
         entry.tenant, partition, entry.key, vector, question,
         graph=entry.graph, ttl_ms=ttl_ms, keep_ms=ttl_ms * _KEEP_TTLS,
     )  # fmt: skip
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _float32(packed: bytes) -> tuple[bytes, str]:

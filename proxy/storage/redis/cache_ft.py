@@ -25,6 +25,7 @@ from redis.exceptions import ResponseError
 from proxy.storage.base import StorageError
 from proxy.storage.cache import Graph, VectorHit
 from proxy.storage.redis.cache_writer import BatchedWriter, Command
+from proxy.storage.redis.conn import reply_text as _text
 from proxy.storage.redis.conn import translated
 
 __all__ = ["RedisSearchVectors", "index_name", "vector_key"]
@@ -147,10 +148,6 @@ def _tag(partition: str) -> str:
     """The partition as a TAG value: hex digits, which need no escaping in a query and hold no
     separator (a partition "a,b" would otherwise be indexed as the tags "a" and "b")."""
     return partition.encode().hex()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _hits(found: Any) -> list[tuple[str, dict[str, str]]]:

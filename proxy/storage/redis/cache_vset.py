@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 from proxy.storage.base import StorageError
 from proxy.storage.cache import Graph, VectorHit
 from proxy.storage.redis.cache_writer import BatchedWriter, Command, run
-from proxy.storage.redis.conn import translated
+from proxy.storage.redis.conn import reply_text, translated
 
 __all__ = ["RedisVectorSets", "set_key"]
 
@@ -97,6 +97,6 @@ class RedisVectorSets(BatchedWriter[_Add | _Remove]):
 def _hit(member: Any, scored: Any) -> VectorHit:
     score, attributes = scored if isinstance(scored, list | tuple) else (scored, None)
     question = orjson.loads(attributes).get("q", "") if attributes else ""
-    name = member.decode() if isinstance(member, bytes) else str(member)
+    name = reply_text(member)
     # VSIM's score is (1 + cosine) / 2
     return VectorHit(name, 2.0 * float(score) - 1.0, question)

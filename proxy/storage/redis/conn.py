@@ -34,6 +34,7 @@ __all__ = [
     "ScriptClient",
     "StoreRedis",
     "connect",
+    "reply_text",
     "send_all",
     "storage_error",
     "translated",
@@ -251,3 +252,8 @@ def _cluster(url: str, *, timeout_s: float, max_connections: int, decode: bool) 
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
     )
+
+
+def reply_text(value: Any) -> str:
+    """A Redis reply's string, whether the client decodes replies or hands back bytes."""
+    return value.decode() if isinstance(value, bytes) else str(value)

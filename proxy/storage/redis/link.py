@@ -23,6 +23,7 @@ from proxy.storage.redis.conn import (
     REDIS_ERRORS,
     RedisClient,
     StoreRedis,
+    reply_text,
     storage_error,
     translated,
 )
@@ -216,7 +217,7 @@ class RedisLink:
         statuses = replies[0::2]  # run.lua's flat list: a status and a reply per operation run
         for call, status, reply in zip(calls, statuses, replies[1::2], strict=False):
             if status == _FAILED:
-                call.failed(call.error(ResponseError(_text(reply))))
+                call.failed(call.error(ResponseError(reply_text(reply))))
             else:
                 call.answered(reply)
         return len(statuses) == len(calls) and statuses.count(_RAN) == len(calls)
@@ -316,7 +317,3 @@ def packed(values: list[Arg]) -> bytes:
 
 def _slot(call: LuaCall) -> int:
     return key_slot(call.keys[0].encode())
-
-
-def _text(reply: Any) -> str:
-    return reply.decode() if isinstance(reply, bytes) else str(reply)
