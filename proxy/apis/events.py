@@ -82,7 +82,7 @@ class EventForwarder:
         if cut < 0:
             if len(data) > MAX_HELD_BYTES:
                 count = self._count(data)
-                self.texted = count > 0 and self._events.text.search(data) is not None
+                self.texted = count > 0
                 return data, count
             self._partial.start(data)
             return b"", 0
@@ -94,7 +94,7 @@ class EventForwarder:
             self._read_usage(out)
         # Text events count when they come: the held ones then, not again when they go out.
         count, self._held = self._count(out) - self._held, 0
-        self.texted = count > 0 and events.text.search(out) is not None
+        self.texted = count > 0  # a count is of the deltas with text
         # Held back once: events a backend sends after its ending one go out as they come,
         # the held ending with them (as chat's [DONE] does), never held again and again (which
         # kept every later byte and scanned it all anew on each read).
@@ -111,7 +111,10 @@ class EventForwarder:
         return tail + self._partial.drain() if self._partial.size else tail
 
     def _count(self, out: bytes) -> int:
-        return len(self._events.delta.findall(out))
+        """The text events in `out`: its deltas, but no more than the non-empty texts in it (an
+        empty delta beside text in one read is no token)."""
+        deltas = len(self._events.delta.findall(out))
+        return min(deltas, len(self._events.text.findall(out))) if deltas else 0
 
     def _read_usage(self, out: bytes) -> None:
         for event in EVENT_END.split(out):
