@@ -113,6 +113,18 @@ class GatewayMetrics(Collector):
         }
         own.ledger_buffered = {(): stats.buffered}
 
+    def _writes_pending(self) -> bool:
+        """Ledger records appended and not yet written or dropped, while the loop runs (not at
+        exit, when the last figures are published once)."""
+        if self._ledger is None:
+            return False
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        stats = self._ledger()
+        return stats.appended > stats.written + stats.dropped
+
     def stream_started(self, tenant: str, model: str) -> None:
         inflight = self._own.inflight
         inflight[(tenant, model)] = inflight.get((tenant, model), 0) + 1
@@ -146,6 +158,11 @@ class GatewayMetrics(Collector):
     def _publish(self) -> bytes:
         self._publishing = False
         self.read_watched()
+        if self._writes_pending():
+            # Records still to write: publish again once the writer has had its turn, or a
+            # worker no scrape reaches (the kernel may hand every new connection to the other)
+            # would never show its last requests' ledger counts.
+            self._changed()
         dumped = self._own.dump()
         if self._share is not None:
             self._share.publish(dumped)
