@@ -19,6 +19,7 @@ from proxy.telemetry.logs import content_fields
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.sample import model_label, sample_of
 from proxy.telemetry.traces import TraceSource, span_attributes
+from proxy.telemetry.w3c import passed_on
 from proxy.upstream.capture import Capture
 
 __all__ = ["Telemetry"]
@@ -78,7 +79,9 @@ class Telemetry:
             labels = ctx.inflight_labels = (ctx.tenant_name or "", model_label(ctx, self._policy))
             self.metrics.stream_started(*labels)
         if ctx.trace is None:
-            return {}
+            # Not tracing: the client's own trace context goes on as it came (checked and
+            # written again: a backend that traces then joins the client's trace).
+            return passed_on(ctx.headers) if "traceparent" in ctx.headers else {}
         return ctx.trace.upstream_started(ctx, self._clock.monotonic())
 
     def upstream_ended(self, ctx: RequestContext, status: int | None, error: str | None) -> None:

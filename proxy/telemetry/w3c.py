@@ -9,7 +9,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["RANDOM_TRACE_ID", "SAMPLED", "RemoteParent", "remote_parent", "trace_headers"]
+__all__ = [
+    "RANDOM_TRACE_ID",
+    "SAMPLED",
+    "RemoteParent",
+    "passed_on",
+    "remote_parent",
+    "trace_headers",
+]
 
 SAMPLED = 0x01
 RANDOM_TRACE_ID = 0x02  # trace context level 2: the trace id's low 56 bits are random
@@ -88,3 +95,12 @@ def trace_headers(trace_id: int, span_id: int, flags: int, state: str) -> dict[s
     if state:
         headers["tracestate"] = state
     return headers
+
+
+def passed_on(headers: Mapping[str, str]) -> dict[str, str]:
+    """The client's trace context for the backend when the gateway does not trace: its own
+    span stays the parent; nothing where the propagator would find no valid one."""
+    parent = remote_parent(headers)
+    if parent is None:
+        return {}
+    return trace_headers(parent.trace_id, parent.span_id, parent.flags, parent.state)

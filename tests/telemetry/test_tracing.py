@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -11,8 +12,17 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.conftest import ALPHA_KEY
-from tests.telemetry.conftest import CACHED_KEY, GAMMA_KEY, LIMITED_KEY, Traced
+from proxy.app import create_app
+from proxy.tools.mock import backend as mockbackend
+from tests.conftest import ALPHA_KEY, make_policy
+from tests.servers import serve
+from tests.telemetry.conftest import (
+    CACHED_KEY,
+    GAMMA_KEY,
+    LIMITED_KEY,
+    HeaderRecorder,
+    Traced,
+)
 
 SECRET_PROMPT = "my-confidential-prompt-4412"
 MESSAGES = [{"role": "user", "content": SECRET_PROMPT}]
@@ -255,3 +265,48 @@ def test_a_cache_hit_has_a_lookup_span_and_no_backend_call(traced: Traced) -> No
     posts = [h for h in traced.backend.seen if h.get("content-type") == "application/json"]
     assert len(posts) == 1
     assert_nothing_secret(spans)
+
+
+@pytest.fixture(scope="module")
+def untraced() -> Iterator[tuple[str, HeaderRecorder]]:
+    """A gateway with no tracing set up, in front of a backend that records headers."""
+    backend = HeaderRecorder(mockbackend.create_app(ttft_ms=0, tokens_per_second=2000))
+    with serve(backend) as backend_url, serve(create_app(make_policy(backend_url))) as url:
+        yield url, backend
+
+
+@pytest.mark.parametrize(
+    ("sent", "passed"),
+    [
+        (
+            {
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                "tracestate": "vendor=abc,other=1",
+            },
+            {
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                "tracestate": "vendor=abc,other=1",
+            },
+        ),
+        (
+            {
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+                "tracestate": "injected text from a client",
+            },
+            {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"},
+        ),
+        ({"traceparent": "00-not-a-trace-01"}, {}),
+    ],
+)
+def test_without_tracing_the_clients_trace_context_reaches_the_backend(
+    untraced: tuple[str, HeaderRecorder], sent: dict[str, str], passed: dict[str, str]
+) -> None:
+    """A gateway that does not trace stays out of the client's trace: a backend that traces
+    (vLLM with OpenTelemetry) continues it; a malformed context is not passed on."""
+    url, backend = untraced
+    backend.seen.clear()
+    headers = {"authorization": f"Bearer {ALPHA_KEY}", **sent}
+    body = {"model": "mock-llm", "messages": MESSAGES, "max_tokens": 3}
+    httpx.post(url + "/v1/chat/completions", json=body, headers=headers).raise_for_status()
+    seen = backend.seen[0]
+    assert {k: v for k, v in seen.items() if k in ("traceparent", "tracestate")} == passed
