@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.ledger.base import LedgerStats
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.sample import RequestSample
 from proxy.telemetry.workershare import ARCHIVE, PUBLISH_S, WorkerShare
@@ -135,3 +136,23 @@ async def test_a_dead_worker_that_cannot_be_folded_is_still_counted(
 
 def _names(directory: Path) -> list[str]:
     return sorted(path.name for path in directory.iterdir())
+
+
+@pytest.mark.anyio
+async def test_a_worker_no_scrape_reaches_still_shows_its_ledgers_last_writes(
+    tmp_path: Path,
+) -> None:
+    """A worker publishes soon after its last request, usually before its ledger has written
+    that request's record; the kernel may then hand every scrape to the other worker, which must
+    still see the record written once it is (the loaded run's flake of stop 58)."""
+    stats = LedgerStats(appended=1, written=0, dropped=0, buffered=1, write_failures=0,
+                        last_error=None)  # fmt: skip
+    worker, scraped = GatewayMetrics(WorkerShare(tmp_path)), GatewayMetrics(WorkerShare(tmp_path))
+    worker.watch_ledger(lambda: stats)
+    worker.record(_sample(3))
+    await asyncio.sleep(PUBLISH_S * 5)  # published: the record is not written yet
+    assert _get(_values(scraped.render()), "tokenweir_requests_total") == 1
+    stats = LedgerStats(appended=1, written=1, dropped=0, buffered=0, write_failures=0,
+                        last_error=None)  # fmt: skip  # the writer's turn came; no request since
+    await asyncio.sleep(PUBLISH_S * 5)
+    assert _get(_values(scraped.render()), "tokenweir_ledger_records_written_total") == 1
