@@ -31,7 +31,7 @@ from proxy.clock import Clock, SystemClock
 from proxy.errors import GatewayError, InternalError, NotFound
 from proxy.gateway import Gateway
 from proxy.keys.offboard import revoke_removed_tenants
-from proxy.orphan import end_with_supervisor
+from proxy.orphan import end_with_supervisor, leave_if_orphaned
 from proxy.policy import Policy, load_policy
 from proxy.reload import (
     SUPERVISOR_ENV,
@@ -153,6 +153,9 @@ def create_app(
                 flush_access_log()
                 if sdk is not None:
                     sdk.shutdown()
+                supervisor = os.environ.get(SUPERVISOR_ENV, "")
+                if supervisor.isdigit():  # a worker of `serve --workers N`
+                    leave_if_orphaned(int(supervisor))
 
     inference: dict[str, ASGIApp] = {
         "/v1/chat/completions": OpenAIEndpoint("chat"),

@@ -123,6 +123,7 @@ class Services:
         finally:
             if self.ledger is not None:
                 await self.ledger.aclose()
+            self.metrics.publish_last()  # what the ledger wrote last included
 
 
 _CLOSE_TIMEOUT_S = 3.0

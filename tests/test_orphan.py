@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from proxy.telemetry.workershare import METRICS_DIR_ENV
 from tests.redis_server import private_redis
 from tests.reliability.state import AUTH, policy_text
 from tests.test_cli_reload import tokenweir_serve
@@ -44,6 +45,13 @@ def _workers_of(supervisor: int) -> set[int]:
     return found
 
 
+def _metrics_dir(worker: int) -> Path:
+    """The directory the supervisor made for its workers' metrics, from a worker's environment."""
+    environ = (Path("/proc") / str(worker) / "environ").read_bytes().split(b"\0")
+    wanted = METRICS_DIR_ENV.encode() + b"="
+    return Path(next(v for v in environ if v.startswith(wanted))[len(wanted) :].decode())
+
+
 def _alive(pid: int) -> bool:
     try:
         return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0] != "Z"
@@ -71,6 +79,8 @@ def test_workers_drain_and_exit_when_their_supervisor_is_killed(
             while len(workers := _workers_of(process.pid)) < 2:
                 assert time.monotonic() - began < _WAIT_S, "the workers did not start"
                 time.sleep(0.1)
+            metrics_dir = _metrics_dir(min(workers))
+            assert metrics_dir.is_dir()
             started, lines = threading.Event(), []  # type: tuple[threading.Event, list[str]]
             streaming = threading.Thread(target=_stream_last_line, args=(url, started, lines))
             streaming.start()
@@ -87,6 +97,7 @@ def test_workers_drain_and_exit_when_their_supervisor_is_killed(
                 for pid in filter(_alive, workers):
                     os.kill(pid, signal.SIGKILL)
         assert lines[-1] == "data: [DONE]"  # the stream in flight was drained, not cut
+        assert not metrics_dir.exists()  # the last worker out removed it: no one else would
         port = int(url.rpartition(":")[2])
         with socket.socket() as again:  # a new `tokenweir serve` can take the port
             again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -12,7 +12,6 @@ never to the module. Under `serve --workers N` a scrape shows every worker's fig
 from __future__ import annotations
 
 import asyncio
-import atexit
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -84,8 +83,6 @@ class GatewayMetrics(Collector):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         ProcessCollector(registry=self.registry)
-        if share is not None:
-            atexit.register(self._publish)  # the last figures of a worker that stops
 
     def watch_ledger(self, stats: Callable[[], LedgerStats]) -> None:
         """Show the ledger's counters (`stats`, read when the figures are rendered or shared):
@@ -113,14 +110,16 @@ class GatewayMetrics(Collector):
         }
         own.ledger_buffered = {(): stats.buffered}
 
+    def publish_last(self) -> None:
+        """Under `--workers N`: this worker's last figures, its ledger closed (at its stop;
+        not `atexit`, which uvicorn skips: it ends a worker by raising SIGTERM again)."""
+        if self._share is not None:
+            self.read_watched()
+            self._share.publish(self._own.dump())
+
     def _writes_pending(self) -> bool:
-        """Ledger records appended and not yet written or dropped, while the loop runs (not at
-        exit, when the last figures are published once)."""
+        """Ledger records appended and not yet written or dropped."""
         if self._ledger is None:
-            return False
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
             return False
         stats = self._ledger()
         return stats.appended > stats.written + stats.dropped

@@ -16,6 +16,7 @@ import fcntl
 import logging
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,12 +25,13 @@ import orjson
 
 from proxy.atomicfile import replace_file
 
-__all__ = ["ARCHIVE", "METRICS_DIR_ENV", "PUBLISH_S", "Fold", "WorkerShare"]
+__all__ = ["ARCHIVE", "METRICS_DIR_ENV", "PUBLISH_S", "Fold", "WorkerShare", "leave_orphaned"]
 
 METRICS_DIR_ENV = "TOKENWEIR_METRICS_DIR"
 PUBLISH_S = 0.1  # how stale another worker's figures may be on a scrape
 ARCHIVE = "dead-workers.archive"  # not `*.json`: never taken for a worker's file
 _LOCK = ".lock"
+_LEFT = ".left"  # `{pid}.left`: an orphaned worker on its way out (see leave_orphaned)
 
 Fold = Callable[[Sequence[bytes]], bytes]
 """Workers' figures summed into one JSON object (counters only: the dead hold no gauge); any
@@ -109,6 +111,32 @@ class WorkerShare:
             replace_file(archive, orjson.dumps({**summed, "folded": [p.name for p in dead]}))
         for path in dead:
             path.unlink()
+
+
+def leave_orphaned(directory: Path) -> None:
+    """An exiting worker whose supervisor died (and so never removes the directory): the last
+    such worker out removes it. Each says it leaves, under the lock, before it looks: of two
+    leaving at once, the second sees the first gone."""
+    try:
+        fd = os.open(directory / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:  # gone already
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        (directory / f"{os.getpid()}{_LEFT}").touch()
+        staying = [
+            pid
+            for path in directory.glob("*.json")
+            if (pid := _pid(path.name)) != os.getpid()
+            and _alive(pid)
+            and not (directory / f"{pid}{_LEFT}").exists()
+        ]
+        if not staying:
+            shutil.rmtree(directory, ignore_errors=True)
+    except OSError as exc:
+        _log.warning("cannot remove the metrics directory %s: %s", directory, exc)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
