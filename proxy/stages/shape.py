@@ -16,7 +16,7 @@ from proxy.policy.model import Budget, Tenant
 from proxy.tokens import TokenizerError
 from proxy.tokens.base import prompt_count
 
-__all__ = ["InputCounter", "Shape", "count_prompts"]
+__all__ = ["InputCounter", "Shape", "chat_tools", "count_prompts"]
 
 Message = Mapping[str, Any]
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -78,7 +78,7 @@ class Shape:
                 messages = kept
                 shaped.append("history")
         if _needs_count(ctx):
-            tools = outgoing.body.get("tools")
+            tools = chat_tools(outgoing.body)
             rendered = _template_inputs(outgoing.body)  # vLLM's documents, template variables
             extra = await self._counter.count_prompt(ctx.model, rendered) if rendered else 0
             count = extra + await self._counter.count_chat(ctx.model, messages, tools)
@@ -128,6 +128,18 @@ class Shape:
             newest = await self._counter.count_chat(model, head + turns[cuts[-1] :], tools)
             raise _too_long(extra + newest, limit)
         return best
+
+
+def chat_tools(body: Mapping[str, Any]) -> list[Any] | None:
+    """A chat request's tool definitions as the counters read them: its `tools`, and each of the
+    legacy `functions` as a function tool (OpenAI renders both into the prompt and bills them)."""
+    tools, functions = body.get("tools"), body.get("functions")
+    if not functions:  # nearly every request: the tools as they are
+        return tools or None
+    declared = list(tools) if isinstance(tools, list) else []
+    if isinstance(functions, list):
+        declared += [{"type": "function", "function": function} for function in functions]
+    return declared or None
 
 
 async def count_prompts(

@@ -37,3 +37,26 @@ def test_documents_and_template_variables_count_toward_the_input_limit(
         )
     assert caught.value.code == "context_length_exceeded"
     assert fits.choices
+
+
+def test_legacy_functions_count_toward_the_input_limit(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    """OpenAI renders the legacy `functions` into the prompt as it renders `tools`, and bills
+    them, but only `tools` were counted: a function described in 1,000 words passed a 40-token
+    `max_input_tokens` to the backend uncounted."""
+    with serve(create_app(budget_policy(backend_url, "{max_input_tokens: 40}"))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        question = [{"role": "user", "content": "What is the weather?"}]
+        hidden = [{"name": "weather", "description": "word " * 1000, "parameters": {}}]
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk.chat.completions.create(
+                model="mock-llm", messages=question, extra_body={"functions": hidden}
+            )
+        assert backend.get("/mock/stats").json()["requests_total"] == 0
+        small = [{"name": "weather", "description": "Today's weather.", "parameters": {}}]
+        fits = sdk.chat.completions.create(
+            model="mock-llm", messages=question, extra_body={"functions": small}
+        )
+    assert caught.value.code == "context_length_exceeded"
+    assert fits.choices
