@@ -77,6 +77,8 @@ class Shape:
             if len(kept) < len(messages):
                 messages = kept
                 shaped.append("history")
+        if budget.max_input_tokens is not None:
+            _refuse_request_template(outgoing.body, budget.max_input_tokens)
         if _needs_count(ctx):
             tools = chat_tools(outgoing.body)
             rendered = _template_inputs(outgoing.body)  # vLLM's documents, template variables
@@ -272,6 +274,27 @@ def _refuse_stored_history(body: Mapping[str, Any], limit: int) -> None:
                 param=param,
                 code="unsupported_parameter",
             )
+
+
+def _refuse_request_template(body: Mapping[str, Any], limit: int) -> None:
+    """A chat template sent with the request (vLLM's `chat_template`, also read from
+    `chat_template_kwargs`) replaces the model's: the backend renders the messages through it,
+    into any number of tokens, while the gateway counts them with the model's own template.
+    Refused under an input limit, which the count could not hold (as a stored history is)."""
+    kwargs = body.get("chat_template_kwargs")
+    if body.get("chat_template") is not None:
+        param = "chat_template"
+    elif isinstance(kwargs, Mapping) and kwargs.get("chat_template") is not None:
+        param = "chat_template_kwargs.chat_template"
+    else:
+        return
+    raise BadRequest(
+        f"'{param}' cannot be used with this key: the backend would render the messages "
+        f"through a template the gateway cannot count against the key's limit of {limit} input "
+        "tokens. Send the request without it: the model's own template applies.",
+        param=param,
+        code="unsupported_parameter",
+    )
 
 
 def _template_inputs(body: Mapping[str, Any]) -> str:

@@ -60,3 +60,39 @@ def test_legacy_functions_count_toward_the_input_limit(
         )
     assert caught.value.code == "context_length_exceeded"
     assert fits.choices
+
+
+@pytest.mark.parametrize(
+    ("field", "param"),
+    [
+        ("chat_template", "chat_template"),
+        ("chat_template_kwargs", "chat_template_kwargs.chat_template"),
+    ],
+)
+def test_a_request_chat_template_is_refused_under_an_input_limit(
+    backend_url: str, backend: httpx.Client, field: str, param: str
+) -> None:
+    """vLLM renders the messages through a chat template sent with the request (with
+    --trust-request-chat-template), but the gateway counts them with the model's own: a
+    template repeating a 5-token question 10,000 times passed a 40-token max_input_tokens."""
+    template = "{% for i in range(10000) %}{{ messages[-1].content }}{% endfor %}"
+    value: object = template if field == "chat_template" else {"chat_template": template}
+    question = [{"role": "user", "content": "What is the weather?"}]
+    with serve(create_app(budget_policy(backend_url, "{max_input_tokens: 40}"))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk.chat.completions.create(
+                model="mock-llm", messages=question, extra_body={field: value}
+            )
+        assert backend.get("/mock/stats").json()["requests_total"] == 0
+        fits = sdk.chat.completions.create(
+            model="mock-llm", messages=question, extra_body={"chat_template_kwargs": {"x": 1}}
+        )
+    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", param)
+    assert fits.choices
+    with serve(create_app(budget_policy(backend_url, "{temperature: 0.2}"))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        uncounted = sdk.chat.completions.create(
+            model="mock-llm", messages=question, extra_body={field: value}
+        )
+    assert uncounted.choices  # a key without an input limit passes it on untouched
