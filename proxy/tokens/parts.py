@@ -57,14 +57,20 @@ _MEDIA_KEYS = (
 
 
 def media_tokens(part: Mapping[str, Any]) -> int:
-    """The fixed estimate for one media part; OpenAI's `detail: low` images cost less (chat has
-    the detail inside `image_url`, the Responses API's `input_image` beside it)."""
-    image = part.get("image_url")
-    if isinstance(image, Mapping) and image.get("detail") == "low":
-        return MEDIA_TOKENS_LOW
-    if part.get("detail") == "low":
-        return MEDIA_TOKENS_LOW
-    return MEDIA_TOKENS
+    """The fixed estimate for one media part; OpenAI's `detail: low` images cost less, where
+    OpenAI reads the detail: inside an image part's `image_url` (chat's), or beside an
+    `input_image`'s URL (the Responses API's). Anywhere else (beside a video, an audio, or
+    chat's image_url) no backend reads it, and the part is counted in full."""
+    kind = part.get("type")
+    if kind == "input_image" and "uuid" not in part:
+        detail = part.get("detail")
+    elif kind == "image_url" or not isinstance(kind, str) or "uuid" in part:
+        # a part vLLM reads by its keys reads `image_url` first: an image
+        image = part.get("image_url")
+        detail = image.get("detail") if isinstance(image, Mapping) else None
+    else:
+        detail = None
+    return MEDIA_TOKENS_LOW if detail == "low" else MEDIA_TOKENS
 
 
 def split_content(content: object) -> tuple[list[str], int]:

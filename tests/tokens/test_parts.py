@@ -98,6 +98,13 @@ HIDDEN_IN_CHAT_PARTS = {
 def test_text_in_any_chat_part_counts_against_max_input_tokens(
     gateway: tuple[str, str], content: list[dict[str, Any]]
 ) -> None:
+    assert _strict_chat_refused(gateway, content).code == "context_length_exceeded"
+
+
+def _strict_chat_refused(
+    gateway: tuple[str, str], content: list[dict[str, Any]]
+) -> openai.BadRequestError:
+    """The strict tenant's chat of `content`, refused before the backend saw it."""
     url, backend_url = gateway
     with (
         openai.OpenAI(base_url=url + "/v1", api_key=STRICT_KEY, max_retries=0) as sdk,
@@ -108,7 +115,7 @@ def test_text_in_any_chat_part_counts_against_max_input_tokens(
             max_tokens=5,
             messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
         )
-    assert refused.value.code == "context_length_exceeded"
+    return refused.value
 
 
 def test_a_thinking_part_is_charged_its_text_against_tokens_per_minute(
@@ -224,3 +231,28 @@ def test_every_text_part_type_counts_its_own_field_as_text(qwen: TokenCounter) -
     assert _count(qwen, [{"type": "input_text", "text": BIG}]) == plain
     unknown = _count(qwen, [{"type": "note", "body": BIG}])
     assert unknown >= plain  # its JSON: the text and a few tokens of keys
+
+
+SIBLING_LOW_DETAIL = {
+    "a video": {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}},
+    "an audio": {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+    "a high-detail image": {
+        "type": "image_url",
+        "image_url": {"url": "https://example.com/i.png", "detail": "high"},
+    },
+}
+
+
+@pytest.mark.parametrize("part", SIBLING_LOW_DETAIL.values(), ids=SIBLING_LOW_DETAIL)
+def test_a_low_detail_no_backend_reads_does_not_lower_a_parts_count(
+    gateway: tuple[str, str], part: dict[str, Any]
+) -> None:
+    """`detail: low` beside any media part counted it 85 tokens, not 765: OpenAI reads the
+    detail only inside chat's `image_url` (or beside a Responses `input_image`'s URL), so two
+    videos, audios or high-detail images, each with a `detail` no backend reads beside it,
+    passed a 1,000-token `max_input_tokens` counted at 170."""
+    content = [{**part, "detail": "low"}, {**part, "detail": "low"}, {"type": "text", "text": "?"}]
+    refused = _strict_chat_refused(gateway, content)
+    assert refused.code == "context_length_exceeded"
+    counted = int(refused.message.split("input is ")[1].split()[0])
+    assert counted > 2 * MEDIA_TOKENS
