@@ -299,8 +299,9 @@ def _refuse_request_template(body: Mapping[str, Any], limit: int) -> None:
 
 def _template_inputs(body: Mapping[str, Any]) -> str:
     """The text a vLLM chat template renders into the prompt beside the messages: the strings in
-    `documents` (RAG templates) and `chat_template_kwargs`. Counted as prompt tokens, so that
-    neither carries input past a key's limit or its reservation unseen."""
+    `documents` (RAG templates) and `chat_template_kwargs`, their objects' keys included.
+    Counted as prompt tokens, so that neither carries input past a key's limit or its
+    reservation unseen."""
     stack = [body[name] for name in _TEMPLATE_INPUTS if name in body]
     if not stack:  # nearly every request: no list built, no ABC checked
         return ""
@@ -310,6 +311,8 @@ def _template_inputs(body: Mapping[str, Any]) -> str:
         if isinstance(value, str):
             texts.append(value)
         elif isinstance(value, Mapping):
+            # Keys too: a template renders them (`tojson`, a document's `items()`).
+            texts.extend(key for key in value if isinstance(key, str))
             stack.extend(value.values())
         elif isinstance(value, list):
             stack.extend(value)

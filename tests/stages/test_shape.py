@@ -172,15 +172,16 @@ async def test_completions_and_embeddings_are_counted_and_limited() -> None:
 
 
 async def test_trimming_leaves_room_for_what_the_template_adds() -> None:
-    # `documents` (5 words) count beside the messages: the history is trimmed to fit beside them
+    # `documents` (5 words and 2 keys) count beside the messages: the history is trimmed to fit
+    # beside them
     words = "w " * 10
     body = chat(("user", words), ("assistant", words), ("user", "last question"))
     body["documents"] = [{"title": "a", "text": "b c d e"}]
     ctx = context(Budget(max_input_tokens=30), body)
     await Shape(WordCounter())(ctx)
     assert [m["content"] for m in ctx.body["messages"]] == ["last question"]
-    assert ctx.counted_input_tokens == 5 + 6
+    assert ctx.counted_input_tokens == 7 + 6
     big = chat(("user", "short"))
     big["documents"] = [{"text": "w " * 40}]
-    with pytest.raises(ContextLengthExceeded, match="45 tokens"):
+    with pytest.raises(ContextLengthExceeded, match="46 tokens"):
         await Shape(WordCounter())(context(Budget(max_input_tokens=30), big))
