@@ -16,7 +16,7 @@ from proxy.policy.model import Budget, Tenant
 from proxy.tokens import TokenizerError
 from proxy.tokens.base import prompt_count
 
-__all__ = ["InputCounter", "Shape", "chat_tools", "count_prompts"]
+__all__ = ["InputCounter", "Shape", "chat_tools", "count_prompts", "count_template_inputs"]
 
 Message = Mapping[str, Any]
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -81,8 +81,7 @@ class Shape:
             _refuse_request_template(outgoing.body, budget.max_input_tokens)
         if _needs_count(ctx):
             tools = chat_tools(outgoing.body)
-            rendered = _template_inputs(outgoing.body)  # vLLM's documents, template variables
-            extra = await self._counter.count_prompt(ctx.model, rendered) if rendered else 0
+            extra = await count_template_inputs(self._counter, ctx.model, outgoing.body)
             count = extra + await self._counter.count_chat(ctx.model, messages, tools)
             limit = budget.max_input_tokens
             if limit is not None and count > limit:
@@ -142,6 +141,13 @@ def chat_tools(body: Mapping[str, Any]) -> list[Any] | None:
     if isinstance(functions, list):
         declared += [{"type": "function", "function": function} for function in functions]
     return declared or None
+
+
+async def count_template_inputs(counter: InputCounter, model: str, body: Mapping[str, Any]) -> int:
+    """Input tokens a chat's template renders beside its messages: vLLM's `documents` and
+    `chat_template_kwargs`, by the text they hold."""
+    rendered = _template_inputs(body)
+    return await counter.count_prompt(model, rendered) if rendered else 0
 
 
 async def count_prompts(

@@ -12,7 +12,7 @@ import orjson
 
 from proxy.apis import AGENT_APIS
 from proxy.context import Operation, RequestContext, UsageSource
-from proxy.stages.shape import chat_tools, count_prompts
+from proxy.stages.shape import chat_tools, count_prompts, count_template_inputs
 from proxy.tokens import TokenCounter, TokenCounters, TokenizerError
 from proxy.tokens.base import prompts_of
 
@@ -161,6 +161,7 @@ async def count_unreported_input(ctx: RequestContext, counters: TokenCounters) -
             if not isinstance(messages, list):
                 return
             count = await counters.count_chat(ctx.model, messages, chat_tools(body))
+            count += await count_template_inputs(counters, ctx.model, body)
         else:
             count = await count_prompts(counters, ctx.model, ctx.operation, body)
     except (TokenizerError, TypeError, ValueError, AttributeError, KeyError):

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
 
 from proxy.app import create_app
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from tests.conftest import ALPHA_KEY
 from tests.servers import serve
+from tests.web.lyingbackend import lying_backend
+from tests.web.test_billing import ledger_records, qwen_spec
 from tests.web.test_budgets import KEY, budget_policy
 
 
@@ -119,3 +126,32 @@ def test_a_request_chat_template_is_refused_under_an_input_limit(
             model="mock-llm", messages=question, extra_body={field: value}
         )
     assert uncounted.choices  # a key without an input limit passes it on untouched
+
+
+def test_documents_are_billed_when_the_backend_reports_no_usage(tmp_path: Path) -> None:
+    """A backend that reports no usage is billed the gateway's own count of the input, but for a
+    key without limits (the count made only for the bill) that count left `documents` out: a
+    request carrying 1,000 words of them was billed its 20-token question."""
+    ledger = tmp_path / "ledger.db"
+    with lying_backend() as (backend, backend_url):
+        backend.usage = None
+        text = f"""
+storage: memory
+ledger: sqlite:///{ledger}
+backends: [{{name: liar, url: "{backend_url}/v1", models: [exact-llm]}}]
+models: {{exact-llm: {{tokenizer: "{qwen_spec()}"}}}}
+tenants:
+  alpha: {{api_keys: [{hash_key(ALPHA_KEY)}], models: [exact-llm]}}
+"""
+        policy = parse_policy(text, file="bill.yaml", environ={})
+        question = [{"role": "user", "content": "Summarise the notes."}]
+        with serve(create_app(policy)) as url:
+            sdk = openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0)
+            sdk.chat.completions.create(model="exact-llm", messages=question)
+            documents = [{"title": "notes", "text": "word " * 1000}]
+            sdk.chat.completions.create(
+                model="exact-llm", messages=question, extra_body={"documents": documents}
+            )
+    plain, with_documents = ledger_records(ledger, 2)
+    assert plain.usage_source == with_documents.usage_source == "counted"
+    assert with_documents.input_tokens >= plain.input_tokens + 1000
