@@ -52,6 +52,9 @@ class Shape:
         elif api is not None:
             await self._shape_agent(ctx, tenant, api)
         elif _needs_count(ctx):
+            if budget.max_input_tokens is not None and outgoing.body.get("prompt_embeds"):
+                # vLLM's prompt embeddings: tensors, read as many tokens as they have rows
+                raise _uncountable("prompt_embeds", "the prompt's embeddings", budget)
             count = await count_prompts(self._counter, ctx.model, ctx.operation, outgoing.body)
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
                 field = "prompt" if ctx.operation == "text_completion" else "input"
@@ -78,7 +81,7 @@ class Shape:
                 messages = kept
                 shaped.append("history")
         if budget.max_input_tokens is not None:
-            _refuse_request_template(outgoing.body, budget.max_input_tokens)
+            _refuse_request_template(outgoing.body, budget)
         if _needs_count(ctx):
             tools = chat_tools(outgoing.body)
             extra = await count_template_inputs(self._counter, ctx.model, outgoing.body)
@@ -282,22 +285,25 @@ def _refuse_stored_history(body: Mapping[str, Any], limit: int) -> None:
             )
 
 
-def _refuse_request_template(body: Mapping[str, Any], limit: int) -> None:
+def _refuse_request_template(body: Mapping[str, Any], budget: Budget) -> None:
     """A chat template sent with the request (vLLM's `chat_template`, also read from
     `chat_template_kwargs`) replaces the model's: the backend renders the messages through it,
     into any number of tokens, while the gateway counts them with the model's own template.
     Refused under an input limit, which the count could not hold (as a stored history is)."""
     kwargs = body.get("chat_template_kwargs")
     if body.get("chat_template") is not None:
-        param = "chat_template"
-    elif isinstance(kwargs, Mapping) and kwargs.get("chat_template") is not None:
+        raise _uncountable("chat_template", "the messages through its template", budget)
+    if isinstance(kwargs, Mapping) and kwargs.get("chat_template") is not None:
         param = "chat_template_kwargs.chat_template"
-    else:
-        return
-    raise BadRequest(
-        f"'{param}' cannot be used with this key: the backend would render the messages "
-        f"through a template the gateway cannot count against the key's limit of {limit} input "
-        "tokens. Send the request without it: the model's own template applies.",
+        raise _uncountable(param, "the messages through its template", budget)
+
+
+def _uncountable(param: str, read: str, budget: Budget) -> BadRequest:
+    """The refusal of a field whose input the backend reads, uncounted, under an input limit."""
+    return BadRequest(
+        f"'{param}' cannot be used with this key: the backend would read {read}, which the "
+        f"gateway cannot count against the key's limit of {budget.max_input_tokens} input "
+        "tokens. Send the request without it.",
         param=param,
         code="unsupported_parameter",
     )

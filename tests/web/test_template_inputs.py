@@ -155,3 +155,26 @@ tenants:
     plain, with_documents = ledger_records(ledger, 2)
     assert plain.usage_source == with_documents.usage_source == "counted"
     assert with_documents.input_tokens >= plain.input_tokens + 1000
+
+
+def test_prompt_embeddings_are_refused_under_an_input_limit(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    """vLLM reads a completion's `prompt_embeds` (with --enable-prompt-embeds) as a prompt of as
+    many tokens as the tensor has rows, beside or instead of the text prompt; the gateway
+    counted only the text: an empty prompt and any embeddings passed a 40-token limit."""
+    embeds = {"prompt_embeds": "UEsDBAAAAAAAAAAAAAAAAAAAAAAAAA=="}  # a torch.save'd tensor
+    with serve(create_app(budget_policy(backend_url, "{max_input_tokens: 40}"))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk.completions.create(model="mock-llm", prompt="", max_tokens=5, extra_body=embeds)
+        assert backend.get("/mock/stats").json()["requests_total"] == 0
+        fits = sdk.completions.create(model="mock-llm", prompt="Once", max_tokens=5)
+    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "prompt_embeds")
+    assert fits.choices
+    with serve(create_app(budget_policy(backend_url, "{temperature: 0.2}"))) as url:
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        passed = sdk.completions.create(
+            model="mock-llm", prompt="Once", max_tokens=5, extra_body=embeds
+        )
+    assert passed.choices  # a key without an input limit passes it on untouched
