@@ -104,11 +104,7 @@ def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
             function = {"name": block.get("name") or "", "arguments": arguments}
             calls.append({"id": block.get("id") or "", "type": "function", "function": function})
         elif kind == "tool_result" and role == "assistant":
-            # vLLM writes an assistant's tool result into its text whole (Python's repr of
-            # its blocks, an image's data included): counted as the blocks' JSON.
-            given = block.get("content")
-            text = given if isinstance(given, str) else _json(given)
-            parts.append({"type": "text", "text": f"Tool result: {text}"})
+            parts.append({"type": "text", "text": f"Tool result: {_result(block)}"})
         elif kind == "tool_result":
             call_id = block.get("tool_use_id") or ""
             results.append({"role": "tool", "tool_call_id": call_id, "content": _result(block)})
@@ -137,12 +133,15 @@ def _part(block: object) -> object:
     return block
 
 
-def _result(block: dict[str, Any]) -> object:
-    """A user's tool result as a tool message's content: a string, or its blocks as parts."""
+def _result(block: dict[str, Any]) -> str:
+    """A tool result's content as vLLM writes it into the prompt, the user's as the assistant's:
+    a string as it is, blocks whole (Python's repr of them, an image's data included), counted
+    as their JSON. Read as parts, an image's `data` counted 765 tokens however much text it
+    held."""
     given = block.get("content")
-    if isinstance(given, list):
-        return [_part(item) for item in given]
-    return given if isinstance(given, str) else ""
+    if isinstance(given, str):
+        return given
+    return _json(given) if given else ""
 
 
 def _json(value: object) -> str:

@@ -147,12 +147,19 @@ _SEARCH_RESULT = {
 _CALL = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
 _RESULT_DOCUMENT = {"type": "tool_result", "tool_use_id": "t", "content": [_DOCUMENT]}
 _RESULT_SEARCH = {"type": "tool_result", "tool_use_id": "t", "content": [_SEARCH_RESULT]}
+_IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": BIG}}
+_RESULT_IMAGE = {"type": "tool_result", "tool_use_id": "t", "content": [_IMAGE]}
 HIDDEN_IN_MESSAGES = {
     "a text document": [{"role": "user", "content": [_DOCUMENT]}],
     "a search result": [{"role": "user", "content": [_SEARCH_RESULT]}],
     "a document in a tool result": [
         {"role": "assistant", "content": [_CALL]},
         {"role": "user", "content": [_RESULT_DOCUMENT]},
+    ],
+    # vLLM writes a tool result into the prompt whole, an image's data as text.
+    "an image in a tool result": [
+        {"role": "assistant", "content": [_CALL]},
+        {"role": "user", "content": [_RESULT_IMAGE]},
     ],
     # vLLM writes an assistant's tool result into its text whole.
     "an assistant's tool result": [
