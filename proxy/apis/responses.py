@@ -86,11 +86,12 @@ def to_chat(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:
-    """A tool as a chat tool: a function as it is; any other (a custom tool's grammar, an MCP
-    server's, a built-in's settings) as a function whose parameters are the rest of it, since
-    what it carries may reach the prompt and must not go uncounted."""
+    """A tool as a chat tool: a function whole, as vLLM hands it to the chat template (every
+    key of it, an unknown one too, which a template's `tojson` renders); any other (a custom
+    tool's grammar, an MCP server's, a built-in's settings) as a function whose parameters are
+    the rest of it, since what it carries may reach the prompt and must not go uncounted."""
     if tool.get("type") == "function":
-        return chat_tool(tool.get("name"), tool.get("description"), tool.get("parameters"))
+        return {"type": "function", "function": tool}
     rest = {key: value for key, value in tool.items() if key not in ("name", "description")}
     return chat_tool(tool.get("name") or tool.get("type"), tool.get("description"), rest)
 

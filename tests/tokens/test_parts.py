@@ -263,3 +263,20 @@ def test_a_low_detail_no_backend_reads_does_not_lower_a_parts_count(
     assert refused.code == "context_length_exceeded"
     counted = int(refused.message.split("input is ")[1].split()[0])
     assert counted > 2 * MEDIA_TOKENS
+
+
+def test_every_key_of_a_responses_function_tool_counts_against_max_input_tokens(
+    gateway: tuple[str, str],
+) -> None:
+    """vLLM hands a Responses function tool to the chat template whole (`tojson` writes every
+    key), but only its name, description and parameters were counted: 3,000 tokens in any
+    other key of it passed a 1,000-token max_input_tokens."""
+    url, backend_url = gateway
+    function = {"type": "function", "name": "f", "parameters": {}}
+    with openai.OpenAI(base_url=url + "/v1", api_key=STRICT_KEY, max_retries=0) as sdk:
+        fits = sdk.responses.create(model="mock-llm", input="Hi", tools=[function])  # type: ignore[list-item]
+        with _refused(backend_url, openai.BadRequestError) as refused:
+            hidden = {**function, "notes": BIG}
+            sdk.responses.create(model="mock-llm", input="Hi", tools=[hidden])  # type: ignore[list-item]
+    assert fits.status == "completed"
+    assert refused.value.code == "context_length_exceeded"
