@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+import orjson
+
 from proxy.apis import AGENT_APIS, AgentApi
 from proxy.context import Admitted, Operation
 from proxy.errors import BadRequest, ContextLengthExceeded
@@ -311,7 +313,8 @@ def _uncountable(param: str, read: str, budget: Budget) -> BadRequest:
 
 def _template_inputs(body: Mapping[str, Any]) -> str:
     """The text a vLLM chat template renders into the prompt beside the messages: the strings in
-    `documents` (RAG templates) and `chat_template_kwargs`, their objects' keys included.
+    `documents` (RAG templates) and `chat_template_kwargs`, their objects' keys and their
+    numbers, booleans and nulls included.
     Counted as prompt tokens, so that neither carries input past a key's limit or its
     reservation unseen."""
     stack = [body[name] for name in _TEMPLATE_INPUTS if name in body]
@@ -328,6 +331,8 @@ def _template_inputs(body: Mapping[str, Any]) -> str:
             stack.extend(value.values())
         elif isinstance(value, list):
             stack.extend(value)
+        else:  # a number, true, false or null: a template writes it too (`tojson`, `{{ x }}`)
+            texts.append(orjson.dumps(value).decode())
     return "\n".join(texts)
 
 

@@ -51,15 +51,17 @@ def test_documents_and_template_variables_count_toward_the_input_limit(
     [
         {"documents": [{"word " * 1000: "notes"}]},
         {"chat_template_kwargs": {"custom_tools": [{"word " * 1000: {"type": "string"}}]}},
+        {"chat_template_kwargs": {"custom_tools": [[0] * 1000]}},
     ],
-    ids=["a document's key", "a template variable's key"],
+    ids=["a document's key", "a template variable's key", "a template variable's numbers"],
 )
-def test_text_in_the_keys_of_template_inputs_counts_toward_the_input_limit(
+def test_what_template_inputs_hold_beside_strings_counts_toward_the_input_limit(
     backend_url: str, backend: httpx.Client, field: dict[str, object]
 ) -> None:
-    """A template renders the keys of what it is given too (Llama 3.1's `custom_tools` through
-    `tojson`, Command-R's documents through `items()`), but only the strings under them were
-    counted: 1,000 words in a key passed a 20-token `max_input_tokens` uncounted."""
+    """A template renders the keys and numbers of what it is given too (Llama 3.1's
+    `custom_tools` through `tojson`, Command-R's documents through `items()`), but only the
+    strings were counted: 1,000 words in a key, or 1,000 zeros, passed a 20-token
+    `max_input_tokens` uncounted."""
     with serve(create_app(budget_policy(backend_url, "{max_input_tokens: 20}"))) as url:
         sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
         question = [{"role": "user", "content": "Summarise the notes."}]
