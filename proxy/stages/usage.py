@@ -302,7 +302,9 @@ def _message_texts(message: dict[str, Any], prefill: str = "") -> list[str]:
     texts = [message.get(name) or "" for name in names]
     if prefill and isinstance(texts[0], str) and texts[0].startswith(prefill):
         texts[0] = texts[0][len(prefill) :]  # echoed, not generated
-    for call in message.get("tool_calls") or ():
+    calls = message.get("tool_calls")
+    legacy = {"function": message.get("function_call")}  # the answer to the legacy `functions`
+    for call in [*(calls if isinstance(calls, list) else ()), legacy]:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
             texts += [function.get("name") or "", function.get("arguments") or ""]

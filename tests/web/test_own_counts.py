@@ -222,3 +222,25 @@ def test_an_echoed_assistant_prefill_is_no_output(ledger_path: Path) -> None:
             assert answer.json()["choices"][1]["message"]["content"].startswith(prefill)
             [record] = ledger_records(ledger_path, 1)
     assert (record.usage_source, record.output_tokens) == ("backend", 24)
+
+
+def test_a_legacy_function_call_is_output(ledger_path: Path) -> None:
+    """A whole answer to the legacy `functions` carries its call in `function_call`, not
+    `tool_calls`; counted without the backend's usage, it was no output: a call of 200 words of
+    arguments was billed 0 output tokens."""
+    arguments = '{"text": "' + "hello " * 200 + '"}'
+
+    async def answer(request: Request) -> JSONResponse:
+        call = {"name": "save", "arguments": arguments}
+        message = {"role": "assistant", "content": None, "function_call": call}
+        choice = {"index": 0, "message": message, "finish_reason": "function_call"}
+        return JSONResponse({"id": "c", "object": "chat.completion", "choices": [choice]})
+
+    backend_app = Starlette(routes=[Route("/v1/chat/completions", answer, methods=["POST"])])
+    functions = [{"name": "save", "parameters": {"type": "object"}}]
+    with serve(backend_app) as backend:
+        with serve(create_app(billing_policy(backend, ledger_path))) as url:
+            assert chat(url, functions=functions).status_code == 200
+    [record] = ledger_records(ledger_path, 1)
+    assert record.usage_source == "counted"
+    assert record.output_tokens >= 200
