@@ -3,6 +3,9 @@ with the reason."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from proxy.storage.redis.url import (
@@ -12,6 +15,9 @@ from proxy.storage.redis.url import (
     parse_cluster_url,
     parse_sentinel_url,
 )
+from tests.reliability.state import policy_text
+from tests.servers import free_port
+from tests.test_cli import tokenweir
 
 
 def test_a_sentinel_url_names_its_sentinels_service_database_and_login() -> None:
@@ -87,3 +93,53 @@ def test_a_cluster_url_names_its_nodes_login_and_tls() -> None:
 def test_a_wrong_cluster_url_says_what_is_wrong(url: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         check_storage_url(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("redis://:s3cret@h:6379/0?sockettimeout=1", "no option 'sockettimeout'"),
+        ("redis://:s3cret@h:6379/0?ssl_ca_certs=/ca.pem", "only with TLS, rediss://"),
+        ("unix://:s3cret@/run/redis.sock?socket_keepalive=true", "no option 'socket_keepalive'"),
+        ("redis://:s3cret@h:6379/0?socket_timeout=1s", "Invalid value for 'socket_timeout'"),
+        ("redis://:s3cret@h:63790000/0", "Port out of range"),
+        ("redis://:s3cret@h:port/0", "Port could not be cast"),
+        ("redis://:s3cret@[::1:6379/0", "Invalid IPv6 URL"),
+        ("redis://:s3cret@h:6379/zero", "database after the host is a number"),
+    ],
+)
+def test_a_wrong_one_server_url_says_what_is_wrong_without_its_password(
+    url: str, reason: str
+) -> None:
+    """redis-py took each and failed later: at the first call (an option its connection does not
+    take), or at startup on a traceback, or (a database not a number) used database 0."""
+    with pytest.raises(ValueError, match=re.escape(reason)) as refused:
+        check_storage_url(url)
+    assert "s3cret" not in str(refused.value)
+
+
+def test_one_server_urls_with_their_options_pass() -> None:
+    for url in (
+        "redis://u:p%40ss%3A%2F@[::1]:6379/2?socket_timeout=0.5&client_name=gw&max_connections=9",
+        "rediss://h:6380/0?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none&ssl_check_hostname=false",
+        "unix:///run/redis.sock?db=1",
+        "redis://h",
+    ):
+        assert check_storage_url(url) == url
+
+
+def test_serve_refuses_a_storage_url_with_an_unknown_option_readably(tmp_path: Path) -> None:
+    """`policy check` passed it, and `serve` died at startup on redis-py's TypeError traceback
+    ("unexpected keyword argument 'sockettimeout'")."""
+    config = tmp_path / "policy.yaml"
+    storage = "redis://:s3cret@127.0.0.1:9/0?sockettimeout=1"
+    config.write_text(policy_text("http://127.0.0.1:9", storage))
+    checked = tokenweir("policy", "check", str(config))
+    assert checked.returncode == 1, checked.stdout
+    assert f"{config}:2: storage: a Redis URL takes no option 'sockettimeout'" in checked.stderr
+    served = tokenweir("serve", "--config", str(config), "--port", str(free_port()))
+    assert served.returncode == 1, served.stderr[-2000:]
+    assert served.stderr.startswith("tokenweir: the policy cannot be used:"), served.stderr[-2000:]
+    assert f"{config}:2: storage: a Redis URL takes no option 'sockettimeout'" in served.stderr
+    assert "Traceback" not in served.stderr
+    assert "s3cret" not in checked.stderr + served.stderr

@@ -4,9 +4,12 @@ naming the key."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, Connection, parse_url
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -27,6 +30,14 @@ _SENTINEL_PORT: Final = 26379
 _REDIS_PORT: Final = 6379
 _SENTINEL_FORM: Final = "redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]"
 _CLUSTER_FORM: Final = "redis+cluster://[[user]:password@]host:port[,host:port...][/0]"
+# The `?options` redis-py reads from a one-server URL: any other name it hands to its connection
+# class, as it does a name that class does not take (`ssl_*` off rediss://), and that class then
+# fails the first call.
+_URL_OPTIONS: Final = frozenset(URL_QUERY_ARGUMENT_PARSERS) | {
+    "client_name", "username", "password", "ssl_keyfile", "ssl_certfile", "ssl_cert_reqs",
+    "ssl_ca_certs", "ssl_ca_data", "ssl_ca_path", "ssl_ciphers", "ssl_password",
+}  # fmt: skip
+_POOL_OPTIONS: Final = frozenset({"max_connections", "timeout"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +85,46 @@ def check_storage_url(url: str) -> str:
         parse_sentinel_url(url)
     elif is_cluster_url(url):
         parse_cluster_url(url)
-    elif url != "memory" and not is_redis_url(url):
+    elif is_redis_url(url):
+        _check_one_server(url)
+    elif url != "memory":
         raise ValueError(
             "storage is memory, redis://host:port/db, rediss://..., unix:///path, "
             f"{_SENTINEL_FORM}, or {_CLUSTER_FORM} (rediss+cluster:// with TLS)"
         )
     return url
+
+
+def _check_one_server(url: str) -> None:
+    """Refuse what redis-py would take here and fail on later (`serve` dying on a traceback at
+    its first call, or the database silently 0): a host or port it cannot read, an option's
+    value, an unknown option, a database that is not a number. Messages never repeat the URL,
+    nor any part of its login."""
+    try:
+        options = parse_url(url)
+    except ValueError as exc:
+        raise ValueError(f"a Redis URL redis-py cannot read: {exc}") from None
+    parts = urlsplit(url)
+    known = _URL_OPTIONS & (_POOL_OPTIONS | _taken_by(options.get("connection_class", Connection)))
+    for name in parse_qs(parts.query, keep_blank_values=True):
+        if name.startswith("ssl_") and parts.scheme != "rediss":
+            raise ValueError(f"a Redis URL takes {name} only with TLS, rediss://")
+        if name not in known:
+            raise ValueError(
+                f"a Redis URL takes no option {name!r}; it takes {', '.join(sorted(known))}"
+            )
+    db = "" if parts.scheme == "unix" else parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"the database after the host is a number, got {db!r}")
+
+
+def _taken_by(connection_class: type) -> frozenset[str]:
+    """The keyword arguments `connection_class` and the classes it extends take."""
+    names: set[str] = set()
+    for cls in connection_class.__mro__:
+        if "__init__" in vars(cls):
+            names.update(inspect.signature(vars(cls)["__init__"]).parameters)
+    return frozenset(names)
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
