@@ -371,7 +371,10 @@ class RateLimits:
 
 
 def _backend_scope(backend: Backend) -> str:
-    return f"tw:{{backend:{backend.name}}}"
+    # Not tw:{backend:<name>}, which is also the scope of a tenant named "backend:<name>" (a
+    # tenant's is tw:{<name>}, and names have no braces): that tenant's lone request took its
+    # own slot, then found the backend's pool holding it and was refused.
+    return f"tw:backend:{{{backend.name}}}"
 
 
 def _token_cost(ctx: Admitted) -> int:

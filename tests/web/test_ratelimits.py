@@ -193,6 +193,21 @@ tenants:
     assert after.status_code == 200
 
 
+def test_a_tenant_named_after_a_backend_shares_none_of_its_limits(backend_url: str) -> None:
+    """A tenant named `backend:mock` had the scope of backend mock's own limits: its lone
+    request took a slot of its own pool (5), then the backend's pool (1), the same key, held
+    it, and every one of its requests was a 503 'at capacity' with nothing running."""
+    text = limits_policy_text(backend_url, "{max_concurrent: 5}")
+    text = text.replace("  app:", '  "backend:mock":')
+    text = text.replace("models: [mock-llm]}]", "models: [mock-llm], limits: {max_concurrent: 1}}]")
+    policy = parse_policy(text, environ={})
+    with serve(create_app(policy)) as url:
+        answers = [
+            httpx.post(url + "/v1/chat/completions", json=CHAT, headers=AUTH) for _ in range(3)
+        ]
+    assert [answer.status_code for answer in answers] == [200] * 3, answers[0].text
+
+
 @pytest.mark.parametrize("attempts", ["", ", max_attempts: 1"])
 def test_a_full_backend_is_passed_over_for_one_that_admits_the_request(
     backend_url: str, attempts: str
@@ -385,4 +400,4 @@ tenants:
     assert tried_a == 1  # gpu-a was tried first
     assert held_meanwhile == 0
     with redis.Redis.from_url(redis_url) as client:
-        assert not client.exists("tw:{backend:gpu-a}:rl:tpm")  # full: nothing charged
+        assert not client.exists("tw:backend:{gpu-a}:rl:tpm")  # full: nothing charged
