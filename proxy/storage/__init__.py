@@ -8,6 +8,7 @@ from proxy.storage.base import (
     StorageError,
     StorageTimeout,
     StorageUnreachable,
+    StorageUnsent,
 )
 from proxy.storage.cache import CacheEntry, CacheStore
 from proxy.storage.facade import RedisStorage, Storage, open_storage
@@ -42,6 +43,7 @@ __all__ = [
     "StorageError",
     "StorageTimeout",
     "StorageUnreachable",
+    "StorageUnsent",
     "open_cache_store",
     "open_limit_store",
     "open_storage",

@@ -21,6 +21,7 @@ __all__ = [
     "StorageError",
     "StorageTimeout",
     "StorageUnreachable",
+    "StorageUnsent",
 ]
 
 
@@ -30,6 +31,7 @@ class StorageError(Exception):
     StorageError             an error reply, or trouble of no kind below
      +- StorageTimeout       no answer in time: the call may still run once the storage catches up
      +- StorageUnreachable   no connection (refused, lost or closed)
+         +- StorageUnsent    the call reached no storage: nothing of it ran
     """
 
 
@@ -40,6 +42,11 @@ class StorageTimeout(StorageError):
 
 class StorageUnreachable(StorageError):
     """The storage could not be connected to, or the connection was lost or closed."""
+
+
+class StorageUnsent(StorageUnreachable):
+    """The call was never sent: no connection could be opened (no primary known to Redis
+    Sentinel, say), so nothing of it ran, and what it carried may be sent again."""
 
 
 @dataclass(frozen=True, slots=True)

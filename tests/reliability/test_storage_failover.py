@@ -10,16 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import redis
 
+from proxy.tools.mock import backend as mockbackend
 from tests.redis_sentinel import sentinel_topology
 from tests.reliability.state import (
     AUTH,
+    TENANT,
     ledger_records,
     policy_text,
     slots_held,
     tokens_reserved,
 )
-from tests.servers import replicas
+from tests.servers import replicas, serve
 
 LONG = {"stream": True, "max_tokens": 4000, "mock_completion_tokens": 4000}
 
@@ -93,3 +96,40 @@ def test_the_gateway_follows_a_sentinel_failover_by_itself(
             _wait_for(lambda: ledger_records(topology.replica.url) == sent)
             assert slots_held(topology.replica.url) == 0
             assert tokens_reserved(topology.replica.url) == 0
+
+
+def _booked(redis_url: str) -> int:
+    """The tokens the tenant's daily quota counts as used."""
+    with redis.Redis.from_url(redis_url) as client:
+        keys = list(client.scan_iter(f"tw:{{{TENANT}}}:q:tokens:d:*"))
+        return sum(int(client.hget(key, "used") or 0) for key in keys)
+
+
+def test_a_stream_across_a_sentinel_failover_is_booked_whole_on_its_quota(tmp_path: Path) -> None:
+    """While the sentinel had no primary to name, the stream's usage checkpoints failed before
+    reaching any Redis, and their tokens were kept as booked: the daily quota of the new
+    primary lacked what the stream generated during the failover (about 150 of 800 here),
+    though the ledger had it."""
+    with (
+        serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=100)) as backend_url,
+        sentinel_topology() as topology,
+    ):
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, topology.url))
+        body = _chat() | {"stream": True, "max_tokens": 800, "mock_completion_tokens": 800}
+        with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
+            with http.stream("POST", "/v1/chat/completions", json=body) as stream:
+                lines = stream.iter_lines()
+                next(lines)
+                # Kill just after a checkpoint reached the replica: none is on its way.
+                _wait_for(lambda: _booked(topology.replica.url) > 0)
+                first = _booked(topology.replica.url)
+                _wait_for(lambda: _booked(topology.replica.url) > first)
+                topology.primary.kill()
+                topology.wait_promoted()
+                assert sum(1 for _ in lines) > 0
+            assert stream.status_code == 200
+            _wait_for(lambda: ledger_records(topology.replica.url) > 0)
+            usage = http.get("/api/usage", params={"since": "1d"}).json()["data"][0]
+        assert usage["output_tokens"] == 800
+        assert _booked(topology.replica.url) == usage["input_tokens"] + usage["output_tokens"]

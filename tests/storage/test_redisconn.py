@@ -1,5 +1,6 @@
 """Connecting to Redis: an unreachable Redis Cluster is a StorageError like any Redis trouble; a
-refused connection is StorageUnreachable, a call with no answer in time StorageTimeout."""
+refused connection is StorageUnreachable (StorageUnsent: nothing of the call ran), a call with no
+answer in time StorageTimeout."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from proxy.storage import (
     StorageError,
     StorageTimeout,
     StorageUnreachable,
+    StorageUnsent,
 )
 from tests.redis_server import RedisProcess, frozen
 from tests.servers import free_port
@@ -49,13 +51,14 @@ async def test_an_unreachable_cluster_fails_each_call_at_once_as_a_storage_error
 
 
 async def test_a_refused_connection_is_unreachable_storage_on_every_path() -> None:
+    """And unsent: a quota booking it carried is booked again by the next one."""
     storage = RedisStorage(f"redis://127.0.0.1:{free_port()}/0", timeout_s=5.0)
     try:
-        with pytest.raises(StorageUnreachable, match="redis"):
+        with pytest.raises(StorageUnsent, match="redis"):
             await storage.quotas.read([DAY])  # redis-py's client
-        with pytest.raises(StorageUnreachable, match="redis"):
+        with pytest.raises(StorageUnsent, match="redis"):
             await storage.limits.release("tw:{a}", [POOL], lease_id="l")  # the link's script
-        with pytest.raises(StorageUnreachable, match="cache storage"):
+        with pytest.raises(StorageUnsent, match="cache storage"):
             await storage.cache.get("a", "k", now=0.0)
     finally:
         await storage.aclose()

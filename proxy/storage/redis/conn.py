@@ -12,13 +12,13 @@ from typing import Any, Final, TypeAlias
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable
+from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable, StorageUnsent
 from proxy.storage.redis.resp import Multiplexed, can_multiplex
 from proxy.storage.redis.url import (
     SENTINEL_SCHEME,
@@ -118,6 +118,10 @@ def storage_error(what: str, cause: BaseException) -> StorageError:
     kind: type[StorageError] = StorageError
     if isinstance(cause, TimeoutError | RedisTimeoutError):  # TimeoutError is an OSError
         kind = StorageTimeout
+    elif isinstance(cause, MasterNotFoundError) or (
+        isinstance(cause, RedisConnectionError) and _never_sent(cause)
+    ):
+        kind = StorageUnsent
     elif isinstance(cause, RedisConnectionError | OSError):
         kind = StorageUnreachable
     error = kind(f"{what}: {cause}")
