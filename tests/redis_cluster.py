@@ -68,6 +68,27 @@ class ClusterProcesses:
                 return node
         return None
 
+    def start_migrating(self, slot: int, source: RedisProcess, target: RedisProcess) -> None:
+        """Resharding's first step (as `redis-cli --cluster reshard` takes it): `target` imports
+        `slot` and `source` migrates it; its keys stay on `source` until `finish_migrating`."""
+        with _client(target) as client:
+            client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", _node_id(source))
+        with _client(source) as client:
+            client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", _node_id(target))
+
+    def finish_migrating(self, slot: int, source: RedisProcess, target: RedisProcess) -> None:
+        """Every key of `slot` moved to `target` (MIGRATE), then every node gives it the slot."""
+        with _client(source) as client:
+            keys = client.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10_000)
+            if keys:
+                client.execute_command(
+                    "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys
+                )
+        owner = _node_id(target)
+        for node in self.nodes:
+            with _client(node) as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", owner)
+
     def flush(self) -> None:
         """Empty every primary and forget their scripts, as a new cluster would be."""
         for node in self.nodes:
@@ -105,6 +126,11 @@ def _client(node: RedisProcess) -> redis.Redis:
     return redis.Redis(
         port=node.port, socket_timeout=2, decode_responses=True, retry=Retry(NoBackoff(), 0)
     )
+
+
+def _node_id(node: RedisProcess) -> str:
+    with _client(node) as client:
+        return str(client.execute_command("CLUSTER", "MYID"))
 
 
 def _answers(node: RedisProcess) -> bool:

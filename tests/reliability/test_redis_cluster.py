@@ -10,12 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from redis.crc import key_slot
 
-from proxy.ledger.rediskeys import TENANTS_KEY, stream_key, tag
+from proxy.ledger.rediskeys import TENANTS_KEY, checkpoints_key, stream_key, tag
 from proxy.policy.units import hash_key
+from proxy.tools.mock import backend as mockbackend
 from tests.redis_cluster import ClusterProcesses, redis_cluster
 from tests.redis_server import RedisProcess, wait_until
-from tests.servers import replicas
+from tests.servers import replicas, serve
 from tests.web.test_dashboard import logged_in
 
 ALPHA, BETA, ADMIN = "tw-cluster-alpha", "tw-cluster-beta", "tw-cluster-admin"
@@ -195,3 +197,50 @@ def _home(cluster: ClusterProcesses, key: str) -> RedisProcess:
 def _served_elsewhere(cluster: ClusterProcesses, key: str, old: RedisProcess) -> bool:
     node = cluster.primary_of(key)
     return node is not None and node.port != old.port
+
+
+def test_a_ledger_batch_refused_while_a_slot_migrates_is_counted_once(tmp_path: Path) -> None:
+    """Resharding alpha's slot while a stream runs (so every key the ledger's script declares
+    is still on the old node): the script wrote the batch's records and totals, then Redis
+    refused an attribution cell it had not declared (a new user's, not on that node), and each
+    retry of the batch counted it again: 3 requests showed as 4 or more in /api/usage."""
+    long = {"stream": True, "max_tokens": 1000, "mock_completion_tokens": 1000}
+    with (
+        serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=100)) as backend_url,
+        redis_cluster() as cluster,
+    ):
+        config = tmp_path / "policy.yaml"
+        config.write_text(_policy(backend_url, cluster.url, "{}"))
+        with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, timeout=30) as http:
+            assert _chat(url, ALPHA, "before").status_code == 200
+            body = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]} | long
+            with http.stream(
+                "POST", "/v1/chat/completions", json=body, headers=_auth(ALPHA)
+            ) as stream:
+                lines = stream.iter_lines()  # kept: dropping it would close the stream
+                next(lines)
+                wait_until(lambda: _checkpointed(cluster, "alpha"), "a checkpoint")
+                source = _home(cluster, "tw:{alpha}")
+                target = next(node for node in cluster.nodes if node is not source)
+                slot = key_slot(b"alpha")
+                cluster.start_migrating(slot, source, target)
+                failed = _ledger(url)["write_failures"]
+                assert _chat(url, ALPHA, "during", user="someone new").status_code == 200
+                wait_until(lambda: _ledger(url)["write_failures"] >= failed + 2, "retries")
+                cluster.finish_migrating(slot, source, target)
+                assert sum(1 for _ in lines) > 0
+            wait_until(lambda: _requests(url)().get("alpha", 0) >= 3, "the ledger", timeout_s=15)
+            wait_until(lambda: _ledger(url)["buffered"] == 0, "the ledger's buffer")
+            usage = _usage(url, ADMIN)["alpha"]
+    assert usage["requests"] == 3
+    assert usage["output_tokens"] == 5 + 1000 + 5
+
+
+def _checkpointed(cluster: ClusterProcesses, tenant: str) -> bool:
+    with cluster.admin() as client:
+        return bool(client.exists(checkpoints_key(tag(tenant))))
+
+
+def _ledger(url: str) -> dict[str, int]:
+    ledger: dict[str, int] = httpx.get(url + "/readyz").json()["ledger"]
+    return ledger

@@ -24,6 +24,30 @@ if applied and tonumber(applied) >= tonumber(ARGV[1]) then
 end
 local maxlen, ttl = ARGV[2], tonumber(ARGV[3])
 local n = tonumber(ARGV[6])
+-- Every key written below but not declared (an attribution cell, its period's names, under a
+-- value or `other`) is read first: in a Redis Cluster slot being migrated, Redis refuses one
+-- this node no longer (or never) holds at that command and keeps what the script wrote before
+-- it, and the writer's retry of the batch then counted it twice. Refused here, nothing is written.
+local touched = {}
+local function touch(key)
+  if not touched[key] then
+    touched[key] = true
+    redis.call('EXISTS', key)
+  end
+end
+local t = 7 + 2 * n
+for _ = 6, #KEYS - 6 do
+  t = t + 4 + 2 * tonumber(ARGV[t + 3])
+end
+local t_other, t_cells = ARGV[t + 5], tonumber(ARGV[t + 6])
+t = t + 7
+for _ = 1, t_cells do
+  local prefix, value, start = ARGV[t + 1], ARGV[t + 2], tonumber(ARGV[t + 3])
+  touch(prefix .. 'names:' .. ARGV[t + 3])
+  touch(prefix .. cjson.encode({start, value}))
+  touch(prefix .. cjson.encode({start, t_other}))
+  t = t + 5 + 2 * tonumber(ARGV[t + 4])
+end
 local lost, written = {}, {}
 local a = 7
 for _ = 1, n do
