@@ -17,7 +17,7 @@ from proxy.ledger.base import (
 from proxy.ledger.redis import RedisLedger
 from proxy.ledger.sqlite import SqliteLedger
 from proxy.policy.units import split_sqlite_url
-from proxy.storage.redis.url import is_redis_url
+from proxy.storage.redis.url import check_storage_url, is_redis_url
 
 __all__ = [
     "Bucket",
@@ -51,7 +51,7 @@ def open_ledger(url: str, *, storage_url: str | None = None, read_only: bool = F
             )
         url = storage_url
     if is_redis_url(url):
-        return RedisLedger(url, read_only=read_only)
+        return RedisLedger(check_storage_url(url), read_only=read_only)
     if url.startswith("sqlite:///"):
         path, keep_records_s = split_sqlite_url(url)
         if not path or path == ":memory:":
@@ -60,6 +60,16 @@ def open_ledger(url: str, *, storage_url: str | None = None, read_only: bool = F
             )
         return SqliteLedger(Path(path), read_only=read_only, keep_records_s=keep_records_s)
     raise ValueError(
-        f"unknown ledger {url!r}: use sqlite:///relative/path.db, sqlite:////absolute/path.db, "
-        "redis://host:port/db, or redis (the storage: Redis)"
+        f"unknown ledger {_without_secrets(url)!r}: use sqlite:///relative/path.db, "
+        "sqlite:////absolute/path.db, redis://host:port/db, or redis (the storage: Redis)"
     )
+
+
+def _without_secrets(url: str) -> str:
+    """`url` as an error may repeat it: without a login (`user:password@`) or a query."""
+    scheme, named, rest = url.partition("://")
+    if not named:
+        return url
+    where = rest.partition("?")[0].partition("#")[0]
+    host, slash, path = where.partition("/")
+    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"

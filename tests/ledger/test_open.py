@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,19 @@ def test_redis_means_the_storage_redis() -> None:
 def test_unusable_values_are_explained(url: str, storage: str | None, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         open_ledger(url, storage_url=storage)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgres://usage:hunter2@db/usage", "unknown ledger 'postgres://db/usage'"),
+        ("postgres://db/usage?password=hunter2", "unknown ledger 'postgres://db/usage'"),
+        ("redis://:hunter2@127.0.0.1:6379/0?sockettimeout=1", "no option 'sockettimeout'"),
+    ],
+)
+def test_a_ledger_url_refused_is_not_repeated_with_its_password(url: str, message: str) -> None:
+    """`tokenweir report --ledger` printed the first whole, password and all, and died on a
+    TypeError traceback from redis-py at the second's first call."""
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        open_ledger(url)
+    assert "hunter2" not in str(refused.value)

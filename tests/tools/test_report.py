@@ -141,6 +141,14 @@ def test_missing_ledger_is_not_created(tmp_path: Path, capsys: pytest.CaptureFix
     assert not path.exists()
 
 
+def test_a_ledger_url_redis_py_cannot_use_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    """It was a TypeError traceback from redis-py's connection, at the first call."""
+    assert run("--ledger", "redis://:hunter2@127.0.0.1:9/0?sockettimeout=1")[0] == 1
+    err = capsys.readouterr().err
+    assert "takes no option 'sockettimeout'" in err
+    assert "hunter2" not in err
+
+
 def test_policy_names_the_ledger(tmp_path: Path, ledger_url: str) -> None:
     policy = write_policy(tmp_path, f"ledger: {ledger_url}")
     status, out = run("--config", str(policy), "--format", "csv")
