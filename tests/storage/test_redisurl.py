@@ -143,3 +143,22 @@ def test_serve_refuses_a_storage_url_with_an_unknown_option_readably(tmp_path: P
     assert f"{config}:2: storage: a Redis URL takes no option 'sockettimeout'" in served.stderr
     assert "Traceback" not in served.stderr
     assert "s3cret" not in checked.stderr + served.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:Ab3/xY+z@h:6379/0",
+        "redis://:Ab3?xY@h:6379/0",
+        "rediss://app:Ab3#xY@h:6380/0",
+        "unix://:Ab3/xY@/run/redis.sock",
+        "redis+sentinel://:Ab3/xY+z@h:26379/tokenweir",
+        "redis+cluster://app:Ab3/xY@h1:7000,h2:7001",
+    ],
+)
+def test_a_password_not_percent_encoded_is_refused_without_repeating_it(url: str) -> None:
+    """A bare '/' ended the hosts inside the password, and the error quoted what it took for
+    the host or port: 'a Redis Cluster port is a number from 1 to 65535, got 'Ab3''."""
+    with pytest.raises(ValueError, match="percent-encode") as refused:
+        check_storage_url(url)
+    assert "Ab3" not in str(refused.value)

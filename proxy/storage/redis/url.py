@@ -100,6 +100,7 @@ def _check_one_server(url: str) -> None:
     its first call, or the database silently 0): a host or port it cannot read, an option's
     value, an unknown option, a database that is not a number. Messages never repeat the URL,
     nor any part of its login."""
+    _check_login_encoded(url.partition("://")[2])
     try:
         options = parse_url(url)
     except ValueError as exc:
@@ -156,6 +157,7 @@ def parse_cluster_url(url: str) -> ClusterURL:
 
 def _split(rest: str, what: str, form: str, default_port: int) -> _Parts:
     """`[[user]:password@]host[:port][,host[:port]...][/path]`, after the scheme."""
+    _check_login_encoded(rest)
     if "?" in rest or "#" in rest:
         raise ValueError(f"a {what} URL takes no query or fragment: {form}")
     netloc, _, path = rest.partition("/")
@@ -167,6 +169,17 @@ def _split(rest: str, what: str, form: str, default_port: int) -> _Parts:
         password = unquote(secret) if colon else None
     found = tuple(_host_port(part, what, form, default_port) for part in hosts.split(","))
     return _Parts(found, path, username, password)
+
+
+def _check_login_encoded(rest: str) -> None:
+    """Refuse a login with a bare `/`, `?` or `#` (a generated password's, say): the URL would
+    end its hosts there, and an error about the host or port read would quote the password."""
+    hosts = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    if "@" in rest[len(hosts) :]:
+        raise ValueError(
+            "a Redis URL's user or password has a '/', '?' or '#' as it is: percent-encode "
+            "them (%2F, %3F, %23; '@' is %40, ':' in a user %3A)"
+        )
 
 
 def _host_port(part: str, what: str, form: str, default_port: int) -> tuple[str, int]:
