@@ -13,7 +13,7 @@ import httpx
 import redis
 
 from proxy.tools.mock import backend as mockbackend
-from tests.redis_sentinel import sentinel_topology
+from tests.redis_sentinel import SERVICE, sentinel_topology
 from tests.reliability.state import (
     AUTH,
     TENANT,
@@ -133,3 +133,39 @@ def test_a_stream_across_a_sentinel_failover_is_booked_whole_on_its_quota(tmp_pa
             usage = http.get("/api/usage", params={"since": "1d"}).json()["data"][0]
         assert usage["output_tokens"] == 800
         assert _booked(topology.replica.url) == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_a_graceful_sentinel_failover_moves_every_write_to_the_new_primary(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """`SENTINEL FAILOVER` leaves the old primary up, and a primary until the sentinel turns
+    it into a replica 8 s or more later: the gateway's open connections kept writing there,
+    ledger records and quota bookings it then dropped (20 of 45 requests' records were left)."""
+    with sentinel_topology() as topology:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, topology.url))
+        with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
+            assert [http.post("/v1/chat/completions", json=_chat()).status_code] == [200]
+            _wait_for(lambda: ledger_records(topology.replica.url) == 1)
+            with redis.Redis(port=topology.sentinel_port) as sentinel:
+                sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE)
+            topology.wait_promoted()
+            new_primary = topology.replica.url
+
+            def written() -> int:
+                """Records on the new primary, once this gateway has written all it holds."""
+                _wait_for(lambda: http.get("/readyz").json()["ledger"]["buffered"] == 0)
+                return ledger_records(new_primary)
+
+            def on_the_new_primary() -> bool:
+                before = written()
+                assert http.post("/v1/chat/completions", json=_chat()).status_code == 200
+                return written() > before
+
+            # Well before the old primary becomes a replica (8 s or more).
+            _wait_for(on_the_new_primary, timeout_s=5)
+            before = written()
+            for _ in range(5):
+                assert http.post("/v1/chat/completions", json=_chat()).status_code == 200
+            assert written() == before + 5
+            assert tokens_reserved(new_primary) == 0

@@ -5,8 +5,9 @@ one place redis-py's errors become StorageError."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, Final, TypeAlias
 
 import redis.asyncio as aioredis
@@ -50,6 +51,10 @@ REDIS_ERRORS: Final = (RedisError, RedisClusterException, OSError)
 """What a Redis call may raise when Redis is down, slow or reshaping: redis-py's cluster errors
 (a slot no node serves yet, say) do not derive from RedisError."""
 
+# How often a Sentinel URL's pools ask the sentinels which server is primary: a graceful
+# failover (`SENTINEL FAILOVER`) leaves the old primary up, and a primary for 8 s or more, so
+# connections open to it kept writing there: writes it then dropped as it became a replica.
+_PRIMARY_CHECK_S = 1.0
 # Connections a cluster node may open beyond the calls in flight: topology refreshes, redirects.
 _SPARE_CONNECTIONS = 4
 # redis-py would send a call again after any connection error, but its script may have run
@@ -147,10 +152,39 @@ async def send_all(client: RedisClient, calls: Sequence[Call]) -> list[Any]:
 
 class _PrimaryPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
     """Connections to whichever server the sentinels call primary now: a new connection asks
-    them, and one still open to a demoted or lost primary is dropped on its first error. Waits
-    for a free connection as BlockingConnectionPool does; closes the sentinel clients with it."""
+    them, and so does the pool, in the background, at most every _PRIMARY_CHECK_S as
+    connections are taken; a connection open to another server is dropped when next taken (or
+    on its first error, a lost primary). Waits for a free connection as BlockingConnectionPool
+    does; closes the sentinel clients with it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._check_due_s = 0.0
+        self._checking: asyncio.Task[None] | None = None
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now_s = time.monotonic()
+        if now_s >= self._check_due_s and (self._checking is None or self._checking.done()):
+            self._check_due_s = now_s + _PRIMARY_CHECK_S
+            self._checking = asyncio.get_running_loop().create_task(self._ask_sentinels())
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    async def ensure_connection(self, connection: Any) -> None:
+        named = self.master_address
+        if named is not None and connection.is_connected:
+            if (connection.host, connection.port) != named:
+                await connection.disconnect()  # it reconnects to the primary named now
+        await super().ensure_connection(connection)
+
+    async def _ask_sentinels(self) -> None:
+        """Learn the primary's address; a change drops the idle connections (redis-py)."""
+        with suppress(*REDIS_ERRORS):  # none named: a new connection raises it to its call
+            await self.get_master_address()  # type: ignore[no-untyped-call]
 
     async def aclose(self) -> None:
+        if self._checking is not None:
+            self._checking.cancel()
+            await asyncio.gather(self._checking, return_exceptions=True)
         try:
             await super().aclose()
         finally:
