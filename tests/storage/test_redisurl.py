@@ -123,6 +123,8 @@ def test_one_server_urls_with_their_options_pass() -> None:
         "redis://u:p%40ss%3A%2F@[::1]:6379/2?socket_timeout=0.5&client_name=gw&max_connections=9",
         "rediss://h:6380/0?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none&ssl_check_hostname=false",
         "unix:///run/redis.sock?db=1",
+        "unix:///run/redis/redis-server@6379.sock",
+        "redis://h:6379/0?client_name=gw@east",
         "redis://h",
     ):
         assert check_storage_url(url) == url

@@ -175,7 +175,10 @@ def _check_login_encoded(rest: str) -> None:
     """Refuse a login with a bare `/`, `?` or `#` (a generated password's, say): the URL would
     end its hosts there, and an error about the host or port read would quote the password."""
     hosts = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
-    if "@" in rest[len(hosts) :]:
+    after = rest[len(hosts) :]
+    # Not a socket's path (`unix:///run/redis@6379.sock`) nor an option (`?client_name=a@b`).
+    cut_login = bool(hosts) and "@" not in hosts and "=" not in after.partition("@")[0]
+    if cut_login and "@" in after:
         raise ValueError(
             "a Redis URL's user or password has a '/', '?' or '#' as it is: percent-encode "
             "them (%2F, %3F, %23; '@' is %40, ':' in a user %3A)"
