@@ -22,6 +22,7 @@ from tests.test_reload import (
     ADMIN,
     CHAT,
     NEW_KEY,
+    OLD_KEY,
     STAY_KEY,
     policy_text,
 )
@@ -139,6 +140,64 @@ def test_every_worker_reloads_on_sighup_and_on_the_admin_route(
         _eventually(lambda: both_serve(reloaded["policy_hash"]))
         assert set(seen) == workers  # reloaded in place, not restarted
         assert len({first, second, reloaded["policy_hash"]}) == 3
+
+
+def test_an_admin_reload_answers_once_every_worker_serves_the_file(
+    backend_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """`POST /admin/reload` under `--workers 2`: a worker that found nothing new (a SIGHUP sent to
+    its pid alone, as /readyz names it) answered `unchanged` and told no one, so the other served
+    a key the file had removed for good; and a reload that changed answered before the other
+    worker had it. Now the answer comes once every worker serves the file."""
+
+    def on_redis(text: str) -> str:
+        return text.replace("storage: memory", f"storage: {redis_url}")
+
+    config = tmp_path / "policy.yaml"
+    config.write_text(on_redis(policy_text(backend_url)))
+    with tokenweir_serve(config, "--workers", "2") as (_, url):
+        pids: set[object] = set()
+
+        def both_answered() -> bool:
+            pids.add(_ready(url)["pid"])
+            return len(pids) == 2
+
+        _eventually(both_answered)
+        config.write_text(on_redis(policy_text(backend_url, leaked_key=False)))
+        removed = _digest(config)
+        with _connection_to_a_worker(url) as (alone, http):
+            os.kill(alone, signal.SIGHUP)  # this worker alone reloads
+            _eventually(lambda: http.get("/readyz").json()["policy_hash"] == removed)
+            answer = http.post("/admin/reload", headers=ADMIN).json()
+        assert answer["status"] == "unchanged"
+        assert _every_worker(url) == {(removed, 401)}  # the leaked key, whichever worker answers
+        config.write_text(on_redis(policy_text(backend_url, leaked_key=False, newcomer=True)))
+        answer = httpx.post(url + "/admin/reload", headers=ADMIN).json()
+        assert answer["status"] == "reloaded"
+        assert answer["policy_hash"] == _digest(config)
+        assert _every_worker(url) == {(_digest(config), 401)}
+
+
+@contextmanager
+def _connection_to_a_worker(url: str) -> Iterator[tuple[int, httpx.Client]]:
+    """A keep-alive connection, and the pid of the worker that took it."""
+    with httpx.Client(base_url=url) as http:
+        yield int(http.get("/readyz").json()["pid"]), http
+
+
+def _every_worker(url: str) -> set[tuple[object, int]]:
+    """Asked on new connections until both workers answered (at once: no waiting between): the
+    policy version each serves, and the leaked key's status there."""
+    found: dict[int, tuple[object, int]] = {}
+    began = time.monotonic()
+    while len(found) < 2:
+        assert time.monotonic() - began < _WAIT_S, f"one worker answered: {found}"
+        with httpx.Client(base_url=url) as http:
+            ready = http.get("/readyz").json()
+            leaked = {"authorization": f"Bearer {OLD_KEY}"}
+            chat = http.post("/v1/chat/completions", json=CHAT, headers=leaked)
+        found.setdefault(int(ready["pid"]), (ready["policy_hash"], chat.status_code))
+    return set(found.values())
 
 
 def _digest(config: Path) -> str:

@@ -27,7 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from proxy.telemetry import semconv
-from proxy.telemetry.metricstate import MetricState, counts_of_dead
+from proxy.telemetry.metricstate import MetricState, counts_of_dead, versions_in
 from proxy.telemetry.sample import RequestSample
 from proxy.telemetry.workershare import PUBLISH_S, WorkerShare
 from proxy.upstream.meter import GapHistogram, gap_bucket_mid_s
@@ -147,6 +147,18 @@ class GatewayMetrics(Collector):
         """The policy version this process serves now (at startup and after each reload)."""
         self._own.policy = {(policy_hash,): 1}
         self._changed()
+
+    def versions_served(self) -> set[str] | None:
+        """Under `--workers N`: the policy versions the live workers serve, this one's and the
+        others' as they last published them (a change at most `PUBLISH_S` ago may be missing);
+        None in one process."""
+        if self._share is None:
+            return None
+        served = {version for (version,), serving in self._own.policy.items() if serving > 0}
+        for dumped, alive in self._share.others(counts_of_dead):
+            if alive:
+                served |= versions_in(dumped)
+        return served
 
     def _changed(self) -> None:
         """Under `--workers N`: publish this worker's figures soon (once per `PUBLISH_S`)."""

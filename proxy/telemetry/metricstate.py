@@ -20,7 +20,7 @@ from proxy.telemetry import semconv
 from proxy.telemetry.sample import Labels, RequestSample
 from proxy.upstream.meter import GapHistogram
 
-__all__ = ["HISTOGRAMS", "Histogram", "MetricState", "Series", "counts_of_dead"]
+__all__ = ["HISTOGRAMS", "Histogram", "MetricState", "Series", "counts_of_dead", "versions_in"]
 
 
 class Histogram:
@@ -197,6 +197,12 @@ def counts_of_dead(dumps: Sequence[bytes]) -> bytes:
     for dumped in dumps:
         state.add(dumped, alive=False)
     return state.dump()
+
+
+def versions_in(dumped: bytes) -> set[str]:
+    """The policy versions a process's `dump()` says it serves (one; none from an older one)."""
+    policy: list[list[Any]] = orjson.loads(dumped).get("policy", [])
+    return {labels[0] for labels, serving in policy if serving > 0}
 
 
 _COUNTERS = (

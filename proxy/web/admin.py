@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -23,7 +25,13 @@ if TYPE_CHECKING:
     from proxy.gateway import Gateway
     from proxy.reload import Reloader
 
-__all__ = ["admin_routes"]
+__all__ = ["SIBLINGS_WAIT_S", "admin_routes"]
+
+SIBLINGS_WAIT_S = 10.0
+"""How long `POST /admin/reload` waits for the other workers of `serve --workers N` to serve
+the version it reloaded."""
+_SIBLINGS_POLL_S = 0.05
+_log = logging.getLogger("tokenweir.reload")
 
 _MAX_BODY_BYTES = 16 * 1024
 _BODY_TIMEOUT_S = 10.0
@@ -95,13 +103,32 @@ def _check_admin(gateway: Gateway, authorization: str | None) -> None:
 async def _reload(gateway: Gateway, scope: Scope, receive: Receive) -> tuple[int, object]:
     reloader: Reloader[Gateway] = scope["state"]["reloader"]
     result = await reloader.reload("admin API")
-    if result.changed:
-        reloader.tell_siblings()
+    # Unchanged here is no news for the other workers: one may serve another version (a SIGHUP
+    # sent to one worker, or a reload one refused while the file was being written).
+    reloader.tell_siblings()
+    await _served_everywhere(gateway, result.policy_hash)
     return 200, {
         "status": "reloaded" if result.changed else "unchanged",
         "policy_hash": result.policy_hash,
         "previous_hash": result.previous_hash,
     }
+
+
+async def _served_everywhere(gateway: Gateway, policy_hash: str) -> None:
+    """Under `serve --workers N`: wait until every live worker serves `policy_hash` (the others
+    reload on the supervisor's SIGHUP, which it handles twice a second), so that what the answer
+    says holds whichever worker takes the next request; at most SIBLINGS_WAIT_S (a worker that
+    refused the file serves on what it had: logged, and shown by tokenweir_policy_info)."""
+    metrics = gateway.services.metrics
+    for _ in range(int(SIBLINGS_WAIT_S / _SIBLINGS_POLL_S)):
+        served = metrics.versions_served()
+        if served is None or served == {policy_hash}:
+            return
+        await asyncio.sleep(_SIBLINGS_POLL_S)
+    _log.warning(
+        "policy %s: not every worker serves it %.0f s after the admin reload (they serve %s)",
+        policy_hash, SIBLINGS_WAIT_S, ", ".join(sorted(metrics.versions_served() or ())),
+    )  # fmt: skip
 
 
 async def _create_key(gateway: Gateway, scope: Scope, receive: Receive) -> tuple[int, object]:
