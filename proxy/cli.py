@@ -12,8 +12,10 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
+from uvicorn.supervisors.multiprocess import Process
 
 from proxy import __version__
 from proxy.accepted import ACCEPTED_ENV, AcceptedPolicy
@@ -43,6 +46,7 @@ from proxy.tools.mock import backend as mockbackend
 __all__ = ["main"]
 
 _log = logging.getLogger("uvicorn.error")  # the supervisor's own log, as uvicorn's lines
+_SILENT_LIMIT_S = 120.0  # a live worker's health pings unanswered this long: it is stuck
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,6 +228,10 @@ class _ReloadingWorkers(Multiprocess):
     worker reloads on SIGHUP) instead of restarting them, which would cut their streams.
     Each worker starts with SIGHUP held, until its reloader takes it."""
 
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+        super().__init__(config, sockets)
+        self._silent: dict[int | None, float] = {}  # by pid: when its pings began to go unanswered
+
     def init_processes(self) -> None:
         super().init_processes()  # SIGHUP held since `_serve` began
         release_sighup()  # the supervisor's handler (queued, forwarded) takes it from now on
@@ -236,8 +244,45 @@ class _ReloadingWorkers(Multiprocess):
         super().terminate_all()
 
     def keep_subprocess_alive(self) -> None:
+        """uvicorn's, except for a live worker that does not answer a health ping: its answer
+        comes from a thread, which needs the GIL, and building a large HF tokenizer holds the GIL
+        for seconds (at startup, on a reload). It is taken for stuck only once silent for
+        _SILENT_LIMIT_S; uvicorn killed it (SIGKILL) after 5 s, cutting its streams."""
+        if self.should_exit.is_set():
+            return
         with sighup_held():  # it may start a worker
-            super().keep_subprocess_alive()
+            for index, process in enumerate(self.processes):
+                if self._alive(process):
+                    continue
+                process.kill()
+                process.join()
+                if process.exitcode == STARTUP_FAILURE:  # broken: every restart would fail too
+                    _log.error(
+                        "Child process [%s] failed to start, stopping the parent process.",
+                        process.pid,
+                    )
+                    self.should_exit.set()
+                    return
+                if self.should_exit.is_set():  # stopping meanwhile: none is started again
+                    return
+                _log.info("Child process [%s] died", process.pid)
+                self.processes[index] = started = Process(self.config, self.sockets)
+                started.start()
+
+    def _alive(self, process: Process) -> bool:
+        if not process.process.is_alive():
+            self._silent.pop(process.pid, None)
+            return False
+        if process.ping():  # at most 5 s
+            self._silent.pop(process.pid, None)
+            return True
+        since = self._silent.setdefault(process.pid, time.monotonic())
+        if time.monotonic() - since < _SILENT_LIMIT_S:
+            return True
+        _log.error(
+            "Child process [%s] silent for %.0f s, taken for stuck", process.pid, _SILENT_LIMIT_S
+        )
+        return False
 
     def handle_ttin(self) -> None:
         with sighup_held():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -22,9 +23,10 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.tools.mock import backend as mockbackend
 from tests.redis_server import private_redis
 from tests.reliability.state import KEY, policy_text
-from tests.servers import free_port, ready_workers, wait_healthy
+from tests.servers import free_port, ready_workers, serve, wait_healthy
 from tests.test_cli_reload import tokenweir_serve
 
 CHAT: dict[str, Any] = {
@@ -356,3 +358,84 @@ def _is_json(line: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def test_a_reload_building_a_slow_tokenizer_keeps_every_worker_and_its_streams(
+    tmp_path: Path,
+) -> None:
+    """A reload adding a tokenizer that takes seconds to build, the GIL held throughout (as a
+    large tokenizer.json does): no worker answered the supervisor's health ping for uvicorn's
+    5 s, so it killed them all (SIGKILL), their streams were cut, and the workers it started
+    again served the old policy. Now they reload in place and every stream ends whole."""
+    tokenizer = _slow_tokenizer(tmp_path / "tokenizer.json")
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=50)) as backend:
+        with private_redis() as redis_url:
+            config = tmp_path / "policy.yaml"
+            text = policy_text(backend, redis_url)
+            slow = text.replace("mock-llm: {}", f'mock-llm: {{tokenizer: "{tokenizer}"}}')
+            config.write_text(text)
+            with tokenweir_serve(config, "--workers", "2") as (process, url):
+                workers = _both_workers(url)
+                flowing = threading.Barrier(5, timeout=_WAIT_S)
+                with ThreadPoolExecutor(4) as pool:
+                    streams = [pool.submit(_long_stream, url, flowing) for _ in range(4)]
+                    flowing.wait()
+                    config.write_text(slow)
+                    os.kill(process.pid, signal.SIGHUP)
+                    ends = [stream.result(timeout=180) for stream in streams]
+                assert ends == ["stop"] * 4
+                served = _both_workers(url)
+                assert set(served) == set(workers)  # the same workers: reloaded in place
+                assert set(served.values()) == {_digest(config)}
+    assert b"died" not in config.with_suffix(".log").read_bytes()
+
+
+def _both_workers(url: str) -> dict[int, str]:
+    """Each worker's pid and the policy version it serves, once both answered."""
+    seen: dict[int, str] = {}
+
+    def both() -> bool:
+        seen.update(ready_workers(url))
+        return len(seen) == 2
+
+    _eventually(both)
+    return seen
+
+
+def _long_stream(url: str, flowing: threading.Barrier) -> str | None:
+    """A 30 s stream (1,500 tokens at 50 a second) through the openai SDK: how it ended."""
+    body = {**CHAT, "max_tokens": 1500, "extra_body": {"mock_completion_tokens": 1500}}
+    with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as sdk:
+        finish = None
+        for i, chunk in enumerate(sdk.chat.completions.create(**body, stream=True)):
+            if i == 1:
+                flowing.wait()
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        return finish
+
+
+def _slow_tokenizer(path: Path) -> Path:
+    """A tokenizer.json that takes about 10 s to build on 2 cores, all of it holding the GIL:
+    each of its 30,000 added tokens goes through its normaliser's 2,000 replacements."""
+    replace = [
+        {"type": "Replace", "pattern": {"String": f"q{n}q"}, "content": "q"} for n in range(2000)
+    ]
+    added = [
+        {"id": n + 2, "content": f"<tok{n}>", "single_word": False, "lstrip": False,
+         "rstrip": False, "normalized": True, "special": False}
+        for n in range(30_000)
+    ]  # fmt: skip
+    path.write_bytes(
+        json.dumps({
+            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": replace}, "pre_tokenizer": None,
+            "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"},
+        }).encode()
+    )  # fmt: skip
+    return path
+
+
+def _digest(config: Path) -> str:
+    return hashlib.sha256(config.read_bytes()).hexdigest()[:16]
