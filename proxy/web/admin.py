@@ -122,7 +122,8 @@ async def _served_everywhere(gateway: Gateway, policy_hash: str) -> None:
     metrics = gateway.services.metrics
     for _ in range(int(SIBLINGS_WAIT_S / _SIBLINGS_POLL_S)):
         served = metrics.versions_served()
-        if served is None or served == {policy_hash}:
+        # (None serving it any more: a later reload applied a newer file everywhere.)
+        if served is None or served == {policy_hash} or policy_hash not in served:
             return
         await asyncio.sleep(_SIBLINGS_POLL_S)
     _log.warning(
