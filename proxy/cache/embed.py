@@ -26,6 +26,7 @@ __all__ = [
     "BackendEmbedder",
     "Embedder",
     "EmbedderUnavailable",
+    "QuestionUnseen",
     "normalise",
 ]
 
@@ -38,6 +39,12 @@ _ANSWER_BYTES = 4 * 1024 * 1024
 
 class EmbedderUnavailable(Exception):
     """The embedder failed or timed out; the cache is skipped for this request."""
+
+
+class QuestionUnseen(EmbedderUnavailable):
+    """The embedder cannot see all of this question (a word it has no token for, or words past
+    its length): two questions differing only there would get one vector, so the question is
+    answered exactly only, not by meaning."""
 
 
 class Embedder(Protocol):

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import tokenizers
 
-from proxy.cache.embed import EmbedderUnavailable
+from proxy.cache.embed import EmbedderUnavailable, QuestionUnseen
 from proxy.cache.vectors import Vector
 
 __all__ = ["DIMENSIONS", "LocalEmbedder", "LocalEmbedderError"]
@@ -54,6 +54,7 @@ class LocalEmbedder:
         self._tokenizer.enable_truncation(MAX_TOKENS)
         # [PAD] (id 0) up to the batch's longest, not the file's fixed 128
         self._tokenizer.enable_padding()
+        self._unknown = self._tokenizer.token_to_id("[UNK]")
         self._limiter = anyio.CapacityLimiter(1)
 
     @property
@@ -66,12 +67,13 @@ class LocalEmbedder:
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), _BATCH):
             rows = order[start : start + _BATCH]
-            out[rows] = self._batch([texts[i] for i in rows])
+            out[rows] = self._run(self._tokenizer.encode_batch([texts[i] for i in rows]))
         return out
 
     async def embed(self, text: str) -> Vector:
+        """`text`'s vector, if the model sees all of it; QuestionUnseen if not."""
         try:
-            vectors = await anyio.to_thread.run_sync(self._batch, [text], limiter=self._limiter)
+            vectors = await anyio.to_thread.run_sync(self._whole, text, limiter=self._limiter)
         except RuntimeError as exc:  # onnxruntime's failures are RuntimeErrors
             raise EmbedderUnavailable(f"{self.name}: {exc}") from exc
         vector: Vector = vectors[0]
@@ -80,8 +82,17 @@ class LocalEmbedder:
     async def aclose(self) -> None:
         """Nothing to release: the session holds memory only, freed with the embedder."""
 
-    def _batch(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        encodings = self._tokenizer.encode_batch(texts)
+    def _whole(self, text: str) -> npt.NDArray[np.float32]:
+        """A word the vocabulary lacks ([UNK]: emoji, most Chinese characters, all of Khmer or
+        Lao) or past MAX_TOKENS leaves the vector as it was: "如何重置我的密码" and
+        "如何删除我的账户" (reset the password, delete the account) scored 1.0, as did any two
+        Khmer questions, and two long documents with different requests at their ends."""
+        encoding = self._tokenizer.encode(text)
+        if encoding.overflowing or self._unknown in encoding.ids:
+            raise QuestionUnseen(f"{self.name}: the model does not see all of the question")
+        return self._run([encoding])
+
+    def _run(self, encodings: list[tokenizers.Encoding]) -> npt.NDArray[np.float32]:
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}

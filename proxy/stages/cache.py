@@ -17,7 +17,7 @@ import orjson
 from starlette.types import Send
 
 from proxy.cache.answer import Answer, from_response
-from proxy.cache.embed import Embedder, EmbedderUnavailable, normalise
+from proxy.cache.embed import Embedder, EmbedderUnavailable, QuestionUnseen, normalise
 from proxy.cache.fold import StreamFold
 from proxy.cache.key import CacheKey, cache_key
 from proxy.cache.plan import CachePlan
@@ -223,6 +223,8 @@ class ResponseCache:
             try:
                 with anyio.fail_after(self._embed_timeout_s):
                     plan.vector = await self._embedder.embed(normalise(key.question))
+            except QuestionUnseen:
+                return None  # the question's own trait, not the embedder's trouble: no warning
             except (EmbedderUnavailable, TimeoutError) as exc:
                 _log.warning("embedder unavailable, semantic cache skipped: %s", exc)
                 return None
