@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from proxy.cache.guards import GUARDS, compatible, guarded_by, names, numbers, opposites
+from proxy.cache.guards import (
+    GUARDS,
+    compatible,
+    guarded_by,
+    names,
+    negation,
+    numbers,
+    opposites,
+)
 from tests.shared import shared_data
 
 # (query, cached): the same question in other words; a hit is right.
@@ -19,6 +27,8 @@ SAME = [
     ("Can I store datasets in any cloud in a Pythonic way?", "Can Python store datasets?"),
     ("What is an IterableDataset?", "What is an iterable dataset?"),
     ("怎么申请退款？", "如何申请退款？"),
+    ("Should I break up with my girlfriend or not?", "Should I break up with my girlfriend?"),
+    ("How can I avoid sleeping in a boring class?", "How do I not sleep in a boring class?"),
 ]
 # (query, cached): near twins whose answers differ; a hit is wrong.
 DIFFERENT = [
@@ -29,6 +39,13 @@ DIFFERENT = [
     ("How can I increase my credit limit?", "How can I reduce my credit limit?"),
     ("What are the advantages of remote work?", "What are the disadvantages of remote work?"),
     ("2023年的航班有哪些？", "2024年的航班有哪些？"),
+    # built to collide: each scores 0.98 or more on MiniLM
+    ("Is 7 greater than 3?", "Is 3 greater than 7?"),
+    ("What is 12 divided by 4?", "What is 4 divided by 12?"),
+    ("Is it safe to drink tap water in Mexico?", "Is it not safe to drink tap water in Mexico?"),
+    ("Can I eat eggs after the expiry date?", "Can I not eat eggs after the expiry date?"),
+    ("Why is the sky blue?", "Why isn't the sky blue?"),
+    ("Which foods contain gluten?", "Which foods do not contain gluten?"),
 ]
 
 
@@ -51,6 +68,9 @@ def test_each_guard_vetoes_its_own_kind_of_difference() -> None:
     assert names("Is it cold in Oslo, Norway?", "Is it cold in Oslo?")
     assert not opposites("Why do girls like funny guys?", "Why do girls hate funny guys?")
     assert opposites("Do you like or hate jazz?", "Do you hate jazz?")
+    assert not numbers("Is 7 greater than 3?", "Is 3 greater than 7?")
+    assert not negation("Will it rain?", "Won't it rain?")
+    assert negation("Is time a vector?", "Is time a vector? Why or why not?")
 
 
 def test_names_ignore_sentence_starts_and_reworded_lists() -> None:
@@ -63,7 +83,7 @@ def test_names_ignore_sentence_starts_and_reworded_lists() -> None:
 def test_guarded_by_checks_only_the_chosen_guards() -> None:
     assert guarded_by([])("flights in 2023", "flights in 2024")
     assert not guarded_by(["numbers"])("flights in 2023", "flights in 2024")
-    assert set(GUARDS) == {"numbers", "names", "opposites"}
+    assert set(GUARDS) == {"numbers", "names", "opposites", "negation"}
 
 
 def test_on_labelled_pairs_each_guard_vetoes_mostly_non_duplicates() -> None:
@@ -73,4 +93,6 @@ def test_on_labelled_pairs_each_guard_vetoes_mostly_non_duplicates() -> None:
     for name, guard in GUARDS.items():
         vetoed = [row["label"] for row in rows if not guard(row["text_b"], row["text_a"])]
         duplicates = sum(vetoed)
-        assert len(vetoed) - duplicates >= 5 * max(duplicates, 1), (name, vetoed)
+        # QQP has one question with a "not" added (vetoed): negation is for what users craft.
+        least = 5 * duplicates if name == "negation" else 5 * max(duplicates, 1)
+        assert len(vetoed) - duplicates >= least, (name, vetoed)

@@ -78,3 +78,25 @@ def test_a_question_the_model_cannot_see_all_of_is_never_a_semantic_hit(
     assert different == "miss"
     assert again == "hit"  # still cached exactly
     assert (english, reworded) == ("miss", "semantic-hit")  # what the model sees, it matches
+
+
+# Each pair scores 0.99 or more on MiniLM, above the default similarity.
+NEAR_TWINS = [
+    pytest.param("Is 7 greater than 3?", "Is 3 greater than 7?", id="numbers-swapped"),
+    pytest.param(
+        "Is it safe to drink tap water in Mexico?",
+        "Is it not safe to drink tap water in Mexico?",
+        id="negated",
+    ),
+]
+
+
+@pytest.mark.parametrize(("first", "second"), NEAR_TWINS)
+def test_near_twins_built_to_collide_are_not_a_semantic_hit(
+    backend_url: str, first: str, second: str
+) -> None:
+    """The numbers guard compared the numbers sorted and no guard looked at a "not": the second
+    question got the first one's answer."""
+    with gateway(backend_url) as url:
+        assert ask(url, first) == "miss"
+        assert ask(url, second) == "miss"
