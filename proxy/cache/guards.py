@@ -29,6 +29,7 @@ _NEGATIONS = frozenset({"not", "never", "no", "cannot", "nothing", "nobody", "no
 _CONTRACTED = {"won't": "will", "can't": "can", "shan't": "shall", "ain't": "is"}
 _AUXILIARIES = frozenset({"do", "does", "did"})
 _ASIDES = re.compile(r"\b(?:or|why|if) (?:not|no)\b")
+_DIRECTIONAL = frozenset({"to", "into", "than", "from", "before", "after"})
 _OPPOSITES = (
     ("increase", "decrease"),
     ("increase", "reduce"),
@@ -113,8 +114,32 @@ def negation(query: str, cached: str) -> bool:
     return mine[0] == theirs[0] or mine[1] != theirs[1]
 
 
+def direction(query: str, cached: str) -> bool:
+    """No two words swapped across a "to" or "than": "convert Celsius to Fahrenheit" is not
+    "Fahrenheit to Celsius" (0.995 on MiniLM), nor "move from Python to Java" the other way.
+
+    Only a swap around such a word: any reordering ("Why Delhi is ...", "Why is Delhi ...")
+    vetoed four duplicates per non-duplicate on the dev pairs, and "A and B" is "B and A".
+    """
+    mine, theirs = _ordered(query), _ordered(cached)
+    if len(mine) != len(theirs):
+        return True
+    apart = [i for i, (one, other) in enumerate(zip(mine, theirs, strict=True)) if one != other]
+    if len(apart) != 2:
+        return True
+    first, last = apart
+    swapped = mine[first] == theirs[last] and mine[last] == theirs[first]
+    return not (swapped and not _DIRECTIONAL.isdisjoint(mine[first + 1 : last]))
+
+
 GUARDS: Mapping[str, Guard] = MappingProxyType(
-    {"numbers": numbers, "names": names, "opposites": opposites, "negation": negation}
+    {
+        "numbers": numbers,
+        "names": names,
+        "opposites": opposites,
+        "negation": negation,
+        "direction": direction,
+    }
 )
 """Every guard by name, for measuring each one's effect."""
 
@@ -132,11 +157,16 @@ def compatible(query: str, cached: str) -> bool:
         and names(query, cached)
         and opposites(query, cached)
         and negation(query, cached)
+        and direction(query, cached)
     )
 
 
 def _numbers(text: str) -> list[str]:
     return [number.replace(",", "") for number in _NUMBER.findall(text)]
+
+
+def _ordered(text: str) -> list[str]:
+    return [word.casefold() for word in _WORD.findall(text)]
 
 
 def _negated(text: str) -> tuple[bool, frozenset[str]]:

@@ -88,6 +88,11 @@ NEAR_TWINS = [
         "Is it not safe to drink tap water in Mexico?",
         id="negated",
     ),
+    pytest.param(
+        "How do I convert Celsius to Fahrenheit?",
+        "How do I convert Fahrenheit to Celsius?",
+        id="swapped-across-to",
+    ),
 ]
 
 
@@ -95,8 +100,8 @@ NEAR_TWINS = [
 def test_near_twins_built_to_collide_are_not_a_semantic_hit(
     backend_url: str, first: str, second: str
 ) -> None:
-    """The numbers guard compared the numbers sorted and no guard looked at a "not": the second
-    question got the first one's answer."""
+    """The numbers guard compared the numbers sorted, and no guard looked at a "not" or at two
+    words swapped around a "to": the second question got the first one's answer."""
     with gateway(backend_url) as url:
         assert ask(url, first) == "miss"
         assert ask(url, second) == "miss"
