@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis
 
 from proxy.app import create_app
 from proxy.clock import FakeClock
@@ -203,6 +205,39 @@ def test_least_recently_used_entries_are_evicted(backend_url: str, storage: str)
             for q in ("three", "two", "one")
         ]
     assert statuses == ["hit", "hit", "miss"]
+
+
+def test_a_lowered_max_entries_does_not_hold_redis_for_every_tenant(
+    backend_url: str, redis_url: str
+) -> None:
+    """A tenant holding more answers than its `max_entries` (a reload or a new replica lowered
+    it) had the whole excess evicted by the script storing its next answer: Redis runs one
+    script at a time, and 100,000 evictions held it, so every tenant's limits, budgets and cache,
+    for about half a second (the store's own call gave up after its 1 s timeout)."""
+    old = 100_000
+    with redis.Redis.from_url(redis_url) as admin:
+        last_use = int(time.time()) - 10
+        with admin.pipeline(transaction=False) as fill:
+            for i in range(old):
+                fill.set(f"tw:{{alpha}}:cache:x:old{i}", b"answer", px=3_600_000)
+            fill.zadd("tw:{alpha}:cache:lru", {f"old{i}": last_use for i in range(old)})
+            fill.execute()
+        slower_than = admin.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"]
+        admin.config_set("slowlog-log-slower-than", 100_000)  # µs
+        admin.slowlog_reset()
+        try:
+            with gateway(backend_url, redis_url, "{mode: exact, max_entries: 10}") as url:
+                first, again = ask(url), ask(url)
+            held = admin.slowlog_get(10)
+        finally:
+            admin.config_set("slowlog-log-slower-than", slower_than)
+        left = int(admin.zcard("tw:{alpha}:cache:lru"))
+    assert (first.headers["x-tokenweir-cache"], again.headers["x-tokenweir-cache"]) == (
+        "miss",
+        "hit",
+    )
+    assert held == []  # no command of 100 ms or more
+    assert left < old  # the excess goes, a few dozen at each answer stored
 
 
 def test_a_stream_the_client_left_is_never_cached(cached_url: str, backend: httpx.Client) -> None:

@@ -17,7 +17,10 @@ local stale_before = string.format('(%.17g', ARGV[5]) -- Lua's own `..` writes o
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', stale_before, 'LIMIT', 0, 64)) do
   drop(KEYS[2], KEYS[3], prefix, member)
 end
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[6])
+-- At most 64 of the excess per call too: a tenant far over its max_entries (a reload lowered it)
+-- had all of it evicted here at once, and Redis runs one script at a time: 100,000 evictions
+-- held every tenant's requests for about half a second. Each answer stored takes 64 more.
+local over = math.min(redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[6]), 64)
 if over > 0 then
   for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, over - 1)) do
     drop(KEYS[2], KEYS[3], prefix, member)
