@@ -270,6 +270,28 @@ def rss_mib() -> float:
         return int(statm.read().split()[1]) * 4096 / 2**20
 
 
+def test_an_embedder_of_ever_new_dimensions_makes_a_tenant_few_redis_search_indexes(
+    backend_url: str, hostile: Hostile, hostile_url: str, redis8_url: str
+) -> None:
+    """RediSearch keeps an index per tenant and dimension, and each index takes in every vector
+    hash of the tenant: an embedder answering another dimension each time made an index each
+    time, and at 1,000 of them each hash write took 5.7 ms of Redis (68 µs with one)."""
+    spec = "{mode: semantic, similarity: 0.9, vector_search: redis-search}"
+    with gateway(backend_url, hostile_url, spec, redis8_url) as url:
+        for dim in range(4, 14):
+            hostile.embedding = [1.0] * dim
+            assert answered(ask(url, f"Question number {dim}?")) == "miss"
+        hostile.embedding = UNIT
+        assert answered(ask(url, "What is the capital of France?")) == "miss"
+        deadline = time.monotonic() + 10.0  # its vector is written after the others'
+        while answered(ask(url, "what is the capital of france")) != "semantic-hit":
+            assert time.monotonic() < deadline, "the first dimension's index no longer hits"
+            time.sleep(0.05)
+    with redis.Redis.from_url(redis8_url) as admin:
+        indexes = [name for name in admin.execute_command("FT._LIST") if b"{alpha}" in name]
+    assert 1 <= len(indexes) <= 4, indexes
+
+
 def test_many_conversations_each_cost_the_mirror_about_their_vectors(
     backend_url: str, hostile: Hostile, hostile_url: str
 ) -> None:

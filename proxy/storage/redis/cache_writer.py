@@ -172,8 +172,10 @@ class BatchedWriter(Generic[W]):
         self._queued -= len(batch)
         return batch
 
-    async def _before(self, batch: list[W]) -> None:
-        """Called before a batch is sent (e.g. to create the indexes it writes to)."""
+    async def _before(self, batch: list[W]) -> list[W]:
+        """Called before a batch is sent (e.g. to create the indexes it writes to); the writes
+        of it to send."""
+        return batch
 
     def _commands(self, write: W) -> list[Command]:
         raise NotImplementedError
@@ -183,11 +185,12 @@ class BatchedWriter(Generic[W]):
         while self._queued:
             began = loop.time()
             batch = self._next_batch()
-            commands = [command for write in batch for command in self._commands(write)]
             try:
-                await self._before(batch)
+                kept = await self._before(batch)
+                commands = [command for write in kept for command in self._commands(write)]
                 with translated("cache storage"):
-                    await self._sent(commands)
+                    if commands:
+                        await self._sent(commands)
             except StorageError as exc:
                 _log.warning("could not write %d semantic cache vectors: %s", len(batch), exc)
             if self._queued and not self._hurry and self._queued < _HURRY_FROM:
