@@ -1,6 +1,7 @@
 """The semantic cache on the local MiniLM embedder, through a real gateway: a question the model
 cannot see all of is never answered by meaning (an English-only vocabulary turns most Chinese
-characters, every emoji and whole scripts into one unknown token)."""
+characters, every emoji and whole scripts into one unknown token), nor are near twins built to
+collide (numbers swapped, a "not" added, words swapped across a "to")."""
 
 from __future__ import annotations
 
