@@ -222,3 +222,31 @@ def test_serve_refuses_a_broken_policy_readably(tmp_path: Path) -> None:
     done = tokenweir("serve", "--config", str(config), "--port", str(free_port()))
     assert done.returncode == 1
     assert "backends[0].api_key: environment variable BACKEND_KEY is not set" in done.stderr
+
+
+def test_policy_check_and_serve_refuse_a_file_not_in_utf8_or_an_alias_bomb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`policy check` printed a UnicodeDecodeError (or RecursionError) traceback, and `serve`
+    started on the Latin-1 file with its é read as U+FFFD; an alias bomb never finished."""
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", BETA_KEY)
+    good = policy_text("http://127.0.0.1:9")
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(good.replace("  beta:", "  # équipe\n  beta:").encode("latin-1"))
+    line = good.splitlines().index("  beta:") + 1
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("x: &loop [*loop]\n" + good)
+    bomb = tmp_path / "bomb.yaml"
+    levels = [f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 9)]
+    bomb.write_text("a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "\n".join(levels) + "\n" + good)
+    for config, message in [
+        (latin1, f"{latin1}:{line}: byte 0xe9 is not UTF-8: save the file as UTF-8"),
+        (loop, f"{loop}:1: x[0]"),
+        (bomb, f"{bomb}:6: a5: aliases here repeat more values than the file holds"),
+    ]:
+        for command in [("policy", "check"), ("serve", "--port", str(free_port()), "--config")]:
+            done = tokenweir(*command, str(config), timeout_s=120)
+            assert done.returncode == 1, done.stderr[-2000:]
+            assert message in done.stderr
+            assert "Traceback" not in done.stderr

@@ -137,6 +137,28 @@ async def test_a_broken_file_is_refused_and_nothing_changes(
     assert after == before
 
 
+async def test_an_alias_bomb_is_refused_and_the_gateway_goes_on(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    """A "billion laughs" reloaded took the gateway's event loop for good (every request in
+    flight and every new one stalled); it is refused at once, naming where, and nothing changes."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    levels = [f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 9)]
+    bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "\n".join(levels) + "\n"
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            before = (await http.get("/readyz")).json()["policy_hash"]
+            config.write_text(bomb + policy_text(slow_backend, newcomer=True))
+            refused = await http.post("/admin/reload", headers=ADMIN)
+            old_key = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(OLD_KEY))
+            after = (await http.get("/readyz")).json()["policy_hash"]
+    assert refused.status_code == 400
+    assert f"{config}:6: a5: aliases here repeat more values" in refused.json()["error"]["message"]
+    assert old_key.status_code == 200
+    assert after == before
+
+
 async def test_a_reload_keeps_the_limits_of_tenants_that_stay(
     slow_backend: str, tmp_path: Path
 ) -> None:

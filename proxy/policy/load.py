@@ -16,7 +16,7 @@ from pydantic_core import ErrorDetails
 from proxy.policy.model import Policy
 from proxy.storage.redis.url import is_redis_url
 
-__all__ = ["PolicyError", "Problem", "load_policy", "parse_policy"]
+__all__ = ["PolicyError", "Problem", "decode_policy", "load_policy", "parse_policy"]
 
 KeyPath = tuple[str | int, ...]
 
@@ -50,10 +50,23 @@ def load_policy(
     client key whose variable is unset then matches no key instead of being an error."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise PolicyError([Problem(file, 0, "", f"cannot read the file: {exc.strerror}")]) from exc
+    text = decode_policy(data, file)
     return parse_policy(text, file=file, environ=environ, keys_needed=keys_needed)
+
+
+def decode_policy(data: bytes, file: str) -> str:
+    """A policy file's bytes as text: UTF-8 (a byte order mark allowed), else a PolicyError at
+    the first byte that is not, rather than a traceback or a name silently changed."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        byte = data[exc.start : exc.start + 1].hex()
+        message = f"byte 0x{byte} is not UTF-8: save the file as UTF-8"
+        raise PolicyError([Problem(file, line, "", message)]) from None
 
 
 def parse_policy(
@@ -166,34 +179,77 @@ def _read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int]]:
         if node is None:
             return None, {}
         lines: dict[KeyPath, int] = {}
-        _index_lines(node, (), lines, file)
+        _index_lines(node, lines, file)
         return loader.construct_document(node), lines
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0
         raise PolicyError([Problem(file, line, "", f"invalid YAML: {exc.problem}")]) from None
     except yaml.YAMLError as exc:
         raise PolicyError([Problem(file, 0, "", f"invalid YAML: {exc}")]) from None
+    except RecursionError:  # PyYAML reads nested collections recursively
+        line = loader.get_mark().line + 1
+        raise PolicyError([Problem(file, line, "", _TOO_DEEP)]) from None
     finally:
         loader.dispose()
 
 
-def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], file: str) -> None:
-    """Record the line of every key and item; duplicate keys are errors, not last-one-wins."""
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            child = (*path, key)
-            if key in seen:
-                line = key_node.start_mark.line + 1
-                raise PolicyError([Problem(file, line, _dotted(child), "duplicate key")])
-            seen.add(key)
-            lines[child] = key_node.start_mark.line + 1
-            _index_lines(value_node, child, lines, file)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _index_lines(item, (*path, index), lines, file)
+# A policy is a few levels deep; a value nested deeper is a mistake (or an attack on the reader).
+MAX_DEPTH = 32
+# Values aliases may add by repeating their anchors': this many, or ALIAS_FACTOR times the
+# values written in the file. Rules shared by every tenant fit; a "billion laughs" (aliases of
+# aliases, 9 ** 9 values from a few lines) does not, nor does it in a file of many MB.
+MAX_ALIASED_VALUES = 100_000
+ALIAS_FACTOR = 10
+_TOO_DEEP = (
+    f"values are nested more than {MAX_DEPTH} levels deep (or an alias is inside its own anchor)"
+)
+_ALIAS_BOMB = (
+    f"aliases here repeat more values than the file holds {ALIAS_FACTOR} times over (and more "
+    f"than {MAX_ALIASED_VALUES:,}): write them out"
+)
+
+
+def _index_lines(root: yaml.Node, lines: dict[KeyPath, int], file: str) -> None:
+    """Record the line of every key and item; duplicate keys are errors, not last-one-wins.
+    Values nested too deeply (an alias inside its own anchor nests without end) and aliases
+    that repeat too many values are errors too: what reads the document next would not end."""
+    _LineIndex(lines, file).walk(root, (), ())
+
+
+class _LineIndex:
+    __slots__ = ("file", "lines", "seen", "visits")
+
+    def __init__(self, lines: dict[KeyPath, int], file: str) -> None:
+        self.lines = lines
+        self.file = file
+        self.seen: set[int] = set()
+        self.visits = 0
+
+    def walk(self, node: yaml.Node, path: KeyPath, site: KeyPath) -> None:
+        """`site`: where the alias `node` came from is used (the nearest value not repeated)."""
+        line = self.lines.setdefault(path, node.start_mark.line + 1)
+        if id(node) not in self.seen:
+            site = path
+            self.seen.add(id(node))
+        self.visits += 1
+        if len(path) > MAX_DEPTH:
+            raise PolicyError([Problem(self.file, line, _dotted(path[:MAX_DEPTH]), _TOO_DEEP)])
+        if self.visits - len(self.seen) > max(MAX_ALIASED_VALUES, ALIAS_FACTOR * len(self.seen)):
+            raise PolicyError([Problem(self.file, self.lines[site], _dotted(site), _ALIAS_BOMB)])
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                child = (*path, key)
+                if key in keys:
+                    line = key_node.start_mark.line + 1
+                    raise PolicyError([Problem(self.file, line, _dotted(child), "duplicate key")])
+                keys.add(key)
+                self.lines[child] = key_node.start_mark.line + 1
+                self.walk(value_node, child, site)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                self.walk(item, (*path, index), site)
 
 
 def _without_echoes(errors: list[ErrorDetails]) -> list[ErrorDetails]:

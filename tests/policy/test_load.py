@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,72 @@ def test_missing_file_is_a_policy_error(tmp_path: Path) -> None:
 def test_shipped_policies_are_valid(name: str) -> None:
     policy = load_policy(DEFAULT_POLICY.with_name(name), environ={"TOKENWEIR_API_KEY": "k"})
     assert policy.tenants
+
+
+def _alias_bomb(levels: int) -> str:
+    """A "billion laughs": each anchor's list holds nine aliases of the one before."""
+    lines = ["    models: &l0 [m1, m1, m1, m1, m1, m1, m1, m1, m1]"]
+    for level in range(1, levels):
+        aliases = ", ".join([f"*l{level - 1}"] * 9)
+        lines.append(f"        m{level}: &l{level} [{aliases}]")
+    lines.insert(1, "    limits:\n      per_model:")
+    return GOOD.replace("    models: [m1]\n    budget:", "\n".join(lines) + "\n    budget:")
+
+
+def test_an_alias_bomb_is_refused_at_once_in_little_memory() -> None:
+    """Nine levels of nine aliases (387 million values from 12 lines) took the loader minutes
+    and gigabytes; it is now an error naming where the aliases are used."""
+    text = _alias_bomb(9)
+    started = time.process_time()
+    found = problems(text)
+    assert time.process_time() - started < 20  # was: not done in 10 minutes
+    assert found == [
+        "p.yaml:26: tenants.support-bot.limits.per_model.m5: aliases here repeat more values "
+        "than the file holds 10 times over (and more than 100,000): write them out"
+    ]
+
+
+def test_anchors_shared_by_many_tenants_are_fine() -> None:
+    tenants = "".join(
+        f"  t{i}:\n    api_keys: [{hash_key(str(i))}]\n    models: [m1]\n    degrade: *rules\n"
+        for i in range(300)
+    )
+    text = GOOD.replace("    degrade:\n", "    degrade: &rules\n") + tenants
+    policy = parse_policy(text, file="p.yaml", environ={"UPSTREAM": "secret"})
+    assert policy.tenants["t299"].degrade[0].name == "shorten-under-load"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "[" * 5000 + "]" * 5000,
+        "{a: " * 5000 + "1" + "}" * 5000,
+        "&loop [*loop]",
+        "&loop {a: *loop}",
+    ],
+)
+def test_values_nested_without_end_are_refused(value: str) -> None:
+    """Deep nesting and an alias inside its own anchor were a RecursionError traceback."""
+    found = problems(f"x: {value}\n" + GOOD)
+    assert len(found) == 1
+    assert found[0].startswith("p.yaml:1: ")
+    assert "values are nested more than 32 levels deep" in found[0]
+
+
+def test_a_file_not_in_utf8_names_the_line_of_its_first_bad_byte(tmp_path: Path) -> None:
+    """A Latin-1 é was a UnicodeDecodeError traceback from `policy check`, and `serve` took it
+    as U+FFFD, changing the system prompt without a word."""
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(
+        GOOD.replace("history_limit: 10", "history_limit: 10 # café").encode(
+            "latin-1", errors="replace"
+        )
+    )
+    with pytest.raises(PolicyError) as caught:
+        load_policy(latin1, environ={"UPSTREAM": "s"})
+    assert [str(p) for p in caught.value.problems] == [
+        f"{latin1}:23: byte 0xe9 is not UTF-8: save the file as UTF-8"
+    ]
+    with_bom = tmp_path / "bom.yaml"
+    with_bom.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert load_policy(with_bom, environ={"UPSTREAM": "s"}).tenants
