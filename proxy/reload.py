@@ -274,8 +274,8 @@ class Reloader(Generic[G]):
             raise ReloadRefused("This gateway was not started from a policy file: nothing to load.")
         async with self._lock:
             current = self._live.current
-            try:
-                source = PolicySource.read(self._path)
+            try:  # off the loop: a file of many MB takes seconds to parse, streams go on
+                source = await asyncio.to_thread(PolicySource.read, self._path)
             except PolicyError as exc:
                 raise ReloadRefused(
                     f"The policy file has errors; the old policy keeps serving:\n{exc}"

@@ -6,11 +6,14 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from proxy import reload as reload_module
 from proxy.app import create_app
+from proxy.policy import Policy
 from proxy.policy.units import hash_key
 from proxy.tokens import TokenCounter, counters
 from proxy.tools.mock import backend as mockbackend
@@ -267,14 +270,7 @@ async def test_a_reload_loads_only_new_tokenizers_and_not_on_the_event_loop(
             config.write_text(
                 _with_tokenizers(slow_backend, {"mock-llm": mini, "mock-new": f"{mini}#chatml"})
             )
-            reloading = asyncio.create_task(http.post("/admin/reload", headers=ADMIN))
-            assert await asyncio.to_thread(loading.wait, 30)
-            health = await http.get("/healthz")
-            events.append("healthz answered")
-            healthz_answered.set()
-            reloaded = await reloading
-    assert health.status_code == 200
-    assert reloaded.json()["status"] == "reloaded", reloaded.text
+            await _reload_while_the_loop_answers(http, loading, healthz_answered, events)
     assert events == ["load mock-new", "healthz answered", "loaded mock-new"]
 
 
@@ -315,3 +311,46 @@ async def test_a_reload_that_changes_a_price_keeps_a_dead_backend_out(
             assert reloaded.json()["status"] == "reloaded"
             after = [(await http.post("/v1/chat/completions", json=CHAT)) for _ in range(4)]
     assert [a.status_code for a in after] == [200] * 4, after[0].text
+
+
+async def test_a_reload_parses_the_file_off_the_event_loop(
+    slow_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file was read and parsed on the event loop: a policy of many MB (seconds of YAML)
+    stalled every stream in flight and every new request until it was done. The parse is held
+    here until /healthz has answered (event order, no timing)."""
+    events: list[str] = []
+    parsing, healthz_answered = threading.Event(), threading.Event()
+    real_parse = reload_module.parse_policy
+
+    def held_parse(text: str, **kwargs: Any) -> Policy:
+        events.append("parsing")
+        parsing.set()
+        healthz_answered.wait(20)
+        parsed = real_parse(text, **kwargs)
+        events.append("parsed")
+        return parsed
+
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    with serve(create_app(config=config)) as url:
+        monkeypatch.setattr(reload_module, "parse_policy", held_parse)
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            config.write_text(policy_text(slow_backend, newcomer=True))
+            await _reload_while_the_loop_answers(http, parsing, healthz_answered, events)
+    assert events == ["parsing", "healthz answered", "parsed"]
+
+
+async def _reload_while_the_loop_answers(
+    http: httpx.AsyncClient, held: threading.Event, answered: threading.Event, events: list[str]
+) -> None:
+    """Reload; once the reload's work in a thread has started (`held`, which it holds until
+    `answered`), /healthz must answer, then the reload finishes."""
+    reloading = asyncio.create_task(http.post("/admin/reload", headers=ADMIN))
+    assert await asyncio.to_thread(held.wait, 30)
+    health = await http.get("/healthz")
+    assert health.status_code == 200
+    events.append("healthz answered")
+    answered.set()
+    reloaded = await reloading
+    assert reloaded.json()["status"] == "reloaded", reloaded.text
