@@ -250,3 +250,21 @@ def test_policy_check_and_serve_refuse_a_file_not_in_utf8_or_an_alias_bomb(
             assert done.returncode == 1, done.stderr[-2000:]
             assert message in done.stderr
             assert "Traceback" not in done.stderr
+
+
+def test_serve_refuses_a_price_of_inf_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`policy check` said ok, then serve's startup failed with an OverflowError traceback."""
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", BETA_KEY)
+    config = tmp_path / "policy.yaml"
+    config.write_text(
+        policy_text("http://127.0.0.1:9").replace("input_per_1m: 0.1", "input_per_1m: .inf")
+    )
+    expected = f"{config}:12: models.mock-llm.price.input_per_1m: Input should be less than"
+    for command in [("policy", "check"), ("serve", "--port", str(free_port()), "--config")]:
+        done = tokenweir(*command, str(config))
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert expected in done.stderr
+        assert "Traceback" not in done.stderr

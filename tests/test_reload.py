@@ -162,6 +162,28 @@ async def test_an_alias_bomb_is_refused_and_the_gateway_goes_on(
     assert after == before
 
 
+async def test_a_budget_of_inf_is_refused_and_requests_go_on(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    """`usd_per_day: .inf` (or 1.0e300) reloaded without a word, then every request of the
+    tenant was a 500 (an OverflowError turning it into nano-USD); it is refused, naming the
+    line, and the old policy keeps serving."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            infinite = policy_text(slow_backend).replace(
+                "    limits: {}\n", "    limits: {}\n    budget: {usd_per_day: .inf}\n"
+            )
+            config.write_text(infinite)
+            refused = await http.post("/admin/reload", headers=ADMIN)
+            chat = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(OLD_KEY))
+    assert refused.status_code == 400
+    message = refused.json()["error"]["message"]
+    assert f"{config}:10: tenants.alpha.budget.usd_per_day: expected a finite number" in message
+    assert chat.status_code == 200, chat.text
+
+
 async def test_a_reload_keeps_the_limits_of_tenants_that_stay(
     slow_backend: str, tmp_path: Path
 ) -> None:

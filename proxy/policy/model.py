@@ -151,8 +151,9 @@ class _Frozen(NoBoolAsNumber):
 class Price(_Frozen):
     """USD per million tokens, for cost reports."""
 
-    input_per_1m: Annotated[float, Field(ge=0)] = 0.0
-    output_per_1m: Annotated[float, Field(ge=0)] = 0.0
+    # At most a dollar a token: a dearer price is a typo, and its costs would not fit the ledger.
+    input_per_1m: Annotated[float, Field(ge=0, le=1_000_000)] = 0.0
+    output_per_1m: Annotated[float, Field(ge=0, le=1_000_000)] = 0.0
 
 
 Routing = Literal["least_inflight", "weighted", "prefix_affinity"]

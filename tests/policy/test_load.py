@@ -312,3 +312,30 @@ def test_a_file_not_in_utf8_names_the_line_of_its_first_bad_byte(tmp_path: Path)
     with_bom = tmp_path / "bom.yaml"
     with_bom.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
     assert load_policy(with_bom, environ={"UPSTREAM": "s"}).tenants
+
+
+def test_numbers_that_are_not_finite_or_too_large_to_count_are_refused() -> None:
+    """`.inf`, `.nan` and numbers past what the gateway can count passed the check; then
+    `.inf` as a price failed serve's startup with an OverflowError traceback, `.inf` or 1e300
+    as a USD budget and 1e26 as max_output_tokens made every request a 500, and `.nan` turned
+    timeouts and TTLs into nonsense."""
+    text = (
+        GOOD.replace("input_per_1m: 0.10", "input_per_1m: .inf")
+        .replace("output_per_1m: 0.40", "output_per_1m: 2000000")
+        .replace("max_output_tokens: 512", "max_output_tokens: 99999999999999999999999999")
+        .replace("history_limit: 10", "history_limit: 10\n      usd_per_day: 1.0e300")
+        .replace("queue_timeout: 2s", "queue_timeout: .nan")
+        .replace("ttl: 1h", "ttl: 99999999d")
+    )
+    assert problems(text) == [
+        "p.yaml:14: models.m1.price.input_per_1m: Input should be less than or equal to 1000000",
+        "p.yaml:14: models.m1.price.output_per_1m: Input should be less than or equal to 1000000",
+        "p.yaml:22: tenants.support-bot.budget.max_output_tokens: 1e+26 is too large: "
+        "at most 9,007,199,254,740,991",
+        "p.yaml:24: tenants.support-bot.budget.usd_per_day: 1e+300 is too large: "
+        "at most 9,007,199,254,740,991",
+        "p.yaml:25: tenants.support-bot.limits.queue_timeout: a duration is a number of "
+        "seconds, 0 or more, got nan",
+        "p.yaml:26: tenants.support-bot.cache.ttl: a duration is at most 36500d (100 years), "
+        "got '99999999d'",
+    ]
