@@ -158,6 +158,21 @@ def test_names_that_would_break_redis_hash_tags_are_refused() -> None:
     )
 
 
+def test_a_tenant_may_not_take_a_backends_name_for_its_limits() -> None:
+    """A tenant named `backend:b` kept its rate limits in backend b's buckets and slots
+    (tw:{backend:b}:rl:...): backend b's traffic spent the tenant's requests_per_minute (a
+    429 for a tenant that had sent nothing) and the tenant's spent the backend's (a 503 for
+    every other tenant on it)."""
+    found = problems(GOOD.replace("support-bot:", "backend:b:"))
+    assert found == [
+        "p.yaml:17: tenants.backend:b: tenant names may not start with backend: (a backend's "
+        "limits are kept under tw:{backend:<name>}, which the tenant's would share)"
+    ]
+    assert parse_policy(
+        GOOD.replace("support-bot:", "team:backend:"), environ={"UPSTREAM": "s"}
+    ).tenants
+
+
 def test_ledger_urls_are_checked() -> None:
     assert problems(GOOD.replace("storage: memory", "storage: memory\nledger: postgres://x")) == [
         "p.yaml:2: ledger: a ledger is sqlite:///relative.db, sqlite:////absolute.db, "
