@@ -268,3 +268,24 @@ def test_serve_refuses_a_price_of_inf_in_one_line(
         assert done.returncode == 1, done.stderr[-2000:]
         assert expected in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_serve_refuses_a_key_variable_that_ends_with_a_newline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key from a Kubernetes Secret made with `echo` ends with a newline: serve started,
+    then every request was a 502 `LocalProtocolError` (the backend's key cannot go in a
+    header) or a 401 (no client can send the tenant's key). It is refused, naming the line."""
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY + "\n")
+    monkeypatch.setenv("BETA_KEY", BETA_KEY + "\n")
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text("http://127.0.0.1:9"))
+    done = tokenweir("serve", "--config", str(config), "--port", str(free_port()))
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    for where, name in [
+        (":9: backends[0].api_key", "BACKEND_KEY"),
+        (":20: tenants.beta", "BETA_KEY"),
+    ]:
+        assert f"{config}{where}" in done.stderr
+        assert f"environment variable {name} ends with a newline" in done.stderr

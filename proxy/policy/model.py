@@ -62,7 +62,24 @@ def _resolve_env(value: str, info: ValidationInfo) -> str | None:
     resolved = _environ(info).get(name) or default
     if resolved is None or (not resolved and default is None):
         raise ValueError(f"environment variable {name} is not set or empty")
+    if flaw := _unsendable(resolved):
+        raise ValueError(f"environment variable {name} {flaw}")
     return resolved
+
+
+def _unsendable(value: str) -> str | None:
+    """What keeps `value` (a key, a URL) from being sent in a header or a request line as it
+    is, if anything: an HTTP header cannot carry a newline, and servers strip outer spaces."""
+    if value.endswith("\n"):
+        return (
+            "ends with a newline, which no client or backend can send: set it without one "
+            "(a Kubernetes Secret made with echo has one; use printf or echo -n)"
+        )
+    if value != value.strip():
+        return "starts or ends with whitespace, which no client or backend can send"
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
+        return "holds a control character, which no client or backend can send"
+    return None
 
 
 def _setting(value: object, info: ValidationInfo) -> object:

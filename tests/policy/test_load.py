@@ -354,3 +354,21 @@ def test_numbers_that_are_not_finite_or_too_large_to_count_are_refused() -> None
         "p.yaml:26: tenants.support-bot.cache.ttl: a duration is at most 36500d (100 years), "
         "got '99999999d'",
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "flaw"),
+    [
+        ("secret\n", "ends with a newline"),
+        ("secret\r\n", "ends with a newline"),
+        (" secret", "starts or ends with whitespace"),
+        ("sec\x00ret", "holds a control character"),
+    ],
+)
+def test_a_variable_no_header_can_carry_is_refused(value: str, flaw: str) -> None:
+    found = problems(GOOD, environ={"UPSTREAM": value})
+    assert len(found) == 1
+    assert found[0].startswith(
+        f"p.yaml:5: backends[0].api_key: environment variable UPSTREAM {flaw}, which no "
+        "client or backend can send"
+    )
