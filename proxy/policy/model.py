@@ -86,6 +86,10 @@ def _setting(value: object, info: ValidationInfo) -> object:
     """A setting given literally or as `${ENV}` / `${ENV:-default}`."""
     if isinstance(value, str):
         resolved = _resolve_env(value, info)
+        if resolved is None and "${" in value:  # it would be used as written, "${" and all
+            raise ValueError(
+                "a ${NAME} reference is the whole value (url: ${BACKEND_URL}), not a part of it"
+            )
         return value if resolved is None else resolved
     return value
 
@@ -123,7 +127,6 @@ def _client_key(value: object, info: ValidationInfo) -> str:
 Seconds = Annotated[float, BeforeValidator(parse_duration_s)]
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 ClientKey = Annotated[str, BeforeValidator(_client_key)]
-UpstreamKey = Annotated[SecretStr, BeforeValidator(_setting)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveSeconds = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0.0)]
@@ -212,7 +215,8 @@ class LimitSet(_Frozen):
 class Backend(_Frozen):
     name: TagName
     url: Annotated[str, BeforeValidator(_setting), AfterValidator(_strip_slash)]
-    api_key: Annotated[UpstreamKey | None, BeforeValidator(_optional_setting)] = None
+    # Resolved once: a key from the environment is used as it is, even with "${" in it.
+    api_key: Annotated[SecretStr | None, BeforeValidator(_optional_setting)] = None
     models: tuple[Name, ...] = Field(min_length=1)
     weight: PositiveInt = 1
     limits: LimitSet = LimitSet()
@@ -385,7 +389,7 @@ class UpstreamSpec(_Frozen):
 
 
 class Policy(_Frozen):
-    storage: Annotated[str, AfterValidator(check_storage_url)] = "memory"
+    storage: Annotated[str, BeforeValidator(_setting), AfterValidator(check_storage_url)] = "memory"
     admin_keys: tuple[ClientKey, ...] = ()
     ledger: Annotated[str, BeforeValidator(_setting), AfterValidator(_ledger_url)] | None = None
     # Access-log lines carry the prompt and completion text (never keys); off by default.

@@ -372,3 +372,26 @@ def test_a_variable_no_header_can_carry_is_refused(value: str, flaw: str) -> Non
         f"p.yaml:5: backends[0].api_key: environment variable UPSTREAM {flaw}, which no "
         "client or backend can send"
     )
+
+
+def test_a_reference_is_a_whole_value_and_storage_may_be_one() -> None:
+    """`url: http://${HOST}:8000/v1` was taken as written, "${HOST}" and all (every request
+    then a 502), and `storage: ${REDIS_URL}` was refused as no storage URL at all."""
+    text = (
+        GOOD.replace("http://127.0.0.1:8001/v1", "http://${HOST}:8001/v1")
+        .replace("api_key: ${UPSTREAM}", "api_key: Bearer ${UPSTREAM}")
+        .replace("storage: memory", "storage: memory\nledger: sqlite:///${DIR}/t.db")
+    )
+    whole = "a ${NAME} reference is the whole value (url: ${BACKEND_URL}), not a part of it"
+    assert problems(text, environ={"HOST": "h", "UPSTREAM": "u", "DIR": "d"}) == [
+        f"p.yaml:2: ledger: {whole}",
+        f"p.yaml:6: backends[0].api_key: {whole}",
+        f"p.yaml:9: backends[1].url: {whole}",
+    ]
+    from_env = GOOD.replace("storage: memory", "storage: ${REDIS_URL}")
+    environ = {"REDIS_URL": "redis://10.0.0.5:6379/0", "UPSTREAM": "u"}
+    assert parse_policy(from_env, environ=environ).storage == "redis://10.0.0.5:6379/0"
+    # A key's value is used as it is, never resolved again.
+    again = parse_policy(GOOD, environ={"UPSTREAM": "${OTHER}", "OTHER": "x"}).backends[0]
+    assert again.api_key is not None
+    assert again.api_key.get_secret_value() == "${OTHER}"
