@@ -76,7 +76,7 @@ def parse_policy(
     environ: Mapping[str, str] | None = None,
     keys_needed: bool = True,
 ) -> Policy:
-    data, lines = _read_yaml(text, file)
+    data, lines, words = _read_yaml(text, file)
     if not isinstance(data, dict):
         raise PolicyError([Problem(file, 1, "", "the policy file must be a YAML mapping")])
     context = {"environ": os.environ if environ is None else environ, "keys_needed": keys_needed}
@@ -84,7 +84,7 @@ def parse_policy(
         policy = Policy.model_validate(data, context=context)
     except pydantic.ValidationError as exc:
         errors = _without_echoes(exc.errors())
-        found = [_problem(file, lines, err) for err in errors]
+        found = [_problem(file, lines, words, err) for err in errors]
         pruned = _pruned_policy(data, errors, context)
         if pruned is not None:
             policy, removed = pruned
@@ -172,15 +172,17 @@ def _by_line(problems: list[Problem]) -> list[Problem]:
     return sorted(problems, key=lambda p: (p.line, p.path))
 
 
-def _read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int]]:
+def _read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int], dict[KeyPath, str]]:
+    """The document, the line of each key and item, and the unquoted words YAML read as
+    something other than text (`off` as false), by path."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
-            return None, {}
-        lines: dict[KeyPath, int] = {}
-        _index_lines(node, lines, file)
-        return loader.construct_document(node), lines
+            return None, {}, {}
+        index = _LineIndex(file)
+        index.walk(node, (), ())
+        return loader.construct_document(node), index.lines, index.words
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0
         raise PolicyError([Problem(file, line, "", f"invalid YAML: {exc.problem}")]) from None
@@ -200,6 +202,8 @@ MAX_DEPTH = 32
 # aliases, 9 ** 9 values from a few lines) does not, nor does it in a file of many MB.
 MAX_ALIASED_VALUES = 100_000
 ALIAS_FACTOR = 10
+# What YAML 1.1 reads an unquoted word as, other than text: `off` is false, `~` null, `1.5` a float.
+_WORDS = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("bool", "null", "int", "float"))
 _TOO_DEEP = (
     f"values are nested more than {MAX_DEPTH} levels deep (or an alias is inside its own anchor)"
 )
@@ -209,19 +213,17 @@ _ALIAS_BOMB = (
 )
 
 
-def _index_lines(root: yaml.Node, lines: dict[KeyPath, int], file: str) -> None:
-    """Record the line of every key and item; duplicate keys are errors, not last-one-wins.
-    Values nested too deeply (an alias inside its own anchor nests without end) and aliases
-    that repeat too many values are errors too: what reads the document next would not end."""
-    _LineIndex(lines, file).walk(root, (), ())
-
-
 class _LineIndex:
-    __slots__ = ("file", "lines", "seen", "visits")
+    """The line of every key and item; duplicate keys are errors, not last-one-wins. Values
+    nested too deeply (an alias inside its own anchor nests without end) and aliases that
+    repeat too many values are errors too: what reads the document next would not end."""
 
-    def __init__(self, lines: dict[KeyPath, int], file: str) -> None:
-        self.lines = lines
+    __slots__ = ("file", "lines", "seen", "visits", "words")
+
+    def __init__(self, file: str) -> None:
         self.file = file
+        self.lines: dict[KeyPath, int] = {}
+        self.words: dict[KeyPath, str] = {}
         self.seen: set[int] = set()
         self.visits = 0
 
@@ -246,10 +248,20 @@ class _LineIndex:
                     raise PolicyError([Problem(self.file, line, _dotted(child), "duplicate key")])
                 keys.add(key)
                 self.lines[child] = key_node.start_mark.line + 1
+                if _is_word(key_node):  # recorded as pydantic names it too
+                    self.lines[(*path, _as_loc(key))] = self.lines[child]
+                    self.words[(*path, _as_loc(key), "[key]")] = key
                 self.walk(value_node, child, site)
         elif isinstance(node, yaml.SequenceNode):
             for index, item in enumerate(node.value):
                 self.walk(item, (*path, index), site)
+        elif _is_word(node):
+            self.words[path] = str(node.value)
+
+
+def _is_word(node: yaml.Node) -> bool:
+    """An unquoted scalar YAML reads as other than text."""
+    return isinstance(node, yaml.ScalarNode) and node.tag in _WORDS and node.style is None
 
 
 def _without_echoes(errors: list[ErrorDetails]) -> list[ErrorDetails]:
@@ -263,7 +275,9 @@ def _without_echoes(errors: list[ErrorDetails]) -> list[ErrorDetails]:
     ]
 
 
-def _problem(file: str, lines: dict[KeyPath, int], error: ErrorDetails) -> Problem:
+def _problem(
+    file: str, lines: dict[KeyPath, int], words: dict[KeyPath, str], error: ErrorDetails
+) -> Problem:
     path: KeyPath = tuple(p for p in error["loc"] if p != "[key]")
     kind = error["type"]
     if kind == "extra_forbidden":
@@ -272,7 +286,22 @@ def _problem(file: str, lines: dict[KeyPath, int], error: ErrorDetails) -> Probl
         message = "required key is missing"
     else:
         message = error["msg"].removeprefix("Value error, ")
-    return Problem(file, _line_of(lines, path), _dotted(path), message)
+    shown = path
+    if kind in ("string_type", "literal_error") and not isinstance(error["input"], str):
+        is_key = error["loc"][-1] == "[key]"
+        word = words.get((*path, "[key]") if is_key else path)
+        if word is not None:  # YAML 1.1 reads unquoted yes, no, on, off, null and numbers so
+            resolved = yaml.safe_load(word)
+            kind_read = "null" if resolved is None else str(resolved).lower()
+            message += f"; YAML reads {word} unquoted as {kind_read}: write it in quotes, '{word}'"
+            shown = (*path[:-1], word) if is_key else path
+    return Problem(file, _line_of(lines, path), _dotted(shown), message)
+
+
+def _as_loc(word: str) -> str | int:
+    """How pydantic names a mapping key that YAML read as other than text (`yes` as true)."""
+    value = yaml.safe_load(word)
+    return int(value) if isinstance(value, bool | int) else str(value)
 
 
 def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:

@@ -395,3 +395,19 @@ def test_a_reference_is_a_whole_value_and_storage_may_be_one() -> None:
     again = parse_policy(GOOD, environ={"UPSTREAM": "${OTHER}", "OTHER": "x"}).backends[0]
     assert again.api_key is not None
     assert again.api_key.get_secret_value() == "${OTHER}"
+
+
+def test_a_word_yaml_reads_as_a_boolean_or_number_is_explained() -> None:
+    """`mode: off` was refused with "Input should be 'off', ...", and a tenant named `yes`
+    as "tenants[1]: Input should be a valid string" on the line of `tenants:`: YAML 1.1 reads
+    those words unquoted as false and true, which the message now says, with the fix."""
+    assert problems(GOOD.replace("mode: semantic", "mode: off")) == [
+        "p.yaml:25: tenants.support-bot.cache.mode: Input should be 'off', 'exact', 'semantic' "
+        "or 'always'; YAML reads off unquoted as false: write it in quotes, 'off'",
+    ]
+    assert problems(GOOD.replace("support-bot:", "yes:")) == [
+        "p.yaml:17: tenants.yes: Input should be a valid string; YAML reads yes unquoted as "
+        "true: write it in quotes, 'yes'",
+    ]
+    quoted = GOOD.replace("mode: semantic", "mode: 'off'").replace("support-bot:", "'yes':")
+    assert parse_policy(quoted, environ={"UPSTREAM": "s"}).tenants["yes"].cache.mode == "off"
