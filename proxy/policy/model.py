@@ -130,7 +130,18 @@ ClientKey = Annotated[str, BeforeValidator(_client_key)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveSeconds = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0.0)]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _printable(name: str) -> str:
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in name):
+        raise ValueError(
+            "names may not hold a newline or another control character: they go into headers "
+            "(x-tokenweir-degraded), log lines and metric labels"
+        )
+    return name
+
+
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)]
 
 
 def _no_braces(name: str) -> str:

@@ -411,3 +411,23 @@ def test_a_word_yaml_reads_as_a_boolean_or_number_is_explained() -> None:
     ]
     quoted = GOOD.replace("mode: semantic", "mode: 'off'").replace("support-bot:", "'yes':")
     assert parse_policy(quoted, environ={"UPSTREAM": "s"}).tenants["yes"].cache.mode == "off"
+
+
+def test_names_with_a_newline_or_control_character_are_refused() -> None:
+    """A degrade rule named "shorten\\nx-evil: 1" loaded; then every request it degraded lost
+    its connection without an answer (uvicorn: "Invalid HTTP header value" for
+    x-tokenweir-degraded), and a tenant's newline split the log lines naming it."""
+    text = GOOD.replace("name: shorten-under-load", 'name: "shorten\\nx-evil: 1"').replace(
+        "support-bot:", '"support\\tbot":'
+    )
+    control = "names may not hold a newline or another control character"
+    found = problems(text)
+    assert [line.split(": ")[0:2] for line in found] == [
+        ["p.yaml:17", "tenants.support\tbot"],
+        ["p.yaml:27", "tenants.support\tbot.degrade[0].name"],
+    ]
+    assert all(control in line for line in found)
+    unicode = GOOD.replace("name: shorten-under-load", "name: 負荷時に短く").replace(
+        "support-bot:", '"support bot: 客服":'
+    )
+    assert parse_policy(unicode, environ={"UPSTREAM": "s"}).tenants["support bot: 客服"]
