@@ -305,7 +305,7 @@ class EmbedderSpec(_Frozen):
 
     model: Name | None = None
     local: Literal["all-MiniLM-L6-v2"] | None = None
-    timeout: Seconds = 2.0
+    timeout: PositiveSeconds = 2.0
 
     @model_validator(mode="after")
     def _exactly_one(self) -> EmbedderSpec:
@@ -379,8 +379,9 @@ class CircuitSpec(_Frozen):
 class UpstreamSpec(_Frozen):
     """The shared connection pool to backends; `read_timeout` is the idle limit per chunk."""
 
-    connect_timeout: Seconds = 5.0
-    read_timeout: Seconds = 300.0
+    # Above 0: a timeout of 0 is not "none" but at once (every request a 504).
+    connect_timeout: PositiveSeconds = 5.0
+    read_timeout: PositiveSeconds = 300.0
     # The longest wait from sending a request to the first byte of the answer's body; unset,
     # read_timeout covers that wait too.
     first_byte_timeout: PositiveSeconds | None = None

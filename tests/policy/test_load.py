@@ -431,3 +431,16 @@ def test_names_with_a_newline_or_control_character_are_refused() -> None:
         "support-bot:", '"support bot: 客服":'
     )
     assert parse_policy(unicode, environ={"UPSTREAM": "s"}).tenants["support bot: 客服"]
+
+
+def test_a_timeout_of_zero_is_refused_not_a_504_for_every_request() -> None:
+    """`read_timeout: 0` or `connect_timeout: 0` (read as "none" in many tools) loaded, then
+    every request was a 504: to httpx a timeout of 0 is "at once". An embedder's timeout of 0
+    missed every semantic lookup the same way."""
+    text = GOOD.replace("storage: memory", "storage: memory\nembedder: {model: m2, timeout: 0}")
+    text += "upstream: {connect_timeout: 0, read_timeout: 0s}\n"
+    assert problems(text) == [
+        "p.yaml:2: embedder.timeout: Input should be greater than 0",
+        "p.yaml:31: upstream.connect_timeout: Input should be greater than 0",
+        "p.yaml:31: upstream.read_timeout: Input should be greater than 0",
+    ]
