@@ -444,3 +444,23 @@ def test_a_timeout_of_zero_is_refused_not_a_504_for_every_request() -> None:
         "p.yaml:31: upstream.connect_timeout: Input should be greater than 0",
         "p.yaml:31: upstream.read_timeout: Input should be greater than 0",
     ]
+
+
+def test_a_redis_url_with_a_bad_port_or_database_is_refused_without_its_password() -> None:
+    """`redis://...:notaport/0` passed the check, then failed serve's start with a traceback;
+    `redis://host:6379/1O` (a letter O) passed too, and redis-py dropped the database for 0,
+    the one another deployment may use. The password is not echoed."""
+    for url, problem in [
+        ("redis://:s3cret@h:notaport/0", "the port of a Redis URL is a number from 1 to 65535"),
+        ("rediss://h:70000/0", "the port of a Redis URL is a number from 1 to 65535"),
+        (
+            "redis://:s3cret@h:6379/1O",
+            "the database after the host is a number (redis://host:6379/0), got '1O'",
+        ),
+    ]:
+        found = problems(GOOD.replace("storage: memory", f"storage: {url}"))
+        assert found == [f"p.yaml:1: storage: {problem}"]
+    ledger = GOOD.replace("storage: memory", "storage: memory\nledger: redis://h:6379/x")
+    assert problems(ledger) == [
+        "p.yaml:2: ledger: the database after the host is a number (redis://host:6379/0), got 'x'"
+    ]
