@@ -76,7 +76,7 @@ def test_policy_check_reports_every_problem_in_one_run_by_line(
     done = tokenweir("policy", "check", str(bad))
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
-        f"{bad}:2: storgae: unknown key",
+        f"{bad}:2: storgae: unknown key (did you mean storage?)",
         f"{bad}:21: tenants.beta.models[0]: unknown model 'mock-smal' (declare it under models:)",
     ]
 

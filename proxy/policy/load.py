@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import os
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import pydantic
 import yaml
@@ -281,7 +284,7 @@ def _problem(
     path: KeyPath = tuple(p for p in error["loc"] if p != "[key]")
     kind = error["type"]
     if kind == "extra_forbidden":
-        message = "unknown key"
+        message = "unknown key" + _did_you_mean(path)
     elif kind == "missing":
         message = "required key is missing"
     else:
@@ -296,6 +299,49 @@ def _problem(
             message += f"; YAML reads {word} unquoted as {kind_read}: write it in quotes, '{word}'"
             shown = (*path[:-1], word) if is_key else path
     return Problem(file, _line_of(lines, path), _dotted(shown), message)
+
+
+def _did_you_mean(path: KeyPath) -> str:
+    """The key meant by a misspelt one, from the keys its place takes (`max_ouput_tokens`:
+    max_output_tokens), if one is close."""
+    known = _keys_at(Policy, path[:-1])
+    close = difflib.get_close_matches(str(path[-1]), known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _keys_at(shape: object, path: KeyPath) -> list[str]:
+    """The keys the policy takes at `path` (a mapping's place), through models, dicts, lists
+    and optional values; [] where it takes none or any."""
+    for part in path:
+        shape = _inner(shape, part)
+    shape = _inner(shape, None)
+    return list(shape.model_fields) if _is_model(shape) else []
+
+
+def _is_model(shape: object) -> TypeGuard[type[pydantic.BaseModel]]:
+    return isinstance(shape, type) and issubclass(shape, pydantic.BaseModel)
+
+
+def _inner(shape: object, part: str | int | None) -> object:
+    """What `shape` holds at `part` (a key or an index), or, with None, its model if it is an
+    optional one."""
+    args = typing.get_args(shape)
+    origin = typing.get_origin(shape)
+    if origin is typing.Annotated:
+        return _inner(args[0], part)
+    if origin in (typing.Union, types.UnionType):
+        models = [a for a in args if _is_model(_inner(a, None))]
+        return _inner(models[0], part) if len(models) == 1 else None
+    if part is None:
+        return shape
+    if _is_model(shape):
+        field = shape.model_fields.get(str(part))
+        return field.annotation if field is not None else None
+    if origin is dict and len(args) == 2:
+        return args[1]
+    if origin is tuple and args:
+        return args[0]
+    return None
 
 
 def _as_loc(word: str) -> str | int:

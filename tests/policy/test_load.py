@@ -77,6 +77,25 @@ def test_unknown_key_names_file_line_and_path() -> None:
     assert problems(text) == ["p.yaml:24: tenants.support-bot.budget.histroy: unknown key"]
 
 
+def test_a_misspelt_key_names_the_key_meant() -> None:
+    """ "unknown key" left the operator to find the spelling in the docs."""
+    text = (
+        GOOD.replace("max_output_tokens: 512", "max_ouput_tokens: 512")
+        .replace("requests_per_minute: 600", "requests_per_minut: 600")
+        .replace("inflight_ratio_above: 0.8", "inflight_ratio_abov: 0.8")
+        .replace("storage: memory", "storge: memory")
+    )
+    assert problems(text) == [
+        "p.yaml:1: storge: unknown key (did you mean storage?)",
+        "p.yaml:22: tenants.support-bot.budget.max_ouput_tokens: unknown key "
+        "(did you mean max_output_tokens?)",
+        "p.yaml:24: tenants.support-bot.limits.requests_per_minut: unknown key "
+        "(did you mean requests_per_minute?)",
+        "p.yaml:28: tenants.support-bot.degrade[0].when.inflight_ratio_abov: unknown key "
+        "(did you mean inflight_ratio_above?)",
+    ]
+
+
 def test_wrong_types_and_units_are_named() -> None:
     text = GOOD.replace("max_output_tokens: 512", "max_output_tokens: lots").replace(
         "queue_timeout: 2s", "queue_timeout: 2 parsecs"
@@ -230,7 +249,7 @@ def test_every_problem_is_reported_in_one_run_sorted_by_line() -> None:
         .replace("storage: memory\n", "storage: memory\nledgr: x\n")
     )
     assert problems(text) == [
-        "p.yaml:2: ledgr: unknown key",
+        "p.yaml:2: ledgr: unknown key (did you mean ledger?)",
         "p.yaml:12: backends[2].name: duplicate backend name 'a'",
         "p.yaml:14: backends[2].models[0]: unknown model 'm7' (declare it under models:)",
         "p.yaml:23: tenants.support-bot.models[1]: unknown model 'm9' (declare it under models:)",
