@@ -29,6 +29,11 @@ def without_echoes(errors: list[ErrorDetails]) -> list[ErrorDetails]:
     ]
 
 
+_LIST = "expected a list: [a, b], or one '- item' line each (a single item too: [a])"
+_MAPPING = "expected a mapping: {key: value}, or one 'key: value' line each"
+_IN_YAML_TERMS = {"tuple_type": _LIST, "dict_type": _MAPPING, "model_type": _MAPPING}
+
+
 def pydantic_problem(
     file: str, lines: dict[KeyPath, int], words: dict[KeyPath, str], error: ErrorDetails
 ) -> Problem:
@@ -38,6 +43,11 @@ def pydantic_problem(
         message = "unknown key" + _did_you_mean(path)
     elif kind == "missing":
         message = "required key is missing"
+    elif kind in _IN_YAML_TERMS:  # pydantic says tuple and dictionary, YAML list and mapping
+        message = _IN_YAML_TERMS[kind]
+    elif kind == "too_short" and "ctx" in error:
+        least, got = error["ctx"].get("min_length"), error["ctx"].get("actual_length")
+        message = f"expected at least {least} item{'s' if least != 1 else ''}, got {got}"
     else:
         message = error["msg"].removeprefix("Value error, ")
     shown = path

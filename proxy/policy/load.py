@@ -44,6 +44,9 @@ def parse_policy(
     keys_needed: bool = True,
 ) -> Policy:
     data, lines, words = read_yaml(text, file)
+    if data is None:
+        empty = "the policy file is empty: it needs backends:, models: and tenants:"
+        raise PolicyError([Problem(file, 1, "", empty)])
     if not isinstance(data, dict):
         raise PolicyError([Problem(file, 1, "", "the policy file must be a YAML mapping")])
     context = {"environ": os.environ if environ is None else environ, "keys_needed": keys_needed}

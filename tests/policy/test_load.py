@@ -483,3 +483,28 @@ def test_a_redis_url_with_a_bad_port_or_database_is_refused_without_its_password
     assert problems(ledger) == [
         "p.yaml:2: ledger: the database after the host is a number (redis://host:6379/0), got 'x'"
     ]
+
+
+def test_shapes_are_named_in_yaml_terms_and_an_empty_file_says_so() -> None:
+    """`api_keys: sha256:...` (one key, no brackets) was "Input should be a valid tuple",
+    `budget: 5` "a valid dictionary or instance of Budget", `backends: []` "Tuple should have
+    at least 1 item after validation, not 0", and an empty file "must be a YAML mapping"."""
+    text = (
+        GOOD.replace(f"api_keys: [{KEY}]", f"api_keys: {KEY}")
+        .replace("    budget:\n", "    budget: 5\n    budgt:\n")
+        .replace("storage: memory", "storage: memory\nadmin_keys: []")
+    )
+    a_list = "expected a list: [a, b], or one '- item' line each (a single item too: [a])"
+    assert problems(text) == [
+        f"p.yaml:19: tenants.support-bot.api_keys: {a_list}",
+        "p.yaml:21: tenants.support-bot.budget: expected a mapping: {key: value}, or one "
+        "'key: value' line each",
+        "p.yaml:22: tenants.support-bot.budgt: unknown key (did you mean budget?)",
+    ]
+    assert problems(GOOD.replace("    models: [m1]\n    budget", "    models: []\n    budget")) == [
+        "p.yaml:19: tenants.support-bot.models: expected at least 1 item, got 0"
+    ]
+    for empty in ["", "# nothing yet\n", "---\n"]:
+        assert problems(empty) == [
+            "p.yaml:1: the policy file is empty: it needs backends:, models: and tenants:"
+        ]
