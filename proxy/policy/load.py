@@ -74,7 +74,8 @@ def _pruned_policy(
     data: dict[str, Any], errors: list[ErrorDetails], context: dict[str, Any]
 ) -> tuple[Policy, dict[KeyPath, list[int]]] | None:
     """The policy without the keys and items pydantic refused, so the cross-reference checks
-    can run on the rest; with the list items removed (by list path, original indices)."""
+    can run on the rest; with what was removed: list items by list path (original indices),
+    keys as paths without items."""
     pruned = copy.deepcopy(data)
     removed: dict[KeyPath, list[int]] = {}
     for _ in range(_PRUNE_ROUNDS):
@@ -103,6 +104,7 @@ def _remove(data: object, loc: KeyPath, removed: dict[KeyPath, list[int]]) -> No
     last = loc[-1]
     if isinstance(parent, dict) and last in parent:
         del parent[last]
+        removed.setdefault(loc, [])  # a key: no items, but known to be gone
     elif isinstance(parent, list) and isinstance(last, int):
         gone = removed.setdefault(loc[:-1], [])
         if last not in gone and 0 <= _current_index(last, gone) < len(parent):
@@ -133,6 +135,8 @@ def _reference_problems(
     for path, message in _dangling_references(policy):
         if removed.get(("backends",)) and path[0] == "models":
             continue  # a refused backend serves nothing here, but it may be meant to
+        if ("storage",) in removed and path == ("ledger",):
+            continue  # the refused storage may be the Redis it needs
         original = _original_path(path, removed)
         found.append(Problem(file, line_of(lines, original), dotted(original), message))
     return by_line(found)

@@ -508,3 +508,12 @@ def test_shapes_are_named_in_yaml_terms_and_an_empty_file_says_so() -> None:
         assert problems(empty) == [
             "p.yaml:1: the policy file is empty: it needs backends:, models: and tenants:"
         ]
+
+
+def test_a_refused_storage_url_is_not_also_a_ledger_without_redis() -> None:
+    """A mistyped Redis URL was two problems, the second false: "ledger: redis needs a Redis
+    storage", as if the storage were memory."""
+    text = GOOD.replace("storage: memory", "storage: redis://h:6379/x\nledger: redis")
+    assert problems(text) == [
+        "p.yaml:1: storage: the database after the host is a number (redis://host:6379/0), got 'x'"
+    ]
