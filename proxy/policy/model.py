@@ -153,18 +153,6 @@ def _no_braces(name: str) -> str:
 TagName = Annotated[Name, AfterValidator(_no_braces)]
 
 
-def _not_a_backend_tag(name: str) -> str:
-    if name.startswith("backend:"):
-        raise ValueError(
-            "tenant names may not start with backend: (a backend's limits are kept under "
-            "tw:{backend:<name>}, which the tenant's would share)"
-        )
-    return name
-
-
-TenantName = Annotated[TagName, AfterValidator(_not_a_backend_tag)]
-
-
 def _ledger_url(url: str) -> str:
     if url.startswith("sqlite:///"):
         split_sqlite_url(url)
@@ -411,7 +399,7 @@ class Policy(_Frozen):
     embedder: EmbedderSpec | None = None
     backends: tuple[Backend, ...] = Field(min_length=1)
     models: dict[Name, ModelSpec]
-    tenants: dict[TenantName, Tenant]
+    tenants: dict[TagName, Tenant]
 
     @model_validator(mode="after")
     def _models_named_exist(self) -> Policy:

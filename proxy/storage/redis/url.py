@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -74,32 +74,12 @@ def check_storage_url(url: str) -> str:
         parse_sentinel_url(url)
     elif is_cluster_url(url):
         parse_cluster_url(url)
-    elif url.startswith(("redis://", "rediss://")):
-        _check_server_url(url)
     elif url != "memory" and not is_redis_url(url):
         raise ValueError(
             "storage is memory, redis://host:port/db, rediss://..., unix:///path, "
             f"{_SENTINEL_FORM}, or {_CLUSTER_FORM} (rediss+cluster:// with TLS)"
         )
     return url
-
-
-def _check_server_url(url: str) -> None:
-    """A port and a database redis-py would not take: a bad port failed the gateway's start
-    with a traceback, and a database that is not a number was dropped for database 0 (another
-    deployment's, maybe). The password is never echoed."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = 0
-    if port == 0:
-        raise ValueError("the port of a Redis URL is a number from 1 to 65535")
-    db = parts.path.strip("/")
-    if db and not (db.isascii() and db.isdigit()):
-        raise ValueError(
-            f"the database after the host is a number (redis://host:6379/0), got {db!r}"
-        )
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
