@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.accepted import AcceptedPolicy
 from proxy.errors import BadRequest
-from proxy.policy import Policy, PolicyError, Problem, parse_policy
+from proxy.policy import Policy, PolicyError, Problem, decode_policy, parse_policy
 from proxy.sighup import hold_sighup, release_sighup
 from proxy.together import cancelled
 
@@ -84,7 +84,7 @@ class PolicySource:
     @classmethod
     def parse(cls, path: Path, data: bytes, seen: tuple[int, int] | None = None) -> PolicySource:
         """`data` as the policy file `path` (problems are named by it)."""
-        text = data.decode("utf-8", errors="replace")
+        text = decode_policy(data, str(path))
         return cls(path, parse_policy(text, file=str(path)), _digest(data), data, seen)
 
     @classmethod
@@ -274,8 +274,8 @@ class Reloader(Generic[G]):
             raise ReloadRefused("This gateway was not started from a policy file: nothing to load.")
         async with self._lock:
             current = self._live.current
-            try:
-                source = PolicySource.read(self._path)
+            try:  # off the loop: a file of many MB takes seconds to parse, streams go on
+                source = await asyncio.to_thread(PolicySource.read, self._path)
             except PolicyError as exc:
                 raise ReloadRefused(
                     f"The policy file has errors; the old policy keeps serving:\n{exc}"

@@ -76,7 +76,7 @@ def test_policy_check_reports_every_problem_in_one_run_by_line(
     done = tokenweir("policy", "check", str(bad))
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
-        f"{bad}:2: storgae: unknown key",
+        f"{bad}:2: storgae: unknown key (did you mean storage?)",
         f"{bad}:21: tenants.beta.models[0]: unknown model 'mock-smal' (declare it under models:)",
     ]
 
@@ -222,3 +222,70 @@ def test_serve_refuses_a_broken_policy_readably(tmp_path: Path) -> None:
     done = tokenweir("serve", "--config", str(config), "--port", str(free_port()))
     assert done.returncode == 1
     assert "backends[0].api_key: environment variable BACKEND_KEY is not set" in done.stderr
+
+
+def test_policy_check_and_serve_refuse_a_file_not_in_utf8_or_an_alias_bomb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`policy check` printed a UnicodeDecodeError (or RecursionError) traceback, and `serve`
+    started on the Latin-1 file with its é read as U+FFFD; an alias bomb never finished."""
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", BETA_KEY)
+    good = policy_text("http://127.0.0.1:9")
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(good.replace("  beta:", "  # équipe\n  beta:").encode("latin-1"))
+    line = good.splitlines().index("  beta:") + 1
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("x: &loop [*loop]\n" + good)
+    bomb = tmp_path / "bomb.yaml"
+    levels = [f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 9)]
+    bomb.write_text("a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "\n".join(levels) + "\n" + good)
+    for config, message in [
+        (latin1, f"{latin1}:{line}: byte 0xe9 is not UTF-8: save the file as UTF-8"),
+        (loop, f"{loop}:1: x[0]"),
+        (bomb, f"{bomb}:6: a5: aliases here repeat more values than the file holds"),
+    ]:
+        for command in [("policy", "check"), ("serve", "--port", str(free_port()), "--config")]:
+            done = tokenweir(*command, str(config), timeout_s=120)
+            assert done.returncode == 1, done.stderr[-2000:]
+            assert message in done.stderr
+            assert "Traceback" not in done.stderr
+
+
+def test_serve_refuses_a_price_of_inf_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`policy check` said ok, then serve's startup failed with an OverflowError traceback."""
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", BETA_KEY)
+    config = tmp_path / "policy.yaml"
+    config.write_text(
+        policy_text("http://127.0.0.1:9").replace("input_per_1m: 0.1", "input_per_1m: .inf")
+    )
+    expected = f"{config}:12: models.mock-llm.price.input_per_1m: Input should be less than"
+    for command in [("policy", "check"), ("serve", "--port", str(free_port()), "--config")]:
+        done = tokenweir(*command, str(config))
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert expected in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_serve_refuses_a_key_variable_that_ends_with_a_newline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key from a Kubernetes Secret made with `echo` ends with a newline: serve started,
+    then every request was a 502 `LocalProtocolError` (the backend's key cannot go in a
+    header) or a 401 (no client can send the tenant's key). It is refused, naming the line."""
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY + "\n")
+    monkeypatch.setenv("BETA_KEY", BETA_KEY + "\n")
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text("http://127.0.0.1:9"))
+    done = tokenweir("serve", "--config", str(config), "--port", str(free_port()))
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    for where, name in [
+        (":9: backends[0].api_key", "BACKEND_KEY"),
+        (":20: tenants.beta", "BETA_KEY"),
+    ]:
+        assert f"{config}{where}" in done.stderr
+        assert f"environment variable {name} ends with a newline" in done.stderr

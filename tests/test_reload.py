@@ -6,11 +6,14 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from proxy import reload as reload_module
 from proxy.app import create_app
+from proxy.policy import Policy
 from proxy.policy.units import hash_key
 from proxy.tokens import TokenCounter, counters
 from proxy.tools.mock import backend as mockbackend
@@ -137,6 +140,50 @@ async def test_a_broken_file_is_refused_and_nothing_changes(
     assert after == before
 
 
+async def test_an_alias_bomb_is_refused_and_the_gateway_goes_on(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    """A "billion laughs" reloaded took the gateway's event loop for good (every request in
+    flight and every new one stalled); it is refused at once, naming where, and nothing changes."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    levels = [f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 9)]
+    bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "\n".join(levels) + "\n"
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            before = (await http.get("/readyz")).json()["policy_hash"]
+            config.write_text(bomb + policy_text(slow_backend, newcomer=True))
+            refused = await http.post("/admin/reload", headers=ADMIN)
+            old_key = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(OLD_KEY))
+            after = (await http.get("/readyz")).json()["policy_hash"]
+    assert refused.status_code == 400
+    assert f"{config}:6: a5: aliases here repeat more values" in refused.json()["error"]["message"]
+    assert old_key.status_code == 200
+    assert after == before
+
+
+async def test_a_budget_of_inf_is_refused_and_requests_go_on(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    """`usd_per_day: .inf` (or 1.0e300) reloaded without a word, then every request of the
+    tenant was a 500 (an OverflowError turning it into nano-USD); it is refused, naming the
+    line, and the old policy keeps serving."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    with serve(create_app(config=config)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            infinite = policy_text(slow_backend).replace(
+                "    limits: {}\n", "    limits: {}\n    budget: {usd_per_day: .inf}\n"
+            )
+            config.write_text(infinite)
+            refused = await http.post("/admin/reload", headers=ADMIN)
+            chat = await http.post("/v1/chat/completions", json=CHAT, headers=_bearer(OLD_KEY))
+    assert refused.status_code == 400
+    message = refused.json()["error"]["message"]
+    assert f"{config}:10: tenants.alpha.budget.usd_per_day: expected a finite number" in message
+    assert chat.status_code == 200, chat.text
+
+
 async def test_a_reload_keeps_the_limits_of_tenants_that_stay(
     slow_backend: str, tmp_path: Path
 ) -> None:
@@ -245,14 +292,7 @@ async def test_a_reload_loads_only_new_tokenizers_and_not_on_the_event_loop(
             config.write_text(
                 _with_tokenizers(slow_backend, {"mock-llm": mini, "mock-new": f"{mini}#chatml"})
             )
-            reloading = asyncio.create_task(http.post("/admin/reload", headers=ADMIN))
-            assert await asyncio.to_thread(loading.wait, 30)
-            health = await http.get("/healthz")
-            events.append("healthz answered")
-            healthz_answered.set()
-            reloaded = await reloading
-    assert health.status_code == 200
-    assert reloaded.json()["status"] == "reloaded", reloaded.text
+            await _reload_while_the_loop_answers(http, loading, healthz_answered, events)
     assert events == ["load mock-new", "healthz answered", "loaded mock-new"]
 
 
@@ -293,3 +333,46 @@ async def test_a_reload_that_changes_a_price_keeps_a_dead_backend_out(
             assert reloaded.json()["status"] == "reloaded"
             after = [(await http.post("/v1/chat/completions", json=CHAT)) for _ in range(4)]
     assert [a.status_code for a in after] == [200] * 4, after[0].text
+
+
+async def test_a_reload_parses_the_file_off_the_event_loop(
+    slow_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file was read and parsed on the event loop: a policy of many MB (seconds of YAML)
+    stalled every stream in flight and every new request until it was done. The parse is held
+    here until /healthz has answered (event order, no timing)."""
+    events: list[str] = []
+    parsing, healthz_answered = threading.Event(), threading.Event()
+    real_parse = reload_module.parse_policy
+
+    def held_parse(text: str, **kwargs: Any) -> Policy:
+        events.append("parsing")
+        parsing.set()
+        healthz_answered.wait(20)
+        parsed = real_parse(text, **kwargs)
+        events.append("parsed")
+        return parsed
+
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend))
+    with serve(create_app(config=config)) as url:
+        monkeypatch.setattr(reload_module, "parse_policy", held_parse)
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            config.write_text(policy_text(slow_backend, newcomer=True))
+            await _reload_while_the_loop_answers(http, parsing, healthz_answered, events)
+    assert events == ["parsing", "healthz answered", "parsed"]
+
+
+async def _reload_while_the_loop_answers(
+    http: httpx.AsyncClient, held: threading.Event, answered: threading.Event, events: list[str]
+) -> None:
+    """Reload; once the reload's work in a thread has started (`held`, which it holds until
+    `answered`), /healthz must answer, then the reload finishes."""
+    reloading = asyncio.create_task(http.post("/admin/reload", headers=ADMIN))
+    assert await asyncio.to_thread(held.wait, 30)
+    health = await http.get("/healthz")
+    assert health.status_code == 200
+    events.append("healthz answered")
+    answered.set()
+    reloaded = await reloading
+    assert reloaded.json()["status"] == "reloaded", reloaded.text

@@ -1,6 +1,6 @@
 """The policy file: typed, frozen objects parsed once at startup from YAML."""
 
-from proxy.policy.load import PolicyError, Problem, load_policy, parse_policy
+from proxy.policy.load import PolicyError, Problem, decode_policy, load_policy, parse_policy
 from proxy.policy.model import Backend, Budget, ModelSpec, Policy, Tenant
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "PolicyError",
     "Problem",
     "Tenant",
+    "decode_policy",
     "load_policy",
     "parse_policy",
 ]

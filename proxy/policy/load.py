@@ -5,40 +5,19 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pydantic
-import yaml
 from pydantic_core import ErrorDetails
 
+from proxy.policy.hints import pydantic_problem, without_echoes
 from proxy.policy.model import Policy
+from proxy.policy.problems import KeyPath, PolicyError, Problem, by_line, dotted, line_of
+from proxy.policy.yamlfile import decode_policy, read_yaml
 from proxy.storage.redis.url import is_redis_url
 
-__all__ = ["PolicyError", "Problem", "load_policy", "parse_policy"]
-
-KeyPath = tuple[str | int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    file: str
-    line: int
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.path}: " if self.path else ""
-        return f"{self.file}:{self.line}: {where}{self.message}"
-
-
-class PolicyError(ValueError):
-    """A policy file that cannot be used; `problems` lists every reason found."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
+__all__ = ["PolicyError", "Problem", "decode_policy", "load_policy", "parse_policy"]
 
 
 def load_policy(
@@ -50,9 +29,10 @@ def load_policy(
     client key whose variable is unset then matches no key instead of being an error."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise PolicyError([Problem(file, 0, "", f"cannot read the file: {exc.strerror}")]) from exc
+    text = decode_policy(data, file)
     return parse_policy(text, file=file, environ=environ, keys_needed=keys_needed)
 
 
@@ -63,20 +43,23 @@ def parse_policy(
     environ: Mapping[str, str] | None = None,
     keys_needed: bool = True,
 ) -> Policy:
-    data, lines = _read_yaml(text, file)
+    data, lines, words = read_yaml(text, file)
+    if data is None:
+        empty = "the policy file is empty: it needs backends:, models: and tenants:"
+        raise PolicyError([Problem(file, 1, "", empty)])
     if not isinstance(data, dict):
         raise PolicyError([Problem(file, 1, "", "the policy file must be a YAML mapping")])
     context = {"environ": os.environ if environ is None else environ, "keys_needed": keys_needed}
     try:
         policy = Policy.model_validate(data, context=context)
     except pydantic.ValidationError as exc:
-        errors = _without_echoes(exc.errors())
-        found = [_problem(file, lines, err) for err in errors]
+        errors = without_echoes(exc.errors())
+        found = [pydantic_problem(file, lines, words, err) for err in errors]
         pruned = _pruned_policy(data, errors, context)
         if pruned is not None:
             policy, removed = pruned
             found += _reference_problems(file, lines, policy, removed)
-        raise PolicyError(_by_line(found)) from None
+        raise PolicyError(by_line(found)) from None
     dangling = _reference_problems(file, lines, policy, {})
     if dangling:
         raise PolicyError(dangling)
@@ -91,7 +74,8 @@ def _pruned_policy(
     data: dict[str, Any], errors: list[ErrorDetails], context: dict[str, Any]
 ) -> tuple[Policy, dict[KeyPath, list[int]]] | None:
     """The policy without the keys and items pydantic refused, so the cross-reference checks
-    can run on the rest; with the list items removed (by list path, original indices)."""
+    can run on the rest; with what was removed: list items by list path (original indices),
+    keys as paths without items."""
     pruned = copy.deepcopy(data)
     removed: dict[KeyPath, list[int]] = {}
     for _ in range(_PRUNE_ROUNDS):
@@ -120,6 +104,7 @@ def _remove(data: object, loc: KeyPath, removed: dict[KeyPath, list[int]]) -> No
     last = loc[-1]
     if isinstance(parent, dict) and last in parent:
         del parent[last]
+        removed.setdefault(loc, [])  # a key: no items, but known to be gone
     elif isinstance(parent, list) and isinstance(last, int):
         gone = removed.setdefault(loc[:-1], [])
         if last not in gone and 0 <= _current_index(last, gone) < len(parent):
@@ -150,73 +135,11 @@ def _reference_problems(
     for path, message in _dangling_references(policy):
         if removed.get(("backends",)) and path[0] == "models":
             continue  # a refused backend serves nothing here, but it may be meant to
+        if ("storage",) in removed and path == ("ledger",):
+            continue  # the refused storage may be the Redis it needs
         original = _original_path(path, removed)
-        found.append(Problem(file, _line_of(lines, original), _dotted(original), message))
-    return _by_line(found)
-
-
-def _by_line(problems: list[Problem]) -> list[Problem]:
-    return sorted(problems, key=lambda p: (p.line, p.path))
-
-
-def _read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int]]:
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None, {}
-        lines: dict[KeyPath, int] = {}
-        _index_lines(node, (), lines, file)
-        return loader.construct_document(node), lines
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark else 0
-        raise PolicyError([Problem(file, line, "", f"invalid YAML: {exc.problem}")]) from None
-    except yaml.YAMLError as exc:
-        raise PolicyError([Problem(file, 0, "", f"invalid YAML: {exc}")]) from None
-    finally:
-        loader.dispose()
-
-
-def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], file: str) -> None:
-    """Record the line of every key and item; duplicate keys are errors, not last-one-wins."""
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            child = (*path, key)
-            if key in seen:
-                line = key_node.start_mark.line + 1
-                raise PolicyError([Problem(file, line, _dotted(child), "duplicate key")])
-            seen.add(key)
-            lines[child] = key_node.start_mark.line + 1
-            _index_lines(value_node, child, lines, file)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _index_lines(item, (*path, index), lines, file)
-
-
-def _without_echoes(errors: list[ErrorDetails]) -> list[ErrorDetails]:
-    """Drop "too short" for a list whose items were already reported as invalid."""
-    item_locs = [e["loc"] for e in errors if e["type"] != "too_short"]
-    return [
-        e
-        for e in errors
-        if e["type"] != "too_short"
-        or not any(loc[: len(e["loc"])] == e["loc"] for loc in item_locs)
-    ]
-
-
-def _problem(file: str, lines: dict[KeyPath, int], error: ErrorDetails) -> Problem:
-    path: KeyPath = tuple(p for p in error["loc"] if p != "[key]")
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        message = "unknown key"
-    elif kind == "missing":
-        message = "required key is missing"
-    else:
-        message = error["msg"].removeprefix("Value error, ")
-    return Problem(file, _line_of(lines, path), _dotted(path), message)
+        found.append(Problem(file, line_of(lines, original), dotted(original), message))
+    return by_line(found)
 
 
 def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
@@ -267,16 +190,3 @@ def _embedder_problems(policy: Policy, served: set[str]) -> list[tuple[KeyPath, 
 
 def _unknown_model(model: str) -> str:
     return f"unknown model {model!r} (declare it under models:)"
-
-
-def _line_of(lines: dict[KeyPath, int], path: KeyPath) -> int:
-    while path and path not in lines:
-        path = path[:-1]
-    return lines.get(path, 1)
-
-
-def _dotted(path: KeyPath) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out

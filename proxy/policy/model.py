@@ -62,13 +62,34 @@ def _resolve_env(value: str, info: ValidationInfo) -> str | None:
     resolved = _environ(info).get(name) or default
     if resolved is None or (not resolved and default is None):
         raise ValueError(f"environment variable {name} is not set or empty")
+    if flaw := _unsendable(resolved):
+        raise ValueError(f"environment variable {name} {flaw}")
     return resolved
+
+
+def _unsendable(value: str) -> str | None:
+    """What keeps `value` (a key, a URL) from being sent in a header or a request line as it
+    is, if anything: an HTTP header cannot carry a newline, and servers strip outer spaces."""
+    if value.endswith("\n"):
+        return (
+            "ends with a newline, which no client or backend can send: set it without one "
+            "(a Kubernetes Secret made with echo has one; use printf or echo -n)"
+        )
+    if value != value.strip():
+        return "starts or ends with whitespace, which no client or backend can send"
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
+        return "holds a control character, which no client or backend can send"
+    return None
 
 
 def _setting(value: object, info: ValidationInfo) -> object:
     """A setting given literally or as `${ENV}` / `${ENV:-default}`."""
     if isinstance(value, str):
         resolved = _resolve_env(value, info)
+        if resolved is None and "${" in value:  # it would be used as written, "${" and all
+            raise ValueError(
+                "a ${NAME} reference is the whole value (url: ${BACKEND_URL}), not a part of it"
+            )
         return value if resolved is None else resolved
     return value
 
@@ -106,11 +127,21 @@ def _client_key(value: object, info: ValidationInfo) -> str:
 Seconds = Annotated[float, BeforeValidator(parse_duration_s)]
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 ClientKey = Annotated[str, BeforeValidator(_client_key)]
-UpstreamKey = Annotated[SecretStr, BeforeValidator(_setting)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveSeconds = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0.0)]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _printable(name: str) -> str:
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in name):
+        raise ValueError(
+            "names may not hold a newline or another control character: they go into headers "
+            "(x-tokenweir-degraded), log lines and metric labels"
+        )
+    return name
+
+
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)]
 
 
 def _no_braces(name: str) -> str:
@@ -151,8 +182,9 @@ class _Frozen(NoBoolAsNumber):
 class Price(_Frozen):
     """USD per million tokens, for cost reports."""
 
-    input_per_1m: Annotated[float, Field(ge=0)] = 0.0
-    output_per_1m: Annotated[float, Field(ge=0)] = 0.0
+    # At most a dollar a token: a dearer price is a typo, and its costs would not fit the ledger.
+    input_per_1m: Annotated[float, Field(ge=0, le=1_000_000)] = 0.0
+    output_per_1m: Annotated[float, Field(ge=0, le=1_000_000)] = 0.0
 
 
 Routing = Literal["least_inflight", "weighted", "prefix_affinity"]
@@ -182,7 +214,8 @@ class LimitSet(_Frozen):
 class Backend(_Frozen):
     name: TagName
     url: Annotated[str, BeforeValidator(_setting), AfterValidator(_strip_slash)]
-    api_key: Annotated[UpstreamKey | None, BeforeValidator(_optional_setting)] = None
+    # Resolved once: a key from the environment is used as it is, even with "${" in it.
+    api_key: Annotated[SecretStr | None, BeforeValidator(_optional_setting)] = None
     models: tuple[Name, ...] = Field(min_length=1)
     weight: PositiveInt = 1
     limits: LimitSet = LimitSet()
@@ -260,7 +293,7 @@ class EmbedderSpec(_Frozen):
 
     model: Name | None = None
     local: Literal["all-MiniLM-L6-v2"] | None = None
-    timeout: Seconds = 2.0
+    timeout: PositiveSeconds = 2.0
 
     @model_validator(mode="after")
     def _exactly_one(self) -> EmbedderSpec:
@@ -334,8 +367,9 @@ class CircuitSpec(_Frozen):
 class UpstreamSpec(_Frozen):
     """The shared connection pool to backends; `read_timeout` is the idle limit per chunk."""
 
-    connect_timeout: Seconds = 5.0
-    read_timeout: Seconds = 300.0
+    # Above 0: a timeout of 0 is not "none" but at once (every request a 504).
+    connect_timeout: PositiveSeconds = 5.0
+    read_timeout: PositiveSeconds = 300.0
     # The longest wait from sending a request to the first byte of the answer's body; unset,
     # read_timeout covers that wait too.
     first_byte_timeout: PositiveSeconds | None = None
@@ -355,7 +389,7 @@ class UpstreamSpec(_Frozen):
 
 
 class Policy(_Frozen):
-    storage: Annotated[str, AfterValidator(check_storage_url)] = "memory"
+    storage: Annotated[str, BeforeValidator(_setting), AfterValidator(check_storage_url)] = "memory"
     admin_keys: tuple[ClientKey, ...] = ()
     ledger: Annotated[str, BeforeValidator(_setting), AfterValidator(_ledger_url)] | None = None
     # Access-log lines carry the prompt and completion text (never keys); off by default.

@@ -4,6 +4,7 @@ SQLite ledger's URL with its options."""
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 
 __all__ = ["MIN_KEEP_RECORDS_S", "hash_key", "parse_bytes", "parse_duration_s", "split_sqlite_url"]
@@ -11,6 +12,8 @@ __all__ = ["MIN_KEEP_RECORDS_S", "hash_key", "parse_bytes", "parse_duration_s", 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _DURATION_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 MIN_KEEP_RECORDS_S = 3600.0
+# Longer is a mistake (and past what Redis expiry times and thread timeouts take).
+MAX_DURATION_S = 100 * 365 * 86400.0
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
 _SIZE_UNIT = {
     None: 1,
@@ -34,8 +37,10 @@ def parse_duration_s(value: object) -> float:
         seconds = float(match.group(1)) * _DURATION_UNIT_S[match.group(2)]
     else:
         raise ValueError(f"expected a duration like 30s, 5m, 1h or 7d, got {value!r}")
-    if seconds < 0:
-        raise ValueError("a duration cannot be negative")
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"a duration is a number of seconds, 0 or more, got {value!r}")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"a duration is at most 36500d (100 years), got {value!r}")
     return seconds
 
 

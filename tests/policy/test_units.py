@@ -15,7 +15,9 @@ def test_durations(text: object, seconds: float) -> None:
     assert parse_duration_s(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["5 minutes", "-1s", True, "1w", None])
+@pytest.mark.parametrize(
+    "text", ["5 minutes", "-1s", True, "1w", None, -1, float("nan"), float("inf"), "36501d"]
+)
 def test_bad_durations(text: object) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration_s(text)

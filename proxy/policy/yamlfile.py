@@ -1,0 +1,120 @@
+"""A policy file's bytes as YAML, read safely: UTF-8 only, nesting and aliases bounded, the
+line of every key and item kept for the problems found later."""
+
+from __future__ import annotations
+
+import yaml
+
+from proxy.policy.problems import KeyPath, PolicyError, Problem, dotted
+
+__all__ = ["ALIAS_FACTOR", "MAX_ALIASED_VALUES", "MAX_DEPTH", "decode_policy", "read_yaml"]
+
+
+def decode_policy(data: bytes, file: str) -> str:
+    """A policy file's bytes as text: UTF-8 (a byte order mark allowed), else a PolicyError at
+    the first byte that is not, rather than a traceback or a name silently changed."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        byte = data[exc.start : exc.start + 1].hex()
+        message = f"byte 0x{byte} is not UTF-8: save the file as UTF-8"
+        raise PolicyError([Problem(file, line, "", message)]) from None
+
+
+def read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int], dict[KeyPath, str]]:
+    """The document, the line of each key and item, and the unquoted words YAML read as
+    something other than text (`off` as false), by path."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}, {}
+        index = _LineIndex(file)
+        index.walk(node, (), ())
+        return loader.construct_document(node), index.lines, index.words
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 0
+        raise PolicyError([Problem(file, line, "", f"invalid YAML: {exc.problem}")]) from None
+    except yaml.YAMLError as exc:
+        raise PolicyError([Problem(file, 0, "", f"invalid YAML: {exc}")]) from None
+    except RecursionError:  # PyYAML reads nested collections recursively
+        line = loader.get_mark().line + 1
+        raise PolicyError([Problem(file, line, "", _TOO_DEEP)]) from None
+    finally:
+        loader.dispose()
+
+
+# A policy is a few levels deep; a value nested deeper is a mistake (or an attack on the reader).
+MAX_DEPTH = 32
+# Values aliases may add by repeating their anchors': this many, or ALIAS_FACTOR times the
+# values written in the file. Rules shared by every tenant fit; a "billion laughs" (aliases of
+# aliases, 9 ** 9 values from a few lines) does not, nor does it in a file of many MB.
+MAX_ALIASED_VALUES = 100_000
+ALIAS_FACTOR = 10
+# What YAML 1.1 reads an unquoted word as, other than text: `off` is false, `~` null, `1.5` a float.
+_WORDS = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("bool", "null", "int", "float"))
+_TOO_DEEP = (
+    f"values are nested more than {MAX_DEPTH} levels deep (or an alias is inside its own anchor)"
+)
+_ALIAS_BOMB = (
+    f"aliases here repeat more values than the file holds {ALIAS_FACTOR} times over (and more "
+    f"than {MAX_ALIASED_VALUES:,}): write them out"
+)
+
+
+class _LineIndex:
+    """The line of every key and item; duplicate keys are errors, not last-one-wins. Values
+    nested too deeply (an alias inside its own anchor nests without end) and aliases that
+    repeat too many values are errors too: what reads the document next would not end."""
+
+    __slots__ = ("file", "lines", "seen", "visits", "words")
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.lines: dict[KeyPath, int] = {}
+        self.words: dict[KeyPath, str] = {}
+        self.seen: set[int] = set()
+        self.visits = 0
+
+    def walk(self, node: yaml.Node, path: KeyPath, site: KeyPath) -> None:
+        """`site`: where the alias `node` came from is used (the nearest value not repeated)."""
+        line = self.lines.setdefault(path, node.start_mark.line + 1)
+        if id(node) not in self.seen:
+            site = path
+            self.seen.add(id(node))
+        self.visits += 1
+        if len(path) > MAX_DEPTH:
+            raise PolicyError([Problem(self.file, line, dotted(path[:MAX_DEPTH]), _TOO_DEEP)])
+        if self.visits - len(self.seen) > max(MAX_ALIASED_VALUES, ALIAS_FACTOR * len(self.seen)):
+            raise PolicyError([Problem(self.file, self.lines[site], dotted(site), _ALIAS_BOMB)])
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                child = (*path, key)
+                if key in keys:
+                    line = key_node.start_mark.line + 1
+                    raise PolicyError([Problem(self.file, line, dotted(child), "duplicate key")])
+                keys.add(key)
+                self.lines[child] = key_node.start_mark.line + 1
+                if _is_word(key_node):  # recorded as pydantic names it too
+                    self.lines[(*path, _as_loc(key))] = self.lines[child]
+                    self.words[(*path, _as_loc(key), "[key]")] = key
+                self.walk(value_node, child, site)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                self.walk(item, (*path, index), site)
+        elif _is_word(node):
+            self.words[path] = str(node.value)
+
+
+def _is_word(node: yaml.Node) -> bool:
+    """An unquoted scalar YAML reads as other than text."""
+    return isinstance(node, yaml.ScalarNode) and node.tag in _WORDS and node.style is None
+
+
+def _as_loc(word: str) -> str | int:
+    """How pydantic names a mapping key that YAML read as other than text (`yes` as true)."""
+    value = yaml.safe_load(word)
+    return int(value) if isinstance(value, bool | int) else str(value)
