@@ -7,7 +7,8 @@ uvicorn times out idle keep-alive connections but not a client that dribbles its
 protocol answers such a client 408 in OpenAI's shape and closes the connection. Nor does it
 bound the headers' size (a client could send hundreds of MB of one header within the deadline,
 held in memory): headers still coming past MAX_HEAD_BYTES are answered 431 and the connection
-closed.
+closed. Bytes that are not HTTP/1.1 (a request smuggling attempt, a bad chunk size) are answered
+400 in OpenAI's shape, after the answers owed to the requests before them, not uvicorn's text.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from proxy.asgi.direct import LentCycle, lend_cycle
-from proxy.errors import GatewayError, HeadersTooLarge, RequestTimeout
+from proxy.errors import BadRequest, GatewayError, HeadersTooLarge, RequestTimeout
 
 __all__ = [
     "MAX_HEAD_BYTES",
@@ -59,6 +60,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # of the reads of the headers after the first
         self._watched: RequestResponseCycle | None = None  # the cycle `_gone` watches
         self._gone: Callable[[], None] | None = None
+        self._malformed = False  # bytes that are not HTTP came: answered 400, then closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -106,6 +108,31 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         lend_cycle(self.scope, self.cycle)
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are not HTTP/1.1, in OpenAI's shape; a request before
+        them still owed its answer (they came after it on the connection) gets it first."""
+        if self._malformed:
+            return  # answered already, or to be once what is owed has gone
+        self._malformed = True
+        cycle = self.cycle
+        owed = (
+            cycle is not None
+            and not cycle.response_complete
+            and (cycle.response_started or not cycle.more_body)  # not bytes of its own body
+            and not self.transport.is_closing()
+        )
+        if not owed:
+            self._refuse(b"400 Bad Request", _malformed())
+            return
+        self.flow.pause_reading()
+        last = self.pipeline[0][0] if self.pipeline else cycle  # appended left, popped right
+        last.on_response = partial(self._after_the_owed, last)
+
+    def _after_the_owed(self, cycle: RequestResponseCycle) -> None:
+        self.on_response_complete()
+        # Through the cycle's transport: it may hold its answer still (proxy/asgi/held.py).
+        self._refuse(b"400 Bad Request", _malformed(), cycle.transport)
+
     def _arm(self) -> None:
         self._header_timer = self.loop.call_later(self._header_timeout_s, self._headers_late)
 
@@ -123,16 +150,28 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         )
         self._refuse(b"408 Request Timeout", error)
 
-    def _refuse(self, status: bytes, error: GatewayError) -> None:
-        """Answer `error` and close the connection (its request never reached the app)."""
+    def _refuse(
+        self, status: bytes, error: GatewayError, transport: asyncio.Transport | None = None
+    ) -> None:
+        """Answer `error` and close the connection; on `transport`, the cycle's that may still hold
+        the answer before it, or else the connection's own."""
+        transport = transport or self.transport
         self._in_head = False
         body = error.to_json()
         head = (
             b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n" % (status, len(body))
         )
-        self.transport.write(head + body)
-        self.transport.close()
+        transport.write(head + body)
+        transport.close()
+
+
+def _malformed() -> BadRequest:
+    return BadRequest(
+        "The request is not valid HTTP/1.1 (its request line, a header, or the framing of its "
+        "body: Content-Length, Transfer-Encoding or a chunk); the connection is closed.",
+        code="invalid_http_request",
+    )
 
 
 def _too_large() -> HeadersTooLarge:

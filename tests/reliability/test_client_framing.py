@@ -1,0 +1,133 @@
+"""A hostile client's framing, over raw sockets to a real `tokenweir serve`: bytes that are not
+HTTP/1.1 get an OpenAI-shaped 400 after the answers owed before them and never reach the
+backend."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+
+from proxy.tools.mock import backend as mockbackend
+from tests.reliability.state import KEY, policy_text
+from tests.reliability.test_timeouts import _connect, _read_all
+from tests.servers import replicas, serve
+
+SERVER = "{header_timeout: 1s, body_timeout: 1s, keep_alive_timeout: 1s, max_body_bytes: 64KiB}"
+BODY = orjson.dumps({"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]})
+HEAD = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    b"authorization: Bearer " + KEY.encode() + b"\r\n"
+)
+CHAT = HEAD + b"content-length: %d\r\n\r\n%b" % (len(BODY), BODY)
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[str]:
+    """A backend of this module's own, whose request count no other test moves."""
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=2000)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def gateway(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A real `tokenweir serve` with one-second client timeouts; yields its port."""
+    config = tmp_path_factory.mktemp("framing") / "policy.yaml"
+    config.write_text(policy_text(backend, "memory", server=SERVER))
+    with replicas(config, 1) as [(_, url)]:
+        yield int(url.rsplit(":", 1)[1])
+
+
+def _backend_calls(backend: str) -> int:
+    return int(httpx.get(backend + "/mock/stats").json()["requests_total"])
+
+
+def _read_response(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One response with a content-length: its head and body."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole response: {received!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole response: {received!r}"
+        body += chunk
+    return head, body
+
+
+def _responses(raw: bytes) -> list[tuple[int, bytes, bytes]]:
+    """Each response (status, head, body) of what came on a connection, bodies by length."""
+    answers = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        answers.append((int(head.split(b" ", 2)[1]), head, rest[:length]))
+        raw = rest[length:]
+    return answers
+
+
+MALFORMED = {
+    "content-length-and-chunked": HEAD
+    + b"content-length: %d\r\ntransfer-encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n"
+    % (len(BODY), len(BODY), BODY),
+    "two-content-lengths": HEAD
+    + b"content-length: %d\r\ncontent-length: 5\r\n\r\n%b" % (len(BODY), BODY),
+    "obsolete-line-folding": HEAD
+    + b"x-folded: a\r\n b\r\ncontent-length: %d\r\n\r\n%b" % (len(BODY), BODY),
+    "bad-chunk-size": HEAD + b"transfer-encoding: chunked\r\n\r\nzz\r\n%b\r\n0\r\n\r\n" % BODY,
+    "odd-method": b"FOO /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("raw", MALFORMED.values(), ids=MALFORMED.keys())
+def test_bytes_that_are_not_http_get_an_openai_shaped_400(
+    gateway: int, backend: str, raw: bytes
+) -> None:
+    """uvicorn answered them with a text/plain "Invalid HTTP request received.", which the
+    OpenAI SDKs cannot read as an error."""
+    calls = _backend_calls(backend)
+    with _connect(gateway) as sock:
+        sock.sendall(raw)
+        [(status, head, body)] = _responses(_read_all(sock))
+    assert status == 400
+    assert b"content-type: application/json" in head.lower()
+    error = orjson.loads(body)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == "invalid_http_request"
+    assert _backend_calls(backend) == calls
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_request_before_malformed_bytes_gets_its_own_answer_first(
+    gateway: int, backend: str, stream: bool
+) -> None:
+    """A valid request with bytes that are not HTTP after it on the connection (pipelined) was
+    answered uvicorn's 400 in its place, while the gateway called the backend for it."""
+    body = orjson.dumps({"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]})
+    if stream:
+        body = body[:-1] + b', "stream": true}'
+    calls = _backend_calls(backend)
+    with _connect(gateway) as sock:
+        sock.sendall(
+            HEAD + b"content-length: %d\r\n\r\n%b" % (len(body), body) + b"GARBAGE\r\n\r\n"
+        )
+        raw = _read_all(sock)
+    first, _, rest = raw.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200")
+    if stream:
+        answer, _, rest = rest.partition(b"\r\n0\r\n\r\n")  # the stream's last chunk
+        assert b"data: [DONE]" in answer
+    else:
+        length = int(first.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        assert orjson.loads(rest[:length])["object"] == "chat.completion"
+        rest = rest[length:]
+    [(status, _, error)] = _responses(rest)
+    assert status == 400
+    assert orjson.loads(error)["error"]["code"] == "invalid_http_request"
+    assert _backend_calls(backend) == calls + 1
