@@ -9,6 +9,9 @@ bound the headers' size (a client could send hundreds of MB of one header within
 held in memory): headers still coming past MAX_HEAD_BYTES are answered 431 and the connection
 closed. Bytes that are not HTTP/1.1 (a request smuggling attempt, a bad chunk size) are answered
 400 in OpenAI's shape, after the answers owed to the requests before them, not uvicorn's text.
+A request answered before its body all came (401, 413, 408) has the rest of its body dropped
+within the header deadline, else the connection is closed; one that asked `Expect:
+100-continue` and was answered before it was told to send its body closes the connection.
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # of the reads of the headers after the first
         self._watched: RequestResponseCycle | None = None  # the cycle `_gone` watches
         self._gone: Callable[[], None] | None = None
+        # Answered before its body all came: the rest is read and dropped until `_linger_timer`.
+        self._refused: RequestResponseCycle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        # Asked `Expect: 100-continue`: its answer closes the connection unless its body came
+        # first; `_keep_alive` is what it keeps once it has.
+        self._expecting: RequestResponseCycle | None = None
+        self._keep_alive = False
         self._malformed = False  # bytes that are not HTTP came: answered 400, then closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -68,6 +78,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._end_linger()
         super().connection_lost(exc)
         gone, watched = self._gone, self._watched
         self._gone = self._watched = None
@@ -86,6 +97,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         was_in_head = self._in_head
         super().data_received(data)
+        if self._refused is not None or self._expecting is not None:
+            self._body_moved()
+        elif (cycle := self.cycle) is not None and cycle.response_complete and cycle.more_body:
+            self._linger(cycle)
         if not self._in_head:
             return
         if was_in_head:
@@ -107,6 +122,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_headers_complete()
         lend_cycle(self.scope, self.cycle)
+        if self.expect_100_continue:
+            self._expect(self.cycle)
+
+    def shutdown(self) -> None:
+        self._expecting = None  # the connection closes after its answer, as uvicorn set
+        super().shutdown()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are not HTTP/1.1, in OpenAI's shape; a request before
@@ -132,6 +153,56 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self.on_response_complete()
         # Through the cycle's transport: it may hold its answer still (proxy/asgi/held.py).
         self._refuse(b"400 Bad Request", _malformed(), cycle.transport)
+
+    def _expect(self, cycle: RequestResponseCycle) -> None:
+        """Until its body has come, an answer to `cycle` closes the connection: its client
+        waits to be told to send it, so the bytes after the answer would be its next request."""
+        if cycle.scope is not self.scope:
+            return  # the protocol answers it itself (an upgrade)
+        self._settle_expecting()
+        self._expecting, self._keep_alive = cycle, cycle.keep_alive
+        cycle.keep_alive = False
+
+    def _settle_expecting(self) -> None:
+        expecting = self._expecting
+        if expecting is not None and not expecting.more_body:
+            self._expecting = None
+            if not expecting.response_started:
+                expecting.keep_alive = self._keep_alive
+
+    def _linger(self, cycle: RequestResponseCycle) -> None:
+        """`cycle` was answered before its body all came (a refusal): the rest is dropped as it
+        comes, but within the header deadline, else the connection is closed (uvicorn would
+        read it for ever, and its keep-alive timer stops at each read)."""
+        if self.transport.is_closing():
+            return
+        self._refused = cycle
+        self._linger_timer = self.loop.call_later(self._header_timeout_s, self._linger_over)
+
+    def _body_moved(self) -> None:
+        self._settle_expecting()
+        refused = self._refused
+        if refused is None or refused.more_body:
+            return
+        self._end_linger()
+        if self.cycle is refused and not self._in_head and not self.transport.is_closing():
+            # Idle again: uvicorn's keep-alive timer, which the reads of the body stopped.
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def _linger_over(self) -> None:
+        self._linger_timer = None
+        if self._refused is not None:
+            self._refused = None
+            self.transport.close()
+
+    def _end_linger(self) -> None:
+        self._refused = None
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
 
     def _arm(self) -> None:
         self._header_timer = self.loop.call_later(self._header_timeout_s, self._headers_late)

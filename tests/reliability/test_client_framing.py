@@ -1,10 +1,12 @@
 """A hostile client's framing, over raw sockets to a real `tokenweir serve`: bytes that are not
-HTTP/1.1 get an OpenAI-shaped 400 after the answers owed before them and never reach the
-backend."""
+HTTP/1.1 get an OpenAI-shaped 400 after the answers owed before them and never reach the backend;
+a request refused before its body came cannot hold its connection by dribbling that body, nor
+have its next request taken for that body."""
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -131,3 +133,83 @@ def test_a_request_before_malformed_bytes_gets_its_own_answer_first(
     assert status == 400
     assert orjson.loads(error)["error"]["code"] == "invalid_http_request"
     assert _backend_calls(backend) == calls + 1
+
+
+REFUSED = {
+    "401-bad-key": HEAD.replace(KEY.encode(), b"not-a-key") + b"content-length: 100000\r\n\r\n",
+    "413-declared-too-large": HEAD + b"content-length: 10000000\r\n\r\n",
+    "408-body-late": HEAD + b"content-length: 100000\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("raw", REFUSED.values(), ids=REFUSED.keys())
+def test_a_refused_requests_body_dribbled_does_not_hold_the_connection(
+    gateway: int, raw: bytes
+) -> None:
+    """Answered before its body came, a request's rest was read and dropped for as long as the
+    client sent a byte now and then: no header, body or keep-alive deadline applied to it, so a
+    client held the connection for ever."""
+    with _connect(gateway) as sock:
+        sock.sendall(raw)
+        _, body = _read_response(sock)
+        assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
+        began = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - began < 8:
+            try:
+                sock.sendall(b"x")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sock.settimeout(0.2)
+            try:
+                closed = sock.recv(65536) == b""
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed = True
+        assert time.monotonic() - began < 4  # the header deadline (1 s) after the answer
+
+
+def test_a_refused_body_sent_whole_keeps_the_connection(gateway: int) -> None:
+    """The rest of a refused body that does come in time is dropped, and the connection serves
+    the next request."""
+    with _connect(gateway) as sock:
+        big = b"x" * 300_000
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n"
+            % len(big)
+        )
+        sock.sendall(big)
+        head, _ = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 401")
+        sock.sendall(CHAT)
+        head, body = _read_response(sock)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert orjson.loads(body)["object"] == "chat.completion"
+
+
+def test_expect_100_continue_refused_closes_the_connection(gateway: int) -> None:
+    """A request that asked `Expect: 100-continue` and was refused before it was told to send its
+    body (413) does not send it; the connection was kept for a body that never came, and the
+    client's next request on it was read as that body and never answered."""
+    with _connect(gateway) as sock:
+        sock.sendall(HEAD + b"expect: 100-continue\r\ncontent-length: 10000000\r\n\r\n")
+        head, body = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 413")
+        assert b"\r\nconnection: close" in head.lower()
+        assert orjson.loads(body)["error"]["code"] == "request_too_large"
+        sock.settimeout(3)
+        assert sock.recv(65536) == b""  # closed: the next request goes on a new connection
+
+
+def test_expect_100_continue_with_its_body_keeps_the_connection(gateway: int) -> None:
+    with _connect(gateway) as sock:
+        sock.sendall(HEAD + b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % len(BODY))
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(BODY)
+        head, _ = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert b"connection: close" not in head.lower()
+        sock.sendall(CHAT)
+        head, _ = _read_response(sock)
+    assert head.startswith(b"HTTP/1.1 200")
