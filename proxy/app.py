@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
@@ -165,7 +165,7 @@ def create_app(
         _MESSAGES: MessagesEndpoint(),
         "/v1/messages/count_tokens": CountTokens(),
     }
-    return LanedStarlette(
+    app = LanedStarlette(
         lanes=inference,  # the same endpoints, past the middleware and the router
         routes=[
             *(Route(path, endpoint, methods=["POST"]) for path, endpoint in inference.items()),
@@ -194,6 +194,11 @@ def create_app(
         exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
     )
+    # A path with a trailing slash is a 404 that names the route (`_http_error`), not a bare
+    # 307 to the path without it: a client that follows it resends a POST to the Host header's
+    # name over plain http (with no key, behind a TLS proxy).
+    app.router.redirect_slashes = False
+    return app
 
 
 class _LiveGateway(LiveGateway[Gateway]):
@@ -239,11 +244,25 @@ def _start_otel_sdk() -> OtelSdk | None:
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     if status == 404:
-        error: GatewayError = NotFound(f"Unknown request URL: {request.method} {request.url.path}.")
+        error: GatewayError = NotFound(
+            f"Unknown request URL: {request.method} {request.url.path}.{_slash_hint(request)}"
+        )
     else:
         error = GatewayError(f"{request.method} is not allowed on {request.url.path}.")
         error.status, error.type, error.code = status, "invalid_request_error", "method_not_allowed"
     return _render(error, request.url.path)
+
+
+def _slash_hint(request: Request) -> str:
+    """Where a path with a trailing slash names a route without it, a sentence that says so."""
+    path = request.url.path
+    bare = path.rstrip("/")
+    if not bare or bare == path:
+        return ""
+    scope = {**request.scope, "path": bare}
+    if any(route.matches(scope)[0] is not Match.NONE for route in request.app.router.routes):
+        return f" The route is {bare}, without the trailing slash."
+    return ""
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

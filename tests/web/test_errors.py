@@ -164,6 +164,30 @@ def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
     assert_openai_error(http.get("/v1/chat/completions"), 405, "method_not_allowed")
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/chat/completions/"),
+        ("POST", "/v1/embeddings/"),
+        ("GET", "/v1/models/"),
+        ("GET", "/healthz/"),
+        ("GET", "/dashboard/"),
+    ],
+)
+def test_a_path_with_a_trailing_slash_is_a_404_naming_the_route(
+    http: httpx.Client, method: str, path: str
+) -> None:
+    """It was Starlette's bare 307 with an empty body, to the Host header's name over plain
+    http (a client that follows it resends its POST there, without its key behind a TLS proxy)."""
+    answer = http.request(method, path, headers=AUTH, json=CHAT)
+    assert "location" not in answer.headers
+    if path == "/v1/models/":  # `/v1/models/{id}` with an empty id
+        assert_openai_error(answer, 404, "model_not_found")
+        return
+    error = assert_openai_error(answer, 404, "not_found")
+    assert f"The route is {path.rstrip('/')}, without the trailing slash." in str(error["message"])
+
+
 def test_backend_error_status_becomes_502(http: httpx.Client) -> None:
     answer = http.post("/v1/chat/completions", json={**CHAT, "mock_fail": 500}, headers=AUTH)
     assert assert_openai_error(answer, 502, "upstream_error")["type"] == "api_error"
