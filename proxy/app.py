@@ -250,7 +250,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     else:
         error = GatewayError(f"{request.method} is not allowed on {request.url.path}.")
         error.status, error.type, error.code = status, "invalid_request_error", "method_not_allowed"
-    return _render(error, request.url.path)
+    # A 405's `Allow` (the route's methods), which a 405 must carry.
+    headers = exc.headers if isinstance(exc, HTTPException) else None
+    return _render(error, request.url.path, headers)
 
 
 def _slash_hint(request: Request) -> str:
@@ -271,12 +273,15 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return _render(error, request.url.path)
 
 
-def _render(error: GatewayError, path: str) -> Response:
+def _render(error: GatewayError, path: str, headers: Mapping[str, str] | None = None) -> Response:
     """The error in OpenAI's shape, or Anthropic's on the Messages routes (where a 404, a 405
     or an error no stage caught reaches this handler past the routes' own wrapper)."""
     status, body = error.status, error.to_json()
     if path == _MESSAGES or path.startswith(_MESSAGES + "/"):
         status, body = anthropic_error(status, body)
     return Response(
-        body, status_code=status, media_type="application/json", headers=error.headers()
+        body,
+        status_code=status,
+        media_type="application/json",
+        headers={**error.headers(), **(headers or {})},
     )

@@ -188,6 +188,30 @@ def test_a_path_with_a_trailing_slash_is_a_404_naming_the_route(
     assert f"The route is {path.rstrip('/')}, without the trailing slash." in str(error["message"])
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("OPTIONS", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/messages", "POST"),
+        ("POST", "/v1/models", "GET, HEAD"),
+        ("DELETE", "/healthz", "GET, HEAD"),
+    ],
+)
+def test_a_method_a_route_does_not_take_is_a_405_with_allow(
+    http: httpx.Client, method: str, path: str, allowed: str
+) -> None:
+    """A 405 must say which methods the route takes; the gateway's carried no `Allow`."""
+    answer = http.request(method, path, headers=AUTH)
+    assert answer.status_code == 405
+    assert set(answer.headers["allow"].split(", ")) == set(allowed.split(", "))
+    if path != "/v1/messages":  # Anthropic's shape there
+        assert_openai_error(answer, 405, "method_not_allowed")
+    head = http.head("/v1/chat/completions", headers=AUTH)
+    assert head.status_code == 405
+    assert head.headers["allow"] == "POST"
+
+
 def test_backend_error_status_becomes_502(http: httpx.Client) -> None:
     answer = http.post("/v1/chat/completions", json={**CHAT, "mock_fail": 500}, headers=AUTH)
     assert assert_openai_error(answer, 502, "upstream_error")["type"] == "api_error"
