@@ -8,7 +8,8 @@ protocol answers such a client 408 in OpenAI's shape and closes the connection. 
 bound the headers' size (a client could send hundreds of MB of one header within the deadline,
 held in memory): headers still coming past MAX_HEAD_BYTES are answered 431 and the connection
 closed. Bytes that are not HTTP/1.1 (a request smuggling attempt, a bad chunk size) are answered
-400 in OpenAI's shape, after the answers owed to the requests before them, not uvicorn's text.
+400 in OpenAI's shape, not uvicorn's text. Each of these refusals goes out after the answers
+owed to the requests before it on the connection (pipelined), never into a stream's middle.
 A request answered before its body all came (401, 413, 408) has the rest of its body dropped
 within the header deadline, else the connection is closed; one that asked `Expect:
 100-continue` and was answered before it was told to send its body closes the connection.
@@ -70,7 +71,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         # first; `_keep_alive` is what it keeps once it has.
         self._expecting: RequestResponseCycle | None = None
         self._keep_alive = False
-        self._malformed = False  # bytes that are not HTTP came: answered 400, then closed
+        self._refusing = False  # a refusal that closes the connection is sent, or to be in turn
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -107,7 +108,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._disarm()
-                self._refuse(b"431 Request Header Fields Too Large", _too_large())
+                self._refuse_in_turn(b"431 Request Header Fields Too Large", _too_large())
                 return
         if self._header_timer is None:
             self._arm()
@@ -130,11 +131,18 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().shutdown()
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to bytes that are not HTTP/1.1, in OpenAI's shape; a request before
-        them still owed its answer (they came after it on the connection) gets it first."""
-        if self._malformed:
-            return  # answered already, or to be once what is owed has gone
-        self._malformed = True
+        """uvicorn's answer to bytes that are not HTTP/1.1, in OpenAI's shape."""
+        self._refuse_in_turn(b"400 Bad Request", _malformed())
+
+    def _refuse_in_turn(self, status: bytes, error: GatewayError) -> None:
+        """Refuse the request that is coming (and close the connection) once the requests before
+        it on the connection (pipelined) have their answers: one still being sent (a stream)
+        is neither cut nor has the refusal written into its middle."""
+        if self._refusing:
+            return  # sent already, or to be once what is owed has gone
+        self._refusing = True
+        self._in_head = False
+        self._disarm()
         cycle = self.cycle
         owed = (
             cycle is not None
@@ -143,16 +151,18 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             and not self.transport.is_closing()
         )
         if not owed:
-            self._refuse(b"400 Bad Request", _malformed())
+            self._refuse(status, error)
             return
         self.flow.pause_reading()
         last = self.pipeline[0][0] if self.pipeline else cycle  # appended left, popped right
-        last.on_response = partial(self._after_the_owed, last)
+        last.on_response = partial(self._after_the_owed, last, status, error)
 
-    def _after_the_owed(self, cycle: RequestResponseCycle) -> None:
+    def _after_the_owed(
+        self, cycle: RequestResponseCycle, status: bytes, error: GatewayError
+    ) -> None:
         self.on_response_complete()
         # Through the cycle's transport: it may hold its answer still (proxy/asgi/held.py).
-        self._refuse(b"400 Bad Request", _malformed(), cycle.transport)
+        self._refuse(status, error, cycle.transport)
 
     def _expect(self, cycle: RequestResponseCycle) -> None:
         """Until its body has come, an answer to `cycle` closes the connection: its client
@@ -219,7 +229,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         error = RequestTimeout(
             f"The request headers did not arrive within {self._header_timeout_s:g} s."
         )
-        self._refuse(b"408 Request Timeout", error)
+        self._refuse_in_turn(b"408 Request Timeout", error)
 
     def _refuse(
         self, status: bytes, error: GatewayError, transport: asyncio.Transport | None = None

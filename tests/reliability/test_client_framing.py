@@ -135,6 +135,31 @@ def test_a_request_before_malformed_bytes_gets_its_own_answer_first(
     assert _backend_calls(backend) == calls + 1
 
 
+def test_a_late_pipelined_request_is_refused_after_the_stream_before_it(gateway: int) -> None:
+    """A request whose headers are late behind a stream (pipelined) is answered 408 once that
+    stream has ended: the 408 was written into the middle of the stream, which it cut."""
+    body = orjson.dumps(
+        {
+            "model": "mock-llm",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "mock_completion_tokens": 6000,  # 3 s at the backend's 2,000 tokens/s
+        }
+    )
+    with _connect(gateway) as sock:
+        sock.settimeout(15)
+        sock.sendall(HEAD + b"content-length: %d\r\n\r\n%b" % (len(body), body))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # and no more
+        raw = _read_all(sock)
+    assert raw.startswith(b"HTTP/1.1 200")
+    stream, end, rest = raw.partition(b"data: [DONE]\n\n\r\n0\r\n\r\n")  # its last chunk
+    assert end, raw[-300:]
+    assert b"HTTP/1.1 408" not in stream
+    [(status, _, error)] = _responses(rest)
+    assert status == 408
+    assert orjson.loads(error)["error"]["code"] == "request_timeout"
+
+
 REFUSED = {
     "401-bad-key": HEAD.replace(KEY.encode(), b"not-a-key") + b"content-length: 100000\r\n\r\n",
     "413-declared-too-large": HEAD + b"content-length: 10000000\r\n\r\n",
