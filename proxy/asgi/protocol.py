@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from functools import partial
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -29,9 +29,13 @@ from uvicorn.server import ServerState
 from proxy.asgi.direct import LentCycle, lend_cycle
 from proxy.errors import BadRequest, GatewayError, HeadersTooLarge, RequestTimeout
 
+if TYPE_CHECKING:
+    from uvicorn._types import ASGISendEvent
+
 __all__ = [
     "MAX_HEAD_BYTES",
     "HeaderTimeoutProtocol",
+    "Http10Cycle",
     "protocol_with_header_timeout",
     "watch_client",
 ]
@@ -39,6 +43,7 @@ __all__ = [
 # What a request's line and headers may take in the reads after the one that begins them (which
 # is at most one read, 256 KiB, more). Browsers and SDKs send a few KiB; nginx's default is 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
+_FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -122,7 +127,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._in_head = False
         self._disarm()
         super().on_headers_complete()
-        lend_cycle(self.scope, self.cycle)
+        if self.scope["http_version"] == "1.0":
+            _close_delimited(self.cycle, self.scope)  # and nothing lent: uvicorn's send frames
+        else:
+            lend_cycle(self.scope, self.cycle)
         if self.expect_100_continue:
             self._expect(self.cycle)
 
@@ -245,6 +253,30 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         )
         transport.write(head + body)
         transport.close()
+
+
+class Http10Cycle(RequestResponseCycle):
+    """An HTTP/1.0 request's cycle: an answer of unknown length (a stream) goes out as it comes,
+    ended by closing the connection, as HTTP/1.0 frames it. uvicorn sent it with chunked
+    framing, which HTTP/1.0 does not have: its client read the chunk sizes as part of the body."""
+
+    _unframed = False  # the answer has no length: its body goes out as it is
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start" and not self.response_started:
+            framed = {name.lower() for name, _ in message.get("headers", ())}
+            if not framed & _FRAMING and self.scope["method"] != "HEAD":
+                self._unframed = True
+                self.chunked_encoding = False  # uvicorn's send then frames it by its length
+        elif self._unframed and message["type"] == "http.response.body":
+            # As long as this piece: uvicorn's send counts it down to 0 and writes it as it is.
+            self.expected_content_length = len(message.get("body", b""))
+        await super().send(message)
+
+
+def _close_delimited(cycle: RequestResponseCycle, scope: object) -> None:
+    if cycle.scope is scope and type(cycle) is RequestResponseCycle:
+        cycle.__class__ = Http10Cycle  # before its task's first step calls its `send`
 
 
 def _malformed() -> BadRequest:

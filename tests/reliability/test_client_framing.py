@@ -238,3 +238,31 @@ def test_expect_100_continue_with_its_body_keeps_the_connection(gateway: int) ->
         sock.sendall(CHAT)
         head, _ = _read_response(sock)
     assert head.startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_http_1_0_answer_has_no_chunked_framing(gateway: int, stream: bool) -> None:
+    """HTTP/1.0 has no chunked framing: a stream went to an HTTP/1.0 client (`curl --http1.0`,
+    an old proxy) with `transfer-encoding: chunked`, so it read the chunk sizes as part of the
+    events. It now goes as it comes, ended by closing the connection."""
+    body = orjson.dumps(
+        {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    )
+    with _connect(gateway) as sock:
+        sock.sendall(
+            HEAD.replace(b"HTTP/1.1", b"HTTP/1.0")
+            + b"content-length: %d\r\n\r\n%b" % (len(body), body)
+        )
+        raw = _read_all(sock)
+    head, _, answer = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding" not in head.lower()
+    assert b"\r\nconnection: close" in head.lower()
+    if not stream:
+        assert orjson.loads(answer)["object"] == "chat.completion"
+        return
+    events = answer.split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    chunks = [orjson.loads(event.removeprefix(b"data: ")) for event in events[:-2]]
+    assert chunks
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
