@@ -22,11 +22,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, cast
 
+import httptools
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from proxy.asgi.direct import LentCycle, lend_cycle
+from proxy.asgi.upgrade import body_framing, parser_for_body
 from proxy.errors import BadRequest, GatewayError, HeadersTooLarge, RequestTimeout
 
 if TYPE_CHECKING:
@@ -102,7 +104,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         was_in_head = self._in_head
-        super().data_received(data)
+        self._feed(data)
         if self._refused is not None or self._expecting is not None:
             self._body_moved()
         elif (cycle := self.cycle) is not None and cycle.response_complete and cycle.more_body:
@@ -117,6 +119,35 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                 return
         if self._header_timer is None:
             self._arm()
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's `data_received`, except that a request offering an upgrade this server does
+        not make is read as a request like any other: its body, and the requests after it."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._not_upgraded(data[upgrade.args[0] :])
+
+    def _not_upgraded(self, rest: bytes) -> None:
+        """The request is at the end of its head; `rest` is what came after it in this read."""
+        cycle = self.cycle
+        framing = body_framing(self.headers)
+        if framing is not None and cycle is not None and cycle.scope is self.scope:
+            # llhttp skipped the body, and said the request was whole: it is not, yet (its task
+            # has not run: this is the read that ended its head).
+            cycle.more_body = True
+            cycle.message_event.clear()
+            self.parser, head = parser_for_body(self)
+            rest = head + framing + b"\r\n\r\n" + rest
+        if rest:
+            self._feed(rest)  # httptools's parser is ready for the next request
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -266,3 +266,42 @@ def test_an_http_1_0_answer_has_no_chunked_framing(gateway: int, stream: bool) -
     chunks = [orjson.loads(event.removeprefix(b"data: ")) for event in events[:-2]]
     assert chunks
     assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+
+
+H2C = (  # as curl --http2 sends it
+    b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+    b"http2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+)
+
+
+@pytest.mark.parametrize("sent", ["one-read", "body-later", "chunked"])
+def test_a_request_offering_h2c_is_answered_with_its_body(
+    gateway: int, backend: str, sent: str
+) -> None:
+    """`curl --http2` on an http:// URL, Java's RestClient and Ktor offer `Upgrade: h2c` on a
+    POST. The body never reached the gateway: a 400 `invalid_json` (a zero-length document), or
+    uvicorn's 400 when the body came in a read of its own. The offer is ignored, as RFC 9110
+    allows, and the request answered, its body as sent reaching the backend; the connection
+    serves the next request."""
+    question = f"h2c {sent}"
+    body = orjson.dumps({"model": "mock-llm", "messages": [{"role": "user", "content": question}]})
+    with _connect(gateway) as sock:
+        if sent == "chunked":
+            sock.sendall(
+                HEAD
+                + H2C
+                + b"transfer-encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(body), body)
+            )
+        else:
+            sock.sendall(HEAD + H2C + b"content-length: %d\r\n\r\n" % len(body))
+            if sent == "body-later":
+                time.sleep(0.2)
+            sock.sendall(body)
+        head, answer = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200"), answer
+        assert orjson.loads(answer)["object"] == "chat.completion"
+        seen = httpx.get(backend + "/mock/stats").json()["last_request"]
+        assert seen["messages"] == [{"role": "user", "content": question}]
+        sock.sendall(CHAT)
+        head, _ = _read_response(sock)
+    assert head.startswith(b"HTTP/1.1 200")
