@@ -90,8 +90,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         gone, watched = self._gone, self._watched
         self._gone = self._watched = None
-        if gone is not None and watched is not None and watched.disconnected:
-            gone()  # uvicorn marks a cycle disconnected only if its response was not complete
+        if gone is not None and watched is not None and not watched.response_complete:
+            # uvicorn marks only the cycle it parsed last: with a request pipelined behind it,
+            # not the one being answered, which wrote on to the closed connection (and raised).
+            watched.disconnected = True
+            watched.message_event.set()
+            gone()
 
     def watch(self, cycle: RequestResponseCycle, gone: Callable[[], None]) -> None:
         """Call `gone` if the connection is lost before `cycle`'s response is complete."""

@@ -121,3 +121,39 @@ def test_a_client_that_leaves_a_whole_answer_midway_is_billed_its_prompt(
     assert record["usage_source"] == "estimated"  # mock-llm has no tokenizer
     assert isinstance(record["input_tokens"], int)
     assert record["input_tokens"] > 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_client_that_leaves_with_a_request_pipelined_stops_the_backend(
+    gateway_url: str, backend: httpx.Client, caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    """With a second request pipelined behind the first, the server marked only the second as
+    left: a whole answer's backend worked on to its end (10 s here), a stream wrote on to the
+    closed connection until the write raised, an error traceback, and neither was recorded as
+    the client's leaving."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    body = orjson.dumps({**LONG, "stream": stream})
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
+        b"content-type: application/json\r\n"
+    )
+    small = orjson.dumps({**LONG, "max_tokens": 1})
+    host, port = gateway_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        client.sendall(
+            head + b"content-length: %d\r\n\r\n%b" % (len(body), body)
+            + head + b"content-length: %d\r\n\r\n%b" % (len(small), small)
+        )  # fmt: skip
+        if stream:
+            wait_for_stat(backend, "streams_started", 1, within_s=10)
+        else:
+            wait_for_stat(backend, "inflight", 1, within_s=10)
+    wait_for_stat(backend, "streams_cancelled" if stream else "requests_cancelled", 1, within_s=2)
+    deadline = time.monotonic() + 5
+    while not access_records(caplog) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    [record] = access_records(caplog)  # the second request was never started
+    assert record["client_disconnected"] is True
+    assert record["completed"] is False
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
