@@ -204,6 +204,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self, cycle: RequestResponseCycle, status: bytes, error: GatewayError
     ) -> None:
         self.on_response_complete()
+        if self.transport.is_closing():
+            return  # that answer closed the connection (`connection: close`, HTTP/1.0)
         # Through the cycle's transport: it may hold its answer still (proxy/asgi/held.py).
         self._refuse(status, error, cycle.transport)
 
