@@ -142,7 +142,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def _not_upgraded(self, rest: bytes) -> None:
         """The request is at the end of its head; `rest` is what came after it in this read."""
         cycle = self.cycle
-        framing = body_framing(self.headers)
+        framing = body_framing(self.scope["headers"])
         if framing is not None and cycle is not None and cycle.scope is self.scope:
             # llhttp skipped the body, and said the request was whole: it is not, yet (its task
             # has not run: this is the read that ended its head).
@@ -162,12 +162,27 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._in_head = False
         self._disarm()
         super().on_headers_complete()
+        # A chunked body's trailer fields come to uvicorn's `on_header` as headers do: put in a
+        # list of their own, they do not join the request's (the scope's) headers. A trailer's
+        # `authorization` authenticated a request, past a proxy that checks the header section.
+        self.headers = []
         if self.scope["http_version"] == "1.0":
             _close_delimited(self.cycle, self.scope)  # and nothing lent: uvicorn's send frames
         else:
             lend_cycle(self.scope, self.cycle)
         if self.expect_100_continue:
             self._expect(self.cycle)
+
+    def _get_upgrade(self) -> bytes | None:
+        """uvicorn's, read from the scope's headers (`self.headers` has a body's trailers only)."""
+        connection: list[bytes] = []
+        upgrade = None
+        for name, value in self.scope["headers"]:
+            if name == b"connection":
+                connection = [token.lower().strip() for token in value.split(b",")]
+            elif name == b"upgrade":
+                upgrade = value.lower()
+        return upgrade if b"upgrade" in connection else None
 
     def shutdown(self) -> None:
         self._expecting = None  # the connection closes after its answer, as uvicorn set

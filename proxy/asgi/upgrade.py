@@ -12,6 +12,7 @@ a head that holds its framing alone, and that parser then reads the requests aft
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Protocol
 
 import httptools
@@ -30,7 +31,7 @@ class ParsedBody(Protocol):
     def on_message_complete(self) -> None: ...
 
 
-def body_framing(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+def body_framing(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
     """The header that frames the request's body (names lowered, as uvicorn keeps them); None
     when it has none. llhttp has refused a request with both, or two lengths, already."""
     for name, value in headers:

@@ -305,3 +305,22 @@ def test_a_request_offering_h2c_is_answered_with_its_body(
         sock.sendall(CHAT)
         head, _ = _read_response(sock)
     assert head.startswith(b"HTTP/1.1 200")
+
+
+def test_a_chunked_bodys_trailer_fields_are_not_request_headers(gateway: int) -> None:
+    """Trailer fields after a chunked body joined the request's headers: a trailer's
+    `authorization` authenticated the request (past a proxy that checks or strips the header
+    section only), a trailer's `x-request-id` named it. They are dropped."""
+    chunked = b"transfer-encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n" % (len(BODY), BODY)
+    no_key = HEAD.replace(b"authorization: Bearer " + KEY.encode() + b"\r\n", b"")
+    trailers = b"authorization: Bearer %b\r\nx-request-id: from-a-trailer\r\n\r\n" % KEY.encode()
+    with _connect(gateway) as sock:
+        sock.sendall(no_key + chunked + trailers)
+        head, body = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 401"), body
+        assert orjson.loads(body)["error"]["code"] == "invalid_api_key"
+        sock.sendall(HEAD + chunked + trailers)  # with the key where it belongs
+        head, body = _read_response(sock)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert orjson.loads(body)["object"] == "chat.completion"
+    assert b"from-a-trailer" not in head
