@@ -46,6 +46,10 @@ __all__ = [
 # is at most one read, 256 KiB, more). Browsers and SDKs send a few KiB; nginx's default is 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
 _FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
+# Requests parsed and waiting behind the one being answered (pipelined). uvicorn parses a whole
+# read (up to 256 KiB) at once: 9,000 requests of 28 bytes each, 10-20 MB of their state held per
+# connection. No browser or SDK pipelines; a client that does gets these answered, then a 400.
+MAX_PIPELINED = 16
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -79,6 +83,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._expecting: RequestResponseCycle | None = None
         self._keep_alive = False
         self._refusing = False  # a refusal that closes the connection is sent, or to be in turn
+        self._refusal: GatewayError | None = None  # why the parser was stopped, if the protocol did
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -161,7 +166,13 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
+        previous = self.cycle
         super().on_headers_complete()
+        if self.pipeline and len(self.pipeline) > MAX_PIPELINED:
+            self.pipeline.popleft()  # this one: the 400 answers it, after those before it
+            self.cycle = previous
+            self._refusal = _too_many_pipelined()
+            raise _StopParsing  # llhttp stops at this request: a parser error (400) in turn
         # A chunked body's trailer fields come to uvicorn's `on_header` as headers do: put in a
         # list of their own, they do not join the request's (the scope's) headers. A trailer's
         # `authorization` authenticated a request, past a proxy that checks the header section.
@@ -189,8 +200,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().shutdown()
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to bytes that are not HTTP/1.1, in OpenAI's shape."""
-        self._refuse_in_turn(b"400 Bad Request", _malformed())
+        """uvicorn's answer to bytes that are not HTTP/1.1, in OpenAI's shape (or to a request
+        the protocol stopped the parser at, with `_refusal`)."""
+        self._refuse_in_turn(b"400 Bad Request", self._refusal or _malformed())
 
     def _refuse_in_turn(self, status: bytes, error: GatewayError) -> None:
         """Refuse the request that is coming (and close the connection) once the requests before
@@ -329,6 +341,18 @@ class Http10Cycle(RequestResponseCycle):
 def _close_delimited(cycle: RequestResponseCycle, scope: object) -> None:
     if cycle.scope is scope and type(cycle) is RequestResponseCycle:
         cycle.__class__ = Http10Cycle  # before its task's first step calls its `send`
+
+
+class _StopParsing(Exception):
+    """Raised in a parser callback to stop llhttp where it is (it is then in error)."""
+
+
+def _too_many_pipelined() -> BadRequest:
+    return BadRequest(
+        f"More than {MAX_PIPELINED} requests came on one connection before their answers "
+        "(pipelined); those before are answered, and the connection is closed.",
+        code="too_many_pipelined_requests",
+    )
 
 
 def _malformed() -> BadRequest:

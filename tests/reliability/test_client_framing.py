@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from proxy.asgi.protocol import MAX_PIPELINED
 from proxy.tools.mock import backend as mockbackend
 from tests.reliability.state import KEY, policy_text
 from tests.reliability.test_timeouts import _connect, _read_all
@@ -35,12 +36,17 @@ def backend() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def gateway(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """A real `tokenweir serve` with one-second client timeouts; yields its port."""
+def served(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    """A real `tokenweir serve` with one-second client timeouts; yields its port and pid."""
     config = tmp_path_factory.mktemp("framing") / "policy.yaml"
     config.write_text(policy_text(backend, "memory", server=SERVER))
-    with replicas(config, 1) as [(_, url)]:
-        yield int(url.rsplit(":", 1)[1])
+    with replicas(config, 1) as [(process, url)]:
+        yield int(url.rsplit(":", 1)[1]), process.pid
+
+
+@pytest.fixture
+def gateway(served: tuple[int, int]) -> int:
+    return served[0]
 
 
 def _backend_calls(backend: str) -> int:
@@ -324,3 +330,40 @@ def test_a_chunked_bodys_trailer_fields_are_not_request_headers(gateway: int) ->
     assert head.startswith(b"HTTP/1.1 200")
     assert orjson.loads(body)["object"] == "chat.completion"
     assert b"from-a-trailer" not in head
+
+
+PIPELINED = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+def test_requests_pipelined_past_the_cap_get_a_400_after_the_answers_before(gateway: int) -> None:
+    """Every request of a read was parsed and queued at once (a 256 KiB read holds 9,000 of
+    them). Those within the cap, and the one being answered, get their answers; then a 400."""
+    with _connect(gateway) as sock:
+        sock.sendall(PIPELINED * 40)
+        answers = _responses(_read_all(sock))
+    assert [status for status, _, _ in answers] == [200] * (MAX_PIPELINED + 1) + [400]
+    error = orjson.loads(answers[-1][2])["error"]
+    assert error["code"] == "too_many_pipelined_requests"
+
+
+def test_pipelined_floods_do_not_grow_the_gateway(served: tuple[int, int]) -> None:
+    """Twenty connections that each sent a read's worth of pipelined requests (5 MB in all)
+    held 15-20 MB of the gateway's memory each (330 MB), and kept much of it."""
+    port, pid = served
+
+    def rss_bytes() -> int:
+        with open(f"/proc/{pid}/status") as status:
+            line = next(line for line in status if line.startswith("VmRSS:"))
+        return int(line.split()[1]) * 1024
+
+    before = rss_bytes()
+    flood = PIPELINED * (262_144 // len(PIPELINED))
+    connections = [_connect(port) for _ in range(20)]
+    try:
+        for sock in connections:
+            sock.sendall(flood)
+        time.sleep(1)  # parsed, not read back
+        assert rss_bytes() - before < 64 * 1024 * 1024
+    finally:
+        for sock in connections:
+            sock.close()
