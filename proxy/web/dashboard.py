@@ -17,9 +17,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from proxy.asgi.body import ClientGone, read_body
 from proxy.errors import (
     AuthenticationFailed,
     BadRequest,
+    BodyTooLarge,
     GatewayError,
     PermissionDenied,
 )
@@ -164,6 +166,8 @@ class _Endpoint:
         request = Request(scope, receive)
         try:
             response = await self._handler(request)
+        except ClientGone:
+            return  # it left before its form came: no one to answer
         except GatewayError as exc:
             response = self._pages.error_page(request, exc)
         except LedgerError as exc:
@@ -216,11 +220,14 @@ def _same_site_only(request: Request) -> None:
 
 
 async def _read_form(request: Request) -> dict[str, list[str]]:
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > _MAX_FORM_BYTES:
-            raise BadRequest("The login form is too large.")
+    """The login form, within `server.body_timeout`: a form trickled a byte at a time was
+    waited for without end, by a client that needs no key."""
+    gateway: Gateway = request.state.gateway
+    timeout_s = gateway.policy.server.body_timeout
+    try:
+        body = await read_body(request.receive, request.headers, _MAX_FORM_BYTES, timeout_s)
+    except BodyTooLarge:
+        raise BadRequest("The login form is too large.") from None
     try:
         return parse_qs(body.decode(), max_num_fields=8)
     except (UnicodeDecodeError, ValueError) as exc:

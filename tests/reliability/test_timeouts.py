@@ -151,6 +151,19 @@ def test_a_body_that_does_not_arrive_in_time_gets_408(gateway: int, sent: bytes)
     assert 0.9 <= time.monotonic() - began < 3
 
 
+def test_a_dashboard_login_form_that_does_not_arrive_in_time_gets_408(gateway: int) -> None:
+    """The login form needs no key: trickled a byte at a time, it was waited for without end."""
+    with _connect(gateway) as sock:
+        sock.sendall(
+            b"POST /dashboard/login HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/x-www-form-urlencoded\r\ncontent-length: 100\r\n\r\nkey="
+        )
+        began = time.monotonic()
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert 0.9 <= time.monotonic() - began < 3
+
+
 def test_an_idle_keep_alive_connection_is_closed(gateway: int) -> None:
     with _connect(gateway) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
