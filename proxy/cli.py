@@ -153,7 +153,8 @@ def _serve(args: argparse.Namespace) -> int:
         "port": args.port,
         "workers": args.workers,
         "loop": "uvloop",
-        "http": protocol_with_header_timeout(server.header_timeout),
+        # A client that reads nothing of its answer for as long as a body may take is cut off.
+        "http": protocol_with_header_timeout(server.header_timeout, server.body_timeout),
         "ws": "none",
         "proxy_headers": False,  # the app applies them where they are read (proxy/app.py)
         "access_log": False,

@@ -67,9 +67,13 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
         *,
         header_timeout_s: float = 10.0,
+        stall_timeout_s: float | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._header_timeout_s = header_timeout_s
+        # A client that reads nothing of what is written to it for this long is cut off.
+        self._stall_timeout_s = stall_timeout_s
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._header_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a request's first byte came, its headers are not all here
         self._head_bytes = 0  # of the reads of the headers after the first
@@ -92,6 +96,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._end_linger()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         super().connection_lost(exc)
         gone, watched = self._gone, self._watched
         self._gone = self._watched = None
@@ -101,6 +108,25 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             watched.disconnected = True
             watched.message_event.set()
             gone()
+
+    def pause_writing(self) -> None:
+        """The client's socket is full: unless it reads within the stall timeout, the connection
+        is cut and its request told its client left (its stream held a backend and a slot for
+        as long as the client read nothing: for ever)."""
+        super().pause_writing()
+        if self._stall_timeout_s is not None and self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self._stall_timeout_s, self._stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        if not self.transport.is_closing():
+            self.transport.abort()  # what is buffered for it goes too: it would not read it
 
     def watch(self, cycle: RequestResponseCycle, gone: Callable[[], None]) -> None:
         """Call `gone` if the connection is lost before `cycle`'s response is complete."""
@@ -385,7 +411,11 @@ def watch_client(lent: LentCycle | None, gone: Callable[[], None]) -> HeaderTime
     return protocol
 
 
-def protocol_with_header_timeout(header_timeout_s: float) -> type[asyncio.Protocol]:
+def protocol_with_header_timeout(
+    header_timeout_s: float, stall_timeout_s: float | None = None
+) -> type[asyncio.Protocol]:
     """What to pass as uvicorn's `http=`: picklable, so `--workers N` processes receive it."""
-    factory = partial(HeaderTimeoutProtocol, header_timeout_s=header_timeout_s)
+    factory = partial(
+        HeaderTimeoutProtocol, header_timeout_s=header_timeout_s, stall_timeout_s=stall_timeout_s
+    )
     return cast(type[asyncio.Protocol], factory)

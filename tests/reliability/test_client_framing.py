@@ -370,3 +370,27 @@ def test_pipelined_floods_do_not_grow_the_gateway(served: tuple[int, int]) -> No
     finally:
         for sock in connections:
             sock.close()
+
+
+def test_a_client_that_reads_nothing_of_its_stream_is_cut_off(gateway: int, backend: str) -> None:
+    """A client that never read its stream held the backend's stream, and its concurrency slot,
+    for ever (the gateway waits for the client to read: backpressure). Past the stall timeout
+    (server.body_timeout, 1 s here) the connection is cut and the backend stopped."""
+    body = orjson.dumps(
+        {
+            "model": "mock-llm",
+            "messages": [{"role": "user", "content": "a long story"}],
+            "stream": True,
+            "max_tokens": 100_000,
+            "mock_completion_tokens": 100_000,  # 50 s at the backend's 2,000 tokens/s
+        }
+    )
+    cancelled = httpx.get(backend + "/mock/stats").json()["streams_cancelled"]
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gateway))
+        sock.sendall(HEAD + b"content-length: %d\r\n\r\n%b" % (len(body), body))
+        deadline = time.monotonic() + 15
+        while httpx.get(backend + "/mock/stats").json()["streams_cancelled"] == cancelled:
+            assert time.monotonic() < deadline, "the stream runs on for a client that reads nothing"
+            time.sleep(0.1)
