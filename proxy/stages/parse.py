@@ -58,6 +58,7 @@ class Parse:
             body = _load(ctx.raw_body)
         except InvalidJSON:
             _check_encoding(ctx.headers.get("content-encoding"))
+            _check_transfer_coding(ctx.headers.get("transfer-encoding"))
             raise
         operation = ctx.operation
         ctx.outgoing = OutgoingRequest(
@@ -131,6 +132,18 @@ def _check_encoding(encoding: str | None) -> None:
             f"The request body has Content-Encoding: {encoding[:40]}; this gateway accepts only "
             "uncompressed JSON bodies. Send the body without compressing it.",
             code="unsupported_content_encoding",
+        )
+
+
+def _check_transfer_coding(coding: str | None) -> None:
+    """The same for a body sent with a transfer coding besides chunked (`gzip, chunked`): the
+    server takes its chunks off, not the compression."""
+    codings = [] if coding is None else [c.strip().lower() for c in coding.split(",")]
+    if any(c not in ("", "chunked", "identity") for c in codings):
+        raise BadRequest(
+            f"The request body has Transfer-Encoding: {coding[:40] if coding else ''}; this "
+            "gateway accepts only chunked or plain bodies of uncompressed JSON.",
+            code="unsupported_transfer_encoding",
         )
 
 

@@ -139,6 +139,30 @@ def test_a_compressed_body_is_400_naming_its_encoding(
     assert http.post(path, content=orjson.dumps(body), headers=plain).status_code == 200
 
 
+def test_a_body_with_a_compressing_transfer_coding_is_400_naming_it(gateway_url: str) -> None:
+    """`Transfer-Encoding: gzip, chunked`: the server takes the chunks off, not the gzip, and the
+    client was told only that its JSON could not be parsed."""
+    squeezed = gzip.compress(orjson.dumps(CHAT))
+    host, port = gateway_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
+            b"transfer-encoding: gzip, chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n"
+            % (len(squeezed), squeezed)
+        )
+        raw = b""
+        while b"}}" not in raw:
+            chunk = sock.recv(65536)
+            assert chunk, raw
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    error = orjson.loads(body)["error"]
+    assert error["code"] == "unsupported_transfer_encoding"
+    assert "Transfer-Encoding: gzip, chunked" in error["message"]
+
+
 def test_missing_and_wrong_keys_are_401(http: httpx.Client) -> None:
     assert_openai_error(http.post("/v1/chat/completions", json=CHAT), 401, "invalid_api_key")
     wrong = {"authorization": "Bearer not-a-key"}
