@@ -144,13 +144,16 @@ def test_a_body_with_a_compressing_transfer_coding_is_400_naming_it(gateway_url:
     client was told only that its JSON could not be parsed."""
     squeezed = gzip.compress(orjson.dumps(CHAT))
     host, port = gateway_url.removeprefix("http://").split(":")
+    lines = [
+        "POST /v1/chat/completions HTTP/1.1",
+        "host: x",
+        "content-type: application/json",
+        f"authorization: {AUTH['authorization']}",
+        "transfer-encoding: gzip, chunked",  # httpx sends no coding but chunked
+    ]
+    chunked = b"%x\r\n%b\r\n0\r\n\r\n" % (len(squeezed), squeezed)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
-            b"transfer-encoding: gzip, chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n"
-            % (len(squeezed), squeezed)
-        )
+        sock.sendall("\r\n".join(lines).encode() + b"\r\n\r\n" + chunked)
         raw = b""
         while b"}}" not in raw:
             chunk = sock.recv(65536)
