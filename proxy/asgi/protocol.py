@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from functools import partial
+from random import getrandbits
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import httptools
@@ -337,9 +338,11 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         transport = transport or self.transport
         self._in_head = False
         body = error.to_json()
+        # Every answer carries `x-request-id`: a new one, as proxy/web/requestid.py makes it.
         head = (
-            b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n" % (status, len(body))
+            b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"x-request-id: req_%032x\r\nconnection: close\r\n\r\n"
+            % (status, len(body), getrandbits(128))
         )
         transport.write(head + body)
         transport.close()

@@ -5,6 +5,7 @@ have its next request taken for that body."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -105,6 +106,7 @@ def test_bytes_that_are_not_http_get_an_openai_shaped_400(
         [(status, head, body)] = _responses(_read_all(sock))
     assert status == 400
     assert b"content-type: application/json" in head.lower()
+    assert re.search(rb"\r\nx-request-id: req_[0-9a-f]{32}\r\n", head + b"\r\n")
     error = orjson.loads(body)["error"]
     assert error["type"] == "invalid_request_error"
     assert error["code"] == "invalid_http_request"

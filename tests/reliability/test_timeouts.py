@@ -3,6 +3,7 @@ in time, and a stalled connection is closed rather than held."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -86,6 +87,15 @@ def test_a_client_that_never_sends_headers_gets_408_and_is_closed(gateway: int) 
     assert status == 408
     assert error["code"] == "request_timeout"
     assert 0.9 <= time.monotonic() - began < 3
+
+
+def test_the_servers_own_refusals_carry_a_request_id(gateway: int) -> None:
+    """Every answer carries `x-request-id`: the 408 and 431 the server gives before a request
+    reaches the app had none."""
+    with _connect(gateway) as sock:
+        head = _read_all(sock).partition(b"\r\n\r\n")[0]
+    assert head.startswith(b"HTTP/1.1 408")
+    assert re.search(rb"\r\nx-request-id: req_[0-9a-f]{32}(\r\n|$)", head)
 
 
 def test_slowloris_dribbling_headers_is_cut_at_the_header_timeout(gateway: int) -> None:
