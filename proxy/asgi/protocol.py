@@ -13,6 +13,10 @@ owed to the requests before it on the connection (pipelined), never into a strea
 A request answered before its body all came (401, 413, 408) has the rest of its body dropped
 within the header deadline, else the connection is closed; one that asked `Expect:
 100-continue` and was answered before it was told to send its body closes the connection.
+Also: at most MAX_PIPELINED requests wait behind the one being answered; a request offering an
+upgrade (h2c) is read with its body (proxy/asgi/upgrade.py); a chunked body's trailers do not
+join the headers; an HTTP/1.0 client's stream goes unframed (Http10Cycle); and a client that
+reads nothing of its answer for the stall timeout is cut off.
 """
 
 from __future__ import annotations
