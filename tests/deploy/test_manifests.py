@@ -237,3 +237,24 @@ def test_a_required_variable_without_default_still_fails_by_name(tmp_path: Path)
     )
     with pytest.raises(ValueError, match="TOKENWEIR_BACKEND_URL is not set or empty"):
         parse_policy(required, environ={"TOKENWEIR_API_KEY": "k"})
+
+
+def _bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (`1Gi`, `512Mi`) or a Redis size (`640mb`), in bytes."""
+    number, unit = re.fullmatch(r"(\d+)([A-Za-z]*)", quantity).groups()  # type: ignore[union-attr]
+    scale = {"": 1, "ki": 2**10, "mi": 2**20, "gi": 2**30, "kb": 2**10, "mb": 2**20, "gb": 2**30}
+    return int(number) * scale[unit.lower()]
+
+
+def test_k8s_redis_refuses_writes_when_full_instead_of_being_oom_killed() -> None:
+    """Under a container memory limit, Redis with no `maxmemory` grows until the kernel kills
+    it; it then replays its append-only file, as large as before, and is killed again: every
+    gateway loses its storage for good. A `maxmemory` below the limit, `noeviction` (the
+    gateway's counters and ledger must never be evicted: docs/operations.md), is what lets a
+    full Redis refuse writes and recover."""
+    (redis,) = KINDS[("StatefulSet", "redis")]["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+    args = redis["args"]
+    assert "--maxmemory" in args, "no maxmemory under a memory limit: OOM-killed when full"
+    limit = _bytes(redis["resources"]["limits"]["memory"])
+    assert _bytes(args[args.index("--maxmemory") + 1]) <= limit * 0.75  # room for the rewrite
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
