@@ -41,12 +41,15 @@ VOLUME ["/var/lib/tokenweir"]
 USER 10001:10001
 EXPOSE 8080
 # Asks the port and route of whatever PID 1 was started as (`serve --port N`: /healthz on N,
-# default 8080; `mock-backend --port N`: /v1/models on N, default 8000).
+# default 8080; `mock-backend --port N`: /v1/models on N, default 8000). The port is read as
+# the command's own parser reads it, `--port N` or `--port=N` (also under `docker run --init`).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 CMD ["python", "-c", "\
-import sys, urllib.request\n\
+import argparse, sys, urllib.request\n\
 argv = open('/proc/1/cmdline', 'rb').read().decode().split('\\0')\n\
 mock = 'mock-backend' in argv\n\
-port = argv[argv.index('--port') + 1] if '--port' in argv else '8000' if mock else '8080'\n\
+flags = argparse.ArgumentParser(add_help=False)\n\
+flags.add_argument('--port')\n\
+port = flags.parse_known_args([a for a in argv if a != '--'])[0].port or ('8000' if mock else '8080')\n\
 path = '/v1/models' if mock else '/healthz'\n\
 sys.exit(urllib.request.urlopen(f'http://127.0.0.1:{port}{path}', timeout=2).status != 200)\n\
 "]

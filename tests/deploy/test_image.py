@@ -86,6 +86,22 @@ def test_image_serves_chat_stream_and_metrics_against_the_mock_in_a_second_conta
                 openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
 
 
+def test_health_check_follows_a_port_written_with_equals_and_under_an_init_process(
+    image: str,
+) -> None:
+    """`serve --port=9100` is the same command as `serve --port 9100` to tokenweir; the health
+    check used to miss the first form and asked 8080, so the container was marked unhealthy
+    (and restarted by an orchestrator) while serving."""
+    env = ["-e", f"TOKENWEIR_API_KEY={KEY}"]
+    serve = ["serve", "--host", EVERY_INTERFACE, "--config", POLICY]
+    with (
+        container(image, *serve, "--port=9100", options=env) as equals,
+        container(image, *serve, "--port", "9200", options=["--init", *env]) as under_init,
+    ):
+        wait_healthy(equals)
+        wait_healthy(under_init)
+
+
 def test_image_without_a_key_exits_saying_which_variable_is_missing(image: str) -> None:
     done = subprocess.run(
         ["docker", "run", "--rm", image], capture_output=True, text=True, timeout=60, check=False
