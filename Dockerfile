@@ -17,9 +17,14 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    TOKENWEIR_LEDGER=sqlite:////var/lib/tokenweir/tokenweir.db
+    TOKENWEIR_LEDGER=sqlite:////var/lib/tokenweir/tokenweir.db \
+    HOME=/var/lib/tokenweir
+# The data directory's group is 0 and has the owner's rights: a platform that runs the image as
+# an arbitrary UID in group 0 (OpenShift's restricted policy, `docker run --user 12345:0`) can
+# write the ledger and caches there too. HOME points there for such a UID, which has no passwd
+# entry (and would get HOME=/, not writable: Hugging Face's cache lives under HOME).
 RUN useradd --system --uid 10001 --home-dir /var/lib/tokenweir --shell /usr/sbin/nologin tokenweir \
-    && install -d -o tokenweir -g tokenweir -m 0750 /var/lib/tokenweir
+    && install -d -o tokenweir -g 0 -m 0770 /var/lib/tokenweir
 # Dependencies in layers of their own, read from pyproject.toml: a change to the code rebuilds
 # only the last, small layer, and images with and without extras share the first.
 COPY pyproject.toml /tmp/pyproject.toml

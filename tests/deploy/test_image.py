@@ -41,8 +41,8 @@ def test_image_is_non_root_with_a_data_volume_and_carries_its_licence(image: str
     assert list(config["Volumes"]) == ["/var/lib/tokenweir"]
     assert config["WorkingDir"] == "/var/lib/tokenweir"
     assert "TOKENWEIR_LEDGER=sqlite:////var/lib/tokenweir/tokenweir.db" in config["Env"]
-    owner = docker("run", "--rm", "--entrypoint", "stat", image, "-c", "%u %a", DATA_DIR)
-    assert owner == "10001 750"
+    owner = docker("run", "--rm", "--entrypoint", "stat", image, "-c", "%u %g %a", DATA_DIR)
+    assert owner == "10001 0 770"  # group 0: an arbitrary UID in group 0 writes it too
     licence = docker(
         "run", "--rm", "--entrypoint", "python", image, "-c",
         "import importlib.metadata as m; d = m.distribution('tokenweir');"
@@ -100,6 +100,36 @@ def test_health_check_follows_a_port_written_with_equals_and_under_an_init_proce
     ):
         wait_healthy(equals)
         wait_healthy(under_init)
+
+
+def test_image_serves_and_bills_as_an_arbitrary_uid_in_group_zero(image: str) -> None:
+    """OpenShift runs an image as a random UID in group 0. The data directory was the image
+    user's alone (0750): such a container failed at startup, its ledger not writable."""
+    options = ["--user", "12345:0", "-p", "127.0.0.1::8080"]
+    with network() as net:
+        with (
+            container(image, "mock-backend", "--host", EVERY_INTERFACE,
+                      options=["--network", net, "--network-alias", "mock", *options[:2]]),
+            container(image, options=[
+                "--network", net, *options, "-e", f"TOKENWEIR_API_KEY={KEY}",
+                "-e", "TOKENWEIR_BACKEND_URL=http://mock:8000/v1",
+            ]) as gateway,
+        ):  # fmt: skip
+            wait_healthy(gateway)
+            client = openai.OpenAI(base_url=host_url(gateway, 8080) + "/v1", api_key=KEY)
+            with client:
+                client.chat.completions.create(**CHAT, max_tokens=4)
+            docker("stop", gateway, timeout_s=60)  # the ledger is flushed on the way out
+            assert inspect(gateway)["State"]["ExitCode"] == 0  # type: ignore[index]
+            home = docker("run", "--rm", *options[:2], "--entrypoint", "sh", image, "-c",
+                          "echo $HOME && touch $HOME/.probe")  # fmt: skip
+            assert home == DATA_DIR  # a writable HOME (Hugging Face's cache), not /
+            report = docker(
+                "run", "--rm", *options[:2], "--volumes-from", gateway,
+                "-e", f"TOKENWEIR_API_KEY={KEY}", image, "report", "--format", "json",
+            )  # fmt: skip
+    (row,) = json.loads(report)["rows"]
+    assert row["requests"] == 1
 
 
 def test_image_without_a_key_exits_saying_which_variable_is_missing(image: str) -> None:
