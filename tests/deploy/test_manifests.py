@@ -258,3 +258,20 @@ def test_k8s_redis_refuses_writes_when_full_instead_of_being_oom_killed() -> Non
     limit = _bytes(redis["resources"]["limits"]["memory"])
     assert _bytes(args[args.index("--maxmemory") + 1]) <= limit * 0.75  # room for the rewrite
     assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+
+
+def test_compose_services_of_the_image_that_serve_nothing_have_no_health_check() -> None:
+    """The image's HEALTHCHECK asks PID 1's gateway (or mock) port. A service of the image that
+    runs something else (the Grafana example's `traffic` loop) answered no port and showed
+    `unhealthy` for as long as it ran."""
+    for compose in (COMPOSE, REPO_ROOT / "examples" / "grafana"):
+        services = yaml.safe_load((compose / "docker-compose.yml").read_text())["services"]
+        for name, service in services.items():
+            if "build" not in service:
+                continue  # not this image
+            command = [*service.get("entrypoint", ["tokenweir"]), *service.get("command", [])]
+            serves = command[:1] == ["tokenweir"] and (
+                command[1:2] in ([], ["serve"], ["mock-backend"])
+            )
+            if not serves:
+                assert service.get("healthcheck") == {"disable": True}, f"{compose.name}: {name}"
