@@ -250,6 +250,38 @@ def test_nginx_follows_replicas_added_and_removed(stack: Stack) -> None:
     assert statuses == [200] * 30
 
 
+def test_a_refused_key_is_logged_with_the_clients_address_not_nginxs(stack: Stack) -> None:
+    """nginx sent X-Forwarded-For, but the replicas did not believe it: every refused key was
+    logged as coming from nginx, whoever tried it. A client's own X-Forwarded-For must not
+    name the address either."""
+    (lb,) = stack.containers("lb")
+    networks = "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}"
+    lb_ips = set(docker("inspect", "--format", networks, lb).split())
+    spoofed = "203.0.113.7"
+    answer = httpx.get(
+        f"{stack.url}/api/usage",
+        headers={"authorization": "Bearer tw-wrong-key", "x-forwarded-for": spoofed},
+    )  # fmt: skip
+    assert answer.status_code == 401
+
+    def logged() -> list[str]:
+        lines = [
+            line
+            for replica in stack.containers("tokenweir")
+            for line in subprocess.run(
+                ["docker", "logs", replica], capture_output=True, text=True, check=False
+            ).stderr.splitlines()  # the server log: stderr (stdout: access lines)
+            if "/api/usage from " in line
+        ]
+        return lines
+
+    wait_for(lambda: bool(logged()), "the refused key's warning")
+    line = logged()[-1]
+    address = line.split("/api/usage from ", 1)[1].split()[0].rstrip(",.:;")
+    assert address not in lb_ips, line
+    assert address != spoofed, line
+
+
 def test_down_leaves_nothing_running(stack: Stack) -> None:
     assert len(stack.containers(every=True)) == 6  # redis, backend, 3 replicas, nginx
     stack.compose("down", "-v", "--remove-orphans", timeout_s=180)
