@@ -71,12 +71,14 @@ class Pipeline:
             ctx = admitted = await self._auth(arrival)
             counting = counting_for(admitted.tenant_name)  # its token counts are remembered
             send = self._releasing_before_the_end(admitted, send)
-            ctx.raw_body = await read_body(
-                receive, ctx.headers, self._max_body_bytes, self._body_timeout_s,
-                arrived=body_arrived(ctx.server_cycle),
-            )  # fmt: skip
             scope = admitted.scope
+            # Tracked from its body's read on: a client still sending one when the drain ends
+            # gets its 503 then, not the server's cancel of the task at its own later timeout.
             with scope, self.drain.track(scope):
+                ctx.raw_body = await read_body(
+                    receive, ctx.headers, self._max_body_bytes, self._body_timeout_s,
+                    arrived=body_arrived(ctx.server_cycle),
+                )  # fmt: skip
                 # The client's leaving cancels the scope: told by the connection itself under
                 # `tokenweir serve`, else seen by a task waiting on `receive`.
                 gone = partial(client_left, ctx.outcome, scope)

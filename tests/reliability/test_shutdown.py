@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -83,4 +84,42 @@ def test_sigterm_without_requests_in_flight_exits_at_once(backend_url: str, tmp_
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=15) in (0, -signal.SIGTERM)  # uvicorn re-raises it
             assert time.monotonic() - began < 5
+        assert ledger_records(redis_url) == 1
+
+
+def test_sigterm_ends_a_request_still_sending_its_body_at_the_drain_timeout(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """A client that has sent half its body when SIGTERM comes (a slow upload, a stalled one) is
+    ended with the drain's 503 at the drain timeout, as a request past its body is. It was not
+    in the drain's count: uvicorn cancelled it at its own later timeout (the drain's + 5 s, when
+    Docker's SIGKILL comes with the default policy), logging an ASGI traceback, with no answer."""
+    with private_redis() as redis_url:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, redis_url, server="{drain_timeout: 2s}"))
+        with replicas(config, 1) as [(process, url)]:
+            host, port = url.removeprefix("http://").split(":")
+            body = orjson.dumps({**CHAT, "stream": False})
+            with socket.create_connection((host, int(port)), timeout=30) as client:
+                client.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+                    b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
+                    b"content-type: application/json\r\nexpect: 100-continue\r\n"
+                    b"content-length: %d\r\n\r\n" % len(body)
+                )
+                # The 100 Continue comes once the gateway waits for the body: it has the request.
+                assert client.recv(1024).startswith(b"HTTP/1.1 100 Continue")
+                client.sendall(body[: len(body) // 2])
+                process.send_signal(signal.SIGTERM)
+                began = time.monotonic()
+                answer = b""
+                while chunk := client.recv(65536):
+                    answer += chunk
+                took_s = time.monotonic() - began
+            assert process.wait(timeout=15) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+            stderr = process.stderr.read().decode() if process.stderr else ""
+        assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+        assert b'"code":"server_shutting_down"' in answer
+        assert took_s < 5.0  # at the drain's 2 s, not uvicorn's 7 s
+        assert "Exception in ASGI application" not in stderr
         assert ledger_records(redis_url) == 1
