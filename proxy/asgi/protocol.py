@@ -16,7 +16,9 @@ within the header deadline, else the connection is closed; one that asked `Expec
 Also: at most MAX_PIPELINED requests wait behind the one being answered; a request offering an
 upgrade (h2c) is read with its body (proxy/asgi/upgrade.py); a chunked body's trailers do not
 join the headers; an HTTP/1.0 client's stream goes unframed (Http10Cycle); and a client that
-reads nothing of its answer for the stall timeout is cut off.
+reads nothing of its answer for the stall timeout is cut off. A request whose body's last read
+left uvicorn's reading paused (past 64 KiB) has it resumed once watched, so its client leaving
+is seen.
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def watch(self, cycle: RequestResponseCycle, gone: Callable[[], None]) -> None:
         """Call `gone` if the connection is lost before `cycle`'s response is complete."""
         self._watched, self._gone = cycle, gone
+        if self.flow.read_paused and not cycle.more_body and not (self.pipeline or self._refusing):
+            # uvicorn pauses reading while more than 64 KiB of body waits for the app, and only
+            # the app's next `receive` resumes it: a body whose last read took it past that left
+            # the connection unread, so its loss was never seen (a client that left a stream
+            # whose backend paused held the backend, its slot and reservation until a timeout).
+            self.flow.resume_reading()
 
     def unwatch(self, gone: Callable[[], None]) -> None:
         """Stop the watch `gone` began (a later request's watch on the connection stays)."""

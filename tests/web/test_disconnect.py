@@ -12,8 +12,10 @@ import orjson
 import pytest
 
 from proxy.app import create_app
+from proxy.policy import parse_policy
 from proxy.tools.background import BackgroundServer
-from tests.conftest import ALPHA_KEY, make_policy
+from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, make_policy, policy_text
+from tests.servers import serve
 
 AUTH = {"authorization": f"Bearer {ALPHA_KEY}"}
 LONG = {
@@ -161,3 +163,42 @@ def test_a_client_that_leaves_with_a_request_pipelined_stops_the_backend(
     assert record["client_disconnected"] is True
     assert record["completed"] is False
     assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
+
+
+def test_a_client_that_leaves_a_request_with_a_large_body_stops_the_backend(
+    backend_url: str, backend: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uvicorn stops reading a connection while more than 64 KiB of body waits for the app, and
+    only the app's next `receive` reads on: a body whose last read took it past that left the
+    connection unread, so a client that left while the backend had yet to answer was never
+    seen to leave, and the backend worked on, with the tenant's slot held, until the read
+    timeout (30 s here) ended the request as a 504. How a body is cut into reads is the
+    kernel's: a few requests, so that one at least has such a last read."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    text = policy_text(backend_url, read_timeout="30s").replace("64KiB", "1MiB")
+    environ = {"BACKEND_KEY": BACKEND_KEY, "BETA_KEY": BETA_KEY}
+    policy = parse_policy(text, file="test.yaml", environ=environ)
+    prompt = "word " * 50_000  # 250 kB, sent at once: it comes in one read or a few large ones
+    request = {**LONG, "messages": [{"role": "user", "content": prompt}]}
+    body = orjson.dumps({**request, "mock_delay_ms": 30_000})  # no byte of an answer for 30 s
+    tries = 6
+    with serve(create_app(policy)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        for left in range(1, tries + 1):
+            with socket.create_connection((host, int(port)), timeout=10) as client:
+                client.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+                    b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
+                    b"content-type: application/json\r\nexpect: 100-continue\r\n"
+                    b"content-length: %d\r\n\r\n" % len(body)
+                )
+                # Told to send it once the gateway waits for it: the whole body comes at once.
+                assert client.recv(1024).startswith(b"HTTP/1.1 100 Continue")
+                client.sendall(body)
+                wait_for_stat(backend, "requests_total", left, within_s=10)  # it has it: leave
+            wait_for_stat(backend, "requests_cancelled", left, within_s=10)
+        deadline = time.monotonic() + 5
+        while len(access_records(caplog)) < tries and time.monotonic() < deadline:
+            time.sleep(0.01)
+    records = access_records(caplog)
+    assert [(r["status"], r["client_disconnected"]) for r in records] == [(499, True)] * tries
