@@ -130,3 +130,16 @@ def ready_workers(url: str, tries: int = 10) -> dict[int, str]:
             ready = fresh.get(url + "/readyz?backends=skip").json()
         seen[ready["pid"]] = ready["policy_hash"]
     return seen
+
+
+def told_to_send(client: socket.socket, authorization: str, length: int) -> None:
+    """Send a chat request's head asking `Expect: 100-continue` for a body of `length` bytes on
+    a raw connection, and wait for the 100 Continue: the gateway then has the request and waits
+    for its body, which the caller sends as it likes."""
+    client.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        b"authorization: " + authorization.encode() + b"\r\n"
+        b"content-type: application/json\r\nexpect: 100-continue\r\n"
+        b"content-length: %d\r\n\r\n" % length
+    )
+    assert client.recv(1024).startswith(b"HTTP/1.1 100 Continue")

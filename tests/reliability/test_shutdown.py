@@ -21,7 +21,7 @@ from tests.reliability.state import (
     slots_held,
     tokens_reserved,
 )
-from tests.servers import replicas
+from tests.servers import replicas, told_to_send
 
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 SHORT = {**CHAT, "mock_completion_tokens": 1500}  # 0.75 s at the mock's 2,000 tokens/s
@@ -101,14 +101,7 @@ def test_sigterm_ends_a_request_still_sending_its_body_at_the_drain_timeout(
             host, port = url.removeprefix("http://").split(":")
             body = orjson.dumps({**CHAT, "stream": False})
             with socket.create_connection((host, int(port)), timeout=30) as client:
-                client.sendall(
-                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
-                    b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
-                    b"content-type: application/json\r\nexpect: 100-continue\r\n"
-                    b"content-length: %d\r\n\r\n" % len(body)
-                )
-                # The 100 Continue comes once the gateway waits for the body: it has the request.
-                assert client.recv(1024).startswith(b"HTTP/1.1 100 Continue")
+                told_to_send(client, AUTH["authorization"], len(body))  # it has the request
                 client.sendall(body[: len(body) // 2])
                 process.send_signal(signal.SIGTERM)
                 began = time.monotonic()

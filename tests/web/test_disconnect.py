@@ -15,7 +15,7 @@ from proxy.app import create_app
 from proxy.policy import parse_policy
 from proxy.tools.background import BackgroundServer
 from tests.conftest import ALPHA_KEY, BACKEND_KEY, BETA_KEY, make_policy, policy_text
-from tests.servers import serve
+from tests.servers import serve, told_to_send
 
 AUTH = {"authorization": f"Bearer {ALPHA_KEY}"}
 LONG = {
@@ -186,14 +186,8 @@ def test_a_client_that_leaves_a_request_with_a_large_body_stops_the_backend(
         host, port = url.removeprefix("http://").split(":")
         for left in range(1, tries + 1):
             with socket.create_connection((host, int(port)), timeout=10) as client:
-                client.sendall(
-                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
-                    b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
-                    b"content-type: application/json\r\nexpect: 100-continue\r\n"
-                    b"content-length: %d\r\n\r\n" % len(body)
-                )
                 # Told to send it once the gateway waits for it: the whole body comes at once.
-                assert client.recv(1024).startswith(b"HTTP/1.1 100 Continue")
+                told_to_send(client, AUTH["authorization"], len(body))
                 client.sendall(body)
                 wait_for_stat(backend, "requests_total", left, within_s=10)  # it has it: leave
             wait_for_stat(backend, "requests_cancelled", left, within_s=10)
