@@ -12,7 +12,7 @@ from functools import partial
 from starlette.types import Message, Receive, Send
 
 from proxy.asgi.body import ClientGone, client_left, read_body, watch_disconnect
-from proxy.asgi.direct import body_arrived
+from proxy.asgi.direct import body_arrived, cut_off_stalled
 from proxy.asgi.drain import Drain
 from proxy.asgi.protocol import watch_client
 from proxy.asgi.respond import send_error
@@ -151,12 +151,17 @@ def _record_unanswered(outcome: Outcome) -> None:
 
 async def _end_cut(ctx: RequestContext, send: Send) -> None:
     """The drain timeout ended this request: a 503 if nothing was sent yet, else (on a stream)
-    an OpenAI-shaped error event and no [DONE], so the client cannot take it as complete."""
+    an OpenAI-shaped error event and no [DONE], so the client cannot take it as complete (a
+    client reading nothing has its connection dropped instead)."""
     error = ShuttingDown("The gateway is shutting down; retry the request.", retry_after_s=1)
     if ctx.outcome.answered:
         return
     if not ctx.status:
         raise error
     ctx.outcome.error_code, ctx.outcome.answered = error.code, True  # the status sent stays
+    if cut_off_stalled(ctx.server_cycle):
+        # A client reading nothing would not read the error event either: waiting to write it
+        # held the process past the drain, until the server cancelled the request.
+        return
     ending = b"data: " + error.to_json() + b"\n\n" if ctx.stream else b""
     await send({"type": "http.response.body", "body": ending, "more_body": False})

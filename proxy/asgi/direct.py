@@ -27,8 +27,8 @@ from typing import Any, Final, cast
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 __all__ = [
-    "SERVER_CYCLE", "DirectBody", "LentCycle", "body_arrived", "direct_body", "has_cycle_fields",
-    "lend_cycle", "lent_cycle",
+    "SERVER_CYCLE", "DirectBody", "LentCycle", "body_arrived", "cut_off_stalled", "direct_body",
+    "has_cycle_fields", "lend_cycle", "lent_cycle",
 ]  # fmt: skip
 
 # The scope's key for a weak reference to uvicorn's response cycle (weak: the cycle holds the
@@ -93,6 +93,17 @@ def body_arrived(lent: LentCycle | None) -> bool:
         and not cycle.disconnected
         and not cycle.response_complete
     )
+
+
+def cut_off_stalled(lent: LentCycle | None) -> bool:
+    """Drop the connection of a client that reads nothing now (its socket past the write
+    buffer's high-water mark), and say so: uvicorn's `send` would wait for it to read before
+    writing an answer's last bytes, up to the stall timeout. False where nothing was lent."""
+    cycle = None if lent is None else lent()
+    if cycle is None or not cycle.flow.write_paused or cycle.transport.is_closing():
+        return False
+    cycle.transport.abort()
+    return True
 
 
 def direct_body(lent: LentCycle | None) -> DirectBody | None:

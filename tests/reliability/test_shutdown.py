@@ -8,11 +8,13 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import orjson
 
+from proxy.tools.mock import backend as mockbackend
 from tests.redis_server import private_redis
 from tests.reliability.state import (
     AUTH,
@@ -21,7 +23,7 @@ from tests.reliability.state import (
     slots_held,
     tokens_reserved,
 )
-from tests.servers import replicas, told_to_send
+from tests.servers import replicas, serve, told_to_send
 
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 SHORT = {**CHAT, "mock_completion_tokens": 1500}  # 0.75 s at the mock's 2,000 tokens/s
@@ -116,3 +118,54 @@ def test_sigterm_ends_a_request_still_sending_its_body_at_the_drain_timeout(
         assert took_s < 5.0  # at the drain's 2 s, not uvicorn's 7 s
         assert "Exception in ASGI application" not in stderr
         assert ledger_records(redis_url) == 1
+
+
+def test_sigterm_drops_a_stream_whose_client_reads_nothing_at_the_drain_timeout(
+    tmp_path: Path,
+) -> None:
+    """A stream whose client has stopped reading (its socket full) when the drain ends cannot be
+    sent the drain's error event: the gateway waited to write it, until uvicorn cancelled the
+    request at its own timeout (the drain's + 5 s, Docker's SIGKILL under the default policy),
+    logging an ASGI traceback. The connection is dropped at the drain's end instead."""
+    fast = mockbackend.create_app(ttft_ms=0, tokens_per_second=20_000)
+    with private_redis() as redis_url, serve(fast) as backend_url:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, redis_url, server="{drain_timeout: 2s}"))
+        with replicas(config, 1) as [(process, url)]:
+            host, port = url.removeprefix("http://").split(":")
+            body = orjson.dumps({**CHAT, "mock_completion_tokens": 100_000})
+            with socket.socket() as client:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                client.connect((host, int(port)))
+                client.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+                    b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
+                    b"content-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%b" % (len(body), body)
+                )
+                assert client.recv(16).startswith(b"HTTP/1.1 200")  # then it reads nothing
+                with httpx.Client(base_url=backend_url) as mock:
+                    _wait_until_still(lambda: mock.get("/mock/stats").json()["tokens_sent"])
+                process.send_signal(signal.SIGTERM)
+                began = time.monotonic()
+                assert process.wait(timeout=15) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+                took_s = time.monotonic() - began
+            stderr = process.stderr.read().decode() if process.stderr else ""
+        assert took_s < 5.0  # at the drain's 2 s, not uvicorn's 7 s
+        assert "Exception in ASGI application" not in stderr
+        assert slots_held(redis_url) == 0
+        assert tokens_reserved(redis_url) == 0
+        assert ledger_records(redis_url) == 1
+
+
+def _wait_until_still(count: Callable[[], int], within_s: float = 20.0) -> None:
+    """Until `count` has not grown for half a second: the stream's relay is held up by its
+    client, and the backend by the gateway."""
+    deadline = time.monotonic() + within_s
+    last, since = count(), time.monotonic()
+    while time.monotonic() - since < 0.5:
+        assert time.monotonic() < deadline, "the stream never stopped"
+        time.sleep(0.05)
+        seen = count()
+        if seen != last:
+            last, since = seen, time.monotonic()
