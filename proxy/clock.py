@@ -76,6 +76,11 @@ class FakeClock:
             timer.fire()
         self._mono, self._wall = end_mono, end_wall
 
+    def step_wall(self, seconds: float) -> None:
+        """Set the wall clock on (or back, below zero) by `seconds` as NTP steps it; the
+        monotonic clock and its timers do not move."""
+        self._wall += seconds
+
 
 class _FakeTimer:
     """Fires on the event loop it was set from: a test thread advancing the clock of a gateway

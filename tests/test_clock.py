@@ -65,3 +65,13 @@ def test_a_timer_set_on_a_loop_fires_on_that_loop_when_another_thread_advances()
     clock.advance(1.0)
     server.join(30)
     assert ran_in == [server]
+
+
+def test_a_wall_step_moves_neither_the_monotonic_clock_nor_its_timers() -> None:
+    clock = FakeClock(start_wall=100.0)
+    fired: list[float] = []
+    clock.call_later(1.0, lambda: fired.append(clock.wall()))
+    clock.step_wall(-50.0)
+    assert (clock.monotonic(), clock.wall(), fired) == (0.0, 50.0, [])
+    clock.advance(1.0)
+    assert fired == [51.0]

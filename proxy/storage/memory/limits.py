@@ -92,10 +92,16 @@ class MemoryLimitStore:
         return None
 
     def _level(self, bucket: Bucket, now: float) -> _Level:
-        """The bucket refilled to `now`, not yet stored."""
+        """The bucket refilled to `now`, not yet stored. A level stamped further after `now`
+        than a whole refill takes was stamped before the wall clock stepped back: it is stamped
+        `now` instead, to refill from now on, not once the clock is back where it was (a lag
+        shorter than that refills nothing, as in Redis, where the bucket's own expiry bounds
+        the wait; here nothing would)."""
         level = self._levels.get(bucket.key)
         if level is None:
             return _Level(float(bucket.capacity), now)
+        if level.ts - now > bucket.capacity / bucket.refill_per_s:
+            level.ts = now
         return _Level(*refilled(bucket, level.tokens, level.ts, now))
 
     def _keep(self, bucket: Bucket, tokens: float, ts: float) -> None:
