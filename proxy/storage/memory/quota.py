@@ -9,6 +9,8 @@ from proxy.storage.base import Counter, Refusal
 
 __all__ = ["MemoryStore"]
 
+_SWEEP_EVERY_S = 3600.0
+
 
 @dataclass(slots=True)
 class _Slot:
@@ -29,6 +31,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._slots: dict[str, _Slot] = {}
         self._leases: dict[str, dict[str, _Lease]] = {}
+        self._sweep_at = 0.0  # when counters past their period are next dropped
 
     async def reserve(
         self,
@@ -41,6 +44,8 @@ class MemoryStore:
         now: float,
     ) -> Refusal | None:
         self._expire(scope, now)
+        if now >= self._sweep_at:
+            self._sweep(now)
         slots = [self._slot(c, now) for c in counters]
         refusal = _refusing(counters, slots, amounts)
         if refusal is not None:
@@ -101,6 +106,13 @@ class MemoryStore:
         if slot is None or slot.expires_at <= now:
             slot = self._slots[counter.key] = _Slot(expires_at=counter.expires_at)
         return slot
+
+    def _sweep(self, now: float) -> None:
+        """Drop the counters whose period has ended, as Redis expires them: each day (and each
+        month) makes new ones, under keys naming it, and nothing reads the old ones again."""
+        for key in [k for k, slot in self._slots.items() if slot.expires_at <= now]:
+            del self._slots[key]
+        self._sweep_at = now + _SWEEP_EVERY_S
 
     def _expire(self, scope: str, now: float) -> None:
         leases = self._leases.get(scope)
