@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
+import pytest
+import redis
 
 from proxy.app import create_app
 from proxy.clock import FakeClock
-from proxy.storage import MemoryStore
+from proxy.policy import parse_policy
+from proxy.storage import Counter, MemoryStore
 from tests.servers import serve
 from tests.web.test_budgets import KEY as BUDGET_KEY
-from tests.web.test_budgets import budget_policy
+from tests.web.test_budgets import budget_policy, budget_policy_text
 from tests.web.test_ratelimits import AUTH, CHAT, limits_policy
+
+NEW_YEAR = 1_798_761_600.0  # 2027-01-01 00:00 UTC
+TAGS = ("d:20261231", "m:202612", "d:20270101", "m:202701")
 
 
 def test_a_wall_clock_stepped_back_does_not_stall_a_rate_limit_past_its_minute(
@@ -36,7 +46,7 @@ def test_a_memory_gateway_forgets_each_days_quota_counters_once_the_day_is_over(
 ) -> None:
     # The counters are per day and per month, as in Redis, where each expires after its period:
     # a gateway serving for a year must not keep 365 of them per tenant and per key.
-    clock, store = FakeClock(start_wall=1_798_761_600.0), MemoryStore()  # 2027-01-01 00:00 UTC
+    clock, store = FakeClock(start_wall=NEW_YEAR), MemoryStore()
     policy = budget_policy(backend_url, "{tokens_per_day: 100000, tokens_per_month: 1000000}")
     with serve(create_app(policy, clock=clock, store=store)) as url, httpx.Client() as http:
         for _ in range(60):
@@ -48,3 +58,42 @@ def test_a_memory_gateway_forgets_each_days_quota_counters_once_the_day_is_over(
             assert answer.status_code == 200, answer.text
             clock.advance(86400.0)
     assert len(store._slots) <= 4  # yesterday's and today's day, last month's and this one's
+
+
+@pytest.mark.parametrize("on_redis", [False, True], ids=["memory", "redis"])
+def test_a_request_across_new_year_midnight_is_billed_once_to_the_day_and_month_it_began(
+    backend_url: str, backend: httpx.Client, request: pytest.FixtureRequest, on_redis: bool
+) -> None:
+    budget = "{tokens_per_day: 1000, tokens_per_month: 100000}"
+    storage = request.getfixturevalue("redis_url") if on_redis else "memory"
+    policy = parse_policy(budget_policy_text(backend_url, budget, storage), environ={})
+    clock, store = FakeClock(start_wall=NEW_YEAR - 10.0), None if on_redis else MemoryStore()
+    body = CHAT | {"model": "mock-llm", "max_tokens": 500, "mock_delay_ms": 3000}
+    with serve(create_app(policy, clock=clock, store=store)) as url, httpx.Client() as http:
+        headers = {"authorization": f"Bearer {BUDGET_KEY}"}
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(
+                http.post, url + "/v1/chat/completions", json=body, headers=headers
+            )
+            while backend.get("/mock/stats").json()["inflight"] < 1:  # reserved on Dec 31
+                time.sleep(0.01)
+            clock.advance(20.0)  # it answers on Jan 1
+            assert answer.result().status_code == 200
+        used = answer.result().json()["usage"]["total_tokens"]
+        readings = quota_counters(store or storage)
+        assert readings == [(used, 0), (used, 0), (0, 0), (0, 0)]
+        # Jan 1 starts with its whole day: a request reserving over 900 of its 1000 fits.
+        body = CHAT | {"model": "mock-llm", "max_tokens": 900}
+        assert (
+            http.post(url + "/v1/chat/completions", json=body, headers=headers).status_code == 200
+        )
+
+
+def quota_counters(store: MemoryStore | str) -> list[tuple[int, int]]:
+    """(used, reserved) of the tenant's counters named by TAGS, from the store or Redis URL."""
+    keys = [f"tw:{{support-bot}}:q:tokens:{tag}" for tag in TAGS]
+    if isinstance(store, MemoryStore):
+        return asyncio.run(store.read([Counter(key, 0, 0) for key in keys]))
+    with redis.Redis.from_url(store) as admin:
+        found = [admin.hmget(key, "used", "reserved") for key in keys]
+    return [(int(used or 0), int(reserved or 0)) for used, reserved in found]
