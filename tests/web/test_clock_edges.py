@@ -17,6 +17,8 @@ from proxy.storage import Counter, MemoryStore
 from tests.servers import serve
 from tests.web.test_budgets import KEY as BUDGET_KEY
 from tests.web.test_budgets import budget_policy, budget_policy_text
+from tests.web.test_cache import ask as cache_ask
+from tests.web.test_cache import gateway as cache_gateway
 from tests.web.test_ratelimits import AUTH, CHAT, limits_policy
 
 NEW_YEAR = 1_798_761_600.0  # 2027-01-01 00:00 UTC
@@ -97,3 +99,16 @@ def quota_counters(store: MemoryStore | str) -> list[tuple[int, int]]:
     with redis.Redis.from_url(store) as admin:
         found = [admin.hmget(key, "used", "reserved") for key in keys]
     return [(int(used or 0), int(reserved or 0)) for used, reserved in found]
+
+
+def test_a_wall_clock_stepped_back_does_not_keep_a_cached_answer_past_its_ttl(
+    backend_url: str,
+) -> None:
+    clock = FakeClock()
+    with cache_gateway(backend_url, "memory", "{mode: exact, ttl: 10m}", clock=clock) as url:
+        assert cache_ask(url).headers["x-tokenweir-cache"] == "miss"
+        clock.advance(60)
+        clock.step_wall(-3600.0)  # NTP takes the wall clock back an hour
+        clock.advance(600)  # the answer is older than its ttl
+        assert cache_ask(url).headers["x-tokenweir-cache"] == "miss"
+        assert cache_ask(url).headers["x-tokenweir-cache"] == "hit"  # the new one is kept

@@ -17,6 +17,7 @@ class _Stored:
     value: bytes
     partition: str | None
     vector_id: int
+    stored: float  # when, by the caller's wall clock
 
 
 @dataclass(slots=True)
@@ -51,7 +52,9 @@ class MemoryCacheStore:
         found = space.entries.get(key) if space else None
         if space is None or found is None:
             return None
-        if found.expires <= now:
+        # Stored after `now`: before the wall clock stepped back, by how long before is unknown.
+        # It goes, or it would live a ttl plus the step (Redis expires it on its own clock).
+        if found.expires <= now or found.stored > now:
             space.drop(space.entries.pop(key))
             return None
         space.entries.move_to_end(key)
@@ -60,7 +63,7 @@ class MemoryCacheStore:
     async def put(self, entry: CacheEntry) -> None:
         space = self._tenants.setdefault(entry.tenant, _Tenant())
         space.drop(space.entries.pop(entry.key, None))
-        stored = _Stored(entry.now + entry.ttl_s, entry.value, entry.partition, 0)
+        stored = _Stored(entry.now + entry.ttl_s, entry.value, entry.partition, 0, entry.now)
         if entry.partition is not None and entry.vector is not None:
             stored.vector_id = space.next_id
             space.next_id += 1
