@@ -1,8 +1,10 @@
 """Ended dashboard sessions: a logged-out cookie's id, kept until the cookie would expire anyway,
-in this process's memory or in Redis (so a logout on one replica holds on every replica)."""
+in this process's memory or in Redis (so a logout on one replica holds on every replica).
+Either holds one entry per logout within a cookie's lifetime, no more."""
 
 from __future__ import annotations
 
+import heapq
 from typing import Protocol
 
 from proxy.storage.redis.conn import connect, translated
@@ -12,8 +14,9 @@ __all__ = ["EndedSessions", "MemoryEndedSessions", "RedisEndedSessions", "open_e
 
 
 class EndedSessions(Protocol):
-    async def end(self, session_id: bytes, until_wall: float) -> None:
-        """Refuse `session_id` from now until `until_wall` (its cookie's own expiry)."""
+    async def end(self, session_id: bytes, until_wall: float, now_wall: float) -> None:
+        """Refuse `session_id` from now (`now_wall`) until `until_wall` (its cookie's own
+        expiry)."""
 
     async def ended(self, session_id: bytes, now_wall: float) -> bool: ...
 
@@ -21,19 +24,29 @@ class EndedSessions(Protocol):
 
 
 class MemoryEndedSessions:
+    """Each logout forgets the ended sessions whose cookies have expired since: an expired
+    cookie is refused before it is looked up here, so no lookup would ever find them."""
+
     def __init__(self) -> None:
         self._until: dict[bytes, float] = {}
+        self._expiring: list[tuple[float, bytes]] = []  # a heap: the soonest expiry first
 
-    async def end(self, session_id: bytes, until_wall: float) -> None:
-        self._until[session_id] = until_wall
+    def __len__(self) -> int:
+        return len(self._until)
+
+    async def end(self, session_id: bytes, until_wall: float, now_wall: float) -> None:
+        expiring = self._expiring
+        while expiring and expiring[0][0] <= now_wall:
+            until, gone = heapq.heappop(expiring)
+            if self._until.get(gone) == until:
+                del self._until[gone]
+        if until_wall > now_wall and self._until.get(session_id) != until_wall:
+            self._until[session_id] = until_wall
+            heapq.heappush(expiring, (until_wall, session_id))
 
     async def ended(self, session_id: bytes, now_wall: float) -> bool:
-        # Expired entries go as they are found: a cookie past its expiry is refused anyway.
         until = self._until.get(session_id)
-        if until is not None and until <= now_wall:
-            del self._until[session_id]
-            return False
-        return until is not None
+        return until is not None and until > now_wall
 
     async def aclose(self) -> None:
         return None
@@ -45,7 +58,7 @@ class RedisEndedSessions:
     def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
         self._client = connect(url, timeout_s=timeout_s, max_connections=4)
 
-    async def end(self, session_id: bytes, until_wall: float) -> None:
+    async def end(self, session_id: bytes, until_wall: float, now_wall: float) -> None:
         with translated("session storage"):
             await self._client.set(_key(session_id), b"1", exat=max(1, int(until_wall) + 1))
 

@@ -161,7 +161,7 @@ class Sessions:
         found = self.session(cookie, now)
         if found is not None:
             try:
-                await ended.end(found.session_id, found.expires_wall)
+                await ended.end(found.session_id, found.expires_wall, now)
             except StorageError as exc:
                 raise StorageUnavailable(
                     f"The session could not be ended: {exc}", retry_after_s=5

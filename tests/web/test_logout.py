@@ -10,8 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.app import create_app
+from proxy import services
+from proxy.app import SESSION_TTL_S, create_app
 from proxy.clock import FakeClock
+from proxy.storage.sessions import EndedSessions, MemoryEndedSessions
 from tests.conftest import ALPHA_KEY
 from tests.servers import serve
 from tests.web.usage_ledger import NOW, dashboard_policy, records, write_ledger
@@ -69,3 +71,33 @@ def test_a_logout_on_one_replica_holds_on_the_other(
         httpx.post(first + "/dashboard/logout", cookies={COOKIE: cookie})
         assert reads_usage(second, cookie) == 401
         assert reads_usage(first, login(second, ALPHA_KEY)) == 200
+
+
+def test_ended_sessions_are_forgotten_once_their_cookies_expire(
+    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key holder logging in and out in a loop, on memory storage: the ended sessions held
+    are those whose cookies have not expired yet (they were all kept for good, one a logout)."""
+    opened: list[EndedSessions] = []
+    open_ended_sessions = services.open_ended_sessions
+
+    def recorded(url: str) -> EndedSessions:
+        opened.append(open_ended_sessions(url))
+        return opened[-1]
+
+    monkeypatch.setattr(services, "open_ended_sessions", recorded)
+    clock = FakeClock(NOW)
+    path = tmp_path / "ledger.db"
+    write_ledger(path, records())
+    with serve(create_app(dashboard_policy(backend_url, path), clock=clock)) as gateway:
+        [ended] = opened
+        assert isinstance(ended, MemoryEndedSessions)
+        for _ in range(30):
+            httpx.post(gateway + "/dashboard/logout", cookies={COOKIE: login(gateway, ALPHA_KEY)})
+        assert len(ended) == 30
+        clock.advance(SESSION_TTL_S + 1)
+        cookie = login(gateway, ALPHA_KEY)
+        httpx.post(gateway + "/dashboard/logout", cookies={COOKIE: cookie})
+        assert len(ended) == 1
+        assert reads_usage(gateway, cookie) == 401
+        assert reads_usage(gateway, login(gateway, ALPHA_KEY)) == 200
