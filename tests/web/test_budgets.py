@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from proxy.app import create_app
+from proxy.clock import FakeClock
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.storage import Counter, MemoryStore
@@ -422,3 +423,22 @@ tenants:
         assert answer.status_code == (429 if refused else 200), answer.text
         if refused:
             assert answer.json()["error"]["code"] == "insufficient_quota"
+
+
+def test_a_long_running_gateway_forgets_the_quota_counters_of_past_days(
+    backend_url: str,
+) -> None:
+    """A gateway on memory storage serving a tenant every day for 100 days: it holds the
+    counters of the days and months running now (swept, amortised, past 64), not one a day
+    for good as it did."""
+    store = MemoryStore()
+    clock = FakeClock()
+    policy = budget_policy(backend_url, "{tokens_per_day: 100000, usd_per_month: 10}")
+    body = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    headers = {"authorization": f"Bearer {KEY}"}
+    with serve(create_app(policy, clock=clock, store=store)) as url:
+        for _ in range(100):
+            answer = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
+            assert answer.status_code == 200, answer.text
+            clock.advance(86400)
+    assert len(store) <= 70
