@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -365,3 +366,27 @@ def test_cache_storage_that_is_down_only_skips_the_cache(backend_url: str) -> No
     assert (first.status_code, second.status_code) == (200, 200)
     assert [a.headers["x-tokenweir-cache"] for a in (first, second)] == ["bypass", "bypass"]
     assert second.json()["choices"][0]["message"]["content"]
+
+
+def test_semantic_answers_past_max_entries_leave_no_vectors_behind(
+    backend_url: str, redis_url: str
+) -> None:
+    """Many questions a second past max_entries, on Redis: each stored answer is kept and an
+    older one evicted with its vector. The script sometimes evicted the answer it had just
+    stored (its score, a whole second, ties with the others'), then wrote its vector and its
+    location, which no eviction ever reached: the tenant's vectors grew without bound."""
+    spec = "{mode: semantic, max_entries: 5, similarity: 0.999}"
+    with gateway(backend_url, redis_url, spec, embedder=EMBED) as url:
+        with ThreadPoolExecutor(8) as pool:
+            answers = pool.map(
+                lambda i: ask(url, messages=[{"role": "user", "content": f"Fact {i}: {i * 7919}"}]),
+                range(80),
+            )
+            assert {answer.status_code for answer in answers} == {200}
+    with redis.Redis.from_url(redis_url) as admin:
+        streams = list(admin.scan_iter(match="tw:{alpha}:cache:v:*"))
+        vectors = sum(int(admin.xlen(stream)) for stream in streams)
+        located = int(admin.hlen("tw:{alpha}:cache:vec"))
+        kept = int(admin.zcard("tw:{alpha}:cache:lru"))
+    assert kept == 5
+    assert (located, vectors) == (5, 5)

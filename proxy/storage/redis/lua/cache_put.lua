@@ -20,10 +20,16 @@ end
 -- At most 64 of the excess per call too: a tenant far over its max_entries (a reload lowered it)
 -- had all of it evicted here at once, and Redis runs one script at a time: 100,000 evictions
 -- held every tenant's requests for about half a second. Each answer stored takes 64 more.
+-- Never the answer stored now: it shares its whole-second score with the others stored in the
+-- same second, ties go by name, and one evicted here had its vector and location written below
+-- with no LRU member left to remove them (they outlived every eviction, one more a second).
 local over = math.min(redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[6]), 64)
 if over > 0 then
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, over - 1)) do
-    drop(KEYS[2], KEYS[3], prefix, member)
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, over)) do
+    if over > 0 and member ~= ARGV[1] then
+      drop(KEYS[2], KEYS[3], prefix, member)
+      over = over - 1
+    end
   end
 end
 if ARGV[8] ~= '' and ARGV[11] ~= '' then
