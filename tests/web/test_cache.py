@@ -371,15 +371,18 @@ def test_cache_storage_that_is_down_only_skips_the_cache(backend_url: str) -> No
 def test_semantic_answers_past_max_entries_leave_no_vectors_behind(
     backend_url: str, redis_url: str
 ) -> None:
-    """Many questions a second past max_entries, on Redis: each stored answer is kept and an
-    older one evicted with its vector. The script sometimes evicted the answer it had just
-    stored (its score, a whole second, ties with the others'), then wrote its vector and its
-    location, which no eviction ever reached: the tenant's vectors grew without bound."""
+    """Many conversations a second past max_entries, on Redis: each stored answer is kept and
+    an older one evicted with its vector (and its conversation's stream, emptied). The script
+    sometimes evicted the answer it had just stored (its score, a whole second, ties with the
+    others'), then wrote its vector and its location, which no eviction ever reached: the
+    tenant's vectors grew without bound; and an emptied stream stayed, one a conversation."""
     spec = "{mode: semantic, max_entries: 5, similarity: 0.999}"
     with gateway(backend_url, redis_url, spec, embedder=EMBED) as url:
         with ThreadPoolExecutor(8) as pool:
             answers = pool.map(
-                lambda i: ask(url, messages=[{"role": "user", "content": f"Fact {i}: {i * 7919}"}]),
+                lambda i: ask(
+                    url, messages=[*conversation(i), {"role": "user", "content": "More?"}]
+                ),
                 range(80),
             )
             assert {answer.status_code for answer in answers} == {200}
@@ -390,3 +393,12 @@ def test_semantic_answers_past_max_entries_leave_no_vectors_behind(
         kept = int(admin.zcard("tw:{alpha}:cache:lru"))
     assert kept == 5
     assert (located, vectors) == (5, 5)
+    assert len(streams) <= 5  # each conversation's stream goes with its last vector
+
+
+def conversation(i: int) -> list[dict[str, str]]:
+    """A conversation of its own (a partition of the semantic cache) before its last question."""
+    return [
+        {"role": "user", "content": f"Fact {i}: {i * 7919}"},
+        {"role": "assistant", "content": f"It is {i}."},
+    ]

@@ -13,7 +13,13 @@ local function drop_vector(locations, prefix, member)
     elseif id == '#' then
       redis.call('DEL', prefix .. 'f:' .. member)
     else
-      redis.call('XDEL', prefix .. 'v:' .. partition, id)
+      -- An emptied stream goes: Redis keeps an empty stream, and a tenant's conversations each
+      -- have one (their keys outnumbered max_entries, one a conversation within keep_ms).
+      local stream = prefix .. 'v:' .. partition
+      redis.call('XDEL', stream, id)
+      if redis.call('XLEN', stream) == 0 then
+        redis.call('DEL', stream)
+      end
     end
     redis.call('HDEL', locations, member)
   end
