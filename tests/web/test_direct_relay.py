@@ -182,7 +182,9 @@ def test_clients_that_reset_mid_stream_are_recorded_as_gone_and_log_no_error(
             sock.sendall(head + body)
             received = 0
             while received < 20_000:
-                received += len(sock.recv(65536))
+                data = sock.recv(65536)
+                assert data, f"the gateway closed the connection after {received} bytes"
+                received += len(data)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     deadline = time.monotonic() + 30
     while len(access_records(caplog)) < resets and time.monotonic() < deadline:
