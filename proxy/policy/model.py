@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -12,12 +10,12 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    ValidationInfo,
     model_validator,
 )
 
 from proxy.policy.numbers import NoBoolAsNumber
-from proxy.policy.units import hash_key, parse_bytes, parse_duration_s, split_sqlite_url
+from proxy.policy.settings import client_key, has_control, optional_setting, setting
+from proxy.policy.units import parse_bytes, parse_duration_s, split_sqlite_url
 from proxy.storage.redis.url import check_storage_url, is_redis_url
 
 __all__ = [
@@ -39,101 +37,16 @@ __all__ = [
     "VerifierSpec",
 ]
 
-# `${NAME}`, or `${NAME:-default}` (the default when NAME is unset or empty, as in a shell).
-_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}$")
-_HASHED = re.compile(r"^sha256:[0-9a-f]{64}$")
-# What an unset key variable stands for where keys are not needed: no key hashes to it.
-_NO_KEY = "sha256:" + "0" * 64
-
-
-def _environ(info: ValidationInfo) -> Mapping[str, str]:
-    context = info.context if isinstance(info.context, Mapping) else {}
-    environ = context.get("environ", {})
-    return environ if isinstance(environ, Mapping) else {}
-
-
-def _resolve_env(value: str, info: ValidationInfo) -> str | None:
-    """The value of a `${NAME}` or `${NAME:-default}` reference, or None if `value` is not one;
-    only an explicit empty default (`${NAME:-}`) may resolve to ""."""
-    match = _ENV_REF.match(value)
-    if match is None:
-        return None
-    name, default = match.groups()
-    resolved = _environ(info).get(name) or default
-    if resolved is None or (not resolved and default is None):
-        raise ValueError(f"environment variable {name} is not set or empty")
-    if flaw := _unsendable(resolved):
-        raise ValueError(f"environment variable {name} {flaw}")
-    return resolved
-
-
-def _unsendable(value: str) -> str | None:
-    """What keeps `value` (a key, a URL) from being sent in a header or a request line as it
-    is, if anything: an HTTP header cannot carry a newline, and servers strip outer spaces."""
-    if value.endswith("\n"):
-        return (
-            "ends with a newline, which no client or backend can send: set it without one "
-            "(a Kubernetes Secret made with echo has one; use printf or echo -n)"
-        )
-    if value != value.strip():
-        return "starts or ends with whitespace, which no client or backend can send"
-    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
-        return "holds a control character, which no client or backend can send"
-    return None
-
-
-def _setting(value: object, info: ValidationInfo) -> object:
-    """A setting given literally or as `${ENV}` / `${ENV:-default}`."""
-    if isinstance(value, str):
-        resolved = _resolve_env(value, info)
-        if resolved is None and "${" in value:  # it would be used as written, "${" and all
-            raise ValueError(
-                "a ${NAME} reference is the whole value (url: ${BACKEND_URL}), not a part of it"
-            )
-        return value if resolved is None else resolved
-    return value
-
-
-def _optional_setting(value: object, info: ValidationInfo) -> object:
-    """As `_setting`, with "" (`${ENV:-}` and ENV unset) meaning not set."""
-    resolved = _setting(value, info)
-    return None if resolved == "" else resolved
-
-
-def _client_key(value: object, info: ValidationInfo) -> str:
-    """A client key as stored: `sha256:<hex>`, or `${ENV}` holding the plain key (hashed here)."""
-    if not isinstance(value, str):
-        raise ValueError("an API key must be a string: sha256:<hex> or ${ENV_NAME}")
-    context = info.context if isinstance(info.context, Mapping) else {}
-    if context.get("keys_needed") is False and _ENV_REF.match(value):
-        try:
-            plain = _resolve_env(value, info)
-        except ValueError:
-            return _NO_KEY
-    else:
-        plain = _resolve_env(value, info)
-    if plain:
-        return hash_key(plain)
-    if plain is not None:
-        raise ValueError("an API key may not be empty")
-    if _HASHED.match(value):
-        return value
-    raise ValueError(
-        "API keys are stored hashed as sha256:<64 lowercase hex> or referenced as ${ENV_NAME}; "
-        "hash a key with: tokenweir policy hash-key"
-    )
-
-
 Seconds = Annotated[float, BeforeValidator(parse_duration_s)]
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
-ClientKey = Annotated[str, BeforeValidator(_client_key)]
+ClientKey = Annotated[str, BeforeValidator(client_key)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveSeconds = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0.0)]
 
 
 def _printable(name: str) -> str:
-    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in name):
+    if has_control(name):
         raise ValueError(
             "names may not hold a newline or another control character: they go into headers "
             "(x-tokenweir-degraded), log lines and metric labels"
@@ -213,9 +126,9 @@ class LimitSet(_Frozen):
 
 class Backend(_Frozen):
     name: TagName
-    url: Annotated[str, BeforeValidator(_setting), AfterValidator(_strip_slash)]
+    url: Annotated[str, BeforeValidator(setting), AfterValidator(_strip_slash)]
     # Resolved once: a key from the environment is used as it is, even with "${" in it.
-    api_key: Annotated[SecretStr | None, BeforeValidator(_optional_setting)] = None
+    api_key: Annotated[SecretStr | None, BeforeValidator(optional_setting)] = None
     models: tuple[Name, ...] = Field(min_length=1)
     weight: PositiveInt = 1
     limits: LimitSet = LimitSet()
@@ -389,9 +302,9 @@ class UpstreamSpec(_Frozen):
 
 
 class Policy(_Frozen):
-    storage: Annotated[str, BeforeValidator(_setting), AfterValidator(check_storage_url)] = "memory"
+    storage: Annotated[str, BeforeValidator(setting), AfterValidator(check_storage_url)] = "memory"
     admin_keys: tuple[ClientKey, ...] = ()
-    ledger: Annotated[str, BeforeValidator(_setting), AfterValidator(_ledger_url)] | None = None
+    ledger: Annotated[str, BeforeValidator(setting), AfterValidator(_ledger_url)] | None = None
     # Access-log lines carry the prompt and completion text (never keys); off by default.
     log_content: bool = False
     server: ServerSpec = ServerSpec()
