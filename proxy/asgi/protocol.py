@@ -15,10 +15,10 @@ within the header deadline, else the connection is closed; one that asked `Expec
 100-continue` and was answered before it was told to send its body closes the connection.
 Also: at most MAX_PIPELINED requests wait behind the one being answered; a request offering an
 upgrade (h2c) is read with its body (proxy/asgi/upgrade.py); a chunked body's trailers do not
-join the headers; an HTTP/1.0 client's stream goes unframed (Http10Cycle); and a client that
-reads nothing of its answer for the stall timeout is cut off. A request whose body's last read
-left uvicorn's reading paused (past 64 KiB) has it resumed once watched, so its client leaving
-is seen.
+join the headers; an HTTP/1.0 client's stream goes unframed (proxy/asgi/http10.py); and a
+client that reads nothing of its answer for the stall timeout is cut off. A request whose body's
+last read left uvicorn's reading paused (past 64 KiB) has it resumed once watched, so its client
+leaving is seen.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import asyncio
 from collections.abc import Callable
 from functools import partial
 from random import getrandbits
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, cast
 
 import httptools
 from uvicorn.config import Config
@@ -35,16 +35,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from proxy.asgi.direct import LentCycle, lend_cycle
+from proxy.asgi.http10 import close_delimited
+from proxy.asgi.refusals import headers_too_large, malformed, too_many_pipelined
 from proxy.asgi.upgrade import body_framing, parser_for_body
-from proxy.errors import BadRequest, GatewayError, HeadersTooLarge, RequestTimeout
-
-if TYPE_CHECKING:
-    from uvicorn._types import ASGISendEvent
+from proxy.errors import GatewayError, RequestTimeout
 
 __all__ = [
     "MAX_HEAD_BYTES",
     "HeaderTimeoutProtocol",
-    "Http10Cycle",
     "protocol_with_header_timeout",
     "watch_client",
 ]
@@ -52,7 +50,6 @@ __all__ = [
 # What a request's line and headers may take in the reads after the one that begins them (which
 # is at most one read, 256 KiB, more). Browsers and SDKs send a few KiB; nginx's default is 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
-_FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
 # Requests parsed and waiting behind the one being answered (pipelined). uvicorn parses a whole
 # read (up to 256 KiB) at once: 9,000 requests of 28 bytes each, 10-20 MB of their state held per
 # connection. No browser or SDK pipelines; a client that does gets these answered, then a 400.
@@ -163,7 +160,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._disarm()
-                self._refuse_in_turn(b"431 Request Header Fields Too Large", _too_large())
+                self._refuse_in_turn(
+                    b"431 Request Header Fields Too Large", headers_too_large(MAX_HEAD_BYTES)
+                )
                 return
         if self._header_timer is None:
             self._arm()
@@ -210,14 +209,14 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self.pipeline and len(self.pipeline) > MAX_PIPELINED:
             self.pipeline.popleft()  # this one: the 400 answers it, after those before it
             self.cycle = previous
-            self._refusal = _too_many_pipelined()
+            self._refusal = too_many_pipelined(MAX_PIPELINED)
             raise _StopParsing  # llhttp stops at this request: a parser error (400) in turn
         # A chunked body's trailer fields come to uvicorn's `on_header` as headers do: put in a
         # list of their own, they do not join the request's (the scope's) headers. A trailer's
         # `authorization` authenticated a request, past a proxy that checks the header section.
         self.headers = []
         if self.scope["http_version"] == "1.0":
-            _close_delimited(self.cycle, self.scope)  # and nothing lent: uvicorn's send frames
+            close_delimited(self.cycle, self.scope)  # and nothing lent: uvicorn's send frames
         else:
             lend_cycle(self.scope, self.cycle)
         if self.expect_100_continue:
@@ -241,7 +240,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are not HTTP/1.1, in OpenAI's shape (or to a request
         the protocol stopped the parser at, with `_refusal`)."""
-        self._refuse_in_turn(b"400 Bad Request", self._refusal or _malformed())
+        self._refuse_in_turn(b"400 Bad Request", self._refusal or malformed())
 
     def _refuse_in_turn(self, status: bytes, error: GatewayError) -> None:
         """Refuse the request that is coming (and close the connection) once the requests before
@@ -360,55 +359,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         transport.close()
 
 
-class Http10Cycle(RequestResponseCycle):
-    """An HTTP/1.0 request's cycle: an answer of unknown length (a stream) goes out as it comes,
-    ended by closing the connection, as HTTP/1.0 frames it. uvicorn sent it with chunked
-    framing, which HTTP/1.0 does not have: its client read the chunk sizes as part of the body."""
-
-    _unframed = False  # the answer has no length: its body goes out as it is
-
-    async def send(self, message: ASGISendEvent) -> None:
-        if message["type"] == "http.response.start" and not self.response_started:
-            framed = {name.lower() for name, _ in message.get("headers", ())}
-            if not framed & _FRAMING and self.scope["method"] != "HEAD":
-                self._unframed = True
-                self.chunked_encoding = False  # uvicorn's send then frames it by its length
-        elif self._unframed and message["type"] == "http.response.body":
-            # As long as this piece: uvicorn's send counts it down to 0 and writes it as it is.
-            self.expected_content_length = len(message.get("body", b""))
-        await super().send(message)
-
-
-def _close_delimited(cycle: RequestResponseCycle, scope: object) -> None:
-    if cycle.scope is scope and type(cycle) is RequestResponseCycle:
-        cycle.__class__ = Http10Cycle  # before its task's first step calls its `send`
-
-
 class _StopParsing(Exception):
     """Raised in a parser callback to stop llhttp where it is (it is then in error)."""
-
-
-def _too_many_pipelined() -> BadRequest:
-    return BadRequest(
-        f"More than {MAX_PIPELINED} requests came on one connection before their answers "
-        "(pipelined); those before are answered, and the connection is closed.",
-        code="too_many_pipelined_requests",
-    )
-
-
-def _malformed() -> BadRequest:
-    return BadRequest(
-        "The request is not valid HTTP/1.1 (its request line, a header, or the framing of its "
-        "body: Content-Length, Transfer-Encoding or a chunk); the connection is closed.",
-        code="invalid_http_request",
-    )
-
-
-def _too_large() -> HeadersTooLarge:
-    return HeadersTooLarge(
-        f"The request line and headers are larger than this gateway accepts ({MAX_HEAD_BYTES} "
-        "bytes, after the first read)."
-    )
 
 
 def watch_client(lent: LentCycle | None, gone: Callable[[], None]) -> HeaderTimeoutProtocol | None:
