@@ -22,6 +22,8 @@ __all__ = ["InputCounter", "Shape", "chat_tools", "count_prompts", "count_templa
 
 Message = Mapping[str, Any]
 _SYSTEM_ROLES = frozenset({"system", "developer"})
+# A tool's result answers the assistant's call before it (`function`: the legacy role).
+_RESULT_ROLES = frozenset({"tool", "function"})
 # Responses only (Messages has none): a stored conversation, or a stored prompt template
 _STORED_HISTORY = ("previous_response_id", "conversation", "prompt")
 # Chat fields vLLM hands its chat template beside the messages
@@ -240,19 +242,25 @@ def _split_system(messages: Sequence[Message]) -> tuple[list[Message], list[Mess
 
 def _turn_starts(turns: Sequence[Message]) -> list[int]:
     """Where the kept history may begin: at a user message (so no reply or tool result is left
-    without its question), and always at the newest message as the last resort."""
-    starts = [i for i, m in enumerate(turns) if m.get("role") == "user"]
-    last = len(turns) - 1
-    return [i for i in starts if i < last] + [last] if turns else [0]
+    without its question) or, after the newest one (an agent's tool rounds), at any message but
+    a tool result (so no result is left without the call it answers: OpenAI refuses that)."""
+    newest_user = max((i for i, m in enumerate(turns) if m.get("role") == "user"), default=-1)
+    starts = [
+        i
+        for i, m in enumerate(turns)
+        if m.get("role") == "user" or (i > newest_user and m.get("role") not in _RESULT_ROLES)
+    ]
+    return starts or [0]  # only tool results, the client's own: kept whole
 
 
 def _last_turns(messages: Sequence[Message], limit: int) -> list[Message]:
-    """The system messages and the last `limit` other messages (at least the newest one),
-    starting at a user message where possible."""
+    """The system messages and the last `limit` other messages from the first turn start among
+    them; where none is (tool results only), from the turn start before them, over the limit."""
     head, turns = _split_system(messages)
     keep_from = max(0, len(turns) - max(1, limit))
-    starts = [i for i in _turn_starts(turns) if i >= keep_from]
-    return head + turns[starts[0] :] if starts else head + turns[keep_from:]
+    starts = _turn_starts(turns)
+    kept = [i for i in starts if i >= keep_from]
+    return head + turns[kept[0] if kept else starts[-1] :]
 
 
 def _temperature(outgoing: OutgoingRequest, budget: Budget) -> None:

@@ -89,6 +89,47 @@ async def test_history_limit_keeps_system_and_last_turns_from_a_user_message() -
     assert ctx.outgoing.shaped == ["history"]
 
 
+def agent_loop(rounds: int) -> dict[str, Any]:
+    """A user's question, then `rounds` of an assistant's two parallel tool calls and results."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "s"}]
+    messages.append({"role": "user", "content": "w " * 10})
+    for r in range(rounds):
+        ids = [f"call_{r}a", f"call_{r}b"]
+        calls = [{"id": i, "type": "function", "function": {"name": "f"}} for i in ids]
+        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        messages += [{"role": "tool", "tool_call_id": i, "content": "w " * 5} for i in ids]
+    return {"model": "m", "messages": messages}
+
+
+async def test_history_limit_never_sends_a_tool_result_without_its_call() -> None:
+    """An agent's tool rounds after the question: the window starts at an assistant's calls,
+    and a window of results alone reaches back to the calls they answer (was: the newest
+    result alone, which OpenAI refuses with a 400)."""
+    for limit, roles in [
+        (1, ["system", "assistant", "tool", "tool"]),
+        (3, ["system", "assistant", "tool", "tool"]),
+        (4, ["system", "assistant", "tool", "tool"]),
+        (6, ["system", "assistant", "tool", "tool", "assistant", "tool", "tool"]),
+        (7, ["system", "user", "assistant", "tool", "tool", "assistant", "tool", "tool"]),
+    ]:
+        ctx = context(Budget(history_limit=limit), agent_loop(2))
+        await Shape(WordCounter())(ctx)
+        assert [m["role"] for m in ctx.body["messages"]] == roles, limit
+
+
+async def test_max_input_tokens_trims_an_agent_loop_at_its_tool_rounds() -> None:
+    """Over the limit, an agent's oldest rounds go, each call with its results; a newest round
+    that cannot fit is refused, never cut from its call (was: the newest result alone)."""
+    # system 5, user 14, each round 5 (a null content is a word here) + 9 + 9 = 23
+    ctx = context(Budget(max_input_tokens=52), agent_loop(3))
+    await Shape(WordCounter())(ctx)
+    roles = [m["role"] for m in ctx.body["messages"]]
+    assert roles == ["system", "assistant", "tool", "tool", "assistant", "tool", "tool"]
+    assert ctx.counted_input_tokens == 51
+    with pytest.raises(ContextLengthExceeded):
+        await Shape(WordCounter())(context(Budget(max_input_tokens=20), agent_loop(3)))
+
+
 async def test_max_input_tokens_drops_oldest_turns_until_it_fits() -> None:
     words = "w " * 10
     body = chat(("system", "s"), ("user", words), ("assistant", words), ("user", words),

@@ -32,25 +32,21 @@ class LyingBackend:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.requests += 1
         if scope["path"] == "/v1/models":
-            await _send(send, 200, b'{"object": "list", "data": []}', b"application/json")
+            await send_whole(send, 200, b'{"object": "list", "data": []}', b"application/json")
             return
         request = orjson.loads(body)
         n = request.get("n") or 1
         if self.status != 200:
             error = b'{"error": {"message": "no", "type": "invalid_request_error"}}'
-            await _send(send, self.status, error, b"application/json")
+            await send_whole(send, self.status, error, b"application/json")
         elif request.get("stream"):
-            await _send(send, 200, b"".join(self._framed(self._events(n))), b"text/event-stream")
+            events = b"".join(self._framed(self._events(n)))
+            await send_whole(send, 200, events, b"text/event-stream")
         else:
-            await _send(send, 200, self._whole(n), b"application/json")
+            await send_whole(send, 200, self._whole(n), b"application/json")
 
     def _whole(self, n: int) -> bytes:
         choices = [
@@ -91,7 +87,16 @@ class LyingBackend:
         yield b"data: [DONE]\n\n"
 
 
-async def _send(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+async def read_body(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def send_whole(send: Send, status: int, body: bytes, content_type: bytes) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,65 @@
+"""Tool calls through the real gateway and the openai SDK, against a backend that checks them
+as OpenAI does (tests/web/toolbackend.py): histories shaped, calls relayed, cached, replayed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import Policy, parse_policy
+from proxy.policy.units import hash_key
+from tests.servers import serve
+from tests.web.agentgateway import qwen_spec
+from tests.web.toolbackend import tool_backend
+
+KEY = "tw-tools-key"
+
+
+def tool_policy(backend_url: str, budget: str = "{}", cache: str = "{mode: 'off'}") -> Policy:
+    return parse_policy(
+        f"""
+storage: memory
+backends: [{{name: tools, url: "{backend_url}/v1", models: [agent-llm]}}]
+models: {{agent-llm: {{tokenizer: "{qwen_spec()}"}}}}
+tenants:
+  agents:
+    api_keys: [{hash_key(KEY)}]
+    models: [agent-llm]
+    budget: {budget}
+    cache: {cache}
+""",
+        environ={},
+    )
+
+
+def agent_conversation() -> list[dict[str, Any]]:
+    """The user's task, then the assistant's two parallel calls and their results."""
+    calls = [
+        {"id": id_, "type": "function", "function": {"name": name, "arguments": "{}"}}
+        for id_, name in (("call_a1", "get_weather"), ("call_b2", "get_time"))
+    ]
+    return [
+        {"role": "system", "content": "You are a travel agent."},
+        {"role": "user", "content": "What are the weather and the time in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_a1", "content": "18 C, sunny"},
+        {"role": "tool", "tool_call_id": "call_b2", "content": "10:00"},
+    ]
+
+
+@pytest.mark.parametrize("budget", ["{history_limit: 2}", "{max_input_tokens: 90}"])
+def test_a_shaped_history_keeps_each_tool_result_with_its_call(budget: str) -> None:
+    """Trimmed to fit, an agent's newest round goes whole: the gateway sent the newest tool
+    result alone, and the backend (as OpenAI does) answered 400."""
+    with tool_backend() as (backend, url), serve(create_app(tool_policy(url, budget))) as gateway:
+        sdk = openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0)
+        raw = sdk.chat.completions.with_raw_response.create(
+            model="agent-llm", messages=agent_conversation()
+        )
+    assert raw.parse().choices[0].finish_reason == "tool_calls"
+    sent = backend.received[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "assistant", "tool", "tool"]
+    assert raw.headers["x-tokenweir-shaped"] in ("history", "input")
