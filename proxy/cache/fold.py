@@ -48,6 +48,8 @@ _TEXTS: Final = ("content", "reasoning_content", "reasoning", "refusal", "text")
 # A delta's fields the answer keeps: a chunk with any other (not null) is not stored, as its
 # replay would lack it (audio, a legacy function_call, a vendor's own).
 _DELTA_FIELDS: Final = frozenset({*_TEXTS, "role", "tool_calls"})
+# A tool call delta's fields merged piece by piece; any other is kept as the backend sent it.
+_CALL_FIELDS: Final = frozenset({"index", "id", "type", "function"})
 
 
 def from_stream(operation: str, events: bytes, usage: dict[str, Any]) -> Answer | None:
@@ -253,8 +255,10 @@ class StreamFold:
         return True
 
     def _add_tool_call(self, call: dict[str, Any]) -> None:
+        index = call.get("index")
         merged = self._tools.setdefault(
-            int(call.get("index", 0)), {"id": "", "type": "function", "function": {}}
+            self._unindexed(call.get("id")) if index is None else int(index),
+            {"id": "", "type": "function", "function": {}},
         )
         merged["id"] = call.get("id") or merged["id"]
         merged["type"] = call.get("type") or merged["type"]
@@ -263,6 +267,17 @@ class StreamFold:
         if function.get("name"):
             target["name"] = function["name"]
         target["arguments"] = target.get("arguments", "") + (function.get("arguments") or "")
+        for name, value in call.items():  # a backend's own, kept for the next request
+            if name not in _CALL_FIELDS and value is not None:  # (Google's thought_signature)
+                merged[name] = value
+
+    def _unindexed(self, call_id: object) -> int:
+        """A call delta without its index (Google's OpenAI-compatible endpoint sends each call
+        whole that way): a new id is the next call, anything else goes on with the last one."""
+        last = max(self._tools, default=-1)
+        if last < 0 or (call_id and call_id != self._tools[last]["id"]):
+            return last + 1
+        return last
 
     def _learn(self, line: bytes, payload: bytes, data: bytes, name: str, piece: str) -> None:
         """Make this text-only chunk the template, if its text can be cut out of it exactly."""

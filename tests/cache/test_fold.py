@@ -281,6 +281,33 @@ def test_tool_calls_reasoning_and_text_keep_their_order_and_parts() -> None:
     }
 
 
+def test_calls_without_an_index_fold_into_one_call_each_with_their_own_fields() -> None:
+    """Google's OpenAI-compatible stream: each call whole, no `index`, a signature to send
+    back. They were merged into one call (the last id and name, the arguments glued)."""
+
+    def calls(*deltas: dict[str, Any]) -> bytes:
+        return event({"index": 0, "delta": {"tool_calls": list(deltas)}})
+
+    signed = {"extra_content": {"google": {"thought_signature": "c2lnMA=="}}}
+    first = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    second = {"id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"b"'}}
+    events = [
+        role_event(),
+        calls({**first, **signed}),
+        calls(second),
+        calls({"function": {"arguments": ": 2}"}}),  # no id: the same call goes on
+        finish_event("stop"),
+        b"data: [DONE]\n\n",
+    ]
+    answer = fold(events).answer("chat", USAGE)
+    assert answer is not None
+    assert answer.message is not None
+    assert answer.message["tool_calls"] == [
+        {**first, **signed},
+        {**second, "function": {"name": "g", "arguments": '{"b": 2}'}},
+    ]
+
+
 def test_a_long_text_completion_stream_folds_exactly(parses: list[bytes]) -> None:
     head = {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m"}
     words = [f" w{i}" for i in range(3000)]

@@ -13,7 +13,7 @@ from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from tests.servers import serve
 from tests.web.agentgateway import qwen_spec
-from tests.web.toolbackend import tool_backend
+from tests.web.toolbackend import CALLS, tool_backend
 
 KEY = "tw-tools-key"
 
@@ -105,3 +105,51 @@ def test_a_tool_call_is_never_a_semantic_hit_only_an_exact_one() -> None:
             seen.append(raw.headers["x-tokenweir-cache"])
     assert seen == ["miss", "miss", "hit"]
     assert len(backend.received) == 2
+
+
+def test_a_stream_of_unindexed_calls_is_replayed_call_by_call() -> None:
+    """Google's OpenAI-compatible stream (each call whole, no `index`, a thought signature the
+    next request must send back), stored, then asked for whole and as a stream: each call
+    with its id, arguments and signature (a hit was one call: the last id and name, both
+    calls' arguments glued, no signature)."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    ask: dict[str, Any] = {
+        "model": "agent-llm",
+        "messages": [{"role": "user", "content": "Weather and time in Paris?"}],
+        "tools": tools,
+        "temperature": 0,
+    }
+    with (
+        tool_backend() as (backend, url),
+        serve(create_app(tool_policy(url, cache="{mode: exact}"))) as gw,
+    ):
+        backend.gemini = True
+        sdk = openai.OpenAI(base_url=gw + "/v1", api_key=KEY, max_retries=0)
+        stored = sdk.chat.completions.with_raw_response.create(**ask, stream=True)
+        assert [chunk.choices for chunk in stored.parse()]  # read to its end
+        assert stored.headers["x-tokenweir-cache"] == "miss"
+        whole = sdk.chat.completions.with_raw_response.create(**ask)
+        streamed = sdk.chat.completions.with_raw_response.create(**ask, stream=True)
+        calls = {}
+        for chunk in streamed.parse():
+            for delta in chunk.choices[0].delta.tool_calls or []:
+                calls[delta.index] = delta.model_dump(exclude_none=True)
+    assert (whole.headers["x-tokenweir-cache"], streamed.headers["x-tokenweir-cache"]) == (
+        "hit",
+        "hit",
+    )
+    expected = [
+        {
+            "id": id_,
+            "type": "function",
+            "function": {"name": name, "arguments": args},
+            "extra_content": {"google": {"thought_signature": f"sig{i}"}},
+        }
+        for i, (id_, name, args) in enumerate(CALLS)
+    ]
+    message = whole.parse().choices[0].message
+    assert [call.model_dump(exclude_none=True) for call in message.tool_calls or []] == expected
+    assert [calls[i] for i in sorted(calls)] == [
+        {"index": i, **call} for i, call in enumerate(expected)
+    ]
+    assert len(backend.received) == 1

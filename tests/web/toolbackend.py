@@ -4,7 +4,9 @@ Every answer is `CALLS` parallel tool calls (stream: the id and name first, the 
 pieces, as vLLM and OpenAI send them; `n` choices each), `finish_reason: tool_calls`, usage.
 Like OpenAI, it answers 400 to a conversation with a `tool` message that follows no assistant
 `tool_calls` naming its id, or an assistant `tool_calls` whose ids are not all answered.
-`received` keeps every request body it was sent.
+`received` keeps every request body it was sent. `gemini` set, a stream sends each call whole in
+one delta without its `index`, with a `thought_signature` to send back, as Google's
+OpenAI-compatible endpoint does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ USAGE = {"prompt_tokens": 31, "completion_tokens": 17, "total_tokens": 48}
 class ToolBackend:
     def __init__(self) -> None:
         self.received: list[dict[str, Any]] = []
+        self.gemini = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,7 +48,7 @@ class ToolBackend:
             error = {"error": {"message": problem, "type": "invalid_request_error"}}
             await send_whole(send, 400, orjson.dumps(error), b"application/json")
         elif request.get("stream"):
-            await send_whole(send, 200, b"".join(_events(n)), b"text/event-stream")
+            await send_whole(send, 200, b"".join(_events(n, self.gemini)), b"text/event-stream")
         else:
             await send_whole(send, 200, _whole(n), b"application/json")
 
@@ -87,7 +90,7 @@ def _whole(n: int) -> bytes:
     )
 
 
-def _events(n: int) -> Iterator[bytes]:
+def _events(n: int, gemini: bool) -> Iterator[bytes]:
     def event(choice: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
         item = {"index": choice, "delta": delta, "finish_reason": finish}
         chunk = {"id": "t1", "object": "chat.completion.chunk", "model": "m", "choices": [item]}
@@ -96,6 +99,15 @@ def _events(n: int) -> Iterator[bytes]:
     for choice in range(n):
         yield event(choice, {"role": "assistant", "content": None})
         for i, (id_, name, args) in enumerate(CALLS):
+            if gemini:
+                call = {
+                    "id": id_,
+                    "type": "function",
+                    "function": {"name": name, "arguments": args},
+                }
+                signed = {**call, "extra_content": {"google": {"thought_signature": f"sig{i}"}}}
+                yield event(choice, {"tool_calls": [signed]})
+                continue
             head = {"index": i, "id": id_, "type": "function", "function": {"name": name}}
             yield event(choice, {"tool_calls": [head]})
             for start in range(0, len(args), 5):  # the arguments in pieces
