@@ -250,18 +250,21 @@ class StreamFold:
                     self._texts.setdefault(name, []).append(_escaped(piece))
                 elif piece is not None:  # a list of parts (Mistral's): no replay would carry it
                     return False
-            for call in delta.get("tool_calls") or []:
-                self._add_tool_call(call)
+            if not all(map(self._add_tool_call, delta.get("tool_calls") or ())):
+                return False
         return True
 
-    def _add_tool_call(self, call: dict[str, Any]) -> None:
+    def _add_tool_call(self, call: dict[str, Any]) -> bool:
+        """Merge a call's delta in; False for one no rule says how to join: a call that is not
+        a function's (a custom tool's input in pieces), a field of the backend's own sent twice."""
+        if call.get("type") not in (None, "function"):
+            return False
         index = call.get("index")
         merged = self._tools.setdefault(
             self._unindexed(call.get("id")) if index is None else int(index),
             {"id": "", "type": "function", "function": {}},
         )
         merged["id"] = call.get("id") or merged["id"]
-        merged["type"] = call.get("type") or merged["type"]
         function = call.get("function") or {}
         target = merged["function"]
         if function.get("name"):
@@ -269,7 +272,10 @@ class StreamFold:
         target["arguments"] = target.get("arguments", "") + (function.get("arguments") or "")
         for name, value in call.items():  # a backend's own, kept for the next request
             if name not in _CALL_FIELDS and value is not None:  # (Google's thought_signature)
+                if name in merged:
+                    return False
                 merged[name] = value
+        return True
 
     def _unindexed(self, call_id: object) -> int:
         """A call delta without its index (Google's OpenAI-compatible endpoint sends each call

@@ -33,6 +33,10 @@ def finish_event(reason: str = "stop") -> bytes:
     return event({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason})
 
 
+def calls(*deltas: dict[str, Any]) -> bytes:
+    return event({"index": 0, "delta": {"tool_calls": list(deltas)}})
+
+
 def role_event() -> bytes:
     return event({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
 
@@ -285,9 +289,6 @@ def test_calls_without_an_index_fold_into_one_call_each_with_their_own_fields() 
     """Google's OpenAI-compatible stream: each call whole, no `index`, a signature to send
     back. They were merged into one call (the last id and name, the arguments glued)."""
 
-    def calls(*deltas: dict[str, Any]) -> bytes:
-        return event({"index": 0, "delta": {"tool_calls": list(deltas)}})
-
     signed = {"extra_content": {"google": {"thought_signature": "c2lnMA=="}}}
     first = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
     second = {"id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"b"'}}
@@ -326,6 +327,16 @@ WORDS = [text_event(f" w{i}") for i in range(50)]
 DONE = b"data: [DONE]\n\n"
 
 
+CUSTOM = [
+    {"index": 0, "id": "c1", "type": "custom", "custom": {"name": "sh", "input": "ls "}},
+    {"index": 0, "custom": {"input": "-l"}},
+]
+SIGNED_TWICE = [
+    {"index": 0, "id": "c1", "function": {"name": "f"}, "extra_content": {"sig": "a"}},
+    {"index": 0, "function": {"arguments": "{}"}, "extra_content": {"sig": "b"}},
+]
+
+
 @pytest.mark.parametrize(
     "events",
     [
@@ -342,6 +353,9 @@ DONE = b"data: [DONE]\n\n"
         [*WORDS, event({"index": 1, "delta": {"content": "b"}}), finish_event(), DONE],
         [*WORDS, text_event(" badXq").replace(b"X", b"\\"), finish_event(), DONE],  # no escape
         [*WORDS, b'data: {"id": 1,\ndata: "choices": []}\n\n', finish_event(), DONE],
+        # a custom tool's input in pieces; a field of the backend's own twice for one call
+        [*WORDS, *map(calls, CUSTOM), finish_event("tool_calls"), DONE],
+        [*WORDS, *map(calls, SIGNED_TWICE), finish_event("tool_calls"), DONE],
     ],
 )
 def test_what_is_not_a_complete_plain_answer_is_refused(events: list[bytes]) -> None:
