@@ -257,7 +257,8 @@ class StreamFold:
     def _add_tool_call(self, call: dict[str, Any]) -> bool:
         """Merge a call's delta in; False for one no rule says how to join: a call that is not
         a function's (a custom tool's input in pieces), a field of the backend's own sent twice."""
-        if call.get("type") not in (None, "function"):
+        kind = call.get("type")
+        if kind and kind != "function":  # (a continuation may say "" or null)
             return False
         index = call.get("index")
         merged = self._tools.setdefault(

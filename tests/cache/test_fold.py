@@ -296,7 +296,7 @@ def test_calls_without_an_index_fold_into_one_call_each_with_their_own_fields() 
         role_event(),
         calls({**first, **signed}),
         calls(second),
-        calls({"function": {"arguments": ": 2}"}}),  # no id: the same call goes on
+        calls({"id": "", "type": "", "function": {"arguments": ": 2}"}}),  # the same call
         finish_event("stop"),
         b"data: [DONE]\n\n",
     ]
