@@ -39,17 +39,14 @@ _STREAM_ERROR: Final = b'data: {"error"'
 
 
 def with_api_key(scope: Scope) -> Scope:
-    """The scope with `x-api-key` presented as the bearer key, when no Authorization is given."""
+    """The scope with each `x-api-key` presented as a bearer key too. Beside an Authorization
+    that names another key it makes the request's keys ambiguous, refused by
+    `authorization_of` (proxy/stages/auth.py), not decided by which header wins."""
     headers: list[tuple[bytes, bytes]] = scope["headers"]
-    key = None
-    for name, value in headers:
-        if name == b"authorization":
-            return scope
-        if name == b"x-api-key":
-            key = value
-    if key is None:
+    keys = [(b"authorization", b"Bearer " + v) for name, v in headers if name == b"x-api-key"]
+    if not keys:
         return scope
-    return {**scope, "headers": [*headers, (b"authorization", b"Bearer " + key)]}
+    return {**scope, "headers": [*headers, *keys]}
 
 
 def anthropic_models(

@@ -9,19 +9,25 @@ import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 
+from starlette.datastructures import Headers
+
 from proxy.context import Admitted, RequestContext
 from proxy.errors import AuthenticationFailed
 from proxy.keys.record import KeyRecord, policy_key_id
 from proxy.keys.runtime import RuntimeKeys
 from proxy.policy.model import Policy, Tenant
 
-__all__ = ["Authenticate", "CurrentKeyring", "KeyNoted", "Keyring"]
+__all__ = ["Authenticate", "CurrentKeyring", "KeyNoted", "Keyring", "authorization_of"]
 
 _MISSING_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
     "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
 )
 _WRONG_KEY = "Incorrect API key provided."
+_AMBIGUOUS = (
+    "This request presents more than one API key (two Authorization headers, or Authorization "
+    "and x-api-key, naming different keys): it is not clear whose request it is. Send one key."
+)
 
 
 class Keyring:
@@ -100,11 +106,32 @@ class Authenticate:
         self._on_key = on_key
 
     async def __call__(self, ctx: RequestContext) -> Admitted:
-        name, key_id, record = self._keyring.identify_key(ctx.headers.get("authorization"))
+        name, key_id, record = self._keyring.identify_key(authorization_of(ctx.headers))
         admitted = ctx.admit(name, self._tenants[name], key_id)
         if record is not None and self._on_key is not None:
             self._on_key(admitted, record)
         return admitted
+
+
+def authorization_of(headers: Mapping[str, str]) -> str | None:
+    """The request's Authorization value, None without one. Several that name different keys
+    are refused (401), not read first-wins: a proxy that adds its own header in front of a
+    client's would have the request run as whichever key came first."""
+    if not isinstance(headers, Headers):  # a plain mapping holds one value per name
+        return headers.get("authorization")
+    found: bytes | None = None
+    for name, value in headers.raw:
+        if name == b"authorization":
+            if found is None:
+                found = value
+            elif value != found and _bearer_key(value) != _bearer_key(found):
+                raise AuthenticationFailed(_AMBIGUOUS, code="ambiguous_api_key")
+    return None if found is None else found.decode("latin-1")
+
+
+def _bearer_key(authorization: bytes) -> bytes | None:
+    scheme, _, key = authorization.partition(b" ")
+    return (key.strip() or None) if scheme.lower() == b"bearer" else None
 
 
 def _presented_digest(authorization: str | None) -> bytes:

@@ -19,6 +19,7 @@ from proxy.asgi.body import ClientGone, read_body
 from proxy.asgi.respond import send_error, send_json
 from proxy.errors import BadRequest, GatewayError, NotFound, PermissionDenied, StorageUnavailable
 from proxy.keys.record import KeyRequest, beyond_tenant
+from proxy.stages.auth import authorization_of
 from proxy.storage.base import StorageError
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class _Admin:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
         try:
-            _check_admin(gateway, Headers(scope=scope).get("authorization"))
+            _check_admin(gateway, authorization_of(Headers(scope=scope)))
             status, body = await self._handler(gateway, scope, receive)
         except StorageError as exc:
             error = StorageUnavailable(f"The key storage cannot be reached: {exc}", retry_after_s=1)

@@ -16,6 +16,7 @@ from proxy.asgi.headers import RequestHeaders
 from proxy.asgi.respond import send_error, send_json
 from proxy.context import RequestContext
 from proxy.errors import BadRequest, GatewayError
+from proxy.stages.auth import authorization_of
 from proxy.stages.parse import Parse, check_fields
 from proxy.tokens import TokenizerError
 from proxy.tokens.segments import counting_for, done_counting
@@ -71,7 +72,7 @@ class CountTokens:
 
     async def _count(self, gateway: Gateway, ctx: RequestContext, receive: Receive) -> int:
         policy = gateway.policy
-        name, key_id, _ = gateway.keyring.identify_key(ctx.headers.get("authorization"))
+        name, key_id, _ = gateway.keyring.identify_key(authorization_of(ctx.headers))
         ctx = ctx.admit(name, policy.tenants[name], key_id)
         await gateway.services.rate_limits.admit_count(ctx)
         server = policy.server

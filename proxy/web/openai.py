@@ -15,6 +15,7 @@ from proxy.asgi.headers import RequestHeaders
 from proxy.asgi.respond import send_error, send_json
 from proxy.context import Operation, RequestContext
 from proxy.errors import GatewayError, ModelNotFound
+from proxy.stages.auth import authorization_of
 from proxy.upstream.meter import StreamMeter
 from proxy.web.requestid import REQUEST_ID_KEY
 
@@ -62,7 +63,7 @@ class ModelList:
             send = AnthropicErrors(send)
         wanted: str | None = scope.get("path_params", {}).get("model_id")
         try:
-            tenant_name = gateway.keyring.tenant_for(headers.get("authorization"))
+            tenant_name = gateway.keyring.tenant_for(authorization_of(headers))
             models = gateway.policy.tenants[tenant_name].models
             if wanted is not None and wanted not in models:
                 raise ModelNotFound.named(wanted)

@@ -22,7 +22,7 @@ from starlette.requests import HTTPConnection
 
 from proxy.errors import AuthenticationFailed, PermissionDenied, StorageUnavailable
 from proxy.policy.model import Policy
-from proxy.stages.auth import Keyring
+from proxy.stages.auth import Keyring, authorization_of
 from proxy.storage.base import StorageError
 from proxy.storage.sessions import EndedSessions
 
@@ -148,7 +148,7 @@ class Sessions:
     ) -> Viewer:
         """A Bearer header wins; else a session cookie not logged out; else
         AuthenticationFailed."""
-        authorization = headers.get("authorization")
+        authorization = authorization_of(headers)
         if authorization:
             return self.authenticate(authorization, caller)
         found = self.session(cookies.get(COOKIE_NAME), now)

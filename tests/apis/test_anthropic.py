@@ -17,11 +17,12 @@ from proxy.errors import (
 )
 
 
-def test_x_api_key_is_read_as_the_bearer_key_unless_one_is_given() -> None:
+def test_x_api_key_is_read_as_a_bearer_key_beside_any_given() -> None:
     scope = {"type": "http", "headers": [(b"x-api-key", b"sk-1")]}
     assert (b"authorization", b"Bearer sk-1") in with_api_key(scope)["headers"]
     both = {"type": "http", "headers": [(b"authorization", b"Bearer sk-2"), (b"x-api-key", b"x")]}
-    assert with_api_key(both) is both
+    # Both stay: two different keys are refused as ambiguous (tests/web/test_key_headers.py).
+    assert with_api_key(both)["headers"] == [*both["headers"], (b"authorization", b"Bearer x")]
     neither = {"type": "http", "headers": []}
     assert with_api_key(neither) is neither
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from starlette.datastructures import Headers
 
 from proxy.errors import AuthenticationFailed
-from proxy.stages.auth import Keyring
+from proxy.stages.auth import Keyring, authorization_of
 from tests.conftest import ADMIN_KEY, ALPHA_KEY, BETA_KEY, make_policy
 
 
@@ -34,3 +35,27 @@ def test_admin_keys_are_not_tenant_keys(keyring: Keyring) -> None:
     assert not keyring.is_admin(None)
     with pytest.raises(AuthenticationFailed):
         keyring.tenant_for(f"Bearer {ADMIN_KEY}")
+
+
+@pytest.mark.parametrize(
+    ("values", "presented"),
+    [
+        ([], None),
+        ([b"Bearer a"], "Bearer a"),
+        ([b"Bearer a", b"Bearer a"], "Bearer a"),
+        ([b"Bearer a", b"bearer  a"], "Bearer a"),  # the same key, spelled otherwise
+    ],
+)
+def test_one_key_is_presented(values: list[bytes], presented: str | None) -> None:
+    headers = Headers(raw=[(b"host", b"x"), *((b"authorization", v) for v in values)])
+    assert authorization_of(headers) == presented
+
+
+@pytest.mark.parametrize(
+    "values", [[b"Bearer a", b"Bearer b"], [b"Bearer a", b"Basic a"], [b"Bearer a", b"Bearer "]]
+)
+def test_different_keys_are_ambiguous(values: list[bytes]) -> None:
+    headers = Headers(raw=[(b"authorization", v) for v in values])
+    with pytest.raises(AuthenticationFailed) as refused:
+        authorization_of(headers)
+    assert refused.value.code == "ambiguous_api_key"
