@@ -28,7 +28,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from proxy.accepted import AcceptedPolicy
 from proxy.apis.anthropic import anthropic_error
 from proxy.clock import Clock, SystemClock
-from proxy.errors import GatewayError, InternalError, NotFound
+from proxy.errors import BadRequest, GatewayError, InternalError, NotFound
 from proxy.gateway import Gateway
 from proxy.keys.offboard import revoke_removed_tenants
 from proxy.orphan import end_with_supervisor, leave_if_orphaned
@@ -76,6 +76,7 @@ SESSION_SECRET_ENV = "TOKENWEIR_SESSION_SECRET"  # noqa: S105 - a variable name,
 SESSION_TTL_S = 12 * 3600.0
 _log = logging.getLogger("tokenweir")
 _MESSAGES = "/v1/messages"  # Anthropic's routes: their errors in its shape
+_SERVER_METHODS = "GET, HEAD, POST, DELETE, OPTIONS"  # what some route of the gateway takes
 SERVING_GC_THRESHOLDS = (5000, 20, 20)
 """The collector's thresholds in a serving process (CPython's are 700, 10, 10). With tens of
 requests in flight, most of what the young generation holds when it fills belongs to requests
@@ -243,6 +244,8 @@ def _start_otel_sdk() -> OtelSdk | None:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if request.scope["path"] == "*":  # no route has it: answered here, off the request path
+        return _asterisk(request.method)
     if status == 404:
         error: GatewayError = NotFound(
             f"Unknown request URL: {request.method} {request.url.path}.{_slash_hint(request)}"
@@ -253,6 +256,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     # A 405's `Allow` (the route's methods), which a 405 must carry.
     headers = exc.headers if isinstance(exc, HTTPException) else None
     return _render(error, request.url.path, headers)
+
+
+def _asterisk(method: str) -> Response:
+    """`OPTIONS *` asks about the server as a whole (RFC 9110 9.3.7): what methods it takes.
+    Any other method may not name `*` (RFC 9112 3.2.4)."""
+    if method == "OPTIONS":
+        return Response(status_code=200, headers={"allow": _SERVER_METHODS})
+    error = BadRequest(
+        f"{method} * names no resource: only OPTIONS may ask about the server as a whole.",
+        code="invalid_request_target",
+    )
+    return _render(error, "*")
 
 
 def _slash_hint(request: Request) -> str:

@@ -8,8 +8,9 @@ protocol answers such a client 408 in OpenAI's shape and closes the connection. 
 bound the headers' size (a client could send hundreds of MB of one header within the deadline,
 held in memory): headers still coming past MAX_HEAD_BYTES are answered 431 and the connection
 closed. Bytes that are not HTTP/1.1 (a request smuggling attempt, a bad chunk size) are answered
-400 in OpenAI's shape, not uvicorn's text. Each of these refusals goes out after the answers
-owed to the requests before it on the connection (pipelined), never into a stream's middle.
+400 in OpenAI's shape, not uvicorn's text, as is an HTTP/1.1 request without exactly one Host
+(RFC 9112 3.2). Each of these refusals goes out after the answers owed to the requests before
+it on the connection (pipelined), never into a stream's middle.
 A request answered before its body all came (401, 413, 408) has the rest of its body dropped
 within the header deadline, else the connection is closed; one that asked `Expect:
 100-continue` and was answered before it was told to send its body closes the connection.
@@ -36,7 +37,7 @@ from uvicorn.server import ServerState
 
 from proxy.asgi.direct import LentCycle, lend_cycle
 from proxy.asgi.http10 import close_delimited
-from proxy.asgi.refusals import headers_too_large, malformed, too_many_pipelined
+from proxy.asgi.refusals import headers_too_large, host_fault, malformed, too_many_pipelined
 from proxy.asgi.upgrade import body_framing, parser_for_body
 from proxy.errors import GatewayError, RequestTimeout
 
@@ -204,6 +205,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
+        self._refusal = host_fault(self.headers, self.parser.get_http_version())
+        if self._refusal is not None:
+            raise _StopParsing  # before a cycle is made: a parser error (400) in turn
         previous = self.cycle
         super().on_headers_complete()
         if self.pipeline and len(self.pipeline) > MAX_PIPELINED:

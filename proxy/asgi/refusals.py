@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from proxy.errors import BadRequest, HeadersTooLarge
 
-__all__ = ["headers_too_large", "malformed", "too_many_pipelined"]
+__all__ = ["headers_too_large", "host_fault", "malformed", "too_many_pipelined"]
 
 
 def too_many_pipelined(limit: int) -> BadRequest:
@@ -20,6 +20,22 @@ def malformed() -> BadRequest:
         "The request is not valid HTTP/1.1 (its request line, a header, or the framing of its "
         "body: Content-Length, Transfer-Encoding or a chunk); the connection is closed.",
         code="invalid_http_request",
+    )
+
+
+def host_fault(headers: list[tuple[bytes, bytes]], http_version: str) -> BadRequest | None:
+    """Why a request's `Host` header is wrong, if it is: HTTP/1.1 asks for exactly one (RFC 9112
+    3.2: a server answers 400 to none, or to more than one); HTTP/1.0 for at most one."""
+    hosts = 0
+    for name, _ in headers:
+        if name == b"host":
+            hosts += 1
+    if hosts == 1 or (hosts == 0 and http_version == "1.0"):
+        return None
+    return BadRequest(
+        f"The request has {'no' if hosts == 0 else hosts} Host header{'' if hosts == 0 else 's'}"
+        ": HTTP/1.1 asks for exactly one. The connection is closed.",
+        code="invalid_host_header",
     )
 
 
