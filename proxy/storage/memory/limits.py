@@ -18,22 +18,28 @@ from proxy.storage.limits import (
 
 __all__ = ["MemoryLimitStore"]
 
+_SWEEP_EVERY_S = 3600.0
+
 
 @dataclass(slots=True)
 class _Level:
     tokens: float
     ts: float
+    bucket: Bucket  # its capacity and refill rate: when it is full again (and then dropped)
 
 
 class MemoryLimitStore:
     """Atomic by construction: no method awaits between reading and writing state.
 
-    A bucket that is full is dropped (absent means full), so idle tenants leave no buckets.
+    A bucket that is full is dropped (absent means full), so idle tenants leave no buckets: one
+    no request touches again (a revoked key's, a removed tenant's) is dropped by the hourly sweep
+    once it has refilled, as Redis expires it then; and so are slot leases past their time.
     """
 
     def __init__(self) -> None:
         self._levels: dict[str, _Level] = {}
         self._pools: dict[str, dict[str, float]] = {}  # pool key -> lease id -> lease until
+        self._sweep_at = 0.0  # when full buckets and expired leases are next dropped
 
     async def admit(
         self,
@@ -47,6 +53,8 @@ class MemoryLimitStore:
         now: float,
     ) -> Admission:
         check_scope(scope, [*(b.key for b in buckets), *(p.key for p in slots)])
+        if now >= self._sweep_at:
+            self._sweep(now)
         levels = [self._level(bucket, now) for bucket in buckets]
         held = [self._purged(pool.key, now) for pool in slots]
         admission = judge(buckets, costs, [level.tokens for level in levels], slots, held)
@@ -99,16 +107,24 @@ class MemoryLimitStore:
         the wait; here nothing would)."""
         level = self._levels.get(bucket.key)
         if level is None:
-            return _Level(float(bucket.capacity), now)
+            return _Level(float(bucket.capacity), now, bucket)
         if level.ts - now > bucket.capacity / bucket.refill_per_s:
             level.ts = now
-        return _Level(*refilled(bucket, level.tokens, level.ts, now))
+        return _Level(*refilled(bucket, level.tokens, level.ts, now), bucket)
 
     def _keep(self, bucket: Bucket, tokens: float, ts: float) -> None:
         if tokens >= bucket.capacity:
             self._levels.pop(bucket.key, None)
         else:
-            self._levels[bucket.key] = _Level(tokens, ts)
+            self._levels[bucket.key] = _Level(tokens, ts, bucket)
+
+    def _sweep(self, now: float) -> None:
+        for key, level in list(self._levels.items()):
+            if refilled(level.bucket, level.tokens, level.ts, now)[0] >= level.bucket.capacity:
+                del self._levels[key]
+        for key in list(self._pools):
+            self._purged(key, now)
+        self._sweep_at = now + _SWEEP_EVERY_S
 
     def _purged(self, key: str, now: float) -> int:
         """Live leases in the pool after dropping those expired at `now`."""

@@ -70,9 +70,12 @@ class MemoryStore:
     async def settle(
         self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
     ) -> None:
-        lease = self._leases.get(scope, {}).pop(lease_id, None)
+        leases = self._leases.get(scope)
+        lease = None if leases is None else leases.pop(lease_id, None)
         if lease is not None:
             self._release(lease)
+            if not leases:  # a scope with no lease left is dropped: a revoked key's never returns
+                del self._leases[scope]
         for counter, amount in zip(counters, used, strict=True):
             slot = self._slots.setdefault(counter.key, _Slot(expires_at=counter.expires_at))
             slot.used = max(0, slot.used + amount)  # as settle.lua: never below zero
@@ -109,7 +112,11 @@ class MemoryStore:
 
     def _sweep(self, now: float) -> None:
         """Drop the counters whose period has ended, as Redis expires them: each day (and each
-        month) makes new ones, under keys naming it, and nothing reads the old ones again."""
+        month) makes new ones, under keys naming it, and nothing reads the old ones again. And
+        the expired leases of every scope: one no request reserves on again (a revoked key's,
+        a removed tenant's) would keep them for ever."""
+        for scope in list(self._leases):
+            self._expire(scope, now)
         for key in [k for k, slot in self._slots.items() if slot.expires_at <= now]:
             del self._slots[key]
         self._sweep_at = now + _SWEEP_EVERY_S
@@ -120,6 +127,8 @@ class MemoryStore:
             return
         for lease_id in [i for i, lease in leases.items() if lease.until <= now]:
             self._release(leases.pop(lease_id))
+        if not leases:
+            del self._leases[scope]
 
     def _let_go_orphans(
         self, scope: str, counters: Sequence[Counter], slots: Sequence[_Slot]
