@@ -17,7 +17,14 @@ from proxy.keys.record import KeyRecord, policy_key_id
 from proxy.keys.runtime import RuntimeKeys
 from proxy.policy.model import Policy, Tenant
 
-__all__ = ["Authenticate", "CurrentKeyring", "KeyNoted", "Keyring", "authorization_of"]
+__all__ = [
+    "Authenticate",
+    "CurrentKeyring",
+    "KeyNoted",
+    "Keyring",
+    "as_header_value",
+    "authorization_of",
+]
 
 _MISSING_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
@@ -135,13 +142,24 @@ def _bearer_key(authorization: bytes) -> bytes | None:
 
 
 def _presented_digest(authorization: str | None) -> bytes:
+    """The SHA-256 of the key in a header's value, which comes decoded byte for byte (latin-1):
+    the key's bytes as sent, so a key of UTF-8 text (as the policy hashes it) matches."""
     if not authorization:
         raise AuthenticationFailed(_MISSING_KEY)
     scheme, _, key = authorization.partition(" ")
-    key = key.strip()
+    key = key.strip(" \t")  # only what HTTP trims: 0x85 and 0xA0 may be bytes of a UTF-8 key
     if scheme.lower() != "bearer" or not key:
         raise AuthenticationFailed(_MISSING_KEY)
-    return hashlib.sha256(key.encode()).digest()
+    try:
+        sent = key.encode("latin-1")
+    except UnicodeEncodeError:  # no header holds it (see `as_header_value`)
+        raise AuthenticationFailed(_WRONG_KEY) from None
+    return hashlib.sha256(sent).digest()
+
+
+def as_header_value(text: str) -> str:
+    """`text` (a key typed in a form) as a header carrying its UTF-8 bytes reads."""
+    return text.encode().decode("latin-1")
 
 
 def _digest_of_stored(key: str) -> bytes:

@@ -27,6 +27,7 @@ from proxy.errors import (
 )
 from proxy.ledger import LedgerError
 from proxy.ledger.present import day_start, iso_utc
+from proxy.stages.auth import as_header_value
 from proxy.web import pagefmt
 from proxy.web.dashview import Window, load_overview, load_tenant_page
 from proxy.web.session import COOKIE_NAME, Sessions, Viewer, caller
@@ -93,7 +94,8 @@ class DashboardPages:
         target = _safe_next((body.get("next") or [""])[0])
         gateway: Gateway = request.state.gateway
         try:
-            self._sessions.authenticate(f"Bearer {key}", caller(request, "the dashboard login"))
+            presented = as_header_value(f"Bearer {key}")  # as the API routes read the key
+            self._sessions.authenticate(presented, caller(request, "the dashboard login"))
         except AuthenticationFailed:
             return self._page("login.html", None, next=target, failed=True, status=401)
         cookie = self._sessions.issue(key, gateway.clock.wall())

@@ -1,6 +1,7 @@
 """A request that presents two different keys (two `Authorization` headers, or `Authorization`
 and Anthropic's `x-api-key`) is refused 401 on every route that reads a key, through a real
-gateway with the real SDKs: it never runs as whichever key came first, and bills nothing."""
+gateway with the real SDKs: it never runs as whichever key came first, and bills nothing. A key
+of UTF-8 text is read from a header as the bytes it was sent as."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import anthropic
 import httpx
 import pytest
 
+from proxy.app import create_app
+from proxy.policy import parse_policy
 from tests.conftest import ADMIN_KEY, ALPHA_KEY, BETA_KEY
+from tests.servers import serve
 
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 TWO_KEYS = [("authorization", f"Bearer {ALPHA_KEY}"), ("authorization", f"Bearer {BETA_KEY}")]
@@ -75,3 +79,31 @@ def test_x_api_key_and_an_authorization_naming_the_same_key_are_one_key(
 ) -> None:
     with _sdk(gateway_url, ALPHA_KEY, ALPHA_KEY) as sdk:
         assert _hello(sdk).content
+
+
+NON_ASCII_KEY = "ключ-clé-voilà"  # à ends in 0xA0, which str.strip() took for a space
+NON_ASCII_POLICY = """
+backends: [{name: mock, url: "%s/v1", models: [mock-llm]}]
+models: {mock-llm: {}}
+tenants:
+  gamma: {api_keys: ["${GAMMA_KEY}"], models: [mock-llm]}
+"""
+
+
+def test_a_key_of_utf8_text_works_in_headers_as_in_the_login_form(backend_url: str) -> None:
+    """The policy hashes a key's UTF-8 bytes; a header's value was read as latin-1 text and
+    hashed as UTF-8 again, so such a key logged in to the dashboard but got 401 on every API
+    route."""
+    text = NON_ASCII_POLICY % backend_url
+    app = create_app(parse_policy(text, environ={"GAMMA_KEY": NON_ASCII_KEY}))
+    sent = NON_ASCII_KEY.encode()
+    with serve(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        bearer = [(b"authorization", b"Bearer " + sent)]
+        answer = client.get("/v1/models", headers=bearer)
+        assert answer.status_code == 200, answer.text
+        assert client.get("/v1/models", headers=[(b"x-api-key", sent)]).status_code == 200
+        # The same text in another encoding is another key.
+        wrong = [(b"authorization", b"Bearer " + "clé".encode("latin-1"))]
+        assert client.get("/v1/models", headers=wrong).status_code == 401
+        login = client.post("/dashboard/login", data={"key": NON_ASCII_KEY})
+        assert login.status_code == 303
