@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 
 from starlette.datastructures import Headers
 
+from proxy.asgi.headers import RequestHeaders
 from proxy.context import Admitted, RequestContext
 from proxy.errors import AuthenticationFailed
 from proxy.keys.record import KeyRecord, policy_key_id
@@ -124,10 +125,14 @@ def authorization_of(headers: Mapping[str, str]) -> str | None:
     """The request's Authorization value, None without one. Several that name different keys
     are refused (401), not read first-wins: a proxy that adds its own header in front of a
     client's would have the request run as whichever key came first."""
-    if not isinstance(headers, Headers):  # a plain mapping holds one value per name
+    if isinstance(headers, RequestHeaders):  # the request path's: not copied
+        pairs = headers.pairs
+    elif isinstance(headers, Headers):
+        pairs = headers.raw
+    else:  # a plain mapping holds one value per name
         return headers.get("authorization")
     found: bytes | None = None
-    for name, value in headers.raw:
+    for name, value in pairs:
         if name == b"authorization":
             if found is None:
                 found = value
