@@ -43,7 +43,7 @@ def with_api_key(scope: Scope) -> Scope:
     that names another key it makes the request's keys ambiguous, refused by
     `authorization_of` (proxy/stages/auth.py), not decided by which header wins."""
     headers: list[tuple[bytes, bytes]] = scope["headers"]
-    keys = [(b"authorization", b"Bearer " + v) for name, v in headers if name == b"x-api-key"]
+    keys = [(b"authorization", b"Bearer " + v) for name, v in headers if name == b"x-api-key" and v]
     if not keys:
         return scope
     return {**scope, "headers": [*headers, *keys]}

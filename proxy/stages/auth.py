@@ -133,7 +133,7 @@ def authorization_of(headers: Mapping[str, str]) -> str | None:
         return headers.get("authorization")
     found: bytes | None = None
     for name, value in pairs:
-        if name == b"authorization":
+        if name == b"authorization" and value:  # an empty one (a proxy's unset variable) is none
             if found is None:
                 found = value
             elif value != found and _bearer_key(value) != _bearer_key(found):

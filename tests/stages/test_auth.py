@@ -44,6 +44,7 @@ def test_admin_keys_are_not_tenant_keys(keyring: Keyring) -> None:
         ([b"Bearer a"], "Bearer a"),
         ([b"Bearer a", b"Bearer a"], "Bearer a"),
         ([b"Bearer a", b"bearer  a"], "Bearer a"),  # the same key, spelled otherwise
+        ([b"", b"Bearer a"], "Bearer a"),  # an empty header is none
     ],
 )
 def test_one_key_is_presented(values: list[bytes], presented: str | None) -> None:

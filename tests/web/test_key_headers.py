@@ -42,7 +42,10 @@ def test_the_same_key_twice_is_one_key(gateway_url: str) -> None:
     same = [("authorization", f"Bearer {ALPHA_KEY}"), ("authorization", f"bearer  {ALPHA_KEY}")]
     with httpx.Client(base_url=gateway_url, timeout=10) as client:
         answer = client.post("/v1/chat/completions", json=CHAT, headers=same)
-    assert answer.status_code == 200, answer.text
+        assert answer.status_code == 200, answer.text
+        # An empty header beside the key (a proxy's unset variable) presents no second key.
+        empty = [("authorization", f"Bearer {ALPHA_KEY}"), ("x-api-key", ""), ("authorization", "")]
+        assert client.get("/v1/models", headers=empty).status_code == 200
 
 
 def _sdk(gateway_url: str, key: str, x_api_key: str) -> anthropic.Anthropic:
