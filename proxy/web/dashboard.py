@@ -30,7 +30,7 @@ from proxy.ledger.present import day_start, iso_utc
 from proxy.stages.auth import as_header_value
 from proxy.web import pagefmt
 from proxy.web.dashview import Window, load_overview, load_tenant_page
-from proxy.web.session import COOKIE_NAME, Sessions, Viewer, caller
+from proxy.web.session import SECURE_COOKIE_NAME, Sessions, Viewer, caller, cookie_name
 from proxy.web.usage import ledger_of, ledger_unreadable, parse_window
 
 if TYPE_CHECKING:
@@ -102,9 +102,10 @@ class DashboardPages:
         if cookie is None:  # a runtime key: a cookie could not name it
             return self._page("login.html", None, next=target, runtime_key=True, status=401)
         response = RedirectResponse(target, status_code=303, headers=_HEADERS)
+        name = cookie_name(request)
         response.set_cookie(
-            COOKIE_NAME, cookie, max_age=int(self._sessions.ttl_s), path="/",
-            secure=request.url.scheme == "https", httponly=True, samesite="strict",
+            name, cookie, max_age=int(self._sessions.ttl_s), path="/",
+            secure=name == SECURE_COOKIE_NAME, httponly=True, samesite="strict",
         )  # fmt: skip
         return response
 
@@ -112,9 +113,12 @@ class DashboardPages:
         _same_site_only(request)
         gateway: Gateway = request.state.gateway
         ended = gateway.services.ended_sessions
-        await self._sessions.end(request.cookies.get(COOKIE_NAME), gateway.clock.wall(), ended)
+        name = cookie_name(request)
+        await self._sessions.end(request.cookies.get(name), gateway.clock.wall(), ended)
         response = RedirectResponse("/dashboard/login", status_code=303, headers=_HEADERS)
-        response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
+        response.delete_cookie(
+            name, path="/", secure=name == SECURE_COOKIE_NAME, httponly=True, samesite="strict"
+        )
         return response
 
     async def stylesheet(self, request: Request) -> Response:
@@ -128,7 +132,9 @@ class DashboardPages:
         now = gateway.clock.wall()
         ended = gateway.services.ended_sessions
         where = caller(request, "a dashboard page")
-        viewer = await self._sessions.resolve(request.headers, request.cookies, now, ended, where)
+        viewer = await self._sessions.resolve(
+            request.headers, request.cookies, now, ended, where, cookie=cookie_name(request)
+        )
         return gateway, viewer, now
 
     def _window(self, request: Request, now: float, *, default_since: str) -> Window:

@@ -26,11 +26,22 @@ from proxy.stages.auth import Keyring, authorization_of
 from proxy.storage.base import StorageError
 from proxy.storage.sessions import EndedSessions
 
-__all__ = ["COOKIE_NAME", "Session", "Sessions", "Viewer", "caller"]
+__all__ = [
+    "COOKIE_NAME",
+    "SECURE_COOKIE_NAME",
+    "Session",
+    "Sessions",
+    "Viewer",
+    "caller",
+    "cookie_name",
+]
 
 _log = logging.getLogger("tokenweir.dashboard")
 
 COOKIE_NAME = "tokenweir_session"
+# Over https: a name browsers take only from this host, with Secure and Path=/, so a sibling
+# subdomain (or an http page of the host) cannot plant a session of its own in its place.
+SECURE_COOKIE_NAME = "__Host-" + COOKIE_NAME
 _FINGERPRINT_BYTES = 16
 _SESSION_ID_BYTES = 16
 _SIGNED_BYTES = _FINGERPRINT_BYTES + _SESSION_ID_BYTES
@@ -145,13 +156,15 @@ class Sessions:
         now: float,
         ended: EndedSessions,
         caller: str = "",
+        *,
+        cookie: str = COOKIE_NAME,
     ) -> Viewer:
         """A Bearer header wins; else a session cookie not logged out; else
         AuthenticationFailed."""
         authorization = authorization_of(headers)
         if authorization:
             return self.authenticate(authorization, caller)
-        found = self.session(cookies.get(COOKIE_NAME), now)
+        found = self.session(cookies.get(cookie), now)
         if found is None or await _has_ended(ended, found, now):
             return self.authenticate(None)  # raises the usual "no key" 401
         return found.viewer
@@ -181,6 +194,12 @@ async def _has_ended(ended: EndedSessions, found: Session, now: float) -> bool:
         return await ended.ended(found.session_id, now)
     except StorageError as exc:  # closed, not open: a logged-out cookie must not read usage
         raise StorageUnavailable(f"The session cannot be checked: {exc}", retry_after_s=5) from exc
+
+
+def cookie_name(connection: HTTPConnection) -> str:
+    """The session cookie's name on this connection: `SECURE_COOKIE_NAME` over https (as the
+    client sees it: a trusted proxy's `X-Forwarded-Proto` counts), else `COOKIE_NAME`."""
+    return SECURE_COOKIE_NAME if connection.url.scheme == "https" else COOKIE_NAME
 
 
 def caller(connection: HTTPConnection, where: str) -> str:

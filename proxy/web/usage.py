@@ -26,7 +26,7 @@ from proxy.ledger.attribution import HOUR_RETENTION_S
 from proxy.ledger.base import ATTRIBUTES
 from proxy.ledger.present import format_usd, iso_utc, parse_moment, spreadsheet_cell
 from proxy.ledger.query import total_of, window
-from proxy.web.session import Sessions, Viewer, caller
+from proxy.web.session import Sessions, Viewer, caller, cookie_name
 
 if TYPE_CHECKING:
     from proxy.gateway import Gateway
@@ -145,7 +145,7 @@ class UsageApi:
             ended = gateway.services.ended_sessions
             where = caller(request, "/api/usage")
             viewer = await self._sessions.resolve(
-                request.headers, request.cookies, now, ended, where
+                request.headers, request.cookies, now, ended, where, cookie=cookie_name(request)
             )
             accept = request.headers.get("accept", "")
             params = parse_params(request.query_params, viewer, now, accept=accept)

@@ -61,6 +61,36 @@ def test_the_cookie_is_secure_behind_https(gateway: str) -> None:
     assert "Secure" in answer.headers["set-cookie"]
 
 
+def _set(answer: httpx.Response) -> tuple[str, str]:
+    """The name and value the answer's Set-Cookie sets."""
+    name, _, value = answer.headers["set-cookie"].split(";")[0].partition("=")
+    return name, value
+
+
+def test_over_https_no_other_host_can_plant_a_session(gateway: str) -> None:
+    """Over https the cookie is `__Host-` prefixed: browsers take such a cookie only from this
+    very host, Secure, with Path=/. A plain-named one (which a sibling subdomain, or an http
+    page of the host, may set: a valid session of the attacker's tenant, so the victim reads
+    and acts as that tenant) is not read over https. Before, any cookie of the name was."""
+    https = {"x-forwarded-proto": "https"}  # trusted from 127.0.0.1
+    answer = httpx.post(gateway + "/dashboard/login", data={"key": ALPHA_KEY}, headers=https)
+    name, own = _set(answer)
+    assert name == "__Host-" + COOKIE
+    assert "Secure" in answer.headers["set-cookie"]
+    assert "Path=/" in answer.headers["set-cookie"]
+    assert "domain" not in answer.headers["set-cookie"].lower()
+    page = httpx.get(gateway + "/dashboard", headers={**https, "cookie": f"{name}={own}"})
+    assert page.status_code == 200
+    _, planted = _set(httpx.post(gateway + "/dashboard/login", data={"key": BETA_KEY}))
+    tossed = httpx.get(gateway + "/dashboard", headers={**https, "cookie": f"{COOKIE}={planted}"})
+    assert tossed.status_code == 303  # to the login form, not beta's dashboard
+    usage = httpx.get(gateway + "/api/usage", headers={**https, "cookie": f"{COOKIE}={planted}"})
+    assert usage.status_code == 401
+    out = httpx.post(gateway + "/dashboard/logout", headers={**https, "cookie": f"{name}={own}"})
+    assert out.headers["set-cookie"].startswith(f'{name}="";')  # a browser drops it
+    assert "Secure" in out.headers["set-cookie"]
+
+
 def test_a_wrong_key_is_refused_at_login(gateway: str) -> None:
     answer = httpx.post(gateway + "/dashboard/login", data={"key": "guess"})
     assert answer.status_code == 401
