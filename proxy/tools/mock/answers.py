@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import uuid
 from typing import Any
 
@@ -18,6 +19,7 @@ from proxy.tools.mock.request import (
 )
 from proxy.tools.mock.stream import SseFormat, StreamFormat
 from proxy.tools.mock.text import TokenSource, embedding_bytes, embedding_floats
+from proxy.tools.mock.toolcalls import ToolCallFormat, tool_plan
 
 __all__ = ["embedding_answer", "parse_request", "stream_format", "whole_answer"]
 
@@ -27,7 +29,12 @@ _AGENTS = (Endpoint.RESPONSES, Endpoint.MESSAGES)
 def parse_request(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
     if endpoint in _AGENTS:
         return parse_agent(body, endpoint)
-    return parse_completion(body, endpoint)
+    request = parse_completion(body, endpoint)
+    if endpoint is Endpoint.CHAT:
+        tools = tool_plan(body, request.prompt_text)
+        if tools is not None:
+            request = dataclasses.replace(request, tools=tools)
+    return request
 
 
 def _base(request: CompletionRequest, created: int, *, stream: bool) -> dict[str, Any]:
@@ -60,6 +67,10 @@ def stream_format(
     if request.endpoint in _AGENTS:
         return agent_stream(request, body, created, tokens, n_tokens, finish_reason)
     usage = _usage(request.prompt_tokens, n_tokens) if request.include_usage else None
+    if request.tools is not None:
+        return ToolCallFormat.build(
+            _base(request, created, stream=True), request.tools, finish_reason, usage
+        )
     build = SseFormat.chat if request.endpoint is Endpoint.CHAT else SseFormat.completion
     return build(_base(request, created, stream=True), finish_reason, usage)
 
@@ -80,6 +91,9 @@ def whole_answer(
         content = {"text": text}
     ending = {"logprobs": None, "finish_reason": finish_reason}
     choices = [{"index": index, **content, **ending} for index in range(request.answers)]
+    if request.tools is not None:  # each choice's calls with ids of their own
+        for choice in choices:
+            choice["message"] = request.tools.message(n_tokens)
     answer = _base(request, created, stream=False)
     usage = _usage(request.prompt_tokens, n_tokens * request.answers)
     answer |= {"choices": choices, "usage": usage}

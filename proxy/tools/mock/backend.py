@@ -12,7 +12,8 @@ completions batch, alike (a stream has one: n=1 and one prompt); `max_tokens` /
 response (status "incomplete") and `max_tokens` a message (stop_reason "max_tokens"). `stop`
 ends a chat or text completion where a sequence first occurs, as vLLM does (text.py stopped).
 `stream_options` without `stream` is a 400, as in OpenAI and vLLM. Errors on /v1/messages are
-Anthropic-shaped.
+Anthropic-shaped. A chat request with function `tools` may be answered with tool calls, as a
+model decides by `tool_choice` (toolcalls.py).
 
 Testing knobs, as extra fields in the request body:
   mock_fail: 400-599            answer with that status and an OpenAI-shaped error
@@ -21,6 +22,7 @@ Testing knobs, as extra fields in the request body:
   mock_delay_ms: N              wait N ms before the first byte (the headers) of any answer
   mock_completion_tokens: N     the answer's natural length (default 256, finish_reason "stop";
                                 at most 131,072)
+  mock_tool_calls: N            a tool-calling answer makes N parallel calls (1-16; default 1)
 
 Simulations (create_app arguments and `tokenweir mock-backend` flags): `load_ttft_ms` adds that
 much TTFT per other request in flight; `prefill_ms_per_1k_tokens` adds prefill time for prompt

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from proxy.tools.mock.text import TokenSource, count_words, stopped
+
+if TYPE_CHECKING:
+    from proxy.tools.mock.toolcalls import ToolPlan
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
@@ -124,10 +127,13 @@ class CompletionRequest:
     max_tokens: int | None
     answers: int = 1  # choices in a whole answer: `n` for each prompt of a batch
     stops: tuple[str, ...] = ()  # stop sequences
+    tools: ToolPlan | None = None  # the tool calls a chat answer makes (toolcalls.py)
 
     def plan(self, knobs: Knobs) -> tuple[TokenSource, int, str]:
         """The answer's tokens, how many each choice has, and its finish_reason."""
         n_tokens, finish_reason = knobs.completion_tokens, "stop"
+        if self.tools is not None:  # a piece of the arguments a token; no stop sequence ends it
+            n_tokens, finish_reason = len(self.tools.pieces), "tool_calls"
         if self.max_tokens is not None and self.max_tokens < n_tokens:
             n_tokens, finish_reason = self.max_tokens, "length"
         if n_tokens * self.answers > MAX_ANSWER_TOKENS:
@@ -138,6 +144,8 @@ class CompletionRequest:
                 param="n",
             )
         cut = stopped(self.prompt_text, n_tokens, self.stops) if self.stops else None
+        if self.tools is not None:
+            cut = None
         if cut is not None:
             return *cut, "stop"
         return TokenSource(self.prompt_text), n_tokens, finish_reason

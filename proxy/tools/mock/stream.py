@@ -19,7 +19,7 @@ from starlette.types import Send
 from proxy.clock import Clock
 from proxy.tools.mock.text import TokenSource
 
-__all__ = ["Outcome", "Schedule", "SseFormat", "StreamFormat", "StreamRun", "Ticker"]
+__all__ = ["Outcome", "Schedule", "SseFormat", "StreamFormat", "StreamRun", "Ticker", "tail_events"]
 
 _SLOT: Final = "\x00token\x00"
 _SLOT_JSON: Final = orjson.dumps(_SLOT)
@@ -125,7 +125,7 @@ class SseFormat:
         prefix, suffix = _split(chunk({"content": _SLOT}, None))
         _, last_suffix = _split(chunk({"content": _SLOT}, finish_reason))
         head = _event(chunk({"role": "assistant", "content": ""}, None))
-        return cls(prefix, suffix, last_suffix, head, _tail(base, usage))
+        return cls(prefix, suffix, last_suffix, head, tail_events(base, usage))
 
     @classmethod
     def completion(
@@ -139,7 +139,7 @@ class SseFormat:
 
         prefix, suffix = _split(chunk(None))
         _, last_suffix = _split(chunk(finish_reason))
-        return cls(prefix, suffix, last_suffix, b"", _tail(base, usage))
+        return cls(prefix, suffix, last_suffix, b"", tail_events(base, usage))
 
     def encode(self, tokens: TokenSource, start: int, stop: int, last: bool) -> bytes:
         token = tokens.json
@@ -151,7 +151,8 @@ class SseFormat:
         return b"".join(parts)
 
 
-def _tail(base: dict[str, Any], usage: dict[str, int] | None) -> bytes:
+def tail_events(base: dict[str, Any], usage: dict[str, int] | None) -> bytes:
+    """A stream's last events: its usage (when asked for) and [DONE]."""
     if usage is None:
         return _DONE_EVENT
     return _event({**base, "choices": [], "usage": usage}) + _DONE_EVENT
