@@ -14,7 +14,7 @@ import orjson
 from proxy.tools.mock.text import TokenSource, count_words, stopped
 
 if TYPE_CHECKING:
-    from proxy.tools.mock.toolcalls import ToolPlan
+    from proxy.tools.mock.toolplan import ToolPlan
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",

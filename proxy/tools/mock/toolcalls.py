@@ -17,7 +17,6 @@ PIECE_CHARS characters, one token each, and an empty delta with `finish_reason: 
 
 from __future__ import annotations
 
-import uuid
 import zlib
 from dataclasses import dataclass
 from typing import Any, Final
@@ -27,37 +26,13 @@ import orjson
 from proxy.tools.mock.request import MockHTTPError, int_field
 from proxy.tools.mock.stream import tail_events
 from proxy.tools.mock.text import TokenSource
+from proxy.tools.mock.toolplan import ToolPlan, call_id
 
 __all__ = ["MAX_TOOL_CALLS", "PIECE_CHARS", "ToolCallFormat", "ToolPlan", "tool_plan"]
 
 PIECE_CHARS: Final = 4  # of a call's arguments a streamed token carries (a model's ~3-4)
 MAX_TOOL_CALLS: Final = 16
 _MAX_PROPERTIES: Final = 256  # of one schema, made into arguments
-
-
-@dataclass(frozen=True, slots=True)
-class ToolPlan:
-    """The calls one answer makes: names, and their arguments cut into one-token pieces."""
-
-    names: tuple[str, ...]
-    pieces: tuple[tuple[int, str], ...]  # (the call's index, a piece of its arguments)
-
-    def arguments(self, n_tokens: int) -> list[str]:
-        """Each call's arguments as far as the first `n_tokens` pieces go (begun calls only)."""
-        texts: list[str] = []
-        for index, piece in self.pieces[:n_tokens]:
-            if index == len(texts):
-                texts.append("")
-            texts[index] += piece
-        return texts
-
-    def message(self, n_tokens: int) -> dict[str, Any]:
-        """The whole answer's assistant message, with new call ids."""
-        calls = [
-            {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": text}}
-            for name, text in zip(self.names, self.arguments(n_tokens), strict=False)
-        ]
-        return {"role": "assistant", "content": None, "tool_calls": calls}
 
 
 def tool_plan(body: dict[str, Any], prompt_text: str) -> ToolPlan | None:
@@ -157,10 +132,6 @@ def _value(spec: dict[str, Any], words: TokenSource, i: int) -> object:
     return values[kind] if kind in values else words.text(i).strip()
 
 
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
 @dataclass(frozen=True, slots=True)
 class ToolCallFormat:
     """One tool-call stream's pre-encoded events (a StreamFormat): token i is piece i."""
@@ -184,7 +155,7 @@ class ToolCallFormat:
         opening, prefixes = [], []
         for index, name in enumerate(plan.names):
             function = {"name": name, "arguments": ""}
-            call = {"index": index, "id": _call_id(), "type": "function", "function": function}
+            call = {"index": index, "id": call_id(), "type": "function", "function": function}
             role = {"role": "assistant", "content": None} if index == 0 else {}
             opening.append(event({**role, "tool_calls": [call]}))
             marked = event({"tool_calls": [{"index": index, "function": {"arguments": "\0"}}]})
