@@ -173,23 +173,31 @@ class SSEForwarder:
         return b"".join(kept)
 
     def _usage_event(self, event: bytes) -> bytes:
-        """Record the usage; return the event as the client should see it (b"" to drop it)."""
+        """Record the usage; return the event as the client should see it (b"" to drop it).
+
+        The usage chunk exists because the gateway asked for it: a client that did not ask
+        never sees it, malformed or not (an event that is no JSON, or whose `usage` is no
+        object), and where it is passed on it is no token."""
         chunk = _data_json(event)
         if chunk is _NOT_JSON:
-            return event
-        usage = chunk.get("usage") if isinstance(chunk, dict) else None
-        if not isinstance(usage, dict):
-            return event
-        self.usage = usage
+            return self._usage_only(event)
+        if not isinstance(chunk, dict) or "usage" not in chunk:
+            return event  # `prompt_tokens` said elsewhere (a choice's text)
+        usage = chunk["usage"]
+        if isinstance(usage, dict):
+            self.usage = usage
         if not chunk.get("choices"):
-            if self._keep_usage:
-                self._textless += 1
-                return event
-            return b""
-        if self._keep_usage:
+            return self._usage_only(event)
+        if self._keep_usage or usage is None:
             return event
         chunk["usage"] = None
         return b"data: " + orjson.dumps(chunk)
+
+    def _usage_only(self, event: bytes) -> bytes:
+        if not self._keep_usage:
+            return b""
+        self._textless += 1
+        return event
 
 
 class ChoicesForwarder(SSEForwarder):
