@@ -115,7 +115,9 @@ def _message(item: dict[str, Any]) -> dict[str, Any]:
         return {
             "role": "tool",
             "tool_call_id": item.get("call_id") or "",
-            "content": output if isinstance(output, str | list) else "",
+            # An object (or a number) is no part list: counted whole, as its JSON text (it
+            # counted nothing, so a tool's output could carry any input past the limit).
+            "content": output if isinstance(output, str | list | None) else [output],
         }
     if kind == "reasoning":
         return {"role": "assistant", "content": _reasoning_texts(item)}

@@ -108,6 +108,10 @@ class Shape:
             ctx.outgoing.record("system_prompt")  # the API's own rules put it in place
         if budget.max_input_tokens is not None:
             _refuse_stored_history(ctx.body, budget.max_input_tokens)
+            _refuse_request_template(ctx.body, budget)
+            if ctx.body.get("previous_input_messages") is not None:
+                # vLLM's Responses: earlier turns in its own (harmony) form, before the input
+                raise _uncountable("previous_input_messages", "the turns it holds", budget)
         if _needs_count(ctx):
             messages, tools = api.to_chat(ctx.body)
             count = await self._counter.count_chat(ctx.model, messages, tools)
@@ -286,13 +290,31 @@ def _refuse_stored_history(body: Mapping[str, Any], limit: int) -> None:
     held. Refused; the client can send them as input."""
     for param in _STORED_HISTORY:
         if body.get(param) is not None:
-            raise BadRequest(
-                f"'{param}' cannot be used with this key: the backend would add stored input "
-                f"the gateway cannot count against the key's limit of {limit} input tokens. "
-                "Send the conversation's turns or the prompt in 'input' instead.",
-                param=param,
-                code="unsupported_parameter",
-            )
+            raise _stored(param, limit)
+    given = body.get("input")
+    if type(given) is list:
+        for index, item in enumerate(given):
+            if _references_stored(item):
+                raise _stored(f"input[{index}]", limit)
+
+
+def _references_stored(item: object) -> bool:
+    """An input item that names a stored item by its id (an `item_reference`, whose type may be
+    left out): the backend reads the stored item in its place."""
+    if type(item) is not dict:
+        return False
+    kind = item.get("type")
+    return kind == "item_reference" or (kind is None and "role" not in item and "id" in item)
+
+
+def _stored(param: str, limit: int) -> BadRequest:
+    return BadRequest(
+        f"'{param}' cannot be used with this key: the backend would add stored input "
+        f"the gateway cannot count against the key's limit of {limit} input tokens. "
+        "Send the conversation's turns or the prompt in 'input' instead.",
+        param=param,
+        code="unsupported_parameter",
+    )
 
 
 def _refuse_request_template(body: Mapping[str, Any], budget: Budget) -> None:

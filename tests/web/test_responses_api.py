@@ -259,6 +259,44 @@ def test_a_stored_conversation_is_refused_under_an_input_limit(
     assert gateway.stats()["requests_total"] == 1
 
 
+def test_a_function_call_output_object_counts_toward_the_input_limit(
+    gateway: AgentGateway,
+) -> None:
+    """A tool's output sent as an object (not a string or content parts), which a backend
+    renders as its JSON, counted nothing: any input went past max_input_tokens."""
+    gateway.reset()
+    call = {"type": "function_call", "call_id": "c1", "name": "look", "arguments": "{}"}
+    found = {"type": "function_call_output", "call_id": "c1", "output": {"found": "word " * 200}}
+    with sdk(gateway, SHORT_KEY) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="mock-llm", input=[call, found])  # type: ignore[list-item]
+    assert refused.value.code == "context_length_exceeded"
+    assert gateway.stats()["requests_total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+        ({"input": [{"role": "user", "content": "Hi"}, {"id": "msg_1"}]}, "input[1]"),
+        ({"input": "Hi", "chat_template": "{{ 'word ' * 500 }}"}, "chat_template"),
+        ({"input": "Hi", "previous_input_messages": [{"role": "user"}]}, "previous_input_messages"),
+    ],
+)
+def test_input_the_gateway_cannot_count_is_refused_under_an_input_limit(
+    gateway: AgentGateway, extra: dict[str, object], param: str
+) -> None:
+    """A stored item named by its id, a request's own chat template, vLLM's earlier turns in
+    its own form: the backend reads input the gateway never counts. They reached the backend
+    under a 60-token limit; the chat route refuses its own template so."""
+    gateway.reset()
+    with sdk(gateway, SHORT_KEY) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="mock-llm", input="", extra_body=extra)
+    assert refused.value.code == "unsupported_parameter"
+    assert refused.value.param == param
+    assert "limit of 60 input tokens" in refused.value.message
+    assert gateway.stats()["requests_total"] == 0
+
+
 def test_a_background_response_is_refused_before_the_backend(gateway: AgentGateway) -> None:
     """A background response is answered `queued` at once and generated afterwards, past the
     request's end: its output would be billed 0 and held by no quota or concurrency slot (and
