@@ -73,10 +73,12 @@ def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
 
 def _shown(value: object) -> object:
     """A usage number as the warning shows it: a list or an object by its kind, since it may
-    nest past the 254 levels orjson writes (the backend's JSON is read to 1024), and a string
-    cut short (the line is cut anyway)."""
+    nest past the 254 levels orjson writes (the backend's JSON is read to 1024), an integer
+    orjson cannot write by its length, and a string cut short (the line is cut anyway)."""
     if isinstance(value, list | dict):
         return f"<{'array' if isinstance(value, list) else 'object'}>"
+    if type(value) is int and not -(2**63) <= value < 2**64:  # read past orjson's 64 bits
+        return f"<integer of {len(str(abs(value)))} digits>"
     return value[:50] if isinstance(value, str) else value
 
 
@@ -202,7 +204,7 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
     # A whole answer is counted only when needed: no usage to believe, or several choices.
     if counter is None or (ctx.outcome.backend_usage is not None and choices == 1):
         return None
-    return _count_answer(ctx.outcome.tail, ctx.operation, counter, _echoed(ctx))
+    return _count_answer(ctx.outcome.parsed, ctx.operation, counter, _echoed(ctx))
 
 
 def relayed_output(ctx: RequestContext) -> int:
@@ -269,12 +271,9 @@ def _unechoed(
 
 
 def _count_answer(
-    raw: bytes, operation: Operation, counter: TokenCounter, echoed: tuple[str | int, ...] = ()
+    parsed: object, operation: Operation, counter: TokenCounter, echoed: tuple[str | int, ...] = ()
 ) -> int | None:
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
+    """The output tokens of a whole answer, as the relay parsed it (None: no answer)."""
     api = AGENT_APIS.get(operation)
     if api is not None and isinstance(parsed, dict):
         return sum(counter.count_text(text) for text in api.answer_texts(parsed))

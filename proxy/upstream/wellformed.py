@@ -3,6 +3,8 @@ shape, a stream must be `text/event-stream` whose first event is a `data:` JSON 
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Final
 
 import orjson
@@ -23,6 +25,7 @@ _LIST_FIELD: Final[dict[str, str]] = {
     "messages": "content",
 }
 _DATA: Final = b"data:"
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 # A stream's first event comes within this many bytes (SSEForwarder holds at most as much).
 _FIRST_EVENT_LIMIT_BYTES: Final = 1 << 20
 
@@ -37,13 +40,55 @@ def whole_answer(operation: Operation, raw: bytes) -> dict[str, Any]:
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise MalformedAnswer(f"is not JSON ({_preview(raw)})") from None
+        parsed = _leniently(raw)
     if not isinstance(parsed, dict):
         raise MalformedAnswer(f"is JSON but not an object ({_preview(raw)})")
     field = _LIST_FIELD[operation]
     if not isinstance(parsed.get(field), list):
         raise MalformedAnswer(f"has no {field!r} list ({_preview(raw)})")
     return parsed
+
+
+def _leniently(raw: bytes) -> Any:
+    """An answer orjson refuses that clients' JSON readers take (Python's, the openai SDK's;
+    JavaScript's): `NaN`, `Infinity`, a number past a double, a lone surrogate's escape. Such an
+    answer reached no client (a 502) and was billed nothing though a backend made it; it is
+    relayed as it came now, its usage checked as any other. Read only when orjson refuses."""
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError):  # no JSON at all, or nested past Python's reader
+        raise MalformedAnswer(f"is not JSON ({_preview(raw)})") from None
+    return _without_surrogates(parsed)
+
+
+def _without_surrogates(parsed: Any) -> Any:
+    """`parsed` with each lone surrogate as U+FFFD, in keys and strings alike: the tokenizers
+    that count the answer, and orjson, take no such string (the client gets the bytes as they
+    came). Walked level by level: Python's reader nests deeper than its own recursion."""
+    if not isinstance(parsed, list | dict):
+        return _scrubbed(parsed) if isinstance(parsed, str) else parsed
+    pending: list[list[Any] | dict[str, Any]] = [parsed]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            item[:] = [_scrubbed_member(member, pending) for member in item]
+        else:
+            pairs = [(_scrubbed(key), _scrubbed_member(v, pending)) for key, v in item.items()]
+            item.clear()
+            item.update(pairs)
+    return parsed
+
+
+def _scrubbed_member(member: Any, pending: list[list[Any] | dict[str, Any]]) -> Any:
+    if isinstance(member, str):
+        return _scrubbed(member)
+    if isinstance(member, list | dict):
+        pending.append(member)
+    return member
+
+
+def _scrubbed(text: str) -> str:
+    return _SURROGATE.sub("\ufffd", text)
 
 
 class FirstEvent:

@@ -14,7 +14,7 @@ from proxy.app import create_app
 from tests.conftest import ALPHA_KEY
 from tests.servers import serve
 from tests.web.lyingbackend import WORD, WORDS, LyingBackend, lying_backend
-from tests.web.test_billing import HELLO, billing_policy, ledger_records
+from tests.web.test_billing import HELLO, billing_policy, exact_output, ledger_records
 
 # Usage chunks a backend may send malformed, each mentioning `prompt_tokens` as a usage chunk does.
 MALFORMED = [
@@ -74,3 +74,65 @@ def test_a_malformed_usage_chunk_a_client_asked_for_is_passed_on_and_is_no_token
     assert [c for c in chunks if not c.choices]  # the backend's chunk, as it sent it
     [record] = ledger_records(ledger, 1)
     assert (record.usage_source, record.output_tokens) == ("counted", WORDS)
+
+
+# Whole answers orjson refuses but the openai SDK (Python's json) reads: each usage unbelievable.
+UNREADABLE_TO_ORJSON = [
+    b'{"prompt_tokens": 9, "completion_tokens": NaN}',
+    b'{"prompt_tokens": Infinity, "completion_tokens": 12}',
+    b'{"prompt_tokens": 9, "completion_tokens": 1e400}',
+    b'{"prompt_tokens": 9, "completion_tokens": 123456789012345678901234567890, "x": NaN}',
+]
+
+
+@pytest.mark.parametrize("usage", UNREADABLE_TO_ORJSON)
+def test_a_whole_answer_the_client_can_read_is_relayed_and_billed_on_the_gateways_count(
+    liar_gateway: tuple[LyingBackend, str, Path], usage: bytes
+) -> None:
+    """An answer whose usage held `NaN`, `Infinity` or a number past a double was a 502 that
+    billed nothing, though the backend had made it and the client's own JSON reader takes it.
+    It is relayed as it came; its usage, not believed, is the gateway's own count, as a
+    stream's without usage is."""
+    backend, gateway, ledger = liar_gateway
+    backend.usage = usage
+    answer = _client(gateway).chat.completions.create(model="exact-llm", messages=HELLO)
+    assert answer.choices[0].message.content == WORD * WORDS
+    [record] = ledger_records(ledger, 1)
+    assert (record.status, record.usage_source) == (200, "counted")
+    assert record.output_tokens == exact_output()
+    assert record.input_tokens == record.counted_input_tokens > 0
+
+
+def test_a_lone_surrogate_in_a_whole_answer_is_relayed_and_its_usage_believed(
+    liar_gateway: tuple[LyingBackend, str, Path],
+) -> None:
+    backend, gateway, ledger = liar_gateway
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": 12, "note": "\\ud800"}'
+    answer = _client(gateway).chat.completions.create(model="exact-llm", messages=HELLO)
+    assert answer.choices[0].message.content == WORD * WORDS
+    backend.usage = None  # and counted by the tokenizer where it is in the text
+    whole = backend._whole
+    backend._whole = lambda n: whole(n).replace(b"hello hello", b"hello \\ud800hello", 1)  # type: ignore[method-assign]
+    answer = _client(gateway).chat.completions.create(model="exact-llm", messages=HELLO)
+    assert answer.choices[0].message.content == WORD + "\ud800" + WORD * (WORDS - 1)
+    believed, counted = ledger_records(ledger, 2)
+    assert (believed.usage_source, believed.input_tokens, believed.output_tokens) == (
+        "backend",
+        9,
+        12,
+    )
+    assert counted.usage_source == "counted"
+    assert counted.output_tokens >= exact_output()
+
+
+def test_a_whole_answer_that_is_no_json_at_all_stays_a_502_that_bills_nothing(
+    liar_gateway: tuple[LyingBackend, str, Path],
+) -> None:
+    """No client could read it: not an answer, whatever the backend did to make it."""
+    backend, gateway, ledger = liar_gateway
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": 12'  # the body cut short
+    with pytest.raises(openai.APIStatusError) as failed:
+        _client(gateway).chat.completions.create(model="exact-llm", messages=HELLO)
+    assert failed.value.status_code == 502
+    [record] = ledger_records(ledger, 1)
+    assert (record.input_tokens, record.output_tokens, record.cost_nusd) == (0, 0, 0)
