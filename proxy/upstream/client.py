@@ -20,6 +20,7 @@ from proxy.errors import (
 )
 from proxy.policy.model import Backend, UpstreamSpec
 from proxy.upstream.deadline import FirstByteTimeout, TotalTimeout
+from proxy.upstream.exactints import as_written
 from proxy.upstream.exchange import ResponseHeadTooLarge
 from proxy.upstream.prebuilt import declared_length, post_request
 from proxy.upstream.rejection import UpstreamRejected, status_error
@@ -116,7 +117,9 @@ class UpstreamClient:
         """Start the upstream call to `backend`; the caller must `aclose()` the response.
         Non-2xx raise. `extra_headers` (the trace context, `traceparent`) go to the backend as
         they are."""
-        request = self._request(backend, ctx.upstream_path, ctx.request_id, body, extra_headers)
+        request = self._request(
+            backend, ctx.upstream_path, ctx.request_id, body, extra_headers, ctx.raw_body
+        )
         if ctx.route is not None:
             request.extensions["trace"] = ctx.route.trace
         with translate(backend):
@@ -138,6 +141,7 @@ class UpstreamClient:
         request_id: str | None,
         body: dict[str, Any],
         extra_headers: Mapping[str, str],
+        raw_body: bytes = b"",
     ) -> httpx.Request:
         """The request as `httpx.Request(content=...)` builds it (the same headers in the same
         order), from the backend's URL and fixed headers parsed once: httpx parses the URL and
@@ -151,7 +155,7 @@ class UpstreamClient:
             target = _target(backend.url + path, api_key)
             self._targets[(backend.url, path, api_key)] = target
         url, fixed = target
-        content = orjson.dumps(body)
+        content = as_written(orjson.dumps(body), body, raw_body)
         raw = fixed.copy()
         if request_id is not None:
             raw.append((b"x-request-id", request_id.encode("ascii")))

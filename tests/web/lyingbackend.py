@@ -28,12 +28,14 @@ class LyingBackend:
         self.status = 200
         self.requests = 0
         self.framing = "plain"
+        self.last_body = b""  # the last request's body, as the gateway sent it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         body = await read_body(receive)
         self.requests += 1
+        self.last_body = body
         if scope["path"] == "/v1/models":
             await send_whole(send, 200, b'{"object": "list", "data": []}', b"application/json")
             return

@@ -1,0 +1,65 @@
+"""Integers a client wrote past 64 bits, sent to the backend as written: orjson reads such an
+integer as the nearest float, and writes that float back (`seed`, an unknown field altered)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+
+import orjson
+
+__all__ = ["as_written"]
+
+# A float orjson writes for an integer past 64 bits: at least 9.2e18, so an exponent of 18 or
+# more (orjson writes every float from 1e16 up with one).
+_PAST_64_BITS: Final = re.compile(rb"[0-9]e\+(?:1[89]|[2-9][0-9]|[0-9]{3})")
+_INT64_MIN: Final = -(2**63)
+_UINT64_END: Final = 2**64  # orjson reads integers from -2**63 to 2**64 - 1 exactly
+
+
+def as_written(content: bytes, body: dict[str, Any], raw: bytes) -> bytes:
+    """`content` (the outgoing `body` as orjson wrote it), or, where the client's `raw` body has
+    integers past 64 bits, the body written again with each as the client wrote it. Looked for
+    only when `content` has a `+` (one memchr a request): an exponent, or text that says `+`."""
+    if b"+" not in content or _PAST_64_BITS.search(content) is None:
+        return content
+    written = _big_integers(raw)
+    if not written:
+        return content  # a float the client wrote so, or text that reads like one
+    return orjson.dumps(_restored(body, written))
+
+
+def _big_integers(raw: bytes) -> dict[float, orjson.Fragment]:
+    """Each integer of `raw` past 64 bits, by the float orjson read it as."""
+    found: dict[float, orjson.Fragment] = {}
+
+    def keep(text: str) -> int:
+        value = int(text)
+        if not _INT64_MIN <= value < _UINT64_END:
+            found[float(value)] = orjson.Fragment(text)  # a body past a double was refused
+        return 0
+
+    try:
+        json.loads(raw, parse_int=keep)
+    except (ValueError, RecursionError, OverflowError):
+        return {}
+    return found
+
+
+def _restored(body: dict[str, Any], written: dict[float, orjson.Fragment]) -> dict[str, Any]:
+    """A copy of `body`, level by level, each float orjson read for an integer of `written` as
+    that integer's text (the body itself is the request's, read by the ledger and the cache)."""
+    copy = dict(body)
+    pending: list[dict[str, Any] | list[Any]] = [copy]
+    while pending:
+        item = pending.pop()
+        keys = range(len(item)) if isinstance(item, list) else list(item)
+        for key in keys:
+            member = item[key]  # type: ignore[index]
+            if type(member) is float and member in written:
+                item[key] = written[member]  # type: ignore[index]
+            elif type(member) is dict or type(member) is list:
+                item[key] = member = member.copy()  # type: ignore[index]
+                pending.append(member)
+    return copy

@@ -1,0 +1,38 @@
+"""The outgoing body's integers past 64 bits, as the client wrote them (upstream/exactints.py)."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+
+from proxy.upstream.exactints import as_written
+
+
+def _sent(raw: bytes) -> bytes:
+    body = orjson.loads(raw)
+    return as_written(orjson.dumps(body), body, raw)
+
+
+def test_a_body_without_a_plus_is_the_same_bytes() -> None:
+    raw = b'{"model": "m", "seed": 7, "x": [1.5, -0.0]}'
+    body = orjson.loads(raw)
+    content = orjson.dumps(body)
+    assert as_written(content, body, raw) is content
+
+
+def test_a_float_the_client_wrote_so_stays_a_float() -> None:
+    raw = b'{"a": 1.8446744073709552e19, "b": "x+y", "c": 1e300}'
+    assert _sent(raw) == orjson.dumps(orjson.loads(raw))
+
+
+def test_each_integer_past_64_bits_is_written_as_it_came_and_the_body_is_not_changed() -> None:
+    raw = b'{"a": [18446744073709551616, {"b": -9223372036854775809}], "c": "1e+19", "d": 2}'
+    body = orjson.loads(raw)
+    sent = as_written(orjson.dumps(body), body, raw)
+    assert json.loads(sent) == {
+        "a": [2**64, {"b": -(2**63) - 1}],
+        "c": "1e+19",
+        "d": 2,
+    }
+    assert body["a"][0] == float(2**64)  # the request's own body, as parse read it
