@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from proxy.jsontext import json_text
 from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
 __all__ = ["ChoicesForwarder", "SSEForwarder"]
@@ -191,7 +192,10 @@ class SSEForwarder:
         if self._keep_usage or usage is None:
             return event
         chunk["usage"] = None
-        return b"data: " + orjson.dumps(chunk)
+        try:
+            return b"data: " + orjson.dumps(chunk)
+        except orjson.JSONEncodeError:  # nested past the 254 levels orjson writes (it reads 1024)
+            return b"data: " + json_text(chunk).encode()
 
     def _usage_only(self, event: bytes) -> bytes:
         if not self._keep_usage:

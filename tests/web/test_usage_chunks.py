@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -136,3 +137,37 @@ def test_a_whole_answer_that_is_no_json_at_all_stays_a_502_that_bills_nothing(
     assert failed.value.status_code == 502
     [record] = ledger_records(ledger, 1)
     assert (record.input_tokens, record.output_tokens, record.cost_nusd) == (0, 0, 0)
+
+
+def test_a_usage_chunk_with_a_choice_nested_past_what_orjson_writes_is_relayed_and_billed(
+    liar_gateway: tuple[LyingBackend, str, Path],
+) -> None:
+    """A usage chunk that also carries a choice is written again without its usage for a client
+    that did not ask for it; a choice nested 300 levels deep (orjson reads 1,024, writes 254)
+    raised there: a 500 that billed nothing, or a stream broken off."""
+    backend, gateway, ledger = liar_gateway
+    deep = b"[" * 300 + b"]" * 300
+    usage_chunk = (
+        b'data: {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": null, '
+        b'"logprobs": {"deep": ' + deep + b'}}], "usage": {"prompt_tokens": 9, '
+        b'"completion_tokens": 12}}\n\n'
+    )
+    events = backend._events
+    backend._events = lambda n: (  # type: ignore[method-assign]
+        usage_chunk if b'"usage"' in event else event for event in events(n)
+    )
+    with httpx.stream(
+        "POST",
+        gateway + "/v1/chat/completions",
+        json={"model": "exact-llm", "messages": HELLO, "stream": True},
+        headers={"authorization": f"Bearer {ALPHA_KEY}"},
+        timeout=10,
+    ) as answer:
+        assert answer.status_code == 200
+        text = answer.read()
+    assert text.count(b"hello") == WORDS
+    assert b'"usage":null' in text
+    assert deep in text
+    assert text.endswith(b"data: [DONE]\n\n")
+    [record] = ledger_records(ledger, 1)
+    assert (record.usage_source, record.input_tokens, record.output_tokens) == ("backend", 9, 12)
