@@ -144,8 +144,11 @@ class FirstEvent:
         try:
             parsed = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            self._decide(f"its first event is not JSON ({_preview(payload)})")
-            return
+            try:  # what a client reads, as a whole answer's (`_leniently`); only judged here
+                parsed = json.loads(payload)
+            except (ValueError, RecursionError):
+                self._decide(f"its first event is not JSON ({_preview(payload)})")
+                return
         if not isinstance(parsed, dict):
             self._decide(f"its first event is not a JSON object ({_preview(payload)})")
             return

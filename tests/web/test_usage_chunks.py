@@ -171,3 +171,22 @@ def test_a_usage_chunk_with_a_choice_nested_past_what_orjson_writes_is_relayed_a
     assert text.endswith(b"data: [DONE]\n\n")
     [record] = ledger_records(ledger, 1)
     assert (record.usage_source, record.input_tokens, record.output_tokens) == ("backend", 9, 12)
+
+
+def test_a_stream_whose_first_event_a_client_can_read_is_relayed(
+    liar_gateway: tuple[LyingBackend, str, Path],
+) -> None:
+    """A first event orjson refuses (a lone surrogate's escape) but the client's reader takes
+    was a 502 before any byte, as a whole answer's was."""
+    backend, gateway, ledger = liar_gateway
+    events = backend._events
+    backend._events = lambda n: (  # type: ignore[method-assign]
+        event.replace(b'"content":""', b'"content":"\\ud83d"', 1) for event in events(n)
+    )
+    stream = _client(gateway).chat.completions.create(
+        model="exact-llm", messages=HELLO, stream=True
+    )  # type: ignore[call-overload]
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "\ud83d" + WORD * WORDS
+    [record] = ledger_records(ledger, 1)
+    assert (record.status, record.usage_source, record.output_tokens) == (200, "backend", 12)
