@@ -200,7 +200,8 @@ class SSEForwarder:
     def _usage_only(self, event: bytes) -> bytes:
         if not self._keep_usage:
             return b""
-        self._textless += 1
+        if _DATA_LINE.search(event) is not None:  # a comment that says it is no data event
+            self._textless += 1
         return event
 
 

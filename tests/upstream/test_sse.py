@@ -289,3 +289,15 @@ def test_a_completions_choice_counts_once_whatever_its_logprobs_name() -> None:
         forwarder = ChoicesForwarder(keep_usage=True, completions=True)
         reads = [stream[i : i + size] for i in range(0, len(stream), size)]
         assert feed_all(forwarder, reads)[1] == 7
+
+
+def test_a_comment_that_mentions_usage_takes_no_token_off_the_count() -> None:
+    """A comment is no data event: counted as the usage chunk, it took a token off the bill."""
+    sse = SSEForwarder(keep_usage=True)
+    token = b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
+    out, events = sse.feed(token)
+    assert events == 1
+    comment = b': "prompt_tokens" is coming\n\n'
+    out, events = sse.feed(token + comment + token)
+    assert out == token + comment + token
+    assert events == 2
