@@ -12,8 +12,11 @@ import orjson
 __all__ = ["as_written"]
 
 # A float orjson writes for an integer past 64 bits: at least 9.2e18, so an exponent of 18 or
-# more (orjson writes every float from 1e16 up with one).
-_PAST_64_BITS: Final = re.compile(rb"[0-9]e\+(?:1[89]|[2-9][0-9]|[0-9]{3})")
+# more (orjson writes every float from 1e16 up with one). A literal first: searched as one.
+_PAST_64_BITS: Final = re.compile(rb"e\+(?:1[89]|[2-9][0-9]|[0-9]{3})")
+# Such an integer has 19 digits or more: each digit read as a 0, nineteen of them in a row.
+_DIGITS_AS_ZERO: Final = bytes(0x30 if 0x30 <= byte <= 0x39 else byte for byte in range(256))
+_NINETEEN_DIGITS: Final = b"0" * 19
 _INT64_MIN: Final = -(2**63)
 _UINT64_END: Final = 2**64  # orjson reads integers from -2**63 to 2**64 - 1 exactly
 
@@ -21,9 +24,12 @@ _UINT64_END: Final = 2**64  # orjson reads integers from -2**63 to 2**64 - 1 exa
 def as_written(content: bytes, body: dict[str, Any], raw: bytes) -> bytes:
     """`content` (the outgoing `body` as orjson wrote it), or, where the client's `raw` body has
     integers past 64 bits, the body written again with each as the client wrote it. Looked for
-    only when `content` has a `+` (one memchr a request): an exponent, or text that says `+`."""
+    only when `content` has a `+` (one memchr a request): an exponent, or text that says `+`;
+    then an exponent of 18 or more, then 19 digits in a row in `raw`, then `raw` is read again."""
     if b"+" not in content or _PAST_64_BITS.search(content) is None:
         return content
+    if _NINETEEN_DIGITS not in raw.translate(_DIGITS_AS_ZERO):
+        return content  # before reading the body again, slowly: `1e+20` in a prompt's text
     written = _big_integers(raw)
     if not written:
         return content  # a float the client wrote so, or text that reads like one

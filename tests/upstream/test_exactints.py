@@ -36,3 +36,10 @@ def test_each_integer_past_64_bits_is_written_as_it_came_and_the_body_is_not_cha
         "d": 2,
     }
     assert body["a"][0] == float(2**64)  # the request's own body, as parse read it
+
+
+def test_text_that_reads_like_an_exponent_leaves_the_body_as_orjson_wrote_it() -> None:
+    raw = b'{"messages": [{"role": "user", "content": "Is 1e+20 C++ enough? 3e+300"}]}'
+    body = orjson.loads(raw)
+    content = orjson.dumps(body)
+    assert as_written(content, body, raw) is content
