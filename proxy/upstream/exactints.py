@@ -3,7 +3,6 @@ integer as the nearest float, and writes that float back (`seed`, an unknown fie
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Final
 
@@ -17,6 +16,10 @@ _PAST_64_BITS: Final = re.compile(rb"e\+(?:1[89]|[2-9][0-9]|[0-9]{3})")
 # Such an integer has 19 digits or more: each digit read as a 0, nineteen of them in a row.
 _DIGITS_AS_ZERO: Final = bytes(0x30 if 0x30 <= byte <= 0x39 else byte for byte in range(256))
 _NINETEEN_DIGITS: Final = b"0" * 19
+_RUN: Final = re.compile(rb"0+")
+# What may stand beside the digits of a float (`1.5`, `2e9`, `.25`): a run there is no integer.
+_FLOAT_PARTS: Final = (b".", b"e", b"E")
+_MAX_DIGITS: Final = 308  # past a double's range orjson refuses the body (a 400)
 _INT64_MIN: Final = -(2**63)
 _UINT64_END: Final = 2**64  # orjson reads integers from -2**63 to 2**64 - 1 exactly
 
@@ -25,31 +28,35 @@ def as_written(content: bytes, body: dict[str, Any], raw: bytes) -> bytes:
     """`content` (the outgoing `body` as orjson wrote it), or, where the client's `raw` body has
     integers past 64 bits, the body written again with each as the client wrote it. Looked for
     only when `content` has a `+` (one memchr a request): an exponent, or text that says `+`;
-    then an exponent of 18 or more, then 19 digits in a row in `raw`, then `raw` is read again."""
+    then an exponent of 18 or more, then 19 digits in a row in `raw`."""
     if b"+" not in content or _PAST_64_BITS.search(content) is None:
         return content
-    if _NINETEEN_DIGITS not in raw.translate(_DIGITS_AS_ZERO):
-        return content  # before reading the body again, slowly: `1e+20` in a prompt's text
-    written = _big_integers(raw)
+    digits = raw.translate(_DIGITS_AS_ZERO)
+    if _NINETEEN_DIGITS not in digits:
+        return content  # `1e+20` in a prompt's text
+    written = _big_integers(raw, digits)
     if not written:
         return content  # a float the client wrote so, or text that reads like one
     return orjson.dumps(_restored(body, written))
 
 
-def _big_integers(raw: bytes) -> dict[float, orjson.Fragment]:
-    """Each integer of `raw` past 64 bits, by the float orjson read it as."""
+def _big_integers(raw: bytes, digits: bytes) -> dict[float, orjson.Fragment]:
+    """Each integer of `raw` past 64 bits, by the float orjson read it as: each run of 19 digits
+    or more that is no float's part, found at C speed (Python's JSON reader took 150 ms on a
+    5 MB body, on the event loop). A run in a string adds a float the body does not hold.
+    `digits` is `raw` with each digit a 0."""
     found: dict[float, orjson.Fragment] = {}
-
-    def keep(text: str) -> int:
-        value = int(text)
-        if not _INT64_MIN <= value < _UINT64_END:
-            found[float(value)] = orjson.Fragment(text)  # a body past a double was refused
-        return 0
-
-    try:
-        json.loads(raw, parse_int=keep)
-    except (ValueError, RecursionError, OverflowError):
-        return {}
+    at = digits.find(_NINETEEN_DIGITS)
+    while at >= 0:
+        run = _RUN.match(digits, at)
+        end = run.end() if run is not None else at + len(_NINETEEN_DIGITS)
+        start = at - 1 if raw[at - 1 : at] == b"-" else at
+        if raw[start - 1 : start] not in _FLOAT_PARTS and raw[end : end + 1] not in _FLOAT_PARTS:
+            literal = raw[start:end]
+            value = int(literal) if end - at <= _MAX_DIGITS else 0
+            if not _INT64_MIN <= value < _UINT64_END:
+                found[float(value)] = orjson.Fragment(literal)
+        at = digits.find(_NINETEEN_DIGITS, end)
     return found
 
 

@@ -28,6 +28,9 @@ _DATA: Final = b"data:"
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 # A stream's first event comes within this many bytes (SSEForwarder holds at most as much).
 _FIRST_EVENT_LIMIT_BYTES: Final = 1 << 20
+# The largest answer read again by Python's JSON reader where orjson refused it: 150 ms for
+# 5 MB, on the event loop.
+_LENIENT_LIMIT_BYTES: Final = 1 << 20
 
 
 class MalformedAnswer(ValueError):
@@ -53,7 +56,10 @@ def _leniently(raw: bytes) -> Any:
     """An answer orjson refuses that clients' JSON readers take (Python's, the openai SDK's;
     JavaScript's): `NaN`, `Infinity`, a number past a double, a lone surrogate's escape. Such an
     answer reached no client (a 502) and was billed nothing though a backend made it; it is
-    relayed as it came now, its usage checked as any other. Read only when orjson refuses."""
+    relayed as it came now, its usage checked as any other. Read only when orjson refuses, and
+    only up to 1 MiB (past it, a 502 as before)."""
+    if len(raw) > _LENIENT_LIMIT_BYTES:
+        raise MalformedAnswer(f"is not JSON to orjson, past 1 MiB ({_preview(raw)})")
     try:
         parsed = json.loads(raw)
     except (ValueError, RecursionError):  # no JSON at all, or nested past Python's reader

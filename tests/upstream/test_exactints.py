@@ -43,3 +43,18 @@ def test_text_that_reads_like_an_exponent_leaves_the_body_as_orjson_wrote_it() -
     body = orjson.loads(raw)
     content = orjson.dumps(body)
     assert as_written(content, body, raw) is content
+
+
+def test_digit_runs_in_text_and_floats_are_no_integers() -> None:
+    """A run of digits in a string, a float's long fraction or integer part, 5,000 digits of
+    text (past what Python's `int` reads from text): the body as orjson wrote it, bar the one
+    integer past 64 bits."""
+    raw = (
+        b'{"a": 0.12345678901234567890123, "b": 12345678901234567890123.5, "c": 2e19, '
+        b'"d": "' + b"9" * 5000 + b'", "e": -123456789012345678901234, "f": "x'
+        b'123456789012345678901234"}'
+    )
+    sent = json.loads(_sent(raw))
+    assert sent["e"] == -123456789012345678901234
+    assert type(sent["a"]) is type(sent["b"]) is type(sent["c"]) is float
+    assert sent["d"] == "9" * 5000

@@ -114,3 +114,16 @@ def test_a_first_event_is_judged_alike_however_its_reads_cut_it(
     else:
         check.end()
     assert (check.decided, check.problem) == (whole.decided, whole.problem)
+
+
+def test_an_answer_orjson_refuses_is_read_as_clients_read_it_up_to_a_mebibyte() -> None:
+    """NaN, a number past a double, lone surrogates (U+FFFD to the counters): read as Python's
+    reader (the openai SDK's) reads them; past 1 MiB not at all, as Python's reader holds the
+    event loop (150 ms for 5 MB)."""
+    raw = b'{"choices": [{"message": {"content": "a\\ud800"}}], "\\udc00": [NaN, 1e400]}'
+    parsed = whole_answer("chat", raw)
+    assert parsed["choices"][0]["message"]["content"] == "a\ufffd"
+    assert "\ufffd" in parsed
+    padding = b'"' + b"x" * (1 << 20) + b'"'
+    with pytest.raises(MalformedAnswer, match="past 1 MiB"):
+        whole_answer("chat", b'{"choices": [], "pad": ' + padding + b', "n": NaN}')
