@@ -109,6 +109,6 @@ class QuotaStore(Protocol):
         """(used, reserved) of each counter."""
 
     async def ping(self) -> None:
-        """Return when the storage answers; StorageError when it does not."""
+        """Return when the storage answers and would take a write; StorageError when not."""
 
     async def aclose(self) -> None: ...

@@ -35,6 +35,7 @@ __all__ = [
     "ScriptClient",
     "StoreRedis",
     "connect",
+    "ping_writable",
     "reply_text",
     "send_all",
     "storage_error",
@@ -61,6 +62,10 @@ _SPARE_CONNECTIONS = 4
 # before the reply was lost: reservations and admissions must not be charged twice. Only a call
 # that never reached a node is sent again (_Cluster); MOVED and ASK are still followed.
 _CLUSTER_RETRIES = 0
+# A script that may write (no `no-writes` flag) and writes nothing: Redis 7+ refuses it wherever
+# it refuses writes (full under noeviction: OOM; a replica: READONLY; a failed RDB save:
+# MISCONF; too few replicas: NOREPLICAS), where PING answers in all but MISCONF.
+_WRITABLE_PROBE = "#!lua\nreturn 1"
 
 
 def connect(
@@ -132,6 +137,19 @@ def storage_error(what: str, cause: BaseException) -> StorageError:
     error = kind(f"{what}: {cause}")
     error.__cause__ = cause
     return error
+
+
+async def ping_writable(client: ScriptClient) -> None:
+    """Return when Redis answers and would take a write (on a cluster, every primary): the
+    gateway's reservations and ledger need both. Raises as any call does."""
+    if isinstance(client, RedisCluster):
+        await client.execute_command(
+            "EVAL", _WRITABLE_PROBE, 0, target_nodes=RedisCluster.PRIMARIES
+        )
+    elif isinstance(client, Multiplexed):
+        await client.execute("EVAL", _WRITABLE_PROBE, 0)
+    else:
+        await client.eval(_WRITABLE_PROBE, 0)
 
 
 async def send_all(client: RedisClient, calls: Sequence[Call]) -> list[Any]:
@@ -232,7 +250,7 @@ class _Gate:
 
 class _Cluster(RedisCluster):
     """A Redis Cluster client whose calls go through a _Gate (send_all sends no pipeline to a
-    cluster), and whose ping asks every primary (every slot served), not one node."""
+    cluster)."""
 
     def __init__(self, gate: _Gate, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -261,9 +279,6 @@ class _Cluster(RedisCluster):
             # redis-py disconnects a failed node's idle connections in a background task, and
             # a call that took one meanwhile finds its socket gone (`_writer` is None).
             raise RedisConnectionError(f"connection lost to the Redis Cluster: {exc}") from exc
-
-    async def ping(self, **kwargs: Any) -> Any:
-        return await super().ping(target_nodes=RedisCluster.PRIMARIES, **kwargs)
 
 
 def _never_sent(exc: RedisError) -> bool:

@@ -23,6 +23,7 @@ from proxy.storage.redis.conn import (
     REDIS_ERRORS,
     RedisClient,
     StoreRedis,
+    ping_writable,
     reply_text,
     storage_error,
     translated,
@@ -147,8 +148,9 @@ class RedisLink:
         return done
 
     async def ping(self, what: str = "redis") -> None:
+        """Return when Redis answers and takes writes; StorageError when it does not."""
         with translated(what):
-            await self._conn.scripts.ping()
+            await ping_writable(self._conn.scripts)
 
     async def aclose(self) -> None:
         """Sends what is pending (a settlement queued at shutdown still counts), then closes."""

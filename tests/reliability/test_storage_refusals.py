@@ -1,0 +1,113 @@
+"""Redis up but refusing writes (full under noeviction, a read-only replica, a failed RDB save),
+under a real `tokenweir serve`: `/readyz` says so, requests follow `on_storage_error`, and the
+ledger keeps every record and writes it once Redis takes writes again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from tests.redis_server import RedisProcess, wait_until
+from tests.reliability.state import AUTH, ledger_records, policy_text
+from tests.servers import replicas
+
+CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+def _full(client: redis.Redis) -> Callable[[], object]:
+    client.config_set("maxmemory", "1")  # noeviction, the default: writes get OOM
+    return lambda: client.config_set("maxmemory", "0")
+
+
+def _replica(client: redis.Redis) -> Callable[[], object]:
+    client.execute_command("REPLICAOF", "127.0.0.1", "1")  # a primary it never reaches
+    return lambda: client.execute_command("REPLICAOF", "NO", "ONE")
+
+
+def _save_failed(client: redis.Redis) -> Callable[[], object]:
+    """A failed RDB save (stop-writes-on-bgsave-error, the default): writes, and PING, MISCONF."""
+    workdir = client.config_get("dir")["dir"]
+    client.config_set("save", "3600 1")
+    client.config_set("dir", "/proc")  # no file can be made there, not even by root
+    client.bgsave()
+    wait_until(lambda: _refuses_writes(client), "the save to fail")
+    return lambda: (client.config_set("dir", workdir), client.config_set("save", ""))
+
+
+STATES = {"OOM": _full, "READONLY": _replica, "MISCONF": _save_failed}
+
+
+@contextmanager
+def _refusing(redis_url: str, state: str) -> Iterator[None]:
+    with redis.Redis.from_url(redis_url) as client:
+        undo = STATES[state](client)
+        assert _refuses_writes(client)
+        try:
+            yield
+        finally:
+            undo()
+
+
+def _refuses_writes(client: redis.Redis) -> bool:
+    try:
+        client.set("tw-test:probe", "1", px=1000)
+    except redis.ResponseError:
+        return True
+    return False
+
+
+@contextmanager
+def _gateway(
+    backend_url: str, tmp_path: Path, extra: str = ""
+) -> Iterator[tuple[str, httpx.Client]]:
+    """A gateway on a Redis of its own that a test may put into any of STATES."""
+    redis_server = RedisProcess(["--enable-protected-configs", "yes"])  # MISCONF sets `dir`
+    redis_server.start()
+    try:
+        config = tmp_path / "policy.yaml"
+        config.write_text(policy_text(backend_url, redis_server.url, extra=extra))
+        with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
+            yield redis_server.url, http
+    finally:
+        redis_server.close()
+
+
+@pytest.mark.parametrize("state", list(STATES))
+def test_redis_refusing_writes_is_not_ready_admits_open_and_loses_no_record(
+    backend_url: str, tmp_path: Path, state: str
+) -> None:
+    """`/readyz` answered 200 ("storage": "ok") while a full or read-only Redis refused every
+    reservation: a load balancer kept sending traffic that could not be limited or billed."""
+    with _gateway(backend_url, tmp_path) as (redis_url, http):
+        assert http.get("/readyz?backends=skip").status_code == 200
+        with _refusing(redis_url, state):
+            ready = http.get("/readyz?backends=skip")
+            assert ready.status_code == 503
+            assert state in ready.json()["storage"]
+            during = [http.post("/v1/chat/completions", json=CHAT) for _ in range(3)]
+            assert [a.status_code for a in during] == [200] * 3  # on_storage_error: open
+        _wait_ready(http)
+        wait_until(lambda: ledger_records(redis_url) == 3, "the ledger written")
+
+
+def test_a_full_redis_under_closed_refuses_requests_and_readyz_alike(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """With `on_storage_error: closed` every request was a 503 while `/readyz` said 200."""
+    with _gateway(backend_url, tmp_path, ", on_storage_error: closed") as (redis_url, http):
+        with _refusing(redis_url, "OOM"):
+            refused = http.post("/v1/chat/completions", json=CHAT)
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "storage_unavailable"
+            assert http.get("/readyz?backends=skip").status_code == 503
+        _wait_ready(http)
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def _wait_ready(http: httpx.Client) -> None:
+    wait_until(lambda: http.get("/readyz?backends=skip").status_code == 200, "/readyz 200 again")
