@@ -240,7 +240,10 @@ class KeyAllowances:
         return _quietly(calls)
 
 
-def _refused(counter: Counter, refusal: Refusal, tokens: int, now: float) -> InsufficientQuota:
+def _refused(
+    counter: Counter, refusal: Refusal, tokens: int, now: float
+) -> InsufficientQuota | RateLimited:
+    """As budget.py's: a quota held only by requests in flight is a rate limit, not spent."""
     held = (
         f"{counter.limit} tokens, {refusal.used} used and {refusal.reserved} held by requests "
         f"in flight, and this request needs up to {tokens}"
@@ -253,7 +256,7 @@ def _refused(counter: Counter, refusal: Refusal, tokens: int, now: float) -> Ins
             should_retry=False,
         )
     if refusal.used + tokens <= counter.limit:
-        return InsufficientQuota(
+        return RateLimited(
             f"Requests in flight hold this API key's own quota: {held}. It fits once they end; "
             "please try again shortly.",
             retry_after_s=IN_FLIGHT_RETRY_S,

@@ -17,7 +17,7 @@ from typing import ClassVar
 from proxy.clock import Clock
 from proxy.context import Admitted
 from proxy.cost import PriceTable
-from proxy.errors import InsufficientQuota
+from proxy.errors import InsufficientQuota, RateLimited
 from proxy.holds import Quota, Reservation
 from proxy.leases import LeaseIds, Renewals
 from proxy.outgoing import DEFAULT_OUTPUT_BOUND
@@ -156,7 +156,7 @@ class Budgets:
         ctx.outgoing.bound_output(each, "budget")  # the backend ends it with finish_reason length
         return True
 
-    def _refusal(self, plan: QuotaPlan) -> InsufficientQuota:
+    def _refusal(self, plan: QuotaPlan) -> InsufficientQuota | RateLimited:
         refusal = plan.step.answer
         if refusal is None:
             raise RuntimeError("the reservation was not refused")
@@ -310,7 +310,11 @@ def _limit(limit: float, in_usd: bool) -> int:
     return round(limit * _NUSD_PER_USD) if in_usd else int(limit)
 
 
-def _refused(quota: Quota, used: int, reserved: int, needed: int, now: float) -> InsufficientQuota:
+def _refused(
+    quota: Quota, used: int, reserved: int, needed: int, now: float
+) -> InsufficientQuota | RateLimited:
+    """`insufficient_quota` only for a quota really spent: OpenAI's code for "check your plan
+    and billing", which clients stop on. One held by requests in flight is a rate limit."""
     reset_at = quota.counter.expires_at - 86400
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(reset_at))
     if quota.in_usd:
@@ -333,7 +337,7 @@ def _refused(quota: Quota, used: int, reserved: int, needed: int, now: float) ->
     held = f"{quota.name} is {limit} {unit}; {used_s} used and {reserved_s} held by requests in "
     held += f"flight, and this request needs up to {needed_s}"
     if used + needed <= quota.counter.limit:
-        return InsufficientQuota(
+        return RateLimited(
             f"Requests in flight hold this quota: {held}. It fits once they end (what they do "
             "not use is given back); please try again shortly.",
             retry_after_s=IN_FLIGHT_RETRY_S,

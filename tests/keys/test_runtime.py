@@ -7,6 +7,7 @@ import calendar
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,27 @@ def test_requests_refused_for_what_a_keys_requests_in_flight_hold_retry_soon(
     key = gateway.post("/admin/keys", json=body).json()["key"]
     body = {**CHAT, "max_tokens": 300, "extra_body": {"mock_completion_tokens": 20}}
     assert all(streams_at_once(f"{gateway.base_url}/v1", key, body, 12))
+
+
+def test_a_keys_quota_held_by_its_requests_in_flight_is_a_rate_limit(
+    gateway: httpx.Client, backend: httpx.Client
+) -> None:
+    """Refused only for what the key's request in flight holds: `rate_limit_exceeded` with
+    `Retry-After: 1`, not `insufficient_quota` (a spent plan, which clients treat as final)."""
+    body = {"tenant": "alpha", "budget": {"tokens_per_day": 2000}}
+    key = gateway.post("/admin/keys", json=body).json()["key"]
+    url, headers = f"{gateway.base_url}/v1/chat/completions", {"authorization": f"Bearer {key}"}
+    slow = {**CHAT, "max_tokens": 1800, "mock_delay_ms": 3000}
+    sent = backend.get("/mock/stats").json()["requests_total"]
+    with ThreadPoolExecutor(1) as pool:
+        holding = pool.submit(httpx.post, url, json=slow, headers=headers, timeout=30)
+        _wait(lambda: backend.get("/mock/stats").json()["requests_total"] > sent)  # reserved
+        refused = httpx.post(url, json={**CHAT, "max_tokens": 300}, headers=headers)
+        assert holding.result().status_code == 200
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert "Requests in flight hold this API key's own quota" in refused.json()["error"]["message"]
+    assert refused.headers["retry-after"] == "1"
 
 
 def test_a_key_held_to_its_own_limit_leaves_the_tenants_to_its_other_keys(

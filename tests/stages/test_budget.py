@@ -11,7 +11,7 @@ import pytest
 from proxy.clock import FakeClock
 from proxy.context import Admitted
 from proxy.cost import PriceTable
-from proxy.errors import InsufficientQuota, StorageUnavailable
+from proxy.errors import InsufficientQuota, RateLimited, StorageUnavailable
 from proxy.outgoing import DEFAULT_OUTPUT_BOUND
 from proxy.policy import Policy, parse_policy
 from proxy.policy.model import Budget, Limits, Tenant
@@ -106,12 +106,18 @@ async def test_refusal_is_insufficient_quota_with_reset_time() -> None:
 
 
 async def test_a_quota_only_requests_in_flight_hold_is_retried_soon() -> None:
-    """What requests in flight hold frees as they end (mostly unused): not hours away."""
+    """What requests in flight hold frees as they end (mostly unused): not hours away, and a
+    rate limit, not `insufficient_quota` (a spent plan, which clients do not retry)."""
     stage, _ = budgets()
     await stage(request(Budget(tokens_per_day=200)))
-    with pytest.raises(InsufficientQuota) as caught:
+    with pytest.raises(RateLimited) as caught:
         await stage(request(Budget(tokens_per_day=200)))
     error = caught.value
+    assert (error.status, error.type, error.code) == (
+        429,
+        "rate_limit_error",
+        "rate_limit_exceeded",
+    )
     assert "tokens_per_day is 200 tokens; 0 used and 150 held" in error.message
     assert "It fits once they end" in error.message
     assert error.headers() == {"retry-after": "1", "retry-after-ms": "1000"}
@@ -152,7 +158,7 @@ async def test_stop_stream_at_budget_shortens_the_answer_to_what_is_left() -> No
     assert ctx.outgoing.shaped == ["budget"]
     assert ctx.reservation is not None
     assert await store.read([ctx.reservation.quotas[0].counter]) == [(0, 260)]
-    with pytest.raises(InsufficientQuota):  # nothing left for any output
+    with pytest.raises(RateLimited):  # nothing left for any output while they run
         await stage(request(Budget(tokens_per_day=260, stop_stream_at_budget=True)))
 
 
@@ -209,7 +215,7 @@ async def test_a_long_request_keeps_its_reservation_past_its_lease_by_renewing_i
     for _ in range(15):  # 300 s, a renewal due every 20 s
         clock.advance(20.0)
         await asyncio.sleep(0)  # the renewal the timer started runs
-    with pytest.raises(InsufficientQuota):
+    with pytest.raises(RateLimited):
         await stage(request(budget))  # 150 + 150 > 200: the first still holds its 150
     first.input_tokens, first.output_tokens = 100, 50
     await stage.settle(first)

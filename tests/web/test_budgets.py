@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -15,6 +16,7 @@ from proxy.clock import FakeClock
 from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.storage import Counter, MemoryStore
+from tests.redis_server import wait_until
 from tests.servers import free_port, serve
 
 KEY = "tw-budget-key"
@@ -122,6 +124,35 @@ def test_quota_refuses_with_insufficient_quota_once_spent(backend_url: str) -> N
             sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
     assert caught.value.code == "insufficient_quota"
     assert int(caught.value.response.headers["retry-after"]) > 0
+
+
+def test_a_quota_only_requests_in_flight_hold_is_a_rate_limit_not_insufficient_quota(
+    backend_url: str,
+) -> None:
+    """A request that fits beside what is used, refused only for what a request in flight
+    holds, was `insufficient_quota`: OpenAI's "check your plan and billing" that clients stop
+    on, for a quota back in a second. It is `rate_limit_exceeded`, and served once that ends."""
+    store = MemoryStore()
+    ask = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 300}
+    with (
+        serve(create_app(budget_policy(backend_url, "{tokens_per_day: 2000}"), store=store)) as url,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        slow = {**ask, "max_tokens": 1800, "mock_delay_ms": 3000}
+        headers = {"authorization": f"Bearer {KEY}"}
+        holding = pool.submit(httpx.post, url + "/v1/chat/completions", json=slow, headers=headers)
+        held = lambda: asyncio.run(store.read([day_counter()]))[0][1] > 1800  # noqa: E731
+        wait_until(held, "the slow request's reservation")
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.RateLimitError) as caught:
+            sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
+        assert holding.result(timeout=30).status_code == 200
+        served = sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
+    refusal = caught.value
+    assert (refusal.code, refusal.type) == ("rate_limit_exceeded", "rate_limit_error")
+    assert "Requests in flight hold this quota" in refusal.message
+    assert refusal.response.headers["retry-after"] == "1"
+    assert served.usage is not None
 
 
 def test_a_usd_quota_on_an_unpriced_model_still_books_and_enforces_tokens_on_redis(
