@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from proxy.clock import Clock, SystemClock
 from proxy.errors import StorageUnavailable
 from proxy.policy.model import Limits
-from proxy.storage.base import StorageError, StorageTimeout
+from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable
 from proxy.together import cancelled
 
 __all__ = ["StorageFailures", "warned"]
@@ -38,14 +38,15 @@ class StorageFailures:
         """Refuse with 503 if the tenant's policy is `closed`; else log and let the request in."""
         self.last_error = str(exc)
         self.last_failure_s = self._clock.monotonic()
+        trouble = _trouble(exc)
         if limits.on_storage_error == "closed":
             self.counts[f"{what}:closed"] += 1
             raise StorageUnavailable(
-                f"The {what.replace('_', ' ')} storage is unreachable; try again shortly.",
+                f"The {what.replace('_', ' ')} storage {trouble}; try again shortly.",
                 retry_after_s=1,
             ) from exc
         self.counts[f"{what}:open"] += 1
-        _log.warning("%s storage unreachable, admitting (on_storage_error: open): %s", what, exc)
+        _log.warning("%s storage %s, admitting (on_storage_error: open): %s", what, trouble, exc)
 
     def undo_later(
         self, exc: StorageError, undo: Callable[[], Awaitable[object]], within_s: float
@@ -85,3 +86,13 @@ async def warned(call: Awaitable[object], log: logging.Logger, message: str, *ar
         await call
     except StorageError as exc:
         log.warning(message, *args, exc)
+
+
+def _trouble(exc: StorageError) -> str:
+    """What went wrong, in the client's words: a Redis that answers but refuses (full under
+    noeviction, a read-only replica, a failed save) is not an unreachable one."""
+    if isinstance(exc, StorageTimeout):
+        return "did not answer in time"
+    if isinstance(exc, StorageUnreachable):
+        return "is unreachable"
+    return "refused the operation"

@@ -104,6 +104,8 @@ def test_a_full_redis_under_closed_refuses_requests_and_readyz_alike(
             refused = http.post("/v1/chat/completions", json=CHAT)
             assert refused.status_code == 503
             assert refused.json()["error"]["code"] == "storage_unavailable"
+            # Redis answered: it refused, it was not "unreachable" (an operator chased the network)
+            assert "storage refused the operation" in refused.json()["error"]["message"]
             assert http.get("/readyz?backends=skip").status_code == 503
         _wait_ready(http)
         assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
