@@ -24,7 +24,7 @@ from proxy.outgoing import DEFAULT_OUTPUT_BOUND
 from proxy.policy.model import Budget
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
-from proxy.storage.base import Counter, QuotaStore, StorageError, StorageUnsent
+from proxy.storage.base import Counter, QuotaStore, StorageError, StorageRefused, StorageUnsent
 from proxy.storage.joint import Reserve
 from proxy.together import nothing
 
@@ -227,10 +227,11 @@ class Budgets:
         try:
             await self._store.charge(reservation.scope, reservation.lease_id, counters, grown)
         except StorageError as exc:
-            # Taken back for the next booking or settle only when it never left: a call that
+            # Taken back for the next booking or settle only when nothing of it ran (it never
+            # left, or Redis refused to write: full, read-only, a failed save): a call that
             # timed out or lost its connection may have been applied. Logged once per outage:
             # every open stream fails each second while storage is down.
-            if isinstance(exc, StorageUnsent):
+            if isinstance(exc, StorageUnsent | StorageRefused):
                 charged = zip(reservation.charged, grown, strict=True)
                 reservation.charged = [c - g for c, g in charged]
             log = _log.debug if self._charges_failing else _log.warning

@@ -19,6 +19,7 @@ __all__ = [
     "QuotaStore",
     "Refusal",
     "StorageError",
+    "StorageRefused",
     "StorageTimeout",
     "StorageUnreachable",
     "StorageUnsent",
@@ -29,10 +30,18 @@ class StorageError(Exception):
     """The storage could not be reached or answered wrongly; callers apply their failure policy.
 
     StorageError             an error reply, or trouble of no kind below
+     +- StorageRefused       refused to write before changing anything: nothing of it ran
      +- StorageTimeout       no answer in time: the call may still run once the storage catches up
      +- StorageUnreachable   no connection (refused, lost or closed)
          +- StorageUnsent    the call reached no storage: nothing of it ran
     """
+
+
+class StorageRefused(StorageError):
+    """Redis answered but takes no writes now (full under noeviction: OOM; a read-only replica:
+    READONLY; a failed RDB save: MISCONF; too few replicas: NOREPLICAS). It refuses a script's
+    first write, before any other, so nothing of the call ran and what it carried may be sent
+    again."""
 
 
 class StorageTimeout(StorageError):

@@ -1,20 +1,24 @@
 """Redis up but refusing writes (full under noeviction, a read-only replica, a failed RDB save),
 under a real `tokenweir serve`: `/readyz` says so, requests follow `on_storage_error`, and the
-ledger keeps every record and writes it once Redis takes writes again."""
+ledger keeps every record and writes it once Redis takes writes again, and a running stream's
+usage is booked whole on its quota."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 import redis
 
+from proxy.tools.mock import backend as mockbackend
 from tests.redis_server import RedisProcess, wait_until
-from tests.reliability.state import AUTH, ledger_records, policy_text
-from tests.servers import replicas
+from tests.reliability.state import AUTH, TENANT, ledger_records, policy_text
+from tests.servers import replicas, serve
 
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
@@ -113,3 +117,34 @@ def test_a_full_redis_under_closed_refuses_requests_and_readyz_alike(
 
 def _wait_ready(http: httpx.Client) -> None:
     wait_until(lambda: http.get("/readyz?backends=skip").status_code == 200, "/readyz 200 again")
+
+
+@pytest.mark.parametrize("state", ["OOM", "READONLY"])
+def test_a_stream_across_refused_writes_is_booked_whole_on_its_quota(
+    tmp_path: Path, state: str
+) -> None:
+    """A stream's usage is booked on its quota once a second. The bookings Redis refused (it
+    wrote nothing) were dropped, not taken up by the next: a stream of 2,005 tokens across
+    2.5 s of a full Redis was booked at 1,604, and the tenant could overspend its quota by the
+    rest. The next booking now carries them."""
+    body = {**CHAT, "max_tokens": 2000, "mock_completion_tokens": 2000, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    with (
+        serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=200)) as slow_backend,
+        _gateway(slow_backend, tmp_path) as (redis_url, http),
+        http.stream("POST", "/v1/chat/completions", json=body) as answer,
+    ):
+        wait_until(lambda: _quota_used(redis_url) > 0, "the stream's first booking")
+        with _refusing(redis_url, state):
+            time.sleep(2.5)  # two bookings or more, one a second, refused (10 s of stream)
+        frames = [line for line in answer.iter_lines() if line.startswith("data: {")]
+        usage = orjson.loads(frames[-1].removeprefix("data: "))["usage"]
+        assert usage["completion_tokens"] == 2000
+        assert _quota_used(redis_url) == usage["total_tokens"]
+
+
+def _quota_used(redis_url: str) -> int:
+    """The tenant's daily token quota as booked (not what requests in flight hold)."""
+    with redis.Redis.from_url(redis_url) as client:
+        keys = client.scan_iter(f"tw:{{{TENANT}}}:q:tokens:d:*")
+        return sum(int(client.hget(key, "used") or 0) for key in keys)

@@ -16,10 +16,16 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable, StorageUnsent
+from proxy.storage.base import (
+    StorageError,
+    StorageRefused,
+    StorageTimeout,
+    StorageUnreachable,
+    StorageUnsent,
+)
 from proxy.storage.redis.resp import Multiplexed, can_multiplex
 from proxy.storage.redis.url import (
     SENTINEL_SCHEME,
@@ -66,6 +72,9 @@ _CLUSTER_RETRIES = 0
 # it refuses writes (full under noeviction: OOM; a replica: READONLY; a failed RDB save:
 # MISCONF; too few replicas: NOREPLICAS), where PING answers in all but MISCONF.
 _WRITABLE_PROBE = "#!lua\nreturn 1"
+# How those refusals begin, as an operation's error inside the stores' script reports them
+# (redis-py strips the first two from a call's own error, and raises its own classes).
+_NO_WRITES = ("OOM ", "READONLY ", "MISCONF ", "NOREPLICAS ")
 
 
 def connect(
@@ -134,6 +143,8 @@ def storage_error(what: str, cause: BaseException) -> StorageError:
         kind = StorageUnsent
     elif isinstance(cause, RedisConnectionError | OSError):
         kind = StorageUnreachable
+    elif isinstance(cause, OutOfMemoryError | ReadOnlyError) or str(cause).startswith(_NO_WRITES):
+        kind = StorageRefused
     error = kind(f"{what}: {cause}")
     error.__cause__ = cause
     return error
