@@ -26,7 +26,14 @@ from proxy.stages.limitrefusal import refused_unsent
 from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures
-from proxy.storage.base import Counter, QuotaStore, Refusal, StorageError
+from proxy.storage.base import (
+    Counter,
+    QuotaStore,
+    Refusal,
+    StorageError,
+    StorageRefused,
+    StorageUnsent,
+)
 from proxy.storage.joint import Admit, Reserve, Step
 from proxy.storage.limits import Bucket, LimitStore
 from proxy.together import nothing
@@ -212,10 +219,15 @@ class KeyAllowances:
         return self._charge(hold, grown)
 
     async def _charge(self, hold: _Hold, grown: int) -> None:
-        with contextlib.suppress(StorageError):  # not retried: a timed-out call may have landed
+        try:
             await self._store.charge(
                 hold.scope, hold.lease_id, hold.counters, [grown] * len(hold.counters)
             )
+        except StorageError as exc:
+            # Taken back for the next booking or settle only when nothing of it ran, as the
+            # tenant's quotas do (budget.py): a timed-out call may have landed.
+            if isinstance(exc, StorageUnsent | StorageRefused):
+                hold.charged -= grown
 
     def settle(self, ctx: Admitted) -> Awaitable[None]:
         """Book what the request used on the key's counters (less what checkpoints booked), true

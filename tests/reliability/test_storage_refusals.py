@@ -15,11 +15,13 @@ import orjson
 import pytest
 import redis
 
+from proxy.policy.units import hash_key
 from proxy.tools.mock import backend as mockbackend
 from tests.redis_server import RedisProcess, wait_until
 from tests.reliability.state import AUTH, TENANT, ledger_records, policy_text
 from tests.servers import replicas, serve
 
+ADMIN_KEY = "tw-refusals-admin"
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 
@@ -74,7 +76,10 @@ def _gateway(
     redis_server.start()
     try:
         config = tmp_path / "policy.yaml"
-        config.write_text(policy_text(backend_url, redis_server.url, extra=extra))
+        text = policy_text(backend_url, redis_server.url, extra=extra)
+        config.write_text(
+            text.replace("tenants:", f"admin_keys: [{hash_key(ADMIN_KEY)}]\ntenants:")
+        )
         with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
             yield redis_server.url, http
     finally:
@@ -119,32 +124,43 @@ def _wait_ready(http: httpx.Client) -> None:
     wait_until(lambda: http.get("/readyz?backends=skip").status_code == 200, "/readyz 200 again")
 
 
-@pytest.mark.parametrize("state", ["OOM", "READONLY"])
+@pytest.mark.parametrize(
+    ("state", "holder"), [("OOM", "tenant"), ("READONLY", "tenant"), ("OOM", "key")]
+)
 def test_a_stream_across_refused_writes_is_booked_whole_on_its_quota(
-    tmp_path: Path, state: str
+    tmp_path: Path, state: str, holder: str
 ) -> None:
-    """A stream's usage is booked on its quota once a second. The bookings Redis refused (it
+    """A stream's usage is booked on its quotas once a second. The bookings Redis refused (it
     wrote nothing) were dropped, not taken up by the next: a stream of 2,005 tokens across
-    2.5 s of a full Redis was booked at 1,604, and the tenant could overspend its quota by the
-    rest. The next booking now carries them."""
+    2.5 s of a full Redis was booked at 1,604, and the tenant (or a runtime key, on its own
+    quota) could overspend by the rest. The next booking now carries them."""
     body = {**CHAT, "max_tokens": 2000, "mock_completion_tokens": 2000, "stream": True}
     body["stream_options"] = {"include_usage": True}
     with (
         serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=200)) as slow_backend,
         _gateway(slow_backend, tmp_path) as (redis_url, http),
-        http.stream("POST", "/v1/chat/completions", json=body) as answer,
     ):
-        wait_until(lambda: _quota_used(redis_url) > 0, "the stream's first booking")
-        with _refusing(redis_url, state):
-            time.sleep(2.5)  # two bookings or more, one a second, refused (10 s of stream)
-        frames = [line for line in answer.iter_lines() if line.startswith("data: {")]
+        headers, scope = AUTH, f"tw:{{{TENANT}}}"
+        if holder == "key":
+            admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+            created = http.post(
+                "/admin/keys", json={"tenant": TENANT, "budget": {"tokens_per_day": 10**6}},
+                headers=admin,
+            ).json()  # fmt: skip
+            headers = {"authorization": f"Bearer {created['key']}"}
+            scope += f":key:{created['id']}"
+        with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
+            wait_until(lambda: _quota_used(redis_url, scope) > 0, "the stream's first booking")
+            with _refusing(redis_url, state):
+                time.sleep(2.5)  # two bookings or more, one a second, refused (10 s of stream)
+            frames = [line for line in answer.iter_lines() if line.startswith("data: {")]
         usage = orjson.loads(frames[-1].removeprefix("data: "))["usage"]
         assert usage["completion_tokens"] == 2000
-        assert _quota_used(redis_url) == usage["total_tokens"]
+        assert _quota_used(redis_url, scope) == usage["total_tokens"]
 
 
-def _quota_used(redis_url: str) -> int:
-    """The tenant's daily token quota as booked (not what requests in flight hold)."""
+def _quota_used(redis_url: str, scope: str) -> int:
+    """A daily token quota as booked (not what requests in flight hold)."""
     with redis.Redis.from_url(redis_url) as client:
-        keys = client.scan_iter(f"tw:{{{TENANT}}}:q:tokens:d:*")
+        keys = client.scan_iter(f"{scope}:q:tokens:d:*")
         return sum(int(client.hget(key, "used") or 0) for key in keys)
