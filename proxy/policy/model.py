@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -92,12 +93,28 @@ class _Frozen(NoBoolAsNumber):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
 
+def _priced_in_pico(price: float) -> float:
+    """A price of whole pico-USD a token (at most 6 decimals per million tokens): costs are
+    counted in them, and a finer price would be rounded (a price per token typed here, to 0)."""
+    exact = Decimal(repr(price))
+    if exact.scaleb(6) % 1 == 0:
+        return price
+    raise ValueError(
+        f"{exact:f} USD per million tokens is finer than costs are counted (0.000001 USD per "
+        f"million tokens, a pico-USD a token); if it is a price per token, per million tokens "
+        f"it is {price * 1e6:.6g}"
+    )
+
+
+PricePer1M = Annotated[float, Field(ge=0, le=1_000_000), AfterValidator(_priced_in_pico)]
+
+
 class Price(_Frozen):
     """USD per million tokens, for cost reports."""
 
     # At most a dollar a token: a dearer price is a typo, and its costs would not fit the ledger.
-    input_per_1m: Annotated[float, Field(ge=0, le=1_000_000)] = 0.0
-    output_per_1m: Annotated[float, Field(ge=0, le=1_000_000)] = 0.0
+    input_per_1m: PricePer1M = 0.0
+    output_per_1m: PricePer1M = 0.0
 
 
 Routing = Literal["least_inflight", "weighted", "prefix_affinity"]

@@ -482,3 +482,25 @@ def test_a_refused_storage_url_is_not_also_a_ledger_without_redis() -> None:
     assert problems(text) == [
         "p.yaml:1: storage: a Redis Cluster has only database 0, got /2",
     ]
+
+
+def test_a_price_finer_than_costs_are_counted_is_refused_not_rounded_to_nothing() -> None:
+    """OpenAI's price per token (0.00000015 USD) typed as a price per million tokens loaded, and
+    was kept as 0 pico-USD a token: every request cost $0, and a USD quota never refused one.
+    A price of 6 decimals is the finest kept exactly; one finer is an error that says why."""
+    text = GOOD.replace("input_per_1m: 0.10", "input_per_1m: 0.00000015").replace(
+        "output_per_1m: 0.40", "output_per_1m: 0.0000006"
+    )
+    assert problems(text) == [
+        "p.yaml:14: models.m1.price.input_per_1m: 0.00000015 USD per million tokens "
+        "is finer than costs are counted (0.000001 USD per million tokens, a pico-USD a token); "
+        "if it is a price per token, per million tokens it is 0.15",
+        "p.yaml:14: models.m1.price.output_per_1m: 0.0000006 USD per million tokens "
+        "is finer than costs are counted (0.000001 USD per million tokens, a pico-USD a token); "
+        "if it is a price per token, per million tokens it is 0.6",
+    ]
+    finest = GOOD.replace("input_per_1m: 0.10", "input_per_1m: 0.000001").replace(
+        "output_per_1m: 0.40", "output_per_1m: 999999.123456"
+    )
+    price = parse_policy(finest, file="p.yaml", environ={"UPSTREAM": "s"}).models["m1"].price
+    assert (price.input_per_1m, price.output_per_1m) == (0.000001, 999999.123456)
