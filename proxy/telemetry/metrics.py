@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["BudgetLeft", "GatewayMetrics"]
 
 _LABELS = ("tenant", "gen_ai_operation_name", "gen_ai_request_model", "backend", "status_class")
+# Costs are summed in integer nano-USD and turned into dollars once, as the ledger's are.
+_NUSD_PER_USD = 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +211,7 @@ class GatewayMetrics(Collector):
         )  # fmt: skip
         yield _counter(
             "tokenweir_cost_usd", "Cost by the policy's model prices, USD.", _LABELS,
-            ((k, s.cost_usd) for k, s in state.series.items()),
+            ((k, s.cost_nusd / _NUSD_PER_USD) for k, s in state.series.items()),
         )  # fmt: skip
         yield _counter(
             "tokenweir_cache_requests", "Requests by cache result: hit, semantic-hit, miss, bypass",
@@ -221,7 +223,8 @@ class GatewayMetrics(Collector):
         )  # fmt: skip
         yield _counter(
             "tokenweir_cache_saved_usd", "What cache hits spared, USD by the model prices.",
-            ("tenant", "gen_ai_request_model"), state.saved_usd.items(),
+            ("tenant", "gen_ai_request_model"),
+            ((k, nusd / _NUSD_PER_USD) for k, nusd in state.saved_nusd.items()),
         )  # fmt: skip
         yield _counter(
             "tokenweir_rejected_requests", "The gateway's own 429s by reason: rate_limit, budget.",

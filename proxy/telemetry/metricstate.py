@@ -68,11 +68,12 @@ HISTOGRAMS = (
 class Series:
     """Everything recorded for one label set."""
 
-    __slots__ = ("cost_usd", "requests", *HISTOGRAMS)
+    __slots__ = ("cost_nusd", "requests", *HISTOGRAMS)
 
     def __init__(self) -> None:
         self.requests = 0
-        self.cost_usd = 0.0
+        # Nano-USD, an integer: a float sum of every request's dollars drifts from the ledger's.
+        self.cost_nusd = 0
         self.input_tokens = Histogram(semconv.TOKENS)
         self.output_tokens = Histogram(semconv.TOKENS)
         self.client_duration = Histogram(semconv.DURATION_S)
@@ -96,14 +97,14 @@ class MetricState:
 
     __slots__ = (
         "broken", "cache", "degraded", "inflight", "ledger", "ledger_buffered", "policy",
-        "rejected", "reloads", "saved_tokens", "saved_usd", "series", "spans",
+        "rejected", "reloads", "saved_nusd", "saved_tokens", "series", "spans",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.series: dict[Labels, Series] = {}
         self.cache: dict[_Key, int] = {}  # (tenant, model, result)
         self.saved_tokens: dict[_Key, int] = {}  # (tenant, model, token type)
-        self.saved_usd: dict[_Key, float] = {}  # (tenant, model)
+        self.saved_nusd: dict[_Key, int] = {}  # (tenant, model)
         self.rejected: dict[_Key, int] = {}  # (tenant, model, reason)
         self.degraded: dict[_Key, int] = {}  # (tenant, rule)
         self.broken: dict[_Key, int] = {}  # (tenant, model, backend): errors after a 200
@@ -119,7 +120,7 @@ class MetricState:
         if series is None:
             series = self.series[sample.labels] = Series()
         series.requests += 1
-        series.cost_usd += sample.cost_usd
+        series.cost_nusd += sample.cost_nusd
         if sample.input_tokens is not None:
             series.input_tokens.observe(sample.input_tokens)
         if sample.output_tokens is not None:
@@ -149,9 +150,8 @@ class MetricState:
             for kind, tokens in zip(("input", "output"), sample.saved_tokens, strict=True):
                 saved = (tenant, model, kind)
                 self.saved_tokens[saved] = self.saved_tokens.get(saved, 0) + tokens
-            self.saved_usd[(tenant, model)] = self.saved_usd.get((tenant, model), 0.0) + (
-                sample.saved_usd
-            )
+            spared = (tenant, model)
+            self.saved_nusd[spared] = self.saved_nusd.get(spared, 0) + sample.saved_nusd
         if sample.rejected is not None:
             key = (tenant, model, sample.rejected)
             self.rejected[key] = self.rejected.get(key, 0) + 1
@@ -162,7 +162,7 @@ class MetricState:
         """The JSON form `load` reads back (label tuples as lists)."""
         series = [
             [
-                list(labels), s.requests, s.cost_usd,
+                list(labels), s.requests, s.cost_nusd,
                 [[s.histogram(h).counts, s.histogram(h).sum] for h in HISTOGRAMS],
             ]
             for labels, s in self.series.items()
@@ -181,7 +181,7 @@ class MetricState:
             if series is None:
                 series = self.series[key] = Series()
             series.requests += requests
-            series.cost_usd += cost
+            series.cost_nusd += cost
             for name, (counts, total) in zip(HISTOGRAMS, hists, strict=True):
                 series.histogram(name).add(counts, total)
         for name in (*_COUNTERS, *_GAUGES) if alive else _COUNTERS:
@@ -206,7 +206,7 @@ def versions_in(dumped: bytes) -> set[str]:
 
 
 _COUNTERS = (
-    "cache", "saved_tokens", "saved_usd", "rejected", "degraded", "broken", "ledger", "reloads",
+    "cache", "saved_tokens", "saved_nusd", "rejected", "degraded", "broken", "ledger", "reloads",
     "spans",
 )  # fmt: skip
 _GAUGES = ("inflight", "ledger_buffered", "policy")  # a dead worker's are not summed

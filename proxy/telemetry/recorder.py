@@ -107,10 +107,9 @@ class Telemetry:
         )
         self.metrics.record(sample)
         if ctx.trace is not None:
-            recording = ctx.trace.recording
-            attributes = (
-                span_attributes(ctx, usage.tokens_per_s, sample.cost_usd) if recording else None
-            )
+            attributes = None
+            if ctx.trace.recording:
+                attributes = span_attributes(ctx, usage.tokens_per_s, usage.cost_nusd / 1e9)
             ctx.trace.finish(ctx, self._clock.monotonic(), attributes)
 
     def log_fields(self, ctx: RequestContext) -> dict[str, object]:

@@ -23,7 +23,7 @@ class RequestSample:
     labels: Labels
     input_tokens: int | None
     output_tokens: int | None
-    cost_usd: float
+    cost_nusd: int
     duration_s: float
     gateway_s: float
     upstream_s: float | None  # request sent (to the backend that answered) -> last byte read
@@ -33,7 +33,7 @@ class RequestSample:
     gaps: GapHistogram | None  # streams only: every inter-token gap
     cache: str
     saved_tokens: tuple[int, int]  # a cache hit's input and output tokens the backend was spared
-    saved_usd: float
+    saved_nusd: int
     rejected: str | None  # "rate_limit" | "budget" | None
     degraded: tuple[str, ...]
     error_type: str | None
@@ -64,7 +64,7 @@ def sample_of(
         labels=labels,
         input_tokens=ctx.input_tokens,
         output_tokens=ctx.output_tokens,
-        cost_usd=cost_nusd / 1e9,
+        cost_nusd=cost_nusd,
         duration_s=duration_s,
         gateway_s=meter.gateway_s,
         upstream_s=upstream_s,
@@ -74,7 +74,7 @@ def sample_of(
         gaps=meter.gaps if streamed and meter.gaps.count else None,
         cache=ctx.cache if ctx.cache in CACHE_RESULTS else "other",
         saved_tokens=(ctx.saved_input_tokens, ctx.saved_output_tokens),
-        saved_usd=saved_cost_nusd / 1e9,
+        saved_nusd=saved_cost_nusd,
         rejected=_rejection(ctx),
         degraded=_degraded(ctx),
         error_type=ctx.error_code if ctx.status != 200 or ctx.error_code else None,

@@ -18,10 +18,10 @@ FAMILY = "gen_ai_client_operation_time_per_output_chunk_seconds"
 
 def _sample(meter: StreamMeter) -> RequestSample:
     return RequestSample(
-        labels=LABELS, input_tokens=10, output_tokens=meter.texted_events, cost_usd=0.0,
+        labels=LABELS, input_tokens=10, output_tokens=meter.texted_events, cost_nusd=0,
         duration_s=1.0, gateway_s=0.001, upstream_s=1.0, upstream_ttft_s=0.01, ttft_s=0.02,
         time_per_token_s=None, gaps=meter.gaps, cache="miss", saved_tokens=(0, 0),
-        saved_usd=0.0, rejected=None, degraded=(), error_type=None,
+        saved_nusd=0, rejected=None, degraded=(), error_type=None,
     )  # fmt: skip
 
 

@@ -26,9 +26,9 @@ def _sample(output_tokens: int, cache: str = "miss") -> RequestSample:
     for _ in range(output_tokens - 1):
         gaps.add(0.004)
     return RequestSample(
-        labels=LABELS, input_tokens=10, output_tokens=output_tokens, cost_usd=0.5,
+        labels=LABELS, input_tokens=10, output_tokens=output_tokens, cost_nusd=500_000_000,
         duration_s=0.2, gateway_s=0.001, upstream_s=0.19, upstream_ttft_s=0.01, ttft_s=0.02,
-        time_per_token_s=0.004, gaps=gaps, cache=cache, saved_tokens=(0, 0), saved_usd=0.0,
+        time_per_token_s=0.004, gaps=gaps, cache=cache, saved_tokens=(0, 0), saved_nusd=0,
         rejected=None, degraded=(), error_type=None,
     )  # fmt: skip
 

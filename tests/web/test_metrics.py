@@ -21,6 +21,7 @@ from tests.telemetry.conftest import extra_tenant
 
 LIMITED_KEY = "tw-test-limited"
 CACHED_KEY = "tw-test-cached"
+METERED_KEY = "tw-test-metered"
 EXTRA = (
     extra_tenant(
         "limited", LIMITED_KEY, budget="{tokens_per_day: 100000}", limits="{requests_per_minute: 1}"
@@ -30,6 +31,9 @@ EXTRA = (
     api_keys: [{hash_key(CACHED_KEY)}]
     models: [mock-llm]
     cache: {{mode: exact}}
+  metered:
+    api_keys: [{hash_key(METERED_KEY)}]
+    models: [mock-llm]
 """
 )
 
@@ -193,3 +197,25 @@ def _once_counted(url: str) -> dict[str, list[Sample]]:
             return samples
         assert time.monotonic() < deadline, "the request was not counted within 10 s"
         time.sleep(0.05)
+
+
+def test_the_cost_counter_is_the_requests_exact_cost_not_a_drifting_float_sum(
+    gateway: str,
+) -> None:
+    """Each request's dollars were added to a float: after 40 requests the counter read
+    0.00014110000000000001 where their costs sum to 141,100 nano-USD, and it drifted further
+    from the ledger's integers with every request. Now the counter sums nano-USD as integers
+    and shows their total in dollars."""
+    total_nusd = 0
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=METERED_KEY, max_retries=0) as client:
+        for i in range(40):
+            answer = client.chat.completions.create(
+                model="mock-llm", messages=[{"role": "user", "content": "word " * (i % 7 + 1)}],
+                max_tokens=i % 13 + 1,
+            )  # fmt: skip
+            assert answer.usage is not None
+            # mock-llm is priced 0.1 and 0.4 USD per million tokens: 100 and 400 nano-USD each
+            total_nusd += answer.usage.prompt_tokens * 100 + answer.usage.completion_tokens * 400
+    samples = scrape(gateway)
+    cost = value(samples, "tokenweir_cost_usd_total", tenant="metered")
+    assert cost == total_nusd / 1e9
