@@ -37,6 +37,7 @@ BREAKDOWN_ROWS = 25
 """A tenant page lists this many keys, users, tags or models, the costliest."""
 
 _WARN_RATIO = 0.8
+_NUSD_PER_USD = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +65,21 @@ class Window:
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """One budget quota against what the ledger recorded in its period."""
+    """One budget quota against what the ledger recorded in its period: tokens, or nano-USD for
+    a USD quota (exact, as the ledger and the enforcement count it)."""
 
     name: str
-    used: float
-    limit: float
+    used: int
+    limit: int
+
+    @property
+    def in_usd(self) -> bool:
+        return self.name.startswith("usd")
 
     @property
     def ratio(self) -> float:
-        return self.used / self.limit
+        # A USD limit under half a nano-USD is enforced as 0: nothing priced fits.
+        return self.used / self.limit if self.limit else 1.0
 
     @property
     def level(self) -> str:
@@ -126,8 +133,10 @@ def quotas(budget: Budget | None, today: UsageRow, month: UsageRow) -> tuple[Quo
     ):
         if limit is None:
             continue
-        used = row.cost_nusd / 1e9 if usd else float(row.input_tokens + row.output_tokens)
-        found.append(Quota(name, used, float(limit)))
+        if usd:  # the limit in nano-USD as the budget stage enforces it
+            found.append(Quota(name, row.cost_nusd, round(limit * _NUSD_PER_USD)))
+        else:
+            found.append(Quota(name, row.input_tokens + row.output_tokens, int(limit)))
     return tuple(found)
 
 

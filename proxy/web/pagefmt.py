@@ -65,10 +65,17 @@ def tenant_label(name: str | None) -> str:
 
 
 def quota_used(quota: Quota) -> str:
-    """`$1.20 / $25` or `12,345 / 200,000 tokens`."""
-    if quota.name.startswith("usd"):
-        return f"${quota.used:,.2f} / ${quota.limit:,.2f}"
-    return f"{quota.used:,.0f} / {quota.limit:,.0f} tokens"
+    """`$1.20 / $25.00`, `$0.000213 / $0.00025` or `12,345 / 200,000 tokens`."""
+    if quota.in_usd:
+        return f"{_dollars(quota.used)} / {_dollars(quota.limit)}"
+    return f"{quota.used:,} / {quota.limit:,} tokens"
+
+
+def _dollars(cost_nusd: int) -> str:
+    """To the micro-USD as the spend beside it (`usd`), without its trailing zeros past the
+    cents: cents alone hid a small spend ($0.00) and misstated a limit under a cent."""
+    whole, fraction = format_usd(cost_nusd).split(".")
+    return f"${int(whole):,}.{fraction.rstrip('0').ljust(2, '0')}"
 
 
 def utc(ts: float | None, bucket: str = "minute") -> str:

@@ -259,3 +259,22 @@ def test_without_a_ledger_the_page_says_so(gateway_url: str, tmp_path: Path) -> 
     answer = httpx.get(gateway_url + "/dashboard", headers={"authorization": f"Bearer {ADMIN_KEY}"})
     assert answer.status_code == 404
     assert "no usage ledger" in answer.text
+
+
+def test_a_usd_quota_shows_its_spend_and_limit_as_exactly_as_the_spend_beside_it(
+    gateway: str,
+) -> None:
+    """A USD quota was shown in whole cents: alpha's month, $0.000220 spent of its 0.00025,
+    read "$0.00 / $0.00 (88.0%)", beside a spend column of $0.000220, and a limit under a cent
+    read as 0 or as a cent. Now to the micro-USD, as the spend column and /api/usage show it."""
+    with logged_in(gateway, ADMIN_KEY) as client:
+        html = client.get("/dashboard").text
+    row = re.search(r'<tr data-tenant="alpha">(.*?)</tr>', html, re.S)
+    assert row is not None
+    quota = re.search(r'data-quota="usd_per_month".*?class="qused">([^<]*)<', row.group(1), re.S)
+    assert quota is not None
+    assert cell(html, "alpha", "month_cost_usd") == "$0.000220"
+    assert quota.group(1) == "$0.00022 / $0.00025 (88.0%)"
+    daily = re.search(r'data-quota="usd_per_day".*?class="qused">([^<]*)<', row.group(1), re.S)
+    assert daily is not None
+    assert daily.group(1).endswith(" / $1.00 (0.0%)")
