@@ -106,13 +106,18 @@ def _priced_in_pico(price: float) -> float:
     )
 
 
-PricePer1M = Annotated[float, Field(ge=0, le=1_000_000), AfterValidator(_priced_in_pico)]
+# The dearest price a policy may give, USD per million tokens: 8 times the dearest model on sale
+# (o1-pro's output, $600). At it, a request of the most usage believed (10^8 input and 10^8
+# output tokens) costs 10^15 nano-USD, the most a ledger record holds: a dearer price let a
+# record be clipped below what its quota booked (at $1 a token, 3 million tokens booked
+# $3,000,001 on the quota and $1,000,000 in the ledger).
+MAX_PRICE_PER_1M = 5_000
+PricePer1M = Annotated[float, Field(ge=0, le=MAX_PRICE_PER_1M), AfterValidator(_priced_in_pico)]
 
 
 class Price(_Frozen):
     """USD per million tokens, for cost reports."""
 
-    # At most a dollar a token: a dearer price is a typo, and its costs would not fit the ledger.
     input_per_1m: PricePer1M = 0.0
     output_per_1m: PricePer1M = 0.0
 

@@ -347,8 +347,8 @@ def test_numbers_that_are_not_finite_or_too_large_to_count_are_refused() -> None
         .replace("ttl: 1h", "ttl: 99999999d")
     )
     assert problems(text) == [
-        "p.yaml:14: models.m1.price.input_per_1m: Input should be less than or equal to 1000000",
-        "p.yaml:14: models.m1.price.output_per_1m: Input should be less than or equal to 1000000",
+        "p.yaml:14: models.m1.price.input_per_1m: Input should be less than or equal to 5000",
+        "p.yaml:14: models.m1.price.output_per_1m: Input should be less than or equal to 5000",
         "p.yaml:22: tenants.support-bot.budget.max_output_tokens: 1e+26 is too large: "
         "at most 9,007,199,254,740,991",
         "p.yaml:24: tenants.support-bot.budget.usd_per_day: 1e+300 is too large: "
@@ -500,7 +500,7 @@ def test_a_price_finer_than_costs_are_counted_is_refused_not_rounded_to_nothing(
         "if it is a price per token, per million tokens it is 0.6",
     ]
     finest = GOOD.replace("input_per_1m: 0.10", "input_per_1m: 0.000001").replace(
-        "output_per_1m: 0.40", "output_per_1m: 999999.123456"
+        "output_per_1m: 0.40", "output_per_1m: 4999.123456"
     )
     price = parse_policy(finest, file="p.yaml", environ={"UPSTREAM": "s"}).models["m1"].price
-    assert (price.input_per_1m, price.output_per_1m) == (0.000001, 999999.123456)
+    assert (price.input_per_1m, price.output_per_1m) == (0.000001, 4999.123456)
