@@ -10,12 +10,15 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import orjson
 
 from proxy.app import create_app
+from proxy.ledger.present import format_usd
 from proxy.policy import load_policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.stages.budget import _quotas
@@ -27,6 +30,7 @@ from tests.servers import free_port, serve, wait_healthy
 
 QUOTA = 5000
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+ENV = {**os.environ, "BACKEND_KEY": BACKEND_KEY}
 CHAT = {
     "model": "mock-llm",
     "messages": [{"role": "user", "content": "Tell me about token budgets, briefly."}],
@@ -67,28 +71,50 @@ def api_usage(url: str) -> dict[str, int]:
     return row  # type: ignore[no-any-return]
 
 
+@contextmanager
+def two_workers(config: Path) -> Iterator[str]:
+    """`tokenweir serve --workers 2` on `config`; yields its URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--workers", "2", "--no-access-log"]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, env=ENV)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, server, timeout_s=120)  # two workers start slowly on a loaded machine
+        yield url
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+
+
+def settled_usage(url: str, count: int) -> dict[str, int]:
+    """/api/usage's row once the ledger holds all `count` requests."""
+    deadline = time.monotonic() + 10
+    while api_usage(url)["requests"] < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return api_usage(url)
+
+
+def reported(config: Path) -> dict[str, int]:
+    """`tokenweir report`'s row for the tenant."""
+    report = subprocess.run(
+        [sys.executable, "-m", "proxy", "report", "--config", str(config), "--tenant", TENANT,
+         "--since", "1d", "--format", "json"],
+        capture_output=True, check=True, timeout=60, env=ENV,
+    )  # fmt: skip
+    [row] = orjson.loads(report.stdout)["rows"]
+    return row  # type: ignore[no-any-return]
+
+
 def test_a_hundred_requests_race_for_a_small_quota_and_every_view_agrees(
     backend_url: str, redis_url: str, tmp_path: Path
 ) -> None:
     config = tmp_path / "policy.yaml"
     config.write_text(race_policy(backend_url, redis_url))
-    port = free_port()
-    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
-    command += ["--port", str(port), "--workers", "2", "--no-access-log"]
-    env = {**os.environ, "BACKEND_KEY": BACKEND_KEY}
-    server = subprocess.Popen(command, stderr=subprocess.PIPE, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, server, timeout_s=120)  # two workers start slowly on a loaded machine
+    with two_workers(config) as url:
         statuses = asyncio.run(race(url, 100))
-        deadline = time.monotonic() + 10
-        while api_usage(url)["requests"] < 100 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        row = api_usage(url)
+        row = settled_usage(url, 100)
         page = httpx.get(url + "/dashboard", headers=ADMIN).text
-    finally:
-        server.terminate()
-        server.communicate(timeout=30)
     assert statuses.count(200) > 10
     assert statuses.count(429) > 10
     assert set(statuses) == {200, 429}
@@ -100,14 +126,45 @@ def test_a_hundred_requests_race_for_a_small_quota_and_every_view_agrees(
     assert row["input_tokens"] + row["output_tokens"] == used
     [bar] = re.findall(r'class="qused">([\d,]+) / 5,000 tokens', page)
     assert int(bar.replace(",", "")) == used
-    report = subprocess.run(
-        [sys.executable, "-m", "proxy", "report", "--config", str(config), "--tenant", TENANT,
-         "--since", "1d", "--format", "json"],
-        capture_output=True, check=True, timeout=60, env=env,
-    )  # fmt: skip
-    [reported] = orjson.loads(report.stdout)["rows"]
-    assert reported["input_tokens"] + reported["output_tokens"] == used
-    assert reported["requests"] == 100
+    report = reported(config)
+    assert report["input_tokens"] + report["output_tokens"] == used
+    assert report["requests"] == 100
+
+
+def test_a_usd_quota_raced_at_prices_of_fractional_nano_usd_agrees_to_the_nano_usd(
+    backend_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The same race on a USD quota, at prices whose tokens cost fractions of a nano-USD: the
+    quota's use, the ledger (`/api/usage`, `tokenweir report`) and `tokenweir_cost_usd_total`
+    hold the same integer nano-USD, and the dashboard shows it to the micro-dollar."""
+    limit_nusd = 500_000  # $0.0005: about half the requests fit
+    text = race_policy(backend_url, redis_url).replace(
+        f"tokens_per_day: {QUOTA}", "usd_per_day: 0.0005"
+    )
+    text = text.replace(
+        "models: {mock-llm: {}}",
+        "models: {mock-llm: {price: {input_per_1m: 0.0375, output_per_1m: 0.153001}}}",
+    )
+    config = tmp_path / "policy.yaml"
+    config.write_text(text)
+    with two_workers(config) as url:
+        statuses = asyncio.run(race(url, 100))
+        row = settled_usage(url, 100)
+        page = httpx.get(url + "/dashboard", headers=ADMIN).text
+        metrics = httpx.get(url + "/metrics", headers=ADMIN).text
+    assert statuses.count(200) > 10
+    assert set(statuses) <= {200, 429}
+    used, reserved = asyncio.run(enforced(config, redis_url))
+    assert reserved == 0
+    assert 0 < used <= limit_nusd
+    assert row["cost_nusd"] == used
+    assert reported(config)["cost_nusd"] == used
+    series = rf'^tokenweir_cost_usd_total{{.*tenant="{TENANT}".*}} (\S+)$'
+    dollars = re.findall(series, metrics, re.M)
+    assert dollars
+    assert round(sum(float(d) for d in dollars) * 1e9) == used
+    [shown] = re.findall(r'class="qused">\$([\d.]+) / \$0.0005 ', page)
+    assert shown == format_usd(used).rstrip("0")
 
 
 def test_requests_refused_for_what_requests_in_flight_hold_retry_soon_and_succeed(
