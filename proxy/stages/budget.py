@@ -121,7 +121,7 @@ class Budgets:
     def plan(self, ctx: Admitted) -> QuotaPlan | None:
         """Input + allowed output on each of the tenant's quotas; None without quotas."""
         now = self._clock.wall()
-        quotas = self._quotas.of(ctx.tenant_name, ctx.tenant.budget, now)
+        quotas = self.quotas(ctx)
         if not quotas:
             return None
         lease_id = self._lease_ids.next()
@@ -135,8 +135,10 @@ class Budgets:
         return QuotaPlan(reservation, input_tokens, output_tokens, amounts, step)
 
     def quotas(self, ctx: Admitted) -> tuple[Quota, ...]:
-        """The tenant's quotas now (none without a budget)."""
-        return self._quotas.of(ctx.tenant_name, ctx.tenant.budget, self._clock.wall())
+        """The tenant's quotas (none without a budget) of the day and month the request was
+        received in, as the ledger dates its record: not of when this stage runs, which may be
+        past midnight for a request received before it."""
+        return self._quotas.of(ctx.tenant_name, ctx.tenant.budget, ctx.received_wall)
 
     def replan(self, ctx: Admitted, plan: Plan) -> bool:
         """After a refusal, with `stop_stream_at_budget`: bound the answer to the output that

@@ -56,8 +56,9 @@ class Setup:
     def ctx(self, tenant: str = "t") -> Admitted:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}
         return admitted(
-            self.policy.tenants[tenant], body, tenant_name=tenant, counted=10, allowance=500
-        )
+            self.policy.tenants[tenant], body, tenant_name=tenant, counted=10, allowance=500,
+            received_wall=self.clock.wall(),
+        )  # fmt: skip
 
     async def signal(self, kind: str, amount: float | bool) -> None:
         health = self.pools.health["a"]

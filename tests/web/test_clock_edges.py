@@ -112,3 +112,45 @@ def test_a_wall_clock_stepped_back_does_not_keep_a_cached_answer_past_its_ttl(
         clock.advance(600)  # the answer is older than its ttl
         assert cache_ask(url).headers["x-tokenweir-cache"] == "miss"
         assert cache_ask(url).headers["x-tokenweir-cache"] == "hit"  # the new one is kept
+
+
+class MidnightOnRead(FakeClock):
+    """A fake clock whose wall clock, once armed, passes midnight just after it is next read:
+    that read (the request's arrival) and the request's later ones fall on either side of it,
+    as on a busy gateway."""
+
+    __slots__ = ("armed",)
+
+    def __init__(self, start_wall: float) -> None:
+        super().__init__(start_wall)
+        self.armed = False
+
+    def wall(self) -> float:
+        now = super().wall()
+        if self.armed:
+            self.armed = False
+            self.step_wall(NEW_YEAR + 0.001 - now)
+        return now
+
+
+def test_a_request_received_just_before_midnight_is_on_the_quota_of_the_day_of_its_record(
+    backend_url: str,
+) -> None:
+    """The ledger dates a request by when it was received; the quota by when the budget stage
+    ran, a few reads of the clock later. A request received at 23:59:59.999 on Dec 31 was in
+    the ledger's 2026 and on the quotas of Jan 1 2027: the day's and the month's spend on the
+    dashboard disagreed with the quotas, which charged the new day and month for the old one's
+    request. Now both go by when the request was received (docs/policy.md says so)."""
+    budget = "{tokens_per_day: 1000, tokens_per_month: 100000}"
+    policy = parse_policy(budget_policy_text(backend_url, budget, "memory"), environ={})
+    clock, store = MidnightOnRead(start_wall=NEW_YEAR - 0.001), MemoryStore()
+    with serve(create_app(policy, clock=clock, store=store)) as url, httpx.Client() as http:
+        clock.armed = True
+        answer = http.post(
+            url + "/v1/chat/completions",
+            json=CHAT | {"model": "mock-llm", "max_tokens": 5},
+            headers={"authorization": f"Bearer {BUDGET_KEY}"},
+        )
+    assert answer.status_code == 200, answer.text
+    used = answer.json()["usage"]["total_tokens"]
+    assert quota_counters(store) == [(used, 0), (used, 0), (0, 0), (0, 0)]
