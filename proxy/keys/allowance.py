@@ -143,7 +143,8 @@ class KeyAllowances:
         tokens = ctx.counted_input_tokens or 0
         if ctx.operation != "embeddings" and (tokens_held or allowance.tokens_per_minute):
             tokens += ctx.outgoing.held_output()
-        counters = _counters(hold.scope, allowance, now)
+        # The day and month the request was received in, as the ledger dates it.
+        counters = _counters(hold.scope, allowance, ctx.received_wall)
         reserve = None
         if counters:
             reserve = Reserve(

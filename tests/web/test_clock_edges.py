@@ -14,6 +14,9 @@ from proxy.app import create_app
 from proxy.clock import FakeClock
 from proxy.policy import parse_policy
 from proxy.storage import Counter, MemoryStore
+from tests.keys.test_runtime import ADMIN_KEY as RUNTIME_ADMIN_KEY
+from tests.keys.test_runtime import _chat as runtime_chat
+from tests.keys.test_runtime import policy_text as runtime_policy_text
 from tests.servers import serve
 from tests.web.test_budgets import KEY as BUDGET_KEY
 from tests.web.test_budgets import budget_policy, budget_policy_text
@@ -154,3 +157,22 @@ def test_a_request_received_just_before_midnight_is_on_the_quota_of_the_day_of_i
     assert answer.status_code == 200, answer.text
     used = answer.json()["usage"]["total_tokens"]
     assert quota_counters(store) == [(used, 0), (used, 0), (0, 0), (0, 0)]
+
+
+def test_a_runtime_keys_own_quota_is_that_of_the_day_the_request_was_received(
+    backend_url: str,
+) -> None:
+    """As the tenant's quotas: a key's own tokens_per_day counted a request received a moment
+    before midnight on the new day's counter, beside the old day's ledger record."""
+    policy = parse_policy(runtime_policy_text(backend_url, "memory"), environ={})
+    clock, store = MidnightOnRead(start_wall=NEW_YEAR - 0.001), MemoryStore()
+    admin = {"authorization": f"Bearer {RUNTIME_ADMIN_KEY}"}
+    with serve(create_app(policy, clock=clock, store=store)) as url, httpx.Client() as http:
+        body = {"tenant": "alpha", "budget": {"tokens_per_day": 1000}}
+        created = http.post(url + "/admin/keys", json=body, headers=admin).json()
+        clock.armed = True
+        answer = runtime_chat(url, created["key"])
+    assert answer.status_code == 200, answer.text
+    used = answer.json()["usage"]["total_tokens"]
+    keys = [f"tw:{{alpha}}:key:{created['id']}:q:tokens:d:{day}" for day in (20261231, 20270101)]
+    assert asyncio.run(store.read([Counter(key, 0, 0) for key in keys])) == [(used, 0), (0, 0)]
