@@ -207,3 +207,28 @@ async def test_redis_counters_expire_when_their_period_ends_whichever_call_made_
             2_000_000_000, 2_000_000_000, 2_000_000_101, 2_000_000_200,
         ]  # fmt: skip
     await store.aclose()
+
+
+async def test_a_reservation_of_fifteen_digits_is_given_back_to_the_unit(store: QuotaStore) -> None:
+    """Redis kept what a lease holds as JSON numbers, which its Lua cjson writes with 14
+    significant digits: a reservation of 123,456,789,012,349 (a USD quota's nano-USD, or
+    tokens) was written as 1.2345678901235e+14, and released as 123,456,789,012,350, one more
+    than was reserved, taking it from what other requests held. Amounts are now kept exact."""
+    huge = Counter("tw:{acme}:q:usd:m:202611", limit=2**53 - 1, expires_at=2_000_000_000)
+    counters, big = [huge], 123_456_789_012_349
+
+    async def hold(lease: str, amount: int) -> None:
+        held = await store.reserve(SCOPE, lease, counters, [amount], lease_until=NOW + 60, now=NOW)
+        assert held is None
+
+    await hold("small", 1000)
+    await hold("big", big)
+    await store.settle(SCOPE, "big", counters, [7])
+    assert await store.read(counters) == [(7, 1000)]
+    await hold("charged", big)
+    await store.charge(SCOPE, "charged", counters, [3])
+    await store.settle(SCOPE, "charged", counters, [0])
+    await hold("expired", big + 2)
+    assert await store.read(counters) == [(10, 1000 + big + 2)]
+    await store.reserve(SCOPE, "next", counters, [1], lease_until=NOW + 60, now=NOW + 120)
+    assert await store.read(counters) == [(10, 1)]  # "small" and "expired" expired, released

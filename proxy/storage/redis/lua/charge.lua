@@ -6,7 +6,7 @@
 local raw = redis.call('HGET', KEYS[2], ARGV[1])
 local held = false
 if raw then
-  held = cjson.decode(raw)
+  held = holdings_of(raw)
 end
 for i = 1, #KEYS - 2 do
   local key = KEYS[i + 2]
@@ -29,7 +29,7 @@ for i = 1, #KEYS - 2 do
   end
 end
 if held then
-  redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(held))
+  redis.call('HSET', KEYS[2], ARGV[1], holdings_json(held))
   return 1
 end
 return 0

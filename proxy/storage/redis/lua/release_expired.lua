@@ -1,9 +1,28 @@
+-- What a lease holds, {counter key = amount}, is kept as JSON of whole numbers written as
+-- strings: cjson writes a number with 14 significant digits, so a 15-digit amount came back
+-- off by a few units (and a holding written by an older version, as numbers, still reads).
+local function holdings_of(raw)
+  local held = {}
+  for key, amount in pairs(cjson.decode(raw)) do
+    held[key] = tonumber(amount)
+  end
+  return held
+end
+
+local function holdings_json(held)
+  local exact = {}
+  for key, amount in pairs(held) do
+    exact[key] = string.format('%.0f', amount)
+  end
+  return cjson.encode(exact)
+end
+
 -- Shared by reserve.lua and settle.lua: release the reservation a lease holds.
 -- `leases` is the lease expiry zset, `holdings` the hash of what each lease holds.
 local function release(leases, holdings, lease_id)
   local held = redis.call('HGET', holdings, lease_id)
   if held then
-    for key, amount in pairs(cjson.decode(held)) do
+    for key, amount in pairs(holdings_of(held)) do
       -- Nothing held (a USD quota on an unpriced model reserves 0): `-amount` would go as
       -- "-0", which HINCRBY refuses, failing this release and every sweep after it.
       if amount ~= 0 and redis.call('EXISTS', key) == 1 then

@@ -36,7 +36,7 @@ local function let_go_orphans()
   local holdings = redis.call('HGETALL', KEYS[2])
   for j = 1, #holdings, 2 do
     if redis.call('ZSCORE', KEYS[1], holdings[j]) then
-      for key, amount in pairs(cjson.decode(holdings[j + 1])) do
+      for key, amount in pairs(holdings_of(holdings[j + 1])) do
         live[key] = (live[key] or 0) + amount
       end
     else
@@ -70,6 +70,6 @@ for i = 1, count do
   end
   held[key] = (held[key] or 0) + amount
 end
-redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(held))
+redis.call('HSET', KEYS[2], ARGV[1], holdings_json(held))
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 return false
