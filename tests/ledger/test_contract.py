@@ -317,3 +317,22 @@ async def test_the_record_that_ends_an_idle_spell_is_written_at_once(ledger_url:
         await _written(ledger, 1)
         latest = await ledger.latest(None, 10)
     assert [r.request_id for r in latest] == ["req-1"]
+
+
+async def test_costs_past_two_to_the_53_nano_usd_are_summed_exactly(ledger_url: str) -> None:
+    """Redis summed a window's hour and day totals as Lua doubles, exact only to 2^53 nano-USD
+    ($9 million): a tenant's 40 records of about $1 million each came back 2 nano-USD short of
+    what SQLite and the quota count. Now every store sums exactly."""
+    costs = [MAX_RECORD_INT - 7 * i for i in range(40)]
+    records = [
+        record(i, ts=T0 + i * 5400.0, tenant="big", cost_nusd=cost, input_tokens=MAX_RECORD_INT)
+        for i, cost in enumerate(costs)
+    ]
+    await write(ledger_url, records)
+    async with opened(ledger_url) as ledger:
+        for bucket in BUCKETS:
+            rows = await ledger.query(UsageQuery("big", T0, T0 + 3 * DAY_S, bucket=bucket))
+            assert sum(row.cost_nusd for row in rows) == sum(costs), bucket
+            assert sum(row.input_tokens for row in rows) == 40 * MAX_RECORD_INT, bucket
+        (whole,) = await ledger.query(UsageQuery("big", T0 - DAY_S, T0 + 5 * DAY_S))
+        assert whole.cost_nusd == sum(costs)
