@@ -270,6 +270,24 @@ def test_serve_refuses_a_price_of_inf_in_one_line(
         assert "Traceback" not in done.stderr
 
 
+def test_a_backend_key_past_ascii_is_refused_before_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend key with a pasted non-breaking space passed `policy check` and `serve`
+    started; then every request was a 500 `internal_error` and /readyz a 500 (the key cannot
+    be written in a header). Both refuse it, naming the line and never the key."""
+    monkeypatch.setenv("BACKEND_KEY", "backend\u00a0secret")
+    monkeypatch.setenv("BETA_KEY", BETA_KEY)
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text("http://127.0.0.1:9"))
+    for command in [("policy", "check"), ("serve", "--port", str(free_port()), "--config")]:
+        done = tokenweir(*command, str(config))
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr
+        assert f"{config}:9: backends[0].api_key: the key holds U+00A0" in done.stderr
+        assert "backend\u00a0secret" not in done.stderr
+
+
 def test_serve_refuses_a_key_variable_that_ends_with_a_newline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

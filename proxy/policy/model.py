@@ -15,7 +15,12 @@ from pydantic import (
 )
 
 from proxy.policy.numbers import NoBoolAsNumber
-from proxy.policy.settings import client_key, has_control, optional_setting, setting
+from proxy.policy.settings import (
+    backend_key,
+    client_key,
+    has_control,
+    setting,
+)
 from proxy.policy.units import parse_bytes, parse_duration_s, split_sqlite_url
 from proxy.storage.redis.url import check_storage_url, is_redis_url
 
@@ -150,7 +155,7 @@ class Backend(_Frozen):
     name: TagName
     url: Annotated[str, BeforeValidator(setting), AfterValidator(_strip_slash)]
     # Resolved once: a key from the environment is used as it is, even with "${" in it.
-    api_key: Annotated[SecretStr | None, BeforeValidator(optional_setting)] = None
+    api_key: Annotated[SecretStr | None, BeforeValidator(backend_key)] = None
     models: tuple[Name, ...] = Field(min_length=1)
     weight: PositiveInt = 1
     limits: LimitSet = LimitSet()

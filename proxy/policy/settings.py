@@ -10,7 +10,7 @@ from pydantic import ValidationInfo
 
 from proxy.policy.units import hash_key
 
-__all__ = ["client_key", "has_control", "optional_setting", "setting"]
+__all__ = ["backend_key", "client_key", "has_control", "optional_setting", "setting"]
 
 # `${NAME}`, or `${NAME:-default}` (the default when NAME is unset or empty, as in a shell).
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}$")
@@ -71,6 +71,24 @@ def optional_setting(value: object, info: ValidationInfo) -> object:
     """As `setting`, with "" (`${ENV:-}` and ENV unset) meaning not set."""
     resolved = setting(value, info)
     return None if resolved == "" else resolved
+
+
+def backend_key(value: object, info: ValidationInfo) -> object:
+    """A backend's key, literal or from the environment: what an `authorization` header can
+    carry. A character past ASCII (a pasted key's non-breaking space or curly quote) made
+    every request to the backend, and /readyz, a 500."""
+    resolved = optional_setting(value, info)
+    if not isinstance(resolved, str):
+        return resolved
+    if value == resolved and (flaw := _unsendable(resolved)):  # a reference's is checked
+        raise ValueError(f"the key {flaw}")
+    for place, char in enumerate(resolved, 1):
+        if ord(char) > 0x7E:
+            raise ValueError(
+                f"the key holds U+{ord(char):04X} (character {place}), which no HTTP header "
+                "carries: a key is printable ASCII"
+            )
+    return resolved
 
 
 def client_key(value: object, info: ValidationInfo) -> str:

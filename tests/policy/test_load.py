@@ -378,6 +378,28 @@ def test_a_variable_no_header_can_carry_is_refused(value: str, flaw: str) -> Non
     )
 
 
+@pytest.mark.parametrize(
+    ("environ", "literal", "flaw"),
+    [
+        ({"UPSTREAM": "sk-\u00e4bc"}, None, "holds U+00E4 (character 4)"),
+        ({}, '"sk-a\\u00a0b"', "holds U+00A0 (character 5)"),  # a pasted non-breaking space
+        ({}, '"sk-\\u201cab"', "holds U+201C (character 4)"),
+        ({}, '"sk-a\\tb"', "holds a control character"),
+        ({}, '"sk-ab "', "starts or ends with whitespace"),
+    ],
+)
+def test_a_backend_key_no_header_can_carry_is_refused(
+    environ: dict[str, str], literal: str | None, flaw: str
+) -> None:
+    """A backend key past ASCII loaded, and every request to the backend (and /readyz) was
+    a 500; one written in the file was not checked at all."""
+    text = GOOD if literal is None else GOOD.replace("${UPSTREAM}", literal)
+    found = problems(text, environ=environ)
+    assert len(found) == 1
+    assert found[0].startswith(f"p.yaml:5: backends[0].api_key: the key {flaw}")
+    assert "sk-" not in found[0]  # the key itself is never shown
+
+
 def test_a_reference_is_a_whole_value_and_storage_may_be_one() -> None:
     """`url: http://${HOST}:8000/v1` was taken as written, "${HOST}" and all (every request
     then a 502), and `storage: ${REDIS_URL}` was refused as no storage URL at all."""
