@@ -31,6 +31,8 @@ __all__ = [
 MAX_RETRY_AFTER_S: Final = 3600
 # An error field longer than this is cut: it is shown to a person, not parsed.
 _MAX_FIELD_CHARS: Final = 2000
+# What stands for the gateway's key to the backend in an error message that echoed it.
+_KEY_SHOWN: Final = "[the gateway's backend key]"
 # delay-seconds, leniently: a fraction or an exponent is read too (and rounded up); no sign.
 _SECONDS: Final = re.compile(r"\s*\d+(?:\.\d*)?(?:[eE]\+?\d+)?\s*")
 
@@ -52,10 +54,12 @@ class UpstreamRejected(GatewayError):
 
 
 def status_error(backend: Backend, response: httpx.Response, raw: bytes) -> GatewayError:
-    """The error a backend's non-2xx answer (its first bytes in `raw`) becomes."""
+    """The error a backend's non-2xx answer (its first bytes in `raw`) becomes. The gateway's
+    key for the backend, should the answer echo it, is cut from every field passed on."""
     status = response.status_code
-    backend_error = error_fields(raw)
-    detail = field_text(backend_error.get("message")) or raw[:200].decode("utf-8", "replace")
+    key = backend.api_key.get_secret_value() if backend.api_key is not None else ""
+    backend_error = _without_key(error_fields(raw), key)
+    detail = field_text(backend_error.get("message")) or _cut(raw.decode("utf-8", "replace"), key)
     if status in (401, 403):
         return UpstreamError(f"backend {backend.name!r} rejected the gateway's credentials")
     if 400 <= status < 500:
@@ -70,6 +74,24 @@ def status_error(backend: Backend, response: httpx.Response, raw: bytes) -> Gate
             retry_after_s=retry_after_s(response.headers.get("retry-after")) or 1,
         )
     return UpstreamError(f"backend {backend.name!r} answered {status}: {detail}")
+
+
+def _without_key(backend_error: dict[str, Any], key: str) -> dict[str, Any]:
+    """The error's fields, as text, with `key` replaced wherever it appears (a backend that
+    echoes the Authorization it was sent: "Malformed API Key passed in: Bearer sk-...")."""
+    if not key:
+        return backend_error
+    fields: dict[str, Any] = {}
+    for name, value in backend_error.items():
+        text = value if isinstance(value, str) or value is None else json_text(value)
+        fields[name] = text.replace(key, _KEY_SHOWN) if text is not None else None
+    return fields
+
+
+def _cut(text: str, key: str) -> str:
+    """An error body's first 200 characters, with `key` replaced before the cut (which could
+    leave a part of it)."""
+    return (text.replace(key, _KEY_SHOWN) if key else text)[:200]
 
 
 def field_text(value: object) -> str | None:

@@ -80,6 +80,7 @@ class HostileBackend:
         # messages_after_end: set by a test once its client has the event sent after the end;
         # `after_seen_in_time` says whether that came while the stream was still open.
         self.client_has_after = threading.Event()
+        self.heads: list[bytes] = []  # each request's head as it came, in order
         self.after_seen_in_time = False
         self._ready = threading.Event()
         self._writers: set[Writer] = set()
@@ -121,6 +122,7 @@ class HostileBackend:
         try:
             while not self.stop.is_set():
                 request_head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(request_head)
                 body = await reader.readexactly(_content_length(request_head))
                 if request_head.startswith(b"GET"):
                     models = orjson.dumps(MODELS)
