@@ -22,7 +22,12 @@ from proxy.holds import Routed
 from proxy.policy.model import Backend
 from proxy.routing.health import BackendHealth
 from proxy.routing.pool import Pools
-from proxy.upstream.client import CONNECT_TIMEOUT_CODE, ConnectionsBusy, UpstreamClient
+from proxy.upstream.client import (
+    CONNECT_TIMEOUT_CODE,
+    ConnectionsBusy,
+    UpstreamClient,
+    UpstreamRejected,
+)
 
 __all__ = ["Admit", "Attempts", "GiveBack"]
 
@@ -79,22 +84,34 @@ class Attempts:
                 # The gateway's own pool is full: no mark on a backend that heard nothing, and
                 # no other backend to try, as they share the pool.
                 raise
+            except UpstreamRejected as exc:
+                if exc.status != 429:
+                    raise
+                # The backend is full, not broken: held back for its Retry-After and the
+                # request sent to another, or its 429 passed on when none is left.
+                routed.health.limited(self._clock.monotonic(), exc.retry_after_s)
+                routed.tried.append(routed.health.name)
+                if not await self._move_on(ctx, routed, backend):
+                    raise
             except UpstreamError as exc:
                 routed.health.failed(self._clock.monotonic())
                 routed.tried.append(routed.health.name)
-                if not _retryable(exc):
+                if not _retryable(exc) or not await self._move_on(ctx, routed, backend):
                     raise
-                if self._give_back is not None:
-                    await self._give_back(ctx, backend)
-                if not await self._fail_over(ctx, routed):
-                    raise
-                if body.get("model") != ctx.model:
-                    body = {**body, "model": ctx.model}
-                continue
-            routed.opened = True
-            if not ctx.stream:  # a whole answer's head comes with it (a stream's, before any)
-                routed.health.circuit.answering()
-            return backend, response
+            else:
+                routed.opened = True
+                if not ctx.stream:  # a whole answer's head comes with it (a stream's, before any)
+                    routed.health.circuit.answering()
+                return backend, response
+            if body.get("model") != ctx.model:
+                body = {**body, "model": ctx.model}
+
+    async def _move_on(self, ctx: Admitted, routed: Routed, backend: Backend) -> bool:
+        """Give back what the request holds on `backend`'s limits and hold the next backend;
+        False if none is left."""
+        if self._give_back is not None:
+            await self._give_back(ctx, backend)
+        return await self._fail_over(ctx, routed)
 
     def holding(self, ctx: Admitted) -> bool:
         return ctx.route is not None
@@ -157,6 +174,8 @@ class Attempts:
         now = self._clock.monotonic()
         for pool in self._pools.chain(home):
             candidates = [h for h in pool.available(now) if h.name not in tried]
+            if len(candidates) > 1:  # one that answered 429 lately is the last choice
+                candidates = [h for h in candidates if h.limited_until_s <= now] or candidates
             if candidates:
                 if pool.name != ctx.model:
                     ctx.outgoing.set_model(pool.name)

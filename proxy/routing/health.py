@@ -57,6 +57,7 @@ class BackendHealth:
         "active",
         "backend",
         "circuit",
+        "limited_until_s",
         "outcomes",
         "probe_error",
         "tokens_per_s",
@@ -71,6 +72,9 @@ class BackendHealth:
         self.ttft = Window()
         self.tokens_per_s = Window()
         self.outcomes = Window()  # 1.0 for a failure, 0.0 for a success
+        # Until when the backend asked, with a 429's Retry-After, to be sent no more: it is
+        # then its pool's last choice (its requests go to another backend while one is left).
+        self.limited_until_s = -math.inf
         self._shared = 0  # requests in flight across replicas, as last counted (see `counted`)
         self._shared_s = -math.inf
 
@@ -113,6 +117,12 @@ class BackendHealth:
     def failed(self, now_s: float) -> None:
         self.circuit.failed(now_s)
         self.outcomes.add(now_s, 1.0)
+
+    def limited(self, now_s: float, wait_s: float | None) -> None:
+        """The backend answered 429: it is healthy but full for `wait_s` (its Retry-After, 1 s
+        without one). No failure: its circuit stays as it was, a trial left untried."""
+        self.circuit.abandoned()
+        self.limited_until_s = max(self.limited_until_s, now_s + (wait_s or 1.0))
 
     def served(self, now_s: float, ttft_s: float | None, tokens_per_s: float | None) -> None:
         self.outcomes.add(now_s, 0.0)

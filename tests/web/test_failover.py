@@ -68,6 +68,10 @@ def _served(url: str) -> int:
     return int(httpx.get(url + "/mock/stats").json()["requests_total"])
 
 
+def _chat(gateway: str) -> httpx.Response:
+    return httpx.post(gateway + "/v1/chat/completions", json=CHAT, headers=AUTH)
+
+
 def _inflight(url: str) -> int:
     return int(httpx.get(url + "/mock/stats").json()["inflight"])
 
@@ -88,6 +92,34 @@ def test_connect_errors_and_500s_fail_over_to_a_healthy_backend() -> None:
         assert _served(urls["good"]) == 6
         # Each bad backend failed twice, then its circuit opened and it got no more requests.
         assert _served(urls["failing"]) == 2
+
+
+def test_a_backend_answering_429_is_passed_over_for_its_retry_after() -> None:
+    """A backend that answered 429 (its own key's quota spent) kept its turn: every other
+    request was a 429 to the client while another backend had room. The request now goes on
+    to the next backend, and the limited one is the last choice until its Retry-After (1 s
+    without one) has passed; its health is not marked. With no other backend left the 429
+    is passed on, its Retry-After with it."""
+    clock = FakeClock()
+    with _mocks(limited={"fail_status": 429}, good={}) as urls:
+        policy = _policy([("limited", urls["limited"], "[m]"), ("good", urls["good"], "[m]")])
+        with serve(create_app(policy, clock=clock)) as gateway:
+            post = lambda: _chat(gateway)  # noqa: E731
+            assert [post().status_code for _ in range(6)] == [200] * 6
+            assert (_served(urls["limited"]), _served(urls["good"])) == (1, 6)
+            clock.advance(0.5)
+            assert [post().status_code for _ in range(3)] == [200] * 3
+            assert _served(urls["limited"]) == 1, "held back within its Retry-After"
+            clock.advance(0.6)
+            assert [post().status_code for _ in range(3)] == [200] * 3
+            assert _served(urls["limited"]) == 2, "tried again once its Retry-After passed"
+    with _mocks(limited={"fail_status": 429}) as urls:
+        policy = _policy([("limited", urls["limited"], "[m]")])
+        with serve(create_app(policy, clock=clock)) as gateway:
+            answers = [_chat(gateway) for _ in range(3)]
+        assert [a.status_code for a in answers] == [429] * 3, "its own 429, never a 503"
+        assert all(a.headers["retry-after"] == "1" for a in answers)
+        assert _served(urls["limited"]) == 3
 
 
 def test_attempts_are_bounded_and_the_last_error_is_returned() -> None:
