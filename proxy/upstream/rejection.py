@@ -33,6 +33,8 @@ MAX_RETRY_AFTER_S: Final = 3600
 _MAX_FIELD_CHARS: Final = 2000
 # What stands for the gateway's key to the backend in an error message that echoed it.
 _KEY_SHOWN: Final = "[the gateway's backend key]"
+# A backend key shorter than this is a placeholder, not a secret, and is not cut from messages.
+_MIN_KEY_CHARS: Final = 8
 # delay-seconds, leniently: a fraction or an exponent is read too (and rounded up); no sign.
 _SECONDS: Final = re.compile(r"\s*\d+(?:\.\d*)?(?:[eE]\+?\d+)?\s*")
 
@@ -58,6 +60,8 @@ def status_error(backend: Backend, response: httpx.Response, raw: bytes) -> Gate
     key for the backend, should the answer echo it, is cut from every field passed on."""
     status = response.status_code
     key = backend.api_key.get_secret_value() if backend.api_key is not None else ""
+    if len(key) < _MIN_KEY_CHARS:
+        key = ""  # a placeholder key (vLLM's "EMPTY"): cutting it would garble the message
     backend_error = _without_key(error_fields(raw), key)
     detail = field_text(backend_error.get("message")) or _cut(raw.decode("utf-8", "replace"), key)
     if status in (401, 403):

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import httpx
+import orjson
 import pytest
 
-from proxy.upstream.rejection import MAX_RETRY_AFTER_S, UpstreamRejected, retry_after_s
+from proxy.policy.model import Backend
+from proxy.upstream.rejection import (
+    MAX_RETRY_AFTER_S,
+    UpstreamRejected,
+    retry_after_s,
+    status_error,
+)
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
@@ -61,3 +69,23 @@ def test_error_fields_are_bounded_and_absent_ones_defaulted() -> None:
     assert error["code"] is None
     assert error["type"] == "invalid_request_error"
     assert UpstreamRejected(404, {}).message == "the backend answered 404"
+
+
+def _rejected(api_key: str, body: dict[str, object]) -> dict[str, object]:
+    backend = Backend(name="b", url="http://127.0.0.1:9/v1", api_key=api_key, models=("m",))
+    error = status_error(backend, httpx.Response(400), orjson.dumps(body))
+    assert isinstance(error, UpstreamRejected)
+    fields = error.body()["error"]
+    assert isinstance(fields, dict)
+    return fields
+
+
+def test_the_backends_key_is_cut_from_its_error_and_a_placeholder_key_is_not() -> None:
+    """A real key echoed anywhere in the error is replaced; a placeholder (vLLM's `EMPTY`) is
+    no secret, and cutting it would garble a message that uses the word."""
+    key = "sk-live-0123456789"
+    echoed = _rejected(key, {"error": {"message": f"bad key {key}", "code": {"k": key}}})
+    assert echoed["message"] == "bad key [the gateway's backend key]"
+    assert echoed["code"] == '{"k":"[the gateway\'s backend key]"}'
+    said = {"error": {"message": "EMPTY input is not allowed", "param": "input"}}
+    assert _rejected("EMPTY", said)["message"] == "EMPTY input is not allowed"
