@@ -37,7 +37,14 @@ from uvicorn.server import ServerState
 
 from proxy.asgi.direct import LentCycle, lend_cycle
 from proxy.asgi.http10 import close_delimited
-from proxy.asgi.refusals import headers_too_large, host_fault, malformed, too_many_pipelined
+from proxy.asgi.refusals import (
+    headers_too_large,
+    host_fault,
+    malformed,
+    oversized,
+    status_line,
+    too_many_pipelined,
+)
 from proxy.asgi.upgrade import body_framing, parser_for_body
 from proxy.errors import GatewayError, RequestTimeout
 
@@ -82,6 +89,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a request's first byte came, its headers are not all here
         self._head_bytes = 0  # of the reads of the headers after the first
+        self._reading = self._began_in = 0  # the bytes of this read; of the read a request began in
         self._watched: RequestResponseCycle | None = None  # the cycle `_gone` watches
         self._gone: Callable[[], None] | None = None
         # Answered before its body all came: the rest is read and dropped until `_linger_timer`.
@@ -149,7 +157,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._gone = self._watched = None
 
     def data_received(self, data: bytes) -> None:
-        was_in_head = self._in_head
+        was_in_head, self._reading = self._in_head, len(data)
         self._feed(data)
         if self._refused is not None or self._expecting is not None:
             self._body_moved()
@@ -200,11 +208,15 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        self._head_bytes = 0
+        self._head_bytes, self._began_in = 0, self._reading
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
+        reads = self._began_in + self._head_bytes + self._reading
+        if reads > MAX_HEAD_BYTES and oversized(self.url, self.headers, MAX_HEAD_BYTES):
+            self._refusal = headers_too_large(MAX_HEAD_BYTES)
+            raise _StopParsing
         self._refusal = host_fault(self.headers, self.parser.get_http_version())
         if self._refusal is not None:
             raise _StopParsing  # before a cycle is made: a parser error (400) in turn
@@ -244,7 +256,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are not HTTP/1.1, in OpenAI's shape (or to a request
         the protocol stopped the parser at, with `_refusal`)."""
-        self._refuse_in_turn(b"400 Bad Request", self._refusal or malformed())
+        error = self._refusal or malformed()
+        self._refuse_in_turn(status_line(error), error)
 
     def _refuse_in_turn(self, status: bytes, error: GatewayError) -> None:
         """Refuse the request that is coming (and close the connection) once the requests before

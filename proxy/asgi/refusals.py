@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from proxy.errors import BadRequest, HeadersTooLarge
+from proxy.errors import BadRequest, GatewayError, HeadersTooLarge
 
-__all__ = ["headers_too_large", "host_fault", "malformed", "too_many_pipelined"]
+__all__ = [
+    "headers_too_large",
+    "host_fault",
+    "malformed",
+    "oversized",
+    "status_line",
+    "too_many_pipelined",
+]
 
 
 def too_many_pipelined(limit: int) -> BadRequest:
@@ -41,6 +48,17 @@ def host_fault(headers: list[tuple[bytes, bytes]], http_version: str) -> BadRequ
 
 def headers_too_large(limit: int) -> HeadersTooLarge:
     return HeadersTooLarge(
-        f"The request line and headers are larger than this gateway accepts ({limit} "
-        "bytes, after the first read)."
+        f"The request line and headers are larger than this gateway accepts ({limit} bytes)."
     )
+
+
+def oversized(url: bytes, headers: list[tuple[bytes, bytes]], limit: int) -> bool:
+    """Are a request's line and headers, as they came (each `name: value\r\n`), over `limit`?
+    For headers whole within a read or two (a read takes up to 256 KiB), which the protocol's
+    count of the reads after the first let through."""
+    return len(url) + 16 + sum(len(name) + len(value) + 4 for name, value in headers) > limit
+
+
+def status_line(error: GatewayError) -> bytes:
+    """The status line the protocol answers a refusal with."""
+    return b"431 Request Header Fields Too Large" if error.status == 431 else b"400 Bad Request"

@@ -133,6 +133,30 @@ def test_headers_past_the_cap_get_431_and_are_closed(gateway: int) -> None:
         assert _read_response(sock).startswith(b"HTTP/1.1 200")
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [b"x-big: %s\r\n" % (b"v" * 70_000), b"".join(b"x-h%d: v\r\n" % i for i in range(9_000))],
+    ids=["one 70 KB header", "9,000 small headers"],
+)
+def test_headers_past_the_cap_in_one_write_get_431(gateway: int, headers: bytes) -> None:
+    """Headers that came whole in the read the request began in (a read takes up to 256 KiB)
+    were never counted: 70 KB of them, or 9,000 small ones, were answered 200, past the 64 KiB
+    the gateway refuses. A large body in the same read as a usual head is still served."""
+    body = b'{"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]}'
+    start = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\n" % (
+        KEY.encode()
+    )
+    with _connect(gateway) as sock:
+        sock.sendall(start + headers + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        status, error = _status_and_error(_read_all(sock))
+    assert status == 431
+    assert error["code"] == "request_headers_too_large"
+    padded = body + b" " * 150_000  # whitespace after the JSON: one read of ~150 KB
+    with _connect(gateway) as sock:
+        sock.sendall(start + b"content-length: %d\r\n\r\n%s" % (len(padded), padded))
+        assert _read_response(sock).startswith(b"HTTP/1.1 200")
+
+
 def test_a_later_request_dribbling_its_headers_on_a_kept_connection_is_cut(gateway: int) -> None:
     """The header deadline holds for every request of a connection, not only its first."""
     with _connect(gateway) as sock:
