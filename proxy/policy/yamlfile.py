@@ -25,7 +25,11 @@ def decode_policy(data: bytes, file: str) -> str:
 def read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int], dict[KeyPath, str]]:
     """The document, the line of each key and item, and the unquoted words YAML read as
     something other than text (`off` as false), by path."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = _Loader(text)  # refuses a control character at once
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise PolicyError([Problem(file, line, "", _unprintable(exc.character))]) from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -45,6 +49,28 @@ def read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int], dict[Ke
         loader.dispose()
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, whose values that cannot be built (a date with month 13, an
+    integer of more digits than Python converts) are errors at their line, not a traceback."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:
+            kind, value = str(node.tag).rsplit(":", 1)[-1], str(node.value)
+            why = f"{len(value)} digits" if len(value) > _MAX_DIGITS else str(exc)
+            problem = f"{value[:40]} is not a valid {kind} ({why}): quote it if it is text"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
+
+def _unprintable(character: int | str) -> str:
+    code = character if isinstance(character, int) else ord(character)
+    return (
+        f"character U+{code:04X} is not allowed in YAML, even in a comment: remove it, or write "
+        f"it as \\x{code:02x} inside double quotes"
+    )
+
+
 # A policy is a few levels deep; a value nested deeper is a mistake (or an attack on the reader).
 MAX_DEPTH = 32
 # Values aliases may add by repeating their anchors': this many, or ALIAS_FACTOR times the
@@ -54,6 +80,8 @@ MAX_ALIASED_VALUES = 100_000
 ALIAS_FACTOR = 10
 # What YAML 1.1 reads an unquoted word as, other than text: `off` is false, `~` null, `1.5` a float.
 _WORDS = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("bool", "null", "int", "float"))
+# Python converts no longer text to an int (sys.get_int_max_str_digits()): a slow quadratic job.
+_MAX_DIGITS = 4300
 _TOO_DEEP = (
     f"values are nested more than {MAX_DEPTH} levels deep (or an alias is inside its own anchor)"
 )

@@ -1,0 +1,79 @@
+"""A policy file's YAML: what the reader refuses is a line-numbered problem, never a traceback,
+from `policy check`, `serve` and a reload alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import PolicyError, load_policy
+from proxy.tools.mock import backend as mockbackend
+from tests.conftest import BACKEND_KEY, BETA_KEY, policy_text
+from tests.servers import free_port, serve
+from tests.test_cli import tokenweir
+from tests.test_reload import ADMIN, CHAT, STAY_KEY
+from tests.test_reload import policy_text as reload_policy_text
+
+
+def _problems(path: Path) -> list[str]:
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path, environ={"BACKEND_KEY": BACKEND_KEY, "BETA_KEY": BETA_KEY})
+    return [str(p) for p in caught.value.problems]
+
+
+def test_a_control_character_or_a_value_yaml_cannot_build_is_a_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stray BEL pasted into a comment, a date with month 13 or an integer of 5,000 digits
+    was a ReaderError or ValueError traceback from `policy check` and `serve`."""
+    monkeypatch.setenv("BACKEND_KEY", BACKEND_KEY)
+    monkeypatch.setenv("BETA_KEY", BETA_KEY)
+    good = policy_text("http://127.0.0.1:9")
+    line = good.splitlines().index("  beta:") + 1
+    cases = {
+        "bell.yaml": (
+            good.replace("  beta:", "  # the \x07beta team\n  beta:"),
+            f":{line}: character U+0007 is not allowed in YAML, even in a comment",
+        ),
+        "date.yaml": (
+            good.replace("  beta:", "  x: 2026-13-01\n  beta:"),
+            f":{line}: invalid YAML: 2026-13-01 is not a valid timestamp (month must be in 1..12)",
+        ),
+        "digits.yaml": (
+            good.replace("  beta:", f"  x: 1{'0' * 5000}\n  beta:"),
+            f":{line}: invalid YAML: {'1' + '0' * 39} is not a valid int (5001 digits)",
+        ),
+    }
+    for name, (text, message) in cases.items():
+        config = tmp_path / name
+        config.write_text(text)
+        assert _problems(config)[0].removeprefix(str(config)).startswith(message)
+        for command in [("policy", "check"), ("serve", "--port", str(free_port()), "--config")]:
+            done = tokenweir(*command, str(config))
+            assert done.returncode == 1, done.stderr[-2000:]
+            assert f"{config}{message}" in done.stderr
+            assert "Traceback" not in done.stderr
+
+
+@pytest.mark.anyio
+async def test_a_reload_of_a_file_with_a_control_character_is_refused_as_a_400(
+    tmp_path: Path,
+) -> None:
+    """POST /admin/reload dropped the connection without an answer (a ReaderError escaped the
+    route); it is the reload's 400, naming the line, and the old policy keeps serving."""
+    with serve(mockbackend.create_app(ttft_ms=0)) as backend:
+        config = tmp_path / "policy.yaml"
+        config.write_text(reload_policy_text(backend))
+        with serve(create_app(config=config)) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                config.write_text(reload_policy_text(backend, newcomer=True) + "# \x1b[31m\n")
+                refused = await http.post("/admin/reload", headers=ADMIN)
+                bearer = {"authorization": f"Bearer {STAY_KEY}"}
+                still = await http.post("/v1/chat/completions", json=CHAT, headers=bearer)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == "invalid_policy"
+    assert f"{config}:13: character U+001B is not allowed" in refused.json()["error"]["message"]
+    assert still.status_code == 200
