@@ -7,7 +7,14 @@ import yaml
 
 from proxy.policy.problems import KeyPath, PolicyError, Problem, dotted
 
-__all__ = ["ALIAS_FACTOR", "MAX_ALIASED_VALUES", "MAX_DEPTH", "decode_policy", "read_yaml"]
+__all__ = [
+    "ALIAS_FACTOR",
+    "HAS_LIBYAML",
+    "MAX_ALIASED_VALUES",
+    "MAX_DEPTH",
+    "decode_policy",
+    "read_yaml",
+]
 
 
 def decode_policy(data: bytes, file: str) -> str:
@@ -22,35 +29,41 @@ def decode_policy(data: bytes, file: str) -> str:
         raise PolicyError([Problem(file, line, "", message)]) from None
 
 
-def read_yaml(text: str, file: str) -> tuple[object, dict[KeyPath, int], dict[KeyPath, str]]:
+def read_yaml(
+    text: str, file: str, *, pure: bool = False
+) -> tuple[object, dict[KeyPath, int], dict[KeyPath, str]]:
     """The document, the line of each key and item, and the unquoted words YAML read as
-    something other than text (`off` as false), by path."""
+    something other than text (`off` as false), by path. libyaml reads the file when PyYAML
+    has it (and it bounds nesting), else, or with `pure`, PyYAML's Python reader."""
+    loader: _PureLoader | _FastLoader | None = None
     try:
-        loader = _Loader(text)  # refuses a control character at once
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        raise PolicyError([Problem(file, line, "", _unprintable(exc.character))]) from None
-    try:
+        loader = _PureLoader(text) if pure or not HAS_LIBYAML else _FastLoader(text)
         node = loader.get_single_node()
         if node is None:
             return None, {}, {}
         index = _LineIndex(file)
         index.walk(node, (), ())
         return loader.construct_document(node), index.lines, index.words
+    except yaml.reader.ReaderError as exc:  # the position is in characters or in UTF-8 bytes
+        line = text.count("\n", 0, text.find(chr(exc.character))) + 1
+        raise PolicyError([Problem(file, line, "", _unprintable(exc.character))]) from None
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0
-        raise PolicyError([Problem(file, line, "", f"invalid YAML: {exc.problem}")]) from None
+        deep = exc.problem == "exceeded maximum nesting depth"  # libyaml's bound (1,000)
+        message = _TOO_DEEP if deep else f"invalid YAML: {exc.problem}"
+        raise PolicyError([Problem(file, line, "", message)]) from None
     except yaml.YAMLError as exc:
         raise PolicyError([Problem(file, 0, "", f"invalid YAML: {exc}")]) from None
-    except RecursionError:  # PyYAML reads nested collections recursively
-        line = loader.get_mark().line + 1
+    except RecursionError:  # PyYAML's Python reader reads nested collections recursively
+        line = loader.get_mark().line + 1 if isinstance(loader, _PureLoader) else 0
         raise PolicyError([Problem(file, line, "", _TOO_DEEP)]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, whose values that cannot be built (a date with month 13, an
+class _Values(yaml.constructor.SafeConstructor):
+    """PyYAML's safe constructor, whose values that cannot be built (a date with month 13, an
     integer of more digits than Python converts) are errors at their line, not a traceback."""
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
@@ -61,6 +74,30 @@ class _Loader(yaml.SafeLoader):
             why = f"{len(value)} digits" if len(value) > _MAX_DIGITS else str(exc)
             problem = f"{value[:40]} is not a valid {kind} ({why}): quote it if it is text"
             raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
+
+class _PureLoader(yaml.SafeLoader, _Values):
+    """PyYAML's reader in Python: slow (a 4 MB file takes tens of seconds), and everywhere."""
+
+
+class _FastLoader(yaml.CSafeLoader, _Values):
+    """libyaml's reader: a few times faster; it leaves the style of a plain word '', not None."""
+
+
+def _libyaml_bounds_nesting() -> bool:
+    """Whether PyYAML has libyaml, and one that refuses nesting deeper than 1,000 levels (as
+    libyaml has since 0.2.5): without that bound it would read a deep file by recursing in C,
+    which no RecursionError stops."""
+    if not yaml.__with_libyaml__:
+        return False
+    try:
+        yaml.CSafeLoader("[" * 1001 + "]" * 1001).get_single_node()
+    except yaml.YAMLError:
+        return True
+    return False
+
+
+HAS_LIBYAML = _libyaml_bounds_nesting()
 
 
 def _unprintable(character: int | str) -> str:
@@ -139,7 +176,7 @@ class _LineIndex:
 
 def _is_word(node: yaml.Node) -> bool:
     """An unquoted scalar YAML reads as other than text."""
-    return isinstance(node, yaml.ScalarNode) and node.tag in _WORDS and node.style is None
+    return isinstance(node, yaml.ScalarNode) and node.tag in _WORDS and not node.style
 
 
 def _as_loc(word: str) -> str | int:
