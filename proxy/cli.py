@@ -135,7 +135,9 @@ def _serve(args: argparse.Namespace) -> int:
     # SIGHUP (a reload) would end the process until the reloader takes it in the lifespan:
     # held until then (from the start under proxy/entry.py); a worker starts with it held too.
     hold_sighup()
-    config = (args.config or DEFAULT_POLICY).resolve()
+    # Absolute, but through its symlinks: a Kubernetes ConfigMap's file is a link the kubelet
+    # moves to each new version (and the version it left is deleted).
+    config = (args.config or DEFAULT_POLICY).absolute()
     usable = _usable_policy(config, args.workers)
     if isinstance(usable, str):
         print(usable, file=sys.stderr)

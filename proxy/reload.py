@@ -50,6 +50,10 @@ WATCH_INTERVAL_S = 1.0
 # a reload that changes one is refused rather than half applied.
 RESTART_SECTIONS = ("storage", "ledger", "server", "upstream", "embedder")
 _log = logging.getLogger("tokenweir.reload")
+# What the watcher compares: (mtime, size, inode, ctime) of the file a symlink leads to. The
+# inode changes when a new file takes the name (a Kubernetes ConfigMap swaps its `..data` link),
+# the ctime with every write or rename, even when a copy kept the old mtime and the size.
+FileStamp = tuple[int, int, int, int]
 
 
 class ReloadRefused(BadRequest):
@@ -66,9 +70,9 @@ class PolicySource:
     policy: Policy
     digest: str
     data: bytes
-    # The file's (mtime, size) taken before its bytes were read: a later save changes it.
+    # The file's `FileStamp` taken before its bytes were read: a later save changes it.
     # None when the bytes came from elsewhere (the accepted policy of `serve --workers N`).
-    seen: tuple[int, int] | None = None
+    seen: FileStamp | None = None
 
     @classmethod
     def read(cls, path: Path) -> PolicySource:
@@ -82,7 +86,7 @@ class PolicySource:
         return cls.parse(path, data, seen)
 
     @classmethod
-    def parse(cls, path: Path, data: bytes, seen: tuple[int, int] | None = None) -> PolicySource:
+    def parse(cls, path: Path, data: bytes, seen: FileStamp | None = None) -> PolicySource:
         """`data` as the policy file `path` (problems are named by it)."""
         text = decode_policy(data, str(path))
         return cls(path, parse_policy(text, file=str(path)), _digest(data), data, seen)
@@ -121,13 +125,13 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def _stat(path: Path) -> tuple[int, int] | None:
-    """The file's (mtime, size), what the watcher compares; None if it cannot be read."""
+def _stat(path: Path) -> FileStamp | None:
+    """The file's stamp; None if it cannot be read."""
     try:
         info = path.stat()
     except OSError:
         return None
-    return info.st_mtime_ns, info.st_size
+    return info.st_mtime_ns, info.st_size, info.st_ino, info.st_ctime_ns
 
 
 class Prober(Protocol):
@@ -317,14 +321,14 @@ class Reloader(Generic[G]):
         task.add_done_callback(self._tasks.discard)
 
     async def _watch_file(self) -> None:
-        """Poll the file's mtime and size; reload when its bytes changed and it has held still
+        """Poll the file's stamp; reload when its bytes changed and it has held still
         for one interval (a file still being written is not applied half-way: a part without
         a tenant would revoke that tenant's runtime keys). A broken file is reported once,
         then again only when it changes."""
         path = self._path
         if path is None:  # nothing to watch (`watch` is set only with a file)
             return
-        changing: tuple[int, int] | None = None  # a change seen at the last poll
+        changing: FileStamp | None = None  # a change seen at the last poll
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             seen = _stat(path)
