@@ -3,6 +3,8 @@ line of every key and item kept for the problems found later."""
 
 from __future__ import annotations
 
+import unicodedata
+
 import yaml
 
 from proxy.policy.problems import KeyPath, PolicyError, Problem, dotted
@@ -154,24 +156,53 @@ class _LineIndex:
         if self.visits - len(self.seen) > max(MAX_ALIASED_VALUES, ALIAS_FACTOR * len(self.seen)):
             raise PolicyError([Problem(self.file, self.lines[site], dotted(site), _ALIAS_BOMB)])
         if isinstance(node, yaml.MappingNode):
-            keys: set[str] = set()
-            for key_node, value_node in node.value:
-                key = str(key_node.value)
-                child = (*path, key)
-                if key in keys:
-                    line = key_node.start_mark.line + 1
-                    raise PolicyError([Problem(self.file, line, dotted(child), "duplicate key")])
-                keys.add(key)
-                self.lines[child] = key_node.start_mark.line + 1
-                if _is_word(key_node):  # recorded as pydantic names it too
-                    self.lines[(*path, _as_loc(key))] = self.lines[child]
-                    self.words[(*path, _as_loc(key), "[key]")] = key
-                self.walk(value_node, child, site)
+            self._mapping(node, path, site)
         elif isinstance(node, yaml.SequenceNode):
             for index, item in enumerate(node.value):
                 self.walk(item, (*path, index), site)
         elif _is_word(node):
             self.words[path] = str(node.value)
+
+    def _mapping(self, node: yaml.MappingNode, path: KeyPath, site: KeyPath) -> None:
+        keys: dict[object, tuple[str, int]] = {}  # each key as read -> as written, its line
+        for key_node, value_node in node.value:
+            key, line = str(key_node.value), key_node.start_mark.line + 1
+            child = (*path, key)
+            same = _same_key(key_node)
+            if same in keys:
+                message = _duplicate(key, *keys[same])
+                raise PolicyError([Problem(self.file, line, dotted(child), message)])
+            keys[same] = (key, line)
+            self.lines[child] = line
+            if _is_word(key_node):  # recorded as pydantic names it too
+                self.lines[(*path, _as_loc(key))] = line
+                self.words[(*path, _as_loc(key), "[key]")] = key
+            self.walk(value_node, child, site)
+
+
+def _same_key(node: yaml.Node) -> object:
+    """What tells a key from the others in its mapping: the value YAML reads an unquoted word
+    as (`yes`, `on` and `true` are one key, as are `1` and `1.0`), or the text, in Unicode's
+    NFC form (a name written precomposed and one written with a combining accent look alike
+    in every report, log line and dashboard)."""
+    if _is_word(node):
+        return ("word", yaml.safe_load(str(node.value)))
+    text = str(node.value)
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
+
+
+def _duplicate(key: str, first: str, first_line: int) -> str:
+    if key == first:
+        return "duplicate key"
+    if key.isascii() and first.isascii():
+        return (
+            f"duplicate key: YAML reads {first} (line {first_line}) and {key} unquoted as the "
+            f"same key: write them in quotes"
+        )
+    return (
+        f"duplicate key: the same name as {first!r} (line {first_line}) but for how its "
+        "accents are encoded (Unicode NFC): the two would look alike wherever they are shown"
+    )
 
 
 def _is_word(node: yaml.Node) -> bool:

@@ -4,6 +4,7 @@ from `policy check`, `serve` and a reload alike."""
 from __future__ import annotations
 
 import time
+import unicodedata
 from pathlib import Path
 
 import httpx
@@ -11,12 +12,12 @@ import pytest
 import yaml
 
 from proxy.app import DEFAULT_POLICY, create_app
-from proxy.policy import PolicyError, load_policy
+from proxy.policy import PolicyError, load_policy, parse_policy
 from proxy.policy.units import hash_key
 from proxy.policy.yamlfile import HAS_LIBYAML, read_yaml
 from proxy.tools.mock import backend as mockbackend
 from tests.conftest import BACKEND_KEY, BETA_KEY, policy_text
-from tests.policy.test_load import GOOD, _alias_bomb
+from tests.policy.test_load import GOOD, _alias_bomb, problems
 from tests.servers import free_port, serve
 from tests.test_cli import tokenweir
 from tests.test_reload import ADMIN, CHAT, STAY_KEY
@@ -142,3 +143,33 @@ def test_libyaml_and_the_python_reader_keep_the_same_guards(text: str) -> None:
     pure = _read(text, pure=True)
     assert _read(text, pure=False) == pure
     assert isinstance(pure, list) or pure[1]  # refused with problems, or read with its lines
+
+
+def test_keys_yaml_reads_as_one_or_that_look_alike_are_duplicates() -> None:
+    """Tenants `yes:` and `on:` (both true to YAML) were one key: the error named only the
+    second and the first vanished; `1` and `1.0` the same. A tenant written `café` twice, once
+    precomposed and once with a combining accent, loaded as two tenants no report, dashboard
+    or log line tells apart. Each is now a duplicate key naming both lines."""
+    tenant = "    api_keys: [{key}]\n    models: [m1]\n"
+
+    def two(first: str, second: str) -> str:
+        extra = f"  {first}:\n{tenant.format(key=hash_key('a'))}"
+        return GOOD + extra + f"  {second}:\n{tenant.format(key=hash_key('b'))}"
+
+    line = GOOD.count("\n") + 4
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    assert problems(two("yes", "on")) == [
+        f"p.yaml:{line}: tenants.on: duplicate key: YAML reads yes (line {line - 3}) and on "
+        "unquoted as the same key: write them in quotes"
+    ]
+    assert problems(two("1", "1.0"))[0].startswith(f"p.yaml:{line}: tenants.1.0: duplicate key")
+    assert problems(two(nfc, nfd)) == [
+        f"p.yaml:{line}: tenants.{nfd}: duplicate key: the same name as '{nfc}' (line "
+        f"{line - 3}) but for how its accents are encoded (Unicode NFC): the two would look "
+        "alike wherever they are shown"
+    ]
+    policy = parse_policy(two("'yes'", "'on'"), environ={"UPSTREAM": "s"})
+    assert {"yes", "on"} <= set(policy.tenants)
+    assert {"Café", "café"} <= set(
+        parse_policy(two("Café", nfc), environ={"UPSTREAM": "s"}).tenants
+    )
