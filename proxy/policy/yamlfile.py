@@ -3,6 +3,7 @@ line of every key and item kept for the problems found later."""
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 import yaml
@@ -121,6 +122,11 @@ ALIAS_FACTOR = 10
 _WORDS = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("bool", "null", "int", "float"))
 # Python converts no longer text to an int (sys.get_int_max_str_digits()): a slow quadratic job.
 _MAX_DIGITS = 4300
+_HALF_PAIR = re.compile("[\ud800-\udfff]")
+_NOT_A_CHARACTER = (
+    "invalid YAML: an escape from \\ud800 to \\udfff is half of a UTF-16 pair, not a "
+    "character: write the character itself (or \\U0001F600 for one past \\uffff)"
+)
 _TOO_DEEP = (
     f"values are nested more than {MAX_DEPTH} levels deep (or an alias is inside its own anchor)"
 )
@@ -162,12 +168,23 @@ class _LineIndex:
                 self.walk(item, (*path, index), site)
         elif _is_word(node):
             self.words[path] = str(node.value)
+        else:
+            self._text(node, path)
+
+    def _text(self, node: yaml.Node, path: KeyPath) -> None:
+        """Refuse half a UTF-16 pair (`"\\ud800"`): PyYAML's Python reader takes it (libyaml
+        does not), and no header, log line or request body could carry it."""
+        value = node.value
+        if isinstance(value, str) and not value.isascii() and _HALF_PAIR.search(value):
+            line = node.start_mark.line + 1
+            raise PolicyError([Problem(self.file, line, dotted(path), _NOT_A_CHARACTER)])
 
     def _mapping(self, node: yaml.MappingNode, path: KeyPath, site: KeyPath) -> None:
         keys: dict[object, tuple[str, int]] = {}  # each key as read -> as written, its line
         for key_node, value_node in node.value:
             key, line = str(key_node.value), key_node.start_mark.line + 1
             child = (*path, key)
+            self._text(key_node, path)  # named by its mapping: the key cannot be printed
             same = _same_key(key_node)
             if same in keys:
                 message = _duplicate(key, *keys[same])

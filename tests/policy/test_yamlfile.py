@@ -173,3 +173,33 @@ def test_keys_yaml_reads_as_one_or_that_look_alike_are_duplicates() -> None:
     assert {"Café", "café"} <= set(
         parse_policy(two("Café", nfc), environ={"UPSTREAM": "s"}).tenants
     )
+
+
+_PROMPT = "system_prompt: 你是智能客服助手，请用简洁中文回答用户问题。"
+_ESCAPED = GOOD.replace(_PROMPT, 'system_prompt: "hi \\ud83d\\ude00"')
+
+
+@pytest.mark.parametrize("pure", [True, False])
+def test_half_a_utf16_pair_is_refused_by_either_reader(pure: bool) -> None:
+    """`system_prompt: "hi \\ud83d\\ude00"` (an emoji escaped as JSON does it): PyYAML's
+    Python reader kept two lone surrogates, and every request of the tenant was a 500 (the
+    prompt cannot be encoded). libyaml refuses it; now the Python reader does too, and a key
+    so escaped is named by its mapping (the key itself cannot be printed)."""
+    line = GOOD.splitlines().index(f"      {_PROMPT}") + 1
+    shown = (
+        f"p.yaml:{line}: tenants.support-bot.budget.system_prompt:" if pure else f"p.yaml:{line}:"
+    )
+    assert _read(_ESCAPED, pure=pure) == [shown]
+    key = GOOD.replace("  support-bot:", '  "support-bot \\udc00":')
+    line = GOOD.splitlines().index("  support-bot:") + 1
+    assert _read(key, pure=pure) == [f"p.yaml:{line}: tenants:" if pure else f"p.yaml:{line}:"]
+
+
+def test_policy_check_refuses_half_a_utf16_pair(tmp_path: Path) -> None:
+    """`policy check` said ok to the file whose tenant then got a 500 for every request."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(_ESCAPED)
+    done = tokenweir("policy", "check", "--skip-tokenizers", str(config))
+    assert done.returncode == 1, done.stdout
+    assert f"{config}:{GOOD.splitlines().index(f'      {_PROMPT}') + 1}: " in done.stderr
+    assert "Traceback" not in done.stderr
