@@ -45,14 +45,18 @@ def pydantic_problem(
         message = "required key is missing"
     elif kind in _IN_YAML_TERMS:  # pydantic says tuple and dictionary, YAML list and mapping
         message = _IN_YAML_TERMS[kind]
+    elif kind == "invalid_key":  # where names are fixed, a key YAML read as other than text
+        message = "a key must be text"
     elif kind == "too_short" and "ctx" in error:
         least, got = error["ctx"].get("min_length"), error["ctx"].get("actual_length")
         message = f"expected at least {least} item{'s' if least != 1 else ''}, got {got}"
     else:
         message = error["msg"].removeprefix("Value error, ")
     shown = path
-    if kind in ("string_type", "literal_error") and not isinstance(error["input"], str):
-        is_key = error["loc"][-1] == "[key]"
+    if kind in ("string_type", "literal_error", "invalid_key") and not isinstance(
+        error["input"], str
+    ):
+        is_key = error["loc"][-1] == "[key]" or kind == "invalid_key"
         word = words.get((*path, "[key]") if is_key else path)
         if word is not None:  # YAML 1.1 reads unquoted yes, no, on, off, null and numbers so
             resolved = yaml.safe_load(word)

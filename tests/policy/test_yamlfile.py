@@ -203,3 +203,14 @@ def test_policy_check_refuses_half_a_utf16_pair(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout
     assert f"{config}:{GOOD.splitlines().index(f'      {_PROMPT}') + 1}: " in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_word_yaml_reads_as_other_than_text_where_a_key_is_fixed_is_explained() -> None:
+    """`on:` among a tenant's `cache:` keys was "tenants.support-bot.cache[1]: Keys should be
+    strings": the key shown as an index, the word YAML read as true unexplained."""
+    text = GOOD.replace("cache: {mode: semantic,", "cache: {on: true, mode: semantic,")
+    line = GOOD.splitlines().index("    cache: {mode: semantic, similarity: 0.92, ttl: 1h}") + 1
+    assert problems(text) == [
+        f"p.yaml:{line}: tenants.support-bot.cache.on: a key must be text; YAML reads on unquoted "
+        "as true: write it in quotes, 'on'"
+    ]
