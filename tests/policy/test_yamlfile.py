@@ -3,6 +3,8 @@ from `policy check`, `serve` and a reload alike."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import unicodedata
 from pathlib import Path
@@ -214,3 +216,36 @@ def test_a_word_yaml_reads_as_other_than_text_where_a_key_is_fixed_is_explained(
         f"p.yaml:{line}: tenants.support-bot.cache.on: a key must be text; YAML reads on unquoted "
         "as true: write it in quotes, 'on'"
     ]
+
+
+_DEEP_IN_A_THREAD = """
+import sys, threading
+from proxy.policy.yamlfile import read_yaml
+from proxy.policy.problems import PolicyError
+threading.stack_size(256 * 1024)
+def read():
+    for text in ["x: " + "[" * 999 + "]" * 999, "".join(" " * i + "k:\\n" for i in range(999))]:
+        try:
+            read_yaml(text + "v\\n", "p.yaml")
+        except PolicyError as exc:
+            print(exc)
+thread = threading.Thread(target=read)
+thread.start()
+thread.join()
+"""
+
+
+def test_libyaml_reads_a_deeply_nested_file_in_a_small_thread_stack() -> None:
+    """A reload reads the file in a worker thread: PyYAML's C code built 999 nested lists by
+    recursing 999 times, and with a 256 KiB thread stack (musl's is 128 KiB) the gateway died
+    of a segmentation fault. The nesting is now refused before libyaml builds anything."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DEEP_IN_A_THREAD],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    deep = "values are nested more than 32 levels deep (or an alias is inside its own anchor)"
+    assert done.stdout.splitlines() == [f"p.yaml:1: {deep}", f"p.yaml:65: {deep}"]
