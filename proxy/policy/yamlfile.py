@@ -114,8 +114,13 @@ def _unprintable(character: int | str) -> str:
     code = character if isinstance(character, int) else ord(character)
     return (
         f"character U+{code:04X} is not allowed in YAML, even in a comment: remove it, or write "
-        f"it as \\x{code:02x} inside double quotes"
+        f"it as {_escape(code)} inside double quotes"
     )
+
+
+def _escape(code: int) -> str:
+    """How YAML writes the character `code` inside double quotes."""
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 # A policy is a few levels deep; a value nested deeper is a mistake (or an attack on the reader).

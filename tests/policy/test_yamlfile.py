@@ -249,3 +249,13 @@ def test_libyaml_reads_a_deeply_nested_file_in_a_small_thread_stack() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     deep = "values are nested more than 32 levels deep (or an alias is inside its own anchor)"
     assert done.stdout.splitlines() == [f"p.yaml:1: {deep}", f"p.yaml:65: {deep}"]
+
+
+def test_the_escape_offered_for_a_character_past_latin1_is_one_yaml_reads() -> None:
+    """U+FFFE was offered as `\\xfffe`, which YAML reads as ÿ and the text "fe"."""
+    text = GOOD.replace("history_limit: 10", "history_limit: 10  # \ufffe")
+    line = GOOD.splitlines().index("      history_limit: 10") + 1
+    assert problems(text) == [
+        f"p.yaml:{line}: character U+FFFE is not allowed in YAML, even in a comment: remove it, "
+        "or write it as \\ufffe inside double quotes"
+    ]
