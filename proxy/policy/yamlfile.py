@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from dataclasses import replace
 
 import yaml
 
@@ -38,6 +39,35 @@ def read_yaml(
     """The document, the line of each key and item, and the unquoted words YAML read as
     something other than text (`off` as false), by path. libyaml reads the file when PyYAML
     has it, else, or with `pure`, PyYAML's Python reader."""
+    if not _ODD_BREAK.search(text):
+        return _read(text, file, pure)
+    shown = _editor_lines(text)
+    try:
+        document, lines, words = _read(text, file, pure)
+    except PolicyError as exc:
+        problems = [replace(p, line=shown[p.line - 1] if p.line else 0) for p in exc.problems]
+        raise PolicyError(problems) from None
+    return document, {path: shown[line - 1] for path, line in lines.items()}, words
+
+
+# YAML 1.1 ends a line at NEL, LS and PS too, where editors show one line going on: its line
+# numbers are told as an editor counts them.
+_ODD_BREAK = re.compile("[\x85\u2028\u2029]")
+_YAML_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+
+
+def _editor_lines(text: str) -> list[int]:
+    """The line an editor shows each of YAML's lines on (YAML's line n is item n - 1)."""
+    shown, line = [1], 1
+    for end in _YAML_BREAK.finditer(text):
+        line += end.group() in ("\r\n", "\r", "\n")
+        shown.append(line)
+    return shown
+
+
+def _read(
+    text: str, file: str, pure: bool
+) -> tuple[object, dict[KeyPath, int], dict[KeyPath, str]]:
     loader: _PureLoader | _FastLoader | None = None
     try:
         if pure or not HAS_LIBYAML:
@@ -52,7 +82,7 @@ def read_yaml(
         index.walk(node, (), ())
         return loader.construct_document(node), index.lines, index.words
     except yaml.reader.ReaderError as exc:  # the position is in characters or in UTF-8 bytes
-        line = text.count("\n", 0, text.find(chr(exc.character))) + 1
+        line = len(_YAML_BREAK.findall(text, 0, text.find(chr(exc.character)))) + 1
         raise PolicyError([Problem(file, line, "", _unprintable(exc.character))]) from None
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0

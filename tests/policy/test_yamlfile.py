@@ -259,3 +259,22 @@ def test_the_escape_offered_for_a_character_past_latin1_is_one_yaml_reads() -> N
         f"p.yaml:{line}: character U+FFFE is not allowed in YAML, even in a comment: remove it, "
         "or write it as \\ufffe inside double quotes"
     ]
+
+
+@pytest.mark.parametrize("pure", [True, False])
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_lines_are_counted_as_an_editor_shows_them(separator: str, pure: bool) -> None:
+    """A system prompt pasted with a Unicode line separator (U+2028, from a web page or a JS
+    string) or NEL: YAML 1.1 counts it as a line end, an editor does not, and every problem
+    after it named the line below the one meant."""
+    prompt = f'system_prompt: "你好{separator}世界"'
+    text = GOOD.replace(_PROMPT, prompt).replace("history_limit:", "history_limt:")
+    line = text.split("\n").index("      history_limt: 10") + 1
+    _, lines, _ = read_yaml(text, "p.yaml", pure=pure)
+    assert lines[("tenants", "support-bot", "budget", "history_limt")] == line
+    broken = text.replace("history_limt: 10", "history_limt: [10")
+    assert _read(broken, pure=pure) == [f"p.yaml:{line + 1}:"]
+    assert problems(text) == [
+        f"p.yaml:{line}: tenants.support-bot.budget.history_limt: unknown key (did you mean "
+        "history_limit?)"
+    ]
