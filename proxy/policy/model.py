@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -86,10 +87,22 @@ def _ledger_url(url: str) -> str:
     )
 
 
-def _strip_slash(url: str) -> str:
+def _backend_url(url: str) -> str:
+    """The URL without its trailing slash. Messages never repeat it: it may hold a secret."""
     if not url.startswith(("http://", "https://")):
         raise ValueError(
             "a backend url starts with http:// or https://, e.g. http://127.0.0.1:8000/v1"
+        )
+    parts = urlsplit(url)
+    if "@" in parts.netloc:  # never sent on requests, and the URL is a span attribute
+        raise ValueError(
+            "a backend url carries no user or password (user:password@): put the backend's "
+            "key in its api_key (sent as Authorization: Bearer), e.g. api_key: ${BACKEND_KEY}"
+        )
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ValueError(
+            "a backend url has no ?query or #fragment: the gateway adds the request's path "
+            "(/chat/completions) after it; a key goes in the backend's api_key"
         )
     return url.rstrip("/")
 
@@ -153,7 +166,7 @@ class LimitSet(_Frozen):
 
 class Backend(_Frozen):
     name: TagName
-    url: Annotated[str, BeforeValidator(setting), AfterValidator(_strip_slash)]
+    url: Annotated[str, BeforeValidator(setting), AfterValidator(_backend_url)]
     # Resolved once: a key from the environment is used as it is, even with "${" in it.
     api_key: Annotated[SecretStr | None, BeforeValidator(backend_key)] = None
     models: tuple[Name, ...] = Field(min_length=1)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from proxy.policy.units import hash_key
 from tests.servers import free_port, wait_healthy
@@ -71,3 +73,56 @@ tenants:
         for key in (TENANT_KEY, ADMIN_KEY, BACKEND_KEY, WRONG_KEY):
             assert key not in text
             assert hash_key(key) not in text
+
+
+@pytest.mark.parametrize("where", ["login", "query"])
+def test_a_backend_url_holding_a_secret_is_refused_at_start_without_repeating_it(
+    backend_url: str, tmp_path: Path, where: str
+) -> None:
+    """`http://user:password@host/v1` was accepted: the login was never sent on requests (every
+    one failed on a backend that wants it, while `/readyz`'s probe, sent with it, said ready),
+    and the whole URL, password and all, went into every backend call's span as `url.full`
+    (a `?key=` query too, and the request's path was added after it). Now `serve` and
+    `policy check` refuse both, naming the setting to use and not the secret."""
+    config = tmp_path / "policy.yaml"
+    config.write_text("""
+backends: [{name: mock, url: "${BACKEND_URL}", models: [mock-llm]}]
+models: {mock-llm: {}}
+tenants: {app: {api_keys: ["${TENANT_KEY}"], models: [mock-llm]}}
+""")  # fmt: skip
+    password = "hunter2-backend-password"
+    if where == "login":
+        secret_url = backend_url.replace("http://", f"http://bob:{password}@") + "/v1"
+    else:
+        secret_url = f"{backend_url}/v1?api-key={password}"
+    env = {**os.environ, "BACKEND_URL": secret_url, "TENANT_KEY": TENANT_KEY}
+    port = free_port()
+    serve = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
+    process = subprocess.Popen(serve, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_refused(process, f"http://127.0.0.1:{port}")
+    finally:
+        process.kill()
+        stdout, stderr = process.communicate(timeout=30)
+    check = [sys.executable, "-m", "proxy", "policy", "check", str(config)]
+    checked = subprocess.run(check, env=env, capture_output=True, timeout=60, check=False)
+    assert checked.returncode != 0
+    for said in (stderr.decode(), checked.stderr.decode()):
+        assert "backends[0].url" in said, said
+        assert "api_key" in said, said
+    for said in (stdout, stderr, checked.stdout, checked.stderr):
+        assert password.encode() not in said
+
+
+def _wait_refused(process: subprocess.Popen[bytes], url: str) -> None:
+    """Until `process` exits; fails at once should it serve instead."""
+    deadline = time.monotonic() + 120
+    while process.poll() is None:
+        assert time.monotonic() < deadline, "serve neither served nor exited"
+        try:
+            served = httpx.get(url + "/healthz", timeout=1).status_code
+        except httpx.TransportError:
+            served = None
+        assert served is None, "serve started on a backend url carrying a password"
+        time.sleep(0.1)
+    assert process.returncode != 0
