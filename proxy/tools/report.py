@@ -25,6 +25,7 @@ from proxy.ledger.base import ATTRIBUTES
 from proxy.ledger.present import format_usd, parse_moment, spreadsheet_cell
 from proxy.ledger.query import total_of, window
 from proxy.policy import PolicyError, load_policy
+from proxy.storage.redis.url import shown_url
 
 __all__ = ["ReportError", "add_arguments", "format_usd", "main", "parse_time", "text_width"]
 
@@ -192,7 +193,7 @@ def write_json(report: Report, out: TextIO) -> None:
     for name in ("ttft_ms_p50", "ttft_ms_p95", "tokens_per_s_p50"):
         del total[name]  # percentiles do not sum
     document = {
-        "ledger": report.ledger,
+        "ledger": shown_url(report.ledger),
         "since": datetime.fromtimestamp(report.since, UTC).isoformat(),
         "until": datetime.fromtimestamp(report.until, UTC).isoformat(),
         "rows": rows,
@@ -216,7 +217,7 @@ _TABLE_HEADER = ("requests", "errors", "input tokens", "output tokens", "cost (U
 
 def write_table(report: Report, out: TextIO) -> None:
     span = f"{_minute(report.since)} to {_minute(report.until)} UTC"
-    out.write(f"Usage {span}, ledger {report.ledger}\n")
+    out.write(f"Usage {span}, ledger {shown_url(report.ledger)}\n")
     if not report.rows:
         out.write("No usage recorded in this window.\n")
         return

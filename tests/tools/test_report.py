@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import redis
 
 from proxy.clock import FakeClock
 from proxy.ledger import open_ledger
@@ -258,3 +259,27 @@ def test_table_by_tag_counts_a_two_tag_request_under_each_and_once_in_the_total(
     assert total[:2] == ["total", "3"]  # 2 + 1 + 1 rows, 3 requests
     assert "0.007000" in total  # $1 + $2 + $4 thousandths, not $1 more
     assert note.startswith("A request with several tags counts under each")
+
+
+def test_a_redis_ledgers_password_is_not_printed(redis_server: str) -> None:
+    """The report's title line and its JSON `ledger` showed the ledger URL as given, Redis
+    password and all, in output that gets pasted into tickets and chats."""
+    password = "report-redis-password-5e6f"
+    admin = redis.Redis.from_url(redis_server)
+    admin.acl_setuser("reporter", enabled=True, passwords=[f"+{password}"], keys=["*"],
+                      commands=["+@all"])  # fmt: skip
+    try:
+        ledger = redis_server.replace("redis://", f"redis://reporter:{password}@")[:-1] + "9"
+        outputs = [run("--ledger", ledger, "--format", f) for f in ("table", "json")]
+        options = ledger.replace(f"reporter:{password}@", "") + f"?password={password}"
+        outputs.append(run("--ledger", options))
+    finally:
+        admin.acl_deluser("reporter")
+        admin.close()
+    assert [status for status, _ in outputs] == [0, 0, 0]
+    for _, out in outputs:
+        assert password not in out
+    host = redis_server.removeprefix("redis://").split("/")[0]
+    assert outputs[0][1].splitlines()[0].endswith(f"ledger redis://***@{host}/9")
+    assert orjson.loads(outputs[1][1])["ledger"] == f"redis://***@{host}/9"
+    assert f"ledger redis://{host}/9?password=***" in outputs[2][1]

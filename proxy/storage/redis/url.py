@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit
 
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, Connection, parse_url
 
@@ -21,6 +21,7 @@ __all__ = [
     "is_redis_url",
     "parse_cluster_url",
     "parse_sentinel_url",
+    "shown_url",
 ]
 
 SENTINEL_SCHEME: Final = "redis+sentinel://"
@@ -77,6 +78,22 @@ def is_redis_url(url: str) -> bool:
 
 def is_cluster_url(url: str) -> bool:
     return url.startswith(CLUSTER_SCHEMES)
+
+
+def shown_url(url: str) -> str:
+    """A storage or ledger URL as it may be shown (printed, logged): its login as `***@` and
+    the value of a `password` option as `***`, the rest as written."""
+    if not is_redis_url(url):
+        return url  # memory, sqlite:///path: no secret in them
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = parts.query
+    if "password" in query:
+        options = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, "***" if "password" in k else v) for k, v in options], safe="*")
+    return parts._replace(netloc=netloc, query=query).geturl()
 
 
 def check_storage_url(url: str) -> str:
