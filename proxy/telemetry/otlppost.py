@@ -2,7 +2,8 @@
 
 It reads the standard variables (the signal-specific one first, then the general one):
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as given) or `OTEL_EXPORTER_OTLP_ENDPOINT` (plus
-`/v1/traces`; default `http://localhost:4318`), `..._HEADERS` (`k=v,k2=v2`, URL-encoded),
+`/v1/traces`; default `http://localhost:4318`; a login in it is sent as Basic auth, and never
+shown), `..._HEADERS` (`k=v,k2=v2`, URL-encoded),
 `..._TIMEOUT` (milliseconds, as the specification says; default 10000), `..._COMPRESSION`
 (`gzip` or `none`), `..._CERTIFICATE`, `..._CLIENT_CERTIFICATE` and `..._CLIENT_KEY`.
 A batch the collector refuses with 429, 502, 503 or 504, or cannot take (connection error),
@@ -102,12 +103,13 @@ class OtlpPoster:
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         settings = otlp_settings(environ)
-        self.endpoint = settings.endpoint
+        self.endpoint = without_login(settings.endpoint)  # shown in warnings
         self.timeout_s = settings.timeout_s
         self._gzip = settings.gzip
         self._headers = {
             "content-type": "application/x-protobuf",
             "user-agent": f"tokenweir/{__version__}",
+            **_basic_login(urlsplit(settings.endpoint), "authorization"),
             **settings.headers,
         }
         if self._gzip:
@@ -213,8 +215,8 @@ class _Route:
         self._proxy = _proxy_for(url, environ)
         self.headers: dict[str, str] = {}  # what every request carries for the route
         if self._proxy is not None and self._tls is None:  # absolute form, as to any proxy
-            self.target = settings.endpoint
-            self.headers = _proxy_login(self._proxy)
+            self.target = without_login(settings.endpoint)
+            self.headers = _basic_login(self._proxy, "proxy-authorization")
 
     def connection(self, timeout_s: float) -> http.client.HTTPConnection:
         """A new connection (opened by its first request)."""
@@ -224,7 +226,7 @@ class _Route:
         proxy_host, proxy_port = self._proxy.hostname or "", self._proxy.port or 80
         connection = _connection(proxy_host, proxy_port, self._tls, timeout_s)
         if self._tls is not None:  # CONNECT host:port, then TLS to the collector inside it
-            connection.set_tunnel(host, port, _proxy_login(self._proxy))
+            connection.set_tunnel(host, port, _basic_login(self._proxy, "proxy-authorization"))
         return connection
 
 
@@ -264,7 +266,8 @@ def _proxy_for(url: SplitResult, environ: Mapping[str, str]) -> SplitResult | No
         return None
     proxy = urlsplit(address if "://" in address else f"http://{address}")
     if proxy.scheme != "http" or not proxy.hostname:
-        _log.warning("OTLP export does not use the proxy %s: only http:// proxies", address)
+        shown = without_login(address)
+        _log.warning("OTLP export does not use the proxy %s: only http:// proxies", shown)
         return None
     return proxy
 
@@ -309,12 +312,22 @@ def _split_port(entry: str) -> tuple[str, int | None]:
     return entry, None
 
 
-def _proxy_login(proxy: SplitResult) -> dict[str, str]:
-    """The Proxy-Authorization header for a proxy URL with a user name, else none."""
-    if proxy.username is None:
+def without_login(url: str) -> str:
+    """`url` without its `user:password@`, to show or to send on (a proxy's request line)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
+def _basic_login(url: SplitResult, header: str) -> dict[str, str]:
+    """`header` with the URL's `user:password@` as Basic auth, if it has a user name: a proxy's
+    `proxy-authorization`, or the endpoint's `authorization`, as the SDK's exporter (requests)
+    sends it (`OTEL_EXPORTER_OTLP_HEADERS` may still set its own)."""
+    if url.username is None:
         return {}
-    login = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode()
-    return {"proxy-authorization": "Basic " + base64.b64encode(login).decode()}
+    login = f"{unquote(url.username)}:{unquote(url.password or '')}".encode()
+    return {header: "Basic " + base64.b64encode(login).decode()}
 
 
 def _drained(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ALPHA_KEY
-from tests.servers import replicas
+from tests.servers import free_port, replicas, wait_healthy
 from tests.telemetry.collector import collector, policy_file
 
 
@@ -92,3 +96,48 @@ def test_spans_the_collector_refused_are_counted_on_metrics(
             } or server.refused_spans < 6:  # each request: its span and its backend call's
                 assert time.monotonic() < deadline, (dropped, server.refused_spans)
                 time.sleep(0.05)
+
+
+def test_a_collector_login_in_the_endpoint_is_sent_and_never_logged(
+    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`http://user:token@collector:4318` as the endpoint: the login was not sent (the SDK's
+    exporter sends it as Basic auth), so the collector refused every batch, and each refusal's
+    warning printed the endpoint, token and all; a proxy's password too."""
+    token = "collector-token-8d7c6b"
+    config = policy_file(backend_url, tmp_path, monkeypatch)
+    with collector(refuse=1) as server:
+        server.refused_with = 401  # not retried: the batch is dropped with a warning
+        endpoint = f"http://tw:{token}@127.0.0.1:{server.server_port}"
+        unproxied = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+        env = {
+            **unproxied, "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "HTTP_PROXY": f"socks5://proxy-user:{token}@127.0.0.1:1",  # not used: a warning
+        }  # fmt: skip
+        port = free_port()
+        command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+        process = subprocess.Popen(
+            [*command, "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, process)
+            with openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as client:
+                for _ in range(2):  # the first batch is refused, the next one taken
+                    client.chat.completions.create(
+                        model="mock-llm", messages=[{"role": "user", "content": "hi"}]
+                    )
+                    time.sleep(0.5)  # each in a batch of its own
+            deadline = time.monotonic() + 15
+            while not server.spans():
+                assert time.monotonic() < deadline, "no spans reached the collector"
+                time.sleep(0.05)
+        finally:
+            process.terminate()
+            stdout, stderr = process.communicate(timeout=30)
+    login = "Basic " + base64.b64encode(f"tw:{token}".encode()).decode()
+    assert next(headers.get("authorization") for headers, _ in server.spans()) == login
+    assert b"dropped" in stderr  # the refused batch's warning
+    assert b"socks5://" in stderr  # the proxy's
+    assert token.encode() not in stdout + stderr
