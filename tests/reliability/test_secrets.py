@@ -114,7 +114,34 @@ tenants: {app: {api_keys: ["${TENANT_KEY}"], models: [mock-llm]}}
         assert password.encode() not in said
 
 
-def _wait_refused(process: subprocess.Popen[bytes], url: str) -> None:
+def test_a_backend_key_no_header_can_carry_is_refused_at_start(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """A backend key with a character outside ASCII (a typographic dash pasted with it) was
+    accepted, and every request to that backend was a bare 500 with a traceback in the log."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(f"""
+backends: [{{name: mock, url: "{backend_url}/v1", api_key: "${{BACKEND_KEY}}", models: [m]}}]
+models: {{m: {{}}}}
+tenants: {{app: {{api_keys: ["${{TENANT_KEY}}"], models: [m]}}}}
+""")  # fmt: skip
+    key = "sk-pasted-key\u2013with-a-dash"
+    env = {**os.environ, "BACKEND_KEY": key, "TENANT_KEY": TENANT_KEY}
+    port = free_port()
+    serve = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
+    process = subprocess.Popen(serve, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_refused(process, f"http://127.0.0.1:{port}", "a backend key no header can carry")
+    finally:
+        process.kill()
+        _, stderr = process.communicate(timeout=30)
+    assert "backends[0].api_key" in stderr.decode()
+    assert key.encode() not in stderr
+
+
+def _wait_refused(
+    process: subprocess.Popen[bytes], url: str, why: str = "a backend url carrying a password"
+) -> None:
     """Until `process` exits; fails at once should it serve instead."""
     deadline = time.monotonic() + 120
     while process.poll() is None:
@@ -123,6 +150,6 @@ def _wait_refused(process: subprocess.Popen[bytes], url: str) -> None:
             served = httpx.get(url + "/healthz", timeout=1).status_code
         except httpx.TransportError:
             served = None
-        assert served is None, "serve started on a backend url carrying a password"
+        assert served is None, f"serve started on {why}"
         time.sleep(0.1)
     assert process.returncode != 0
