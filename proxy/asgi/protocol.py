@@ -3,14 +3,12 @@ lending each request's scope its response cycle for a stream's direct writes
 (proxy/asgi/direct.py), and telling the running request from its own `connection_lost` that its
 client left (`watch_client`).
 
-uvicorn times out idle keep-alive connections but not a client that dribbles its headers; this
-protocol answers such a client 408 in OpenAI's shape and closes the connection. Nor does it
-bound the headers' size (a client could send hundreds of MB of one header within the deadline,
-held in memory): headers still coming past MAX_HEAD_BYTES are answered 431 and the connection
-closed. Bytes that are not HTTP/1.1 (a request smuggling attempt, a bad chunk size) are answered
-400 in OpenAI's shape, not uvicorn's text, as is an HTTP/1.1 request without exactly one Host
-(RFC 9112 3.2). Each of these refusals goes out after the answers owed to the requests before
-it on the connection (pipelined), never into a stream's middle.
+uvicorn times out idle keep-alive connections but not a client that dribbles its headers (408
+here, in OpenAI's shape, connection closed), nor bounds their size (431 past MAX_HEAD_BYTES,
+still coming or whole in a read). Bytes that are not HTTP/1.1 (request smuggling, a bad chunk
+size) are a 400 in OpenAI's shape, not uvicorn's text, as is an HTTP/1.1 request without exactly
+one Host (RFC 9112 3.2). Each refusal goes out after the answers owed to the requests before it
+on the connection (pipelined), never into a stream's middle.
 A request answered before its body all came (401, 413, 408) has the rest of its body dropped
 within the header deadline, else the connection is closed; one that asked `Expect:
 100-continue` and was answered before it was told to send its body closes the connection.
@@ -38,10 +36,9 @@ from uvicorn.server import ServerState
 from proxy.asgi.direct import LentCycle, lend_cycle
 from proxy.asgi.http10 import close_delimited
 from proxy.asgi.refusals import (
+    head_fault,
     headers_too_large,
-    host_fault,
     malformed,
-    oversized,
     status_line,
     too_many_pipelined,
 )
@@ -214,12 +211,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._in_head = False
         self._disarm()
         reads = self._began_in + self._head_bytes + self._reading
-        if reads > MAX_HEAD_BYTES and oversized(self.url, self.headers, MAX_HEAD_BYTES):
-            self._refusal = headers_too_large(MAX_HEAD_BYTES)
-            raise _StopParsing
-        self._refusal = host_fault(self.headers, self.parser.get_http_version())
+        version = self.parser.get_http_version()
+        self._refusal = head_fault(self.url, self.headers, reads, version, MAX_HEAD_BYTES)
         if self._refusal is not None:
-            raise _StopParsing  # before a cycle is made: a parser error (400) in turn
+            raise _StopParsing  # before a cycle is made: a parser error (400, 431) in turn
         previous = self.cycle
         super().on_headers_complete()
         if self.pipeline and len(self.pipeline) > MAX_PIPELINED:

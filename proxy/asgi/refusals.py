@@ -5,6 +5,7 @@ from __future__ import annotations
 from proxy.errors import BadRequest, GatewayError, HeadersTooLarge
 
 __all__ = [
+    "head_fault",
     "headers_too_large",
     "host_fault",
     "malformed",
@@ -28,6 +29,17 @@ def malformed() -> BadRequest:
         "body: Content-Length, Transfer-Encoding or a chunk); the connection is closed.",
         code="invalid_http_request",
     )
+
+
+def head_fault(
+    url: bytes, headers: list[tuple[bytes, bytes]], reads: int, version: str, limit: int
+) -> GatewayError | None:
+    """Why a request's line and headers are refused once complete, if they are: over `limit`
+    bytes (431; counted only where the `reads` they came in could hold that many), or not
+    exactly one `Host` (400)."""
+    if reads > limit and oversized(url, headers, limit):
+        return headers_too_large(limit)
+    return host_fault(headers, version)
 
 
 def host_fault(headers: list[tuple[bytes, bytes]], http_version: str) -> BadRequest | None:
