@@ -7,16 +7,30 @@ response.content_part.done, response.output_item.done, then response.completed (
 response.incomplete when max_output_tokens cut it short), each with a sequence_number.
 Messages streams: message_start, content_block_start, ping, one content_block_delta per token,
 content_block_stop, message_delta (stop_reason, usage.output_tokens), message_stop.
+A tool-calling answer (agentcalls.py) streams, for each call in turn, response.output_item.added,
+one response.function_call_arguments.delta per piece, response.function_call_arguments.done and
+response.output_item.done; or content_block_start (tool_use, input {}), one content_block_delta
+(input_json_delta) per piece and content_block_stop. Events are pre-encoded (agentevents.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
+from proxy.tools.mock.agentcalls import AgentCalls, messages_tool_plan, responses_tool_plan
+from proxy.tools.mock.agentevents import (
+    SLOT,
+    CallEventFormat,
+    CallEvents,
+    EventFormat,
+    event,
+    split_delta,
+)
 from proxy.tools.mock.request import (
     TOKENS_PER_MESSAGE,
     CompletionRequest,
@@ -27,14 +41,10 @@ from proxy.tools.mock.request import (
     int_field,
     model_of,
 )
+from proxy.tools.mock.stream import StreamFormat
 from proxy.tools.mock.text import TokenSource, count_words
 
-__all__ = ["EventFormat", "agent_answer", "agent_stream", "parse_agent"]
-
-_SLOT: Final = "\x00token\x00"
-_SLOT_JSON: Final = orjson.dumps(_SLOT)
-_NUMBER: Final = -777_777_777  # stands for a sequence number in a pre-encoded event
-_NUMBER_JSON: Final = str(_NUMBER).encode()
+__all__ = ["agent_answer", "agent_stream", "parse_agent"]
 
 
 def parse_agent(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
@@ -49,7 +59,7 @@ def parse_agent(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
         if max_tokens is None:
             raise MockHTTPError(400, "max_tokens: Field required", param="max_tokens")
     tokens = sum(count_words(text) for text in texts) + TOKENS_PER_MESSAGE * len(texts)
-    return CompletionRequest(
+    request = CompletionRequest(
         endpoint=endpoint,
         model=model,
         stream=bool_field(body, "stream"),
@@ -58,6 +68,9 @@ def parse_agent(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
         prompt_tokens=tokens,
         max_tokens=max_tokens,
     )
+    plan = responses_tool_plan if endpoint is Endpoint.RESPONSES else messages_tool_plan
+    tools = plan(body, request.prompt_text)
+    return request if tools is None else dataclasses.replace(request, tools=tools)
 
 
 def _responses_texts(body: dict[str, Any]) -> list[str]:
@@ -99,20 +112,25 @@ class _Answer:
     cut_short: bool  # the output cap ended it
     answer_id: str
     item_id: str
+    calls: AgentCalls | None  # a tool-calling answer's calls
 
     @classmethod
     def of(
         cls, request: CompletionRequest, body: dict[str, Any], created: int, n: int, finish: str
     ) -> _Answer:
-        prefix = "resp_" if request.endpoint is Endpoint.RESPONSES else "msg_"
+        responses = request.endpoint is Endpoint.RESPONSES
+        prefix = "resp_" if responses else "msg_"
         item = "msg_" + uuid.uuid4().hex
-        return cls(request, body, created, n, finish == "length", prefix + uuid.uuid4().hex, item)
+        cut = finish == "length"
+        plan = request.tools
+        calls = None if plan is None else AgentCalls.of(plan, n, cut, responses=responses)
+        return cls(request, body, created, n, cut, prefix + uuid.uuid4().hex, item, calls)
 
-    def response(self, text: str | None) -> dict[str, Any]:
-        """The Responses API's response object: in progress (text None) or finished."""
-        status = "in_progress" if text is None else "incomplete" if self.cut_short else "completed"
-        output = [] if text is None else [self.item(text)]
-        usage = None if text is None else self.responses_usage()
+    def response(self, output: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The Responses API's response object: in progress (output None) or finished."""
+        done = output is not None
+        status = "incomplete" if self.cut_short else "completed" if done else "in_progress"
+        usage = self.responses_usage() if done else None
         body = self.body
         return {
             "id": self.answer_id, "object": "response", "created_at": self.created,
@@ -121,13 +139,21 @@ class _Answer:
             if status == "incomplete" else None,
             "instructions": body.get("instructions"),
             "max_output_tokens": body.get("max_output_tokens"), "metadata": {},
-            "model": self.request.model, "output": output, "parallel_tool_calls": True,
+            "model": self.request.model, "output": output or [],
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
             "store": False, "temperature": body.get("temperature", 1.0),
-            "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [],
+            "text": {"format": {"type": "text"}},
+            "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
             "top_p": body.get("top_p", 1.0), "truncation": "disabled", "usage": usage,
             "user": None,
         }  # fmt: skip
+
+    def output(self, text: str) -> list[dict[str, Any]]:
+        """The finished response's output: its text message, or its function calls."""
+        if self.calls is None:
+            return [self.item(text)]
+        return [self.calls.function_call(i, done=True) for i in range(len(self.calls.texts))]
 
     def item(self, text: str | None) -> dict[str, Any]:
         status = "in_progress" if text is None else "incomplete" if self.cut_short else "completed"
@@ -150,15 +176,21 @@ class _Answer:
             "total_tokens": prompt + n,
         }
 
-    def message(self, text: str | None, output_tokens: int) -> dict[str, Any]:
-        """The Messages API's message: as message_start shows it (text None) or whole."""
+    def content(self, text: str) -> list[dict[str, Any]]:
+        """The finished message's content: its text block, or its tool_use blocks."""
+        if self.calls is None:
+            return [{"type": "text", "text": text}]
+        return [self.calls.tool_use(i, done=True) for i in range(len(self.calls.texts))]
+
+    def message(self, content: list[dict[str, Any]] | None, output_tokens: int) -> dict[str, Any]:
+        """The Messages API's message: as message_start shows it (content None) or whole."""
         return {
             "id": self.answer_id,
             "type": "message",
             "role": "assistant",
             "model": self.request.model,
-            "content": [] if text is None else [{"type": "text", "text": text}],
-            "stop_reason": None if text is None else self.stop_reason,
+            "content": content or [],
+            "stop_reason": None if content is None else self.stop_reason,
             "stop_sequence": None,
             "usage": {
                 "input_tokens": self.request.prompt_tokens,
@@ -170,7 +202,9 @@ class _Answer:
 
     @property
     def stop_reason(self) -> str:
-        return "max_tokens" if self.cut_short else "end_turn"
+        if self.cut_short:
+            return "max_tokens"
+        return "end_turn" if self.calls is None else "tool_use"
 
 
 def _output_text(text: str) -> dict[str, Any]:
@@ -183,37 +217,8 @@ def agent_answer(
     """A whole Responses or Messages answer of `n` tokens."""
     answer = _Answer.of(request, body, created, n, finish)
     if request.endpoint is Endpoint.RESPONSES:
-        return orjson.dumps(answer.response(text))
-    return orjson.dumps(answer.message(text, n))
-
-
-@dataclass(frozen=True, slots=True)
-class EventFormat:
-    """A named-event stream, pre-encoded: each token's event is prefix + token + suffix (and,
-    when numbered, its sequence number + close)."""
-
-    head: bytes
-    prefix: bytes
-    suffix: bytes
-    numbered_from: int | None
-    close: bytes
-    tail: bytes
-
-    def encode(self, tokens: TokenSource, start: int, stop: int, last: bool) -> bytes:
-        parts = [self.head] if start == 0 else []
-        first = self.numbered_from
-        for i in range(start, stop):
-            parts += (self.prefix, tokens.json(i), self.suffix)
-            if first is not None:
-                parts += (b"%d" % (first + i), self.close)
-        if last:
-            parts.append(self.tail)
-        return b"".join(parts)
-
-
-def _event(data: dict[str, Any]) -> bytes:
-    kind: str = data["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+        return orjson.dumps(answer.response(answer.output(text)))
+    return orjson.dumps(answer.message(answer.content(text), n))
 
 
 def agent_stream(
@@ -223,66 +228,107 @@ def agent_stream(
     tokens: TokenSource,
     n: int,
     finish: str,
-) -> EventFormat:
+) -> StreamFormat:
     answer = _Answer.of(request, body, created, n, finish)
     if request.endpoint is Endpoint.RESPONSES:
         return _responses_stream(answer, tokens.completion(n))
     return _messages_stream(answer)
 
 
-def _responses_stream(answer: _Answer, text: str) -> EventFormat:
-    item_id, n = answer.item_id, answer.n_tokens
-    at: dict[str, Any] = {"item_id": item_id, "output_index": 0, "content_index": 0}
+def _responses_stream(answer: _Answer, text: str) -> StreamFormat:
     started: list[dict[str, Any]] = [
         {"type": "response.created", "response": answer.response(None)},
         {"type": "response.in_progress", "response": answer.response(None)},
-        {"type": "response.output_item.added", "output_index": 0, "item": answer.item(None)},
-        {"type": "response.content_part.added", **at, "part": _output_text("")},
     ]
     ending = "response.incomplete" if answer.cut_short else "response.completed"
     ended: list[dict[str, Any]] = [
+        {"type": ending, "response": answer.response(answer.output(text))}
+    ]
+    if answer.calls is not None:
+        calls = [_function_call_events(answer.calls, i) for i in range(len(answer.calls.texts))]
+        plan = answer.calls.plan
+        return CallEventFormat.build(plan, answer.n_tokens, started, calls, ended, numbered=True)
+    at: dict[str, Any] = {"item_id": answer.item_id, "output_index": 0, "content_index": 0}
+    started += [
+        {"type": "response.output_item.added", "output_index": 0, "item": answer.item(None)},
+        {"type": "response.content_part.added", **at, "part": _output_text("")},
+    ]
+    ended[:0] = [
         {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
         {"type": "response.content_part.done", **at, "part": _output_text(text)},
         {"type": "response.output_item.done", "output_index": 0, "item": answer.item(text)},
-        {"type": ending, "response": answer.response(text)},
     ]
-    delta = {"type": "response.output_text.delta", **at, "delta": _SLOT, "logprobs": []}
-    encoded = _event({**delta, "sequence_number": _NUMBER})
-    prefix, rest = encoded.split(_SLOT_JSON)
-    suffix, close = rest.split(_NUMBER_JSON)
-    numbered = len(started)
+    delta = {"type": "response.output_text.delta", **at, "delta": SLOT, "logprobs": []}
+    prefix, suffix, close = split_delta(delta, numbered=True)
+    numbered, n = len(started), answer.n_tokens
     return EventFormat(
-        head=b"".join(_event({**e, "sequence_number": i}) for i, e in enumerate(started)),
+        head=b"".join(event({**e, "sequence_number": i}) for i, e in enumerate(started)),
         prefix=prefix,
         suffix=suffix,
         numbered_from=numbered,
         close=close,
         tail=b"".join(
-            _event({**e, "sequence_number": numbered + n + i}) for i, e in enumerate(ended)
+            event({**e, "sequence_number": numbered + n + i}) for i, e in enumerate(ended)
         ),
     )
 
 
-def _messages_stream(answer: _Answer) -> EventFormat:
+def _function_call_events(calls: AgentCalls, index: int) -> CallEvents:
+    at: dict[str, Any] = {"item_id": calls.item_ids[index], "output_index": index}
+    item = calls.function_call(index, done=True)
+    opening = [
+        {"type": "response.output_item.added", "output_index": index,
+         "item": calls.function_call(index, done=False)},
+    ]  # fmt: skip
+    closing = [
+        {"type": "response.function_call_arguments.done", **at,
+         "name": item["name"], "arguments": item["arguments"]},
+        {"type": "response.output_item.done", "output_index": index, "item": item},
+    ]  # fmt: skip
+    return opening, {"type": "response.function_call_arguments.delta", **at, "delta": SLOT}, closing
+
+
+def _messages_stream(answer: _Answer) -> StreamFormat:
     started: list[dict[str, Any]] = [
         {"type": "message_start", "message": answer.message(None, 1)},
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        {"type": "ping"},
     ]
     stop = {"stop_reason": answer.stop_reason, "stop_sequence": None}
     ended: list[dict[str, Any]] = [
-        {"type": "content_block_stop", "index": 0},
         {"type": "message_delta", "delta": stop, "usage": {"output_tokens": answer.n_tokens}},
         {"type": "message_stop"},
     ]
-    text_delta = {"type": "text_delta", "text": _SLOT}
-    delta = {"type": "content_block_delta", "index": 0, "delta": text_delta}
-    prefix, suffix = _event(delta).split(_SLOT_JSON)
+    if answer.calls is not None:
+        calls = [_tool_use_events(answer.calls, i) for i in range(len(answer.calls.texts))]
+        plan = answer.calls.plan
+        return CallEventFormat.build(plan, answer.n_tokens, started, calls, ended, numbered=False)
+    started += [
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "ping"},
+    ]
+    ended.insert(0, {"type": "content_block_stop", "index": 0})
+    delta = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": SLOT},
+    }
+    prefix, suffix, _ = split_delta(delta, numbered=False)
     return EventFormat(
-        head=b"".join(map(_event, started)),
+        head=b"".join(map(event, started)),
         prefix=prefix,
         suffix=suffix,
         numbered_from=None,
         close=b"",
-        tail=b"".join(map(_event, ended)),
+        tail=b"".join(map(event, ended)),
     )
+
+
+def _tool_use_events(calls: AgentCalls, index: int) -> CallEvents:
+    block = calls.tool_use(index, done=False)
+    opening: list[dict[str, Any]] = [
+        {"type": "content_block_start", "index": index, "content_block": block}
+    ]
+    if index == 0:
+        opening.append({"type": "ping"})
+    json_delta = {"type": "input_json_delta", "partial_json": SLOT}
+    delta = {"type": "content_block_delta", "index": index, "delta": json_delta}
+    return opening, delta, [{"type": "content_block_stop", "index": index}]

@@ -12,8 +12,9 @@ completions batch, alike (a stream has one: n=1 and one prompt); `max_tokens` /
 response (status "incomplete") and `max_tokens` a message (stop_reason "max_tokens"). `stop`
 ends a chat or text completion where a sequence first occurs, as vLLM does (text.py stopped).
 `stream_options` without `stream` is a 400, as in OpenAI and vLLM. Errors on /v1/messages are
-Anthropic-shaped. A chat request with function `tools` may be answered with tool calls, as a
-model decides by `tool_choice` (toolcalls.py).
+Anthropic-shaped. A request with function `tools` may be answered with tool calls, as a model
+decides by `tool_choice`: on chat `tool_calls` (toolcalls.py), on Responses `function_call` items
+and on Messages `tool_use` blocks (agentcalls.py), each streamed in its API's events.
 
 Testing knobs, as extra fields in the request body:
   mock_fail: 400-599            answer with that status and an OpenAI-shaped error

@@ -18,6 +18,7 @@ PIECE_CHARS characters, one token each, and an empty delta with `finish_reason: 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -28,7 +29,17 @@ from proxy.tools.mock.stream import tail_events
 from proxy.tools.mock.text import TokenSource
 from proxy.tools.mock.toolplan import ToolPlan, call_id
 
-__all__ = ["MAX_TOOL_CALLS", "PIECE_CHARS", "ToolCallFormat", "ToolPlan", "tool_plan"]
+__all__ = [
+    "MAX_TOOL_CALLS",
+    "PIECE_CHARS",
+    "ToolCallFormat",
+    "ToolPlan",
+    "call_count",
+    "chosen_tool",
+    "function_tools",
+    "make_plan",
+    "tool_plan",
+]
 
 PIECE_CHARS: Final = 4  # of a call's arguments a streamed token carries (a model's ~3-4)
 MAX_TOOL_CALLS: Final = 16
@@ -37,16 +48,55 @@ _MAX_PROPERTIES: Final = 256  # of one schema, made into arguments
 
 def tool_plan(body: dict[str, Any], prompt_text: str) -> ToolPlan | None:
     """The calls a chat request is answered with, None for a text answer."""
-    calls = int_field(body, "mock_tool_calls", low=1, high=MAX_TOOL_CALLS) or 1
-    functions = _function_tools(body.get("tools"))
+    calls = call_count(body)
+    functions = function_tools(body.get("tools"), _chat_function, "parameters")
     if not functions:
         return None
-    chosen = _chosen(body, functions)
+    messages = body.get("messages") or [{}]
+    asked = messages[-1].get("role") == "user"
+    chosen = chosen_tool(body.get("tool_choice"), functions, asked, _chat_choice)
+    serial = "'parallel_tool_calls' is false" if body.get("parallel_tool_calls") is False else ""
+    return make_plan(functions, chosen, calls, prompt_text, serial=serial)
+
+
+def _chat_function(tool: dict[str, Any]) -> dict[str, Any] | None:
+    function = tool.get("function")
+    return function if tool.get("type") == "function" and isinstance(function, dict) else None
+
+
+def _chat_choice(choice: object) -> str:
+    """The name a chat `tool_choice` object gives, checked."""
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise MockHTTPError(
+            400, "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+            '{"type": "function", "function": {"name": ...}}.', param="tool_choice",
+        )  # fmt: skip
+    return name
+
+
+def call_count(body: dict[str, Any]) -> int:
+    """The calls a tool-calling answer makes: the knob `mock_tool_calls`, else 1."""
+    return int_field(body, "mock_tool_calls", low=1, high=MAX_TOOL_CALLS) or 1
+
+
+def make_plan(
+    functions: dict[str, dict[str, Any]],
+    chosen: str | None,
+    calls: int,
+    prompt_text: str,
+    *,
+    serial: str,
+) -> ToolPlan | None:
+    """`calls` calls of `chosen` ("" for any: going round `functions`, name -> JSON schema;
+    None for none). `serial` says how the request forbids parallel calls ("" when it does not):
+    then more than one is a 400."""
     if chosen is None:
         return None
-    if calls > 1 and body.get("parallel_tool_calls") is False:
+    if calls > 1 and serial:
         raise MockHTTPError(
-            400, "'mock_tool_calls' > 1 asks for parallel calls; 'parallel_tool_calls' is false.",
+            400, f"'mock_tool_calls' > 1 asks for parallel calls; {serial}.",
             param="mock_tool_calls",
         )  # fmt: skip
     order = [chosen] if chosen in functions else list(functions)
@@ -59,8 +109,11 @@ def tool_plan(body: dict[str, Any], prompt_text: str) -> ToolPlan | None:
     return ToolPlan(names, tuple(pieces))
 
 
-def _function_tools(tools: object) -> dict[str, dict[str, Any]]:
-    """The request's function tools by name, each with its parameters' schema."""
+def function_tools(
+    tools: object, definition: Callable[[dict[str, Any]], dict[str, Any] | None], schema_key: str
+) -> dict[str, dict[str, Any]]:
+    """The request's tools the mock may call, by name, each with its JSON schema: `definition`
+    finds a tool's name and schema (at `schema_key`) in it, None for a tool never called."""
     if tools is None:
         return {}
     if not isinstance(tools, list):
@@ -69,39 +122,36 @@ def _function_tools(tools: object) -> dict[str, dict[str, Any]]:
     for tool in tools:
         if not isinstance(tool, dict):
             raise MockHTTPError(400, "Each tool must be an object.", param="tools")
-        function = tool.get("function")
-        if tool.get("type") != "function" or not isinstance(function, dict):
+        function = definition(tool)
+        if function is None:
             continue  # a custom or hosted tool: the mock calls functions only
         name = function.get("name")
         if not isinstance(name, str) or not name:
             raise MockHTTPError(400, "A function tool needs a 'name'.", param="tools")
-        schema = function.get("parameters")
+        schema = function.get(schema_key)
         functions[name] = schema if isinstance(schema, dict) else {}
     return functions
 
 
-def _chosen(body: dict[str, Any], functions: dict[str, dict[str, Any]]) -> str | None:
-    """The function named by `tool_choice`, "" for any, None for no call."""
-    choice = body.get("tool_choice", "auto")
+def chosen_tool(
+    choice: object,
+    functions: dict[str, dict[str, Any]],
+    asked: bool,
+    name_of: Callable[[object], str],
+) -> str | None:
+    """The tool `tool_choice` ("none", "auto" or None, "required", or an object `name_of` reads
+    a name from) picks: "" for any, None for no call. "auto" calls when the user `asked`."""
     if choice == "none":
         return None
     if choice == "required":
         return ""
     if choice == "auto" or choice is None:
-        messages = body.get("messages") or [{}]
-        return "" if messages[-1].get("role") == "user" else None
-    function = choice.get("function") if isinstance(choice, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str):
-        raise MockHTTPError(
-            400, "'tool_choice' must be \"none\", \"auto\", \"required\" or "
-            '{"type": "function", "function": {"name": ...}}.', param="tool_choice",
-        )  # fmt: skip
+        return "" if asked else None
+    name = name_of(choice)
     if name not in functions:
         raise MockHTTPError(
-            400, f"'tool_choice' names the function {name!r}, which is not among 'tools'.",
-            param="tool_choice",
-        )  # fmt: skip
+            400, f"'tool_choice' names {name!r}, which is not among 'tools'.", param="tool_choice"
+        )
     return name
 
 
