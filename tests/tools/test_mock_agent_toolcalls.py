@@ -172,6 +172,7 @@ def test_max_output_tokens_leaves_a_call_incomplete(oai: openai.OpenAI) -> None:
     ) as stream:
         events = list(stream)
     assert [e.type for e in events][-2:] == ["response.output_item.done", "response.incomplete"]
+    assert [e.response.status for e in events if e.type == "response.created"] == ["in_progress"]
     done = events[-2]
     assert done.type == "response.output_item.done"
     assert done.item.status == "incomplete"
@@ -277,11 +278,15 @@ def test_max_tokens_cuts_a_tool_use_to_its_whole_properties(
     assert block.input.items() < full.items()
     sent = json.dumps(full, separators=(",", ":"))[: 6 * PIECE_CHARS]
     assert sent.startswith(json.dumps(block.input, separators=(",", ":"))[:-1])
+    with claude.messages.stream(model="m", max_tokens=6, messages=ASK, tools=TOOLS) as stream:
+        streamed = stream.get_final_message()  # the SDK reads the cut JSON as far as it goes
+    assert streamed.stop_reason == "max_tokens"
+    assert [getattr(b, "input", None) for b in streamed.content] == [block.input]
 
 
 def test_streamed_calls_through_the_gateway_are_billed_from_their_usage(tmp_path: Path) -> None:
-    """Both APIs' tool-call streams through a real gateway (ledger on): the SDKs assemble the
-    same calls, and each record holds the backend's output tokens, one a piece."""
+    """Both APIs' tool-call streams through a real gateway (ledger on) reach the client whole,
+    and each record holds the backend's output tokens, one a piece of the arguments."""
     with agent_gateway(tmp_path) as gateway:
         with (
             anthropic.Anthropic(base_url=gateway.url, api_key=OPEN_KEY, max_retries=0) as claude,

@@ -129,7 +129,7 @@ class _Answer:
     def response(self, output: list[dict[str, Any]] | None) -> dict[str, Any]:
         """The Responses API's response object: in progress (output None) or finished."""
         done = output is not None
-        status = "incomplete" if self.cut_short else "completed" if done else "in_progress"
+        status = ("incomplete" if self.cut_short else "completed") if done else "in_progress"
         usage = self.responses_usage() if done else None
         body = self.body
         return {
