@@ -98,13 +98,10 @@ class CallEventFormat:
 
         def encoded(events: list[dict[str, Any]]) -> bytes:
             nonlocal count
-            if not numbered:
-                return b"".join(map(event, events))
-            count += len(events)
-            return b"".join(
-                event({**e, "sequence_number": count - len(events) + i})
-                for i, e in enumerate(events)
-            )
+            if numbered:
+                events = [{**e, "sequence_number": count + i} for i, e in enumerate(events)]
+                count += len(events)
+            return b"".join(map(event, events))
 
         head = encoded(started)
         openings, deltas, closings, numbers, ends = [], [], [], [], []

@@ -140,7 +140,7 @@ class _Answer:
             "instructions": body.get("instructions"),
             "max_output_tokens": body.get("max_output_tokens"), "metadata": {},
             "model": self.request.model, "output": output or [],
-            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
             "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
             "store": False, "temperature": body.get("temperature", 1.0),
             "text": {"format": {"type": "text"}},
