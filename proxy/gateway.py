@@ -107,7 +107,9 @@ class Gateway:
         prices = PriceTable(policy)
         rate_limits, cache = services.rate_limits, services.cache
         # A quota's refusal shows the tenant's rate-limit headers too, as every answer does.
-        budgets = Budgets(store, prices, clock, failures, refusing=rate_limits.show)
+        budgets = Budgets(
+            store, prices, clock, failures, refusing=rate_limits.show, unbooked=services.unbooked
+        )
         key_limits = KeyAllowances(store, storage.limits, clock, failures, rate_limits.show)
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
         attempts = Attempts(

@@ -22,6 +22,7 @@ from proxy.stages.cache import ResponseCache
 from proxy.stages.checkpoint import CheckpointSweep
 from proxy.stages.ratelimit import RateLimits
 from proxy.stages.storagepolicy import StorageFailures
+from proxy.stages.unbooked import Unbooked
 from proxy.storage import QuotaStore, Storage, open_storage
 from proxy.storage.cache import CacheStore
 from proxy.storage.keys import open_key_store
@@ -58,6 +59,7 @@ class Services:
     ended_sessions: EndedSessions
     metrics_push: MetricsPusher | None = None
     checkpoints: CheckpointSweep = field(default_factory=CheckpointSweep)
+    unbooked: Unbooked | None = None  # quota settles storage did not take, sent again
 
     @classmethod
     def open(
@@ -84,6 +86,8 @@ class Services:
             metrics.watch_spans(tracer_provider.dropped_spans)
         serving = current_policy or (lambda: policy)
         quotas = storage.quotas
+        unbooked = Unbooked(quotas, clock.wall)
+        metrics.watch_unbooked(unbooked.stats)
         return cls(
             clock, UpstreamClient(policy.upstream, transport), storage,
             ledger, failures, clock.wall(), metrics,
@@ -95,6 +99,7 @@ class Services:
             otel.metrics_push(
                 metrics, lambda: budgets_left(serving(), quotas, clock.wall())
             ) if otel else None,
+            unbooked=unbooked,
         )  # fmt: skip
 
     async def start(self) -> None:
@@ -114,6 +119,8 @@ class Services:
                 await bounded("the metrics export", self.metrics_push.aclose())
             await bounded("runtime keys", self.keys.aclose())
             await bounded("ended sessions", self.ended_sessions.aclose())
+            if self.unbooked is not None:  # before the quota store closes: its last send
+                await bounded("quota settles kept", self.unbooked.aclose())
             await bounded("storage undo tasks", self.storage_failures.aclose())
             await bounded("the upstream pool", self.upstream.aclose())
             await bounded("the quota store", self.storage.quotas.aclose())

@@ -24,6 +24,7 @@ from proxy.outgoing import DEFAULT_OUTPUT_BOUND
 from proxy.policy.model import Budget
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
+from proxy.stages.unbooked import Unbooked, UnbookedSettle
 from proxy.storage.base import Counter, QuotaStore, StorageError, StorageRefused, StorageUnsent
 from proxy.storage.joint import Reserve
 from proxy.together import nothing
@@ -67,8 +68,12 @@ class Budgets:
         *,
         lease_s: float = 60.0,
         refusing: Refusing | None = None,
+        unbooked: Unbooked | None = None,
     ) -> None:
+        """`unbooked` keeps the settles storage could not take, to send again (without it,
+        such a settle is logged and lost from the quota, as its use is in the ledger)."""
         self._store = store
+        self._unbooked = unbooked
         self._refusing = refusing
         self._failures = failures
         self._prices = prices
@@ -205,8 +210,32 @@ class Budgets:
         rest = [u - c for u, c in zip(used, reservation.charged, strict=True)]  # may be < 0
         counters = [q.counter for q in reservation.quotas]
         settling = self._store.settle(reservation.scope, reservation.lease_id, counters, rest)
-        # Failing, the lease expires on its own: the use is lost from the quota, not the ledger.
-        return warned(settling, _log, "could not settle quota for %s: %s", ctx.tenant_name)
+        if self._unbooked is None:
+            # Failing, the lease expires on its own: the use is lost from the quota, not the
+            # ledger.
+            return warned(settling, _log, "could not settle quota for %s: %s", ctx.tenant_name)
+        return self._settled(settling, ctx.tenant_name, reservation, rest, self._unbooked)
+
+    async def _settled(
+        self,
+        settling: Awaitable[None],
+        tenant: str,
+        reservation: Reservation,
+        rest: list[int],
+        unbooked: Unbooked,
+    ) -> None:
+        """Wait for a settle; one storage did not take is kept and sent again (on the counters
+        of the day the request was admitted in, however late it is booked)."""
+        try:
+            await settling
+        except StorageError as exc:
+            log = _log.debug if unbooked.pending else _log.warning
+            log("could not settle quota for %s, kept to send again: %s", tenant, exc)
+            counters = [q.counter for q in reservation.quotas]
+            kept = UnbookedSettle(
+                tenant, reservation.scope, reservation.lease_id, counters, rest, self._lease_s
+            )
+            unbooked.keep(kept, exc)
 
     def charge_so_far(
         self, ctx: Admitted, input_tokens: int, output_tokens: int

@@ -81,6 +81,7 @@ class GatewayMetrics(Collector):
         self._budgets: Sequence[BudgetLeft] = ()
         self._ledger: Callable[[], LedgerStats] | None = None
         self._spans: Callable[[], Mapping[str, int]] | None = None
+        self._settles: Callable[[], Mapping[str, int]] | None = None
         self._gap_spans = _gap_spans(semconv.CHUNK_S)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -96,12 +97,21 @@ class GatewayMetrics(Collector):
         ledger's counters are."""
         self._spans = dropped
 
+    def watch_unbooked(self, stats: Callable[[], Mapping[str, int]]) -> None:
+        """Show the quota settles storage did not take (`stats`: kept now, and by outcome),
+        read as the ledger's counters are."""
+        self._settles = stats
+
     def read_watched(self) -> None:
         """Read the watched counters now (the ledger's, the lost spans'): a scrape, a worker's
         publishing and the OTLP metrics push each do first."""
         own = self._own
         if self._spans is not None:
             own.spans = {(why,): count for why, count in self._spans().items()}
+        if self._settles is not None:
+            settles = dict(self._settles())
+            own.settles_pending = {(): settles.pop("pending")}
+            own.settles = {(what,): count for what, count in settles.items()}
         if self._ledger is None:
             return
         stats = self._ledger()
@@ -254,6 +264,7 @@ class GatewayMetrics(Collector):
             inflight.add_metric(key, value)
         yield inflight
         yield from _ledger_metrics(state)
+        yield from _settle_metrics(state)
         if state.spans:  # tokenweir's own OTLP span export is on
             yield _counter(*_SPANS_DROPPED, state.spans.items())
         yield from self._budget_gauges()
@@ -300,6 +311,25 @@ def _ledger_metrics(state: MetricState) -> Iterator[Metric]:
     )
     buffered.add_metric((), sum(state.ledger_buffered.values()))
     yield buffered
+
+
+def _settle_metrics(state: MetricState) -> Iterator[Metric]:
+    """Quota settles storage did not take when their request ended (Redis full, read-only,
+    unreachable): kept and sent again, by outcome."""
+    if not state.settles:
+        return
+    yield _counter(
+        "tokenweir_quota_settles_unbooked",
+        "Quota settles storage did not take at once, by outcome: booked_late (sent again and "
+        "booked), uncertain (the failed call may have run: only its lease is released, never "
+        "booked twice), released, dropped (never booked: over the bound, or at shutdown).",
+        ("outcome",), state.settles.items(),
+    )  # fmt: skip
+    pending = GaugeMetricFamily(
+        "tokenweir_quota_settles_pending", "Quota settles kept to send again to storage."
+    )
+    pending.add_metric((), sum(state.settles_pending.values()))
+    yield pending
 
 
 _SPANS_DROPPED = (

@@ -97,7 +97,8 @@ class MetricState:
 
     __slots__ = (
         "broken", "cache", "degraded", "inflight", "ledger", "ledger_buffered", "policy",
-        "rejected", "reloads", "saved_nusd", "saved_tokens", "series", "spans",
+        "rejected", "reloads", "saved_nusd", "saved_tokens", "series", "settles",
+        "settles_pending", "spans",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -114,6 +115,8 @@ class MetricState:
         self.reloads: dict[_Key, int] = {}  # (result,): policy reloads applied, refused, failed
         self.policy: dict[_Key, int] = {}  # (hash,): 1 for the policy version this one serves
         self.spans: dict[_Key, int] = {}  # (reason,): request spans the OTLP export lost
+        self.settles: dict[_Key, int] = {}  # (outcome,): quota settles storage did not take
+        self.settles_pending: dict[_Key, int] = {}  # (): those kept to send again
 
     def record(self, sample: RequestSample, gap_spans: Sequence[tuple[int, int]]) -> None:
         series = self.series.get(sample.labels)
@@ -207,6 +210,11 @@ def versions_in(dumped: bytes) -> set[str]:
 
 _COUNTERS = (
     "cache", "saved_tokens", "saved_nusd", "rejected", "degraded", "broken", "ledger", "reloads",
-    "spans",
+    "spans", "settles",
 )  # fmt: skip
-_GAUGES = ("inflight", "ledger_buffered", "policy")  # a dead worker's are not summed
+_GAUGES = (
+    "inflight",
+    "ledger_buffered",
+    "policy",
+    "settles_pending",
+)  # a dead worker's are not summed

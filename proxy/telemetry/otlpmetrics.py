@@ -73,6 +73,8 @@ NAMES: dict[str, tuple[str, str]] = {
     "tokenweir_budget_remaining_usd": ("tokenweir.budget.remaining_cost", "USD"),
     "tokenweir_policy_reloads": ("tokenweir.policy.reloads", "{reload}"),
     "tokenweir_spans_dropped": ("tokenweir.spans.dropped", "{span}"),
+    "tokenweir_quota_settles_unbooked": ("tokenweir.quota.settles_unbooked", "{settle}"),
+    "tokenweir_quota_settles_pending": ("tokenweir.quota.settles_pending", "{settle}"),
 }  # fmt: skip
 
 # Prometheus label -> OpenTelemetry attribute key.
@@ -87,6 +89,7 @@ ATTRIBUTES = {
     "reason": "tokenweir.reason",
     "rule": "tokenweir.rule",
     "quota": "tokenweir.quota",
+    "outcome": "tokenweir.outcome",
 }
 
 # Families whose label means something else than ATTRIBUTES says: a reload's `result`.

@@ -7,11 +7,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis as redis_client
 
 from proxy.tools.mock import backend as mockbackend
 from tests.redis_server import RedisProcess, frozen
@@ -206,3 +208,42 @@ def _not_done(line: str) -> bool:
 
 def _admitted(http: httpx.Client) -> bool:
     return http.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_a_request_that_ends_while_redis_is_down_is_booked_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """A request that ended while Redis was down (killed; it keeps its data on disk) lost its
+    usage from the tenant's quota, and its reservation held the quota for its 60 s lease after
+    Redis came back. Its settle, which never reached Redis, is now sent again and booked."""
+    redis = RedisProcess(["--appendonly", "yes", "--appendfsync", "always"])
+    redis.start()
+    config = tmp_path / "policy.yaml"
+    body = {**CHAT, "max_tokens": 300, "mock_completion_tokens": 300}
+    try:
+        with (
+            serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=200)) as backend_url,
+            ThreadPoolExecutor(1) as pool,
+        ):
+            config.write_text(policy_text(backend_url, redis.url))
+            with (
+                replicas(config, 1) as [(_, url)],
+                httpx.Client(base_url=url, headers=AUTH) as http,
+            ):
+                answer = pool.submit(http.post, "/v1/chat/completions", json=body)
+                _wait_for(lambda: _day_quota(redis.url)[1] > 0)  # reserved
+                redis.kill()
+                usage = answer.result(timeout=30).json()["usage"]
+                redis.start()
+                _wait_for(lambda: _day_quota(redis.url) == (usage["total_tokens"], 0))
+                settles = http.get("/readyz?backends=skip").json()["quota_settles"]
+        assert (settles["pending"], settles["booked_late"], settles["uncertain"]) == (0, 1, 0)
+    finally:
+        redis.close()
+
+
+def _day_quota(redis_url: str) -> tuple[int, int]:
+    """The tenant's daily token quota: (used, reserved)."""
+    with redis_client.Redis.from_url(redis_url) as client:
+        rows = [client.hmget(k, "used", "reserved") for k in client.scan_iter("tw:*:q:tokens:d:*")]
+    return sum(int(u or 0) for u, _ in rows), sum(int(r or 0) for _, r in rows)

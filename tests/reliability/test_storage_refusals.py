@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -164,3 +165,43 @@ def _quota_used(redis_url: str, scope: str) -> int:
     with redis.Redis.from_url(redis_url) as client:
         keys = client.scan_iter(f"{scope}:q:tokens:d:*")
         return sum(int(client.hget(key, "used") or 0) for key in keys)
+
+
+@pytest.mark.parametrize("state", ["READONLY", "MISCONF"])
+def test_a_request_that_ends_while_redis_refuses_is_booked_once_it_takes_writes(
+    tmp_path: Path, state: str
+) -> None:
+    """A request that settled while Redis refused writes lost its usage from the tenant's quota
+    (the ledger had it), and its reservation held the quota until its lease ended. The settle
+    is now kept, counted on /readyz and /metrics, and booked once Redis takes writes again.
+    (Not OOM here: Redis lets a script go on writing once it has written, and the slot release
+    sent before the settle in the same call does, so a full Redis takes this one.)"""
+    body = {**CHAT, "max_tokens": 300, "mock_completion_tokens": 300}
+    scope = f"tw:{{{TENANT}}}"
+    with (
+        serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=200)) as slow_backend,
+        _gateway(slow_backend, tmp_path) as (redis_url, http),
+        ThreadPoolExecutor(1) as pool,
+    ):
+        answer = pool.submit(http.post, "/v1/chat/completions", json=body)
+        wait_until(lambda: _quota_held(redis_url, scope) > 0, "the request's reservation")
+        with _refusing(redis_url, state):
+            usage = answer.result(timeout=30).json()["usage"]  # it ends while Redis refuses
+            assert _quota_used(redis_url, scope) == 0
+            during = http.get("/readyz?backends=skip").json()
+        wait_until(lambda: _quota_used(redis_url, scope) == usage["total_tokens"], "the booking")
+        assert _quota_held(redis_url, scope) == 0  # its reservation given back, not held 60 s
+        assert during["quota_settles"]["pending"] == 1
+        settles = http.get("/readyz?backends=skip").json()["quota_settles"]
+        assert (settles["pending"], settles["booked_late"]) == (0, 1)
+        metrics = http.get("/metrics").text
+        assert 'tokenweir_quota_settles_unbooked_total{outcome="booked_late"} 1.0' in metrics
+        time.sleep(1.0)  # sent again or not, it is booked once
+        assert _quota_used(redis_url, scope) == usage["total_tokens"]
+
+
+def _quota_held(redis_url: str, scope: str) -> int:
+    """A daily token quota as requests in flight hold it."""
+    with redis.Redis.from_url(redis_url) as client:
+        keys = client.scan_iter(f"{scope}:q:tokens:d:*")
+        return sum(int(client.hget(key, "reserved") or 0) for key in keys)
