@@ -110,7 +110,9 @@ class Gateway:
         budgets = Budgets(
             store, prices, clock, failures, refusing=rate_limits.show, unbooked=services.unbooked
         )
-        key_limits = KeyAllowances(store, storage.limits, clock, failures, rate_limits.show)
+        key_limits = KeyAllowances(
+            store, storage.limits, clock, failures, rate_limits.show, services.unbooked
+        )
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
         attempts = Attempts(
             pools, services.upstream, clock, rate_limits.admit_backend,

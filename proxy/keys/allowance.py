@@ -26,6 +26,7 @@ from proxy.stages.limitrefusal import refused_unsent
 from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures
+from proxy.stages.unbooked import Unbooked, UnbookedSettle
 from proxy.storage.base import (
     Counter,
     QuotaStore,
@@ -80,8 +81,11 @@ class KeyAllowances:
         clock: Clock,
         failures: StorageFailures,
         refusing: Refusing | None = None,
+        unbooked: Unbooked | None = None,
     ) -> None:
+        """`unbooked` keeps the key's quota settles storage could not take, to send again."""
         self._store = store
+        self._unbooked = unbooked
         self._refusing = refusing
         self._limits = limits
         self._clock = clock
@@ -243,7 +247,13 @@ class KeyAllowances:
         if hold.counters:
             rest = used - hold.charged  # may be < 0: the backend's count was lower
             counters, rests = hold.counters, [rest] * len(hold.counters)
-            calls.append(self._store.settle(hold.scope, hold.lease_id, counters, rests))
+            settling = self._store.settle(hold.scope, hold.lease_id, counters, rests)
+            if self._unbooked is not None:
+                kept = UnbookedSettle(
+                    ctx.tenant_name, hold.scope, hold.lease_id, counters, rests, _LEASE_S
+                )
+                settling = _kept_if_failed(settling, kept, self._unbooked)
+            calls.append(settling)
         if hold.tpm is not None and used != hold.tpm[1]:
             bucket, charged = hold.tpm
             now = self._clock.wall()
@@ -278,6 +288,17 @@ def _refused(
         f"This API key's own quota is used up: {held}.",
         retry_after_s=max(1.0, counter.expires_at - 86400 - now),
     )
+
+
+async def _kept_if_failed(
+    settling: Awaitable[None], kept: UnbookedSettle, unbooked: Unbooked
+) -> None:
+    """A settle of the key's quota storage did not take is kept and sent again, as the
+    tenant's are (budget.py)."""
+    try:
+        await settling
+    except StorageError as exc:
+        unbooked.keep(kept, exc)
 
 
 async def _quietly(calls: list[Awaitable[None]]) -> None:

@@ -68,6 +68,10 @@ class Unbooked:
 
     def keep(self, settle: UnbookedSettle, error: StorageError) -> None:
         """Keep `settle`, whose call failed with `error`, to send again."""
+        if self._closing:  # a request that ended after the last send: nothing sends it now
+            self.counts["dropped"] += 1
+            _log.error("shutdown: a quota settle for %s could not be booked", settle.tenant)
+            return
         self._again(settle, error, self._wall())
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._retry())

@@ -141,15 +141,7 @@ def test_a_stream_across_refused_writes_is_booked_whole_on_its_quota(
         serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=200)) as slow_backend,
         _gateway(slow_backend, tmp_path) as (redis_url, http),
     ):
-        headers, scope = AUTH, f"tw:{{{TENANT}}}"
-        if holder == "key":
-            admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-            created = http.post(
-                "/admin/keys", json={"tenant": TENANT, "budget": {"tokens_per_day": 10**6}},
-                headers=admin,
-            ).json()  # fmt: skip
-            headers = {"authorization": f"Bearer {created['key']}"}
-            scope += f":key:{created['id']}"
+        headers, scope = _holder(http, holder)
         with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
             wait_until(lambda: _quota_used(redis_url, scope) > 0, "the stream's first booking")
             with _refusing(redis_url, state):
@@ -160,6 +152,19 @@ def test_a_stream_across_refused_writes_is_booked_whole_on_its_quota(
         assert _quota_used(redis_url, scope) == usage["total_tokens"]
 
 
+def _holder(http: httpx.Client, holder: str) -> tuple[dict[str, str], str]:
+    """The headers of a request on the tenant's quota, or on a new runtime key's own (a daily
+    token quota), and the key prefix of that quota."""
+    if holder == "tenant":
+        return AUTH, f"tw:{{{TENANT}}}"
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    created = http.post(
+        "/admin/keys", json={"tenant": TENANT, "budget": {"tokens_per_day": 10**6}},
+        headers=admin,
+    ).json()  # fmt: skip
+    return {"authorization": f"Bearer {created['key']}"}, f"tw:{{{TENANT}}}:key:{created['id']}"
+
+
 def _quota_used(redis_url: str, scope: str) -> int:
     """A daily token quota as booked (not what requests in flight hold)."""
     with redis.Redis.from_url(redis_url) as client:
@@ -167,23 +172,26 @@ def _quota_used(redis_url: str, scope: str) -> int:
         return sum(int(client.hget(key, "used") or 0) for key in keys)
 
 
-@pytest.mark.parametrize("state", ["READONLY", "MISCONF"])
+@pytest.mark.parametrize(
+    ("state", "holder"), [("READONLY", "tenant"), ("MISCONF", "tenant"), ("READONLY", "key")]
+)
 def test_a_request_that_ends_while_redis_refuses_is_booked_once_it_takes_writes(
-    tmp_path: Path, state: str
+    tmp_path: Path, state: str, holder: str
 ) -> None:
     """A request that settled while Redis refused writes lost its usage from the tenant's quota
     (the ledger had it), and its reservation held the quota until its lease ended. The settle
     is now kept, counted on /readyz and /metrics, and booked once Redis takes writes again.
-    (Not OOM here: Redis lets a script go on writing once it has written, and the slot release
-    sent before the settle in the same call does, so a full Redis takes this one.)"""
+    So is a runtime key's own quota. (Not OOM here: Redis lets a script go on writing once it
+    has written, and the slot release sent before the settle in the same call does, so a full
+    Redis takes this one.)"""
     body = {**CHAT, "max_tokens": 300, "mock_completion_tokens": 300}
-    scope = f"tw:{{{TENANT}}}"
     with (
         serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=200)) as slow_backend,
         _gateway(slow_backend, tmp_path) as (redis_url, http),
         ThreadPoolExecutor(1) as pool,
     ):
-        answer = pool.submit(http.post, "/v1/chat/completions", json=body)
+        headers, scope = _holder(http, holder)
+        answer = pool.submit(http.post, "/v1/chat/completions", json=body, headers=headers)
         wait_until(lambda: _quota_held(redis_url, scope) > 0, "the request's reservation")
         with _refusing(redis_url, state):
             usage = answer.result(timeout=30).json()["usage"]  # it ends while Redis refuses
@@ -191,11 +199,14 @@ def test_a_request_that_ends_while_redis_refuses_is_booked_once_it_takes_writes(
             during = http.get("/readyz?backends=skip").json()
         wait_until(lambda: _quota_used(redis_url, scope) == usage["total_tokens"], "the booking")
         assert _quota_held(redis_url, scope) == 0  # its reservation given back, not held 60 s
-        assert during["quota_settles"]["pending"] == 1
+        kept = 2 if holder == "key" else 1  # a key's request settles its tenant's quota too
+        assert during["quota_settles"]["pending"] == kept
         settles = http.get("/readyz?backends=skip").json()["quota_settles"]
-        assert (settles["pending"], settles["booked_late"]) == (0, 1)
+        assert (settles["pending"], settles["booked_late"]) == (0, kept)
         metrics = http.get("/metrics").text
-        assert 'tokenweir_quota_settles_unbooked_total{outcome="booked_late"} 1.0' in metrics
+        assert (
+            f'tokenweir_quota_settles_unbooked_total{{outcome="booked_late"}} {kept}.0' in metrics
+        )
         time.sleep(1.0)  # sent again or not, it is booked once
         assert _quota_used(redis_url, scope) == usage["total_tokens"]
 

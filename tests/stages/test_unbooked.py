@@ -147,4 +147,6 @@ async def test_shutdown_sends_what_is_kept_at_once_and_logs_what_storage_still_r
         await refusing.aclose()
     assert refusing.stats()["dropped"] == 1
     assert "1 quota settles could not be booked" in caplog.text
+    refusing.keep(_settle("r3", 10), StorageRefused("redis: READONLY"))  # ended after the last
+    assert (refusing.stats()["pending"], refusing.stats()["dropped"]) == (0, 2)
     assert await store.read([ADMITTED_DAY]) == [(10, 0)]
