@@ -216,3 +216,31 @@ def _quota_held(redis_url: str, scope: str) -> int:
     with redis.Redis.from_url(redis_url) as client:
         keys = client.scan_iter(f"{scope}:q:tokens:d:*")
         return sum(int(client.hget(key, "reserved") or 0) for key in keys)
+
+
+def test_a_gateway_stopped_while_redis_refuses_says_which_settles_it_could_not_book(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM with a settle kept: one last send, then what Redis still refused is logged."""
+    body = {**CHAT, "max_tokens": 300, "mock_completion_tokens": 300}
+    redis_server = RedisProcess()
+    redis_server.start()
+    try:
+        config = tmp_path / "policy.yaml"
+        with (
+            serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=200)) as slow_backend,
+            ThreadPoolExecutor(1) as pool,
+        ):
+            config.write_text(policy_text(slow_backend, redis_server.url))
+            with replicas(config, 1) as [(process, url)], httpx.Client(base_url=url) as http:
+                answer = pool.submit(http.post, "/v1/chat/completions", json=body, headers=AUTH)
+                wait_until(lambda: _quota_held(redis_server.url, f"tw:{{{TENANT}}}") > 0, "held")
+                with _refusing(redis_server.url, "READONLY"):
+                    assert answer.result(timeout=30).is_success
+                    settles = http.get("/readyz?backends=skip").json()["quota_settles"]
+                    assert settles["pending"] == 1
+                    process.terminate()
+                    _, stderr = process.communicate(timeout=30)
+        assert b"shutdown: 1 quota settles could not be booked" in stderr
+    finally:
+        redis_server.close()
