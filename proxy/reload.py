@@ -46,6 +46,10 @@ __all__ = [
 WATCH_ENV = "TOKENWEIR_WATCH"
 SUPERVISOR_ENV = "TOKENWEIR_SUPERVISOR_PID"
 WATCH_INTERVAL_S = 1.0
+# A reload applies the file once it held still this long (a writer's pauses are shorter), and
+# refuses it if it is still changing after the limit.
+SETTLE_S = 0.5
+SETTLE_LIMIT_S = 10.0
 # Sections resolved into long-lived objects (connections, the ledger, the server's sockets):
 # a reload that changes one is refused rather than half applied.
 RESTART_SECTIONS = ("storage", "ledger", "server", "upstream", "embedder")
@@ -132,6 +136,30 @@ def _stat(path: Path) -> FileStamp | None:
     except OSError:
         return None
     return info.st_mtime_ns, info.st_size, info.st_ino, info.st_ctime_ns
+
+
+async def _read_still(path: Path) -> PolicySource:
+    """The file read once it held still for SETTLE_S across the read (a SIGHUP or an admin
+    reload sent while it is being written must not apply a piece of it: a piece without a
+    tenant revokes the tenant's runtime keys); ReloadRefused if it is broken, or still changing
+    after SETTLE_LIMIT_S."""
+    for _ in range(int(SETTLE_LIMIT_S / SETTLE_S)):
+        before = _stat(path)
+        await asyncio.sleep(SETTLE_S)
+        try:  # off the loop: a file of many MB takes seconds to parse, streams go on
+            source = await asyncio.to_thread(PolicySource.read, path)
+        except PolicyError as exc:
+            if _stat(path) != before:
+                continue  # caught mid-write: read it again once it holds still
+            raise ReloadRefused(
+                f"The policy file has errors; the old policy keeps serving:\n{exc}"
+            ) from exc
+        if before == source.seen == _stat(path):
+            return source
+    raise ReloadRefused(
+        f"{path} was still changing {SETTLE_LIMIT_S:.0f} s after the reload was asked for; the "
+        "reload was refused and the old policy keeps serving."
+    )
 
 
 class Prober(Protocol):
@@ -278,12 +306,7 @@ class Reloader(Generic[G]):
             raise ReloadRefused("This gateway was not started from a policy file: nothing to load.")
         async with self._lock:
             current = self._live.current
-            try:  # off the loop: a file of many MB takes seconds to parse, streams go on
-                source = await asyncio.to_thread(PolicySource.read, self._path)
-            except PolicyError as exc:
-                raise ReloadRefused(
-                    f"The policy file has errors; the old policy keeps serving:\n{exc}"
-                ) from exc
+            source = await _read_still(self._path)
             self._seen_digest = source.digest
             if source.digest == current.policy_hash:
                 return Reloaded(current.policy_hash, current.policy_hash, changed=False)
