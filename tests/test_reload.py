@@ -313,7 +313,9 @@ async def test_a_reload_that_changes_a_price_keeps_a_dead_backend_out(
                 "models: {mock-llm: {}}",
                 f"models: {{mock-llm: {{max_attempts: 1, price: {{input_per_1m: {price}}}}}}}",
             )
-            + "upstream: {probe_interval: 5s}\n"
+            # Its circuit, once open, stays so past the reload (which waits 0.5 s for the file
+            # to hold still) on a loaded machine: a trial would take one request's turn.
+            + "upstream: {probe_interval: 5s, circuit: {open_for: 60s}}\n"
         )
 
     config = tmp_path / "policy.yaml"
