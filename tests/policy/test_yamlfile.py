@@ -116,9 +116,9 @@ def test_libyaml_reads_a_large_file_several_times_faster_with_the_same_lines() -
     assert HAS_LIBYAML
     text = _tenants(1500)
     spent = {}
-    for pure in (True, False):
-        started = time.process_time()
-        spent[pure] = (_read(text, pure), time.process_time() - started)
+    for pure in (True, False):  # this thread's CPU: not the worker's servers, not the load
+        started = time.thread_time()
+        spent[pure] = (_read(text, pure), time.thread_time() - started)
     assert spent[True][0] == spent[False][0]
     assert spent[False][1] < 0.6 * spent[True][1]  # measured: 0.25-0.35
 

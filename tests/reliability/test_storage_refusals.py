@@ -145,7 +145,8 @@ def test_a_stream_across_refused_writes_is_booked_whole_on_its_quota(
         with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
             wait_until(lambda: _quota_used(redis_url, scope) > 0, "the stream's first booking")
             with _refusing(redis_url, state):
-                time.sleep(2.5)  # two bookings or more, one a second, refused (10 s of stream)
+                refused = _refusals(redis_url, state) + 2  # bookings, one a second, of 10 s
+                wait_until(lambda: _refusals(redis_url, state) >= refused, "two refused writes")
             frames = [line for line in answer.iter_lines() if line.startswith("data: {")]
         usage = orjson.loads(frames[-1].removeprefix("data: "))["usage"]
         assert usage["completion_tokens"] == 2000
@@ -163,6 +164,12 @@ def _holder(http: httpx.Client, holder: str) -> tuple[dict[str, str], str]:
         headers=admin,
     ).json()  # fmt: skip
     return {"authorization": f"Bearer {created['key']}"}, f"tw:{{{TENANT}}}:key:{created['id']}"
+
+
+def _refusals(redis_url: str, state: str) -> int:
+    """How many calls Redis has refused with `state` (its error stats count a script's own)."""
+    with redis.Redis.from_url(redis_url) as client:
+        return int(client.info("errorstats").get(f"errorstat_{state}", {}).get("count", 0))
 
 
 def _quota_used(redis_url: str, scope: str) -> int:

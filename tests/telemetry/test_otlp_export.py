@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ALPHA_KEY
+from tests.redis_server import wait_until
 from tests.servers import free_port, replicas, wait_healthy
 from tests.telemetry.collector import collector, policy_file
 
@@ -124,15 +125,11 @@ def test_a_collector_login_in_the_endpoint_is_sent_and_never_logged(
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, process)
             with openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as client:
-                for _ in range(2):  # the first batch is refused, the next one taken
-                    client.chat.completions.create(
-                        model="mock-llm", messages=[{"role": "user", "content": "hi"}]
-                    )
-                    time.sleep(0.5)  # each in a batch of its own
-            deadline = time.monotonic() + 15
-            while not server.spans():
-                assert time.monotonic() < deadline, "no spans reached the collector"
-                time.sleep(0.05)
+                hi = [{"role": "user", "content": "hi"}]
+                client.chat.completions.create(model="mock-llm", messages=hi)
+                wait_until(lambda: bool(server.refused_at), "the first batch refused", 30)
+                client.chat.completions.create(model="mock-llm", messages=hi)
+                wait_until(lambda: bool(server.spans()), "a batch after it taken", 30)
         finally:
             process.terminate()
             stdout, stderr = process.communicate(timeout=30)
