@@ -97,6 +97,7 @@ def gateway(
 admin_keys: [{hash_key(ADMIN)}]
 ledger: sqlite:///{config.parent / "ledger.db"}
 server: {{max_body_bytes: 64KiB, body_timeout: 5s}}
+upstream: {{probe_interval: 0s}}
 backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm, mock-embed, qwen]}}]
 models: {{mock-llm: {{}}, mock-embed: {{}}, qwen: {{tokenizer: "{qwen}"}}}}
 tenants:
