@@ -14,11 +14,15 @@ def _sent(raw: bytes) -> bytes:
     return as_written(orjson.dumps(body), body, raw)
 
 
-def test_a_body_without_a_plus_is_the_same_bytes() -> None:
-    raw = b'{"model": "m", "seed": 7, "x": [1.5, -0.0]}'
+def _untouched(raw: bytes) -> bool:
+    """Is the body orjson wrote sent as it is (the same object, not written again)?"""
     body = orjson.loads(raw)
     content = orjson.dumps(body)
-    assert as_written(content, body, raw) is content
+    return as_written(content, body, raw) is content
+
+
+def test_a_body_without_a_plus_is_the_same_bytes() -> None:
+    assert _untouched(b'{"model": "m", "seed": 7, "x": [1.5, -0.0]}')
 
 
 def test_a_float_the_client_wrote_so_stays_a_float() -> None:
@@ -39,10 +43,7 @@ def test_each_integer_past_64_bits_is_written_as_it_came_and_the_body_is_not_cha
 
 
 def test_text_that_reads_like_an_exponent_leaves_the_body_as_orjson_wrote_it() -> None:
-    raw = b'{"messages": [{"role": "user", "content": "Is 1e+20 C++ enough? 3e+300"}]}'
-    body = orjson.loads(raw)
-    content = orjson.dumps(body)
-    assert as_written(content, body, raw) is content
+    assert _untouched(b'{"messages": [{"role": "user", "content": "Is 1e+20 C++ enough? 3e+300"}]}')
 
 
 def test_digit_runs_in_text_and_floats_are_no_integers() -> None:
