@@ -66,7 +66,11 @@ def engine_url(engine: Engine) -> str:
 @pytest.fixture
 async def store(engine_url: str) -> AsyncIterator[CacheStore]:
     chosen: CacheStore
-    chosen = MemoryCacheStore() if engine_url == "memory" else RedisCacheStore(engine_url)
+    chosen = (
+        MemoryCacheStore()
+        if engine_url == "memory"
+        else RedisCacheStore(engine_url, timeout_s=10.0)
+    )
     yield chosen
     await chosen.aclose()
 
@@ -193,7 +197,7 @@ REDIS8 = [
 async def test_a_stale_hit_is_removed_from_redis_index(
     redis8_url: str, spec: CacheSpec, name: str
 ) -> None:
-    store = RedisCacheStore(redis8_url)
+    store = RedisCacheStore(redis8_url, timeout_s=10.0)
     index = SemanticIndex(store)
     try:
         row = unit_rows(1)[0]
@@ -216,7 +220,10 @@ async def test_a_stale_hit_is_removed_from_redis_index(
 async def test_replicas_share_one_redis_index_without_warm_up(
     redis8_url: str, spec: CacheSpec, name: str
 ) -> None:
-    one, two = RedisCacheStore(redis8_url), RedisCacheStore(redis8_url)
+    one, two = (
+        RedisCacheStore(redis8_url, timeout_s=10.0),
+        RedisCacheStore(redis8_url, timeout_s=10.0),
+    )
     first, second = SemanticIndex(one), SemanticIndex(two)
     try:
         row = unit_rows(1)[0]

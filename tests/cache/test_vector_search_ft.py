@@ -39,7 +39,7 @@ def entry(
 
 @pytest.fixture
 async def search(redis8_url: str) -> AsyncIterator[tuple[RedisCacheStore, SemanticIndex]]:
-    store = RedisCacheStore(redis8_url)
+    store = RedisCacheStore(redis8_url, timeout_s=10.0)
     index = SemanticIndex(store)
     yield store, index
     await index.aclose()
@@ -155,7 +155,7 @@ async def test_search_replies_read_the_same_in_both_protocols(
 async def test_redis7_without_the_module_falls_back_to_the_mirror(
     redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = RedisCacheStore(redis_url)
+    store = RedisCacheStore(redis_url, timeout_s=10.0)
     index = SemanticIndex(store)
     try:
         row = unit_rows(1)[0]
@@ -175,7 +175,7 @@ async def test_redis7_without_the_module_falls_back_to_the_mirror(
 
 
 async def test_on_a_cluster_each_tenants_index_lives_in_its_slot(redis8_cluster_url: str) -> None:
-    store = RedisCacheStore(redis8_cluster_url)
+    store = RedisCacheStore(redis8_cluster_url, timeout_s=10.0)
     index = SemanticIndex(store)
     tenants = ["a", "a:b", "alpha", "zeta", "t1", "t2"]
     rows = unit_rows(len(tenants))

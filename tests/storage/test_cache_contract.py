@@ -30,7 +30,7 @@ def any_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def store(any_url: str) -> AsyncIterator[CacheStore]:
     chosen: CacheStore
-    chosen = MemoryCacheStore() if any_url == "memory" else RedisCacheStore(any_url)
+    chosen = MemoryCacheStore() if any_url == "memory" else RedisCacheStore(any_url, timeout_s=10.0)
     yield chosen
     await chosen.aclose()
 
@@ -118,7 +118,7 @@ async def test_an_answer_stored_again_keeps_one_entry_and_only_its_new_vector(
 
 
 async def test_evicted_entries_lose_their_vectors_on_redis(redis_url: str) -> None:
-    store = RedisCacheStore(redis_url)
+    store = RedisCacheStore(redis_url, timeout_s=10.0)
     try:
         for n in range(4):
             await store.put(entry(f"k{n}", now=NOW + n, max_entries=2, partition="p", vector=b"v"))
