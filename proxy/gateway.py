@@ -128,14 +128,15 @@ class Gateway:
         # every stage take its steps again, and a step taken before it would be taken twice.
         degrade = Degrade(pools, clock, store, failures, cache, budgets.quotas)
         admission: list[Stage] = [budgets, key_limits, rate_limits, cache, degrade, Route(attempts)]
-        # A rule's output bound is what the admission reserves: chosen before it, where any
-        # tenant has rules (a stage fewer a request where none has).
+        # A rule's output bound is what the admission reserves, and the model it sends the
+        # request to is the one whose tokenizer shaping counts with: chosen before both, where
+        # any tenant has rules (a stage fewer a request where none has).
         choice = [DegradeChoice(degrade)] if any(t.degrade for t in policy.tenants.values()) else []
         stages: list[Stage] = [
             Parse(policy.models),
             Attribute(),
-            Shape(counters),
             *choice,
+            Shape(counters),
             Prefetch(storage, planners_in(admission), failures),
             *admission,
         ]

@@ -1,8 +1,9 @@
 """Degradation: the tenant's first matching `degrade:` rule changes the request, and under
 overload the lowest priorities are shed first.
 
-Writes degrade_choice and the planned output bound (DegradeChoice, before admission, so that a
-rule's max_output_tokens is what quotas and rate limits reserve); then degraded, degraded_shadow,
+Writes degrade_choice and the planned output bound (DegradeChoice, before shaping and admission,
+so that a rule's model is the one whose tokenizer counts the input, and its max_output_tokens what
+quotas and rate limits reserve); then degraded, degraded_shadow,
 and per the chosen rule's `then`: cache_min_similarity / cache_serve_stale (and the cache's second
 lookup), then, unless that hit, body max_tokens, output_allowance, model; or an error.
 """
@@ -196,9 +197,11 @@ class Degrade:
 
 
 class DegradeChoice:
-    """Chooses the rule before admission (the stage applies it after the cache lookup): a rule's
-    `max_output_tokens` is then the bound that quotas and rate limits reserve, where they held
-    the bound it lowers and refused requests that it would have let fit."""
+    """Chooses the rule before shaping and admission (the stage applies it after the cache
+    lookup): a rule's `max_output_tokens` is then the bound that quotas and rate limits reserve,
+    where they held the bound it lowers and refused requests that it would have let fit; and
+    its `model` the one whose tokenizer shaping counts with, where the asked model's count was
+    held to `max_input_tokens`, reserved and billed (a backend without usage) for another's."""
 
     def __init__(self, degrade: Degrade) -> None:
         self._degrade = degrade

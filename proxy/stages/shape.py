@@ -18,7 +18,14 @@ from proxy.policy.model import Budget, Tenant
 from proxy.tokens import TokenizerError
 from proxy.tokens.base import prompt_count
 
-__all__ = ["InputCounter", "Shape", "chat_tools", "count_prompts", "count_template_inputs"]
+__all__ = [
+    "InputCounter",
+    "Shape",
+    "chat_tools",
+    "count_prompts",
+    "count_template_inputs",
+    "counted_model",
+]
 
 Message = Mapping[str, Any]
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -51,15 +58,16 @@ class Shape:
         tenant, outgoing = ctx.tenant, ctx.outgoing
         budget = tenant.budget
         api = AGENT_APIS.get(ctx.operation)
+        model = counted_model(ctx)
         if ctx.operation == "chat":
-            await self._shape_chat(ctx, tenant)
+            await self._shape_chat(ctx, tenant, model)
         elif api is not None:
-            await self._shape_agent(ctx, tenant, api)
+            await self._shape_agent(ctx, tenant, api, model)
         elif _needs_count(ctx):
             if budget.max_input_tokens is not None and outgoing.body.get("prompt_embeds"):
                 # vLLM's prompt embeddings: tensors, read as many tokens as they have rows
                 raise _uncountable("prompt_embeds", "the prompt's embeddings", budget)
-            count = await count_prompts(self._counter, ctx.model, ctx.operation, outgoing.body)
+            count = await count_prompts(self._counter, model, ctx.operation, outgoing.body)
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
                 field = "prompt" if ctx.operation == "text_completion" else "input"
                 raise _too_long(count, budget.max_input_tokens, field)
@@ -71,7 +79,7 @@ class Shape:
                 outgoing.allow_as_sent(held=_charges_output(tenant))
             _temperature(outgoing, budget)
 
-    async def _shape_chat(self, ctx: Admitted, tenant: Tenant) -> None:
+    async def _shape_chat(self, ctx: Admitted, tenant: Tenant, model: str) -> None:
         budget = tenant.budget
         outgoing = ctx.outgoing
         messages: list[Message] = list(outgoing.body["messages"])
@@ -88,19 +96,19 @@ class Shape:
             _refuse_request_template(outgoing.body, budget)
         if _needs_count(ctx):
             tools = chat_tools(outgoing.body)
-            extra = await count_template_inputs(self._counter, ctx.model, outgoing.body)
-            count = extra + await self._counter.count_chat(ctx.model, messages, tools)
+            extra = await count_template_inputs(self._counter, model, outgoing.body)
+            count = extra + await self._counter.count_chat(model, messages, tools)
             limit = budget.max_input_tokens
             if limit is not None and count > limit:
                 if budget.on_input_overflow == "reject":
                     raise _too_long(count, limit)
-                messages, count = await self._trim(ctx.model, messages, tools, limit, extra)
+                messages, count = await self._trim(model, messages, tools, limit, extra)
                 shaped.append("input")
             ctx.counted_input_tokens = count
         if shaped:
             outgoing.set_messages(messages, shaped)
 
-    async def _shape_agent(self, ctx: Admitted, tenant: Tenant, api: AgentApi) -> None:
+    async def _shape_agent(self, ctx: Admitted, tenant: Tenant, api: AgentApi, model: str) -> None:
         """The Responses and Messages APIs: the system prompt and the input limit (an input
         over it is refused; these APIs' histories are not trimmed)."""
         budget = tenant.budget
@@ -114,7 +122,7 @@ class Shape:
                 raise _uncountable("previous_input_messages", "the turns it holds", budget)
         if _needs_count(ctx):
             messages, tools = api.to_chat(ctx.body)
-            count = await self._counter.count_chat(ctx.model, messages, tools)
+            count = await self._counter.count_chat(model, messages, tools)
             if budget.max_input_tokens is not None and count > budget.max_input_tokens:
                 raise _too_long(count, budget.max_input_tokens, api.required[0])
             ctx.counted_input_tokens = count
@@ -140,6 +148,16 @@ class Shape:
             newest = await self._counter.count_chat(model, head + turns[cuts[-1] :], tools)
             raise _too_long(extra + newest, limit)
         return best
+
+
+def counted_model(ctx: Admitted) -> str:
+    """The model whose tokenizer counts the input: the one that serves it, which is another
+    when the degradation rule chosen before shaping sends the request there."""
+    chosen = ctx.degrade_choice
+    live = chosen[0] if chosen is not None else None
+    if live is not None and live.then.model is not None:
+        return live.then.model
+    return ctx.model
 
 
 def chat_tools(body: Mapping[str, Any]) -> list[Any] | None:
