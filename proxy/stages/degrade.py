@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from proxy.clock import Clock
-from proxy.context import Admitted, Chosen
+from proxy.context import Admitted, Chosen, Operation
 from proxy.errors import GatewayError, RateLimited, UpstreamUnavailable
 from proxy.holds import Quota
 from proxy.policy.model import DegradeRule, DegradeThen, DegradeWhen, Tenant
@@ -24,7 +24,7 @@ from proxy.stages import Stage
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.base import QuotaStore, StorageError
 
-__all__ = ["SHED_AT", "STORAGE_WINDOW_S", "Degrade", "DegradeChoice"]
+__all__ = ["SHED_AT", "STORAGE_WINDOW_S", "Degrade", "DegradeChoice", "spilled_to"]
 
 Priority = Literal["low", "normal", "high"]
 _NO_RULE: Chosen = (None, None)  # a tenant without rules: no signal is read
@@ -169,8 +169,9 @@ class Degrade:
         if ctx.cached is None:
             if then.max_output_tokens is not None and ctx.operation != "embeddings":
                 ctx.outgoing.bound_output(then.max_output_tokens, None)  # as the rule's name
-            if then.model is not None and then.model != ctx.model:
-                ctx.outgoing.set_model(then.model)
+            model = spilled_to(rule, ctx.operation)
+            if model is not None and model != ctx.model:
+                ctx.outgoing.set_model(model)
         priority: Priority = then.priority or ctx.tenant.priority
         return priority
 
@@ -212,6 +213,15 @@ class DegradeChoice:
         ctx.degrade_choice = live, _ = await self._degrade.choose(ctx)
         if live is not None and ctx.operation != "embeddings":
             ctx.outgoing.planned_bound = live.then.max_output_tokens
+
+
+def spilled_to(rule: DegradeRule | None, operation: Operation) -> str | None:
+    """The model a live rule sends a request of `operation` to (None: it keeps its own). Never
+    an embedding's: another model's vectors are of another space, which no client could tell
+    from the ones it has stored (they were sent to the rule's chat model)."""
+    if rule is None or operation == "embeddings":
+        return None
+    return rule.then.model
 
 
 def _rejection(name: str, then: DegradeThen) -> GatewayError:

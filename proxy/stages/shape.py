@@ -15,6 +15,7 @@ from proxy.context import Admitted, Operation
 from proxy.errors import BadRequest, ContextLengthExceeded
 from proxy.outgoing import OutgoingRequest
 from proxy.policy.model import Budget, Tenant
+from proxy.stages.degrade import spilled_to
 from proxy.tokens import TokenizerError
 from proxy.tokens.base import prompt_count
 
@@ -154,10 +155,8 @@ def counted_model(ctx: Admitted) -> str:
     """The model whose tokenizer counts the input: the one that serves it, which is another
     when the degradation rule chosen before shaping sends the request there."""
     chosen = ctx.degrade_choice
-    live = chosen[0] if chosen is not None else None
-    if live is not None and live.then.model is not None:
-        return live.then.model
-    return ctx.model
+    model = spilled_to(chosen[0], ctx.operation) if chosen is not None else None
+    return ctx.model if model is None else model
 
 
 def chat_tools(body: Mapping[str, Any]) -> list[Any] | None:

@@ -19,6 +19,7 @@ from tests.web.test_billing import ledger_records, qwen_spec
 KEY = "tw-spill-tenant"
 AUTH = {"authorization": f"Bearer {KEY}"}
 SPILL = "[{name: spill, when: {}, then: {model: exact-small}}]"
+SPILL_MOCK = SPILL.replace("exact-small", "mock-small")
 # Chinese: the estimate of a model without a tokenizer counts 2/3 of a token a character,
 # Qwen2.5's tokenizer more for this text (two repeats: 18 against 37, five: 34 against 49).
 PHRASE = "数据库连接池配置"
@@ -85,3 +86,24 @@ def test_a_spilled_request_without_backend_usage_bills_the_serving_models_count(
     [record] = ledger_records(ledger, 1)
     billed = (record.model, record.input_tokens, record.usage_source)
     assert billed == ("exact-small", 37, "counted")
+
+
+def test_a_spill_rule_leaves_an_embedding_with_its_own_model(
+    backend_url: str, backend: httpx.Client
+) -> None:
+    """A tenant's spill rule sent its embeddings to the rule's chat model: vectors of another
+    model's space, which the client mixed into an index of its own model's."""
+    text = f"""
+backends: [{{name: a, url: "{backend_url}/v1", models: [mock-llm, mock-small, mock-embed]}}]
+models: {{mock-llm: {{}}, mock-small: {{}}, mock-embed: {{}}}}
+tenants:
+  t: {{api_keys: [{hash_key(KEY)}], models: [mock-llm, mock-embed], degrade: {SPILL_MOCK}}}
+"""
+    body = {"model": "mock-embed", "input": "hello"}
+    with serve(create_app(parse_policy(text, environ={}))) as url:
+        answer = httpx.post(url + "/v1/embeddings", json=body, headers=AUTH)
+        chat = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}]}
+        spilled = httpx.post(url + "/v1/chat/completions", json=chat, headers=AUTH)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "mock-embed"
+    assert spilled.json()["model"] == "mock-small"  # the rule fires: chats are spilled
