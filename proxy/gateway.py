@@ -29,6 +29,7 @@ from proxy.stages.cache import ResponseCache
 from proxy.stages.checkpoint import Checkpoint
 from proxy.stages.degrade import Degrade, DegradeChoice
 from proxy.stages.forward import Forward
+from proxy.stages.inflight import SharedInflight
 from proxy.stages.parse import Parse
 from proxy.stages.prefetch import Prefetch, planners_in
 from proxy.stages.route import Route
@@ -126,7 +127,8 @@ class Gateway:
         # key kept over its own limit refused every other key of the tenant). The budget stays
         # first: a refusal it answers by shortening the request (stop_stream_at_budget) has
         # every stage take its steps again, and a step taken before it would be taken twice.
-        degrade = Degrade(pools, clock, store, failures, cache, budgets.quotas)
+        inflight = SharedInflight(storage.limits, clock)
+        degrade = Degrade(pools, clock, store, failures, cache, budgets.quotas, inflight)
         admission: list[Stage] = [budgets, key_limits, rate_limits, cache, degrade, Route(attempts)]
         # A rule's output bound is what the admission reserves, and the model it sends the
         # request to is the one whose tokenizer shaping counts with: chosen before both, where

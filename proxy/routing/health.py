@@ -99,11 +99,15 @@ class BackendHealth:
         if counted:
             self._shared -= 1
 
+    def count_is_stale(self, now_s: float) -> bool:
+        """The count across replicas is no longer believed (see `inflight_at`)."""
+        return now_s - self._shared_s > SHARED_COUNT_S
+
     def inflight_at(self, now_s: float) -> int:
         """Requests in flight on the backend as this process best knows: the count across
         replicas while fresh (`SHARED_COUNT_S`), never below its own."""
         own = len(self.active)
-        if now_s - self._shared_s > SHARED_COUNT_S:
+        if self.count_is_stale(now_s):
             return own
         return max(own, self._shared)
 

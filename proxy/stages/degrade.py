@@ -21,6 +21,7 @@ from proxy.holds import Quota
 from proxy.policy.model import DegradeRule, DegradeThen, DegradeWhen, Tenant
 from proxy.routing.pool import Pools, PoolSignals
 from proxy.stages import Stage
+from proxy.stages.inflight import SharedInflight
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.base import QuotaStore, StorageError
 
@@ -47,6 +48,12 @@ class _Signals:
         self._budget: float | None = None
         self._budget_read = False
 
+    async def count_inflight(self) -> None:
+        """Before the pool's signals are read: its backends' requests in flight, across
+        replicas."""
+        if self._pool is None and self._stage.inflight is not None:
+            await self._stage.inflight.refresh(self._stage.pools.pool(self._ctx.model))
+
     def pool(self) -> PoolSignals:
         if self._pool is None:
             pool = self._stage.pools.pool(self._ctx.model)
@@ -69,8 +76,10 @@ class Degrade:
         failures: StorageFailures,
         cache: Stage | None = None,
         quotas: Callable[[Admitted], tuple[Quota, ...]] | None = None,
+        inflight: SharedInflight | None = None,
     ) -> None:
         self.pools = pools
+        self.inflight = inflight  # the count across replicas, where this process's is stale
         self.clock = clock
         self._store = store
         self._failures = failures
@@ -90,7 +99,7 @@ class Degrade:
             ctx.degraded.append(live.name)
             priority = await self._apply(ctx, live)
         if ctx.cached is None:
-            self._shed(ctx, priority, shadow=tenant.shadow)
+            await self._shed(ctx, priority, shadow=tenant.shadow)
 
     async def choose(self, ctx: Admitted) -> Chosen:
         """The tenant's first matching enforced rule and first matching shadow rule."""
@@ -120,6 +129,8 @@ class Degrade:
             failing = self._failures.failed_within(STORAGE_WINDOW_S)
             if failing != when.storage_unavailable:
                 return False
+        if when.inflight_ratio_above is not None:
+            await signals.count_inflight()
         checks = (
             (when.inflight_ratio_above, lambda: signals.pool().inflight_ratio),
             (when.queue_depth_above, lambda: signals.pool().queue_depth),
@@ -175,7 +186,7 @@ class Degrade:
         priority: Priority = then.priority or ctx.tenant.priority
         return priority
 
-    def _shed(self, ctx: Admitted, priority: Priority, *, shadow: bool) -> None:
+    async def _shed(self, ctx: Admitted, priority: Priority, *, shadow: bool) -> None:
         """Refuse the request if its priority is shed at the model's current load."""
         shed_at = SHED_AT.get(priority)
         if shed_at is None:
@@ -183,6 +194,8 @@ class Degrade:
         pool = self.pools.pool(ctx.model)
         if not pool.capacity:  # no backend of the model has max_concurrent: nothing is shed
             return
+        if self.inflight is not None:
+            await self.inflight.refresh(pool)
         ratio = pool.inflight_ratio(self.clock.monotonic())
         if ratio is None or ratio < shed_at:
             return

@@ -30,6 +30,7 @@ from proxy.storage.limits import Admission, Bucket, LimitKey, LimitStore
 __all__ = [
     "LimitPlan",
     "RateLimits",
+    "backend_scope",
     "format_reset",
 ]
 
@@ -129,7 +130,7 @@ class RateLimits:
         the backend's requests in flight across every replica, this one included, as its
         `max_concurrent` pool counted them (None: it has none, or storage did not answer)."""
         await self._admit_served_model(ctx)
-        shape = self._shapes.of(_backend_scope(backend), backend.limits, "")
+        shape = self._shapes.of(backend_scope(backend), backend.limits, "")
         if shape.empty:
             return None
         costs = shape.costs(_token_cost(ctx))
@@ -257,7 +258,7 @@ class RateLimits:
         """`backend` failed before answering and the request moves to another: its slot is free
         at once and its token buckets get back what they were charged (it generated nothing;
         settling would charge them what the next backend generates)."""
-        scope = _backend_scope(backend)
+        scope = backend_scope(backend)
         holds = [hold for hold in ctx.rate_limits if hold.scope == scope]
         ctx.rate_limits = [hold for hold in ctx.rate_limits if hold.scope != scope]
         return self._given_back(ctx.tenant_name, holds, 0, refused=False)
@@ -370,7 +371,7 @@ class RateLimits:
         self._renewals.keep(hold, renew)
 
 
-def _backend_scope(backend: Backend) -> str:
+def backend_scope(backend: Backend) -> str:
     # Not tw:{backend:<name>}, which is also the scope of a tenant named "backend:<name>" (a
     # tenant's is tw:{<name>}, and names have no braces): that tenant's lone request took its
     # own slot, then found the backend's pool holding it and was refused.

@@ -153,6 +153,9 @@ class LimitStore(Protocol):
     ) -> tuple[BucketState, ...]:
         """The buckets as they stand at `now`, charging nothing."""
 
+    async def held(self, scope: str, slots: Sequence[SlotPool], *, now: float) -> tuple[int, ...]:
+        """The live leases in each pool at `now`, across every replica, taking none."""
+
     async def aclose(self) -> None: ...
 
 

@@ -162,6 +162,16 @@ async def test_a_crashed_replicas_slots_are_purged_by_the_next_admission(
     assert not await store.renew(SCOPE, [POOL], lease_id="a", lease_until=NOW + 200)
 
 
+async def test_held_counts_the_live_leases_and_takes_none(store: LimitStore) -> None:
+    """What every replica holds of a pool, read by one that admitted nothing lately."""
+    assert await store.held(SCOPE, [POOL], now=NOW) == (0,)
+    assert (await admit(store, [1, 1], slots=[POOL], lease="a", lease_s=10)).admitted
+    assert (await admit(store, [1, 1], slots=[POOL], lease="b", lease_s=100)).admitted
+    assert await store.held(SCOPE, [POOL], now=NOW + 9.5) == (2,)
+    assert await store.held(SCOPE, [POOL], now=NOW + 10) == (1,)  # a's lease has expired
+    assert (await admit(store, [1, 1], slots=[POOL], lease="c", at=NOW + 10)).admitted
+
+
 async def test_renew_keeps_a_lease_alive(store: LimitStore) -> None:
     assert (await admit(store, [1, 1], slots=[POOL], lease="a", lease_s=10)).admitted
     assert await store.renew(SCOPE, [POOL], lease_id="a", lease_until=NOW + 100)

@@ -96,6 +96,10 @@ class MemoryLimitStore:
         check_scope(scope, [bucket.key for bucket in buckets])
         return tuple(bucket_state(b, self._level(b, now).tokens) for b in buckets)
 
+    async def held(self, scope: str, slots: Sequence[SlotPool], *, now: float) -> tuple[int, ...]:
+        check_scope(scope, [pool.key for pool in slots])
+        return tuple(self._purged(pool.key, now) for pool in slots)
+
     async def aclose(self) -> None:
         return None
 

@@ -91,3 +91,9 @@ class RedisLimitStore(OnLink):
             args += [bucket.capacity, bucket.refill_per_s]
         reply = await self._link.one("limits_peek", keys, args)
         return tuple(bucket_state(b, float(t)) for b, t in zip(buckets, reply, strict=True))
+
+    async def held(self, scope: str, slots: Sequence[SlotPool], *, now: float) -> tuple[int, ...]:
+        keys = [pool.key for pool in slots]
+        check_scope(scope, keys)
+        reply = await self._link.one("limits_held", keys, [now])
+        return tuple(int(n) for n in reply)

@@ -40,7 +40,7 @@ R = TypeVar("R")
 # Each file's body is one operation (a function of its own KEYS and ARGV); run.lua calls them.
 OPERATIONS = (
     "reserve", "settle", "charge", "renew",
-    "admit", "limits_settle", "limits_release", "limits_renew", "limits_peek",
+    "admit", "limits_settle", "limits_release", "limits_renew", "limits_peek", "limits_held",
     "cache_get", "cache_put", "cache_forget",
 )  # fmt: skip
 _HELPERS = ("release_expired", "limits_bucket", "cache_drop")
