@@ -12,7 +12,7 @@ import pydantic
 from pydantic_core import ErrorDetails
 
 from proxy.policy.hints import pydantic_problem, without_echoes
-from proxy.policy.model import Policy
+from proxy.policy.model import Budget, Policy
 from proxy.policy.problems import KeyPath, PolicyError, Problem, by_line, dotted, line_of
 from proxy.policy.yamlfile import decode_policy, read_yaml
 from proxy.storage.redis.url import is_redis_url
@@ -172,6 +172,9 @@ def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
             if rule.then.model is not None and rule.then.model not in policy.models:
                 path: KeyPath = ("tenants", tenant_name, "degrade", k, "then", "model")
                 found.append((path, _unknown_model(rule.then.model)))
+            if rule.when.budget_used_above is not None and not _has_quota(tenant.budget):
+                path = ("tenants", tenant_name, "degrade", k, "when", "budget_used_above")
+                found.append((path, _NO_QUOTA))
         for j, key in enumerate(tenant.api_keys):
             other = owners.setdefault(key, tenant_name)
             if other != tenant_name:
@@ -186,6 +189,17 @@ def _embedder_problems(policy: Policy, served: set[str]) -> list[tuple[KeyPath, 
     if embedder is not None and embedder.model is not None and embedder.model not in served:
         found.append((("embedder", "model"), f"no backend serves model {embedder.model!r}"))
     return found
+
+
+_NO_QUOTA = (
+    "the tenant has no quota to measure (budget: tokens_per_day, tokens_per_month, usd_per_day "
+    "or usd_per_month), so the rule would never fire"
+)
+
+
+def _has_quota(budget: Budget) -> bool:
+    quotas = (budget.tokens_per_day, budget.tokens_per_month, budget.usd_per_day)
+    return any(q is not None for q in (*quotas, budget.usd_per_month))
 
 
 def _unknown_model(model: str) -> str:

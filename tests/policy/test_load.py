@@ -526,3 +526,16 @@ def test_a_price_finer_than_costs_are_counted_is_refused_not_rounded_to_nothing(
     )
     price = parse_policy(finest, file="p.yaml", environ={"UPSTREAM": "s"}).models["m1"].price
     assert (price.input_per_1m, price.output_per_1m) == (0.000001, 4999.123456)
+
+
+def test_a_budget_rule_needs_a_quota_of_the_tenant() -> None:
+    """budget_used_above measures the tenant's quotas: on a tenant without one the rule was
+    loaded, and silently never fired."""
+    text = GOOD.replace("inflight_ratio_above: 0.8", "budget_used_above: 0.8")
+    assert problems(text) == [
+        "p.yaml:28: tenants.support-bot.degrade[0].when.budget_used_above: the tenant has no "
+        "quota to measure (budget: tokens_per_day, tokens_per_month, usd_per_day or "
+        "usd_per_month), so the rule would never fire"
+    ]
+    with_quota = text.replace("history_limit: 10", "history_limit: 10\n      usd_per_month: 5")
+    parse_policy(with_quota, file="p.yaml", environ={"UPSTREAM": "secret"})
