@@ -25,7 +25,6 @@ __all__ = [
     "chat_tools",
     "count_prompts",
     "count_template_inputs",
-    "counted_model",
 ]
 
 Message = Mapping[str, Any]
@@ -58,8 +57,28 @@ class Shape:
     async def __call__(self, ctx: Admitted) -> None:
         tenant, outgoing = ctx.tenant, ctx.outgoing
         budget = tenant.budget
+        rule = ctx.degrade_choice[0] if ctx.degrade_choice is not None else None
+        spill = spilled_to(rule, ctx.operation)
+        try:
+            await self._shape_input(ctx, tenant, ctx.model if spill is None else spill)
+        except ContextLengthExceeded:
+            if rule is not None and spill is not None:
+                # Counted for the model the rule sends it to: the client's own count of the
+                # model it asked for may fit, so the answer names the rule.
+                ctx.degraded.append(rule.name)
+            raise
+        if ctx.operation != "embeddings":
+            if budget.max_output_tokens is not None:
+                outgoing.bound_output(budget.max_output_tokens, "max_tokens")  # and the allowance
+            else:
+                outgoing.allow_as_sent(held=_charges_output(tenant))
+            _temperature(outgoing, budget)
+
+    async def _shape_input(self, ctx: Admitted, tenant: Tenant, model: str) -> None:
+        """The messages (or prompt) and their count, with `model`'s tokenizer: the model that
+        serves the request, another when the degradation rule chosen sends it there."""
+        budget, outgoing = tenant.budget, ctx.outgoing
         api = AGENT_APIS.get(ctx.operation)
-        model = counted_model(ctx)
         if ctx.operation == "chat":
             await self._shape_chat(ctx, tenant, model)
         elif api is not None:
@@ -73,12 +92,6 @@ class Shape:
                 field = "prompt" if ctx.operation == "text_completion" else "input"
                 raise _too_long(count, budget.max_input_tokens, field)
             ctx.counted_input_tokens = count
-        if ctx.operation != "embeddings":
-            if budget.max_output_tokens is not None:
-                outgoing.bound_output(budget.max_output_tokens, "max_tokens")  # and the allowance
-            else:
-                outgoing.allow_as_sent(held=_charges_output(tenant))
-            _temperature(outgoing, budget)
 
     async def _shape_chat(self, ctx: Admitted, tenant: Tenant, model: str) -> None:
         budget = tenant.budget
@@ -149,14 +162,6 @@ class Shape:
             newest = await self._counter.count_chat(model, head + turns[cuts[-1] :], tools)
             raise _too_long(extra + newest, limit)
         return best
-
-
-def counted_model(ctx: Admitted) -> str:
-    """The model whose tokenizer counts the input: the one that serves it, which is another
-    when the degradation rule chosen before shaping sends the request there."""
-    chosen = ctx.degrade_choice
-    model = spilled_to(chosen[0], ctx.operation) if chosen is not None else None
-    return ctx.model if model is None else model
 
 
 def chat_tools(body: Mapping[str, Any]) -> list[Any] | None:

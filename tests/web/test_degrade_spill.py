@@ -67,6 +67,7 @@ def test_a_spilled_prompt_is_held_to_the_input_limit_by_the_serving_models_token
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["code"] == "context_length_exceeded"
     assert "49 tokens" in refused.json()["error"]["message"]
+    assert refused.headers["x-tokenweir-degraded"] == "spill"  # why the count is not the client's
     assert backend.requests == 0
 
 
