@@ -42,14 +42,18 @@ class ModelPool:
         return [h for h in self.members if h.available(now_s)]
 
     def inflight_ratio(self, now_s: float) -> float | None:
-        """Requests in flight over the backends' `max_concurrent`, across replicas as far as
-        this process knows (BackendHealth.inflight_at)."""
-        capacity = self.capacity
-        if not capacity:
+        """Requests in flight over the `max_concurrent` of the backends that can take one (a
+        backend that is down serves none of it: with one of two down, the other full read as
+        half full), across replicas as far as this process knows (BackendHealth.inflight_at)."""
+        if not self.capacity:
             return None
-        members = self.members
-        inflight = sum(h.inflight_at(now_s) for h in members if h.backend.limits.max_concurrent)
-        return inflight / capacity
+        capacity = inflight = 0
+        for health in self.members:
+            limit = health.backend.limits.max_concurrent
+            if limit and health.available(now_s):
+                capacity += limit
+                inflight += health.inflight_at(now_s)
+        return inflight / capacity if capacity else None
 
     def signals(self, now_s: float) -> PoolSignals:
         ttfts = [v for h in self.members for v in h.ttft.recent(now_s)]

@@ -232,3 +232,25 @@ def test_the_metrics_name_a_rule_the_tenant_has_and_call_any_other_other() -> No
     assert sample_of(ctx, policy, 0, 0.001).degraded == ()
     ctx.degraded = ["spill", "gone", SHED_RULE]
     assert sample_of(ctx, policy, 0, 0.001).degraded == ("spill", "other", "other")
+
+
+async def test_a_backend_that_is_down_adds_no_room_to_the_ratio() -> None:
+    """Two backends of 5 slots, one down: 4 in flight on the other is 80% of what the model can
+    serve. It read as 4 of 10: the rule at 0.5 did not fire, and low priority was not shed."""
+    policy = parse_policy(
+        BASE.replace(
+            "models: [m, small], limits: {max_concurrent: 10}}",
+            "models: [m, small], limits: {max_concurrent: 5}}\n"
+            '  - {name: b, url: "http://127.0.0.1:2/v1", models: [m], limits: {max_concurrent: 5}}',
+        )
+        + "    priority: low\n"
+        + "    degrade: [{name: r, when: {inflight_ratio_above: 0.5}, then: {priority: low}}]\n",
+        environ={},
+    )
+    setup = Setup(policy)
+    setup.pools.health["b"].probe_error = "connection refused"
+    await setup.signal("inflight", 4)
+    ctx = setup.ctx()
+    with pytest.raises(UpstreamUnavailable, match="overloaded"):
+        await setup.run(ctx)
+    assert ctx.degraded == ["r"]
