@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 from proxy.clock import Clock
 from proxy.routing.health import BackendHealth
@@ -13,8 +14,9 @@ from proxy.stages.ratelimit import backend_scope
 from proxy.storage.base import StorageError
 from proxy.storage.limits import LimitKey, LimitStore
 
-__all__ = ["SharedInflight"]
+__all__ = ["RETRY_AFTER_FAILURE_S", "SharedInflight"]
 
+RETRY_AFTER_FAILURE_S = 10.0
 _log = logging.getLogger("tokenweir.degrade")
 
 
@@ -27,11 +29,15 @@ class SharedInflight:
     def __init__(self, store: LimitStore, clock: Clock) -> None:
         self._store = store
         self._clock = clock
+        self._failed_s = -math.inf  # the last read that failed (monotonic)
 
     async def refresh(self, pool: ModelPool) -> None:
         """Read the count of each backend of `pool` whose count is stale (one read each, at
-        once); a storage that does not answer leaves this process's own count."""
+        once); a storage that does not answer leaves this process's own count, and is not
+        asked again for a while (each request would wait out its timeout)."""
         now_s = self._clock.monotonic()
+        if now_s - self._failed_s < RETRY_AFTER_FAILURE_S:
+            return
         stale = [
             h for h in pool.members if h.backend.limits.max_concurrent and h.count_is_stale(now_s)
         ]
@@ -40,6 +46,7 @@ class SharedInflight:
         counts = await asyncio.gather(*(self._held(h) for h in stale), return_exceptions=True)
         for health, held in zip(stale, counts, strict=True):
             if isinstance(held, StorageError):
+                self._failed_s = now_s
                 _log.debug("could not read %s's requests in flight: %s", health.name, held)
             elif isinstance(held, BaseException):
                 raise held
