@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 from pathlib import Path
 
@@ -16,3 +17,10 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
         check=True, capture_output=True,
     )  # fmt: skip
     return cert, key
+
+
+def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+    """A server's TLS context presenting `cert`."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context

@@ -24,6 +24,7 @@ from proxy.upstream.exactints import as_written
 from proxy.upstream.exchange import ResponseHeadTooLarge
 from proxy.upstream.prebuilt import declared_length, post_request
 from proxy.upstream.rejection import UpstreamRejected, status_error
+from proxy.upstream.tls import TlsBroken, tls_reason
 from proxy.upstream.transport import PooledTransport
 
 __all__ = [
@@ -211,7 +212,7 @@ class UpstreamClient:
         except httpx.PoolTimeout:
             return POOL_BUSY
         except httpx.HTTPError as exc:
-            return type(exc).__name__
+            return tls_reason(exc) or type(exc).__name__
         return None if response.status_code == 200 else f"HTTP {response.status_code}"
 
 
@@ -253,7 +254,12 @@ def _gateway_error(name: str, exc: httpx.HTTPError) -> GatewayError:
         return UpstreamBadResponse(f"backend {name!r}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeout(f"backend {name!r} sent nothing within the read timeout")
+    if isinstance(exc, TlsBroken):
+        return UpstreamError(f"backend {name!r}: {exc}")
     if isinstance(exc, httpx.ConnectError):
+        reason = tls_reason(exc)  # a certificate refused, a failed handshake
+        if reason is not None:
+            return UpstreamError(f"backend {name!r}: {reason}")
         return UpstreamError(f"backend {name!r} refused the connection")
     return UpstreamError(f"backend {name!r} failed: {type(exc).__name__}")
 

@@ -1,7 +1,7 @@
 """When a wait for a backend's answer times out: an idle limit per read (`read_timeout`), one limit
 on the wait for the answer's first byte (`first_byte_timeout`), one on the whole exchange
 (`total_timeout`); on the own transport's exchanges (ReadDeadline) and on those delegated to
-httpx's own transport for https (DelegatedDeadlines, DeadlineStream)."""
+httpx's own transport for https (DelegatedDeadlines, held by proxy.upstream.delegated)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import httpx
 
 __all__ = [
     "ContentDeadline",
-    "DeadlineStream",
     "DelegatedDeadlines",
     "Expiry",
     "FirstByteTimeout",
@@ -179,31 +178,3 @@ class DelegatedDeadlines:
             return FirstByteTimeout(message, request=self.request)
         message = f"the answer did not end within {self.total_s:g} s"
         return TotalTimeout(message, request=self.request)
-
-
-class DeadlineStream(httpx.AsyncByteStream):
-    """httpx's own response stream, whose first chunk must come by the first-byte deadline and
-    whose end must come by the total one."""
-
-    def __init__(self, inner: object, deadlines: DelegatedDeadlines) -> None:
-        if not isinstance(inner, httpx.AsyncByteStream):
-            raise TypeError("an async transport answers with an async byte stream")
-        self._inner = inner
-        self._deadlines = deadlines
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        chunks = aiter(self._inner)
-        async with self._deadlines.first_byte():
-            first = await anext(chunks, b"")
-        if not first:
-            return
-        yield first
-        while True:
-            async with self._deadlines.total():
-                chunk = await anext(chunks, b"")
-            if not chunk:
-                return
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()

@@ -1,5 +1,6 @@
 """`PooledTransport`: an httpx transport for plain-HTTP/1.1 backends with an O(1) connection pool
-(LIFO idle connections per origin, one global connection limit); https goes to httpx's own."""
+(LIFO idle connections per origin, one global connection limit); https goes to httpx's own
+(proxy/upstream/delegated.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Final
 import httpx
 
 from proxy.upstream.connection import Connection, Origin
-from proxy.upstream.deadline import DeadlineStream, DelegatedDeadlines
+from proxy.upstream.delegated import DelegatedTransport
 from proxy.upstream.exchange import STALE_RESEND, ExchangeLimits, StaleConnection
 from proxy.upstream.prebuilt import response_of
 
@@ -215,18 +216,21 @@ class PooledTransport(httpx.AsyncBaseTransport):
         self._max_head_bytes = max_head_bytes
         self._max_headers = max_headers
         self._pool = _Pool(max_connections, keepalive_expiry_s)
-        self._limits = httpx.Limits(
+        limits = httpx.Limits(
             max_connections=max_connections,
             max_keepalive_connections=max_connections,
             keepalive_expiry=keepalive_expiry_s,
         )
-        self._tls: httpx.AsyncHTTPTransport | None = None
+        self._https = DelegatedTransport(limits, max_head_bytes, max_headers)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         timeouts: Mapping[str, Any] = request.extensions.get("timeout") or self._timeouts
         if url.scheme != "http":
-            return await self._delegate(request, timeouts)
+            if url.scheme != "https":
+                message = f"unsupported URL scheme {url.scheme!r}"
+                raise httpx.UnsupportedProtocol(message, request=request)
+            return await self._https.handle(request, timeouts, _first_byte_s(timeouts))
         origin = (url.host, url.port or _DEFAULT_PORT)
         head, body, keep_alive = _encode_head(request)
         limits = ExchangeLimits(
@@ -259,33 +263,8 @@ class PooledTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         self._pool.close()
-        if self._tls is not None:
-            await self._tls.aclose()
+        await self._https.aclose()
         await asyncio.sleep(0)  # let the aborted sockets' connection_lost callbacks run
-
-    async def _delegate(
-        self, request: httpx.Request, timeouts: Mapping[str, Any]
-    ) -> httpx.Response:
-        if request.url.scheme != "https":
-            raise httpx.UnsupportedProtocol(
-                f"unsupported URL scheme {request.url.scheme!r}", request=request
-            )
-        if self._tls is None:  # built lazily: creating an SSL context costs milliseconds
-            self._tls = httpx.AsyncHTTPTransport(limits=self._limits)
-        request.extensions.setdefault("timeout", dict(timeouts))
-        now_s = asyncio.get_running_loop().time()
-        first_byte_s, total_s = _first_byte_s(timeouts), timeouts.get("total")
-        deadlines = DelegatedDeadlines(
-            None if first_byte_s is None else now_s + first_byte_s,
-            None if total_s is None else now_s + total_s,
-            first_byte_s,
-            total_s,
-            request,
-        )
-        async with deadlines.first_byte():
-            response = await self._tls.handle_async_request(request)
-        response.stream = DeadlineStream(response.stream, deadlines)
-        return response
 
 
 def _first_byte_s(timeouts: Mapping[str, float | None]) -> float | None:

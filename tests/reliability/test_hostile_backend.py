@@ -4,6 +4,7 @@ gateway's memory stays bounded, and the next request is served normally."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 import time
@@ -18,6 +19,7 @@ import openai
 import pytest
 
 from proxy.policy.units import hash_key
+from tests.certs import self_signed, server_tls
 from tests.servers import replicas
 from tests.upstream.hostile import DEEP, HostileBackend
 
@@ -49,10 +51,21 @@ class Gateway:
         raise AssertionError("no VmRSS line")
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    config = tmp_path_factory.mktemp("hostile") / "policy.yaml"
-    with HostileBackend() as backend:
+@pytest.fixture(scope="module", params=["http", "https"])
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Gateway]:
+    """The gateway and its backend, over http (the gateway's own transport) or https (httpx's,
+    which must hold the backend to the same limits)."""
+    directory = tmp_path_factory.mktemp("hostile")
+    config = directory / "policy.yaml"
+    tls = None
+    with contextlib.ExitStack() as stack:
+        if request.param == "https":
+            cert, key = self_signed(directory)
+            tls = server_tls(cert, key)
+            stack.enter_context(pytest.MonkeyPatch.context()).setenv("SSL_CERT_FILE", str(cert))
+        backend = stack.enter_context(HostileBackend(tls=tls))
         config.write_text(f"""
 storage: memory
 upstream:

@@ -8,6 +8,7 @@ check that the gateway still serves after each misbehaviour.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -69,10 +70,13 @@ class _GaveUp(Exception):
 class HostileBackend:
     """The server and what it saw: per misbehaviour, whether the gateway hung up on it, and how
     many bytes it managed to send. `stop` ends every endless misbehaviour at once. `extra`
-    adds misbehaviours (a test module's own) to MISBEHAVIOURS."""
+    adds misbehaviours (a test module's own) to MISBEHAVIOURS; `tls` serves https."""
 
-    def __init__(self, extra: dict[str, Misbehaviour] | None = None) -> None:
+    def __init__(
+        self, extra: dict[str, Misbehaviour] | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.url = ""
+        self._tls = tls
         self.misbehaviours = {**MISBEHAVIOURS, **(extra or {})}
         self.stop = threading.Event()
         self.hung_up: dict[str, threading.Event] = {}
@@ -111,7 +115,7 @@ class HostileBackend:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._done = asyncio.Event()
-        async with RawServer(self._serve) as server:
+        async with RawServer(self._serve, self._tls) as server:
             self.url = server.url
             self._ready.set()
             await self._done.wait()

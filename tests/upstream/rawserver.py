@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
@@ -11,20 +12,22 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 
 class RawServer:
-    """An asyncio server on 127.0.0.1 running `handler` per connection; counts connections."""
+    """An asyncio server on 127.0.0.1 running `handler` per connection; counts connections.
+    With `tls` (tests/certs.py `server_tls`) it speaks https."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, tls: ssl.SSLContext | None = None) -> None:
         self.connections = 0
         self.url = ""
         self._handler = handler
+        self._tls = tls
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> RawServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self._tls)
         port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if self._tls else 'http'}://127.0.0.1:{port}"
         return self
 
     async def __aexit__(
