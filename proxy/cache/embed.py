@@ -17,6 +17,7 @@ import orjson
 
 from proxy.cache.reply import ReplyRefused, post_capped
 from proxy.policy.model import Backend
+from proxy.upstream.tls import backend_ssl_context
 
 if TYPE_CHECKING:
     from proxy.cache.vectors import Vector
@@ -74,7 +75,10 @@ class BackendEmbedder:
         self._model = model
         self._backends = backends
         self._turn = 0
-        self._client = httpx.AsyncClient(timeout=timeout_s, trust_env=False)
+        # trust_env=False keeps HTTP_PROXY out; the CAs are the requests' own (SSL_CERT_FILE).
+        self._client = httpx.AsyncClient(
+            timeout=timeout_s, trust_env=False, verify=backend_ssl_context()
+        )
 
     @property
     def name(self) -> str:

@@ -3,7 +3,11 @@ that sends without end must not fill the gateway's memory before its deadline.""
 
 from __future__ import annotations
 
+import ssl
+
 import httpx
+
+from proxy.upstream.tls import tls_reason
 
 __all__ = ["ReplyRefused", "post_capped"]
 
@@ -37,6 +41,6 @@ async def post_capped(
                 if size > limit_bytes:
                     raise ReplyRefused(f"an answer past {limit_bytes} bytes")
                 chunks.append(chunk)
-    except httpx.HTTPError as exc:
-        raise ReplyRefused(type(exc).__name__) from exc
+    except (httpx.HTTPError, ssl.SSLError) as exc:  # httpcore lets a bad TLS record through
+        raise ReplyRefused(tls_reason(exc) or type(exc).__name__) from exc
     return b"".join(chunks)

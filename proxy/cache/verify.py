@@ -15,6 +15,7 @@ import orjson
 
 from proxy.cache.reply import ReplyRefused, post_capped
 from proxy.policy.model import Backend, VerifierSpec
+from proxy.upstream.tls import backend_ssl_context
 
 __all__ = ["Reranker", "VerifierUnavailable"]
 
@@ -44,7 +45,7 @@ class Reranker:
             headers["authorization"] = "Bearer " + backend.api_key.get_secret_value()
         body = orjson.dumps({"model": spec.model, "query": query, "documents": documents})
         if self._client is None:
-            self._client = httpx.AsyncClient(trust_env=False)
+            self._client = httpx.AsyncClient(trust_env=False, verify=backend_ssl_context())
         # Rerankers may send the documents back (vLLM does), escaped as JSON may escape them.
         limit = _ANSWER_BYTES + 8 * len(body)
         try:
