@@ -13,7 +13,7 @@ import httpx
 
 from proxy.upstream.deadline import DelegatedDeadlines
 from proxy.upstream.exchange import ResponseHeadTooLarge
-from proxy.upstream.tls import TlsBroken, backend_ssl_context, tls_reason
+from proxy.upstream.tls import TlsBroken, backend_ssl_context, causes, tls_reason
 
 __all__ = ["DelegatedStream", "DelegatedTransport"]
 
@@ -54,7 +54,10 @@ class DelegatedTransport:
             async with deadlines.first_byte():
                 response = await self._transport.handle_async_request(request)
         except (ssl.SSLError, httpx.RemoteProtocolError) as exc:
-            raise _known(exc, request, self._head_limit(), in_head=True) from exc
+            known = _known(exc, request, self._head_limit(), in_head=True)
+            if known is None:
+                raise
+            raise known from exc
         stream = DelegatedStream(response.stream, deadlines, self._head_limit())
         response.stream = stream
         too_large = self._head_too_large(response)
@@ -110,8 +113,10 @@ class DelegatedStream(httpx.AsyncByteStream):
                     return
                 yield chunk
         except (ssl.SSLError, httpx.RemoteProtocolError) as exc:
-            request = self._deadlines.request
-            raise _known(exc, request, self._head_limit, in_head=False) from exc
+            known = _known(exc, self._deadlines.request, self._head_limit, in_head=False)
+            if known is None:
+                raise
+            raise known from exc
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -123,17 +128,17 @@ def _known(
     head_limit: int,
     *,
     in_head: bool,
-) -> httpx.HTTPError:
+) -> httpx.HTTPError | None:
     """`exc` as the pooled transport would have raised it: a broken TLS record a `TlsBroken`, h11's
-    full buffer (an endless head, chunk-size line or trailers) a `ResponseHeadTooLarge`."""
+    full buffer (an endless head, chunk-size line or trailers) a `ResponseHeadTooLarge`; None if
+    it is one already (raised again as it is: `raise exc from exc` would make its cause itself,
+    and a walk along the causes endless)."""
     if isinstance(exc, ssl.SSLError):
         return TlsBroken(tls_reason(exc) or "TLS failed", request=request)
-    cause: BaseException | None = exc
-    while cause is not None:
+    for cause in causes(exc):
         if getattr(cause, "error_status_hint", None) == _H11_TOO_LONG:
             what = "a head of more than" if in_head else "more than"
             after = "" if in_head else " of chunk framing or trailers"
             message = f"the backend sent {what} {head_limit} bytes{after}"
             return ResponseHeadTooLarge(message, request=request)
-        cause = cause.__cause__ or cause.__context__
-    return exc
+    return None

@@ -4,11 +4,12 @@ backend), and why a handshake or a record failed, in words a client may read."""
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterator
 from typing import Final
 
 import httpx
 
-__all__ = ["TlsBroken", "backend_ssl_context", "tls_reason"]
+__all__ = ["TlsBroken", "backend_ssl_context", "causes", "tls_reason"]
 
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH: their messages
 # quote the backend's host, which is the operator's to see, not a client's.
@@ -28,9 +29,7 @@ def backend_ssl_context() -> ssl.SSLContext:
 
 def tls_reason(exc: BaseException) -> str | None:
     """Why TLS failed, if an `ssl` error caused `exc`: words a client may read (no host name)."""
-    cause: BaseException | None = exc
-    while cause is not None and not isinstance(cause, ssl.SSLError):
-        cause = cause.__cause__ or cause.__context__
+    cause = next((c for c in causes(exc) if isinstance(c, ssl.SSLError)), None)
     if cause is None:
         return None
     if isinstance(cause, ssl.SSLCertVerificationError):
@@ -41,3 +40,13 @@ def tls_reason(exc: BaseException) -> str | None:
         return f"its TLS certificate was refused: {detail}"
     reason = str(cause.reason or type(cause).__name__).lower().replace("_", " ")
     return f"TLS failed: {reason}"
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what caused it (`__cause__`, else `__context__`), each once: a chain may loop."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        yield cause
+        cause = cause.__cause__ or cause.__context__

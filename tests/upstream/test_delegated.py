@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from proxy.upstream.exchange import ResponseHeadTooLarge
-from proxy.upstream.tls import TlsBroken
+from proxy.upstream.tls import TlsBroken, tls_reason
 from proxy.upstream.transport import PooledTransport
 from tests.certs import self_signed, server_tls
 from tests.upstream.loops import anyio_backend  # noqa: F401 (the fixture)
@@ -162,3 +162,27 @@ async def test_a_head_within_its_caps_is_taken(tls: Callable[[Answer], RawServer
 
     async with transport() as pooled, tls(answer) as raw:
         assert await get(pooled, raw.url) == b"ok"
+
+
+async def no_answer(writer: Writer) -> None:
+    writer.close()
+
+
+async def cut_body(writer: Writer) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nabc")
+    await writer.drain()
+    writer.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("answer", [no_answer, cut_body])
+async def test_an_error_httpx_raised_is_raised_as_it_is(
+    tls: Callable[[Answer], RawServer], answer: Answer
+) -> None:
+    """Raised `from` itself, its cause was itself: the probe's search of the causes for a TLS
+    reason (/readyz of a backend that cut its /models answer) spun for ever."""
+    async with transport() as pooled, tls(answer) as raw:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            await get(pooled, raw.url)
+    assert caught.value.__cause__ is not caught.value
+    assert tls_reason(caught.value) is None
