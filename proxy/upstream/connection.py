@@ -15,7 +15,8 @@ from proxy.upstream.exchange import Exchange, ExchangeLimits, StaleConnection
 
 __all__ = ["Connection", "Origin", "Owner"]
 
-Origin = tuple[str, int]
+Origin = tuple[str, int, bool]
+"""Host, port, and whether the connection speaks TLS (an https backend)."""
 
 
 class Owner(Protocol):

@@ -1,22 +1,19 @@
 """When a wait for a backend's answer times out: an idle limit per read (`read_timeout`), one limit
 on the wait for the answer's first byte (`first_byte_timeout`), one on the whole exchange
-(`total_timeout`); on the own transport's exchanges (ReadDeadline) and on those delegated to
-httpx's own transport for https (DelegatedDeadlines, held by proxy.upstream.delegated)."""
+(`total_timeout`), on the transport's exchanges (ReadDeadline); and on a stream's content
+(ContentDeadline)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Literal
 
 import httpx
 
 __all__ = [
     "ContentDeadline",
-    "DelegatedDeadlines",
     "Expiry",
     "FirstByteTimeout",
     "ReadDeadline",
@@ -139,42 +136,3 @@ class ContentDeadline:
 
     def passed(self, now_s: float) -> bool:
         return now_s > self._at_s
-
-
-@dataclass(frozen=True, slots=True)
-class DelegatedDeadlines:
-    """A delegated (https) exchange's first-byte and total deadlines, on the loop's clock."""
-
-    first_byte_at_s: float | None
-    total_at_s: float | None
-    first_byte_s: float | None
-    total_s: float | None
-    request: httpx.Request
-
-    @asynccontextmanager
-    async def first_byte(self) -> AsyncIterator[None]:
-        """The earlier of the two deadlines bounds the block; the error names the one passed."""
-        set_at_s = [at for at in (self.first_byte_at_s, self.total_at_s) if at is not None]
-        at_s = min(set_at_s) if set_at_s else None
-        try:
-            async with asyncio.timeout_at(at_s):
-                yield
-        except TimeoutError:
-            if at_s is None:
-                raise
-            raise self._error(first_byte=self.first_byte_at_s == at_s) from None
-
-    @asynccontextmanager
-    async def total(self) -> AsyncIterator[None]:
-        try:
-            async with asyncio.timeout_at(self.total_at_s):
-                yield
-        except TimeoutError:
-            raise self._error(first_byte=False) from None
-
-    def _error(self, *, first_byte: bool) -> httpx.ReadTimeout:
-        if first_byte:
-            message = f"no byte of the answer within {self.first_byte_s:g} s"
-            return FirstByteTimeout(message, request=self.request)
-        message = f"the answer did not end within {self.total_s:g} s"
-        return TotalTimeout(message, request=self.request)

@@ -6,6 +6,7 @@ sink in the connection's own callback (`relay_to`)."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -14,6 +15,7 @@ import httptools
 import httpx
 
 from proxy.upstream.deadline import Expiry, FirstByteTimeout, ReadDeadline, TotalTimeout
+from proxy.upstream.tls import TlsBroken, tls_reason
 
 __all__ = [
     "STALE_RESEND",
@@ -267,6 +269,8 @@ class Exchange(httpx.AsyncByteStream):
 
     def _lost_error(self, exc: Exception | None) -> Exception:
         request = self.request
+        if isinstance(exc, ssl.SSLError):  # a TLS record that could not be read, an alert
+            return TlsBroken(tls_reason(exc) or "TLS failed", request=request)
         if self.headers_done:
             if exc is None:
                 message = "peer closed connection without sending complete message body"

@@ -1,10 +1,10 @@
-"""`PooledTransport`: an httpx transport for plain-HTTP/1.1 backends with an O(1) connection pool
-(LIFO idle connections per origin, one global connection limit); https goes to httpx's own
-(proxy/upstream/delegated.py)."""
+"""`PooledTransport`: an httpx transport for HTTP/1.1 backends, over TCP or TLS (https), with an
+O(1) connection pool (LIFO idle connections per origin, one global connection limit)."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, Final
@@ -12,13 +12,13 @@ from typing import Any, Final
 import httpx
 
 from proxy.upstream.connection import Connection, Origin
-from proxy.upstream.delegated import DelegatedTransport
 from proxy.upstream.exchange import STALE_RESEND, ExchangeLimits, StaleConnection
 from proxy.upstream.prebuilt import response_of
+from proxy.upstream.tls import backend_ssl_context
 
 __all__ = ["PooledTransport"]
 
-_DEFAULT_PORT: Final = 80
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 # One read from a socket; the buffer is shared by all of a pool's connections.
 _READ_BUFFER_BYTES: Final = 64 * 1024
 # Bodies smaller than this are copied into the same write as the head (one send, one segment).
@@ -41,6 +41,7 @@ class _Pool:
         self._connections: set[Connection] = set()
         self._closed = False
         self._read_buffer = memoryview(bytearray(_READ_BUFFER_BYTES))
+        self._tls: ssl.SSLContext | None = None  # built on the first https connection (~ms)
 
     async def acquire(
         self, origin: Origin, timeouts: Mapping[str, float | None], request: httpx.Request
@@ -163,8 +164,18 @@ class _Pool:
         try:
             if self._closed:
                 raise RuntimeError("the transport is closed")
+            host, port, tls = origin
+            if tls and self._tls is None:
+                self._tls = backend_ssl_context()
+                self._tls.set_alpn_protocols(["http/1.1"])  # as httpx offered: no h2 chosen
             async with asyncio.timeout(timeout_s):
-                await loop.create_connection(lambda: connection, origin[0], origin[1])
+                await loop.create_connection(
+                    lambda: connection,
+                    host,
+                    port,
+                    ssl=self._tls if tls else None,
+                    server_hostname=host if tls else None,
+                )
         except BaseException as exc:
             if connection.connected:
                 connection.close()
@@ -181,7 +192,8 @@ class _Pool:
 
 
 class PooledTransport(httpx.AsyncBaseTransport):
-    """HTTP/1.1 to plain-http backends on asyncio + httptools; https is delegated.
+    """HTTP/1.1 to backends on asyncio + httptools, over TLS for https (certificates checked
+    as `proxy.upstream.tls` says).
 
     Timeouts come from each request's ``timeout`` extension, which `httpx.AsyncClient` always
     sets (its own `timeout=`, default 5 s); the constructor's apply to requests without one.
@@ -216,22 +228,15 @@ class PooledTransport(httpx.AsyncBaseTransport):
         self._max_head_bytes = max_head_bytes
         self._max_headers = max_headers
         self._pool = _Pool(max_connections, keepalive_expiry_s)
-        limits = httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            keepalive_expiry=keepalive_expiry_s,
-        )
-        self._https = DelegatedTransport(limits, max_head_bytes, max_headers)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         timeouts: Mapping[str, Any] = request.extensions.get("timeout") or self._timeouts
-        if url.scheme != "http":
-            if url.scheme != "https":
-                message = f"unsupported URL scheme {url.scheme!r}"
-                raise httpx.UnsupportedProtocol(message, request=request)
-            return await self._https.handle(request, timeouts, _first_byte_s(timeouts))
-        origin = (url.host, url.port or _DEFAULT_PORT)
+        default_port = _DEFAULT_PORTS.get(url.scheme)
+        if default_port is None:
+            message = f"unsupported URL scheme {url.scheme!r}"
+            raise httpx.UnsupportedProtocol(message, request=request)
+        origin = (url.host, url.port or default_port, default_port == 443)
         head, body, keep_alive = _encode_head(request)
         limits = ExchangeLimits(
             timeouts.get("read"),
@@ -263,7 +268,6 @@ class PooledTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         self._pool.close()
-        await self._https.aclose()
         await asyncio.sleep(0)  # let the aborted sockets' connection_lost callbacks run
 
 

@@ -4,7 +4,6 @@ gateway's memory stays bounded, and the next request is served normally."""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import threading
 import time
@@ -19,9 +18,8 @@ import openai
 import pytest
 
 from proxy.policy.units import hash_key
-from tests.certs import self_signed, server_tls
 from tests.servers import replicas
-from tests.upstream.hostile import DEEP, HostileBackend
+from tests.upstream.hostile import DEEP, HostileBackend, hostile_backend
 
 KEY = "tw-hostile"
 MODEL = "hostile-llm"  # its backend has a first_byte_timeout of 2 s
@@ -59,13 +57,7 @@ def gateway(
     which must hold the backend to the same limits)."""
     directory = tmp_path_factory.mktemp("hostile")
     config = directory / "policy.yaml"
-    tls = None
-    with contextlib.ExitStack() as stack:
-        if request.param == "https":
-            cert, key = self_signed(directory)
-            tls = server_tls(cert, key)
-            stack.enter_context(pytest.MonkeyPatch.context()).setenv("SSL_CERT_FILE", str(cert))
-        backend = stack.enter_context(HostileBackend(tls=tls))
+    with hostile_backend(request.param, directory) as backend:
         config.write_text(f"""
 storage: memory
 upstream:

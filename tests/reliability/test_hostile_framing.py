@@ -23,6 +23,7 @@ from tests.reliability.test_hostile_backend import (
     refused,
 )
 from tests.servers import replicas
+from tests.upstream import hostile
 from tests.upstream.hostile import CHAT, CHUNK, HostileBackend, Misbehaviour, Writer, event
 
 MODEL = "hostile-llm"
@@ -104,10 +105,14 @@ class Tenants:
     b: openai.OpenAI
 
 
-@pytest.fixture(scope="module")
-def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
-    config = tmp_path_factory.mktemp("framing") / "policy.yaml"
-    with HostileBackend(FRAMING) as backend:
+@pytest.fixture(scope="module", params=["http", "https"])
+def tenants(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Tenants]:
+    """Over http (the gateway's own transport) and https (httpx's, held to the same)."""
+    directory = tmp_path_factory.mktemp("framing")
+    config = directory / "policy.yaml"
+    with hostile.hostile_backend(request.param, directory, FRAMING) as backend:
         config.write_text(f"""
 storage: memory
 upstream: {{read_timeout: 2s, total_timeout: 10s, probe_interval: 0, circuit: {{failures: 100000}}}}
@@ -178,6 +183,7 @@ def test_bytes_after_an_answer_drop_the_connection(tenants: Tenants, hostile: st
 
 
 def test_an_answer_sent_to_an_idle_connection_drops_it(tenants: Tenants) -> None:
+    SENT_LATER.clear()  # set by the other scheme's run
     answer = tenants.a.client.chat.completions.create(
         model=MODEL, messages=MESSAGES, extra_body={"hostile": "idle_then_answer"}
     )

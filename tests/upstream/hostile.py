@@ -8,14 +8,18 @@ check that the gateway still serves after each misbehaviour.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import orjson
+import pytest
 
+from tests.certs import self_signed, server_tls
 from tests.upstream.rawserver import RawServer
 
 Reader = asyncio.StreamReader
@@ -170,6 +174,25 @@ class HostileBackend:
                 raise _GaveUp
             await self.send(name, writer, data)
             await asyncio.sleep(every_s)
+
+
+@contextlib.contextmanager
+def hostile_backend(
+    scheme: str, directory: Path, extra: dict[str, Misbehaviour] | None = None
+) -> Iterator[HostileBackend]:
+    """A HostileBackend over `scheme` (http or https); over https its certificate (made in
+    `directory`) is trusted through SSL_CERT_FILE, which gateways started meanwhile inherit."""
+    if scheme == "http":
+        with HostileBackend(extra) as backend:
+            yield backend
+        return
+    cert, key = self_signed(directory)
+    with (
+        pytest.MonkeyPatch.context() as env,
+        HostileBackend(extra, server_tls(cert, key)) as backend,
+    ):
+        env.setenv("SSL_CERT_FILE", str(cert))
+        yield backend
 
 
 def _content_length(request_head: bytes) -> int:

@@ -120,7 +120,7 @@ async def test_a_request_may_carry_its_own_first_byte_timeout() -> None:
 async def test_https_backends_get_the_first_byte_timeout_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """https goes to httpx's own transport; the timeout wraps it, for headers and first chunk."""
+    """Over TLS as over TCP, for headers and first chunk."""
     cert, key = self_signed(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # httpx trusts our certificate
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

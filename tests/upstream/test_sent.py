@@ -1,9 +1,10 @@
-"""Both transports to backends (the pooled one for http, httpx's own for https) say when a
-request reached its backend whole, before any answer: a client that leaves then is billed."""
+"""The transport to backends says when a request reached its backend whole (over http and https),
+before any answer: a client that leaves then is billed."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import anyio
 import httpx
@@ -13,18 +14,18 @@ from proxy.holds import Routed
 from proxy.policy.model import Backend, CircuitSpec
 from proxy.routing.health import BackendHealth
 from proxy.upstream.transport import PooledTransport
+from tests.certs import self_signed, server_tls
 from tests.upstream.rawserver import RawServer, read_request
 
 
-def _transports() -> list[httpx.AsyncBaseTransport]:
-    pooled = PooledTransport(
+def _pooled() -> PooledTransport:
+    return PooledTransport(
         connect_timeout_s=2.0,
         read_timeout_s=10.0,
         write_timeout_s=10.0,
         pool_timeout_s=2.0,
         max_connections=4,
     )
-    return [pooled, httpx.AsyncHTTPTransport()]  # the second is the https path's
 
 
 @pytest.fixture
@@ -33,8 +34,15 @@ def anyio_backend() -> str:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("which", [0, 1], ids=["pooled", "httpx"])
-async def test_a_request_written_whole_is_marked_sent_before_any_answer(which: int) -> None:
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_a_request_written_whole_is_marked_sent_before_any_answer(
+    scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tls = None
+    if scheme == "https":
+        cert, key = self_signed(tmp_path)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        tls = server_tls(cert, key)
     answer = asyncio.Event()
 
     async def hold_the_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -52,8 +60,7 @@ async def test_a_request_written_whole_is_marked_sent_before_any_answer(which: i
         if routed.sent:
             sent.set()
 
-    transport = _transports()[which]
-    async with RawServer(hold_the_answer) as raw, transport:
+    async with RawServer(hold_the_answer, tls) as raw, _pooled() as transport:
         request = httpx.Request("POST", raw.url, content=b'{"x": 1}')
         request.extensions["trace"] = trace
         request.extensions["timeout"] = {"connect": 2.0, "read": 10.0, "write": 10.0, "pool": 2.0}
@@ -71,7 +78,7 @@ async def test_a_request_the_backend_dropped_on_a_stale_connection_is_not_sent()
     again on a new connection: until that one has it, it is not sent. Here the new connection
     is refused: the mark said sent (the first write's), and a client that left then was
     billed its prompt for a request no backend took."""
-    pooled = _transports()[0]
+    pooled = _pooled()
 
     async def stale_then_gone(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

@@ -1,4 +1,4 @@
-"""A backend over https (httpx's own transport behind the gateway's deadlines): the openai SDK
+"""A backend over https (the gateway's own transport over TLS): the openai SDK
 gets the same answers, streamed and whole, as from one over http."""
 
 from __future__ import annotations

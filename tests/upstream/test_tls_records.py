@@ -1,4 +1,4 @@
-"""https backends (httpx's own transport under PooledTransport) against raw TLS servers on
+"""https backends (PooledTransport over TLS) against raw TLS servers on
 127.0.0.1: a broken TLS record and a head past its caps end the exchange with the errors the
 plain-http transport raises, never a bare `ssl.SSLError`."""
 
