@@ -487,7 +487,7 @@ async def test_transport_timeouts_apply_without_a_client() -> None:
 
 
 @pytest.mark.anyio
-async def test_https_goes_to_httpx_own_transport() -> None:
+async def test_https_to_a_closed_port_is_a_connect_error_and_ftp_unsupported() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
