@@ -7,11 +7,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamError, UpstreamTimeout
 from proxy.policy.model import Backend, UpstreamSpec
-from proxy.upstream.client import UpstreamClient
+from proxy.upstream.client import CONNECT_TIMEOUT_CODE, UpstreamClient
 from tests.certs import self_signed, server_tls
 from tests.contexts import admitted
 from tests.upstream.rawserver import RawServer, read_request
@@ -92,3 +93,22 @@ async def test_https_to_a_plain_http_port_says_tls_failed(client: UpstreamClient
         message, probed = await refusal(client, raw.url.replace("http:", "https:"))
     assert message.startswith("backend 'private': TLS failed: ")
     assert str(probed).startswith("TLS failed: ")
+
+
+@pytest.mark.anyio
+async def test_a_tls_handshake_never_answered_is_a_connect_timeout() -> None:
+    """The TCP connection taken, the TLS handshake never answered: bounded by connect_timeout
+    (a connect timeout, so failed over), not the read timeout."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    upstream = UpstreamClient(UpstreamSpec(connect_timeout=0.3, read_timeout=30))
+    try:
+        async with RawServer(silent) as raw:
+            with pytest.raises(UpstreamTimeout) as caught:
+                with anyio.fail_after(10):
+                    await upstream.open(admitted(), backend(raw.url.replace("http:", "https:")), {})
+    finally:
+        await upstream.aclose()
+    assert caught.value.code == CONNECT_TIMEOUT_CODE
