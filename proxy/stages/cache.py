@@ -206,7 +206,7 @@ class ResponseCache:
         await send({**start, "headers": [*headers, *ctx.gateway_headers()]})
         ctx.outcome.answered = True
         await send({"type": "http.response.body", "body": body, "more_body": False})
-        ctx.meter.answered_locally(self._clock.monotonic())
+        ctx.meter.answered_locally(self._clock.monotonic(), streamed=ctx.stream)
 
     async def aclose(self) -> None:
         if self._index is not None:

@@ -177,7 +177,8 @@ class Forward:
         if ctx.operation == "responses" and parsed.get("status") == "failed":
             ctx.outcome.error_code = "upstream_error"  # at 200, as a stream's response.failed
         await send({"type": "http.response.body", "body": raw, "more_body": False})
-        ctx.meter.wrote(self._clock.monotonic(), 1, True)
+        # No first token to time: a whole answer's comes with its last (an embedding has none).
+        ctx.meter.wrote(self._clock.monotonic(), 1, False)
 
     def _content_deadline(self, ctx: Admitted, backend: Backend) -> ContentDeadline:
         spec = self._spec

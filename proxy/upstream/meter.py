@@ -99,7 +99,7 @@ class StreamMeter:
 
     `read(now)` when an upstream chunk arrives, `wrote(now, tokens, texted)` once it is written
     to the client; gateway time is the stages before the upstream call plus, per chunk, read ->
-    written. TTFT, the gaps and tokens/s are timed on the chunks with generated text only.
+    written. TTFT, the gaps and tokens/s are timed on a stream's chunks with generated text only.
     """
 
     __slots__ = (
@@ -164,11 +164,11 @@ class StreamMeter:
             self.gaps.add(now - last_s)
         self.last_token_s = now
 
-    def answered_locally(self, now: float) -> None:
+    def answered_locally(self, now: float, *, streamed: bool) -> None:
         """The gateway wrote a whole answer of its own (a cache hit): all of it was gateway time
-        (no upstream read to measure from)."""
+        (no upstream read to measure from); its first token, if `streamed`, came now."""
         self.last_read_s = self.received_s
-        self.wrote(now, 1, True)
+        self.wrote(now, 1, streamed)
 
     @property
     def ttft_s(self) -> float | None:

@@ -1,0 +1,115 @@
+"""What the gateway's timings cover, judged against backends whose pace the test set: TTFT is
+a stream's (a whole answer has no first token to time)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import Policy, parse_policy
+from proxy.policy.units import hash_key
+from proxy.tools.mock import backend as mockbackend
+from tests.conftest import ADMIN_KEY, ALPHA_KEY
+from tests.servers import serve
+
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def _policy(backend_url: str, ledger: Path, limits: str = "{}") -> Policy:
+    return parse_policy(
+        f"""
+storage: memory
+admin_keys: [{hash_key(ADMIN_KEY)}]
+ledger: sqlite:///{ledger}
+backends:
+  - {{name: mock, url: {backend_url}/v1, models: [mock-llm, mock-embed]}}
+models: {{mock-llm: {{}}, mock-embed: {{}}}}
+tenants:
+  alpha:
+    api_keys: [{hash_key(ALPHA_KEY)}]
+    models: [mock-llm, mock-embed]
+    limits: {limits}
+    cache: {{mode: exact}}
+""",
+        file="timings.yaml",
+    )
+
+
+def _access_lines(caplog: pytest.LogCaptureFixture, count: int) -> list[dict[str, Any]]:
+    """The first `count` access lines, once written (after each answer's end)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [r.getMessage() for r in caplog.records if r.name == "tokenweir.access"]
+        if len(lines) >= count:
+            return [orjson.loads(line) for line in lines[:count]]
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.01)
+
+
+def _usage_rows(url: str, requests: int) -> list[dict[str, Any]]:
+    """/api/usage's hourly rows, once the ledger holds `requests` records."""
+    deadline = time.monotonic() + 10
+    while True:
+        answer = httpx.get(url + "/api/usage?since=1d", headers=ADMIN).json()
+        if answer["total"]["requests"] >= requests:
+            rows: list[dict[str, Any]] = answer["data"]
+            return rows
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def slow_whole_answers(tmp_path: Path) -> Iterator[str]:
+    """A gateway with a ledger and the exact cache over the mock backend: first token at 0.2 s,
+    then 20 tokens/s, so a whole answer of 40 tokens takes 2.2 s."""
+    app = mockbackend.create_app(ttft_ms=200, tokens_per_second=20)
+    with serve(app) as backend, serve(create_app(_policy(backend, tmp_path / "l.db"))) as url:
+        yield url
+
+
+def test_ttft_is_a_streams_never_a_whole_answers(
+    slow_whole_answers: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream whose first token comes at 0.2 s and its cache hit, two whole answers of 2.2 s,
+    a whole answer's cache hit and an embedding: the ledger's TTFT (access line, /api/usage,
+    dashboard, report) is the streams'. A whole answer's 'TTFT' was its whole time and an
+    embedding's its call, which no token ends, so the hour's TTFT p95 read 2.2 s where
+    /metrics' (streams only) read 0.2 s."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    url = slow_whole_answers
+    with openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk:
+
+        def ask(text: str, stream: bool, max_tokens: int = 40) -> None:
+            answer = sdk.chat.completions.create(
+                model="mock-llm", messages=[{"role": "user", "content": text}],
+                max_tokens=max_tokens, temperature=0, stream=stream,
+            )  # fmt: skip
+            if stream:
+                list(answer)  # type: ignore[arg-type]
+
+        for _ in range(2):  # then a cache hit
+            ask("a stream", True, 5)
+        for _ in range(2):
+            ask("a whole answer", False)
+        ask("another whole answer", False)
+        sdk.embeddings.create(model="mock-embed", input="hi")
+    lines = _access_lines(caplog, 6)
+    assert [line["stream"] for line in lines] == [True, True, False, False, False, False]
+    assert [line["cache"] for line in lines[:4]] == ["miss", "hit", "miss", "hit"], lines
+    assert 150 < lines[0]["ttft_ms"] < 1500, lines[0]
+    assert lines[1]["ttft_ms"] is not None, lines[1]  # the replayed stream's first token
+    assert min(lines[i]["duration_ms"] for i in (2, 4)) > 2000, lines  # as paced
+    assert [line["ttft_ms"] for line in lines[2:]] == [None] * 4, lines
+    rows = _usage_rows(url, 6)
+    timed = [row for row in rows if row["ttft_ms_p95"] is not None]
+    assert len(timed) == 1, rows  # the streams' hour only
+    assert timed[0]["ttft_ms_p95"] < 1500, rows  # the streams' 0.2 s (whole answers: 2.2 s)
