@@ -318,7 +318,8 @@ class RateLimits:
             or not _slot_refused(admission, buckets)
         ):
             return admission
-        deadline = self._clock.monotonic() + limits.queue_timeout
+        joined_s = self._clock.monotonic()
+        deadline = joined_s + limits.queue_timeout
         line = self._queues.setdefault(hold.scope, deque())
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         line.append(turn)
@@ -338,6 +339,7 @@ class RateLimits:
                     turn = asyncio.get_running_loop().create_future()
                     line[0] = turn
         finally:
+            ctx.meter.queued(self._clock.monotonic() - joined_s)
             line.remove(turn)
             if not line:
                 self._queues.pop(hold.scope, None)

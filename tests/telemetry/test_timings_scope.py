@@ -1,9 +1,11 @@
 """What the gateway's timings cover, judged against backends whose pace the test set: TTFT is
-a stream's (a whole answer has no first token to time)."""
+a stream's (a whole answer has no first token to time), and a wait in the tenant's line is the
+request's time, not the gateway's own."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,8 @@ from proxy.policy.units import hash_key
 from proxy.tools.mock import backend as mockbackend
 from tests.conftest import ADMIN_KEY, ALPHA_KEY
 from tests.servers import serve
+from tests.telemetry.scripted import Script, chunk, scripted_backend, usage_chunk
+from tests.telemetry.test_ground_truth import histogram
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -113,3 +117,46 @@ def test_ttft_is_a_streams_never_a_whole_answers(
     timed = [row for row in rows if row["ttft_ms_p95"] is not None]
     assert len(timed) == 1, rows  # the streams' hour only
     assert timed[0]["ttft_ms_p95"] < 1500, rows  # the streams' 0.2 s (whole answers: 2.2 s)
+
+
+def test_a_wait_in_line_is_no_gateway_overhead(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_concurrent 1 with a queue: the second stream waits in line until the first ends,
+    2 s after its first token. The wait is in its TTFT and duration, as the client saw them,
+    but not in `gateway_ms` and `tokenweir_gateway_overhead_seconds` (the gateway's own
+    time), which read the whole wait as the gateway's (over 1.5 s of a few ms)."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    ending = [chunk({}, "stop"), usage_chunk(5, 1), b"data: [DONE]\n\n"]
+    scripts: dict[str, Script] = {
+        "first": [chunk({"content": "a"}), 2.0, *ending],
+        "second": [chunk({"content": "b"}), *ending],
+    }
+    limits = "{max_concurrent: 1, queue_timeout: 30s}"
+    with (
+        serve(scripted_backend(scripts)) as backend,
+        serve(create_app(_policy(backend, tmp_path / "l.db", limits))) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key=ALPHA_KEY, max_retries=0) as sdk,
+    ):
+        holding = threading.Event()
+
+        def stream(text: str) -> None:
+            messages = [{"role": "user", "content": text}]
+            for part in sdk.chat.completions.create(
+                model="mock-llm",
+                messages=messages,
+                stream=True,  # type: ignore[arg-type]
+            ):
+                if part.choices and part.choices[0].delta.content:
+                    holding.set()
+
+        first = threading.Thread(target=stream, args=("first",))
+        first.start()
+        assert holding.wait(30)  # the first holds the slot: its token is read
+        stream("second")
+        first.join()
+        overhead = histogram(url, "tokenweir_gateway_overhead_seconds")
+    [queued] = [line for line in _access_lines(caplog, 2) if line["ttft_ms"] > 1000]
+    assert queued["gateway_ms"] < 500, queued  # its own few ms; the wait was 1.5-2 s
+    assert overhead[0] == 2
+    assert overhead[1] < 1.0, overhead  # both requests' own time, no wait in line
