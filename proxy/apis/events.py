@@ -28,6 +28,9 @@ class StreamEvents:
     delta: re.Pattern[bytes]  # an event with generated text (a token event)
     # A delta's text, not empty: only the reads that hold it are timed and bound the count.
     text: re.Pattern[bytes]
+    # An event that may begin a tool call: one that names it is timed as text (a chat tool
+    # call's first event, its name, ends TTFT too), but no token of the count.
+    opens: re.Pattern[bytes]
     usage: re.Pattern[bytes]  # an event with usage in it, or one of `failures`
     last: re.Pattern[bytes]  # the event that ends the stream
     read_usage: UsageReader
@@ -42,6 +45,9 @@ def text_pattern(keys: str) -> re.Pattern[bytes]:
 def type_pattern(types: str) -> re.Pattern[bytes]:
     """A regex matching `"type":"<one of types>"` (a regex alternation) as JSON writes it."""
     return re.compile(rb'"type":\s*"(?:' + types.encode() + rb')"')
+
+
+_NAME = text_pattern("name")  # a non-empty name: a tool call's, in the event that opens it
 
 
 class EventForwarder:
@@ -94,7 +100,11 @@ class EventForwarder:
             self._read_usage(out)
         # Text events count when they come: the held ones then, not again when they go out.
         count, self._held = self._count(out) - self._held, 0
-        self.texted = count > 0  # a count is of the deltas with text
+        # A count is of the deltas with text; a read without, searched once for a tool call's
+        # name (the event that opens it is rare: one a content block or output item).
+        self.texted = count > 0 or (
+            events.opens.search(out) is not None and self._names_a_call(out)
+        )
         # Held back once: events a backend sends after its ending one go out as they come,
         # the held ending with them (as chat's [DONE] does), never held again and again (which
         # kept every later byte and scanned it all anew on each read).
@@ -109,6 +119,15 @@ class EventForwarder:
     def finish(self) -> bytes:
         tail, self._tail = self._tail, b""
         return tail + self._partial.drain() if self._partial.size else tail
+
+    def _names_a_call(self, out: bytes) -> bool:
+        """Whether an event of `out` opens a tool call by its name (not just any event that
+        mentions a name: a Responses stream's first event echoes the request's tools)."""
+        opens = self._events.opens
+        return any(
+            opens.search(event) is not None and _NAME.search(event) is not None
+            for event in EVENT_END.split(out)
+        )
 
     def _count(self, out: bytes) -> int:
         """The text events in `out`: its deltas, but no more than the non-empty texts in it (an

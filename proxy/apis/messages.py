@@ -230,6 +230,7 @@ def _merge(parts: dict[str, Any], usage: dict[str, Any]) -> None:
 EVENTS = StreamEvents(
     delta=type_pattern("content_block_delta"),
     text=text_pattern("text|thinking|partial_json"),
+    opens=type_pattern("content_block_start"),  # a tool_use block's name
     usage=type_pattern("message_start|message_delta|error"),
     last=type_pattern("message_stop"),
     read_usage=_read_usage,

@@ -197,6 +197,7 @@ EVENTS = StreamEvents(
         r"|reasoning_summary_text)\.delta"
     ),
     text=text_pattern("delta"),
+    opens=type_pattern(r"response\.output_item\.added"),  # a function_call item's name
     usage=type_pattern(_ENDINGS + "|error"),
     last=type_pattern(_ENDINGS),
     read_usage=_read_usage,

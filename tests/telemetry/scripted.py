@@ -14,7 +14,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["AtLeast", "Received", "Script", "chunk", "event", "scripted_backend", "usage_chunk"]
+__all__ = [
+    "AtLeast",
+    "Received",
+    "Script",
+    "chunk",
+    "event",
+    "named",
+    "scripted_backend",
+    "usage_chunk",
+]
 
 
 class Received:
@@ -65,6 +74,11 @@ def event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+def named(payload: dict[str, Any]) -> bytes:
+    """An event of the agent APIs (Messages, Responses): named by its `type`."""
+    return b"event: " + str(payload["type"]).encode() + b"\n" + event(payload)
+
+
 def usage_chunk(prompt_tokens: int, completion_tokens: int) -> bytes:
     event = {
         "id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 1,
@@ -76,11 +90,12 @@ def usage_chunk(prompt_tokens: int, completion_tokens: int) -> bytes:
 
 
 def scripted_backend(scripts: dict[str, Script]) -> Starlette:
-    """A backend answering each chat request by the script named by its first message's text."""
+    """A backend answering each chat or Messages request by the script named by its first
+    message's text, and each Responses request by the one its `input` names."""
 
     async def chat(request: Request) -> Response:
         body = await request.json()
-        script = scripts[body["messages"][0]["content"]]
+        script = scripts[body["input"] if "input" in body else body["messages"][0]["content"]]
         if isinstance(script, tuple):
             status, error = script
             return JSONResponse({"error": error}, status_code=status)
@@ -92,6 +107,8 @@ def scripted_backend(scripts: dict[str, Script]) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/messages", chat, methods=["POST"]),
+            Route("/v1/responses", chat, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
         ]
     )

@@ -24,7 +24,7 @@ from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
-from tests.telemetry.scripted import Script, chunk, event, scripted_backend, usage_chunk
+from tests.telemetry.scripted import Script, chunk, event, named, scripted_backend, usage_chunk
 
 SCRIPTS: dict[str, Script] = {
     "backend-rate-limited": (429, {"message": "Rate limit reached", "type": "requests",
@@ -80,6 +80,42 @@ SCRIPTS["tool-call"] = [
 SCRIPTS["refusal"] = [
     chunk({"role": "assistant", "content": None}), 0.3, chunk({"refusal": "I can't"}), 0.05,
     chunk({"refusal": " help with that."}), chunk({}, "stop"), b"data: [DONE]\n\n",
+]  # fmt: skip
+
+
+# A tool call's name 0.3 s after the stream began, its arguments 1 s later, on the agent APIs:
+# Messages names it in content_block_start (its first input_json_delta empty, as Anthropic
+# sends it), Responses in response.output_item.added (after response.created, whose echoed
+# `tools` name it too: no call yet).
+_ANTHROPIC = {"anthropic-version": "2023-06-01"}
+SCRIPTS["messages-tool-call"] = [
+    named({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+           "role": "assistant", "model": "mock-llm", "content": [],
+           "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+    0.3, named({"type": "content_block_start", "index": 0, "content_block": {
+        "type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}}),
+    named({"type": "content_block_delta", "index": 0,
+           "delta": {"type": "input_json_delta", "partial_json": ""}}),
+    1.0, named({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": '{"city":"Paris"}'}}),
+    named({"type": "content_block_stop", "index": 0}),
+    named({"type": "message_delta", "delta": {"stop_reason": "tool_use"},
+           "usage": {"output_tokens": 5}}),
+    named({"type": "message_stop"}),
+]  # fmt: skip
+_RESPONSE = {"id": "resp_1", "object": "response", "status": "in_progress", "model": "mock-llm",
+             "output": [], "tools": [{"type": "function", "name": "weather"}]}  # fmt: skip
+_ARGUMENTS = {"type": "response.function_call_arguments.delta", "item_id": "fc_1",
+              "output_index": 0, "delta": '{"city":"Paris"}', "sequence_number": 2}  # fmt: skip
+SCRIPTS["responses-tool-call"] = [
+    named({"type": "response.created", "response": _RESPONSE, "sequence_number": 0}),
+    0.3, named({"type": "response.output_item.added", "output_index": 0, "sequence_number": 1,
+                "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1",
+                         "name": "weather", "arguments": "", "status": "in_progress"}}),
+    1.0, named(_ARGUMENTS),
+    named({"type": "response.completed", "sequence_number": 3, "response": {
+        **_RESPONSE, "status": "completed",
+        "usage": {"input_tokens": 5, "output_tokens": 5, "total_tokens": 10}}}),
 ]  # fmt: skip
 
 
@@ -324,3 +360,28 @@ def test_the_first_token_is_a_tool_calls_name_or_a_refusal(
     assert 250 < line["ttft_ms"] < 1000, line  # 0.3 s; the first argument came at 1.3 s
     if script == "tool-call":
         assert line["output_tokens"] == 2, line
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", {"max_tokens": 50, "messages": [
+            {"role": "user", "content": "messages-tool-call"}]}),
+        ("/v1/responses", {"input": "responses-tool-call"}),
+    ],
+)  # fmt: skip
+def test_on_the_agent_apis_the_first_token_is_a_tool_calls_name(
+    gateway: str, path: str, body: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on chat, TTFT ends at the event naming the tool call (0.3 s), not at its first
+    argument piece 1 s later (a Messages stream's first, empty, piece is no text either)."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    headers = {"authorization": f"Bearer {ALPHA_KEY}", **_ANTHROPIC}
+    request = {"model": "mock-llm", "stream": True, **body}
+    with httpx.stream("POST", gateway + path, json=request, headers=headers, timeout=30) as answer:
+        assert answer.status_code == 200
+        raw = b"".join(answer.iter_raw())
+    assert b'{\\"city\\":\\"Paris\\"}' in raw
+    line = access_line(caplog)
+    assert line["output_tokens"] == 5, line
+    assert 250 < line["ttft_ms"] < 1000, line  # 0.3 s; the arguments came at 1.3 s
