@@ -28,9 +28,11 @@ class StreamEvents:
     delta: re.Pattern[bytes]  # an event with generated text (a token event)
     # A delta's text, not empty: only the reads that hold it are timed and bound the count.
     text: re.Pattern[bytes]
-    # An event that may begin a tool call: one that names it is timed as text (a chat tool
-    # call's first event, its name, ends TTFT too), but no token of the count.
+    # The event that opens an output block or item, and the types of those that are tool
+    # calls: such an event, with the call's name, is timed as text (a chat tool call's first
+    # event, its name, ends TTFT too), but no token of the count.
     opens: re.Pattern[bytes]
+    call: re.Pattern[bytes]
     usage: re.Pattern[bytes]  # an event with usage in it, or one of `failures`
     last: re.Pattern[bytes]  # the event that ends the stream
     read_usage: UsageReader
@@ -121,11 +123,14 @@ class EventForwarder:
         return tail + self._partial.drain() if self._partial.size else tail
 
     def _names_a_call(self, out: bytes) -> bool:
-        """Whether an event of `out` opens a tool call by its name (not just any event that
-        mentions a name: a Responses stream's first event echoes the request's tools)."""
-        opens = self._events.opens
+        """Whether an event of `out` opens a tool call by its name (not any event that mentions
+        a name: a Responses stream's first event echoes the request's tools, a list of MCP
+        tools names each)."""
+        events = self._events
         return any(
-            opens.search(event) is not None and _NAME.search(event) is not None
+            events.opens.search(event) is not None
+            and events.call.search(event) is not None
+            and _NAME.search(event) is not None
             for event in EVENT_END.split(out)
         )
 

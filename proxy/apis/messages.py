@@ -230,7 +230,8 @@ def _merge(parts: dict[str, Any], usage: dict[str, Any]) -> None:
 EVENTS = StreamEvents(
     delta=type_pattern("content_block_delta"),
     text=text_pattern("text|thinking|partial_json"),
-    opens=type_pattern("content_block_start"),  # a tool_use block's name
+    opens=type_pattern("content_block_start"),
+    call=type_pattern("(?:server_|mcp_)?tool_use"),
     usage=type_pattern("message_start|message_delta|error"),
     last=type_pattern("message_stop"),
     read_usage=_read_usage,

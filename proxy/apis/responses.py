@@ -197,7 +197,8 @@ EVENTS = StreamEvents(
         r"|reasoning_summary_text)\.delta"
     ),
     text=text_pattern("delta"),
-    opens=type_pattern(r"response\.output_item\.added"),  # a function_call item's name
+    opens=type_pattern(r"response\.output_item\.added"),
+    call=type_pattern("function_call|custom_tool_call|mcp_call"),
     usage=type_pattern(_ENDINGS + "|error"),
     last=type_pattern(_ENDINGS),
     read_usage=_read_usage,

@@ -196,3 +196,31 @@ def test_a_named_event_stream_cut_anywhere_goes_out_as_in_one_read(
 
     assert forwarded(reads) == forwarded([raw])
     assert forwarded(reads)[0] == raw
+
+
+_TOOLS = [{"type": "function", "name": "weather"}]
+_CALL = {"type": "function_call", "id": "fc_1", "call_id": "c", "name": "weather", "arguments": ""}
+_MCP_TOOLS = {"type": "mcp_list_tools", "server_label": "dice", "tools": [{"name": "roll"}]}
+
+
+@pytest.mark.parametrize(
+    ("api", "data", "texted"),
+    [
+        ("responses", {"type": "response.output_item.added", "item": _CALL}, True),
+        ("responses", {"type": "response.created", "response": {"tools": _TOOLS}}, False),
+        ("responses", {"type": "response.output_item.added", "item": _MCP_TOOLS}, False),
+        ("responses", {"type": "response.output_item.done", "item": _CALL}, False),
+        ("messages", {"type": "content_block_start", "index": 1, "content_block": {
+            "type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}}, True),
+        ("messages", {"type": "content_block_start", "index": 0, "content_block": {
+            "type": "text", "text": ""}}, False),
+    ],
+)  # fmt: skip
+def test_the_event_that_opens_a_tool_call_by_name_is_timed_as_text(
+    api: str, data: dict[str, object], texted: bool
+) -> None:
+    """As a chat tool call's name ends TTFT, so does the event opening an agent API's call
+    (no token of the count); an event that names tools but opens no call does not."""
+    forwarder = EventForwarder(AGENT_APIS[api].events)
+    assert forwarder.feed(event(data)) == (event(data), 0)
+    assert forwarder.texted is texted
