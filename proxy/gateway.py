@@ -155,6 +155,7 @@ class Gateway:
             stages=[*stages, checkpoint],  # checkpoints bill what the account settles
             forward=Forward(attempts, clock, telemetry, policy.upstream),
             account=account,
+            clock=clock,
             max_body_bytes=policy.server.max_body_bytes,
             telemetry=telemetry,
             replay=cache.replay,

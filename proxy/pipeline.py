@@ -16,6 +16,7 @@ from proxy.asgi.direct import body_arrived, cut_off_stalled
 from proxy.asgi.drain import Drain
 from proxy.asgi.protocol import watch_client
 from proxy.asgi.respond import send_error
+from proxy.clock import Clock
 from proxy.context import Admitted, Outcome, RequestContext
 from proxy.errors import GatewayError, ShuttingDown
 from proxy.stages import Authenticator, Stage
@@ -40,6 +41,7 @@ class Pipeline:
         forward: Forward,
         account: Account,
         *,
+        clock: Clock,
         max_body_bytes: int,
         telemetry: Telemetry,
         replay: Replay | None = None,
@@ -51,6 +53,7 @@ class Pipeline:
         self._stages = tuple(zip(stages, telemetry.timed_stages(stages), strict=True))
         self._forward = forward
         self._account = account
+        self._clock = clock
         self._max_body_bytes = max_body_bytes
         self._telemetry = telemetry
         self._replay = replay
@@ -75,10 +78,7 @@ class Pipeline:
             # Tracked from its body's read on: a client still sending one when the drain ends
             # gets its 503 then, not the server's cancel of the task at its own later timeout.
             with scope, self.drain.track(scope):
-                ctx.raw_body = await read_body(
-                    receive, ctx.headers, self._max_body_bytes, self._body_timeout_s,
-                    arrived=body_arrived(ctx.server_cycle),
-                )  # fmt: skip
+                ctx.raw_body = await self._read_body(ctx, receive)
                 # The client's leaving cancels the scope: told by the connection itself under
                 # `tokenweir serve`, else seen by a task waiting on `receive`.
                 gone = partial(client_left, ctx.outcome, scope)
@@ -112,6 +112,18 @@ class Pipeline:
             finally:
                 if counting is not None:
                     done_counting(counting)
+
+    async def _read_body(self, ctx: Admitted, receive: Receive) -> bytes:
+        """The request's body; the time spent waiting for the rest of it to arrive is the
+        client's, not the gateway's own (a slow upload read as seconds of gateway overhead)."""
+        arrived = body_arrived(ctx.server_cycle)
+        began_s = 0.0 if arrived else self._clock.monotonic()
+        raw = await read_body(
+            receive, ctx.headers, self._max_body_bytes, self._body_timeout_s, arrived=arrived
+        )
+        if not arrived:
+            ctx.meter.waited(self._clock.monotonic() - began_s)
+        return raw
 
     async def _answer(self, ctx: Admitted, send: Send) -> None:
         for stage, timed in self._stages:

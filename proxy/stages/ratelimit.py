@@ -339,7 +339,7 @@ class RateLimits:
                     turn = asyncio.get_running_loop().create_future()
                     line[0] = turn
         finally:
-            ctx.meter.queued(self._clock.monotonic() - joined_s)
+            ctx.meter.waited(self._clock.monotonic() - joined_s)
             line.remove(turn)
             if not line:
                 self._queues.pop(hold.scope, None)

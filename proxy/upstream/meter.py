@@ -98,7 +98,7 @@ class StreamMeter:
     """Times one response from the moment the request arrived to its last byte.
 
     `read(now)` when an upstream chunk arrives, `wrote(now, tokens, texted)` once it is written
-    to the client; gateway time is the stages before the upstream call (less a wait in line)
+    to the client; gateway time is the stages before the upstream call (less its waits on others)
     plus, per chunk, read -> written. TTFT, the gaps and tokens/s are timed on a stream's chunks
     with generated text only.
     """
@@ -110,13 +110,13 @@ class StreamMeter:
         "gateway_s",
         "last_read_s",
         "last_token_s",
-        "queued_s",
         "received_s",
         "texted_events",
         "textless_at_end",
         "token_events",
         "upstream_first_byte_s",
         "upstream_sent_s",
+        "waited_s",
     )
 
     def __init__(self, received_s: float) -> None:
@@ -132,18 +132,20 @@ class StreamMeter:
         # its last token): counted once, when the stream ends whole.
         self.textless_at_end = 0
         self.gateway_s = 0.0
-        self.queued_s = 0.0  # waited in the tenant's line for a slot: the request's, not ours
+        # Waited on the client's body or in the tenant's line: the request's time, not ours.
+        self.waited_s = 0.0
         self.gaps = GapHistogram()
         self.last_read_s = 0.0  # meaningful once upstream_first_byte_s is set
 
-    def queued(self, wait_s: float) -> None:
-        """The request waited `wait_s` in line for a concurrency slot (`queue_timeout`): in its
-        TTFT and duration, as the client waited, but no time of the gateway's own."""
-        self.queued_s += wait_s
+    def waited(self, wait_s: float) -> None:
+        """The request waited `wait_s` on others: for the rest of its body from the client, or
+        in the tenant's line for a concurrency slot (`queue_timeout`). In its TTFT and duration,
+        as the client saw them, but no time of the gateway's own."""
+        self.waited_s += wait_s
 
     def sending_upstream(self, now: float) -> None:
         self.upstream_sent_s = self.attempt_sent_s = now
-        self.gateway_s += now - self.received_s - self.queued_s
+        self.gateway_s += now - self.received_s - self.waited_s
 
     def attempting(self, now: float) -> None:
         """The request goes to a backend now (another after one failed before its first byte):
@@ -175,7 +177,7 @@ class StreamMeter:
     def answered_locally(self, now: float, *, streamed: bool) -> None:
         """The gateway wrote a whole answer of its own (a cache hit): all of it was gateway time
         (no upstream read to measure from); its first token, if `streamed`, came now."""
-        self.last_read_s = self.received_s + self.queued_s
+        self.last_read_s = self.received_s + self.waited_s
         self.wrote(now, 1, streamed)
 
     @property

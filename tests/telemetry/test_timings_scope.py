@@ -1,15 +1,17 @@
 """What the gateway's timings cover, judged against backends whose pace the test set: TTFT is
 a stream's (a whole answer has no first token to time), and a wait in the tenant's line is the
-request's time, not the gateway's own."""
+request's time, not the gateway's own, as is a slow client's upload."""
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -160,3 +162,40 @@ def test_a_wait_in_line_is_no_gateway_overhead(
     assert queued["gateway_ms"] < 500, queued  # its own few ms; the wait was 1.5-2 s
     assert overhead[0] == 2
     assert overhead[1] < 1.0, overhead  # both requests' own time, no wait in line
+
+
+def test_a_slow_upload_is_no_gateway_overhead(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that sends its body's last bytes 2 s after its headers: the wait is in its
+    TTFT and duration (counted from its headers, as before), not in `gateway_ms`, which read
+    the whole upload as the gateway's own time."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    scripts: dict[str, Script] = {"upload": [chunk({"content": "a"}), b"data: [DONE]\n\n"]}
+    body = orjson.dumps(
+        {"model": "mock-llm", "stream": True, "messages": [{"role": "user", "content": "upload"}]}
+    )
+    with (
+        serve(scripted_backend(scripts)) as backend,
+        serve(create_app(_policy(backend, tmp_path / "l.db"))) as url,
+    ):
+        address = urlsplit(url)
+        with socket.create_connection((address.hostname, address.port)) as client:
+            client.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+                b"Authorization: Bearer " + ALPHA_KEY.encode() + b"\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % len(body)
+                + body[:10]
+            )
+            time.sleep(2.0)
+            client.sendall(body[10:])
+            answer = b""
+            while b"[DONE]" not in answer:
+                read = client.recv(65536)
+                assert read, answer
+                answer += read
+    [line] = _access_lines(caplog, 1)
+    assert line["status"] == 200, line
+    assert line["ttft_ms"] > 1900, line  # from the headers: the upload is the client's wait
+    assert line["gateway_ms"] < 1000, line  # its own few ms; the upload took 2 s
