@@ -97,6 +97,7 @@ class Forward:
         ending = b""
         outcome = ctx.outcome
         stream = response.stream
+        body: DirectBody | None = None
         try:
             with translate(backend):
                 chunks = raw_reads(response)
@@ -121,8 +122,10 @@ class Forward:
                             body = direct_body(ctx.server_cycle)
                             if body is not None and isinstance(stream, Exchange):
                                 stream.relay_to(relay.direct(body))
+                        # A client whose socket is full makes `send` wait: its wait, not ours.
+                        full_s = None if body is None or body.ready() else relay.clock()
                         await send({"type": "http.response.body", "body": out, "more_body": True})
-                        relay.sent(out, token_events)
+                        relay.sent(out, token_events, full_s)
             ending = sse.finish()
             if ctx.capture is not None:
                 ctx.capture.add(ending)
@@ -238,8 +241,13 @@ class _Relay:
             raise _no_content(self._backend)
         return out, token_events
 
-    def sent(self, out: bytes, token_events: int) -> None:
-        self._meter.wrote(self.clock(), token_events, self._sse.texted)
+    def sent(self, out: bytes, token_events: int, full_s: float | None = None) -> None:
+        """`out` reached the client; `full_s`: when its socket was full, from which `send`
+        waited for the client to read (no time of the gateway's own)."""
+        now_s = self.clock()
+        self._meter.wrote(now_s, token_events, self._sse.texted)
+        if full_s is not None:
+            self._meter.client_was_slow(now_s - full_s)
         self.before_last, self.last = self.last, out
         if self._capture is not None:
             self._capture(out)

@@ -143,6 +143,11 @@ class StreamMeter:
         as the client saw them, but no time of the gateway's own."""
         self.waited_s += wait_s
 
+    def client_was_slow(self, wait_s: float) -> None:
+        """A chunk waited `wait_s` for the client to read (its socket full) before it could be
+        written: in the gaps and duration, as the client read them, but not the gateway's."""
+        self.gateway_s -= wait_s
+
     def sending_upstream(self, now: float) -> None:
         self.upstream_sent_s = self.attempt_sent_s = now
         self.gateway_s += now - self.received_s - self.waited_s

@@ -181,13 +181,7 @@ def test_a_slow_upload_is_no_gateway_overhead(
     ):
         address = urlsplit(url)
         with socket.create_connection((address.hostname, address.port)) as client:
-            client.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
-                b"Authorization: Bearer " + ALPHA_KEY.encode() + b"\r\n"
-                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                % len(body)
-                + body[:10]
-            )
+            client.sendall(_request(body)[: 10 - len(body)])  # all but the body's last bytes
             time.sleep(2.0)
             client.sendall(body[10:])
             answer = b""
@@ -199,3 +193,44 @@ def test_a_slow_upload_is_no_gateway_overhead(
     assert line["status"] == 200, line
     assert line["ttft_ms"] > 1900, line  # from the headers: the upload is the client's wait
     assert line["gateway_ms"] < 1000, line  # its own few ms; the upload took 2 s
+
+
+def test_a_client_that_stops_reading_is_no_gateway_overhead(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client with a small receive buffer that reads nothing for 2 s of a 6 MB stream: the
+    gateway's writes wait for it (its socket full). That wait is the client's: in the gaps and
+    duration as it read them, not in `gateway_ms`, which read it as the gateway's own time."""
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    many = chunk({"content": "w" * 300}) * 200  # about 70 KB a write
+    scripts: dict[str, Script] = {"big": [many] * 90 + [b"data: [DONE]\n\n"]}
+    body = orjson.dumps(
+        {"model": "mock-llm", "stream": True, "messages": [{"role": "user", "content": "big"}]}
+    )
+    with (
+        serve(scripted_backend(scripts)) as backend,
+        serve(create_app(_policy(backend, tmp_path / "l.db"))) as url,
+        socket.socket() as client,
+    ):
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        address = urlsplit(url)
+        client.connect((address.hostname, address.port))
+        client.sendall(_request(body))
+        answer = client.recv(4096)
+        time.sleep(2.0)
+        while b"[DONE]" not in answer[-64:]:
+            read = client.recv(1 << 20)
+            assert read, answer[-200:]
+            answer += read
+    [line] = _access_lines(caplog, 1)
+    assert line["duration_ms"] > 1500, line  # the gateway waited for the client to read
+    assert line["gateway_ms"] < 1000, line  # its own time; the client's 2 s are not
+
+
+def _request(body: bytes) -> bytes:
+    """A chat request of alpha's with `body`, as a raw client writes it."""
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        b"Authorization: Bearer " + ALPHA_KEY.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
