@@ -98,8 +98,7 @@ class KeyAllowances:
         """Auth found a runtime key; only one with an allowance of its own needs more."""
         allowance = record.allowance
         if not allowance.empty:
-            scope = f"tw:{{{record.tenant}}}:key:{record.id}"
-            self._holds[ctx] = _Hold(record, scope, self._lease_ids.next())
+            self._holds[ctx] = _Hold(record, record.scope, self._lease_ids.next())
             ctx.key_counts_tokens = bool(
                 allowance.tokens_per_day
                 or allowance.tokens_per_month

@@ -109,6 +109,12 @@ class KeyRecord:
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
+    @property
+    def scope(self) -> str:
+        """Where the key's own counters and buckets live: under its tenant's hash tag, so that
+        a Redis Cluster keeps them in the tenant's slot."""
+        return f"tw:{{{self.tenant}}}:key:{self.id}"
+
     def public(self) -> dict[str, object]:
         """What the admin API shows: never the digest, never the secret."""
         allowance = self.allowance.model_dump()

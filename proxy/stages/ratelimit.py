@@ -16,16 +16,17 @@ from proxy.clock import Clock
 from proxy.context import Admitted
 from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.holds import RateLimitHold
+from proxy.keys.record import KeyRecord
 from proxy.leases import LeaseIds, Renewals
 from proxy.policy.model import Backend, Limits
 from proxy.stages.limitheaders import format_reset, rate_limit_headers, tighter
 from proxy.stages.limitrefusal import limit_refusal, refused_unsent
-from proxy.stages.limitshape import LimitShape, LimitShapes
+from proxy.stages.limitshape import LimitShape, LimitShapes, limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Admit
-from proxy.storage.limits import Admission, Bucket, LimitKey, LimitStore
+from proxy.storage.limits import Admission, Bucket, LimitStore
 
 __all__ = [
     "LimitPlan",
@@ -201,27 +202,33 @@ class RateLimits:
             self._hold(ctx, hold, shape, costs)
         return admission
 
-    async def admit_count(self, ctx: Admitted) -> None:
+    async def admit_count(self, ctx: Admitted, key: KeyRecord | None = None) -> None:
         """A token count (`POST /v1/messages/count_tokens`) takes one request from the tenant's
-        requests_per_minute, as Anthropic limits its counts: it calls no backend, but each costs
-        the gateway a tokenization of up to `max_body_bytes`. Nothing else is charged or held."""
+        requests_per_minute, and from a runtime `key`'s own, as Anthropic limits its counts: it
+        calls no backend, but each costs the gateway a tokenization of up to `max_body_bytes`.
+        Nothing else is charged or held."""
         limits = ctx.tenant.limits
-        if not limits.requests_per_minute:
-            return
         scope = f"tw:{{{ctx.tenant_name}}}"
-        buckets = (LimitKey(scope, "requests").bucket(limits.requests_per_minute),)
+        buckets = [bucket for bucket, _ in per_minute(scope, limits.requests_per_minute, None, 0)]
+        if key is not None:
+            own = key.allowance.requests_per_minute
+            buckets += [bucket for bucket, _ in per_minute(key.scope, own, None, 0)]
+        if not buckets:
+            return
         hold = RateLimitHold(scope, self._lease_ids.next(), limits.lease_ttl, ())
         try:
-            admission = await self._try(hold, buckets, [1])
+            admission = await self._try(hold, buckets, [1] * len(buckets))
         except StorageError as exc:
             self._failures.decide("rate_limit", limits, exc)
             return
         if not admission.admitted:
+            refused = buckets[admission.refused or 0]
+            whose = "this key" if limit_key(refused).scope == scope else "this API key's own"
             retry_s = admission.retry_after_s
             raise RateLimited(
-                f"Rate limit reached for this key (requests_per_minute: limit "
-                f"{limits.requests_per_minute}; a token count takes one request). Please try "
-                f"again in {format_reset(retry_s)}.",
+                f"Rate limit reached for {whose} (requests_per_minute: limit "
+                f"{refused.capacity}; a token count takes one request). Please try again in "
+                f"{format_reset(retry_s)}.",
                 retry_after_s=retry_s,
             )
 

@@ -72,9 +72,9 @@ class CountTokens:
 
     async def _count(self, gateway: Gateway, ctx: RequestContext, receive: Receive) -> int:
         policy = gateway.policy
-        name, key_id, _ = gateway.keyring.identify_key(authorization_of(ctx.headers))
+        name, key_id, record = gateway.keyring.identify_key(authorization_of(ctx.headers))
         ctx = ctx.admit(name, policy.tenants[name], key_id)
-        await gateway.services.rate_limits.admit_count(ctx)
+        await gateway.services.rate_limits.admit_count(ctx, record)
         server = policy.server
         ctx.raw_body = await read_body(
             receive, ctx.headers, server.max_body_bytes, server.body_timeout

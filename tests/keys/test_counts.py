@@ -1,0 +1,36 @@
+"""A runtime key's own requests_per_minute bounds its token counts too, through the real
+anthropic SDK: a key held to a few requests a minute cannot keep the gateway tokenizing bodies."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import parse_policy
+from tests.keys.test_runtime import ADMIN_KEY, TENANT_KEY, policy_text
+from tests.servers import serve
+
+HELLO = [{"role": "user", "content": "Name three rivers of Europe."}]
+
+
+def test_a_keys_own_requests_per_minute_takes_its_token_counts(backend_url: str) -> None:
+    """The count took one request from the tenant's requests_per_minute, never from the key's:
+    a key of 2 a minute counted without end (and sent its messages after its counts)."""
+    app = create_app(parse_policy(policy_text(backend_url, "memory"), environ={}))
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    with serve(app) as url:
+        wanted = {"tenant": "alpha", "limits": {"requests_per_minute": 2}}
+        key = httpx.post(url + "/admin/keys", json=wanted, headers=admin).json()["key"]
+        with anthropic.Anthropic(base_url=url, api_key=key, max_retries=0) as client:
+            counts = [client.messages.count_tokens(model="mock-llm", messages=HELLO) for _ in "ab"]
+            assert counts[0].input_tokens == counts[1].input_tokens > 0
+            with pytest.raises(anthropic.RateLimitError) as refused:
+                client.messages.count_tokens(model="mock-llm", messages=HELLO)
+            with pytest.raises(anthropic.RateLimitError):  # the counts took the key's minute
+                client.messages.create(model="mock-llm", max_tokens=5, messages=HELLO)
+        with anthropic.Anthropic(base_url=url, api_key=TENANT_KEY, max_retries=0) as tenant:
+            assert tenant.messages.count_tokens(model="mock-llm", messages=HELLO).input_tokens
+    assert "this API key's own (requests_per_minute: limit 2" in str(refused.value)
+    assert 1 <= int(refused.value.response.headers["retry-after"]) <= 60
