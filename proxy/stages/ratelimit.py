@@ -206,7 +206,7 @@ class RateLimits:
         """A token count (`POST /v1/messages/count_tokens`) takes one request from the tenant's
         requests_per_minute, and from a runtime `key`'s own, as Anthropic limits its counts: it
         calls no backend, but each costs the gateway a tokenization of up to `max_body_bytes`.
-        Nothing else is charged or held."""
+        Nothing else is charged or held. Writes the x-ratelimit-*-requests headers."""
         limits = ctx.tenant.limits
         scope = f"tw:{{{ctx.tenant_name}}}"
         buckets = [bucket for bucket, _ in per_minute(scope, limits.requests_per_minute, None, 0)]
@@ -221,6 +221,7 @@ class RateLimits:
         except StorageError as exc:
             self._failures.decide("rate_limit", limits, exc)
             return
+        ctx.rate_limit_headers = rate_limit_headers([False] * len(buckets), admission.buckets)
         if not admission.admitted:
             refused = buckets[admission.refused or 0]
             whose = "this key" if limit_key(refused).scope == scope else "this API key's own"

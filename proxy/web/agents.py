@@ -46,7 +46,7 @@ class CountTokens:
     """`POST /v1/messages/count_tokens`: `{"input_tokens": N}`, N counted with the model's
     tokenizer over what the gateway would send (the tenant's system prompt included). Nothing is
     billed and no backend is called; it takes one request from the tenant's
-    requests_per_minute."""
+    requests_per_minute and the key's own, and answers with their x-ratelimit-* headers."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
@@ -61,20 +61,30 @@ class CountTokens:
             meter=StreamMeter(now),
             headers=RequestHeaders(scope=scope),
         )
+        shown: list[tuple[bytes, bytes]] = []  # the gateway's headers, once the caller is known
         try:
-            count = await self._count(gateway, ctx, receive)
+            count = await self._count(gateway, ctx, receive, shown)
         except GatewayError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, shown)
             return
         except ClientGone:
             return
-        await send_json(send, 200, orjson.dumps({"input_tokens": count}))
+        await send_json(send, 200, orjson.dumps({"input_tokens": count}), shown)
 
-    async def _count(self, gateway: Gateway, ctx: RequestContext, receive: Receive) -> int:
+    async def _count(
+        self,
+        gateway: Gateway,
+        arrival: RequestContext,
+        receive: Receive,
+        shown: list[tuple[bytes, bytes]],
+    ) -> int:
         policy = gateway.policy
-        name, key_id, record = gateway.keyring.identify_key(authorization_of(ctx.headers))
-        ctx = ctx.admit(name, policy.tenants[name], key_id)
-        await gateway.services.rate_limits.admit_count(ctx, record)
+        name, key_id, record = gateway.keyring.identify_key(authorization_of(arrival.headers))
+        ctx = arrival.admit(name, policy.tenants[name], key_id)
+        try:
+            await gateway.services.rate_limits.admit_count(ctx, record)
+        finally:
+            shown += ctx.gateway_headers()
         server = policy.server
         ctx.raw_body = await read_body(
             receive, ctx.headers, server.max_body_bytes, server.body_timeout

@@ -34,3 +34,22 @@ def test_a_keys_own_requests_per_minute_takes_its_token_counts(backend_url: str)
             assert tenant.messages.count_tokens(model="mock-llm", messages=HELLO).input_tokens
     assert "this API key's own (requests_per_minute: limit 2" in str(refused.value)
     assert 1 <= int(refused.value.response.headers["retry-after"]) <= 60
+
+
+def test_a_count_answers_with_the_rate_limit_headers_it_took_from(backend_url: str) -> None:
+    """Every answer has OpenAI's rate-limit headers and x-tokenweir-cache; a count had neither
+    (it took from requests_per_minute all the same), its 429 neither."""
+    text = policy_text(backend_url, "memory", limits="{requests_per_minute: 2}")
+    with serve(create_app(parse_policy(text, environ={}))) as url:
+        with anthropic.Anthropic(base_url=url, api_key=TENANT_KEY, max_retries=0) as client:
+            counted = [
+                client.messages.with_raw_response.count_tokens(model="mock-llm", messages=HELLO)
+                for _ in "ab"
+            ]
+            with pytest.raises(anthropic.RateLimitError) as refused:
+                client.messages.count_tokens(model="mock-llm", messages=HELLO)
+    answers = [raw.headers for raw in counted] + [refused.value.response.headers]
+    assert [h["x-ratelimit-remaining-requests"] for h in answers] == ["1", "0", "0"]
+    assert {h["x-ratelimit-limit-requests"] for h in answers} == {"2"}
+    assert all(h["x-ratelimit-reset-requests"] and h["x-request-id"] for h in answers)
+    assert {h["x-tokenweir-cache"] for h in answers} == {"bypass"}
