@@ -103,18 +103,24 @@ def anthropic_error(status: int, openai_body: bytes) -> tuple[int, bytes]:
 
 
 class AnthropicErrors:
-    """`send` for a Messages request: errors leave in Anthropic's shape; all else unchanged."""
+    """`send` for a Messages request: errors leave in Anthropic's shape, and every answer says
+    its request id as Anthropic's `request-id` too (what Anthropic's SDKs read into
+    `_request_id` and their errors' messages); all else unchanged."""
 
-    __slots__ = ("_chunks", "_held", "_send", "_stream")
+    __slots__ = ("_chunks", "_held", "_request_id", "_send", "_stream")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, request_id: str = "") -> None:
         self._send = send
+        self._request_id = request_id.encode()
         self._held: Message | None = None
         self._chunks: list[bytes] = []
         self._stream = False
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
+            if self._request_id:
+                headers = [*message.get("headers", ()), (b"request-id", self._request_id)]
+                message = {**message, "headers": headers}
             if message["status"] >= 400:
                 self._held = message  # sent with the body, once it is rewritten
                 return

@@ -39,7 +39,8 @@ class MessagesEndpoint:
         self._endpoint = OpenAIEndpoint("messages")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._endpoint(with_api_key(scope), receive, AnthropicErrors(send))
+        errors = AnthropicErrors(send, scope.get(REQUEST_ID_KEY, ""))
+        await self._endpoint(with_api_key(scope), receive, errors)
 
 
 class CountTokens:
@@ -50,7 +51,7 @@ class CountTokens:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
-        send = AnthropicErrors(send)
+        send = AnthropicErrors(send, scope.get(REQUEST_ID_KEY, ""))
         scope = with_api_key(scope)
         now = gateway.clock.monotonic()
         ctx = RequestContext(

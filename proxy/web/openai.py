@@ -60,7 +60,7 @@ class ModelList:
         headers = Headers(scope=with_api_key(scope))  # the key as Anthropic's SDKs send it too
         anthropic = "anthropic-version" in headers
         if anthropic:
-            send = AnthropicErrors(send)
+            send = AnthropicErrors(send, scope.get(REQUEST_ID_KEY, ""))
         wanted: str | None = scope.get("path_params", {}).get("model_id")
         try:
             tenant_name = gateway.keyring.tenant_for(authorization_of(headers))

@@ -47,12 +47,13 @@ NOISY = (
     "x-backend-debug: internal-host-10.0.0.7",
     "openai-organization: backend-org",
 )
-# What the gateway writes on an answer (uvicorn's date and server, the gateway's own).
+# What the gateway writes on an answer (uvicorn's date and server, the gateway's own; on the
+# Anthropic routes, the request id as Anthropic's `request-id` too).
 GATEWAY_HEADERS = {
     "date", "server", "content-type", "content-length", "transfer-encoding", "cache-control",
     "x-accel-buffering", "x-request-id", "x-tokenweir-cache", "x-ratelimit-limit-requests",
     "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests", "retry-after",
-    "retry-after-ms", "x-should-retry",
+    "retry-after-ms", "x-should-retry", "request-id",
 }  # fmt: skip
 # What the gateway writes to the backend.
 UPSTREAM_HEADERS = {
