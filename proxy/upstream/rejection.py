@@ -35,6 +35,8 @@ _MAX_FIELD_CHARS: Final = 2000
 _KEY_SHOWN: Final = "[the gateway's backend key]"
 # A backend key shorter than this is a placeholder, not a secret, and is not cut from messages.
 _MIN_KEY_CHARS: Final = 8
+# The fields of an error object the gateway passes on.
+_FIELDS: Final = ("message", "type", "param", "code")
 # delay-seconds, leniently: a fraction or an exponent is read too (and rounded up); no sign.
 _SECONDS: Final = re.compile(r"\s*\d+(?:\.\d*)?(?:[eE]\+?\d+)?\s*")
 
@@ -133,14 +135,22 @@ def _seconds_until(http_date: str, now: float) -> float | None:
 
 
 def error_fields(raw: bytes) -> dict[str, Any]:
-    """The `error` object of an error body (a bare string as its message); {} if none."""
+    """The `error` object of an error body (a bare string as its message), or the body itself
+    where it is the error object (vLLM's and SGLang's `{"object": "error", "message", "type",
+    "param", "code"}`), or FastAPI's `detail` as the message; {} if none."""
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return {}
-    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(parsed, dict):
+        return {}
+    error = parsed.get("error")
     if isinstance(error, dict):
         return error
     if isinstance(error, str):
         return {"message": error}
+    if "message" in parsed:
+        return {name: parsed[name] for name in _FIELDS if name in parsed}
+    if "detail" in parsed:
+        return {"message": parsed["detail"]}
     return {}
