@@ -15,10 +15,14 @@ from tests.servers import serve
 HELLO = [{"role": "user", "content": "Name three rivers of Europe."}]
 
 
-def test_a_keys_own_requests_per_minute_takes_its_token_counts(backend_url: str) -> None:
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+def test_a_keys_own_requests_per_minute_takes_its_token_counts(
+    backend_url: str, storage: str, request: pytest.FixtureRequest
+) -> None:
     """The count took one request from the tenant's requests_per_minute, never from the key's:
     a key of 2 a minute counted without end (and sent its messages after its counts)."""
-    app = create_app(parse_policy(policy_text(backend_url, "memory"), environ={}))
+    where = request.getfixturevalue("redis_url") if storage == "redis" else "memory"
+    app = create_app(parse_policy(policy_text(backend_url, where), environ={}))
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     with serve(app) as url:
         wanted = {"tenant": "alpha", "limits": {"requests_per_minute": 2}}
