@@ -56,7 +56,7 @@ from proxy.web.dashboard import DashboardPages
 from proxy.web.fastlane import LanedStarlette
 from proxy.web.openai import ModelList, OpenAIEndpoint
 from proxy.web.ops import Health, Metrics, Ready
-from proxy.web.requestid import RequestId
+from proxy.web.requestid import REQUEST_ID_KEY, RequestId
 from proxy.web.session import Sessions
 from proxy.web.usage import UsageApi
 
@@ -255,7 +255,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         error.status, error.type, error.code = status, "invalid_request_error", "method_not_allowed"
     # A 405's `Allow` (the route's methods), which a 405 must carry.
     headers = exc.headers if isinstance(exc, HTTPException) else None
-    return _render(error, request.url.path, headers)
+    return _render(error, request, headers)
 
 
 def _asterisk(method: str) -> Response:
@@ -267,7 +267,7 @@ def _asterisk(method: str) -> Response:
         f"{method} * names no resource: only OPTIONS may ask about the server as a whole.",
         code="invalid_request_target",
     )
-    return _render(error, "*")
+    return _render(error)
 
 
 def _slash_hint(request: Request) -> str:
@@ -285,18 +285,20 @@ def _slash_hint(request: Request) -> str:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     _log.exception("unexpected error on %s %s", request.method, request.url.path)
     error = InternalError("The gateway hit an unexpected error; it has been logged.")
-    return _render(error, request.url.path)
+    return _render(error, request)
 
 
-def _render(error: GatewayError, path: str, headers: Mapping[str, str] | None = None) -> Response:
+def _render(
+    error: GatewayError, request: Request | None = None, headers: Mapping[str, str] | None = None
+) -> Response:
     """The error in OpenAI's shape, or Anthropic's on the Messages routes (where a 404, a 405
-    or an error no stage caught reaches this handler past the routes' own wrapper)."""
-    status, body = error.status, error.to_json()
+    or an error no stage caught reaches this handler past the routes' own wrapper), with the
+    request id as Anthropic's `request-id` too."""
+    status, body, shown = error.status, error.to_json(), {**error.headers(), **(headers or {})}
+    path = request.url.path if request is not None else "*"
     if path == _MESSAGES or path.startswith(_MESSAGES + "/"):
         status, body = anthropic_error(status, body)
-    return Response(
-        body,
-        status_code=status,
-        media_type="application/json",
-        headers={**error.headers(), **(headers or {})},
-    )
+        request_id = request.scope.get(REQUEST_ID_KEY) if request is not None else None
+        if request_id:
+            shown["request-id"] = request_id
+    return Response(body, status_code=status, media_type="application/json", headers=shown)

@@ -49,6 +49,8 @@ def test_an_error_names_the_request_id(gateway: AgentGateway) -> None:
             client.with_options(api_key="tw-wrong").messages.count_tokens(
                 model="mock-llm", messages=HELLO
             )
-    for error in (missing.value, wrong.value):
+        with pytest.raises(anthropic.NotFoundError) as no_route:  # the router's own 404
+            client.messages.batches.list()
+    for error in (missing.value, wrong.value, no_route.value):
         assert error.request_id == error.response.headers["x-request-id"]
         assert f"request_id: {error.request_id}" in str(error)
