@@ -35,6 +35,9 @@ _MAX_FIELD_CHARS: Final = 2000
 _KEY_SHOWN: Final = "[the gateway's backend key]"
 # A backend key shorter than this is a placeholder, not a secret, and is not cut from messages.
 _MIN_KEY_CHARS: Final = 8
+# A backend unavailable for now: 503, or Anthropic's 529 (overloaded), which backends in front of
+# Anthropic's API pass on.
+_OVERLOADED: Final = (503, 529)
 # The fields of an error object the gateway passes on.
 _FIELDS: Final = ("message", "type", "param", "code")
 # delay-seconds, leniently: a fraction or an exponent is read too (and rounded up); no sign.
@@ -74,7 +77,7 @@ def status_error(backend: Backend, response: httpx.Response, raw: bytes) -> Gate
         # Through the constructor: a wait over a minute also says `x-should-retry: false`.
         wait_s = retry_after_s(response.headers.get("retry-after")) or 1
         return UpstreamRejected(status, backend_error, retry_after_s=wait_s)
-    if status == 503:
+    if status in _OVERLOADED:
         return UpstreamUnavailable(
             f"backend {backend.name!r} is unavailable: {detail}",
             retry_after_s=retry_after_s(response.headers.get("retry-after")) or 1,

@@ -1,6 +1,7 @@
 """A backend's own 4xx reaches the SDKs with the backend's message whatever shape its error body
 has: OpenAI's nested `error` object, vLLM's and SGLang's flat `{"object": "error", "message"}`,
-or FastAPI's `detail`, through a real gateway in front of a raw-socket backend."""
+or FastAPI's `detail`, through a real gateway in front of a raw-socket backend; a backend's 529
+(overloaded) is the gateway's own "unavailable"."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         {"object": "error", "message": "Slow down.", "code": 429},
     ),
     "detail_422": ("422 Unprocessable Entity", {"detail": "Field 'messages' is required."}),
+    "overloaded_529": (
+        "529 Site Overloaded",
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+    ),
 }
 
 
@@ -84,3 +89,23 @@ def test_the_backends_message_reaches_both_sdks(
     assert chat.value.message == f"Error code: {status} - {message}"
     assert isinstance(messages.value.body, dict)
     assert messages.value.body["error"]["message"] == message
+
+
+def test_a_backends_overloaded_529_is_the_gateways_unavailable(gateway: str) -> None:
+    """An Anthropic-compatible backend's 529 became a 502 `api_error`: Anthropic's SDK raised
+    InternalServerError where the backend said OverloadedError, with no Retry-After."""
+    hostile = {"hostile": "overloaded_529"}
+    with (
+        anthropic.Anthropic(base_url=gateway, api_key=KEY, max_retries=0) as client,
+        pytest.raises(anthropic.OverloadedError) as overloaded,
+    ):
+        client.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES, extra_body=hostile)
+    with (
+        openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0) as client,
+        pytest.raises(openai.InternalServerError) as chat,
+    ):
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body=hostile)
+    assert chat.value.status_code == 503
+    assert "Overloaded" in overloaded.value.message
+    for error in (overloaded.value, chat.value):
+        assert int(error.response.headers["retry-after"]) >= 1
