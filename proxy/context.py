@@ -9,7 +9,7 @@ or loses the request."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -75,6 +75,10 @@ class Outcome:
     usage_rejected: bool = False  # the backend sent usage with numbers not believed
     tail: bytes = b""  # the answer's last bytes: response model, finish reasons
     parsed: dict[str, Any] | None = None  # a whole answer's JSON, parsed once for every reader
+    # The answer's last bytes as the client is to see them once the request is billed (the
+    # usage billed in place of a backend's not believed); None, as nearly always, to send them
+    # as they are (proxy/stages/shown.py).
+    reshow: Callable[[RequestContext, bytes], bytes] | None = None
 
     def refused(self, status: int, code: str) -> None:
         """The gateway answered with an error of its own."""

@@ -147,6 +147,9 @@ class Pipeline:
             if not message.get("more_body", False) and message["type"] == "http.response.body":
                 with ctx.scope.shielded():
                     await release(ctx)
+                reshow = ctx.outcome.reshow  # the usage billed, where the backend's was not
+                if reshow is not None:
+                    message = {**message, "body": reshow(ctx, message.get("body", b""))}
             await send(message)
 
         return releasing

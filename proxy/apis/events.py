@@ -59,15 +59,21 @@ class EventForwarder:
     events carry generated text, `finish` what is left at the end, `usage` the backend's usage
     (in the API's own names); `failed` says an event of the backend's said the answer failed.
     The ending event is held back for `finish`, so the request is settled before the client
-    reads it (as [DONE] is on chat streams).
+    reads it (as [DONE] is on chat streams); so is the event that completes the usage when
+    `believed` does not believe it (`held`, its JSON `held_event`), for the answer's end to
+    show the usage billed in its place.
     """
 
-    __slots__ = (
-        "_ended", "_events", "_held", "_partial", "_parts", "_tail", "failed", "texted", "usage",
-    )  # fmt: skip
+    __slots__ = ("_believed", "_ended", "_events", "_held", "_partial", "_parts", "_tail",
+                 "failed", "held", "held_event", "texted", "usage")  # fmt: skip
 
-    def __init__(self, events: StreamEvents) -> None:
+    def __init__(
+        self, events: StreamEvents, believed: Callable[[dict[str, Any]], object] | None = None
+    ) -> None:
         self._events = events
+        self._believed = believed
+        self.held = b""
+        self.held_event: dict[str, Any] | None = None
         self._partial = Partial()  # an event's start, until a read ends it
         self._tail = b""  # whole events held back: the ending one (and any after it)
         self._held = 0  # text events in `_tail`, counted when it was held
@@ -99,7 +105,7 @@ class EventForwarder:
             self._partial.start(data[cut:])
         events = self._events
         if events.usage.search(out) is not None:
-            self._read_usage(out)
+            out = self._read_usage(out)
         # Text events count when they come: the held ones then, not again when they go out.
         count, self._held = self._count(out) - self._held, 0
         # A count is of the deltas with text; a read without, searched once for a tool call's
@@ -119,7 +125,7 @@ class EventForwarder:
         return out, count
 
     def finish(self) -> bytes:
-        tail, self._tail = self._tail, b""
+        tail, self._tail = self.held + self._tail, b""
         return tail + self._partial.drain() if self._partial.size else tail
 
     def _names_a_call(self, out: bytes) -> bool:
@@ -140,8 +146,12 @@ class EventForwarder:
         deltas = len(self._events.delta.findall(out))
         return min(deltas, len(self._events.text.findall(out))) if deltas else 0
 
-    def _read_usage(self, out: bytes) -> None:
-        for event in EVENT_END.split(out):
+    def _read_usage(self, out: bytes) -> bytes:
+        """`out` (whole events), less the event that completes a usage not believed."""
+        start = 0
+        held: tuple[int, int] | None = None
+        for end in EVENT_END.finditer(out):
+            event, at, start = out[start : end.start()], start, end.end()
             if self._events.usage.search(event) is None:
                 continue
             payload = b"".join(
@@ -158,3 +168,6 @@ class EventForwarder:
             found = self._events.read_usage(parsed, self._parts)
             if found is not None:
                 self.usage = found
+                if self._believed is not None and not self._believed(found):
+                    self.held, self.held_event, held = out[at:start], parsed, (at, start)
+        return out if held is None else out[: held[0]] + out[held[1] :]

@@ -7,6 +7,7 @@ and the meter.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any, Final
 
 import httpx
@@ -24,6 +25,8 @@ from proxy.errors import (
     UpstreamTooLarge,
 )
 from proxy.policy.model import Backend, UpstreamSpec
+from proxy.stages.shown import Reshow, added_usage_chunk, event_with_billed, whole_with_billed
+from proxy.stages.usage import believed
 from proxy.stages.usage import take_usage as _take_usage
 from proxy.stages.usage import usage_of as _usage_of
 from proxy.telemetry.recorder import Telemetry
@@ -86,13 +89,18 @@ class Forward:
     ) -> None:
         api = AGENT_APIS.get(ctx.operation)
         sse: SSEForwarder | EventForwarder
+        # Usage the client sees is checked as it comes: one not believed is held, to be shown
+        # as billed.
+        shown = partial(believed, ctx) if api is not None or ctx.client_wants_usage else None
         if api is not None:
-            sse = EventForwarder(api.events)
+            sse = EventForwarder(api.events, shown)
         elif ctx.choices > 1:
             completions = ctx.operation == "text_completion"
-            sse = ChoicesForwarder(keep_usage=ctx.client_wants_usage, completions=completions)
+            sse = ChoicesForwarder(
+                keep_usage=ctx.client_wants_usage, completions=completions, believed=shown
+            )
         else:
-            sse = SSEForwarder(keep_usage=ctx.client_wants_usage)
+            sse = SSEForwarder(keep_usage=ctx.client_wants_usage, believed=shown)
         relay = _Relay(ctx, backend, sse, self._content_deadline(ctx, backend), self._clock)
         ending = b""
         outcome = ctx.outcome
@@ -130,6 +138,7 @@ class Forward:
             if ctx.capture is not None:
                 ctx.capture.add(ending)
             ctx.outcome.completed = True
+            ctx.outcome.reshow = _reshown(ctx, sse)
             if isinstance(sse, SSEForwarder):
                 last = sse.textless(relay.before_last) + sse.textless(relay.last)
                 ctx.meter.textless_at_end = last
@@ -170,13 +179,15 @@ class Forward:
         if ctx.capture is not None:
             ctx.capture.add(raw)
         ctx.outcome.tail = raw
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(raw)).encode()),
-        ]
+        _take_usage(ctx, _usage_of(parsed))
+        headers = [(b"content-type", b"application/json")]
+        if ctx.outcome.backend_usage is None:
+            # Its usage will be the bill, known only once settled: the length is not known yet.
+            ctx.outcome.reshow = whole_with_billed(parsed, raw)
+        else:
+            headers.append((b"content-length", str(len(raw)).encode()))
         await self._start(ctx, send, headers)
         ctx.outcome.answered = True
-        _take_usage(ctx, _usage_of(parsed))
         if ctx.operation == "responses" and parsed.get("status") == "failed":
             ctx.outcome.error_code = "upstream_error"  # at 200, as a stream's response.failed
         await send({"type": "http.response.body", "body": raw, "more_body": False})
@@ -305,6 +316,17 @@ def _no_content(backend: Backend) -> UpstreamTimeout:
         f"backend {backend.name!r} sent no content (only comments or blank lines) within the "
         "read timeout"
     )
+
+
+def _reshown(ctx: Admitted, sse: SSEForwarder | EventForwarder) -> Reshow | None:
+    """How a stream's end shows the bill: in place of a usage the client saw held back, or,
+    where it asked for usage and the backend sent none, in a usage chunk of its own."""
+    if sse.held:
+        return event_with_billed(sse.held, sse.held_chunk if isinstance(sse, SSEForwarder)
+                                 else sse.held_event)  # fmt: skip
+    if ctx.client_wants_usage and isinstance(sse, SSEForwarder) and sse.usage is None:
+        return added_usage_chunk
+    return None
 
 
 def _asking_for_usage(body: dict[str, Any]) -> dict[str, Any]:

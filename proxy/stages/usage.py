@@ -19,6 +19,7 @@ from proxy.tokens.base import prompts_of
 __all__ = [
     "MAX_USAGE_TOKENS",
     "backend_answered",
+    "believed",
     "bill",
     "checked_usage",
     "count_unreported_input",
@@ -44,6 +45,24 @@ def usage_of(answer: dict[str, Any]) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
+def believed(ctx: RequestContext, usage: dict[str, Any]) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of the backend's usage (in its API's own names) if every
+    number in it is believable, else None. Records nothing: `take_usage` does."""
+    api = AGENT_APIS.get(ctx.operation)
+    return _judged(ctx, usage if api is None else api.usage(usage))
+
+
+def _judged(ctx: RequestContext, usage: dict[str, Any]) -> tuple[int, int] | None:
+    checked = checked_usage(usage)
+    if ctx.operation != "embeddings" and not isinstance(usage.get("completion_tokens"), int):
+        return None  # a generation's usage without its output count is not a usage
+    # An embedding generates nothing: output it reports is no believable count.
+    bound = 0 if ctx.operation == "embeddings" else ctx.outgoing.reserved_output()
+    if checked is not None and bound is not None and checked[1] > bound:
+        return None  # more output than the bound it was sent with: not a believable count
+    return checked
+
+
 def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
     """Keep the backend's usage if every number in it is believable; say so when it is not."""
     if usage is None:
@@ -51,13 +70,7 @@ def take_usage(ctx: RequestContext, usage: dict[str, Any] | None) -> None:
     api = AGENT_APIS.get(ctx.operation)
     if api is not None:
         usage = api.usage(usage)  # each API's own names, read as chat's
-    checked = checked_usage(usage)
-    if ctx.operation != "embeddings" and not isinstance(usage.get("completion_tokens"), int):
-        checked = None  # a generation's usage without its output count is not a usage
-    # An embedding generates nothing: output it reports is no believable count.
-    bound = 0 if ctx.operation == "embeddings" else ctx.outgoing.reserved_output()
-    if checked is not None and bound is not None and checked[1] > bound:
-        checked = None  # more output than the bound it was sent with: not a believable count
+    checked = _judged(ctx, usage)
     if checked is None:
         ctx.outcome.usage_rejected = True
         backend = ctx.backend.name if ctx.backend else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -10,7 +11,10 @@ import orjson
 from proxy.jsontext import json_text
 from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
-__all__ = ["ChoicesForwarder", "SSEForwarder"]
+__all__ = ["Believed", "ChoicesForwarder", "SSEForwarder"]
+
+Believed = Callable[[dict[str, Any]], object]
+"""Whether a backend's usage (in its API's own names) is believed: a true value if it is."""
 
 # An event that carries generated text: a non-empty content/text/reasoning/arguments string
 # (`reasoning` is vLLM's name since 0.11, and OpenRouter's and Ollama's).
@@ -33,14 +37,19 @@ class SSEForwarder:
 
     Reads that end on an event boundary (the usual case) pass through as the same bytes object;
     only a read that splits an event keeps its tail back until the event is whole. Only events
-    that mention `prompt_tokens` (the usage chunk) are parsed.
+    that mention `prompt_tokens` (the usage chunk) are parsed. A usage chunk the client asked for
+    whose usage `believed` does not believe is `held` (its JSON `held_chunk`) until `finish`,
+    for the answer's end to show the usage billed in its place.
     """
 
-    __slots__ = ("_keep_usage", "_partial", "_saw_token", "_tail", "_text_at", "_text_head",
-                 "_textless", "texted", "usage")  # fmt: skip
+    __slots__ = ("_believed", "_keep_usage", "_partial", "_saw_token", "_tail", "_text_at",
+                 "_text_head", "_textless", "held", "held_chunk", "texted", "usage")  # fmt: skip
 
-    def __init__(self, *, keep_usage: bool) -> None:
+    def __init__(self, *, keep_usage: bool, believed: Believed | None = None) -> None:
         self._keep_usage = keep_usage
+        self._believed = believed
+        self.held = b""
+        self.held_chunk: Any = None
         self._partial = Partial()  # an event's start, until a read ends it
         self._tail = b""  # whole events held back: [DONE]
         self._saw_token = False
@@ -104,9 +113,9 @@ class SSEForwarder:
         return out, self._token_events(out)
 
     def finish(self) -> bytes:
-        """What is left when the upstream ends: the [DONE] event, or an unterminated last event,
-        forwarded as is."""
-        tail, self._tail = self._tail, b""
+        """What is left when the upstream ends: a held usage chunk, the [DONE] event, or an
+        unterminated last event, forwarded as is."""
+        tail, self._tail = self.held + self._tail, b""
         return tail + self._partial.drain() if self._partial.size else tail
 
     def textless(self, read: bytes) -> int:
@@ -164,7 +173,7 @@ class SSEForwarder:
             end = EVENT_END.search(out, mark)
             if end is None:  # not so: `out` is whole events
                 break
-            event = self._usage_event(out[start : end.start()])
+            event = self._usage_event(out[start : end.start()], end[0])
             kept.append(out[copied:start])
             if event:
                 kept.append(event + end[0])
@@ -173,22 +182,23 @@ class SSEForwarder:
         kept.append(out[copied:])
         return b"".join(kept)
 
-    def _usage_event(self, event: bytes) -> bytes:
-        """Record the usage; return the event as the client should see it (b"" to drop it).
+    def _usage_event(self, event: bytes, end: bytes) -> bytes:
+        """Record the usage; return the event as the client should see it (b"" to drop it or
+        to hold it).
 
         The usage chunk exists because the gateway asked for it: a client that did not ask
         never sees it, malformed or not (an event that is no JSON, or whose `usage` is no
         object), and where it is passed on it is no token."""
         chunk = _data_json(event)
         if chunk is _NOT_JSON:
-            return self._usage_only(event)
+            return self._usage_only(event, end, None)
         if not isinstance(chunk, dict) or "usage" not in chunk:
             return event  # `prompt_tokens` said elsewhere (a choice's text)
         usage = chunk["usage"]
         if isinstance(usage, dict):
             self.usage = usage
         if not chunk.get("choices"):
-            return self._usage_only(event)
+            return self._usage_only(event, end, chunk)
         if self._keep_usage or usage is None:
             return event
         chunk["usage"] = None
@@ -197,11 +207,17 @@ class SSEForwarder:
         except orjson.JSONEncodeError:  # nested past the 254 levels orjson writes (it reads 1024)
             return b"data: " + json_text(chunk).encode()
 
-    def _usage_only(self, event: bytes) -> bytes:
+    def _usage_only(self, event: bytes, end: bytes, chunk: dict[str, Any] | None) -> bytes:
         if not self._keep_usage:
             return b""
-        if _DATA_LINE.search(event) is not None:  # a comment that says it is no data event
-            self._textless += 1
+        if _DATA_LINE.search(event) is None:  # a comment that says it is no data event
+            return event
+        if self._believed is not None:
+            usage = None if chunk is None else chunk["usage"]
+            if not isinstance(usage, dict) or not self._believed(usage):
+                self.held, self.held_chunk = event + end, chunk  # shown as billed, at the end
+                return b""
+        self._textless += 1
         return event
 
 
@@ -212,8 +228,10 @@ class ChoicesForwarder(SSEForwarder):
 
     __slots__ = ("_mark",)
 
-    def __init__(self, *, keep_usage: bool, completions: bool) -> None:
-        super().__init__(keep_usage=keep_usage)
+    def __init__(
+        self, *, keep_usage: bool, completions: bool, believed: Believed | None = None
+    ) -> None:
+        super().__init__(keep_usage=keep_usage, believed=believed)
         # A key in each choice and nowhere else in a chunk (a completion's "text" can be a key
         # of its `top_logprobs`, a token named so); a backend without it counts as before.
         self._mark = b'"finish_reason":' if completions else b'"delta":'

@@ -27,8 +27,9 @@ QUESTION = [{"role": "user", "content": "Say hello twelve times."}]
 
 
 class UsageLiar:
-    """Honest answers on /v1/responses and /v1/messages; their `usage` is whatever is set (on a
-    Messages stream, `start_usage` in message_start and `usage` in message_delta). A whole
+    """Honest answers on /v1/responses and /v1/messages, streamed or whole; their `usage` is
+    whatever is set (on a Messages stream, `start_usage` in message_start and `usage` in
+    message_delta; on a Responses stream, `usage` in response.completed). A whole
     answer's fields may be set as raw JSON bytes too (`raw`: what orjson cannot write)."""
 
     def __init__(self) -> None:
@@ -43,13 +44,12 @@ class UsageLiar:
         if body and orjson.loads(body).get("stream"):
             headers = [(b"content-type", b"text/event-stream")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": self._message_stream()})
+            responses = scope["path"] == "/v1/responses"
+            events = self._response_stream() if responses else self._message_stream()
+            await send({"type": "http.response.body", "body": events})
             return
         if scope["path"] == "/v1/responses":
-            item = {"type": "message", "role": "assistant", "status": "completed"}
-            item["content"] = [{"type": "output_text", "text": ANSWER, "annotations": []}]
-            answer: dict[str, object] = {"object": "response", "status": "completed"}
-            answer |= {"output": [item], "usage": self.usage}
+            answer = self._response()
         else:
             answer = {"type": "message", "role": "assistant", "stop_reason": "end_turn"}
             answer |= {"content": [{"type": "text", "text": ANSWER}], "usage": self.usage}
@@ -60,6 +60,27 @@ class UsageLiar:
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    def _response(self) -> dict[str, object]:
+        item = {"type": "message", "role": "assistant", "status": "completed"}
+        item["content"] = [{"type": "output_text", "text": ANSWER, "annotations": []}]
+        answer: dict[str, object] = {"id": "r1", "object": "response", "status": "completed"}
+        return answer | {"output": [item], "usage": self.usage}
+
+    def _response_stream(self) -> bytes:
+        start = {"id": "r1", "object": "response", "status": "in_progress", "output": []}
+        events: list[dict[str, object]] = [
+            {"type": "response.created", "response": start},
+            *(
+                {"type": "response.output_text.delta", "delta": w + " ", "output_index": 0}
+                for w in WORDS
+            ),
+            {"type": "response.completed", "response": self._response()},
+        ]
+        return b"".join(
+            b"event: " + str(e["type"]).encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
+            for e in events
+        )
 
     def _message_stream(self) -> bytes:
         message = {"id": "m1", "type": "message", "role": "assistant", "content": []}

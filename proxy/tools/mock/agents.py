@@ -43,6 +43,7 @@ from proxy.tools.mock.request import (
 )
 from proxy.tools.mock.stream import StreamFormat
 from proxy.tools.mock.text import TokenSource, count_words
+from proxy.usageshape import responses_usage
 
 __all__ = ["agent_answer", "agent_stream", "parse_agent"]
 
@@ -167,14 +168,7 @@ class _Answer:
         }
 
     def responses_usage(self) -> dict[str, Any]:
-        prompt, n = self.request.prompt_tokens, self.n_tokens
-        return {
-            "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": n,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt + n,
-        }
+        return responses_usage(self.request.prompt_tokens, self.n_tokens)
 
     def content(self, text: str) -> list[dict[str, Any]]:
         """The finished message's content: its text block, or its tool_use blocks."""

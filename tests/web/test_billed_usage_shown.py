@@ -1,0 +1,189 @@
+"""What a client reads as usage is what it was billed: where the gateway does not believe a
+backend's usage (missing, malformed, out of bounds) and bills its own counts, the answer shows
+those counts, through a real gateway, the openai and anthropic SDKs and backends on 127.0.0.1
+that answer honestly but send whatever usage a test sets. A believed usage goes out untouched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from proxy.app import create_app
+from tests.conftest import ALPHA_KEY
+from tests.servers import serve
+from tests.web.lyingbackend import WORD, WORDS, LyingBackend, lying_backend
+from tests.web.test_agent_usage_checks import BAD, KEY, QUESTION, UsageLiar, billed
+from tests.web.test_agent_usage_checks import setup as setup
+from tests.web.test_billing import BAD_USAGE, HELLO, billing_policy, ledger_records
+from tests.web.test_usage_chunks import MALFORMED
+
+AUTH = {"authorization": f"Bearer {ALPHA_KEY}"}
+# Not believed, each for another reason: missing, more than the bound, a float, malformed.
+NOT_BELIEVED = [None, BAD_USAGE[0], BAD_USAGE[3], *MALFORMED[:3]]
+
+
+@pytest.fixture(scope="module")
+def liar_gateway(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LyingBackend, str, Path]]:
+    ledger = Path(tmp_path_factory.mktemp("shown")) / "ledger.db"
+    with lying_backend() as (backend, url), serve(create_app(billing_policy(url, ledger))) as gw:
+        yield backend, gw, ledger
+
+
+def _openai(url: str, key: str = ALPHA_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=10)
+
+
+def _billed(ledger: Path, request_id: str) -> tuple[int, int]:
+    input_tokens, output_tokens, _ = billed(ledger, request_id)
+    return input_tokens, output_tokens
+
+
+@pytest.mark.parametrize("usage", NOT_BELIEVED)
+def test_a_whole_chat_answer_shows_the_usage_billed(
+    liar_gateway: tuple[LyingBackend, str, Path], usage: bytes | None
+) -> None:
+    backend, gateway, ledger = liar_gateway
+    backend.usage = usage
+    raw = _openai(gateway).chat.completions.with_raw_response.create(
+        model="exact-llm", messages=HELLO, n=2
+    )
+    answer = raw.parse()
+    assert [c.message.content for c in answer.choices] == [WORD * WORDS] * 2
+    assert answer.usage is not None
+    shown = (answer.usage.prompt_tokens, answer.usage.completion_tokens)
+    assert shown == _billed(ledger, raw.headers["x-request-id"])
+    assert answer.usage.total_tokens == sum(shown)
+    assert ledger_records(ledger, 1)[-1].usage_source == "counted"
+
+
+@pytest.mark.parametrize("usage", NOT_BELIEVED)
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_streams_usage_chunk_shows_the_usage_billed(
+    liar_gateway: tuple[LyingBackend, str, Path], usage: bytes | None, n: int
+) -> None:
+    """Held back until the request is billed, then sent before [DONE] with the bill (a chunk
+    of the gateway's own where the backend sent none, or none the SDK could read)."""
+    backend, gateway, ledger = liar_gateway
+    backend.usage = usage
+    raw = _openai(gateway).chat.completions.with_raw_response.create(
+        model="exact-llm",
+        messages=HELLO,
+        n=n,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == WORD * WORDS * n
+    [last] = [c for c in chunks if not c.choices]
+    assert last is chunks[-1]
+    assert last.usage is not None
+    shown = (last.usage.prompt_tokens, last.usage.completion_tokens)
+    assert shown == _billed(ledger, raw.headers["x-request-id"]) == (shown[0], WORDS * n)
+
+
+def test_a_believed_usage_goes_out_as_the_backend_sent_it(
+    liar_gateway: tuple[LyingBackend, str, Path],
+) -> None:
+    """The usual answer: its bytes untouched, with its length; a stream's usage chunk as sent."""
+    backend, gateway, ledger = liar_gateway
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": 12, "extra": 123456789012345678901}'
+    payload = {"model": "exact-llm", "messages": HELLO}
+    url = gateway + "/v1/chat/completions"
+    answer = httpx.post(url, json=payload, headers=AUTH, timeout=10)
+    assert answer.headers["content-length"] == str(len(answer.content))
+    assert answer.content == backend._whole(1)
+    stream = httpx.post(
+        url,
+        json={**payload, "stream": True, "stream_options": {"include_usage": True}},
+        headers=AUTH,
+        timeout=10,
+    )
+    assert b'"usage": ' + backend.usage + b"}\n\n" in stream.content
+    assert _billed(ledger, stream.headers["x-request-id"]) == (9, 12)
+
+
+def test_a_rejected_usage_leaves_the_rest_of_the_answer_as_the_backend_wrote_it(
+    liar_gateway: tuple[LyingBackend, str, Path],
+) -> None:
+    """An integer past 64 bits elsewhere in the answer stays exact (orjson reads it as a float),
+    and an answer only Python's reader takes (a lone surrogate) keeps its every other byte."""
+    backend, gateway, ledger = liar_gateway
+    big = b"123456789012345678901234567890"
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": 12.5}, "seed": ' + big
+    answer = httpx.post(
+        gateway + "/v1/chat/completions",
+        json={"model": "exact-llm", "messages": HELLO},
+        headers=AUTH,
+        timeout=10,
+    )
+    assert b'"seed":' + big in answer.content
+    shown = answer.json()["usage"]
+    assert (shown["prompt_tokens"], shown["completion_tokens"]) == _billed(
+        ledger, answer.headers["x-request-id"]
+    )
+    backend.usage = b'{"prompt_tokens": NaN, "completion_tokens": 12}, "note": "\\ud800"'
+    answer = httpx.post(
+        gateway + "/v1/chat/completions",
+        json={"model": "exact-llm", "messages": HELLO},
+        headers=AUTH,
+        timeout=10,
+    )
+    assert answer.content.endswith(b', "note": "\\ud800"}')
+    assert answer.content.startswith(backend._whole(1).split(b'"usage"')[0])
+    shown = answer.json()["usage"]
+    assert (shown["prompt_tokens"], shown["completion_tokens"]) == _billed(
+        ledger, answer.headers["x-request-id"]
+    )
+
+
+@pytest.mark.parametrize("usage", [*BAD, {}])
+def test_a_messages_answer_shows_the_usage_billed(
+    setup: tuple[UsageLiar, str, Path],
+    usage: dict[str, object],
+) -> None:
+    liar, url, ledger = setup
+    liar.start_usage, liar.usage = {}, usage
+    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    with client:
+        raw = client.messages.with_raw_response.create(
+            model="exact-llm", max_tokens=50, messages=QUESTION
+        )
+        whole = raw.parse()
+        with client.messages.stream(model="exact-llm", max_tokens=50, messages=QUESTION) as stream:
+            request_id = stream.response.headers["x-request-id"]
+            assert "".join(stream.text_stream) == "hello" * 12
+            final = stream.get_final_message()
+    for message, rid in [(whole, raw.headers["x-request-id"]), (final, request_id)]:
+        shown = message.usage
+        cache = (shown.cache_creation_input_tokens or 0) + (shown.cache_read_input_tokens or 0)
+        assert (shown.input_tokens + cache, shown.output_tokens) == _billed(ledger, rid)
+
+
+@pytest.mark.parametrize("usage", [u for u in BAD if "cache_read_input_tokens" not in u] + [{}])
+def test_a_responses_answer_shows_the_usage_billed(
+    setup: tuple[UsageLiar, str, Path],
+    usage: dict[str, object],
+) -> None:
+    liar, url, ledger = setup
+    liar.usage = usage
+    client = _openai(url, KEY)
+    raw = client.responses.with_raw_response.create(model="exact-llm", input=QUESTION)
+    streamed = client.responses.with_raw_response.create(
+        model="exact-llm", input=QUESTION, stream=True
+    )
+    events = list(streamed.parse())
+    assert events[-1].type == "response.completed"
+    for response, answer in [(raw.parse(), raw), (events[-1].response, streamed)]:
+        assert response.output_text == "hello " * 12
+        assert response.usage is not None
+        shown = (response.usage.input_tokens, response.usage.output_tokens)
+        assert shown == _billed(ledger, answer.headers["x-request-id"])
+        assert response.usage.total_tokens == sum(shown)
