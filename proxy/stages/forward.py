@@ -90,14 +90,14 @@ class Forward:
         api = AGENT_APIS.get(ctx.operation)
         sse: SSEForwarder | EventForwarder
         # Usage the client sees is checked as it comes: one not believed is held, to be shown
-        # as billed.
+        # as billed. Several answers' is always held: the gateway may count more output.
         shown = partial(believed, ctx) if api is not None or ctx.client_wants_usage else None
         if api is not None:
             sse = EventForwarder(api.events, shown)
         elif ctx.choices > 1:
             completions = ctx.operation == "text_completion"
             sse = ChoicesForwarder(
-                keep_usage=ctx.client_wants_usage, completions=completions, believed=shown
+                keep_usage=ctx.client_wants_usage, completions=completions, believed=_held
             )
         else:
             sse = SSEForwarder(keep_usage=ctx.client_wants_usage, believed=shown)
@@ -181,8 +181,8 @@ class Forward:
         ctx.outcome.tail = raw
         _take_usage(ctx, _usage_of(parsed))
         headers = [(b"content-type", b"application/json")]
-        if ctx.outcome.backend_usage is None:
-            # Its usage will be the bill, known only once settled: the length is not known yet.
+        if ctx.outcome.backend_usage is None or ctx.choices > 1:
+            # Its usage may be the gateway's count, known only once settled: so is its length.
             ctx.outcome.reshow = whole_with_billed(parsed, raw)
         else:
             headers.append((b"content-length", str(len(raw)).encode()))
@@ -316,6 +316,11 @@ def _no_content(backend: Backend) -> UpstreamTimeout:
         f"backend {backend.name!r} sent no content (only comments or blank lines) within the "
         "read timeout"
     )
+
+
+def _held(usage: dict[str, Any]) -> bool:
+    """Believed or not, several answers' usage is held until billed."""
+    return False
 
 
 def _reshown(ctx: Admitted, sse: SSEForwarder | EventForwarder) -> Reshow | None:

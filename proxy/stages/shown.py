@@ -1,6 +1,7 @@
 """What a client is shown of its bill: where the backend's usage was not believed (missing,
-malformed, out of bounds), the answer carries the usage billed instead, written once the request
-is settled (`Outcome.reshow`). An answer whose usage was believed goes out untouched."""
+malformed, out of bounds), or the gateway counted more output (`counted_output`), the answer
+carries the usage billed instead, written once the request is settled (`Outcome.reshow`). An
+answer billed as its backend's usage says goes out untouched."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def whole_with_billed(parsed: dict[str, Any], raw: bytes) -> Reshow:
     lone surrogate: proxy/upstream/wellformed.py), whose usage is written in place."""
 
     def reshow(ctx: RequestContext, body: bytes) -> bytes:
-        if body is not raw:
+        if body is not raw or ctx.usage_source == "backend":
             return body
         usage = billed_usage(ctx)
         try:
@@ -67,7 +68,7 @@ def event_with_billed(held: bytes, parsed: object) -> Reshow:
     `message_delta`, a Responses `response.completed` (or its incomplete or failed twin)."""
 
     def reshow(ctx: RequestContext, body: bytes) -> bytes:
-        at = body.find(held)
+        at = -1 if ctx.usage_source == "backend" else body.find(held)
         if at < 0:
             return body  # the stream ended otherwise: the gateway's error event
         payload = _encoded(_with_usage(ctx, parsed), held)

@@ -19,7 +19,13 @@ from tests.servers import serve
 from tests.web.lyingbackend import WORD, WORDS, LyingBackend, lying_backend
 from tests.web.test_agent_usage_checks import BAD, KEY, QUESTION, UsageLiar, billed
 from tests.web.test_agent_usage_checks import setup as setup
-from tests.web.test_billing import BAD_USAGE, HELLO, billing_policy, ledger_records
+from tests.web.test_billing import (
+    BAD_USAGE,
+    HELLO,
+    billing_policy,
+    exact_output,
+    ledger_records,
+)
 from tests.web.test_usage_chunks import MALFORMED
 
 AUTH = {"authorization": f"Bearer {ALPHA_KEY}"}
@@ -87,6 +93,29 @@ def test_a_streams_usage_chunk_shows_the_usage_billed(
     assert last.usage is not None
     shown = (last.usage.prompt_tokens, last.usage.completion_tokens)
     assert shown == _billed(ledger, raw.headers["x-request-id"]) == (shown[0], WORDS * n)
+
+
+def test_several_answers_show_the_output_the_gateway_counted_and_billed(
+    liar_gateway: tuple[LyingBackend, str, Path],
+) -> None:
+    """A backend that reports one choice of two (llama.cpp) is billed the gateway's larger
+    output count; the client reads that count, whole or streamed."""
+    backend, gateway, ledger = liar_gateway
+    backend.usage = b'{"prompt_tokens": 9, "completion_tokens": 12}'
+    client = _openai(gateway)
+    whole = client.chat.completions.with_raw_response.create(model="exact-llm", messages=HELLO, n=2)
+    usage = whole.parse().usage
+    assert usage is not None
+    billed_whole = _billed(ledger, whole.headers["x-request-id"])
+    assert (usage.prompt_tokens, usage.completion_tokens) == billed_whole == (9, exact_output(2))
+    streamed = client.chat.completions.with_raw_response.create(
+        model="exact-llm", messages=HELLO, n=2, stream=True, stream_options={"include_usage": True}
+    )
+    usage = list(streamed.parse())[-1].usage
+    assert usage is not None
+    billed_stream = _billed(ledger, streamed.headers["x-request-id"])
+    assert (usage.prompt_tokens, usage.completion_tokens) == billed_stream
+    assert billed_stream[1] > 12  # its lower bound: the token events, less two a choice
 
 
 def test_a_believed_usage_goes_out_as_the_backend_sent_it(
