@@ -8,10 +8,12 @@ pass (proxy/cache/fold.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from proxy.upstream.exactints import as_written
 
 __all__ = ["UNFINISHED", "Answer", "from_response"]
 
@@ -34,6 +36,9 @@ class Answer:
     text: str | None = None
     system_fingerprint: str | None = None
     expires_wall: float = 0.0
+    # The bytes it was decoded from, where its integers past 64 bits are as the backend wrote
+    # them (read here as floats): a replay writes them from there. Not itself stored.
+    stored: bytes = field(default=b"", compare=False, repr=False)
 
     @property
     def prompt_tokens(self) -> int:
@@ -53,8 +58,10 @@ class Answer:
             self.system_fingerprint, wall,
         )  # fmt: skip
 
-    def encode(self) -> bytes:
-        """The stored bytes; orjson.JSONEncodeError if a replay could not write the answer.
+    def encode(self, source: bytes = b"") -> bytes:
+        """The stored bytes, each integer past 64 bits as `source` (the backend's answer, or a
+        stream's last bytes) wrote it; orjson.JSONEncodeError if a replay could not write the
+        answer.
 
         orjson writes 254 levels (it reads 1,024), and a replay puts the message two levels
         deeper than this list does: written inside two more lists (then cut off, as the bytes
@@ -63,11 +70,13 @@ class Answer:
             self.operation, self.model, self.finish_reason, self.usage, self.message, self.text,
             self.system_fingerprint, self.expires_wall,
         ]  # fmt: skip
-        return orjson.dumps([[fields]])[2:-2]
+        return as_written(orjson.dumps([[fields]])[2:-2], fields, source)
 
     @classmethod
     def decode(cls, raw: bytes) -> Answer:
-        return cls(*orjson.loads(raw))
+        answer = cls(*orjson.loads(raw))
+        answer.stored = raw
+        return answer
 
 
 def from_response(operation: str, body: dict[str, Any], usage: dict[str, Any]) -> Answer | None:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.policy.model import CacheSpec
+from proxy.upstream.exactints import as_written
 
 __all__ = ["CacheKey", "cache_key"]
 
@@ -48,15 +49,16 @@ _CACHED = frozenset({"chat", "text_completion"})
 
 
 def cache_key(
-    tenant: str, model: str, operation: str, body: dict[str, Any], spec: CacheSpec
+    tenant: str, model: str, operation: str, body: dict[str, Any], spec: CacheSpec, raw: bytes = b""
 ) -> CacheKey | None:
-    """The request's identity, or None when its answer must not come from (or go to) the cache."""
+    """The request's identity, or None when its answer must not come from (or go to) the cache.
+    `raw` is the client's body, for the integers past 64 bits `body` holds as floats."""
     if operation not in _CACHED or spec.mode == "off" or not _single_plain_answer(body):
         return None
     deterministic = _temperature(body) == 0
     if not deterministic and body.get("seed") is None and spec.mode != "always":
         return None
-    canonical = _canonical(body)
+    canonical = _canonical(body, raw)
     exact = _digest(tenant, model, operation, canonical)
     question = _question(body) if operation == "chat" else None
     if spec.mode != "semantic" or not deterministic or question is None:
@@ -67,7 +69,7 @@ def cache_key(
         return CacheKey(tenant, exact)
     messages = list(body["messages"])
     messages[-1] = {**messages[-1], "content": _QUESTION_SLOT}
-    partition = _digest(tenant, model, operation, _canonical({**body, "messages": messages}))
+    partition = _digest(tenant, model, operation, _canonical({**body, "messages": messages}, raw))
     return CacheKey(tenant, exact, partition, question)
 
 
@@ -119,15 +121,17 @@ def _question(body: dict[str, Any]) -> str | None:
     return None
 
 
-def _canonical(body: dict[str, Any]) -> bytes:
+def _canonical(body: dict[str, Any], raw: bytes) -> bytes:
     """The body with delivery-only fields gone, keys sorted and 0.0 written as 0 (1e300 stays a
-    float: JSON writes no integer that large)."""
+    float: JSON writes no integer that large), and each integer past 64 bits as `raw` has it
+    (orjson read it as the nearest float: two seeds one float apart shared a key)."""
     kept = {
         name: (int(value) if isinstance(value, float) and _small_integer(value) else value)
         for name, value in body.items()
         if name not in _DELIVERY_ONLY and name != "model"
     }
-    return orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+    content = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+    return as_written(content, kept, raw, orjson.OPT_SORT_KEYS)
 
 
 def _small_integer(value: float) -> bool:

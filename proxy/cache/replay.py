@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from proxy.cache.answer import Answer
+from proxy.upstream.exactints import as_written
 
 __all__ = ["replay_response", "replay_stream"]
 
@@ -37,17 +38,16 @@ def replay_response(answer: Answer, created: int) -> bytes:
         choice["message"] = answer.message
     else:
         choice["text"] = answer.text
-    return orjson.dumps(
-        {
-            "id": prefix + _fresh_id(),
-            "object": whole,
-            "created": created,
-            "model": answer.model,
-            "system_fingerprint": answer.system_fingerprint,
-            "choices": [choice],
-            "usage": answer.usage,
-        }
-    )
+    body = {
+        "id": prefix + _fresh_id(),
+        "object": whole,
+        "created": created,
+        "model": answer.model,
+        "system_fingerprint": answer.system_fingerprint,
+        "choices": [choice],
+        "usage": answer.usage,
+    }
+    return as_written(orjson.dumps(body), body, answer.stored)
 
 
 def replay_stream(answer: Answer, created: int, *, include_usage: bool) -> bytes:
@@ -65,11 +65,14 @@ def replay_stream(answer: Answer, created: int, *, include_usage: bool) -> bytes
         for piece in _pieces(text):
             delta = {name: piece} if chat else piece
             frames.append(_frame(head, _choice(chat, delta)))
+    # Only these frames may hold a backend's integer past 64 bits (a text piece never does).
+    stored = answer.stored
     for index, call in enumerate((answer.message or {}).get("tool_calls") or []):
-        frames.append(_frame(head, _choice(chat, {"tool_calls": [{"index": index, **call}]})))
+        call_delta = {"tool_calls": [{"index": index, **call}]}
+        frames.append(_frame(head, _choice(chat, call_delta), stored))
     frames.append(_frame(head, _choice(chat, {} if chat else "", answer.finish_reason)))
     if include_usage:
-        frames.append(_frame({**head, "choices": [], "usage": answer.usage}))
+        frames.append(_frame({**head, "choices": [], "usage": answer.usage}, None, stored))
     frames.append(b"data: [DONE]\n\n")
     return b"".join(frames)
 
@@ -91,9 +94,13 @@ def _choice(chat: bool, delta: Any, finish: str | None = None) -> dict[str, Any]
     return {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None}
 
 
-def _frame(head: dict[str, Any], choice: dict[str, Any] | None = None) -> bytes:
+def _frame(
+    head: dict[str, Any], choice: dict[str, Any] | None = None, stored: bytes = b""
+) -> bytes:
+    """One chunk; its integers past 64 bits as the `stored` answer has them."""
     chunk = head if choice is None else {**head, "choices": [choice]}
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+    content = orjson.dumps(chunk)
+    return b"data: " + (as_written(content, chunk, stored) if stored else content) + b"\n\n"
 
 
 def _pieces(text: str) -> list[str]:

@@ -123,7 +123,9 @@ class ResponseCache:
             return None
         if ctx.headers.get("x-tokenweir-cache", "").lower() == "bypass":
             return None
-        key = cache_key(ctx.tenant_name, ctx.model, ctx.operation, ctx.body, tenant.cache)
+        key = cache_key(
+            ctx.tenant_name, ctx.model, ctx.operation, ctx.body, tenant.cache, ctx.raw_body
+        )
         if key is None:
             return None
         return LookupPlan(key, Lookup(key.tenant, key.exact, now=self._clock.wall()))
@@ -159,7 +161,7 @@ class ResponseCache:
         if answer is None:
             return nothing()
         try:
-            value = answer.encode()
+            value = answer.encode(ctx.outcome.tail)
         except orjson.JSONEncodeError:
             # Nested past what orjson writes (254 levels; it reads 1,024): a raise here would
             # skip every other hold's settling (the request's slot, its reservation).

@@ -1,5 +1,7 @@
-"""Integers a client wrote past 64 bits, sent to the backend as written: orjson reads such an
-integer as the nearest float, and writes that float back (`seed`, an unknown field altered)."""
+"""Integers past 64 bits written again as they were read: orjson reads such an integer as the
+nearest float, and writes that float back. A client's, sent to the backend (`seed`, an unknown
+field altered); in the cache's key (two seeds one float apart shared an answer); a backend's, in
+a stored answer and its replays."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["as_written"]
+__all__ = ["as_written", "past_64_bits"]
+
+Json = dict[str, Any] | list[Any]
 
 # A float orjson writes for an integer past 64 bits: at least 9.2e18, so an exponent of 18 or
 # more (orjson writes every float from 1e16 up with one). A literal first: searched as one.
@@ -24,12 +28,18 @@ _INT64_MIN: Final = -(2**63)
 _UINT64_END: Final = 2**64  # orjson reads integers from -2**63 to 2**64 - 1 exactly
 
 
-def as_written(content: bytes, body: dict[str, Any], raw: bytes) -> bytes:
-    """`content` (the outgoing `body` as orjson wrote it), or, where the client's `raw` body has
-    integers past 64 bits, the body written again with each as the client wrote it. Looked for
-    only when `content` has a `+` (one memchr a request): an exponent, or text that says `+`;
-    then an exponent of 18 or more, then 19 digits in a row in `raw`."""
-    if b"+" not in content or _PAST_64_BITS.search(content) is None:
+def past_64_bits(content: bytes) -> bool:
+    """Whether `content`, as orjson wrote it, may hold a float read for an integer past 64 bits:
+    a `+` (one memchr), then an exponent of 18 or more."""
+    return b"+" in content and _PAST_64_BITS.search(content) is not None
+
+
+def as_written(content: bytes, body: Json, raw: bytes, option: int = 0) -> bytes:
+    """`content` (`body` as orjson wrote it, with `option`), or, where `raw` (the JSON `body`
+    was read from) has integers past 64 bits, `body` written again with each as `raw` wrote it.
+    Looked for only when `content` has a `+` (one memchr a request): an exponent, or text that
+    says `+`; then an exponent of 18 or more, then 19 digits in a row in `raw`."""
+    if not past_64_bits(content):
         return content
     digits = raw.translate(_DIGITS_AS_ZERO)
     if _NINETEEN_DIGITS not in digits:
@@ -37,7 +47,7 @@ def as_written(content: bytes, body: dict[str, Any], raw: bytes) -> bytes:
     written = _big_integers(raw, digits)
     if not written:
         return content  # a float the client wrote so, or text that reads like one
-    return orjson.dumps(_restored(body, written))
+    return orjson.dumps(_restored(body, written), option=option)
 
 
 def _big_integers(raw: bytes, digits: bytes) -> dict[float, orjson.Fragment]:
@@ -60,11 +70,11 @@ def _big_integers(raw: bytes, digits: bytes) -> dict[float, orjson.Fragment]:
     return found
 
 
-def _restored(body: dict[str, Any], written: dict[float, orjson.Fragment]) -> dict[str, Any]:
+def _restored(body: Json, written: dict[float, orjson.Fragment]) -> Json:
     """A copy of `body`, level by level, each float orjson read for an integer of `written` as
     that integer's text (the body itself is the request's, read by the ledger and the cache)."""
-    copy = dict(body)
-    pending: list[dict[str, Any] | list[Any]] = [copy]
+    copy = body.copy()
+    pending: list[Json] = [copy]
     while pending:
         item = pending.pop()
         keys = range(len(item)) if isinstance(item, list) else list(item)
