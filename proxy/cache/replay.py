@@ -38,27 +38,13 @@ def replay_response(answer: Answer, created: int) -> bytes:
         choice["message"] = answer.message
     else:
         choice["text"] = answer.text
-    body = {
-        "id": prefix + _fresh_id(),
-        "object": whole,
-        "created": created,
-        "model": answer.model,
-        "system_fingerprint": answer.system_fingerprint,
-        "choices": [choice],
-        "usage": answer.usage,
-    }
+    body = {**_head(answer, whole, prefix, created), "choices": [choice], "usage": answer.usage}
     return as_written(orjson.dumps(body), body, answer.stored)
 
 
 def replay_stream(answer: Answer, created: int, *, include_usage: bool) -> bytes:
     _, chunk_object, prefix = _OBJECTS[answer.operation]
-    head = {
-        "id": prefix + _fresh_id(),
-        "object": chunk_object,
-        "created": created,
-        "model": answer.model,
-        "system_fingerprint": answer.system_fingerprint,
-    }
+    head = _head(answer, chunk_object, prefix, created)
     chat = answer.operation == "chat"
     frames = [_frame(head, _choice(chat, {"role": "assistant", "content": ""}))] if chat else []
     for name, text in _texts(answer):
@@ -75,6 +61,17 @@ def replay_stream(answer: Answer, created: int, *, include_usage: bool) -> bytes
         frames.append(_frame({**head, "choices": [], "usage": answer.usage}, None, stored))
     frames.append(b"data: [DONE]\n\n")
     return b"".join(frames)
+
+
+def _head(answer: Answer, kind: str, prefix: str, created: int) -> dict[str, Any]:
+    """The fields an answer, or each chunk of one, begins with: a new id and time."""
+    return {
+        "id": prefix + _fresh_id(),
+        "object": kind,
+        "created": created,
+        "model": answer.model,
+        "system_fingerprint": answer.system_fingerprint,
+    }
 
 
 def _texts(answer: Answer) -> list[tuple[str, str]]:
