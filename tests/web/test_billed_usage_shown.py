@@ -216,3 +216,22 @@ def test_a_responses_answer_shows_the_usage_billed(
         shown = (response.usage.input_tokens, response.usage.output_tokens)
         assert shown == _billed(ledger, answer.headers["x-request-id"])
         assert response.usage.total_tokens == sum(shown)
+
+
+def test_count_tokens_says_the_input_a_request_is_billed_without_backend_usage(
+    setup: tuple[UsageLiar, str, Path],
+) -> None:
+    """`count_tokens` and the bill of a request whose backend reports no usage count the same
+    input (the tenant's system prompt, the tools, the system given), and the answer shows it."""
+    liar, url, ledger = setup
+    liar.start_usage, liar.usage = {}, {}
+    tools = [{"name": "weather", "input_schema": {"type": "object", "properties": {}}}]
+    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    with client:
+        for extra in [{}, {"system": "Be terse."}, {"tools": tools}]:
+            counted = client.messages.count_tokens(model="exact-llm", messages=QUESTION, **extra)
+            raw = client.messages.with_raw_response.create(
+                model="exact-llm", max_tokens=50, messages=QUESTION, **extra
+            )
+            assert raw.parse().usage.input_tokens == counted.input_tokens
+            assert _billed(ledger, raw.headers["x-request-id"])[0] == counted.input_tokens
