@@ -34,6 +34,7 @@ class StreamEvents:
     opens: re.Pattern[bytes]
     call: re.Pattern[bytes]
     usage: re.Pattern[bytes]  # an event with usage in it, or one of `failures`
+    completes: re.Pattern[bytes]  # the event whose usage is the whole one (without it, none)
     last: re.Pattern[bytes]  # the event that ends the stream
     read_usage: UsageReader
     failures: frozenset[str]  # the types of events that say the answer failed
@@ -60,8 +61,8 @@ class EventForwarder:
     (in the API's own names); `failed` says an event of the backend's said the answer failed.
     The ending event is held back for `finish`, so the request is settled before the client
     reads it (as [DONE] is on chat streams); so is the event that completes the usage when
-    `believed` does not believe it (`held`, its JSON `held_event`), for the answer's end to
-    show the usage billed in its place.
+    `believed` does not believe it, or that has none (`held`, its JSON `held_event`), for the
+    answer's end to show the usage billed in its place.
     """
 
     __slots__ = ("_believed", "_ended", "_events", "_held", "_partial", "_parts", "_tail",
@@ -168,6 +169,12 @@ class EventForwarder:
             found = self._events.read_usage(parsed, self._parts)
             if found is not None:
                 self.usage = found
-                if self._believed is not None and not self._believed(found):
-                    self.held, self.held_event, held = out[at:start], parsed, (at, start)
+            if self._believed is None:
+                continue
+            if (
+                not self._believed(found)
+                if found is not None
+                else self._events.completes.search(event) is not None  # it has none
+            ):
+                self.held, self.held_event, held = out[at:start], parsed, (at, start)
         return out if held is None else out[: held[0]] + out[held[1] :]

@@ -233,6 +233,7 @@ EVENTS = StreamEvents(
     opens=type_pattern("content_block_start"),
     call=type_pattern("(?:server_|mcp_)?tool_use"),
     usage=type_pattern("message_start|message_delta|error"),
+    completes=type_pattern("message_delta"),
     last=type_pattern("message_stop"),
     read_usage=_read_usage,
     failures=frozenset({"error"}),  # Anthropic's (and vLLM's) error event, under the 200

@@ -200,6 +200,7 @@ EVENTS = StreamEvents(
     opens=type_pattern(r"response\.output_item\.added"),
     call=type_pattern("function_call|custom_tool_call|mcp_call"),
     usage=type_pattern(_ENDINGS + "|error"),
+    completes=type_pattern(_ENDINGS),
     last=type_pattern(_ENDINGS),
     read_usage=_read_usage,
     failures=frozenset({"error", "response.failed"}),

@@ -33,7 +33,7 @@ class UsageLiar:
     answer's fields may be set as raw JSON bytes too (`raw`: what orjson cannot write)."""
 
     def __init__(self) -> None:
-        self.usage: dict[str, object] = {}
+        self.usage: dict[str, object] | None = {}
         self.start_usage: dict[str, object] = {}
         self.raw: dict[str, bytes] = {}
 
@@ -96,6 +96,8 @@ class UsageLiar:
             {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": self.usage},
             {"type": "message_stop"},
         ]
+        if self.usage is None:  # a message_delta without usage
+            del events[-2]["usage"]
         return b"".join(
             b"event: " + str(e["type"]).encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
             for e in events

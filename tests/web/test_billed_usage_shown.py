@@ -173,11 +173,12 @@ def test_a_rejected_usage_leaves_the_rest_of_the_answer_as_the_backend_wrote_it(
     )
 
 
-@pytest.mark.parametrize("usage", [*BAD, {}])
+@pytest.mark.parametrize("usage", [*BAD, {}, None])
 def test_a_messages_answer_shows_the_usage_billed(
     setup: tuple[UsageLiar, str, Path],
-    usage: dict[str, object],
+    usage: dict[str, object] | None,
 ) -> None:
+    """Not believed, empty, or missing (a message_delta without usage)."""
     liar, url, ledger = setup
     liar.start_usage, liar.usage = {}, usage
     client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
@@ -196,11 +197,14 @@ def test_a_messages_answer_shows_the_usage_billed(
         assert (shown.input_tokens + cache, shown.output_tokens) == _billed(ledger, rid)
 
 
-@pytest.mark.parametrize("usage", [u for u in BAD if "cache_read_input_tokens" not in u] + [{}])
+@pytest.mark.parametrize(
+    "usage", [u for u in BAD if "cache_read_input_tokens" not in u] + [{}, None]
+)
 def test_a_responses_answer_shows_the_usage_billed(
     setup: tuple[UsageLiar, str, Path],
-    usage: dict[str, object],
+    usage: dict[str, object] | None,
 ) -> None:
+    """Not believed, empty, or missing (`usage: null`)."""
     liar, url, ledger = setup
     liar.usage = usage
     client = _openai(url, KEY)
