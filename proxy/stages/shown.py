@@ -15,6 +15,7 @@ import orjson
 from proxy.context import RequestContext
 from proxy.jsontext import json_text
 from proxy.upstream.exactints import as_written
+from proxy.upstream.wellformed import read_leniently
 from proxy.usageshape import responses_usage
 
 __all__ = ["Reshow", "added_usage_chunk", "billed_usage", "event_with_billed", "whole_with_billed"]
@@ -53,9 +54,7 @@ def whole_with_billed(parsed: dict[str, Any], raw: bytes) -> Reshow:
         if body is not raw or ctx.usage_source == "backend":
             return body
         usage = billed_usage(ctx)
-        try:
-            orjson.loads(raw)  # read as parsed, or leniently (its values changed): once, here
-        except orjson.JSONDecodeError:
+        if read_leniently(raw):
             return _spliced(raw, orjson.dumps(usage)) or raw
         return _encoded({**parsed, "usage": usage}, raw)
 

@@ -12,7 +12,7 @@ import orjson
 from proxy.context import Operation
 from proxy.upstream.partial import EVENT_ENDS, Partial
 
-__all__ = ["EVENT_STREAM", "FirstEvent", "MalformedAnswer", "whole_answer"]
+__all__ = ["EVENT_STREAM", "FirstEvent", "MalformedAnswer", "read_leniently", "whole_answer"]
 
 EVENT_STREAM: Final = "text/event-stream"
 
@@ -50,6 +50,19 @@ def whole_answer(operation: Operation, raw: bytes) -> dict[str, Any]:
     if not isinstance(parsed.get(field), list):
         raise MalformedAnswer(f"has no {field!r} list ({_preview(raw)})")
     return parsed
+
+
+def read_leniently(raw: bytes) -> bool:
+    """Whether `whole_answer` read `raw` (an answer it took) with Python's reader, its values
+    changed (a lone surrogate as U+FFFD, `NaN` a float): parsed again, only up to 1 MiB (past
+    it, orjson read it)."""
+    if len(raw) > _LENIENT_LIMIT_BYTES:
+        return False
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return True
+    return False
 
 
 def _leniently(raw: bytes) -> Any:
