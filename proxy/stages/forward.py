@@ -91,15 +91,15 @@ class Forward:
         sse: SSEForwarder | EventForwarder
         # Usage the client sees is checked as it comes: one not believed is held, to be shown
         # as billed. Several answers' is always held: the gateway may count more output.
-        shown = partial(believed, ctx) if api is not None or ctx.client_wants_usage else None
         if api is not None:
-            sse = EventForwarder(api.events, shown)
+            sse = EventForwarder(api.events, partial(believed, ctx))
         elif ctx.choices > 1:
             completions = ctx.operation == "text_completion"
             sse = ChoicesForwarder(
                 keep_usage=ctx.client_wants_usage, completions=completions, believed=_held
             )
         else:
+            shown = partial(believed, ctx) if ctx.client_wants_usage else None
             sse = SSEForwarder(keep_usage=ctx.client_wants_usage, believed=shown)
         relay = _Relay(ctx, backend, sse, self._content_deadline(ctx, backend), self._clock)
         ending = b""
