@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.jsontext import json_text
+from proxy.upstream.exactints import as_written
 from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
 __all__ = ["Believed", "ChoicesForwarder", "SSEForwarder"]
@@ -203,9 +204,10 @@ class SSEForwarder:
             return event
         chunk["usage"] = None
         try:
-            return b"data: " + orjson.dumps(chunk)
+            content = orjson.dumps(chunk)
         except orjson.JSONEncodeError:  # nested past the 254 levels orjson writes (it reads 1024)
             return b"data: " + json_text(chunk).encode()
+        return b"data: " + as_written(content, chunk, event)  # a big integer as it came
 
     def _usage_only(self, event: bytes, end: bytes, chunk: dict[str, Any] | None) -> bytes:
         if not self._keep_usage:

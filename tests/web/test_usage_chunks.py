@@ -173,6 +173,30 @@ def test_a_usage_chunk_with_a_choice_nested_past_what_orjson_writes_is_relayed_a
     assert (record.usage_source, record.input_tokens, record.output_tokens) == ("backend", 9, 12)
 
 
+def test_a_usage_chunk_written_again_keeps_a_big_integer_as_the_backend_wrote_it(
+    liar_gateway: tuple[LyingBackend, str, Path],
+) -> None:
+    """A chunk with a choice and usage (vLLM's `continuous_usage_stats`), written again without
+    its usage for a client that did not ask for it, wrote an integer past 64 bits in it as the
+    nearest float (orjson reads it so)."""
+    backend, gateway, _ = liar_gateway
+    big = b"123456789012345678901234567890"
+    usage_chunk = (
+        b'data: {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], '
+        b'"usage": {"prompt_tokens": 9, "completion_tokens": 12}, "trace_id": ' + big + b"}\n\n"
+    )
+    events = backend._events
+    backend._events = lambda n: (  # type: ignore[method-assign]
+        usage_chunk if b'"usage"' in event else event for event in events(n)
+    )
+    stream = _client(gateway).chat.completions.create(
+        model="exact-llm", messages=HELLO, stream=True
+    )  # type: ignore[call-overload]
+    chunks = list(stream)
+    assert chunks[-1].usage is None
+    assert chunks[-1].model_extra == {"trace_id": int(big)}
+
+
 def test_a_stream_whose_first_event_a_client_can_read_is_relayed(
     liar_gateway: tuple[LyingBackend, str, Path],
 ) -> None:
