@@ -325,12 +325,14 @@ def _held(usage: dict[str, Any]) -> bool:
 
 def _reshown(ctx: Admitted, sse: SSEForwarder | EventForwarder) -> Reshow | None:
     """How a stream's end shows the bill: in place of a usage the client saw held back, or,
-    where it asked for usage and the backend sent none, in a usage chunk of its own."""
+    where it asked for usage and the backend sent none (or none it could show), in a usage chunk
+    of its own."""
     if sse.held:
         return event_with_billed(sse.held, sse.held_chunk if isinstance(sse, SSEForwarder)
                                  else sse.held_event)  # fmt: skip
-    if ctx.client_wants_usage and isinstance(sse, SSEForwarder) and sse.usage is None:
-        return added_usage_chunk
+    if ctx.client_wants_usage and isinstance(sse, SSEForwarder):
+        if sse.usage is None or sse.unshown:
+            return added_usage_chunk
     return None
 
 

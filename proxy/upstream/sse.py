@@ -40,17 +40,20 @@ class SSEForwarder:
     only a read that splits an event keeps its tail back until the event is whole. Only events
     that mention `prompt_tokens` (the usage chunk) are parsed. A usage chunk the client asked for
     whose usage `believed` does not believe is `held` (its JSON `held_chunk`) until `finish`,
-    for the answer's end to show the usage billed in its place.
+    for the answer's end to show the usage billed in its place; one in a chunk with choices goes
+    on without it, and `unshown` says the stream's end owes the client a usage chunk.
     """
 
     __slots__ = ("_believed", "_keep_usage", "_partial", "_saw_token", "_tail", "_text_at",
-                 "_text_head", "_textless", "held", "held_chunk", "texted", "usage")  # fmt: skip
+                 "_text_head", "_textless", "held", "held_chunk", "texted", "unshown",
+                 "usage")  # fmt: skip
 
     def __init__(self, *, keep_usage: bool, believed: Believed | None = None) -> None:
         self._keep_usage = keep_usage
         self._believed = believed
         self.held = b""
         self.held_chunk: Any = None
+        self.unshown = False
         self._partial = Partial()  # an event's start, until a read ends it
         self._tail = b""  # whole events held back: [DONE]
         self._saw_token = False
@@ -200,8 +203,14 @@ class SSEForwarder:
             self.usage = usage
         if not chunk.get("choices"):
             return self._usage_only(event, end, chunk)
-        if self._keep_usage or usage is None:
+        if usage is None:
             return event
+        if self._keep_usage:
+            # The usage of a chunk with choices (llama.cpp's last chunk) the client may see only
+            # if believed: else it goes without, and a chunk of the bill ends the stream.
+            self.unshown = not self._shows(usage)
+            if not self.unshown:
+                return event
         chunk["usage"] = None
         try:
             content = orjson.dumps(chunk)
@@ -214,13 +223,17 @@ class SSEForwarder:
             return b""
         if _DATA_LINE.search(event) is None:  # a comment that says it is no data event
             return event
-        if self._believed is not None:
-            usage = None if chunk is None else chunk["usage"]
-            if not isinstance(usage, dict) or not self._believed(usage):
-                self.held, self.held_chunk = event + end, chunk  # shown as billed, at the end
-                return b""
+        if not self._shows(None if chunk is None else chunk["usage"]):
+            self.held, self.held_chunk = event + end, chunk  # shown as billed, at the end
+            return b""
+        self.unshown = False
         self._textless += 1
         return event
+
+    def _shows(self, usage: object) -> bool:
+        """Whether the client that asked for usage may see `usage` as it came: believed (or
+        not checked)."""
+        return self._believed is None or (isinstance(usage, dict) and bool(self._believed(usage)))
 
 
 class ChoicesForwarder(SSEForwarder):

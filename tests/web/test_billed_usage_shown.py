@@ -12,6 +12,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from proxy.app import create_app
 from tests.conftest import ALPHA_KEY
@@ -51,6 +52,18 @@ def _billed(ledger: Path, request_id: str) -> tuple[int, int]:
     return input_tokens, output_tokens
 
 
+def _streamed_asking_usage(gateway: str, n: int) -> tuple[list[ChatCompletionChunk], str]:
+    """The chunks of a chat stream of `n` answers that asks for usage, and its request id."""
+    raw = _openai(gateway).chat.completions.with_raw_response.create(
+        model="exact-llm",
+        messages=HELLO,
+        n=n,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    return list(raw.parse()), raw.headers["x-request-id"]
+
+
 @pytest.mark.parametrize("usage", NOT_BELIEVED)
 def test_a_whole_chat_answer_shows_the_usage_billed(
     liar_gateway: tuple[LyingBackend, str, Path], usage: bytes | None
@@ -78,21 +91,14 @@ def test_a_streams_usage_chunk_shows_the_usage_billed(
     of the gateway's own where the backend sent none, or none the SDK could read)."""
     backend, gateway, ledger = liar_gateway
     backend.usage = usage
-    raw = _openai(gateway).chat.completions.with_raw_response.create(
-        model="exact-llm",
-        messages=HELLO,
-        n=n,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(raw.parse())
+    chunks, request_id = _streamed_asking_usage(gateway, n)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == WORD * WORDS * n
     [last] = [c for c in chunks if not c.choices]
     assert last is chunks[-1]
     assert last.usage is not None
     shown = (last.usage.prompt_tokens, last.usage.completion_tokens)
-    assert shown == _billed(ledger, raw.headers["x-request-id"]) == (shown[0], WORDS * n)
+    assert shown == _billed(ledger, request_id) == (shown[0], WORDS * n)
 
 
 def test_several_answers_show_the_output_the_gateway_counted_and_billed(
@@ -239,3 +245,34 @@ def test_count_tokens_says_the_input_a_request_is_billed_without_backend_usage(
             )
             assert raw.parse().usage.input_tokens == counted.input_tokens
             assert _billed(ledger, raw.headers["x-request-id"])[0] == counted.input_tokens
+
+
+@pytest.mark.parametrize(
+    ("usage", "n"),
+    [(BAD_USAGE[0], 1), (b'"garbage"', 1), (b'{"prompt_tokens": 9, "completion_tokens": 12}', 2)],
+)
+def test_usage_in_a_chunk_with_choices_is_shown_as_billed_at_the_end(
+    liar_gateway: tuple[LyingBackend, str, Path], usage: bytes, n: int
+) -> None:
+    """llama.cpp sends usage in its last chunk, beside the finish: one not believed, or short of
+    what two answers billed, reached the client as it came. That chunk goes on without it, and
+    a usage chunk of the bill ends the stream."""
+    backend, gateway, ledger = liar_gateway
+    backend.usage = usage
+    events = backend._events
+
+    def finish_with_usage(n: int) -> Iterator[bytes]:
+        for event in events(n):
+            if b'"finish_reason":"stop"' in event and event.find(b'"index":%d' % (n - 1)) >= 0:
+                yield event[: -len(b"}\n\n")] + b', "usage": ' + usage + b"}\n\n"
+            elif b'"usage"' not in event:
+                yield event
+
+    backend._events = finish_with_usage  # type: ignore[method-assign]
+    chunks, request_id = _streamed_asking_usage(gateway, n)
+    assert [c.usage is None for c in chunks] == [True] * (len(chunks) - 1) + [False]
+    last = chunks[-1]
+    assert not last.choices
+    assert last.usage is not None
+    shown = (last.usage.prompt_tokens, last.usage.completion_tokens)
+    assert shown == _billed(ledger, request_id)
