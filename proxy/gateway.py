@@ -32,6 +32,7 @@ from proxy.stages.forward import Forward
 from proxy.stages.inflight import SharedInflight
 from proxy.stages.parse import Parse
 from proxy.stages.prefetch import Prefetch, planners_in
+from proxy.stages.recount import Recount
 from proxy.stages.route import Route
 from proxy.stages.shape import Shape
 from proxy.stages.storagepolicy import StorageFailures
@@ -115,9 +116,10 @@ class Gateway:
             store, storage.limits, clock, failures, rate_limits.show, services.unbooked
         )
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
+        shape = Shape(counters)
         attempts = Attempts(
             pools, services.upstream, clock, rate_limits.admit_backend,
-            rate_limits.give_back_backend,
+            rate_limits.give_back_backend, Recount(shape, counters),
         )  # fmt: skip
         # The request path after auth. The stages say themselves whether they plan storage
         # steps (taken by the prefetch in one round trip), hold something until the request
@@ -138,7 +140,7 @@ class Gateway:
             Parse(policy.models),
             Attribute(),
             *choice,
-            Shape(counters),
+            shape,
             Prefetch(storage, planners_in(admission), failures),
             *admission,
         ]

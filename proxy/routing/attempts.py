@@ -4,7 +4,8 @@ error, a 5xx) or a full backend move to the next, at most the pool's `max_attemp
 backend that failed gives back what the request held on its limits before the next is tried.
 The gateway's own connection pool being full is no backend's failure and is not retried.
 
-Writes backend, route (the backend held in flight, for settling) and, on a fallback, model.
+Writes backend, route (the backend held in flight, for settling) and, on a fallback, model
+(and its input, recounted with its tokenizer before it is sent: `Recount`).
 `settle` feeds the backend's health with the outcome, TTFT and tokens/s.
 """
 
@@ -29,7 +30,7 @@ from proxy.upstream.client import (
     UpstreamRejected,
 )
 
-__all__ = ["Admit", "Attempts", "GiveBack"]
+__all__ = ["Admit", "Attempts", "GiveBack", "Recount"]
 
 Admit = Callable[[Admitted, Backend], Awaitable[int | None]]
 """The chosen backend's own limits (RateLimits.admit_backend); raises UpstreamUnavailable if
@@ -37,6 +38,9 @@ the backend is full, else returns its requests in flight across replicas (None: 
 GiveBack = Callable[[Admitted, Backend], Awaitable[None]]
 """What a backend that failed holds on its own limits, given back as the request moves on
 (RateLimits.give_back_backend)."""
+Recount = Callable[[Admitted, str], Awaitable[None]]
+"""The input counted again for the fallback model the request was just sent to, from the model
+named (proxy.stages.recount); raises a GatewayError if it does not fit there."""
 
 
 class Attempts:
@@ -47,17 +51,19 @@ class Attempts:
         clock: Clock,
         admit: Admit | None = None,
         give_back: GiveBack | None = None,
+        recount: Recount | None = None,
     ) -> None:
         self._pools = pools
         self._upstream = upstream
         self._clock = clock
         self._admit = admit
         self._give_back = give_back
+        self._recount = recount
 
     async def begin(self, ctx: Admitted) -> Routed:
         """Hold the first backend that is available and admits the request; a 503 if none."""
         home = ctx.model
-        health = self._choose(ctx, home, ())
+        health = await self._choose(ctx, home, ())
         if health is None:
             raise self._unavailable(home)
         routed = ctx.route = Routed(home, health)
@@ -104,7 +110,7 @@ class Attempts:
                     routed.health.circuit.answering()
                 return backend, response
             if body.get("model") != ctx.model:
-                body = {**body, "model": ctx.model}
+                body = _for_fallback(body, ctx.body)
 
     async def _move_on(self, ctx: Admitted, routed: Routed, backend: Backend) -> bool:
         """Give back what the request holds on `backend`'s limits and hold the next backend;
@@ -145,7 +151,7 @@ class Attempts:
         backend passed over is no attempt: `max_attempts` bounds the backends sent the request."""
         max_attempts = self._pools.pool(routed.home).spec.max_attempts
         while len(routed.tried) - routed.passed < max_attempts:
-            health = self._choose(ctx, routed.home, routed.tried)
+            health = await self._choose(ctx, routed.home, routed.tried)
             if health is None:
                 return False
             self._take(ctx, routed, health)
@@ -170,7 +176,7 @@ class Attempts:
             routed.counted = True
         return None
 
-    def _choose(self, ctx: Admitted, home: str, tried: Sequence[str]) -> BackendHealth | None:
+    async def _choose(self, ctx: Admitted, home: str, tried: Sequence[str]) -> BackendHealth | None:
         now = self._clock.monotonic()
         for pool in self._pools.chain(home):
             candidates = [h for h in pool.available(now) if h.name not in tried]
@@ -178,7 +184,10 @@ class Attempts:
                 candidates = [h for h in candidates if h.limited_until_s <= now] or candidates
             if candidates:
                 if pool.name != ctx.model:
+                    sent_to = ctx.model
                     ctx.outgoing.set_model(pool.name)
+                    if self._recount is not None:  # before its limits count the input
+                        await self._recount(ctx, sent_to)
                 return pool.strategy.order(candidates, ctx)[0]
         return None
 
@@ -196,6 +205,15 @@ class Attempts:
             "try again shortly.",
             retry_after_s=self._pools.retry_after_s(model),
         )
+
+
+def _for_fallback(sent: dict[str, Any], shaped: Mapping[str, Any]) -> dict[str, Any]:
+    """The body sent again to a fallback model: its name, and the messages as shaping left them
+    for it (its own count may have trimmed them)."""
+    body = {**sent, "model": shaped["model"]}
+    if "messages" in shaped:
+        body["messages"] = shaped["messages"]
+    return body
 
 
 def _retryable(exc: UpstreamError) -> bool:

@@ -60,7 +60,7 @@ class Shape:
         rule = ctx.degrade_choice[0] if ctx.degrade_choice is not None else None
         spill = spilled_to(rule, ctx.operation)
         try:
-            await self._shape_input(ctx, tenant, ctx.model if spill is None else spill)
+            await self.shape_input(ctx, tenant, ctx.model if spill is None else spill)
         except ContextLengthExceeded:
             if rule is not None and spill is not None:
                 # Counted for the model the rule sends it to: the client's own count of the
@@ -74,7 +74,7 @@ class Shape:
                 outgoing.allow_as_sent(held=_charges_output(tenant))
             _temperature(outgoing, budget)
 
-    async def _shape_input(self, ctx: Admitted, tenant: Tenant, model: str) -> None:
+    async def shape_input(self, ctx: Admitted, tenant: Tenant, model: str) -> None:
         """The messages (or prompt) and their count, with `model`'s tokenizer: the model that
         serves the request, another when the degradation rule chosen sends it there."""
         budget, outgoing = tenant.budget, ctx.outgoing
