@@ -58,6 +58,7 @@ class Gateway:
     pools: Pools
     prober: Prober
     counters: TokenCounters
+    degrade: Degrade  # its rule choice also says which model's tokenizer count_tokens uses
 
     @classmethod
     def build(
@@ -167,6 +168,7 @@ class Gateway:
         return cls(
             policy=policy, policy_hash=policy_hash, services=services, keyring=keyring,
             pipeline=pipeline, telemetry=telemetry, pools=pools, prober=prober, counters=counters,
+            degrade=degrade,
         )  # fmt: skip
 
     async def reloaded(self, policy: Policy, policy_hash: str) -> Gateway:

@@ -14,9 +14,10 @@ from proxy.apis.anthropic import AnthropicErrors, with_api_key
 from proxy.asgi.body import ClientGone, read_body
 from proxy.asgi.headers import RequestHeaders
 from proxy.asgi.respond import send_error, send_json
-from proxy.context import RequestContext
+from proxy.context import Admitted, RequestContext
 from proxy.errors import BadRequest, GatewayError
 from proxy.stages.auth import authorization_of
+from proxy.stages.degrade import spilled_to
 from proxy.stages.parse import Parse, check_fields
 from proxy.tokens import TokenizerError
 from proxy.tokens.segments import counting_for, done_counting
@@ -64,12 +65,14 @@ class CountTokens:
         )
         shown: list[tuple[bytes, bytes]] = []  # the gateway's headers, once the caller is known
         try:
-            count = await self._count(gateway, ctx, receive, shown)
+            count, rule = await self._count(gateway, ctx, receive, shown)
         except GatewayError as exc:
             await send_error(send, exc, shown)
             return
         except ClientGone:
             return
+        if rule is not None:  # the rule's model counted: the client's own count may differ
+            shown.append((b"x-tokenweir-degraded", rule.encode()))
         await send_json(send, 200, orjson.dumps({"input_tokens": count}), shown)
 
     async def _count(
@@ -78,7 +81,7 @@ class CountTokens:
         arrival: RequestContext,
         receive: Receive,
         shown: list[tuple[bytes, bytes]],
-    ) -> int:
+    ) -> tuple[int, str | None]:
         policy = gateway.policy
         name, key_id, record = gateway.keyring.identify_key(authorization_of(arrival.headers))
         ctx = arrival.admit(name, policy.tenants[name], key_id)
@@ -96,12 +99,25 @@ class CountTokens:
         if system_prompt is not None:
             AGENT_APIS["messages"].add_system(body, system_prompt)
         chat, tools = messages_api.to_chat(body)
+        model, rule = await _counted_model(gateway, ctx)
         counting = counting_for(name)
         try:
-            return await gateway.counters.count_chat(ctx.model, chat, tools)
+            return await gateway.counters.count_chat(model, chat, tools), rule
         except TokenizerError as exc:
             raise BadRequest(
                 f"The messages do not fit the model's chat format: {exc}", param="messages"
             ) from exc
         finally:
             done_counting(counting)
+
+
+async def _counted_model(gateway: Gateway, ctx: Admitted) -> tuple[str, str | None]:
+    """The model whose tokenizer counts the messages, as it would count the request itself:
+    the one a live degradation rule would send it to (and the rule's name), else the one asked."""
+    if not ctx.tenant.degrade:
+        return ctx.model, None
+    live, _ = await gateway.degrade.choose(ctx)
+    spill = spilled_to(live, ctx.operation)
+    if live is None or spill is None:
+        return ctx.model, None
+    return spill, live.name

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import pytest
+from anthropic.types import MessageParam
 
 from proxy.app import create_app
 from proxy.policy import parse_policy
@@ -108,3 +110,23 @@ tenants:
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "mock-embed"
     assert spilled.json()["model"] == "mock-small"  # the rule fires: chats are spilled
+
+
+def test_count_tokens_counts_for_the_model_a_live_spill_rule_sends_the_request_to(
+    liar: tuple[LyingBackend, str], tmp_path: Path
+) -> None:
+    """The count a client checks its prompt with is the one the gateway holds it to: while the
+    rule fires, the serving model's 49 tokens (it said the asked model's 34, and the request
+    that fit by it was refused at 40), and the answer names the rule."""
+    _, backend_url = liar
+    text = spill_policy(backend_url, tmp_path / "l.db", budget="{max_input_tokens: 40}")
+    messages: list[MessageParam] = [{"role": "user", "content": PHRASE * 5}]
+    with serve(create_app(parse_policy(text, environ={}))) as url:
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            counted = client.messages.with_raw_response.count_tokens(
+                model="guess-big", messages=messages
+            )
+        refused = ask(url, 5)
+    assert counted.parse().input_tokens == 49
+    assert counted.headers["x-tokenweir-degraded"] == "spill"
+    assert "49 tokens" in refused.json()["error"]["message"]
