@@ -12,7 +12,7 @@ import pydantic
 from pydantic_core import ErrorDetails
 
 from proxy.policy.hints import pydantic_problem, without_echoes
-from proxy.policy.model import Budget, Policy
+from proxy.policy.model import Budget, Policy, Tenant
 from proxy.policy.problems import KeyPath, PolicyError, Problem, by_line, dotted, line_of
 from proxy.policy.yamlfile import decode_policy, read_yaml
 from proxy.storage.redis.url import is_redis_url
@@ -164,10 +164,11 @@ def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
         for j, model in enumerate(tenant.models):
             if model not in policy.models:
                 found.append((("tenants", tenant_name, "models", j), _unknown_model(model)))
+        reached = _reached_models(policy, tenant)
         for model in tenant.limits.per_model:
-            if model not in tenant.models:
+            if model not in reached:
                 where: KeyPath = ("tenants", tenant_name, "limits", "per_model", model)
-                found.append((where, f"the tenant may not use model {model!r}"))
+                found.append((where, _UNREACHED.format(model=model)))
         for k, rule in enumerate(tenant.degrade):
             if rule.then.model is not None and rule.then.model not in policy.models:
                 path: KeyPath = ("tenants", tenant_name, "degrade", k, "then", "model")
@@ -183,6 +184,14 @@ def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
     return found
 
 
+def _reached_models(policy: Policy, tenant: Tenant) -> set[str]:
+    """The models that may serve a tenant's request, whose `per_model` limits then admit it: its
+    own, those its degradation rules send requests to, and the fallback models of both."""
+    asked = set(tenant.models) | {r.then.model for r in tenant.degrade if r.then.model}
+    specs = policy.models
+    return asked | {f for m in asked if m in specs for f in specs[m].fallback_models}
+
+
 def _embedder_problems(policy: Policy, served: set[str]) -> list[tuple[KeyPath, str]]:
     found: list[tuple[KeyPath, str]] = []
     embedder = policy.embedder
@@ -191,6 +200,10 @@ def _embedder_problems(policy: Policy, served: set[str]) -> list[tuple[KeyPath, 
     return found
 
 
+_UNREACHED = (
+    "no request of the tenant reaches model {model!r} (not one of its models, a model its "
+    "degradation rules send requests to, nor a fallback model of either)"
+)
 _NO_QUOTA = (
     "the tenant has no quota to measure (budget: tokens_per_day, tokens_per_month, usd_per_day "
     "or usd_per_month), so the rule would never fire"

@@ -158,13 +158,15 @@ def test_duplicate_keys_and_broken_yaml() -> None:
     assert problems("- just\n- a list\n") == ["p.yaml:1: the policy file must be a YAML mapping"]
 
 
-def test_per_model_limits_must_name_the_tenants_models() -> None:
+def test_per_model_limits_must_name_a_model_that_may_serve_the_tenant() -> None:
     text = GOOD.replace(
         "limits: {requests_per_minute: 600, queue_timeout: 2s}",
         "limits: {requests_per_minute: 600, per_model: {m2: {max_concurrent: 2}}}",
     )
     assert problems(text) == [
-        "p.yaml:24: tenants.support-bot.limits.per_model.m2: the tenant may not use model 'm2'"
+        "p.yaml:24: tenants.support-bot.limits.per_model.m2: no request of the tenant reaches "
+        "model 'm2' (not one of its models, a model its degradation rules send requests to, nor "
+        "a fallback model of either)"
     ]
 
 

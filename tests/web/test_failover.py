@@ -217,6 +217,23 @@ def test_a_fallback_models_answer_is_not_cached_as_the_asked_models() -> None:
         assert _served(urls["small"]) == 2
 
 
+def test_a_tenants_per_model_limits_hold_the_fallback_model_it_may_not_ask_for() -> None:
+    """A fallback's requests are admitted on the tenant's `per_model` limits of the model that
+    serves them, but a policy setting them on a fallback the tenant may not ask for was refused
+    at load: a dear fallback could not be capped without letting clients ask for it."""
+    with _mocks(small={}) as urls:
+        policy = _policy(
+            [("big", urls["refusing"], "[m]"), ("small", urls["small"], "[s]")],
+            models="m: {fallback_models: [s]}, s: {}",
+            cache=", limits: {per_model: {s: {requests_per_minute: 1}}}",
+        )
+        with serve(create_app(policy)) as gateway:
+            answers = [_chat(gateway) for _ in range(2)]
+        assert [a.status_code for a in answers] == [200, 429]
+        assert "requests_per_minute" in answers[1].json()["error"]["message"]
+        assert _served(urls["small"]) == 1
+
+
 @pytest.mark.anyio
 async def test_a_backend_failing_its_probe_is_out_of_rotation() -> None:
     with _mocks(good={}) as urls:
