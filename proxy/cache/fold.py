@@ -16,6 +16,8 @@ for byte, and refused where that one is.
 
 from __future__ import annotations
 
+import re
+from operator import itemgetter
 from typing import Any, Final
 
 import orjson
@@ -50,6 +52,10 @@ _TEXTS: Final = ("content", "reasoning_content", "reasoning", "refusal", "text")
 _DELTA_FIELDS: Final = frozenset({*_TEXTS, "role", "tool_calls"})
 # A tool call delta's fields merged piece by piece; any other is kept as the backend sent it.
 _CALL_FIELDS: Final = frozenset({"index", "id", "type", "function"})
+# A byte that only continues a UTF-8 character: a text piece starting with one was cut out of
+# the middle of a character.
+_CONTINUATION: Final = re.compile(rb"[\x80-\xbf]")
+_FIRST_BYTE: Final = itemgetter(0)
 
 
 def from_stream(operation: str, events: bytes, usage: dict[str, Any]) -> Answer | None:
@@ -183,7 +189,7 @@ class StreamFold:
             return None
         try:
             texts = {name: _decoded(parts) for name, parts in self._texts.items()}
-        except orjson.JSONDecodeError:
+        except ValueError:  # orjson's JSONDecodeError, or a character cut across events
             return None
         if operation == "text_completion":
             text = texts.get("text", "")
@@ -351,5 +357,14 @@ def _escaped(piece: str) -> bytes:
 
 
 def _decoded(parts: list[bytes]) -> str:
-    text: str = _loads(b'"' + b"".join(parts) + b'"')
+    """The text of its pieces, refused (as orjson refuses) where a piece is not UTF-8 on its
+    own: a character cut across two events reads as one only once they are joined, which no
+    parse of each event does, nor a client (a replay would not send what was relayed)."""
+    joined = b"".join(parts)
+    text: str = _loads(b'"' + joined + b'"')
+    if not joined.isascii():
+        # Joined, the bytes are UTF-8: a piece is too unless it starts inside a character.
+        firsts = bytes(map(_FIRST_BYTE, filter(None, parts)))
+        if _CONTINUATION.search(firsts) is not None:
+            raise ValueError("a character cut across events")
     return text

@@ -423,3 +423,19 @@ def test_padding_that_is_not_a_plain_string_is_parsed() -> None:
     assert answer is not None
     assert answer.message == {"role": "assistant", "content": " a b c d"}
     assert fold(stream, per_read=2).answer("chat", USAGE) == answer
+
+
+@pytest.mark.parametrize("per_read", [1, 2, 1 << 30])
+def test_a_character_cut_across_two_events_is_not_stored(per_read: int) -> None:
+    """A backend that sends a character's bytes in two events: a client reads each event as
+    broken text, so a replay with the whole character would not be what it was sent."""
+    emoji = "🙂".encode()
+    halves = [
+        text_event("X").replace(b'"X"', b'"' + half + b'"') for half in (emoji[:2], emoji[2:])
+    ]
+    cut = [text_event(" a"), text_event(" b"), *halves, text_event(" c"), finish_event(), DONE]
+    assert fold(cut, per_read=per_read).answer("chat", USAGE) is None
+    whole = [text_event(" a"), text_event(" b🙂"), text_event(" c"), finish_event(), DONE]
+    answer = fold(whole, per_read=per_read).answer("chat", USAGE)
+    assert answer is not None
+    assert answer.message == {"role": "assistant", "content": " a b🙂 c"}
