@@ -10,6 +10,7 @@ is not a tag is left to pass through, not refused; they fill what the header lea
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from proxy.context import Admitted
 from proxy.errors import BadRequest
@@ -21,6 +22,13 @@ MAX_TAGS = 8
 MAX_TAG_CHARS = 64
 MAX_USER_CHARS = 128
 _TAG = re.compile(r"[A-Za-z0-9_.:/=@+-]{1,64}")
+# What a user name may not hold, of the characters str.isprintable refuses: controls, line and
+# paragraph separators, surrogates and the format characters (bidi overrides, which reorder a
+# report's line on screen) but the joiners, which words and emoji need (ZWNJ in Persian, ZWJ in
+# 👨‍👩‍👧). Spaces (Japanese full-width U+3000), code points newer than this Python's Unicode
+# (2023's emoji) and private-use ones are text like any other.
+_REFUSED_IN_USER = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_JOINERS = frozenset("\u200c\u200d")
 _TAG_RULE = (
     f"1 to {MAX_TAG_CHARS} characters from letters, digits and _ . : / = @ + -, "
     f"at most {MAX_TAGS} per request"
@@ -62,14 +70,29 @@ class Attribute:
 def _user(value: object, where: str) -> str | None:
     if not isinstance(value, str) or not value:
         return None  # parse refused a user that is not a string
-    if len(value) > MAX_USER_CHARS or not value.isprintable():
+    if len(value) > MAX_USER_CHARS:
         raise BadRequest(
-            f"{where} must be at most {MAX_USER_CHARS} printable characters; "
-            f"this one has {len(value)}.",
+            f"{where} must be at most {MAX_USER_CHARS} characters; this one has {len(value)}.",
+            param=where,
+            code="invalid_user",
+        )
+    refused = None if value.isprintable() else _refused_in_user(value)
+    if refused is not None:
+        raise BadRequest(
+            f"{where} may not hold U+{ord(refused):04X}: it may hold no control, format or "
+            "line-separating character (the joiners U+200C and U+200D it may).",
             param=where,
             code="invalid_user",
         )
     return value
+
+
+def _refused_in_user(value: str) -> str | None:
+    """The first character of `value` a user name may not hold, if any."""
+    for char in value:
+        if char not in _JOINERS and unicodedata.category(char) in _REFUSED_IN_USER:
+            return char
+    return None
 
 
 def _tag(tag: str, where: str) -> str:

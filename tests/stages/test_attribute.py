@@ -84,3 +84,28 @@ def test_a_policy_key_is_named_by_a_prefix_of_its_hash_never_the_key() -> None:
     assert (tenant, record) == ("alpha", None)
     assert key_id == "sha256:" + hashlib.sha256(ALPHA_KEY.encode()).hexdigest()[:12]
     assert ALPHA_KEY not in key_id
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        "علی\u200cرضا",  # a Persian name: the ZWNJ is part of its spelling
+        "👨\u200d👩\u200d👧",  # an emoji ZWJ sequence
+        "山田\u3000太郎",  # a Japanese name with its full-width space
+        "\U0001fae8 fan",  # an emoji newer than Python 3.11's Unicode 14
+        "José",
+    ],
+)
+async def test_a_user_in_any_script_or_emoji_is_recorded_as_sent(user: str) -> None:
+    ctx = await attributed({"user": user})
+    assert ctx.end_user == user
+
+
+@pytest.mark.parametrize("char", ["\n", "\x85", "\u2028", "\u202e", "\ufeff", "\x7f"])
+async def test_a_user_with_a_character_that_breaks_a_line_or_reorders_it_is_refused(
+    char: str,
+) -> None:
+    with pytest.raises(BadRequest) as refused:
+        await attributed({"user": f"ann{char}bob"})
+    assert refused.value.param == "user"
+    assert f"U+{ord(char):04X}" in refused.value.message
