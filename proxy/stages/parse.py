@@ -115,13 +115,31 @@ def _load(raw: bytes) -> dict[str, Any]:
                 "The JSON body nests arrays and objects more than 1024 levels deep; this "
                 f"gateway accepts at most {MAX_DEPTH}."
             ) from None
+        why = _not_utf8(raw) if str(exc).startswith("str is not valid UTF-8") else exc
         raise InvalidJSON(
-            f"We could not parse the JSON body of your request ({exc}). (HINT: This likely means "
+            f"We could not parse the JSON body of your request ({why}). (HINT: This likely means "
             "you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)"
         ) from None
     if not isinstance(body, dict):
         raise InvalidJSON("The request body must be a JSON object.")
     return body
+
+
+def _not_utf8(raw: bytes) -> str:
+    """Where a body stops being UTF-8 (orjson says only that it is not, at its first byte, and
+    that "surrogates [are] not allowed" whatever the bytes are: Latin-1's café, UTF-16)."""
+    try:
+        raw.decode()
+    except UnicodeDecodeError as exc:
+        at, bad = exc.start, raw[exc.start : exc.end].hex(" ").upper()
+        line = raw.count(b"\n", 0, at) + 1
+        column = len(raw[raw.rfind(b"\n", 0, at) + 1 : at].decode()) + 1
+        utf16 = " (a UTF-16 or UTF-32 byte order mark)" if raw.startswith(_UTF16_BOMS) else ""
+        return f"bytes not valid UTF-8: {bad} at byte {at}{utf16}: line {line} column {column}"
+    return "bytes not valid UTF-8"
+
+
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")
 
 
 def _check_encoding(encoding: str | None) -> None:

@@ -63,6 +63,30 @@ def test_json_the_parser_refuses_is_400_saying_why(
     assert "line 1 column" in message or not raw
 
 
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        # Latin-1's café: orjson said "surrogates not allowed ... line 1 column 1"
+        (
+            '{"model": "mock-llm", "user": "café"}'.encode("latin-1"),
+            "E9 at byte 34: line 1 column 35",
+        ),
+        (b'{"model": "mock-llm",\n "user": "\xc0\xaf"}', "C0 at byte 32: line 2 column 11"),
+        (
+            '{"model": "mock-llm"}'.encode("utf-16"),
+            "FF at byte 0 (a UTF-16 or UTF-32 byte order mark)",
+        ),
+    ],
+)
+def test_a_body_not_in_utf8_is_told_where_it_stops_being_utf8(
+    http: httpx.Client, raw: bytes, named: str
+) -> None:
+    answer = http.post("/v1/chat/completions", content=raw, headers=AUTH)
+    message = str(assert_openai_error(answer, 400, "invalid_json")["message"])
+    assert f"bytes not valid UTF-8: {named}" in message
+    assert "surrogates" not in message
+
+
 def test_body_that_is_not_an_object_is_400(http: httpx.Client) -> None:
     answer = http.post("/v1/chat/completions", content=b"[1, 2]", headers=AUTH)
     assert_openai_error(answer, 400, "invalid_json")
