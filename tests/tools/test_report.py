@@ -223,6 +223,22 @@ def test_text_width_counts_wide_characters_twice() -> None:
     assert text_width("e\u0301") == 1
 
 
+@pytest.mark.parametrize(
+    ("text", "columns"),
+    [
+        ("👨\u200d👩\u200d👧", 2),  # one emoji of three joined by ZWJ
+        ("👍🏽", 2),  # a skin tone
+        ("❤\ufe0f", 2),  # the emoji variation selector: shown as an emoji, wide
+        ("علی\u200cرضا", 6),  # a Persian name: its ZWNJ takes none
+        ("\U0001fae8", 2),  # an emoji newer than Python 3.11's Unicode 14
+        ("🇯🇵", 2),
+    ],
+)
+def test_text_width_of_emoji_sequences_and_joiners(text: str, columns: int) -> None:
+    """Each was counted a column a code point (👨‍👩‍👧 as 8): the users' table went askew."""
+    assert text_width(text) == columns
+
+
 def test_the_default_policy_names_its_ledger_without_the_tenant_keys_variable(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
