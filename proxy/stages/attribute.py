@@ -97,6 +97,7 @@ def _refused_in_user(value: str) -> str | None:
 
 def _tag(tag: str, where: str) -> str:
     if _TAG.fullmatch(tag) is None:
+        tag = _as_sent(tag)
         shown = tag[:MAX_TAG_CHARS] + ("..." if len(tag) > MAX_TAG_CHARS else "")
         raise BadRequest(
             f"The tag {shown!r} in {where} is not a valid tag: a tag is {_TAG_RULE}.",
@@ -104,3 +105,12 @@ def _tag(tag: str, where: str) -> str:
             code="invalid_tags",
         )
     return tag
+
+
+def _as_sent(text: str) -> str:
+    """A header's text as its client wrote it: the server reads a header's bytes as Latin-1, so
+    UTF-8 (café) came as mojibake (cafÃ©); other bytes are shown as read."""
+    try:
+        return text.encode("latin-1").decode()
+    except UnicodeError:
+        return text

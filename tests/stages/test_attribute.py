@@ -109,3 +109,10 @@ async def test_a_user_with_a_character_that_breaks_a_line_or_reorders_it_is_refu
         await attributed({"user": f"ann{char}bob"})
     assert refused.value.param == "user"
     assert f"U+{ord(char):04X}" in refused.value.message
+
+
+async def test_a_refused_tag_in_utf8_is_named_as_the_client_wrote_it() -> None:
+    """The server reads a header as Latin-1: the message named 'cafÃ©'."""
+    with pytest.raises(BadRequest) as refused:
+        await attributed({}, "ok," + "café".encode().decode("latin-1"))
+    assert "The tag 'café' in x-tokenweir-tags" in refused.value.message
