@@ -99,3 +99,20 @@ def test_the_exact_key_is_the_documented_digest_every_time() -> None:
         key = cache_key(tenant, "m", "chat", body, EXACT)
         assert key is not None
         assert key.exact == expected(tenant, "m", body), (tenant, question)
+
+
+def test_the_same_json_value_is_one_key_and_different_text_another() -> None:
+    """Escapes are how a client wrote the JSON, not what it says (`\\u00e9` is é, `\\/` is /):
+    one key. NFC and NFD spell café with other code points, which most tokenizers read as
+    other tokens (Llama 3's: 2 and 3), so the model may answer otherwise: two keys."""
+
+    def key(raw_content: bytes) -> str:
+        body = orjson.loads(b'{"model":"m","temperature":0,"messages":[{"role":"user","content":'
+                            + raw_content + b"}]}")  # fmt: skip
+        found = cache_key("t", "m", "chat", body, EXACT)
+        assert found is not None
+        return found.exact
+
+    assert key('"café/😀"'.encode()) == key(b'"caf\\u00e9\\/\\ud83d\\ude00"')
+    assert key('"café/😀"'.encode()) == key(b'"caf\\u00E9/\\uD83D\\uDE00"')
+    assert key('"café"'.encode()) != key('"cafe\u0301"'.encode())
