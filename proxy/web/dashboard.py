@@ -152,7 +152,7 @@ class DashboardPages:
         """Missing or expired login: to the form. Anything else: an error page with its status."""
         if isinstance(error, AuthenticationFailed) and "authorization" not in request.headers:
             target = quote(
-                request.url.path + ("?" + request.url.query if request.url.query else "")
+                _sent_path(request) + ("?" + request.url.query if request.url.query else "")
             )
             return RedirectResponse(f"/dashboard/login?next={target}", 303, headers=_HEADERS)
         page = self._page("error.html", None, status=error.status, error=error)
@@ -196,8 +196,19 @@ def _links(
         api["series"] = api["json"] + f"&bucket={window.bucket}"
         for group in ("model", "key", "user", "tag"):
             api[f"by_{group}"] = api["json"] + f"&group_by={group}"
-    today = request.url.path + "?" + urlencode({"since": iso_utc(day_start(now))})
-    return api | {"self": request.url.path, "today": today}
+    path = _sent_path(request)
+    today = path + "?" + urlencode({"since": iso_utc(day_start(now))})
+    return api | {"self": path, "today": today}
+
+
+def _sent_path(request: Request) -> str:
+    """The page's path as a link to it must say it: percent-encoded as sent. (Starlette's
+    request.url.path is decoded, % and all: a tenant named `50%25 off` was linked as the
+    tenant `50% off`.)"""
+    raw = request.scope.get("raw_path")
+    if isinstance(raw, bytes) and raw.isascii():
+        return raw.decode()
+    return quote(request.scope["path"])
 
 
 def _safe_next(target: str | None) -> str:

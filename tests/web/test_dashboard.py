@@ -5,13 +5,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from html import escape as html_escape
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_KEY, ALPHA_KEY, BETA_KEY
+from proxy.app import create_app
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from tests.conftest import ADMIN_KEY, ALPHA_KEY, BETA_KEY, policy_text
+from tests.servers import serve
 from tests.web.usage_ledger import CN_KEY, CN_TENANT, usage_gateway
 
 COOKIE = "tokenweir_session"
@@ -278,3 +283,31 @@ def test_a_usd_quota_shows_its_spend_and_limit_as_exactly_as_the_spend_beside_it
     daily = re.search(r'data-quota="usd_per_day".*?class="qused">([^<]*)<', row.group(1), re.S)
     assert daily is not None
     assert daily.group(1).endswith(" / $1.00 (0.0%)")
+
+
+def test_a_tenant_page_links_back_to_its_own_tenant_whatever_its_name(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """Links were built from the decoded path: a tenant named with a `%` and two hex digits
+    (`sale 50%25/eu`) was linked, from its window presets and the login's way back, as another
+    tenant (`sale 50%/eu`), shown empty to an admin."""
+    name, key = "sale 50%25/eu", "tw-test-sale"
+    text = policy_text(backend_url, extra=f"ledger: sqlite:///{tmp_path / 'ledger.db'}\n")
+    text = text.replace(
+        "tenants:\n",
+        f'tenants:\n  "{name}":\n    api_keys: [{hash_key(key)}]\n    models: [mock-small]\n',
+    )
+    policy = parse_policy(text, file="t.yaml", environ={"BACKEND_KEY": "k", "BETA_KEY": "b"})
+    page = "/dashboard/tenants/" + quote(name, safe="")
+    with serve(create_app(policy)) as url, httpx.Client(base_url=url) as client:
+        html = client.get(page, headers={"authorization": f"Bearer {key}"}).text
+        preset = re.search(r'href="([^"]*)\?since=24h"', html)
+        assert preset is not None
+        assert preset.group(1) == page
+        to_login = client.get(page + "?since=7d")
+        assert to_login.status_code == 303
+        (back,) = parse_qs(urlsplit(to_login.headers["location"]).query)["next"]
+        logged_in = client.post("/dashboard/login", data={"key": key, "next": back})
+        assert logged_in.headers["location"] == page + "?since=7d"
+        shown = client.get(logged_in.headers["location"]).text
+        assert f'data-tenant-page="{html_escape(name)}"' in shown
