@@ -9,8 +9,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from proxy.app import create_app
+from tests.conftest import ALPHA_KEY
 from tests.servers import serve
 from tests.stages.test_account import records
 from tests.web.test_cache import QUESTION, backend_requests, cache_policy, sdk
@@ -79,3 +84,44 @@ def test_a_stream_is_stored_while_its_content_is_logged(
     assert logged[0]["completion"] == miss[0]  # what `log_content` logged, as without the cache
     # A hit's answer is logged too, streamed or whole (it was null: no bytes came from a backend)
     assert [line["completion"] for line in logged[1:]] == [hit[0], whole.choices[0].message.content]
+
+
+def _cut_character_backend() -> Starlette:
+    """A backend (an old llama.cpp's way) that sends an emoji's four bytes in two events."""
+    emoji = "🙂".encode()
+    pieces = [b"Hi ", b"there ", emoji[:2], emoji[2:], b"!"]
+
+    head = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"mock-llm",'
+
+    def event(delta: bytes, finish: bytes = b"null") -> bytes:
+        choice = b'{"index":0,"delta":' + delta + b',"finish_reason":' + finish + b"}"
+        return head + b'"choices":[' + choice + b"]}\n\n"
+
+    body = b"".join(
+        [*(event(b'{"content":"' + piece + b'"}') for piece in pieces), event(b"{}", b'"stop"')]
+    )
+
+    async def chat(request: Request) -> Response:
+        await request.body()
+        return Response(body + b"data: [DONE]\n\n", media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def test_a_character_cut_across_events_is_relayed_as_sent_and_never_replayed_whole() -> None:
+    """The stream was stored with the emoji whole: a hit replayed 🙂 where the backend's stream
+    (which the openai SDK cannot even read) had two broken halves."""
+    with serve(_cut_character_backend()) as backend_url:
+        with serve(create_app(cache_policy(backend_url, "memory", "{mode: exact}"))) as url:
+            payload = {"model": "mock-llm", "messages": QUESTION, "temperature": 0, "stream": True}
+            auth = {"authorization": f"Bearer {ALPHA_KEY}"}
+            first, second = (
+                httpx.post(url + "/v1/chat/completions", json=payload, headers=auth)
+                for _ in range(2)
+            )
+    assert (first.headers["x-tokenweir-cache"], second.headers["x-tokenweir-cache"]) == (
+        "miss",
+        "miss",
+    )
+    assert second.content == first.content
+    assert b'"content":"\xf0\x9f"' in first.content
