@@ -44,6 +44,24 @@ def test_other_scripts(text: str, low: int, high: int) -> None:
     assert low <= estimate_tokens(text) <= high
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\U00012000" * 30,  # cuneiform
+        "\U000f0000" * 30,  # supplementary private use
+        "\U000e0041" * 30,  # tag characters
+        "\ue000" * 30,  # private use
+        "𝐇𝐞𝐥𝐥𝐨 𝐰𝐨𝐫𝐥𝐝",  # mathematical bold
+    ],
+)
+def test_rare_characters_are_not_undercounted_eightfold(text: str) -> None:
+    """A prompt of them took 1 token per 2 characters where real tokenizers spend 2 to 4 a
+    character: a budget's max_input_tokens and reservation let 8 times as much through."""
+    o200k = load_counter(str(tokenizer_file("o200k_base.tiktoken")), model="gpt-4o")
+    exact = o200k.count_text(text)
+    assert estimate_tokens(text) >= 0.5 * exact
+
+
 def test_chat_overhead_media_and_prompts() -> None:
     counter = EstimateCounter()
     text = "hello there, how are you?"
