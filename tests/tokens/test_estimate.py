@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import unicodedata
 
 import pytest
 
@@ -52,6 +53,8 @@ def test_other_scripts(text: str, low: int, high: int) -> None:
         "\U000e0041" * 30,  # tag characters
         "\ue000" * 30,  # private use
         "𝐇𝐞𝐥𝐥𝐨 𝐰𝐨𝐫𝐥𝐝",  # mathematical bold
+        "h" + "\u0336\u0337\u0338" * 20,  # zalgo text: marks stacked on one letter
+        unicodedata.normalize("NFD", "Tiếng Việt rất hay "),  # decomposed Vietnamese
     ],
 )
 def test_rare_characters_are_not_undercounted_eightfold(text: str) -> None:
