@@ -99,21 +99,27 @@ def remembered(
     """A count of texts with every special token in `specials` recognised (as tiktoken's
     `encode(text, allowed_special="all")` counts them), the pieces between from `memory`."""
     names = sorted(specials, key=len, reverse=True)  # the longest first where one prefixes another
+
+    def piece(text: str) -> int:
+        # Normalised after the special tokens are found, each piece on its own, as Hugging Face
+        # tokenizers do: the whole text's NFC took '<|im_end|>' + U+0338 as '<|im_end≯'.
+        if nfc and not unicodedata.is_normalized("NFC", text):
+            text = unicodedata.normalize("NFC", text)
+        return memory.count(text, encode_ordinary)
+
     if not names:
-        return lambda text: memory.count(text, encode_ordinary) if text else 0
+        return lambda text: piece(text) if text else 0
     special = re.compile("|".join(map(re.escape, names)))
 
     def count(text: str) -> int:
-        if nfc and not unicodedata.is_normalized("NFC", text):
-            text = unicodedata.normalize("NFC", text)  # the whole text: composition spans pieces
         total = start = 0
         for found in special.finditer(text):
             if found.start() > start:
-                total += memory.count(text[start : found.start()], encode_ordinary)
+                total += piece(text[start : found.start()])
             total += 1
             start = found.end()
         if start < len(text):
-            total += memory.count(text[start:], encode_ordinary)
+            total += piece(text[start:])
         return total
 
     return count

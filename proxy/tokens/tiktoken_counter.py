@@ -146,6 +146,6 @@ def load_file(path: Path, family_name: str | None) -> TokenCounter:
 
 def _special_encoder(encoding: tiktoken.Encoding, family: Family) -> CountText:
     """Counts with every special token recognised, as Hugging Face tokenizers do (Qwen's
-    normalising text to NFC first); the pieces between special tokens remembered."""
+    normalising to NFC each piece between special tokens); those pieces remembered."""
     specials = encoding.special_tokens_set
     return remembered(_ordinary(encoding), specials, SegmentMemory(), nfc=family.nfc)

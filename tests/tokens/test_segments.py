@@ -3,11 +3,14 @@ tokens recognised), kept apart by tenant, and bounded."""
 
 from __future__ import annotations
 
+import json
+import re
 import unicodedata
 from collections.abc import Callable
 
 import pytest
 import tiktoken
+import tokenizers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,8 +33,19 @@ def encoding(request: pytest.FixtureRequest) -> tuple[tiktoken.Encoding, bool]:
 
 
 def _whole(encoding: tiktoken.Encoding, nfc: bool) -> Callable[[str], int]:
+    """tiktoken's count of the whole text; with `nfc`, each piece between special tokens
+    normalised first, as Hugging Face tokenizers do (test_nfc_is_of_the_pieces_...)."""
+    names = sorted(encoding.special_tokens_set, key=len, reverse=True)
+    special = re.compile("|".join(map(re.escape, names)))
+
     def count(text: str) -> int:
-        text = unicodedata.normalize("NFC", text) if nfc else text
+        if nfc:
+            pieces = special.split(text)
+            tokens = [*special.findall(text), ""]
+            normal = (
+                unicodedata.normalize("NFC", p) + t for p, t in zip(pieces, tokens, strict=True)
+            )
+            text = "".join(normal)
         return len(encoding.encode(text, allowed_special="all"))
 
     return count
@@ -113,3 +127,15 @@ def test_the_memory_forgets_the_oldest_past_its_bound(
     finally:
         done_counting(counting)
     assert 1 <= len(memory) <= 2_000 // (300 + 128)
+
+
+def test_nfc_is_of_the_pieces_between_special_tokens_as_hugging_face_normalises() -> None:
+    """Hugging Face finds a tokenizer's special tokens in the text as sent and normalises only
+    the pieces between: NFC of the whole text took '<|eot_id|>' + U+0338 as '<|eot_id≯', 10
+    tokens where the backend reads 5. (Llama 3's tokenizer.json given Qwen's NFC normaliser.)"""
+    found, _ = encoding_from_file(tokenizer_file("llama-3/tokenizer.model"), None)
+    spec = json.loads(tokenizer_file("llama-3/tokenizer.json").read_text())
+    hf = tokenizers.Tokenizer.from_str(json.dumps({**spec, "normalizer": {"type": "NFC"}}))
+    count = remembered(_ordinary(found, []), found.special_tokens_set, SegmentMemory(), nfc=True)
+    for text in ("hi<|eot_id|>\u0338 there", "e\u0301<|eot_id|>e\u0301", "<|eot_id|>\u0338"):
+        assert count(text) == len(hf.encode(text, add_special_tokens=False).ids), text
