@@ -11,6 +11,7 @@ import orjson
 from proxy.jsontext import json_text
 from proxy.upstream.exactints import as_written
 from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
+from proxy.upstream.wellformed import MalformedAnswer, leniently
 
 __all__ = ["Believed", "ChoicesForwarder", "SSEForwarder"]
 
@@ -29,6 +30,7 @@ _NO_HEAD = b"\0"  # no read starts with it: searched until a head is learned
 _USAGE_MARK = b'"prompt_tokens"'
 _DATA = b"data:"
 _DATA_LINE = re.compile(rb"(?m)^data:")
+_CHOICE = re.compile(rb'"choices"\s*:\s*\[\s*\{')
 # The [DONE] event's end, in LF or CRLF lines or both: looked up per read, never built.
 _DONE_ENDS = tuple(b"[DONE]" + a + b for a in (b"\n", b"\r\n") for b in (b"\n", b"\r\n"))
 
@@ -194,8 +196,11 @@ class SSEForwarder:
         never sees it, malformed or not (an event that is no JSON, or whose `usage` is no
         object), and where it is passed on it is no token."""
         chunk = _data_json(event)
-        if chunk is _NOT_JSON:
-            return self._usage_only(event, end, None)
+        as_it_came = chunk is _NOT_JSON  # orjson refuses it, so cannot write it again
+        if as_it_came:
+            chunk = _as_clients_read(event)
+            if chunk is _NOT_JSON:
+                return event if _CHOICE.search(event) else self._usage_only(event, end, None)
         if not isinstance(chunk, dict) or "usage" not in chunk:
             return event  # `prompt_tokens` said elsewhere (a choice's text)
         usage = chunk["usage"]
@@ -211,6 +216,8 @@ class SSEForwarder:
             self.unshown = not self._shows(usage)
             if not self.unshown:
                 return event
+        if as_it_came:
+            return event  # (a choice's text orjson refuses: with its usage, not without it)
         chunk["usage"] = None
         try:
             content = orjson.dumps(chunk)
@@ -280,14 +287,27 @@ def _more_choices(out: bytes, mark: bytes) -> int:
 _NOT_JSON = object()
 
 
-def _data_json(event: bytes) -> Any:
-    """The JSON an event's `data:` lines carry, joined; _NOT_JSON if they are not JSON."""
-    payload = b"".join(
+def _payload(event: bytes) -> bytes:
+    """An event's `data:` lines, joined."""
+    return b"".join(
         line[len(_DATA) :].strip() for line in event.splitlines() if line.startswith(_DATA)
     )
+
+
+def _data_json(event: bytes) -> Any:
+    """The JSON an event's `data:` lines carry, joined; _NOT_JSON if they are not JSON."""
     try:
-        return orjson.loads(payload)
+        return orjson.loads(_payload(event))
     except orjson.JSONDecodeError:
+        return _NOT_JSON
+
+
+def _as_clients_read(event: bytes) -> Any:
+    """An event orjson refuses as a client's JSON reader reads it (a lone surrogate's escape,
+    which JavaScript joins with the next event's half); _NOT_JSON if no reader takes it."""
+    try:
+        return leniently(_payload(event))
+    except MalformedAnswer:
         return _NOT_JSON
 
 

@@ -12,7 +12,14 @@ import orjson
 from proxy.context import Operation
 from proxy.upstream.partial import EVENT_ENDS, Partial
 
-__all__ = ["EVENT_STREAM", "FirstEvent", "MalformedAnswer", "read_leniently", "whole_answer"]
+__all__ = [
+    "EVENT_STREAM",
+    "FirstEvent",
+    "MalformedAnswer",
+    "leniently",
+    "read_leniently",
+    "whole_answer",
+]
 
 EVENT_STREAM: Final = "text/event-stream"
 
@@ -43,7 +50,7 @@ def whole_answer(operation: Operation, raw: bytes) -> dict[str, Any]:
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        parsed = _leniently(raw)
+        parsed = leniently(raw)
     if not isinstance(parsed, dict):
         raise MalformedAnswer(f"is JSON but not an object ({_preview(raw)})")
     field = _LIST_FIELD[operation]
@@ -65,7 +72,7 @@ def read_leniently(raw: bytes) -> bool:
     return False
 
 
-def _leniently(raw: bytes) -> Any:
+def leniently(raw: bytes) -> Any:
     """An answer orjson refuses that clients' JSON readers take (Python's, the openai SDK's;
     JavaScript's): `NaN`, `Infinity`, a number past a double, a lone surrogate's escape. Such an
     answer reached no client (a 502) and was billed nothing though a backend made it; it is
@@ -163,7 +170,7 @@ class FirstEvent:
         try:
             parsed = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            try:  # what a client reads, as a whole answer's (`_leniently`); only judged here
+            try:  # what a client reads, as a whole answer's (`leniently`); only judged here
                 parsed = json.loads(payload)
             except (ValueError, RecursionError):
                 self._decide(f"its first event is not JSON ({_preview(payload)})")

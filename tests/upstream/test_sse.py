@@ -80,6 +80,26 @@ def test_usage_on_a_content_chunk_is_nulled_not_dropped() -> None:
     assert forwarder.usage == {"prompt_tokens": 1}
 
 
+@pytest.mark.parametrize(
+    "text",
+    [b"\\ud83d", b"\xf0\x9f"],  # a lone surrogate's escape; half a character's bytes
+)
+def test_a_content_chunk_with_usage_that_orjson_refuses_is_relayed_not_dropped(
+    text: bytes,
+) -> None:
+    """Such a chunk (vLLM's continuous usage puts usage on every one) was dropped whole for a
+    client that had not asked for usage: its text never reached it, though clients read it
+    (JavaScript joins two surrogate halves into the emoji)."""
+    usage = b',"usage":{"prompt_tokens":3,"completion_tokens":2}'
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":"' + text + b'"}}]' + usage + b"}\n\n"
+    forwarder = SSEForwarder(keep_usage=False)
+    out, tokens = feed_all(forwarder, [TOKENS[0] + chunk + DONE])
+    assert out == TOKENS[0] + chunk + DONE
+    assert tokens == 2
+    if text.isascii():  # readable as clients read it: its usage is the bill's
+        assert forwarder.usage == {"prompt_tokens": 3, "completion_tokens": 2}
+
+
 def test_crlf_events_are_cut_at_crlf_boundaries() -> None:
     crlf = STREAM.replace(b"\n\n", b"\r\n\r\n")
     forwarder = SSEForwarder(keep_usage=False)
