@@ -29,6 +29,7 @@ _TAG = re.compile(r"[A-Za-z0-9_.:/=@+-]{1,64}")
 # (2023's emoji) and private-use ones are text like any other.
 _REFUSED_IN_USER = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _JOINERS = frozenset("\u200c\u200d")
+_OWS = " \t"  # HTTP's optional whitespace around a list's items
 _TAG_RULE = (
     f"1 to {MAX_TAG_CHARS} characters from letters, digits and _ . : / = @ + -, "
     f"at most {MAX_TAGS} per request"
@@ -48,9 +49,10 @@ class Attribute:
         tags: dict[str, None] = {}
         header = ctx.headers.get(TAGS_HEADER)
         if header is not None:
-            for tag in header.split(","):
-                if tag.strip():
-                    tags[_tag(tag.strip(), TAGS_HEADER)] = None
+            for item in header.split(","):
+                tag = item.strip(_OWS)  # str.strip would take the 0xA0 that ends UTF-8's à
+                if tag:
+                    tags[_tag(tag, TAGS_HEADER)] = None
         if len(tags) > MAX_TAGS:
             raise BadRequest(
                 f"A request may carry at most {MAX_TAGS} distinct tags in {TAGS_HEADER}; "

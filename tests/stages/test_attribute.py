@@ -116,3 +116,6 @@ async def test_a_refused_tag_in_utf8_is_named_as_the_client_wrote_it() -> None:
     with pytest.raises(BadRequest) as refused:
         await attributed({}, "ok," + "café".encode().decode("latin-1"))
     assert "The tag 'café' in x-tokenweir-tags" in refused.value.message
+    with pytest.raises(BadRequest) as refused:  # à ends in the byte 0xA0, Latin-1's NBSP
+        await attributed({}, "voilà, ok".encode().decode("latin-1"))
+    assert "The tag 'voilà' in x-tokenweir-tags" in refused.value.message
