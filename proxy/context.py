@@ -79,6 +79,7 @@ class Outcome:
     # usage billed in place of a backend's not believed); None, as nearly always, to send them
     # as they are (proxy/stages/shown.py).
     reshow: Callable[[RequestContext, bytes], bytes] | None = None
+    as_sent: bool = True  # `parsed` is what the backend sent (not read leniently, changed)
 
     def refused(self, status: int, code: str) -> None:
         """The gateway answered with an error of its own."""

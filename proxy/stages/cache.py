@@ -263,7 +263,7 @@ class ResponseCache:
             answer = plan.fold.answer(ctx.operation, usage) if plan.fold is not None else None
         else:
             # The capture keeps the answer only if it fits an entry; it is parsed already.
-            kept = ctx.capture is not None and ctx.capture.kept
+            kept = ctx.capture is not None and ctx.capture.kept and ctx.outcome.as_sent
             body = ctx.outcome.parsed if kept else None
             answer = from_response(ctx.operation, body, usage) if body is not None else None
         if answer is None:

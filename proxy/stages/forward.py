@@ -35,7 +35,7 @@ from proxy.upstream.deadline import ContentDeadline
 from proxy.upstream.exchange import Exchange, Sink
 from proxy.upstream.prebuilt import header_bytes
 from proxy.upstream.sse import ChoicesForwarder, SSEForwarder
-from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, MalformedAnswer, whole_answer
+from proxy.upstream.wellformed import EVENT_STREAM, FirstEvent, MalformedAnswer, read_answer
 
 __all__ = ["SSE_HEADERS", "Forward"]
 
@@ -171,7 +171,8 @@ class Forward:
                 f"({limit} bytes)"
             )
         try:
-            parsed = ctx.outcome.parsed = whole_answer(ctx.operation, raw)
+            parsed, ctx.outcome.as_sent = read_answer(ctx.operation, raw)
+            ctx.outcome.parsed = parsed
         except MalformedAnswer as exc:
             raise UpstreamBadResponse(f"backend {backend.name!r} answered 200, but {exc}") from None
         ctx.meter.read(self._clock.monotonic())
@@ -183,7 +184,7 @@ class Forward:
         headers = [(b"content-type", b"application/json")]
         if ctx.outcome.backend_usage is None or ctx.choices > 1:
             # Its usage may be the gateway's count, known only once settled: so is its length.
-            ctx.outcome.reshow = whole_with_billed(parsed, raw)
+            ctx.outcome.reshow = whole_with_billed(parsed, raw, as_sent=ctx.outcome.as_sent)
         else:
             headers.append((b"content-length", str(len(raw)).encode()))
         await self._start(ctx, send, headers)

@@ -15,7 +15,6 @@ import orjson
 from proxy.context import RequestContext
 from proxy.jsontext import json_text
 from proxy.upstream.exactints import as_written
-from proxy.upstream.wellformed import read_leniently
 from proxy.usageshape import responses_usage
 
 __all__ = ["Reshow", "added_usage_chunk", "billed_usage", "event_with_billed", "whole_with_billed"]
@@ -45,16 +44,17 @@ def billed_usage(ctx: RequestContext) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
 
 
-def whole_with_billed(parsed: dict[str, Any], raw: bytes) -> Reshow:
+def whole_with_billed(parsed: dict[str, Any], raw: bytes, *, as_sent: bool) -> Reshow:
     """A whole answer (`raw`, parsed) whose `usage` is the bill. Big integers elsewhere in it
     stay as the backend wrote them; so does all of an answer orjson could not read (`NaN`, a
-    lone surrogate: proxy/upstream/wellformed.py), whose usage is written in place."""
+    lone surrogate: not `as_sent`, proxy/upstream/wellformed.py), whose usage is written in
+    place."""
 
     def reshow(ctx: RequestContext, body: bytes) -> bytes:
         if body is not raw or ctx.usage_source == "backend":
             return body
         usage = billed_usage(ctx)
-        if read_leniently(raw):
+        if not as_sent:
             return _spliced(raw, orjson.dumps(usage)) or raw
         return _encoded({**parsed, "usage": usage}, raw)
 

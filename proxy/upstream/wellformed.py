@@ -17,7 +17,7 @@ __all__ = [
     "FirstEvent",
     "MalformedAnswer",
     "leniently",
-    "read_leniently",
+    "read_answer",
     "whole_answer",
 ]
 
@@ -47,29 +47,23 @@ class MalformedAnswer(ValueError):
 def whole_answer(operation: Operation, raw: bytes) -> dict[str, Any]:
     """A whole 2xx answer for `operation`, parsed once for every reader (usage, the cache);
     MalformedAnswer says what is wrong if it has not the operation's shape."""
+    return read_answer(operation, raw)[0]
+
+
+def read_answer(operation: Operation, raw: bytes) -> tuple[dict[str, Any], bool]:
+    """`whole_answer`, and whether orjson read it (False: Python's reader did, what it read
+    changed: a lone surrogate is U+FFFD, so no stored copy may stand for it)."""
+    strict = True
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        parsed = leniently(raw)
+        parsed, strict = leniently(raw), False
     if not isinstance(parsed, dict):
         raise MalformedAnswer(f"is JSON but not an object ({_preview(raw)})")
     field = _LIST_FIELD[operation]
     if not isinstance(parsed.get(field), list):
         raise MalformedAnswer(f"has no {field!r} list ({_preview(raw)})")
-    return parsed
-
-
-def read_leniently(raw: bytes) -> bool:
-    """Whether `whole_answer` read `raw` (an answer it took) with Python's reader, its values
-    changed (a lone surrogate as U+FFFD, `NaN` a float): parsed again, only up to 1 MiB (past
-    it, orjson read it)."""
-    if len(raw) > _LENIENT_LIMIT_BYTES:
-        return False
-    try:
-        orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return True
-    return False
+    return parsed, strict
 
 
 def leniently(raw: bytes) -> Any:

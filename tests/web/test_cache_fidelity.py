@@ -60,18 +60,20 @@ async def chat(request: Request) -> Response:
     ids = body.get("return_token_ids")
     choice["token_ids"] = [12366] if ids else None
     prompt_logprobs = None if body.get("prompt_logprobs") is None else [None, {"17": -0.5}]
-    return JSONResponse(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "logprob-llm",
-            "choices": [choice],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-            "prompt_token_ids": [1, 17] if ids else None,
-            "prompt_logprobs": prompt_logprobs,
-        }
-    )
+    answer = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "logprob-llm",
+        "choices": [choice],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        "prompt_token_ids": [1, 17] if ids else None,
+        "prompt_logprobs": prompt_logprobs,
+    }
+    if body.get("surrogate"):  # the reply's "?" as a lone surrogate's escape, as JavaScript writes
+        raw = orjson.dumps(answer).replace(b"?", b"\\ud83d")
+        return Response(raw, media_type="application/json")
+    return JSONResponse(answer)
 
 
 def streamed(message: dict[str, Any], finish: str) -> Iterator[bytes]:
@@ -281,3 +283,15 @@ def test_an_answer_nested_deeper_than_can_be_replayed_is_relayed_and_not_kept(
     again = httpx.post(url + "/v1/chat/completions", json=payload, headers=auth, timeout=10)
     assert (first.status_code, first.content) == (200, deep_answer(levels))
     assert (again.status_code, again.headers["x-tokenweir-cache"]) == (200, "miss")
+
+
+def test_a_whole_answer_orjson_refuses_is_relayed_but_not_cached(url: str) -> None:
+    """Python's reader takes a lone surrogate's escape (it is relayed as it came), read as
+    U+FFFD: it was stored so, and the hit answered 'hi \ufffd' where the backend said '\\ud83d'."""
+    reply = {"role": "assistant", "content": "hi ?"}
+    first = converse(url, reply, stream=False, surrogate=True)
+    assert first.status_code == 200
+    assert b'"content":"hi \\ud83d"' in first.content
+    again = converse(url, reply, stream=False, surrogate=True)
+    assert again.headers["x-tokenweir-cache"] == "miss"
+    assert again.content == first.content
