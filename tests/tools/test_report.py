@@ -6,7 +6,10 @@ import argparse
 import asyncio
 import csv
 import io
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -299,3 +302,25 @@ def test_a_redis_ledgers_password_is_not_printed(redis_server: str) -> None:
     assert outputs[0][1].splitlines()[0].endswith(f"ledger redis://***@{host}/9")
     assert orjson.loads(outputs[1][1])["ledger"] == f"redis://***@{host}/9"
     assert f"ledger redis://{host}/9?password=***" in outputs[2][1]
+
+
+@pytest.mark.parametrize("format_name", ["table", "csv", "json"])
+def test_a_report_of_non_ascii_names_is_written_whatever_the_locale(
+    ledger_url: str, format_name: str
+) -> None:
+    """Under LC_ALL=C (a cron job, a bare container) or into a file on Windows (cp1252) the
+    report ended in a UnicodeEncodeError at 客服机器人, the CSV cut short there."""
+    window = ["--since", "2027-01-01", "--until", "2027-02-01"]
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "report", "--ledger", ledger_url, *window,
+         "--format", format_name],
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    if format_name == "table":  # the terminal cannot show it: escaped, the columns still there
+        assert "\\u5ba2\\u670d" in done.stdout.decode("ascii")
+    else:  # data: UTF-8, as JSON and a spreadsheet's import read it
+        assert "客服机器人" in done.stdout.decode("utf-8")
