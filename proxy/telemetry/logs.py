@@ -3,6 +3,8 @@ the prompt and completion text an access line carries when the policy says `log_
 
 from __future__ import annotations
 
+import codecs
+import io
 import logging
 import math
 import threading
@@ -82,7 +84,7 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(
         self, stream: TextIO | None = None, flush_s: float = 0.2, max_lines: int = 256
     ) -> None:
-        super().__init__(stream)
+        super().__init__(_in_utf8(stream))
         self._pending: list[str] = []
         self._flush_s = flush_s
         self._max_lines = max_lines
@@ -155,7 +157,10 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         while not self._closed:
             time.sleep(self._flush_s)
             if self._pending:
-                self.flush()
+                try:
+                    self.flush()
+                except Exception:  # logging's contract; a dead flusher left lines for 256 more
+                    self.handleError(logging.makeLogRecord({"msg": "(a batch of access lines)"}))
             else:  # a whole flush_s without a line: doze until one comes (or close)
                 self._dozing.until(self._has_work)
 
@@ -202,6 +207,15 @@ class _UtcMs:
 
 utc_ms = _UtcMs()
 """An access line's `ts` (epoch seconds) as ISO 8601 in UTC to the millisecond."""
+
+
+def _in_utf8(stream: TextIO | None) -> TextIO | None:
+    """The access lines' stream, writing UTF-8: JSON's own encoding, and what log pipelines
+    read. Under a locale that is not UTF-8 (PYTHONIOENCODING=ascii, a file on Windows) the first
+    line naming a tenant or user 支持 raised in the flushing thread, which died with it."""
+    if isinstance(stream, io.TextIOWrapper) and codecs.lookup(stream.encoding).name != "utf-8":
+        stream.reconfigure(encoding="utf-8")
+    return stream
 
 
 def log_access_line(log: logging.Logger, line: str) -> None:

@@ -306,3 +306,45 @@ def test_many_access_line_times_are_what_isoformat_writes() -> None:
     for _ in range(20_000):
         ts = 1_764_960_000 + rng.randrange(10**8) / 1e6 + rng.choice([0.0, 5e-7, -5e-7])
         assert utc_ms(ts) == isoformat(ts)
+
+
+def test_access_lines_are_utf8_whatever_the_locale() -> None:
+    """Under PYTHONIOENCODING=ascii (or a file on Windows, cp1252) the first line naming a
+    tenant 支持 raised UnicodeEncodeError in the flushing thread, and its batch was lost."""
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    handler = BatchedLines(stream, flush_s=3600, max_lines=2)
+    log = _serving_logger(handler, "tokenweir.test.batched.ascii")
+    log.info('{"tenant":"支持"}')
+    log.info('{"tenant":"ok"}')
+    handler.flush()
+    assert raw.getvalue().decode() == '{"tenant":"支持"}\n{"tenant":"ok"}\n'
+    handler.close()
+
+
+class _FailsOnce(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def write(self, text: str) -> int:
+        if not self.failed:
+            self.failed = True
+            raise OSError("the disk was full for a moment")
+        return super().write(text)
+
+
+def test_the_flusher_outlives_a_failed_write(capsys: pytest.CaptureFixture[str]) -> None:
+    """A write that raised killed the flushing thread: later lines waited for 256 more."""
+    stream = _FailsOnce()
+    handler = BatchedLines(stream, flush_s=0.02)
+    log = _serving_logger(handler, "tokenweir.test.batched.fails")
+    log.info("lost")
+    deadline = time.monotonic() + 30
+    while not stream.failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # the flusher reports the failed write and goes on (or, before, died)
+    log.info("kept")
+    _arrives(stream, "kept\n")
+    handler.close()
+    assert "the disk was full" in capsys.readouterr().err
