@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.tools.textout import stdout_for
+
 __all__ = ["ADMIN_KEY_ENV", "add_arguments"]
 
 ADMIN_KEY_ENV = "TOKENWEIR_ADMIN_KEY"
@@ -48,6 +50,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
+    stdout_for(data=args.json)
     body: dict[str, object] = {"tenant": args.tenant}
     try:
         if args.budget:
@@ -73,6 +76,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    stdout_for(data=args.json)
     params = {"tenant": args.tenant} if args.tenant else None
     answer = _call(args, "GET", "/admin/keys", params=params)
     if answer is None:
@@ -90,6 +94,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
+    stdout_for(data=args.json)
     if args.tenant:
         listed = _call(args, "GET", "/admin/keys", params={"tenant": args.tenant})
         if listed is None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
-import io
 import sys
 import unicodedata
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from proxy.ledger.present import format_usd, parse_moment, spreadsheet_cell
 from proxy.ledger.query import total_of, window
 from proxy.policy import PolicyError, load_policy
 from proxy.storage.redis.url import shown_url
+from proxy.tools.textout import stdout_for
 
 __all__ = ["ReportError", "add_arguments", "format_usd", "main", "parse_time", "text_width"]
 
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, *, clock: Clock | None = None, out: TextIO | None = None) -> int:
-    stream = out or _stdout(args.format)
+    stream = out or stdout_for(data=args.format != "table")
     now = (clock or SystemClock()).wall()
     try:
         since = parse_time(args.since, now, flag="--since")
@@ -88,20 +88,6 @@ def main(args: argparse.Namespace, *, clock: Clock | None = None, out: TextIO | 
     report = Report(url, start, end, args.by, rows, totals)
     {"table": write_table, "csv": write_csv, "json": write_json}[args.format](report, stream)
     return 0
-
-
-def _stdout(format_name: str) -> TextIO:
-    """Standard output for a report: CSV and JSON in UTF-8 whatever the locale (JSON is UTF-8 by
-    its RFC; a spreadsheet is told so on import), a table in the terminal's encoding with what
-    it cannot show escaped. Under LC_ALL=C (cron, a bare container), or into a file on Windows
-    (cp1252), a tenant named 客服 ended the report in a UnicodeEncodeError, the CSV cut short."""
-    stdout = sys.stdout
-    if isinstance(stdout, io.TextIOWrapper):
-        if format_name == "table":
-            stdout.reconfigure(errors="backslashreplace")
-        else:
-            stdout.reconfigure(encoding="utf-8")
-    return stdout
 
 
 def parse_time(value: str, now: float, *, flag: str) -> float:
