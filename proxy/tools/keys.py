@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.tools.textout import stdout_for
+from proxy.tools.textout import stdout_for, text_width
 
 __all__ = ["ADMIN_KEY_ENV", "add_arguments"]
 
@@ -89,7 +89,8 @@ def _list(args: argparse.Namespace) -> int:
         own = {**key["budget"], **key["limits"]}
         extra = ",".join(f"{k}={v}" for k, v in own.items() if v is not None) or "-"
         expires = "expired" if key["expired"] else str(key["expires_at"] or "never")
-        print(f"{key['id']:<22} {key['tenant']:<20} {expires:<12} {extra}")
+        tenant = key["tenant"] + " " * (20 - text_width(key["tenant"]))  # 客服 takes 4 columns
+        print(f"{key['id']:<22} {tenant} {expires:<12} {extra}")
     return 0
 
 

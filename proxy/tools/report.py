@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import csv
 import sys
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,7 +25,7 @@ from proxy.ledger.present import format_usd, parse_moment, spreadsheet_cell
 from proxy.ledger.query import total_of, window
 from proxy.policy import PolicyError, load_policy
 from proxy.storage.redis.url import shown_url
-from proxy.tools.textout import stdout_for
+from proxy.tools.textout import stdout_for, text_width
 
 __all__ = ["ReportError", "add_arguments", "format_usd", "main", "parse_time", "text_width"]
 
@@ -268,35 +267,6 @@ def _aligned(lines: Sequence[tuple[str, ...]], left_columns: int) -> list[str]:
             cells.append(cell + pad if i < left_columns else pad + cell)
         out.append("  ".join(cells).rstrip())
     return out
-
-
-def text_width(text: str) -> int:
-    """Terminal columns: wide and full-width characters (CJK, emoji) take two; marks, format
-    characters (ZWJ, ZWNJ), a skin tone and what a ZWJ joins to the character before it
-    (👨‍👩‍👧 is one emoji) take none; the emoji variation selector widens the one before (❤️)."""
-    width = last = 0
-    joined = False
-    for char in text:
-        if char == "\ufe0f":
-            if last == 1:  # a narrow character, now shown as an emoji
-                width, last = width + 1, 2
-        elif not joined and unicodedata.category(char) not in _NO_WIDTH:
-            last = 0 if char in _SKIN_TONES else 2 if _wide(char) else 1
-            width += last
-        joined = char == "\u200d"
-    return width
-
-
-def _wide(char: str) -> bool:
-    """Wide, or an emoji newer than this Python's Unicode (unassigned to it, in the emoji planes:
-    Python 3.11 knows Unicode 14, not 2023's emoji)."""
-    if unicodedata.east_asian_width(char) in ("W", "F"):
-        return True
-    return "\U0001f000" <= char <= "\U0001faff" and unicodedata.category(char) == "Cn"
-
-
-_NO_WIDTH = frozenset({"Mn", "Me", "Cf"})
-_SKIN_TONES = frozenset(map(chr, range(0x1F3FB, 0x1F400)))
 
 
 def _minute(ts: float) -> str:

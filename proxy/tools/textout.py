@@ -1,4 +1,4 @@
-"""Standard output for the command line's reports and answers, whatever the locale.
+"""Text for the command line: standard output whatever the locale, and columns by display width.
 
 Under LC_ALL=C with PYTHONIOENCODING=ascii, or into a file on Windows (cp1252), a tenant, user
 or key named 支持 raised UnicodeEncodeError mid-output: a report cut short, a key created whose
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import io
 import sys
+import unicodedata
 from typing import TextIO
 
-__all__ = ["stdout_for"]
+__all__ = ["stdout_for", "text_width"]
 
 
 def stdout_for(*, data: bool) -> TextIO:
@@ -24,3 +25,32 @@ def stdout_for(*, data: bool) -> TextIO:
         else:
             stdout.reconfigure(errors="backslashreplace")
     return stdout
+
+
+def text_width(text: str) -> int:
+    """Terminal columns: wide and full-width characters (CJK, emoji) take two; marks, format
+    characters (ZWJ, ZWNJ), a skin tone and what a ZWJ joins to the character before it
+    (👨‍👩‍👧 is one emoji) take none; the emoji variation selector widens the one before (❤️)."""
+    width = last = 0
+    joined = False
+    for char in text:
+        if char == "\ufe0f":
+            if last == 1:  # a narrow character, now shown as an emoji
+                width, last = width + 1, 2
+        elif not joined and unicodedata.category(char) not in _NO_WIDTH:
+            last = 0 if char in _SKIN_TONES else 2 if _wide(char) else 1
+            width += last
+        joined = char == "\u200d"
+    return width
+
+
+def _wide(char: str) -> bool:
+    """Wide, or an emoji newer than this Python's Unicode (unassigned to it, in the emoji planes:
+    Python 3.11 knows Unicode 14, not 2023's emoji)."""
+    if unicodedata.east_asian_width(char) in ("W", "F"):
+        return True
+    return "\U0001f000" <= char <= "\U0001faff" and unicodedata.category(char) == "Cn"
+
+
+_NO_WIDTH = frozenset({"Mn", "Me", "Cf"})
+_SKIN_TONES = frozenset(map(chr, range(0x1F3FB, 0x1F400)))
