@@ -6,35 +6,32 @@ import argparse
 import contextlib
 import functools
 import getpass
-import logging
 import math
 import os
 import secrets
 import shutil
-import signal
-import socket
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
-from uvicorn.supervisors import Multiprocess
-from uvicorn.supervisors.multiprocess import Process
 
 from proxy import __version__
 from proxy.accepted import ACCEPTED_ENV, AcceptedPolicy
 from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV, create_served_app
 from proxy.asgi.protocol import protocol_with_header_timeout
 from proxy.asgi.server import GatewayServer
+from proxy.filewatch import FileWatch
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.reload import SUPERVISOR_ENV, WATCH_ENV, PolicySource
-from proxy.sighup import hold_sighup, release_sighup, sighup_held
+from proxy.rollout import Rollout
+from proxy.sighup import hold_sighup
 from proxy.storage.redis.url import is_redis_url
+from proxy.supervisor import ReloadingWorkers
 from proxy.telemetry.logs import log_config
 from proxy.telemetry.workershare import METRICS_DIR_ENV
 from proxy.tokens import TokenCounter, TokenizerError, load_tokenizers
@@ -44,9 +41,6 @@ from proxy.tools.demo import run_demo
 from proxy.tools.mock import backend as mockbackend
 
 __all__ = ["main"]
-
-_log = logging.getLogger("uvicorn.error")  # the supervisor's own log, as uvicorn's lines
-_SILENT_LIMIT_S = 120.0  # a live worker's health pings unanswered this long: it is stuck
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +140,8 @@ def _serve(args: argparse.Namespace) -> int:
     policy = source.policy
     server = policy.server
     os.environ["TOKENWEIR_CONFIG"] = str(config)
-    os.environ[WATCH_ENV] = "1" if args.watch else "0"
+    # Under --workers N the supervisor watches the file, and reloads one worker at a time.
+    os.environ[WATCH_ENV] = "1" if args.watch and args.workers <= 1 else "0"
     # One dashboard-login secret for all workers, so a login holds whichever worker answers.
     os.environ.setdefault(SESSION_SECRET_ENV, secrets.token_hex(32))
     config_kwargs: dict[str, Any] = {
@@ -185,7 +180,10 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ[ACCEPTED_ENV] = str(accepted.path)
     try:
         uvicorn_config = uvicorn.Config("proxy.app:create_served_app", **config_kwargs)
-        workers = _ReloadingWorkers(uvicorn_config, sockets=[uvicorn_config.bind_socket()])
+        rollout = Rollout(config, Path(metrics_dir))
+        watch = FileWatch(config, source.seen, source.digest) if args.watch else None
+        sockets = [uvicorn_config.bind_socket()]
+        workers = ReloadingWorkers(uvicorn_config, sockets, rollout, watch)
         workers.run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -224,85 +222,6 @@ _MEMORY_WITH_WORKERS = (
     "session and cached answer; set storage: redis://host:port/db (shared by the workers) or "
     "use --workers 1"
 )
-
-
-class _ReloadingWorkers(Multiprocess):
-    """uvicorn's worker supervisor, except that SIGHUP reloads every worker's policy (each
-    worker reloads on SIGHUP) instead of restarting them, which would cut their streams.
-    Each worker starts with SIGHUP held, until its reloader takes it."""
-
-    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
-        super().__init__(config, sockets)
-        self._silent: dict[int | None, float] = {}  # by pid: when its pings began to go unanswered
-
-    def init_processes(self) -> None:
-        super().init_processes()  # SIGHUP held since `_serve` began
-        release_sighup()  # the supervisor's handler (queued, forwarded) takes it from now on
-
-    def terminate_all(self) -> None:
-        # Stopping: SIGHUP is no longer answered (nor forwarded), and once Python exits its
-        # default action (ending the process) is back: one sent then made a clean stop look
-        # killed (status 129). Held, it is ignored, as it is by a worker that stops.
-        hold_sighup()
-        super().terminate_all()
-
-    def keep_subprocess_alive(self) -> None:
-        """uvicorn's, except for a live worker that does not answer a health ping: its answer
-        comes from a thread, which needs the GIL, and building a large HF tokenizer holds the GIL
-        for seconds (at startup, on a reload). It is taken for stuck only once silent for
-        _SILENT_LIMIT_S; uvicorn killed it (SIGKILL) after 5 s, cutting its streams."""
-        if self.should_exit.is_set():
-            return
-        with sighup_held():  # it may start a worker
-            for index, process in enumerate(self.processes):
-                if self._alive(process):
-                    continue
-                process.kill()
-                process.join()
-                if process.exitcode == STARTUP_FAILURE:  # broken: every restart would fail too
-                    _log.error(
-                        "Child process [%s] failed to start, stopping the parent process.",
-                        process.pid,
-                    )
-                    self.should_exit.set()
-                    return
-                if self.should_exit.is_set():  # stopping meanwhile: none is started again
-                    return
-                _log.info("Child process [%s] died", process.pid)
-                self.processes[index] = started = Process(self.config, self.sockets)
-                started.start()
-
-    def _alive(self, process: Process) -> bool:
-        if not process.process.is_alive():
-            self._silent.pop(process.pid, None)
-            return False
-        if process.ping():  # at most 5 s
-            self._silent.pop(process.pid, None)
-            return True
-        since = self._silent.setdefault(process.pid, time.monotonic())
-        if time.monotonic() - since < _SILENT_LIMIT_S:
-            return True
-        _log.error(
-            "Child process [%s] silent for %.0f s, taken for stuck", process.pid, _SILENT_LIMIT_S
-        )
-        return False
-
-    def handle_ttin(self) -> None:
-        with sighup_held():
-            super().handle_ttin()
-
-    def exit_status(self) -> int:
-        """A worker that failed to start (uvicorn then stops them all) fails the command too,
-        as one process does: a service manager must not take the stop for a clean exit."""
-        failed = any(process.exitcode == STARTUP_FAILURE for process in self.processes)
-        return STARTUP_FAILURE if failed else 0
-
-    def handle_hup(self) -> None:
-        _log.info("Received SIGHUP, reloading the policy in every worker.")
-        for process in self.processes:
-            if process.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGHUP)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -2,8 +2,9 @@
 the gateway's per-policy state at once (SIGHUP, `POST /admin/reload`, or the file changing).
 
 Each request takes the gateway current at its start (`CurrentGateway`) and keeps it to its end.
-With `--workers N`, the supervisor forwards SIGHUP to every worker, and a worker reloaded
-through the admin route sends SIGHUP to the supervisor, so every worker reloads. Until the
+With `--workers N`, SIGHUP to the supervisor reloads every worker, one at a time
+(proxy/rollout.py), and a worker reloaded through the admin route sends SIGHUP to the
+supervisor, so every worker reloads; the supervisor, not each worker, watches the file. Until the
 reloader takes SIGHUP, `tokenweir serve` holds it (proxy/sighup.py): its default action would
 end the process.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import signal
@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.accepted import AcceptedPolicy
 from proxy.errors import BadRequest
+from proxy.filewatch import FileStamp, FileWatch, file_digest, stamp
 from proxy.policy import Policy, PolicyError, Problem, decode_policy, parse_policy
 from proxy.sighup import hold_sighup, release_sighup
 from proxy.together import cancelled
@@ -54,10 +55,6 @@ SETTLE_LIMIT_S = 10.0
 # a reload that changes one is refused rather than half applied.
 RESTART_SECTIONS = ("storage", "ledger", "server", "upstream", "embedder")
 _log = logging.getLogger("tokenweir.reload")
-# What the watcher compares: (mtime, size, inode, ctime) of the file a symlink leads to. The
-# inode changes when a new file takes the name (a Kubernetes ConfigMap swaps its `..data` link),
-# the ctime with every write or rename, even when a copy kept the old mtime and the size.
-FileStamp = tuple[int, int, int, int]
 
 
 class ReloadRefused(BadRequest):
@@ -81,7 +78,7 @@ class PolicySource:
     @classmethod
     def read(cls, path: Path) -> PolicySource:
         """Parse `path`; PolicyError names the file, line and key of every problem."""
-        seen = _stat(path)
+        seen = stamp(path)
         try:
             data = path.read_bytes()
         except OSError as exc:
@@ -93,7 +90,7 @@ class PolicySource:
     def parse(cls, path: Path, data: bytes, seen: FileStamp | None = None) -> PolicySource:
         """`data` as the policy file `path` (problems are named by it)."""
         text = decode_policy(data, str(path))
-        return cls(path, parse_policy(text, file=str(path)), _digest(data), data, seen)
+        return cls(path, parse_policy(text, file=str(path)), file_digest(data), data, seen)
 
     @classmethod
     def starting(cls, path: Path, accepted: AcceptedPolicy | None) -> PolicySource:
@@ -104,7 +101,7 @@ class PolicySource:
             return cls.read(path)
         source = cls.parse(path, kept)
         with contextlib.suppress(OSError):
-            if _digest(path.read_bytes()) != source.digest:
+            if file_digest(path.read_bytes()) != source.digest:
                 _log.warning(
                     "%s is not the policy the other workers serve (%s); this worker serves "
                     "theirs until a reload (SIGHUP) applies the file",
@@ -122,20 +119,7 @@ class Reloaded:
 
 def policy_digest(policy: Policy) -> str:
     """A version for a policy given as an object (tests): the digest of its JSON form."""
-    return _digest(policy.model_dump_json().encode())
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
-
-
-def _stat(path: Path) -> FileStamp | None:
-    """The file's stamp; None if it cannot be read."""
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    return info.st_mtime_ns, info.st_size, info.st_ino, info.st_ctime_ns
+    return file_digest(policy.model_dump_json().encode())
 
 
 async def _read_still(path: Path) -> PolicySource:
@@ -144,17 +128,17 @@ async def _read_still(path: Path) -> PolicySource:
     tenant revokes the tenant's runtime keys); ReloadRefused if it is broken, or still changing
     after SETTLE_LIMIT_S."""
     for _ in range(int(SETTLE_LIMIT_S / SETTLE_S)):
-        before = _stat(path)
+        before = stamp(path)
         await asyncio.sleep(SETTLE_S)
         try:  # off the loop: a file of many MB takes seconds to parse, streams go on
             source = await asyncio.to_thread(PolicySource.read, path)
         except PolicyError as exc:
-            if _stat(path) != before:
+            if stamp(path) != before:
                 continue  # caught mid-write: read it again once it holds still
             raise ReloadRefused(
                 f"The policy file has errors; the old policy keeps serving:\n{exc}"
             ) from exc
-        if before == source.seen == _stat(path):
+        if before == source.seen == stamp(path):
             return source
     raise ReloadRefused(
         f"{path} was still changing {SETTLE_LIMIT_S:.0f} s after the reload was asked for; the "
@@ -251,18 +235,17 @@ class Reloader(Generic[G]):
         self._accepted = accepted
         self._counted = counted
         self._path = source.path if source else None
-        self._watch = watch and source is not None
         self._lock = asyncio.Lock()
         # As the file was when it was read, not now: a save since then (while the gateway
         # started, which may take long) is a change the watcher must see.
-        self._seen = source.seen if source else None
-        self._seen_digest = source.digest if source else ""
+        self._watch = FileWatch(source.path, source.seen, source.digest) if source else None
+        self._watching = watch and source is not None
         self._tasks: set[asyncio.Task[None]] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._signal_installed = False
 
     def start(self) -> None:
-        if self._watch:
+        if self._watching:
             self._watcher = asyncio.create_task(self._watch_file())
         if self._path is not None and threading.current_thread() is threading.main_thread():
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
@@ -307,7 +290,8 @@ class Reloader(Generic[G]):
         async with self._lock:
             current = self._live.current
             source = await _read_still(self._path)
-            self._seen_digest = source.digest
+            if self._watch is not None:
+                self._watch.loaded(source.digest)
             if source.digest == current.policy_hash:
                 return Reloaded(current.policy_hash, current.policy_hash, changed=False)
             sections = restart_needed(current.policy, source.policy)
@@ -344,25 +328,12 @@ class Reloader(Generic[G]):
         task.add_done_callback(self._tasks.discard)
 
     async def _watch_file(self) -> None:
-        """Poll the file's stamp; reload when its bytes changed and it has held still
-        for one interval (a file still being written is not applied half-way: a part without
-        a tenant would revoke that tenant's runtime keys). A broken file is reported once,
-        then again only when it changes."""
-        path = self._path
-        if path is None:  # nothing to watch (`watch` is set only with a file)
+        """Poll the file (proxy/filewatch.py); reload when it has a new version. A broken file
+        is reported once, then again only when it changes."""
+        watch = self._watch
+        if watch is None:  # nothing to watch (`watch` is set only with a file)
             return
-        changing: FileStamp | None = None  # a change seen at the last poll
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            seen = _stat(path)
-            if seen is None or seen == self._seen:
-                changing = None
-                continue
-            if seen != changing:  # changed since the last poll: wait for it to hold still
-                changing = seen
-                continue
-            self._seen, changing = seen, None
-            with contextlib.suppress(OSError):
-                if _digest(path.read_bytes()) == self._seen_digest:
-                    continue
-            await self.reload_logged("file changed")
+            if watch.changed():
+                await self.reload_logged("file changed")

@@ -160,16 +160,18 @@ class GatewayMetrics(Collector):
         self._own.policy = {(policy_hash,): 1}
         self._changed()
 
-    def versions_served(self) -> set[str] | None:
-        """Under `--workers N`: the policy versions the live workers serve, this one's and the
-        others' as they last published them (a change at most `PUBLISH_S` ago may be missing);
-        None in one process."""
+    def workers_by_version(self) -> dict[str, int] | None:
+        """Under `--workers N`: how many live workers serve each policy version, this one as it
+        is and the others as they last published (a change at most `PUBLISH_S` ago may be
+        missing); None in one process."""
         if self._share is None:
             return None
-        served = {version for (version,), serving in self._own.policy.items() if serving > 0}
-        for dumped, alive in self._share.others(counts_of_dead):
-            if alive:
-                served |= versions_in(dumped)
+        served: dict[str, int] = {}
+        versions = [{v for (v,), serving in self._own.policy.items() if serving > 0}]
+        versions += [versions_in(d) for d, alive in self._share.others(counts_of_dead) if alive]
+        for worker in versions:
+            for version in worker:
+                served[version] = served.get(version, 0) + 1
         return served
 
     def _changed(self) -> None:

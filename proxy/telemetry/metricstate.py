@@ -20,7 +20,15 @@ from proxy.telemetry import semconv
 from proxy.telemetry.sample import Labels, RequestSample
 from proxy.upstream.meter import GapHistogram
 
-__all__ = ["HISTOGRAMS", "Histogram", "MetricState", "Series", "counts_of_dead", "versions_in"]
+__all__ = [
+    "HISTOGRAMS",
+    "Histogram",
+    "MetricState",
+    "Series",
+    "counts_of_dead",
+    "reloads_in",
+    "versions_in",
+]
 
 
 class Histogram:
@@ -206,6 +214,12 @@ def versions_in(dumped: bytes) -> set[str]:
     """The policy versions a process's `dump()` says it serves (one; none from an older one)."""
     policy: list[list[Any]] = orjson.loads(dumped).get("policy", [])
     return {labels[0] for labels, serving in policy if serving > 0}
+
+
+def reloads_in(dumped: bytes) -> int:
+    """The policy reloads a process's `dump()` counts (applied, refused and failed)."""
+    reloads: list[list[Any]] = orjson.loads(dumped).get("reloads", [])
+    return sum(int(count) for _, count in reloads)
 
 
 _COUNTERS = (

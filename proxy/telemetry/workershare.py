@@ -25,7 +25,15 @@ import orjson
 
 from proxy.atomicfile import replace_file
 
-__all__ = ["ARCHIVE", "METRICS_DIR_ENV", "PUBLISH_S", "Fold", "WorkerShare", "leave_orphaned"]
+__all__ = [
+    "ARCHIVE",
+    "METRICS_DIR_ENV",
+    "PUBLISH_S",
+    "Fold",
+    "WorkerShare",
+    "leave_orphaned",
+    "published_by",
+]
 
 METRICS_DIR_ENV = "TOKENWEIR_METRICS_DIR"
 PUBLISH_S = 0.1  # how stale another worker's figures may be on a scrape
@@ -111,6 +119,16 @@ class WorkerShare:
             replace_file(archive, orjson.dumps({**summed, "folded": [p.name for p in dead]}))
         for path in dead:
             path.unlink()
+
+
+def published_by(directory: Path, pid: int) -> bytes | None:
+    """The figures the worker `pid` last published (its file), or None before its first."""
+    for path in directory.glob(f"{pid}-*.json"):
+        try:
+            return path.read_bytes()
+        except OSError:  # removed meanwhile: the worker is gone
+            return None
+    return None
 
 
 def leave_orphaned(directory: Path) -> None:

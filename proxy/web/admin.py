@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["SIBLINGS_WAIT_S", "admin_routes"]
 
 SIBLINGS_WAIT_S = 10.0
-"""How long `POST /admin/reload` waits for the other workers of `serve --workers N` to serve
-the version it reloaded."""
+"""How long `POST /admin/reload` waits for one more of the other workers of
+`serve --workers N` to serve the version it reloaded (they reload one at a time)."""
 _SIBLINGS_POLL_S = 0.05
 _log = logging.getLogger("tokenweir.reload")
 
@@ -116,20 +116,28 @@ async def _reload(gateway: Gateway, scope: Scope, receive: Receive) -> tuple[int
 
 
 async def _served_everywhere(gateway: Gateway, policy_hash: str) -> None:
-    """Under `serve --workers N`: wait until every live worker serves `policy_hash` (the others
-    reload on the supervisor's SIGHUP, which it handles twice a second), so that what the answer
-    says holds whichever worker takes the next request; at most SIBLINGS_WAIT_S (a worker that
-    refused the file serves on what it had: logged, and shown by tokenweir_policy_info)."""
+    """Under `serve --workers N`: wait until every live worker serves `policy_hash` (the
+    supervisor has them reload one at a time, each once the one before shows it done), so that
+    what the answer says holds whichever worker takes the next request. It gives up once no
+    further worker took the version for SIBLINGS_WAIT_S (a worker that refused the file serves
+    on what it had: logged, and shown by tokenweir_policy_info)."""
     metrics = gateway.services.metrics
-    for _ in range(int(SIBLINGS_WAIT_S / _SIBLINGS_POLL_S)):
-        served = metrics.versions_served()
+    behind, polls = -1, 0  # workers not serving it, and polls since that number last fell
+    while True:
+        served = metrics.workers_by_version()
         # (None serving it any more: a later reload applied a newer file everywhere.)
-        if served is None or served == {policy_hash} or policy_hash not in served:
+        if served is None or policy_hash not in served or len(served) == 1:
             return
+        others = sum(count for version, count in served.items() if version != policy_hash)
+        if behind < 0 or others < behind:
+            behind, polls = others, 0
+        elif polls * _SIBLINGS_POLL_S >= SIBLINGS_WAIT_S:
+            break
+        polls += 1
         await asyncio.sleep(_SIBLINGS_POLL_S)
     _log.warning(
-        "policy %s: not every worker serves it %.0f s after the admin reload (they serve %s)",
-        policy_hash, SIBLINGS_WAIT_S, ", ".join(sorted(metrics.versions_served() or ())),
+        "policy %s: not every worker serves it %.0f s after the last one took it up (they "
+        "serve %s)", policy_hash, SIBLINGS_WAIT_S, ", ".join(sorted(served)),
     )  # fmt: skip
 
 
