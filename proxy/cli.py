@@ -25,6 +25,7 @@ from proxy.app import DEFAULT_POLICY, SESSION_SECRET_ENV, create_served_app
 from proxy.asgi.protocol import protocol_with_header_timeout
 from proxy.asgi.server import GatewayServer
 from proxy.filewatch import FileWatch
+from proxy.keys.kept import KEPT_KEYS_ENV
 from proxy.policy import PolicyError, load_policy
 from proxy.policy.units import hash_key
 from proxy.reload import SUPERVISOR_ENV, WATCH_ENV, PolicySource
@@ -163,6 +164,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers <= 1:
         os.environ.pop(METRICS_DIR_ENV, None)
         os.environ.pop(ACCEPTED_ENV, None)
+        os.environ.pop(KEPT_KEYS_ENV, None)
         os.environ.pop(SUPERVISOR_ENV, None)  # one inherited would make this process a worker
         # One process: its app takes the tokenizers loaded above instead of loading them again.
         served = functools.partial(create_served_app, tokenizers)
@@ -178,6 +180,8 @@ def _serve(args: argparse.Namespace) -> int:
     accepted = AcceptedPolicy(Path(metrics_dir) / "accepted-policy.yaml")
     accepted.keep(source.data)
     os.environ[ACCEPTED_ENV] = str(accepted.path)
+    # And the runtime keys the workers last read, for a worker started while Redis is down.
+    os.environ[KEPT_KEYS_ENV] = str(Path(metrics_dir) / "runtime-keys.kept")
     try:
         uvicorn_config = uvicorn.Config("proxy.app:create_served_app", **config_kwargs)
         rollout = Rollout(config, Path(metrics_dir))

@@ -15,6 +15,7 @@ from opentelemetry.trace import TracerProvider
 from proxy.asgi.drain import Drain
 from proxy.cache import open_embedder
 from proxy.clock import Clock
+from proxy.keys.kept import KeptKeys
 from proxy.keys.runtime import RuntimeKeys
 from proxy.ledger import Ledger, open_ledger
 from proxy.policy import Policy
@@ -94,7 +95,8 @@ class Services:
             open_tracing(tracer_provider) if tracer_provider else None,
             response_cache(policy, clock, storage.cache, serving),
             RateLimits(storage.limits, clock, failures),
-            Drain(policy.server.drain_timeout), RuntimeKeys(open_key_store(policy.storage), clock),
+            Drain(policy.server.drain_timeout),
+            RuntimeKeys(open_key_store(policy.storage), clock, kept=KeptKeys.from_environment()),
             open_ended_sessions(policy.storage),
             otel.metrics_push(
                 metrics, lambda: budgets_left(serving(), quotas, clock.wall())

@@ -219,7 +219,8 @@ def test_metrics_sum_every_worker_and_survive_restarts(backend_url: str, tmp_pat
             _all_counted(url, total)
         (directory,) = temp.glob("tokenweir-metrics-*")
         names = sorted(path.name for path in directory.iterdir() if path.suffix != ".json")
-        assert names == [".lock", "accepted-policy.yaml", "dead-workers.archive"]
+        kept = ["runtime-keys.kept", "runtime-keys.kept.lock"]
+        assert names == [".lock", "accepted-policy.yaml", "dead-workers.archive", *kept]
         assert len(_per_worker(temp)) == 2  # the live workers' files only
 
 

@@ -2,7 +2,9 @@
 storage's version changes (polled twice a second on shared storage), so a revocation holds
 everywhere within 1 s. On `memory` storage only this process changes the keys: no polling.
 A stored record this version cannot read is skipped (logged once); it never stops the polling.
-A key expired KEEP_EXPIRED_S ago is forgotten: by a create, a listing, or the hourly poll."""
+A key expired KEEP_EXPIRED_S ago is forgotten: by a create, a listing, or the hourly poll.
+Under `serve --workers N`, a worker starting while the storage is down takes the keys its
+siblings last read (proxy/keys/kept.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import logging
 import secrets
 
 from proxy.clock import Clock
+from proxy.keys.kept import KeptKeys
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.storage.base import StorageError
 from proxy.storage.keys import KeyStore
@@ -30,8 +33,17 @@ _log = logging.getLogger("tokenweir.keys")
 
 
 class RuntimeKeys:
-    def __init__(self, store: KeyStore, clock: Clock, *, refresh_s: float = REFRESH_S) -> None:
+    def __init__(
+        self,
+        store: KeyStore,
+        clock: Clock,
+        *,
+        refresh_s: float = REFRESH_S,
+        kept: KeptKeys | None = None,
+    ) -> None:
+        """`kept`: the records shared by the workers of `serve --workers N`."""
         self._store = store
+        self._kept = kept
         self._clock = clock
         self._refresh_s = refresh_s
         self._by_digest: dict[bytes, KeyRecord] = {}
@@ -44,6 +56,8 @@ class RuntimeKeys:
 
     async def start(self) -> None:
         await self._refresh()
+        if self._version is None and self._kept is not None:  # the storage is down
+            self._by_digest = {r.digest: r for r in self._readable(self._kept.read())}
         if self._store.shared:  # else every change is this process's own, seen as it is made
             self._task = asyncio.create_task(self._poll())
 
@@ -85,6 +99,8 @@ class RuntimeKeys:
         await self._store.put(record.id, record.dumps())
         self._by_digest[record.digest] = record
         self._changes += 1
+        if self._kept is not None:
+            self._kept.add(record.id, record.dumps())
         with contextlib.suppress(StorageError):  # the key is made; the old ones wait for later
             await self._forget_expired(self._readable(await self._store.records()))
         return record, secret
@@ -93,6 +109,8 @@ class RuntimeKeys:
         removed = await self._store.delete(key_id)
         self._by_digest = {d: r for d, r in self._by_digest.items() if r.id != key_id}
         self._changes += 1
+        if self._kept is not None:
+            self._kept.revoke(key_id)
         return removed
 
     async def listed(self, tenant: str | None) -> list[KeyRecord]:
@@ -142,6 +160,9 @@ class RuntimeKeys:
             # than it (a new key answered 401 for up to half a second). The next poll reads again.
             return
         self._by_digest = {r.digest: r for r in self._readable(stored)}
+        if self._kept is not None:  # the storage lost its data if its version went back
+            restarted = self._version is not None and version < self._version
+            self._kept.keep(version, stored, restarted=restarted)
         self._version = version
 
     def _readable(self, stored: dict[str, bytes]) -> list[KeyRecord]:
