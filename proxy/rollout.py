@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,44 +38,59 @@ class Rollout:
     """The workers still to reload, and the one reloading now; `step` moves it along."""
 
     def __init__(
-        self, config: Path, metrics_dir: Path, clock: Callable[[], float] = time.monotonic
+        self,
+        config: Path,
+        metrics_dir: Path,
+        clock: Callable[[], float] = time.monotonic,
+        send: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGHUP),
     ) -> None:
+        """`send` tells one worker to reload (SIGHUP; ProcessLookupError if it is gone)."""
         self._config = config
         self._metrics_dir = metrics_dir
         self._clock = clock
+        self._send = send
         self._waiting: list[int] = []
+        self._asked: set[int] | None = None  # the workers this rollout covers; None: none on
         self._now: _Reloading | None = None
 
-    def begin(self, pids: Sequence[int]) -> None:
+    def begin(self, pids: Collection[int]) -> None:
         """Reload every one of `pids` (again, if a rollout is under way: the file changed)."""
         self._waiting = [pid for pid in pids if self._now is None or pid != self._now.pid]
         if self._now is not None:
             self._waiting.append(self._now.pid)  # last: it may have read the file before
+        self._asked = set(pids)
 
-    def step(self, alive: Callable[[int], bool]) -> None:
-        """Called on each supervisor tick: send the next worker SIGHUP once the one reloading
-        is done. A worker already serving the file's version is passed over."""
-        if self._now is not None and not self._done(self._now, alive):
+    def step(self, running: Collection[int]) -> None:
+        """Called on each supervisor tick with the workers running: send the next one SIGHUP
+        once the one reloading is done. A worker already serving the file's version is passed
+        over; one started in place of a dead one while the rollout went on is reloaded too (it
+        may have started from the policy the others served before)."""
+        if self._now is not None and not self._done(self._now, running):
             return
         self._now = None
+        if self._asked is None:
+            return
+        self._waiting += [pid for pid in running if pid not in self._asked]
+        self._asked |= set(running)
         version = self._version()
         while self._waiting:
             pid = self._waiting.pop(0)
-            if not alive(pid):
+            if pid not in running:
                 continue
             published = published_by(self._metrics_dir, pid)
             if published is not None and versions_in(published) == {version}:
                 continue
             try:
-                os.kill(pid, signal.SIGHUP)
+                self._send(pid)
             except ProcessLookupError:
                 continue
             reloads = reloads_in(published) if published is not None else 0
             self._now = _Reloading(pid, version, reloads, self._clock())
             return
+        self._asked = None  # every worker done
 
-    def _done(self, reloading: _Reloading, alive: Callable[[int], bool]) -> bool:
-        if not alive(reloading.pid):
+    def _done(self, reloading: _Reloading, running: Collection[int]) -> bool:
+        if reloading.pid not in running:
             return True
         published = published_by(self._metrics_dir, reloading.pid)
         if published is not None and (

@@ -83,7 +83,7 @@ class ReloadingWorkers(Multiprocess):
                 self.processes[index] = started = Process(self.config, self.sockets)
                 started.start()
         self._watch_file()
-        self._rollout.step(self._running)
+        self._rollout.step(self._running())
 
     def _alive(self, process: Process) -> bool:
         if not process.process.is_alive():
@@ -100,9 +100,9 @@ class ReloadingWorkers(Multiprocess):
         )
         return False
 
-    def _running(self, pid: int) -> bool:
-        """Whether `pid` is one of the workers, still running."""
-        return any(p.pid == pid and p.process.is_alive() for p in self.processes)
+    def _running(self) -> set[int]:
+        """The workers' pids, of those still running."""
+        return {p.pid for p in self.processes if p.pid is not None and p.process.is_alive()}
 
     def _watch_file(self) -> None:
         if self._watch is None or time.monotonic() - self._watched_at < _WATCH_INTERVAL_S:
@@ -127,5 +127,6 @@ class ReloadingWorkers(Multiprocess):
         self._reload_all()
 
     def _reload_all(self) -> None:
-        self._rollout.begin([p.pid for p in self.processes if p.pid is not None])
-        self._rollout.step(self._running)  # the first worker now, not at the next tick
+        running = self._running()
+        self._rollout.begin(running)
+        self._rollout.step(running)  # the first worker now, not at the next tick
