@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,7 @@ from proxy.policy.units import hash_key
 from tests.redis_server import RedisProcess
 from tests.reliability.state import TENANT, policy_text
 from tests.test_cli_reload import tokenweir_serve
-from tests.test_cli_workers import CHAT
+from tests.test_cli_workers import CHAT, _eventually
 from tests.test_reload import ADMIN, ADMIN_KEY
 
 _WAIT_S = 60.0  # a limit on a loaded 2-core machine, not a measurement
@@ -39,14 +38,14 @@ def test_a_worker_restarted_while_redis_is_down_knows_the_runtime_keys(
             gone = httpx.delete(url + f"/admin/keys/{revoked[0]}", headers=ADMIN)
             assert gone.status_code == 200
             both = (kept[1], revoked[1])
-            _until(lambda: set(_statuses(url, *both).values()) == {(200, 401)})
+            _eventually(lambda: set(_statuses(url, *both).values()) == {(200, 401)})
             redis.stop()
             pids = set(_statuses(url, *both))
             os.kill(max(pids), signal.SIGKILL)  # a crash: the supervisor starts another
-            _until(lambda: len(set(_statuses(url, *both)) - pids) == 1)
+            _eventually(lambda: len(set(_statuses(url, *both)) - pids) == 1)
             assert set(_statuses(url, *both).values()) == {(200, 401)}  # on both workers
             redis.start()
-            _until(lambda: set(_statuses(url, *both).values()) == {(200, 401)})
+            _eventually(lambda: set(_statuses(url, *both).values()) == {(200, 401)})
     finally:
         redis.close()
 
@@ -77,10 +76,3 @@ def _statuses(url: str, kept: str, revoked: str) -> dict[int, tuple[int, int]]:
 
 def _bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
-
-
-def _until(check: Callable[[], bool]) -> None:
-    began = time.monotonic()
-    while not check():
-        assert time.monotonic() - began < _WAIT_S, "not within the wait"
-        time.sleep(0.1)
