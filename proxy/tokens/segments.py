@@ -100,18 +100,25 @@ def remembered(
     `encode(text, allowed_special="all")` counts them), the pieces between from `memory`."""
     names = sorted(specials, key=len, reverse=True)  # the longest first where one prefixes another
 
-    def piece(text: str) -> int:
-        # Normalised after the special tokens are found, each piece on its own, as Hugging Face
-        # tokenizers do: the whole text's NFC took '<|im_end|>' + U+0338 as '<|im_end≯'.
-        if nfc and not unicodedata.is_normalized("NFC", text):
-            text = unicodedata.normalize("NFC", text)
+    def ordinary(text: str) -> int:
         return memory.count(text, encode_ordinary)
 
+    def normalised(text: str) -> int:
+        return memory.count(unicodedata.normalize("NFC", text), encode_ordinary)
+
+    def piece_counter(text: str) -> Callable[[str], int]:
+        # Normalised after the special tokens are found, each piece on its own, as Hugging Face
+        # tokenizers do: the whole text's NFC took '<|im_end|>' + U+0338 as '<|im_end≯'. A text
+        # in NFC as it is has every piece in NFC (a piece's own marks compose as they did in
+        # the text), so only a text that is not pays for a piece's check.
+        return normalised if nfc and not unicodedata.is_normalized("NFC", text) else ordinary
+
     if not names:
-        return lambda text: piece(text) if text else 0
+        return lambda text: piece_counter(text)(text) if text else 0
     special = re.compile("|".join(map(re.escape, names)))
 
     def count(text: str) -> int:
+        piece = piece_counter(text)
         total = start = 0
         for found in special.finditer(text):
             if found.start() > start:
