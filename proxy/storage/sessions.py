@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 from typing import Protocol
 
-from proxy.storage.redis.conn import connect, translated
+from proxy.storage.redis.marks import RedisMarks
 from proxy.storage.redis.url import check_storage_url
 
 __all__ = ["EndedSessions", "MemoryEndedSessions", "RedisEndedSessions", "open_ended_sessions"]
@@ -53,21 +53,19 @@ class MemoryEndedSessions:
 
 
 class RedisEndedSessions:
-    """One key per ended session, expiring with the cookie (`EXAT`): nothing to sweep."""
+    """One key per ended session, expiring with the cookie: nothing to sweep."""
 
     def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
-        self._client = connect(url, timeout_s=timeout_s, max_connections=4)
+        self._marks = RedisMarks(url, "session storage", timeout_s=timeout_s, max_connections=4)
 
     async def end(self, session_id: bytes, until_wall: float, now_wall: float) -> None:
-        with translated("session storage"):
-            await self._client.set(_key(session_id), b"1", exat=max(1, int(until_wall) + 1))
+        await self._marks.mark(_key(session_id), until_wall + 1)
 
     async def ended(self, session_id: bytes, now_wall: float) -> bool:
-        with translated("session storage"):
-            return bool(await self._client.exists(_key(session_id)))
+        return await self._marks.marked(_key(session_id))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._marks.aclose()
 
 
 def open_ended_sessions(url: str) -> EndedSessions:
