@@ -36,6 +36,7 @@ from proxy.stages.recount import Recount
 from proxy.stages.route import Route
 from proxy.stages.shape import Shape
 from proxy.stages.storagepolicy import StorageFailures
+from proxy.stages.stored import StoredState
 from proxy.storage import QuotaStore
 from proxy.telemetry.recorder import Telemetry
 from proxy.tokens import TokenCounters
@@ -139,6 +140,7 @@ class Gateway:
         choice = [DegradeChoice(degrade)] if any(t.degrade for t in policy.tenants.values()) else []
         stages: list[Stage] = [
             Parse(policy.models),
+            StoredState(services.owned_ids, clock),
             Attribute(),
             *choice,
             shape,

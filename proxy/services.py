@@ -27,6 +27,7 @@ from proxy.stages.unbooked import Unbooked
 from proxy.storage import QuotaStore, Storage, open_storage
 from proxy.storage.cache import CacheStore
 from proxy.storage.keys import open_key_store
+from proxy.storage.owned import OwnedIds, open_owned_ids
 from proxy.storage.sessions import EndedSessions, open_ended_sessions
 from proxy.telemetry.budgets import budgets_left
 from proxy.telemetry.metrics import BudgetLeft, GatewayMetrics
@@ -58,6 +59,7 @@ class Services:
     drain: Drain
     keys: RuntimeKeys
     ended_sessions: EndedSessions
+    owned_ids: OwnedIds  # which tenant made each stored response
     metrics_push: MetricsPusher | None = None
     checkpoints: CheckpointSweep = field(default_factory=CheckpointSweep)
     unbooked: Unbooked | None = None  # quota settles storage did not take, sent again
@@ -97,7 +99,7 @@ class Services:
             RateLimits(storage.limits, clock, failures),
             Drain(policy.server.drain_timeout),
             RuntimeKeys(open_key_store(policy.storage), clock, kept=KeptKeys.from_environment()),
-            open_ended_sessions(policy.storage),
+            open_ended_sessions(policy.storage), open_owned_ids(policy.storage),
             otel.metrics_push(
                 metrics, lambda: budgets_left(serving(), quotas, clock.wall())
             ) if otel else None,
@@ -121,6 +123,7 @@ class Services:
                 await bounded("the metrics export", self.metrics_push.aclose())
             await bounded("runtime keys", self.keys.aclose())
             await bounded("ended sessions", self.ended_sessions.aclose())
+            await bounded("stored-object owners", self.owned_ids.aclose())
             if self.unbooked is not None:  # before the quota store closes: its last send
                 await bounded("quota settles kept", self.unbooked.aclose())
             await bounded("storage undo tasks", self.storage_failures.aclose())

@@ -12,9 +12,12 @@ import orjson
 
 from proxy.upstream.partial import EVENT_END, EVENT_ENDS, MAX_HELD_BYTES, Partial, after_last_end
 
-__all__ = ["EventForwarder", "StreamEvents", "text_pattern", "type_pattern"]
+__all__ = ["ANSWER_ID", "EventForwarder", "StreamEvents", "text_pattern", "type_pattern"]
 
 _DATA = b"data:"
+ANSWER_ID = "answer_id"
+"""Where a UsageReader puts the id its API's ending event gives the answer (Responses: the id
+the backend stores it under)."""
 
 UsageReader = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
 """The whole usage once one parsed event completes it, else None; the second argument is the
@@ -124,6 +127,12 @@ class EventForwarder:
             out, self._tail = out[:start], out[start:]
             self._held = self._count(self._tail)
         return out, count
+
+    @property
+    def answer_id(self) -> object:
+        """The answer's id as its ending event gave it (anything: the backend's JSON), if one
+        did."""
+        return self._parts.get(ANSWER_ID)
 
     def finish(self) -> bytes:
         tail, self._tail = self.held + self._tail, b""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.apis.events import StreamEvents, text_pattern, type_pattern
+from proxy.apis.events import ANSWER_ID, StreamEvents, text_pattern, type_pattern
 from proxy.errors import BadRequest
 from proxy.stages.jsoncheck import (
     Check,
@@ -30,6 +30,7 @@ __all__ = [
     "answer_texts",
     "chat_tool",
     "chat_usage",
+    "names_stored_item",
     "to_chat",
 ]
 
@@ -68,6 +69,15 @@ OPTIONAL: Mapping[str, Check] = {
     "parallel_tool_calls": boolean,
     "previous_response_id": string,
 }
+
+
+def names_stored_item(item: object) -> bool:
+    """An input item that names a stored item by its id (an `item_reference`, whose type may be
+    left out): the backend reads the stored item in its place."""
+    if type(item) is not dict:
+        return False
+    kind = item.get("type")
+    return kind == "item_reference" or (kind is None and "role" not in item and "id" in item)
 
 
 def to_chat(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
@@ -186,7 +196,10 @@ def add_system(body: dict[str, Any], system_prompt: str) -> bool:
 
 def _read_usage(event: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any] | None:
     response = event.get("response")
-    usage = response.get("usage") if isinstance(response, dict) else None
+    if not isinstance(response, dict):
+        return None
+    parts[ANSWER_ID] = response.get("id")  # the id the backend stores the response under
+    usage = response.get("usage")
     return usage if isinstance(usage, dict) else None
 
 

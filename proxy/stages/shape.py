@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.apis import AGENT_APIS, AgentApi
+from proxy.apis.responses import names_stored_item
 from proxy.context import Admitted, Operation
 from proxy.errors import BadRequest, ContextLengthExceeded
 from proxy.outgoing import OutgoingRequest
@@ -316,17 +317,8 @@ def _refuse_stored_history(body: Mapping[str, Any], limit: int) -> None:
     given = body.get("input")
     if type(given) is list:
         for index, item in enumerate(given):
-            if _references_stored(item):
+            if names_stored_item(item):
                 raise _stored(f"input[{index}]", limit)
-
-
-def _references_stored(item: object) -> bool:
-    """An input item that names a stored item by its id (an `item_reference`, whose type may be
-    left out): the backend reads the stored item in its place."""
-    if type(item) is not dict:
-        return False
-    kind = item.get("type")
-    return kind == "item_reference" or (kind is None and "role" not in item and "id" in item)
 
 
 def _stored(param: str, limit: int) -> BadRequest:

@@ -1,0 +1,119 @@
+"""Keep each tenant to the state the shared backend keeps for it: a Responses request continues
+only a response its own tenant made, names no stored object no tenant can own, and a prompt-cache
+salt a client sends becomes its tenant's own. Writes the body's `cache_salt`; remembers, as a
+Responses answer ends, which tenant the backend stored it for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from proxy.apis.responses import names_stored_item
+from proxy.clock import Clock
+from proxy.context import Admitted
+from proxy.errors import BadRequest, NotFound, StorageUnavailable
+from proxy.storage.base import StorageError
+from proxy.storage.owned import OwnedIds
+
+__all__ = ["KEPT_S", "MAX_ID_CHARS", "StoredState", "stored_id"]
+
+_log = logging.getLogger("tokenweir.stored")
+
+KEPT_S = 30 * 86_400  # as long as OpenAI keeps a stored response; vLLM keeps its until restart
+MAX_ID_CHARS = 256  # vLLM's are `resp_` and 32 hex digits, OpenAI's about 50 characters
+_SALT_BYTES = 16  # a salt of 32 hex digits: within any engine's bounds on its characters
+
+
+class StoredState:
+    """`previous_response_id` of another tenant's response (or one the gateway never relayed)
+    is a 404, as the backend answers an id it does not have, so nobody learns whether an id
+    exists; `conversation` and item references are 400s. A request without these fields
+    pays a key lookup or two and no storage call."""
+
+    def __init__(self, owned: OwnedIds, clock: Clock) -> None:
+        self._owned = owned
+        self._clock = clock
+
+    async def __call__(self, ctx: Admitted) -> None:
+        body = ctx.body
+        if "cache_salt" in body:
+            body["cache_salt"] = _tenants_salt(ctx.tenant_name, body["cache_salt"])
+        if ctx.operation != "responses":
+            return
+        _refuse_unownable(body)
+        previous = body.get("previous_response_id")
+        if previous is not None and not await self._owns(ctx.tenant_name, previous):
+            raise NotFound(
+                "Previous response not found: 'previous_response_id' names no response this "
+                "key's tenant made through this gateway (or it has expired).",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+
+    async def _owns(self, tenant: str, response_id: str) -> bool:
+        try:
+            return await self._owned.owns(tenant, response_id, self._clock.wall())
+        except StorageError as exc:
+            # Closed: whose response it is cannot be known, and guessing may show another's.
+            raise StorageUnavailable(
+                "The gateway cannot check whose stored response this is; retry shortly.",
+                retry_after_s=1,
+            ) from exc
+
+    def holding(self, ctx: Admitted) -> bool:
+        return ctx.outcome.stored_id is not None
+
+    async def settle(self, ctx: Admitted) -> None:
+        """Called before the answer's end goes out, so the client's next turn finds its id."""
+        stored = ctx.outcome.stored_id
+        if stored is None:
+            return
+        try:
+            await self._owned.claim(ctx.tenant_name, stored, self._clock.wall() + KEPT_S)
+        except StorageError as exc:
+            # The tenant's next turn is refused as unknown: never another tenant's.
+            _log.warning("could not remember whose stored response %r is: %s", stored, exc)
+
+
+def stored_id(ctx: Admitted, given: object) -> str | None:
+    """The id a Responses answer is stored under at the backend: none for a request sent with
+    `store: false`, nor an id that is not a string of a sane size."""
+    if ctx.body.get("store") is False:
+        return None
+    if type(given) is str and 0 < len(given) <= MAX_ID_CHARS:
+        return given
+    return None
+
+
+def _tenants_salt(tenant: str, given: Any) -> str:
+    """The client's salt made its tenant's: the same salt of two tenants is two salts, so no
+    tenant can share (and time) the prefix cache another tenant's salt keeps apart."""
+    if type(given) is not str or not given:
+        raise BadRequest("'cache_salt' must be a non-empty string.", param="cache_salt")
+    mixed = hashlib.sha256(f"{tenant}\0{given}".encode(errors="surrogatepass"))
+    return mixed.hexdigest()[: 2 * _SALT_BYTES]
+
+
+def _refuse_unownable(body: dict[str, Any]) -> None:
+    """A stored conversation, or an input item naming a stored item by its id: objects the
+    gateway never sees made (it serves no conversations route, and an item's id is not its
+    response's), so it cannot tell whose they are, and the backend would read them to anyone."""
+    if body.get("conversation") is not None:
+        raise _unownable("conversation", "a stored conversation")
+    given = body.get("input")
+    if type(given) is list:
+        for index, item in enumerate(given):
+            if names_stored_item(item):
+                raise _unownable(f"input[{index}]", "a stored item by its id")
+
+
+def _unownable(param: str, what: str) -> BadRequest:
+    return BadRequest(
+        f"'{param}' names {what}, which this gateway cannot tell is your tenant's, on a "
+        "backend every tenant shares. Send the turns in 'input' (or continue a response of "
+        "your own with 'previous_response_id').",
+        param=param,
+        code="unsupported_parameter",
+    )

@@ -1,0 +1,84 @@
+"""Which tenant made each object a backend stores by id (a Responses answer): remembered as the
+answer goes out, asked when a request names one, in this process's memory or in Redis (so an id
+made through one replica is its tenant's on every replica). Neither keeps an id's text."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Protocol
+
+from proxy.storage.redis.marks import RedisMarks
+from proxy.storage.redis.url import check_storage_url
+
+__all__ = ["MemoryOwnedIds", "OwnedIds", "RedisOwnedIds", "open_owned_ids"]
+
+# A process on `storage: memory` forgets its oldest ids past this many (about 120 bytes each):
+# a forgotten id is refused as unknown, never served to another tenant.
+MEMORY_IDS = 200_000
+
+
+class OwnedIds(Protocol):
+    async def claim(self, tenant: str, object_id: str, until_wall: float) -> None:
+        """`object_id` is `tenant`'s until `until_wall`."""
+
+    async def owns(self, tenant: str, object_id: str, now_wall: float) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryOwnedIds:
+    def __init__(self, most: int = MEMORY_IDS) -> None:
+        self._until: dict[bytes, float] = {}  # in the order claimed: the oldest first
+        self._most = most
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    async def claim(self, tenant: str, object_id: str, until_wall: float) -> None:
+        until = self._until
+        name = _digest(tenant, object_id)
+        until.pop(name, None)
+        until[name] = until_wall
+        while len(until) > self._most:
+            del until[next(iter(until))]
+
+    async def owns(self, tenant: str, object_id: str, now_wall: float) -> bool:
+        until = self._until.get(_digest(tenant, object_id))
+        return until is not None and until > now_wall
+
+    async def aclose(self) -> None:
+        return None
+
+
+class RedisOwnedIds:
+    """One key per tenant and id, expiring with the claim: nothing to sweep."""
+
+    def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
+        self._marks = RedisMarks(url, "stored-object owners", timeout_s=timeout_s,
+                                 max_connections=16)  # fmt: skip
+
+    async def claim(self, tenant: str, object_id: str, until_wall: float) -> None:
+        await self._marks.mark(_key(tenant, object_id), until_wall)
+
+    async def owns(self, tenant: str, object_id: str, now_wall: float) -> bool:
+        return await self._marks.marked(_key(tenant, object_id))
+
+    async def aclose(self) -> None:
+        await self._marks.aclose()
+
+
+def open_owned_ids(url: str) -> OwnedIds:
+    if check_storage_url(url) == "memory":
+        return MemoryOwnedIds()
+    return RedisOwnedIds(url)
+
+
+def _digest(tenant: str, object_id: str) -> bytes:
+    """The pair as one name that no other pair has (a tenant name holds no NUL), of a fixed size
+    however long the client's id."""
+    return hashlib.sha256(f"{tenant}\0{object_id}".encode(errors="surrogatepass")).digest()
+
+
+def _key(tenant: str, object_id: str) -> str:
+    # Its own hash tag: a Redis Cluster spreads the keys over its nodes.
+    return "tw:owned:{" + _digest(tenant, object_id).hex() + "}"

@@ -1,0 +1,44 @@
+"""Whose stored object an id is, on memory and Redis: a claim holds for its own tenant until it
+expires, for no other tenant, and memory forgets its oldest claims past its bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.storage.owned import MemoryOwnedIds, open_owned_ids
+
+NOW = 1_900_000_000.0
+
+
+@pytest.fixture(params=["memory", "redis"])
+def url(request: pytest.FixtureRequest) -> str:
+    if request.param == "memory":
+        return "memory"
+    found: str = request.getfixturevalue("redis_url")
+    return found
+
+
+@pytest.mark.anyio
+async def test_a_claim_is_its_tenants_alone_until_it_expires(url: str) -> None:
+    owned = open_owned_ids(url)
+    try:
+        await owned.claim("alice", "resp_1", NOW + 60)
+        assert await owned.owns("alice", "resp_1", NOW)
+        assert not await owned.owns("bob", "resp_1", NOW)
+        assert not await owned.owns("alice", "resp_2", NOW)
+        # Names that run together differently are other pairs.
+        assert not await owned.owns("alice\0resp", "_1", NOW)
+        if url == "memory":  # Redis's own clock expires its keys
+            assert not await owned.owns("alice", "resp_1", NOW + 61)
+    finally:
+        await owned.aclose()
+
+
+@pytest.mark.anyio
+async def test_memory_forgets_its_oldest_claims_past_its_bound() -> None:
+    owned = MemoryOwnedIds(most=3)
+    for number in range(5):
+        await owned.claim("alice", f"resp_{number}", NOW + 60)
+    assert len(owned) == 3
+    held = [await owned.owns("alice", f"resp_{n}", NOW) for n in range(5)]
+    assert held == [False, False, True, True, True]

@@ -1,0 +1,176 @@
+"""The state a shared backend keeps by id, through a real gateway with the real openai SDK, over a
+raw-socket backend that stores responses as vLLM does: a tenant reaches only its own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import openai
+import pytest
+
+from proxy.app import create_app
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from tests.servers import serve
+from tests.web.storedbackend import MODEL, StoredBackend, stored_backend
+
+ALICE_KEY = "tw-stored-alice"
+BOB_KEY = "tw-stored-bob"
+SECRET = "my card number is 4111 1111 1111 1111"
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    url: str
+    backend: StoredBackend
+
+    def client(self, key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+
+
+@contextmanager
+def stored_gateway(backend: StoredBackend, storage: str = "memory") -> Iterator[str]:
+    text = f"""
+storage: {storage}
+backends: [{{name: shared, url: "{backend.url}/v1", models: [{MODEL}]}}]
+models: {{{MODEL}: {{}}}}
+tenants:
+  alice: {{api_keys: [{hash_key(ALICE_KEY)}], models: [{MODEL}]}}
+  bob: {{api_keys: [{hash_key(BOB_KEY)}], models: [{MODEL}]}}
+"""
+    with serve(create_app(parse_policy(text, file="stored.yaml", environ={}))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Running]:
+    with stored_backend() as backend, stored_gateway(backend) as url:
+        yield Running(url, backend)
+
+
+def test_another_tenants_response_cannot_be_continued(gateway: Running) -> None:
+    with gateway.client(ALICE_KEY) as alice:
+        made = alice.responses.create(model=MODEL, input=SECRET)
+    asked = len(gateway.backend.bodies)
+    with gateway.client(BOB_KEY) as bob, pytest.raises(openai.NotFoundError) as refused:
+        bob.responses.create(model=MODEL, input="What did I say?", previous_response_id=made.id)
+    assert SECRET not in str(refused.value.body)
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["code"] == "previous_response_not_found"
+    assert refused.value.body["param"] == "previous_response_id"
+    assert len(gateway.backend.bodies) == asked  # the backend was never asked
+    # An id no tenant made is the same 404: nobody learns which ids exist.
+    with gateway.client(BOB_KEY) as bob, pytest.raises(openai.NotFoundError) as unknown:
+        bob.responses.create(model=MODEL, input="Hi", previous_response_id="resp_" + "0" * 32)
+    assert unknown.value.body == refused.value.body
+
+
+def test_a_tenant_continues_its_own_responses_streamed_or_whole(gateway: Running) -> None:
+    with gateway.client(ALICE_KEY) as alice:
+        events = list(alice.responses.create(model=MODEL, input=SECRET, stream=True))
+        assert events[-1].type == "response.completed"
+        first = events[-1].response
+        # Right after the stream's end: the id is the tenant's before its last event goes out.
+        second = alice.responses.create(
+            model=MODEL, input="And then?", previous_response_id=first.id
+        )
+        assert second.output_text == f"Earlier you said: {SECRET}"
+        third = alice.responses.create(
+            model=MODEL, input="Again?", previous_response_id=second.id, stream=True
+        )
+        texts = [e.delta for e in third if e.type == "response.output_text.delta"]
+    assert texts == ["Earlier you said: And then?"]
+
+
+def test_a_response_sent_with_store_false_is_not_anyones_to_continue(gateway: Running) -> None:
+    with gateway.client(ALICE_KEY) as alice:
+        made = alice.responses.create(model=MODEL, input="Hello", store=False)
+        with pytest.raises(openai.NotFoundError):
+            alice.responses.create(model=MODEL, input="Hi", previous_response_id=made.id)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"conversation": "conv_123"}, "conversation"),
+        ({"conversation": {"id": "conv_123"}}, "conversation"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+        ({"input": [{"role": "user", "content": "Hi"}, {"id": "msg_1"}]}, "input[1]"),
+    ],
+)
+def test_stored_objects_no_tenant_can_own_are_refused(
+    gateway: Running, extra: dict[str, object], param: str
+) -> None:
+    asked = len(gateway.backend.bodies)
+    body = {"model": MODEL, "input": "Hi", **extra}
+    with gateway.client(BOB_KEY) as bob, pytest.raises(openai.BadRequestError) as refused:
+        bob.post("/responses", body=body, cast_to=object)
+    assert isinstance(refused.value.body, dict)
+    assert (refused.value.body["code"], refused.value.body["param"]) == (
+        "unsupported_parameter",
+        param,
+    )
+    assert len(gateway.backend.bodies) == asked
+
+
+def test_a_cache_salt_is_made_the_tenants_own(gateway: Running) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    salted = {"cache_salt": "team-salt"}
+    with gateway.client(ALICE_KEY) as alice, gateway.client(BOB_KEY) as bob:
+        alice.chat.completions.create(model=MODEL, messages=messages, extra_body=salted)  # type: ignore[arg-type]
+        alice.chat.completions.create(model=MODEL, messages=messages, extra_body=salted)  # type: ignore[arg-type]
+        bob.chat.completions.create(model=MODEL, messages=messages, extra_body=salted)  # type: ignore[arg-type]
+        bob.responses.create(model=MODEL, input="Hi", extra_body=salted)
+        alice.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+    first, again, bobs, bobs_response, unsalted = gateway.backend.asked("cache_salt")[-5:]
+    assert first == again  # one tenant's own prefix cache is shared by its requests
+    assert bobs == bobs_response
+    assert len({first, bobs, "team-salt"}) == 3  # but never with another tenant's
+    assert unsalted is None  # a request without a salt is sent as it came
+
+
+def test_an_empty_cache_salt_is_a_400(gateway: Running) -> None:
+    with gateway.client(ALICE_KEY) as alice, pytest.raises(openai.BadRequestError) as refused:
+        alice.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            extra_body={"cache_salt": ""},
+        )
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["param"] == "cache_salt"
+
+
+def test_stored_response_routes_are_not_served(gateway: Running) -> None:
+    with gateway.client(ALICE_KEY) as alice:
+        made = alice.responses.create(model=MODEL, input=SECRET)
+        asked = len(gateway.backend.bodies)
+    with gateway.client(BOB_KEY) as bob:
+        for call in (
+            lambda: bob.responses.retrieve(made.id),
+            lambda: bob.responses.delete(made.id),
+            lambda: bob.responses.cancel(made.id),
+            lambda: bob.responses.input_items.list(made.id),
+        ):
+            with pytest.raises(openai.NotFoundError) as refused:
+                call()
+            assert SECRET not in str(refused.value.body)
+    assert len(gateway.backend.bodies) == asked
+
+
+def test_whose_response_it_is_holds_on_every_replica(redis_url: str) -> None:
+    with (
+        stored_backend() as backend,
+        stored_gateway(backend, redis_url) as first,
+        stored_gateway(backend, redis_url) as second,
+    ):
+        made = Running(first, backend).client(ALICE_KEY).responses.create(model=MODEL, input=SECRET)
+        with Running(second, backend).client(ALICE_KEY) as alice:
+            again = alice.responses.create(model=MODEL, input="?", previous_response_id=made.id)
+        assert again.output_text == f"Earlier you said: {SECRET}"
+        with (
+            Running(second, backend).client(BOB_KEY) as bob,
+            pytest.raises(openai.NotFoundError),
+        ):
+            bob.responses.create(model=MODEL, input="?", previous_response_id=made.id)
