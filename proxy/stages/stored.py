@@ -1,7 +1,7 @@
 """Keep each tenant to the state the shared backend keeps for it: a Responses request continues
 only a response its own tenant made, names no stored object no tenant can own, and a prompt-cache
-salt a client sends becomes its tenant's own. Writes the body's `cache_salt`; remembers, as a
-Responses answer ends, which tenant the backend stored it for.
+salt or key a client sends becomes its tenant's own. Writes the body's `cache_salt` and
+`prompt_cache_key`; remembers, as a Responses answer ends, which tenant it was stored for.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ _log = logging.getLogger("tokenweir.stored")
 
 KEPT_S = 30 * 86_400  # as long as OpenAI keeps a stored response; vLLM keeps its until restart
 MAX_ID_CHARS = 256  # vLLM's are `resp_` and 32 hex digits, OpenAI's about 50 characters
+# vLLM's prefix-cache salt, and OpenAI's key grouping requests that share a prefix cache
+_CACHE_NAMES = ("cache_salt", "prompt_cache_key")
 _SALT_BYTES = 16  # a salt of 32 hex digits: within any engine's bounds on its characters
 
 
@@ -38,8 +40,10 @@ class StoredState:
 
     async def __call__(self, ctx: Admitted) -> None:
         body = ctx.body
-        if "cache_salt" in body:
-            body["cache_salt"] = _tenants_salt(ctx.tenant_name, body["cache_salt"])
+        for field in _CACHE_NAMES:
+            given = body.get(field)
+            if given is not None:
+                body[field] = _tenants_own(ctx.tenant_name, given, field)
         if ctx.operation != "responses":
             return
         _refuse_unownable(body)
@@ -87,11 +91,12 @@ def stored_id(ctx: Admitted, given: object) -> str | None:
     return None
 
 
-def _tenants_salt(tenant: str, given: Any) -> str:
-    """The client's salt made its tenant's: the same salt of two tenants is two salts, so no
-    tenant can share (and time) the prefix cache another tenant's salt keeps apart."""
+def _tenants_own(tenant: str, given: Any, field: str) -> str:
+    """The client's name for a part of the backend's prefix cache made its tenant's: the same
+    name sent by two tenants is two names, so no tenant can share (and time) the cache another
+    tenant's name keeps apart, and one tenant's requests still share theirs."""
     if type(given) is not str or not given:
-        raise BadRequest("'cache_salt' must be a non-empty string.", param="cache_salt")
+        raise BadRequest(f"'{field}' must be a non-empty string.", param=field)
     mixed = hashlib.sha256(f"{tenant}\0{given}".encode(errors="surrogatepass"))
     return mixed.hexdigest()[: 2 * _SALT_BYTES]
 

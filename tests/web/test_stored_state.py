@@ -115,31 +115,34 @@ def test_stored_objects_no_tenant_can_own_are_refused(
     assert len(gateway.backend.bodies) == asked
 
 
-def test_a_cache_salt_is_made_the_tenants_own(gateway: Running) -> None:
+@pytest.mark.parametrize("field", ["cache_salt", "prompt_cache_key"])
+def test_a_cache_salt_is_made_the_tenants_own(gateway: Running, field: str) -> None:
     messages = [{"role": "user", "content": "Hi"}]
-    salted = {"cache_salt": "team-salt"}
+    salted = {field: "team-salt"}
     with gateway.client(ALICE_KEY) as alice, gateway.client(BOB_KEY) as bob:
         alice.chat.completions.create(model=MODEL, messages=messages, extra_body=salted)  # type: ignore[arg-type]
         alice.chat.completions.create(model=MODEL, messages=messages, extra_body=salted)  # type: ignore[arg-type]
         bob.chat.completions.create(model=MODEL, messages=messages, extra_body=salted)  # type: ignore[arg-type]
         bob.responses.create(model=MODEL, input="Hi", extra_body=salted)
         alice.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
-    first, again, bobs, bobs_response, unsalted = gateway.backend.asked("cache_salt")[-5:]
+    first, again, bobs, bobs_response, unsalted = gateway.backend.asked(field)[-5:]
     assert first == again  # one tenant's own prefix cache is shared by its requests
     assert bobs == bobs_response
     assert len({first, bobs, "team-salt"}) == 3  # but never with another tenant's
     assert unsalted is None  # a request without a salt is sent as it came
 
 
-def test_an_empty_cache_salt_is_a_400(gateway: Running) -> None:
+@pytest.mark.parametrize("field", ["cache_salt", "prompt_cache_key"])
+@pytest.mark.parametrize("value", ["", 7, ["a"]])
+def test_a_cache_salt_that_is_no_name_is_a_400(gateway: Running, field: str, value: object) -> None:
     with gateway.client(ALICE_KEY) as alice, pytest.raises(openai.BadRequestError) as refused:
         alice.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "Hi"}],
-            extra_body={"cache_salt": ""},
+            extra_body={field: value},
         )
     assert isinstance(refused.value.body, dict)
-    assert refused.value.body["param"] == "cache_salt"
+    assert refused.value.body["param"] == field
 
 
 def test_stored_response_routes_are_not_served(gateway: Running) -> None:
