@@ -1,6 +1,7 @@
 """Keep each tenant to the state the shared backend keeps for it: a Responses request continues
 only a response its own tenant made, names no stored object no tenant can own, and a prompt-cache
-salt or key a client sends becomes its tenant's own. Writes the body's `cache_salt` and
+salt or key a client sends becomes its tenant's own; a client naming KV-cache blocks to read
+(vLLM's `kv_transfer_params`) is refused. Writes the body's `cache_salt` and
 `prompt_cache_key`; remembers, as a Responses answer ends, which tenant it was stored for.
 """
 
@@ -40,6 +41,14 @@ class StoredState:
 
     async def __call__(self, ctx: Admitted) -> None:
         body = ctx.body
+        if body.get("kv_transfer_params") is not None:
+            raise BadRequest(
+                "'kv_transfer_params' is not accepted from clients: it names KV-cache blocks a "
+                "disaggregated vLLM engine would read, which may be another tenant's. The "
+                "router in front of the engines sets it.",
+                param="kv_transfer_params",
+                code="unsupported_parameter",
+            )
         for field in _CACHE_NAMES:
             given = body.get(field)
             if given is not None:

@@ -177,3 +177,26 @@ def test_whose_response_it_is_holds_on_every_replica(redis_url: str) -> None:
             pytest.raises(openai.NotFoundError),
         ):
             bob.responses.create(model=MODEL, input="?", previous_response_id=made.id)
+
+
+def test_kv_cache_blocks_named_by_a_client_are_refused(gateway: Running) -> None:
+    """vLLM's `kv_transfer_params` (disaggregated prefill and decode) tells an engine which KV
+    blocks to pull, from which engine: a client naming them could read the prefix of another
+    tenant's request. It reached the backend as it came."""
+    asked = len(gateway.backend.bodies)
+    pull = {
+        "do_remote_prefill": True,
+        "remote_engine_id": "prefill-0",
+        "remote_block_ids": [1, 2, 3],
+        "remote_host": "10.0.0.7",
+        "remote_port": 5600,
+    }
+    with gateway.client(BOB_KEY) as bob, pytest.raises(openai.BadRequestError) as refused:
+        bob.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            extra_body={"kv_transfer_params": pull},
+        )
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["param"] == "kv_transfer_params"
+    assert len(gateway.backend.bodies) == asked
