@@ -55,6 +55,16 @@ class StoredState:
                 body[field] = _tenants_own(ctx.tenant_name, given, field)
         if ctx.operation != "responses":
             return
+        if body.get("request_id") is not None:
+            # vLLM stores the response under the id the request chose: one tenant choosing
+            # another's would replace that tenant's stored conversation with its own.
+            raise BadRequest(
+                "'request_id' is not accepted on /v1/responses: the backend would store the "
+                "response under it, over any response of that id. Send x-request-id to name "
+                "a request.",
+                param="request_id",
+                code="unsupported_parameter",
+            )
         _refuse_unownable(body)
         previous = body.get("previous_response_id")
         if previous is not None and not await self._owns(ctx.tenant_name, previous):

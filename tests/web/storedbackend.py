@@ -1,8 +1,9 @@
 """A backend on 127.0.0.1 that keeps Responses by id as vLLM does: a raw asyncio server on a
 thread of its own. A response stored (`store` is not false) is the input it was asked; a request
 naming it in `previous_response_id` is answered with that input (as a model given the history
-would repeat it), whoever asks; an id it does not have is vLLM's 404. Chat completions answer
-"ok". Every request body it got is kept, in order.
+would repeat it), whoever asks; an id it does not have is vLLM's 404. A request's `request_id`
+is its response's id, as in vLLM (one storing over another's id replaces it). Chat completions
+answer "ok". Every request body it got is kept, in order.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class StoredBackend:
                 message = f"Response with id '{previous}' not found."
                 return _whole(404, {"error": {"message": message, "type": "NotFoundError"}})
             text = f"Earlier you said: {self.stored[previous]}"
-        response = self._response(text)
+        response = self._response(text, body.get("request_id"))
         if body.get("store") is not False:
             self.stored[response["id"]] = str(body.get("input"))
         if not body.get("stream"):
@@ -83,12 +84,13 @@ class StoredBackend:
         head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
         return head + b"content-length: %d\r\n\r\n" % len(stream) + stream
 
-    def _response(self, text: str) -> dict[str, Any]:
+    def _response(self, text: str, chosen: str | None) -> dict[str, Any]:
+        """The answer, under the id the request chose (vLLM's `request_id`) or a new one."""
         part = {"type": "output_text", "text": text, "annotations": []}
         item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
                 "content": [part]}  # fmt: skip
         usage = {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}
-        answer_id = f"resp_{next(self._ids):032x}"
+        answer_id = chosen or f"resp_{next(self._ids):032x}"
         return {"id": answer_id, "object": "response", "created_at": 1, "model": MODEL,
                 "status": "completed", "output": [item], "usage": usage}  # fmt: skip
 
