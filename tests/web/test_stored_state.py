@@ -13,7 +13,7 @@ import pytest
 from proxy.app import create_app
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
-from tests.servers import serve
+from tests.servers import free_port, serve
 from tests.web.storedbackend import MODEL, StoredBackend, stored_backend
 
 ALICE_KEY = "tw-stored-alice"
@@ -218,3 +218,21 @@ def test_a_tenant_cannot_store_its_response_over_anothers(gateway: Running) -> N
     with gateway.client(ALICE_KEY) as alice:
         again = alice.responses.create(model=MODEL, input="?", previous_response_id=made.id)
     assert again.output_text == f"Earlier you said: {SECRET}"
+
+
+def test_an_owner_storage_cannot_tell_is_a_503_never_a_guess(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        stored_backend() as backend,
+        stored_gateway(backend, f"redis://127.0.0.1:{free_port()}/0") as url,
+    ):
+        with Running(url, backend).client(ALICE_KEY) as alice:
+            made = alice.responses.create(model=MODEL, input=SECRET)  # answered all the same
+            asked = len(backend.bodies)
+            with pytest.raises(openai.InternalServerError) as refused:
+                alice.responses.create(model=MODEL, input="?", previous_response_id=made.id)
+    assert refused.value.status_code == 503
+    assert refused.value.response.headers["retry-after"] == "1"
+    assert len(backend.bodies) == asked
+    assert "could not remember whose stored response" in caplog.text
