@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from proxy.apis.events import StreamEvents, text_pattern, type_pattern
+from proxy.apis.events import ANSWER_ID, StreamEvents, text_pattern, type_pattern
 from proxy.apis.responses import chat_tool
 from proxy.jsontext import json_text
 from proxy.stages.jsoncheck import (
@@ -34,6 +34,7 @@ __all__ = [
     "add_system",
     "answer_texts",
     "chat_usage",
+    "container_id",
     "to_chat",
 ]
 
@@ -203,15 +204,34 @@ def _read_usage(event: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any] 
     (newer backends repeat the input there): the usage is whole at message_delta."""
     if event.get("type") == "message_start":
         message = event.get("message")
-        usage = message.get("usage") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            return None
+        _note_container(parts, message.get("container"))
+        usage = message.get("usage")
         if isinstance(usage, dict):
             _merge(parts, usage)
         return None
+    delta = event.get("delta")
+    if isinstance(delta, dict):
+        _note_container(parts, delta.get("container"))
     usage = event.get("usage")
     if not isinstance(usage, dict):
         return None
     _merge(parts, usage)
     return dict(parts)
+
+
+def _note_container(parts: dict[str, Any], container: object) -> None:
+    """The code-execution container the answer ran in (Anthropic's), by its id: a later request
+    may name it to run in it again."""
+    if isinstance(container, dict) and container.get("id") is not None:
+        parts[ANSWER_ID] = container["id"]
+
+
+def container_id(answer: Mapping[str, Any]) -> object:
+    """The id of the container a whole answer ran in, if it names one."""
+    container = answer.get("container")
+    return container.get("id") if isinstance(container, dict) else None
 
 
 def _merge(parts: dict[str, Any], usage: dict[str, Any]) -> None:

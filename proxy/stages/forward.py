@@ -26,8 +26,8 @@ from proxy.errors import (
 )
 from proxy.policy.model import Backend, UpstreamSpec
 from proxy.stages.shown import Reshow, added_usage_chunk, event_with_billed, whole_with_billed
+from proxy.stages.stored import answer_id, stored_id
 from proxy.stages.usage import believed
-from proxy.stages.stored import stored_id
 from proxy.stages.usage import take_usage as _take_usage
 from proxy.stages.usage import usage_of as _usage_of
 from proxy.telemetry.recorder import Telemetry
@@ -192,8 +192,8 @@ class Forward:
             headers.append((b"content-length", str(len(raw)).encode()))
         await self._start(ctx, send, headers)
         ctx.outcome.answered = True
-        if ctx.operation == "responses":
-            ctx.outcome.stored_id = stored_id(ctx, parsed.get("id"))
+        if ctx.operation in AGENT_APIS:
+            ctx.outcome.stored_id = stored_id(ctx, answer_id(ctx.operation, parsed))
         if ctx.operation == "responses" and parsed.get("status") == "failed":
             ctx.outcome.error_code = "upstream_error"  # at 200, as a stream's response.failed
         await send({"type": "http.response.body", "body": raw, "more_body": False})

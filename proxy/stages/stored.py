@@ -1,9 +1,9 @@
 """Keep each tenant to the state the shared backend keeps for it: a Responses request continues
-only a response its own tenant made, names no stored object no tenant can own, and a prompt-cache
-salt or key a client sends becomes its tenant's own; a client naming KV-cache blocks to read
-(vLLM's `kv_transfer_params`) is refused. Writes the body's `cache_salt` and
-`prompt_cache_key`; remembers, as a Responses answer ends, which tenant it was stored for.
-"""
+only a response its own tenant made, a Messages request runs only in a code-execution container
+its own tenant's answer ran in, neither names a stored object no tenant can own, and a
+prompt-cache salt or key a client sends becomes its tenant's own; a client naming KV-cache blocks
+to read (vLLM's `kv_transfer_params`) is refused. Writes the body's `cache_salt` and
+`prompt_cache_key`; remembers, as an answer ends, which tenant its stored object is for."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import hashlib
 import logging
 from typing import Any
 
+from proxy.apis.messages import container_id
 from proxy.apis.responses import names_stored_item
 from proxy.clock import Clock
 from proxy.context import Admitted
@@ -18,7 +19,7 @@ from proxy.errors import BadRequest, NotFound, StorageUnavailable
 from proxy.storage.base import StorageError
 from proxy.storage.owned import OwnedIds
 
-__all__ = ["KEPT_S", "MAX_ID_CHARS", "StoredState", "stored_id"]
+__all__ = ["KEPT_S", "MAX_ID_CHARS", "StoredState", "answer_id", "stored_id"]
 
 _log = logging.getLogger("tokenweir.stored")
 
@@ -27,12 +28,14 @@ MAX_ID_CHARS = 256  # vLLM's are `resp_` and 32 hex digits, OpenAI's about 50 ch
 # vLLM's prefix-cache salt, and OpenAI's key grouping requests that share a prefix cache
 _CACHE_NAMES = ("cache_salt", "prompt_cache_key")
 _SALT_BYTES = 16  # a salt of 32 hex digits: within any engine's bounds on its characters
+_CONTAINER = "container:"  # a container's id as remembered, apart from response ids
 
 
 class StoredState:
     """`previous_response_id` of another tenant's response (or one the gateway never relayed)
     is a 404, as the backend answers an id it does not have, so nobody learns whether an id
-    exists; `conversation` and item references are 400s. A request without these fields
+    exists, and so is another tenant's `container`; `conversation` and item references are
+    400s. A request without these fields
     pays a key lookup or two and no storage call."""
 
     def __init__(self, owned: OwnedIds, clock: Clock) -> None:
@@ -53,6 +56,8 @@ class StoredState:
             given = body.get(field)
             if given is not None:
                 body[field] = _tenants_own(ctx.tenant_name, given, field)
+        if ctx.operation == "messages":
+            await self._refuse_others_container(ctx.tenant_name, body.get("container"))
         if ctx.operation != "responses":
             return
         if body.get("request_id") is not None:
@@ -73,6 +78,20 @@ class StoredState:
                 "key's tenant made through this gateway (or it has expired).",
                 param="previous_response_id",
                 code="previous_response_not_found",
+            )
+
+    async def _refuse_others_container(self, tenant: str, container: object) -> None:
+        """Anthropic runs a request naming a container's id in that container, with the files
+        an earlier request left there: only a container its own tenant's answer ran in."""
+        given = container.get("id") if isinstance(container, dict) else container
+        if given is None:
+            return  # none, or a new container's settings
+        if type(given) is not str or not await self._owns(tenant, _CONTAINER + given):
+            raise NotFound(
+                "Container not found: 'container' names no container an answer to this key's "
+                "tenant ran in (or it has expired).",
+                param="container",
+                code="container_not_found",
             )
 
     async def _owns(self, tenant: str, response_id: str) -> bool:
@@ -100,14 +119,20 @@ class StoredState:
             _log.warning("could not remember whose stored response %r is: %s", stored, exc)
 
 
+def answer_id(operation: str, answer: dict[str, Any]) -> object:
+    """What a whole answer names that the backend keeps: a response's id, a message's container."""
+    return container_id(answer) if operation == "messages" else answer.get("id")
+
+
 def stored_id(ctx: Admitted, given: object) -> str | None:
-    """The id a Responses answer is stored under at the backend: none for a request sent with
-    `store: false`, nor an id that is not a string of a sane size."""
-    if ctx.body.get("store") is False:
+    """The name the gateway remembers an answer's stored object by: a Responses answer's id
+    (none for a request sent with `store: false`), a Messages answer's container as
+    `container:<id>`; none for an id that is not a string of a sane size."""
+    if type(given) is not str or not 0 < len(given) <= MAX_ID_CHARS:
         return None
-    if type(given) is str and 0 < len(given) <= MAX_ID_CHARS:
-        return given
-    return None
+    if ctx.operation == "messages":
+        return _CONTAINER + given
+    return None if ctx.body.get("store") is False else given
 
 
 def _tenants_own(tenant: str, given: Any, field: str) -> str:

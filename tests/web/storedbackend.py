@@ -25,6 +25,7 @@ class StoredBackend:
         self.url = ""
         self.bodies: list[dict[str, Any]] = []
         self.stored: dict[str, str] = {}
+        self.containers: dict[str, str] = {}  # what each code-execution container holds
         self._ids = itertools.count(1)
         self.writers: set[asyncio.StreamWriter] = set()
 
@@ -57,6 +58,8 @@ class StoredBackend:
             return _whole(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
         body = orjson.loads(raw)
         self.bodies.append(body)
+        if path == "/v1/messages":
+            return self._message(body)
         if path == "/v1/chat/completions":
             message = {"role": "assistant", "content": "ok"}
             choice = {"index": 0, "message": message, "finish_reason": "stop"}
@@ -80,9 +83,42 @@ class StoredBackend:
             {"type": "response.output_text.delta", "delta": text, "output_index": 0},
             {"type": "response.completed", "response": response},
         ]
-        stream = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-        return head + b"content-length: %d\r\n\r\n" % len(stream) + stream
+        return _stream(b"".join(_event(e) for e in events))
+
+    def _message(self, body: dict[str, Any]) -> bytes:
+        """Anthropic's code execution, as far as its container goes: a request naming none
+        gets a new one holding its first message; one naming a container is answered with
+        what that holds, whoever asks."""
+        given = body.get("container")
+        given = given.get("id") if isinstance(given, dict) else given
+        if given is None:
+            container = f"container_{next(self._ids)}"
+            self.containers[container] = str(body["messages"][0]["content"])
+            text = "ok"
+        elif given in self.containers:
+            container, text = given, f"The container holds: {self.containers[given]}"
+        else:
+            error = {"type": "not_found_error", "message": "container not found"}
+            return _whole(404, {"type": "error", "error": error})
+        held = {"id": container, "expires_at": "2030-01-01T00:00:00Z"}
+        usage = {"input_tokens": 3, "output_tokens": 1}
+        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": MODEL,
+                   "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                   "stop_sequence": None, "usage": usage, "container": held}  # fmt: skip
+        if not body.get("stream"):
+            return _whole(200, message)
+        events = [
+            {"type": "message_start", "message": {**message, "content": [], "container": None}},
+            {"type": "content_block_start", "index": 0,
+             "content_block": {"type": "text", "text": ""}},
+            {"type": "content_block_delta", "index": 0,
+             "delta": {"type": "text_delta", "text": text}},
+            {"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn", "container": held},
+             "usage": {"output_tokens": 1}},
+            {"type": "message_stop"},
+        ]  # fmt: skip
+        return _stream(b"".join(b"event: %s\n" % e["type"].encode() + _event(e) for e in events))
 
     def _response(self, text: str, chosen: str | None) -> dict[str, Any]:
         """The answer, under the id the request chose (vLLM's `request_id`) or a new one."""
@@ -93,6 +129,15 @@ class StoredBackend:
         answer_id = chosen or f"resp_{next(self._ids):032x}"
         return {"id": answer_id, "object": "response", "created_at": 1, "model": MODEL,
                 "status": "completed", "output": [item], "usage": usage}  # fmt: skip
+
+
+def _event(payload: object) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _stream(events: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    return head + b"content-length: %d\r\n\r\n" % len(events) + events
 
 
 def _whole(status: int, answer: object) -> bytes:

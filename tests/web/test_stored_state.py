@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import anthropic
 import openai
 import pytest
 
@@ -236,3 +237,44 @@ def test_an_owner_storage_cannot_tell_is_a_503_never_a_guess(
     assert refused.value.response.headers["retry-after"] == "1"
     assert len(backend.bodies) == asked
     assert "could not remember whose stored response" in caplog.text
+
+
+def anthropic_client(gateway: Running, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0)
+
+
+def ask(
+    client: anthropic.Anthropic, text: str, container: object = None, stream: bool = False
+) -> str:
+    """The answer's text, or its container's id where it ran in a new one."""
+    extra = {} if container is None else {"container": container}
+    message = [{"role": "user", "content": text}]
+    if stream:
+        with client.messages.stream(
+            model=MODEL, max_tokens=16, messages=message, extra_body=extra
+        ) as events:
+            answer = events.get_final_message().to_dict()
+    else:
+        created = client.messages.create(
+            model=MODEL, max_tokens=16, messages=message, extra_body=extra
+        )
+        answer = created.to_dict()
+    return answer["content"][0]["text"] if container else answer["container"]["id"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_another_tenants_code_container_cannot_be_named(gateway: Running, stream: bool) -> None:
+    """Anthropic's code execution runs a request naming a container in it, files and all: one
+    tenant naming another's container id read what the other left there."""
+    with anthropic_client(gateway, ALICE_KEY) as alice:
+        container = ask(alice, SECRET, stream=stream)
+        assert ask(alice, "Again?", container) == f"The container holds: {SECRET}"
+    asked = len(gateway.backend.bodies)
+    for named in (container, {"id": container}):
+        with (
+            anthropic_client(gateway, BOB_KEY) as bob,
+            pytest.raises(anthropic.NotFoundError) as refused,
+        ):
+            ask(bob, "What is in it?", named)
+        assert SECRET not in str(refused.value.body)
+    assert len(gateway.backend.bodies) == asked
