@@ -116,7 +116,8 @@ class StoredState:
             await self._owned.claim(ctx.tenant_name, stored, self._clock.wall() + KEPT_S)
         except StorageError as exc:
             # The tenant's next turn is refused as unknown: never another tenant's.
-            _log.warning("could not remember whose stored response %r is: %s", stored, exc)
+            # The id is left out: at the backend itself it opens what it names.
+            _log.warning("could not remember whose stored response or container is: %s", exc)
 
 
 def answer_id(operation: str, answer: dict[str, Any]) -> object:

@@ -237,6 +237,7 @@ def test_an_owner_storage_cannot_tell_is_a_503_never_a_guess(
     assert refused.value.response.headers["retry-after"] == "1"
     assert len(backend.bodies) == asked
     assert "could not remember whose stored response" in caplog.text
+    assert made.id not in caplog.text
 
 
 def anthropic_client(gateway: Running, key: str) -> anthropic.Anthropic:
