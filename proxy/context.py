@@ -80,7 +80,7 @@ class Outcome:
     # as they are (proxy/stages/shown.py).
     reshow: Callable[[RequestContext, bytes], bytes] | None = None
     as_sent: bool = True  # `parsed` is what the backend sent (not read leniently, changed)
-    stored_id: str | None = None  # the id the backend stored the answer under (Responses)
+    stored_id: str | None = None  # what the backend keeps of the answer: its id, its container
 
     def refused(self, status: int, code: str) -> None:
         """The gateway answered with an error of its own."""
