@@ -35,63 +35,58 @@ class StoredState:
     """`previous_response_id` of another tenant's response (or one the gateway never relayed)
     is a 404, as the backend answers an id it does not have, so nobody learns whether an id
     exists, and so is another tenant's `container`; `conversation` and item references are
-    400s. A request without these fields
-    pays a key lookup or two and no storage call."""
+    400s. A request without these fields pays a few dict lookups and no storage call."""
 
     def __init__(self, owned: OwnedIds, clock: Clock) -> None:
         self._owned = owned
         self._clock = clock
 
     async def __call__(self, ctx: Admitted) -> None:
-        body = ctx.body
+        body, tenant = ctx.body, ctx.tenant_name
         if body.get("kv_transfer_params") is not None:
-            raise BadRequest(
-                "'kv_transfer_params' is not accepted from clients: it names KV-cache blocks a "
-                "disaggregated vLLM engine would read, which may be another tenant's. The "
-                "router in front of the engines sets it.",
-                param="kv_transfer_params",
-                code="unsupported_parameter",
+            raise _refused(
+                "kv_transfer_params",
+                "it names KV-cache blocks a disaggregated vLLM engine would read, which may be "
+                "another tenant's (the router in front of the engines sets it)",
             )
         for field in _CACHE_NAMES:
             given = body.get(field)
             if given is not None:
-                body[field] = _tenants_own(ctx.tenant_name, given, field)
+                body[field] = _tenants_own(tenant, given, field)
         if ctx.operation == "messages":
-            await self._refuse_others_container(ctx.tenant_name, body.get("container"))
-        if ctx.operation != "responses":
-            return
+            container = body.get("container")
+            # An id, or settings naming one (without one: a new container's settings)
+            given = container.get("id") if isinstance(container, dict) else container
+            if given is not None:
+                # Anthropic runs the request in it, with the files earlier requests left there.
+                await self._require_own(tenant, given, "container", "container")
+        elif ctx.operation == "responses":
+            await self._check_responses(tenant, body)
+
+    async def _check_responses(self, tenant: str, body: dict[str, Any]) -> None:
         if body.get("request_id") is not None:
             # vLLM stores the response under the id the request chose: one tenant choosing
             # another's would replace that tenant's stored conversation with its own.
-            raise BadRequest(
-                "'request_id' is not accepted on /v1/responses: the backend would store the "
-                "response under it, over any response of that id. Send x-request-id to name "
-                "a request.",
-                param="request_id",
-                code="unsupported_parameter",
+            raise _refused(
+                "request_id",
+                "the backend would store the response under it, over any response of that "
+                "id (send x-request-id to name a request)",
             )
         _refuse_unownable(body)
         previous = body.get("previous_response_id")
-        if previous is not None and not await self._owns(ctx.tenant_name, previous):
-            raise NotFound(
-                "Previous response not found: 'previous_response_id' names no response this "
-                "key's tenant made through this gateway (or it has expired).",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
+        if previous is not None:
+            await self._require_own(tenant, previous, "previous_response_id", "previous response")
 
-    async def _refuse_others_container(self, tenant: str, container: object) -> None:
-        """Anthropic runs a request naming a container's id in that container, with the files
-        an earlier request left there: only a container its own tenant's answer ran in."""
-        given = container.get("id") if isinstance(container, dict) else container
-        if given is None:
-            return  # none, or a new container's settings
-        if type(given) is not str or not await self._owns(tenant, _CONTAINER + given):
+    async def _require_own(self, tenant: str, given: object, param: str, what: str) -> None:
+        """A 404, as the backend answers an id it does not have, unless `given` names an object
+        stored for `tenant`'s answers (a container's id is remembered apart)."""
+        name = _CONTAINER + given if param == "container" and type(given) is str else given
+        if type(name) is not str or not await self._owns(tenant, name):
             raise NotFound(
-                "Container not found: 'container' names no container an answer to this key's "
-                "tenant ran in (or it has expired).",
-                param="container",
-                code="container_not_found",
+                f"{what.capitalize()} not found: '{param}' names no {what} made for this key's "
+                "tenant through this gateway (or it has expired).",
+                param=param,
+                code=f"{what.replace(' ', '_')}_not_found",
             )
 
     async def _owns(self, tenant: str, response_id: str) -> bool:
@@ -160,10 +155,17 @@ def _refuse_unownable(body: dict[str, Any]) -> None:
 
 
 def _unownable(param: str, what: str) -> BadRequest:
+    return _refused(
+        param,
+        f"it names {what}, which this gateway cannot tell is your tenant's, on a backend every "
+        "tenant shares (send the turns in 'input', or continue a response of your own with "
+        "'previous_response_id')",
+    )
+
+
+def _refused(param: str, why: str) -> BadRequest:
     return BadRequest(
-        f"'{param}' names {what}, which this gateway cannot tell is your tenant's, on a "
-        "backend every tenant shares. Send the turns in 'input' (or continue a response of "
-        "your own with 'previous_response_id').",
+        f"'{param}' is not accepted by this gateway: {why}.",
         param=param,
         code="unsupported_parameter",
     )
