@@ -12,9 +12,10 @@ from proxy.storage.redis.url import check_storage_url
 
 __all__ = ["MemoryOwnedIds", "OwnedIds", "RedisOwnedIds", "open_owned_ids"]
 
-# A process on `storage: memory` forgets its oldest ids past this many (about 120 bytes each):
-# a forgotten id is refused as unknown, never served to another tenant.
-MEMORY_IDS = 200_000
+# A process on `storage: memory` forgets a tenant's oldest ids past this many (about 120 bytes
+# each): a forgotten id is refused as unknown, never served to another tenant, and one tenant's
+# many answers push out none of another's.
+MEMORY_IDS = 100_000
 
 
 class OwnedIds(Protocol):
@@ -28,14 +29,15 @@ class OwnedIds(Protocol):
 
 class MemoryOwnedIds:
     def __init__(self, most: int = MEMORY_IDS) -> None:
-        self._until: dict[bytes, float] = {}  # in the order claimed: the oldest first
+        # Per tenant, in the order claimed: the oldest first.
+        self._until: dict[str, dict[bytes, float]] = {}
         self._most = most
 
     def __len__(self) -> int:
-        return len(self._until)
+        return sum(map(len, self._until.values()))
 
     async def claim(self, tenant: str, object_id: str, until_wall: float) -> None:
-        until = self._until
+        until = self._until.setdefault(tenant, {})
         name = _digest(tenant, object_id)
         until.pop(name, None)
         until[name] = until_wall
@@ -43,7 +45,7 @@ class MemoryOwnedIds:
             del until[next(iter(until))]
 
     async def owns(self, tenant: str, object_id: str, now_wall: float) -> bool:
-        until = self._until.get(_digest(tenant, object_id))
+        until = self._until.get(tenant, {}).get(_digest(tenant, object_id))
         return until is not None and until > now_wall
 
     async def aclose(self) -> None:

@@ -1,5 +1,5 @@
 """Whose stored object an id is, on memory and Redis: a claim holds for its own tenant until it
-expires, for no other tenant, and memory forgets its oldest claims past its bound."""
+expires, for no other tenant, and memory forgets a tenant's oldest claims past its bound."""
 
 from __future__ import annotations
 
@@ -35,10 +35,13 @@ async def test_a_claim_is_its_tenants_alone_until_it_expires(url: str) -> None:
 
 
 @pytest.mark.anyio
-async def test_memory_forgets_its_oldest_claims_past_its_bound() -> None:
+async def test_memory_forgets_a_tenants_oldest_claims_past_its_bound() -> None:
+    """Each tenant's own: one tenant's many answers push out none of another's."""
     owned = MemoryOwnedIds(most=3)
+    await owned.claim("bob", "resp_bob", NOW + 60)
     for number in range(5):
         await owned.claim("alice", f"resp_{number}", NOW + 60)
-    assert len(owned) == 3
+    assert len(owned) == 4
     held = [await owned.owns("alice", f"resp_{n}", NOW) for n in range(5)]
     assert held == [False, False, True, True, True]
+    assert await owned.owns("bob", "resp_bob", NOW)
