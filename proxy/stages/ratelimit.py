@@ -10,6 +10,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 from proxy.clock import Clock
@@ -238,10 +239,10 @@ class RateLimits:
         if not hold.slots:
             return
 
-        def release() -> Awaitable[None]:
-            return self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
+        self._failures.undo_later(exc, partial(self._release, hold), hold.lease_s)
 
-        self._failures.undo_later(exc, release, hold.lease_s)
+    def _release(self, hold: RateLimitHold) -> Awaitable[None]:
+        return self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
 
     def _hold(
         self, ctx: Admitted, hold: RateLimitHold, shape: LimitShape, costs: list[int]
@@ -277,13 +278,13 @@ class RateLimits:
         """Free the holds' slots and true their token buckets up to `used`; a `refused`
         request's request buckets get back the one it took."""
         now = self._clock.wall()
-        releases: list[tuple[str, Awaitable[None]]] = []
+        releases: list[tuple[RateLimitHold, Awaitable[None]]] = []
         true_ups: list[Awaitable[None]] = []
         for hold in holds:
             hold.end()
             if hold.slots:
                 released = self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
-                releases.append((hold.scope, released))
+                releases.append((hold, released))
             true_ups += [
                 self._store.settle(hold.scope, bucket, used - charged, now=now)
                 for bucket, charged in hold.token_buckets
@@ -299,16 +300,19 @@ class RateLimits:
     async def _settled(
         self,
         tenant: str,
-        releases: list[tuple[str, Awaitable[None]]],
+        releases: list[tuple[RateLimitHold, Awaitable[None]]],
         true_ups: list[Awaitable[None]],
     ) -> None:
-        for scope, released in releases:
+        for hold, released in releases:
             try:
                 await released
             except StorageError as exc:
-                _log.warning("could not free the slots of %s: %s", tenant, exc)
+                # Sent again until storage takes it: else the slot stays taken until its lease
+                # ends, and a tenant at max_concurrent is refused all that time.
+                _log.warning("could not free the slots of %s yet: %s", tenant, exc)
+                self._failures.resend(partial(self._release, hold), hold.lease_s)
             else:
-                self._wake_next(scope)
+                self._wake_next(hold.scope)
         for trued in true_ups:
             await warned(trued, _log, "could not true up the token bucket of %s: %s", tenant)
 

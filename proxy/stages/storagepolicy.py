@@ -56,17 +56,28 @@ class StorageFailures:
         repeat) is sent once the storage answers again, and once more half a second later for
         a late call that reaches it after the first; after `within_s` the lease has ended
         anyway. A refused connection ran nothing, so it needs no undo."""
-        if not isinstance(exc, StorageTimeout):
-            return
-        task = asyncio.create_task(self._undo(undo, within_s))
+        if isinstance(exc, StorageTimeout):
+            self._send_later(undo, within_s, times=2)
+
+    def resend(self, call: Callable[[], Awaitable[object]], within_s: float) -> None:
+        """A call storage did not take (a release: safe to repeat), sent again until it takes
+        it once; after `within_s` what it would free has freed itself (a lease ended)."""
+        self._send_later(call, within_s, times=1)
+
+    def _send_later(
+        self, call: Callable[[], Awaitable[object]], within_s: float, *, times: int
+    ) -> None:
+        task = asyncio.create_task(self._undo(call, within_s, times))
         self._undoing.add(task)
         task.add_done_callback(self._undoing.discard)
 
-    async def _undo(self, undo: Callable[[], Awaitable[object]], within_s: float) -> None:
+    async def _undo(
+        self, undo: Callable[[], Awaitable[object]], within_s: float, times: int
+    ) -> None:
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + within_s
         sent, delay_s = 0, 0.1
-        while sent < 2 and loop.time() + delay_s < deadline_s:
+        while sent < times and loop.time() + delay_s < deadline_s:
             await asyncio.sleep(delay_s)
             try:
                 await undo()

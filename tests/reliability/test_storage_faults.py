@@ -247,3 +247,34 @@ def _day_quota(redis_url: str) -> tuple[int, int]:
     with redis_client.Redis.from_url(redis_url) as client:
         rows = [client.hmget(k, "used", "reserved") for k in client.scan_iter("tw:*:q:tokens:d:*")]
     return sum(int(u or 0) for u, _ in rows), sum(int(r or 0) for _, r in rows)
+
+
+def test_a_request_that_ends_while_redis_is_down_frees_its_slot_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """A request that ended while Redis was down (it keeps its data on disk) kept its
+    concurrency slot until its lease ran out: a tenant at max_concurrent was refused 429 for
+    the rest of the lease (here 5 minutes) after Redis came back. The release is sent again."""
+    redis = RedisProcess(["--appendonly", "yes", "--appendfsync", "always"])
+    redis.start()
+    config = tmp_path / "policy.yaml"
+    body = {**CHAT, "stream": True, "max_tokens": 300, "mock_completion_tokens": 300}
+    try:
+        with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=200)) as backend_url:
+            policy = policy_text(backend_url, redis.url, max_concurrent=1, extra=", lease_ttl: 5m")
+            config.write_text(policy)
+            with (
+                replicas(config, 1) as [(_, url)],
+                httpx.Client(base_url=url, headers=AUTH, timeout=30) as http,
+            ):
+                with http.stream("POST", "/v1/chat/completions", json=body) as stream:
+                    lines = stream.iter_lines()
+                    next(lines)  # admitted: its slot is taken
+                    assert slots_held(redis.url) == 1
+                    redis.stop()
+                    assert list(itertools.takewhile(_not_done, lines))  # ends while Redis is down
+                redis.start()
+                _wait_for(lambda: slots_held(redis.url) == 0, timeout_s=30)
+                assert _admitted(http)
+    finally:
+        redis.close()
