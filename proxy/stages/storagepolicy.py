@@ -11,7 +11,12 @@ from collections.abc import Awaitable, Callable
 from proxy.clock import Clock, SystemClock
 from proxy.errors import StorageUnavailable
 from proxy.policy.model import Limits
-from proxy.storage.base import StorageError, StorageTimeout, StorageUnreachable
+from proxy.storage.base import (
+    StorageError,
+    StorageTimeout,
+    StorageUnreachable,
+    StorageUnsent,
+)
 from proxy.together import cancelled
 
 __all__ = ["StorageFailures", "warned"]
@@ -51,12 +56,15 @@ class StorageFailures:
     def undo_later(
         self, exc: StorageError, undo: Callable[[], Awaitable[object]], within_s: float
     ) -> None:
-        """A call that timed out may still run once a slow storage catches up, and take what
-        no request will give back (a slot, a reservation) until its lease ends. `undo` (safe to
-        repeat) is sent once the storage answers again, and once more half a second later for
-        a late call that reaches it after the first; after `within_s` the lease has ended
-        anyway. A refused connection ran nothing, so it needs no undo."""
-        if isinstance(exc, StorageTimeout):
+        """A call that timed out may still run once a slow storage catches up, and one whose
+        connection was lost may have run before it was: either may have taken what no request
+        will give back (a slot, a reservation) until its lease ends. `undo` (safe to repeat) is
+        sent once the storage answers again, and once more half a second later for a late call
+        that reaches it after the first; after `within_s` the lease has ended anyway. A call
+        never sent ran nothing, and one answered with an error took nothing: no undo."""
+        if isinstance(exc, StorageTimeout | StorageUnreachable) and not isinstance(
+            exc, StorageUnsent
+        ):
             self._send_later(undo, within_s, times=2)
 
     def resend(self, call: Callable[[], Awaitable[object]], within_s: float) -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from proxy.policy.units import hash_key
 from tests.redis_server import RedisProcess, frozen
-from tests.reliability.state import AUTH, policy_text, slots_held, tokens_reserved
+from tests.reliability.cutproxy import CutProxy
+from tests.reliability.state import AUTH, ledger_records, policy_text, slots_held, tokens_reserved
 from tests.servers import replicas
 
 
@@ -89,5 +90,35 @@ def test_a_client_that_leaves_during_admission_leaves_nothing_held(
             until(lambda: tokens_reserved(redis.url) == 0, "the reservation ends", 6.0)
             after = http.post("/v1/chat/completions", json=CHAT)
             assert after.status_code == 200, after.text
+    finally:
+        redis.close()
+
+
+def test_what_a_call_takes_before_its_connection_is_lost_is_given_back(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """The admission's call reached Redis and ran, and its connection was lost before the
+    reply came back (as a Redis restarting under load does to calls in flight): the request is
+    admitted open, and what the call took was kept until its lease ended (here 5 minutes), so a
+    tenant at max_concurrent was refused all that time. It is given back as a timed-out call's."""
+    redis = RedisProcess()
+    redis.start()
+    try:
+        with CutProxy(redis.port) as relay:
+            config = tmp_path / "policy.yaml"
+            relayed = f"redis://127.0.0.1:{relay.port}/0"
+            extra = ", on_storage_error: open, lease_ttl: 5m"
+            config.write_text(policy_text(backend_url, relayed, max_concurrent=1, extra=extra))
+            with (
+                replicas(config, 1) as [(_, url)],
+                httpx.Client(base_url=url, headers=AUTH) as http,
+            ):
+                assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+                until(lambda: ledger_records(redis.url) == 1, "the first is recorded", 10.0)
+                relay.cut_next()
+                assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+                until(lambda: slots_held(redis.url) == 0, "the slot is given back", 10.0)
+                until(lambda: tokens_reserved(redis.url) == 0, "the reservation ends", 10.0)
+                assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
     finally:
         redis.close()
