@@ -153,6 +153,9 @@ class Forward:
             ctx.outcome.error_code = exc.code
             # An OpenAI-shaped error event, and no [DONE]: the client must not take it as complete.
             ending = b"data: " + exc.to_json() + b"\n\n"
+        finally:
+            if not outcome.completed:  # broken off: the backend failed, or the client left
+                _textless_at_break(ctx, sse, relay)
         if not ctx.status:
             await self._start(ctx, send, SSE_HEADERS)
         ctx.outcome.answered = True
@@ -220,6 +223,14 @@ class Forward:
         )
 
 
+def _textless_at_break(ctx: Admitted, sse: SSEForwarder | EventForwarder, relay: _Relay) -> None:
+    """The events without text in a broken-off stream's last sent read, where that read held
+    text: each took a token's place in the count of the reads with text, as at a stream's end
+    (a finish event beside the last word, before the client left)."""
+    if isinstance(sse, SSEForwarder) and relay.last_texted:
+        ctx.meter.textless_at_end = sse.textless(relay.last)
+
+
 class _Relay:
     """One stream's relay, read by read: what the read sends on (the meter, the SSE accounting,
     the content deadline), and what a sent chunk leaves behind (its time, the stream's tail, the
@@ -227,7 +238,7 @@ class _Relay:
     callback writing straight to the client (`direct`, proxy/asgi/direct.py)."""
 
     __slots__ = ("_backend", "_capture", "_meter", "_sse", "before_last", "clock", "content",
-                 "last")  # fmt: skip
+                 "last", "last_texted")  # fmt: skip
 
     def __init__(
         self,
@@ -244,6 +255,7 @@ class _Relay:
         self.content = content
         self.clock = clock.monotonic
         self.before_last = self.last = b""
+        self.last_texted = False
 
     def take(self, raw: bytes) -> tuple[bytes, int]:
         """The bytes to send on for a read, and the token events they hold."""
@@ -266,6 +278,7 @@ class _Relay:
         if full_s is not None:
             self._meter.client_was_slow(now_s - full_s)
         self.before_last, self.last = self.last, out
+        self.last_texted = self._sse.texted
         if self._capture is not None:
             self._capture(out)
 

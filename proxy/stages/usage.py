@@ -209,7 +209,10 @@ def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | 
         # own (a filter's verdict) is no token.
         texted = ctx.meter.texted_events
         if ctx.outcome.backend_usage is None:  # the bill itself
-            return relayed_output(ctx) if ctx.outcome.completed else _bounded(ctx, texted)
+            if ctx.outcome.completed:
+                return relayed_output(ctx)
+            # Broken off: less the events without text beside the last text (forward.py).
+            return _bounded(ctx, max(0, texted - ctx.meter.textless_at_end))
         # A lower bound to compare with the backend's: each choice's role and finish events,
         # or its finish in a chunk with text, are no tokens.
         own = min(events - _TEXTLESS_PER_CHOICE * choices, texted - choices)

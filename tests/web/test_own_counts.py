@@ -86,9 +86,11 @@ def _streamed_bill(
     max_tokens: int,
     n: int = 1,
     received: Received | None = None,
+    leave_at: str | None = None,
 ) -> tuple[str, UsageRecord]:
     """What a client streaming `script` from the scripted backend reads, and its record;
-    `received` counts each event the client reads, for a script in lock-step with it."""
+    `received` counts each event the client reads, for a script in lock-step with it. The
+    client leaves once it reads a line holding `leave_at`."""
     with serve(scripted_backend({"script": script})) as backend:
         with serve(create_app(billing_policy(backend, ledger_path))) as gateway:
             messages = [{"role": "user", "content": "script"}]
@@ -102,6 +104,8 @@ def _streamed_bill(
                     lines.append(line)
                     if received is not None and line.startswith("data:"):
                         received.add()
+                    if leave_at is not None and leave_at in line:
+                        break
                 text = "\n".join(lines)
             record = _final_record(ledger_path)
     return text, record
@@ -202,6 +206,22 @@ def test_a_finish_sharing_the_last_read_beside_a_textless_event_is_no_token(
     script += [0.3, chunk({"content": " word"}) + chunk({}, "stop"), b"data: [DONE]\n\n"]
     text, record = _streamed_bill(ledger_path, script, max_tokens=50)
     assert text.count(" word") == 3
+    assert (record.usage_source, record.output_tokens) == ("counted", 3)
+
+
+def test_a_client_that_leaves_at_the_finish_is_not_billed_it_as_a_token(
+    ledger_path: Path,
+) -> None:
+    """Three words, the last in the same read as the finish event; the client leaves there,
+    before the usage and [DONE] come (a second later): the finish took a token's place in the
+    bill of the words relayed (4 billed for 3), as it no longer does at a stream's end."""
+    script: list[bytes | float] = [chunk({"role": "assistant", "content": ""})]
+    script += [chunk({"content": " word"}), 0.3, chunk({"content": " word"}), 0.3]
+    script += [chunk({"content": " word"}) + chunk({}, "stop"), 1.0, usage_chunk(9, 3)]
+    script += [b"data: [DONE]\n\n"]
+    text, record = _streamed_bill(ledger_path, script, max_tokens=50, leave_at='"stop"')
+    assert text.count(" word") == 3
+    assert record.client_disconnected
     assert (record.usage_source, record.output_tokens) == ("counted", 3)
 
 
