@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -100,25 +101,31 @@ def wait_healthy(
 
 
 @contextmanager
-def replicas(config: Path, count: int) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
-    """`count` `tokenweir serve` processes on one policy file, healthy; (process, URL) each."""
+def replicas(
+    config: Path, count: int, *options: str, log: Path | None = None
+) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
+    """`count` `tokenweir serve` processes on one policy file, healthy; (process, URL) each;
+    `options` go to each command line (`--workers 2`, say). Their stderr is read at the end,
+    or goes to `log` (for a test whose gateways log more than a pipe holds while it runs)."""
     started: list[tuple[subprocess.Popen[bytes], str]] = []
-    try:
-        for _ in range(count):
-            port = free_port()
-            command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
-            command += ["--port", str(port), "--no-access-log"]
-            process = subprocess.Popen(command, stderr=subprocess.PIPE)
-            started.append((process, f"http://127.0.0.1:{port}"))
-        for process, url in started:
-            wait_healthy(url, process)
-        yield started
-    finally:
-        for process, _ in started:
-            if process.poll() is None:
-                process.terminate()
-        for process, _ in started:
-            process.communicate(timeout=30)
+    with contextlib.ExitStack() as files:
+        stderr = files.enter_context(log.open("ab")) if log is not None else subprocess.PIPE
+        try:
+            for _ in range(count):
+                port = free_port()
+                command = [sys.executable, "-m", "proxy", "serve", "--config", str(config)]
+                command += ["--port", str(port), "--no-access-log", *options]
+                process = subprocess.Popen(command, stderr=stderr)
+                started.append((process, f"http://127.0.0.1:{port}"))
+            for process, url in started:
+                wait_healthy(url, process)
+            yield started
+        finally:
+            for process, _ in started:
+                if process.poll() is None:
+                    process.terminate()
+            for process, _ in started:
+                process.communicate(timeout=30)
 
 
 def ready_workers(url: str, tries: int = 10) -> dict[int, str]:
