@@ -152,8 +152,8 @@ def cache_holds_whole_answers(redis_url: str, port: int, sent: Sequence[Sent]) -
             assert len(answer.message["content"].split()) == answer.completion_tokens, answer
     asked = {orjson.dumps(s.body, option=orjson.OPT_SORT_KEYS): s for s in sent}
     replays = [
-        Sent(f"replay-{i}", s.key, s.body, "never")
-        for i, s in enumerate(asked.values())
+        Sent(f"{s.rid}-replay", s.key, s.body, "never")
+        for s in asked.values()
         if s.body["model"] == "mock-llm" and not _faulty(s.body)
     ]
     rng = random.Random(0)  # noqa: S311
