@@ -7,9 +7,9 @@ and each query opens a read-only connection in `asyncio.to_thread` (WAL lets bot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
-from functools import partial
 from pathlib import Path
 
 from proxy.doze import Doze
@@ -17,13 +17,15 @@ from proxy.ledger import query as planner
 from proxy.ledger import sqlschema
 from proxy.ledger.aggregate import Cell
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
+from proxy.ledger.sqlfile import LedgerFile
 from proxy.ledger.sqlprune import Pruner
 from proxy.ledger.writer import BufferedLedger
 
 __all__ = ["SqliteLedger"]
 
-# A locked or unwritable database: wait and retry the batch (any other error is a record's).
-_OUTAGES: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
+# A locked or unwritable database, or none that can be opened at the path: wait and retry the
+# batch (any other error is a record's).
+_OUTAGES: tuple[type[BaseException], ...] = (sqlite3.OperationalError, LedgerError)
 
 
 class SqliteLedger(BufferedLedger):
@@ -34,6 +36,7 @@ class SqliteLedger(BufferedLedger):
     A backlog (after a burst or an outage) is written `transaction_records` at a time: bigger
     transactions fold more records into each aggregate row, so the writer catches up faster.
     With `keep_records_s`, raw records older are deleted between batches (sqlprune.py).
+    A file deleted or replaced at `path` while it runs is let go for the one there (sqlfile.py).
     """
 
     def __init__(
@@ -60,7 +63,7 @@ class SqliteLedger(BufferedLedger):
         self._interval_s = interval_s
         self._busy_timeout_s = busy_timeout_s
         self._thread: threading.Thread | None = None
-        self._checkpoints: dict[str, int] = {}  # the writer thread's own: see write_batch
+        self._file = LedgerFile(path, busy_timeout_s=busy_timeout_s)  # the writer thread's own
         self._prune = None if keep_records_s is None else Pruner(keep_records_s)
 
     def _writer_running(self) -> bool:
@@ -94,7 +97,7 @@ class SqliteLedger(BufferedLedger):
     def _run(self, ready: asyncio.Future[None]) -> None:
         loop = ready.get_loop()
         try:
-            conn = sqlschema.connect(self.path, busy_timeout_s=self._busy_timeout_s, writer=True)
+            self._file.open()
         except LedgerError as exc:
             loop.call_soon_threadsafe(_settle, ready, exc)
             return
@@ -109,14 +112,13 @@ class SqliteLedger(BufferedLedger):
                 self._wake.clear()
                 if not self._has_work():  # a whole interval without a record: doze until
                     self._dozing.until(self._has_work)  # one comes (or close), written at once
-                self._drain(conn)
-                if self._prune is not None:
-                    self._prune(conn)
-            self._drain(conn)  # anything appended after the last flush
+                self._drain()
+                self._pruned()
+            self._drain()  # anything appended after the last flush
         finally:
-            conn.close()
+            self._file.close()
 
-    def _drain(self, conn: sqlite3.Connection) -> None:
+    def _drain(self) -> None:
         """Write until the buffer is empty; on an outage wait (interruptibly) and try again.
 
         A batch that fails for any other reason (a value SQLite cannot bind) is written again
@@ -126,12 +128,11 @@ class SqliteLedger(BufferedLedger):
         while (batch := self._buffer.next_batch(self._transaction_records)) is not None:
             try:
                 try:
-                    sqlschema.write_batch(conn, batch.records, self._checkpoints)
-                except sqlite3.OperationalError:
+                    self._file.write(batch.records)
+                except _OUTAGES:
                     raise
                 except Exception:  # any other failure: find the record at fault
-                    write = partial(sqlschema.write_batch, conn, checkpoints=self._checkpoints)
-                    self._buffer.isolate(write, _OUTAGES)
+                    self._buffer.isolate(self._file.write, _OUTAGES)
                 else:
                     self._buffer.succeeded()
             except _OUTAGES as exc:
@@ -143,6 +144,12 @@ class SqliteLedger(BufferedLedger):
                 self._wake.clear()
             else:
                 attempt = 0
+
+    def _pruned(self) -> None:
+        """Prune the file now at the path, if one can be opened (else at a later batch)."""
+        if self._prune is not None:
+            with contextlib.suppress(LedgerError):
+                self._prune(self._file.open())
 
     def _check_readable(self) -> None:
         if not self.path.is_file():
