@@ -61,7 +61,17 @@ class LedgerFile:
         conn = self.open()
         if self._elsewhere:
             records = self._relinked(records)
-        sqlschema.write_batch(conn, records, self._checkpoints)
+        try:
+            sqlschema.write_batch(conn, records, self._checkpoints)
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError:  # a subclass: a record's fault, or an
+                raise  # outage's (OperationalError), which the ledger tells apart
+            # Corrupt, or no database any more: the file's fault, not the records'. They wait
+            # for a file to take them, as for a full disk (moving this one away gives one).
+            raise LedgerError(
+                f"the ledger database {self.path} cannot be written ({exc}): move it away "
+                "and the records kept go to a new file at that path"
+            ) from exc
         if self._elsewhere:
             self._elsewhere.difference_update(r.link for r in records)
 

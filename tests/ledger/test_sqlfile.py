@@ -5,8 +5,9 @@ none lost and none counted twice."""
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from dataclasses import replace
 from pathlib import Path
 
@@ -121,3 +122,32 @@ async def test_a_stream_checkpointed_in_a_deleted_file_counts_once_in_the_new_on
         (row,) = await ledger.query(EVERYTHING)
     assert totals([row]) == [(2, 200, 47, 470, 750 + 750)]
     assert await requests_in(path) == ids(1, 2)
+
+
+async def test_records_wait_while_the_file_is_corrupt_and_go_to_a_new_one_once_it_is_moved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, broken = tmp_path / "ledger.db", tmp_path / "broken.db"
+    async with writing(path, flush_timeout_s=0.5) as ledger:
+        for n in range(300):  # enough pages that some live in the file, not only the WAL
+            ledger.append(record(n, tags=(f"tag-{n}",)))
+        await ledger.flush()
+        with closing(sqlite3.connect(path)) as other:
+            other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with path.open("r+b") as file:  # a bad disk, a stray write: every page but the first
+            file.seek(4096)
+            file.write(bytes(range(256)) * (path.stat().st_size // 256))
+        with caplog.at_level(logging.ERROR, "tokenweir.ledger"):
+            for n in range(300, 310):
+                ledger.append(record(n))
+            with pytest.raises(LedgerError, match="10 ledger records not yet written"):
+                await ledger.flush()
+        stats = ledger.stats()
+        assert (stats.written, stats.dropped, stats.buffered) == (300, 0, 10)
+        path.rename(broken)
+        await ledger.flush()
+    assert await requests_in(path) == ids(*range(300, 310))
+    assert (ledger.stats().written, ledger.stats().dropped) == (310, 0)
+    logged = [r.getMessage() for r in caplog.records]
+    assert not any("dropped" in m for m in logged)
+    assert any("cannot be written (database disk image is malformed)" in m for m in logged)
