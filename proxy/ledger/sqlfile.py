@@ -30,9 +30,10 @@ class LedgerFile:
     none can be opened (a foreign file, a missing directory): the error is an outage's.
     """
 
-    def __init__(self, path: Path, *, busy_timeout_s: float) -> None:
+    def __init__(self, path: Path, *, busy_timeout_s: float, wal_keep_bytes: int) -> None:
         self.path = path
         self._busy_timeout_s = busy_timeout_s
+        self._wal_keep_bytes = wal_keep_bytes
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
         # Each running request's checkpoint (its link) -> its raw row in the open file, updated
@@ -48,7 +49,10 @@ class LedgerFile:
             return self._conn
         if self._conn is not None:
             self._let_go(self._conn)
-        conn = sqlschema.connect(self.path, busy_timeout_s=self._busy_timeout_s, writer=True)
+        conn = sqlschema.connect(
+            self.path, busy_timeout_s=self._busy_timeout_s, writer=True,
+            wal_keep_bytes=self._wal_keep_bytes,
+        )  # fmt: skip
         identity = _identity(self.path)
         if identity is None:  # gone again already: write nothing to a file nobody will find
             conn.close()

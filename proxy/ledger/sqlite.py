@@ -37,6 +37,7 @@ class SqliteLedger(BufferedLedger):
     transactions fold more records into each aggregate row, so the writer catches up faster.
     With `keep_records_s`, raw records older are deleted between batches (sqlprune.py).
     A file deleted or replaced at `path` while it runs is let go for the one there (sqlfile.py).
+    A WAL grown past `wal_keep_bytes` (a long reader held checkpoints back) is cut back to it.
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class SqliteLedger(BufferedLedger):
         flush_timeout_s: float = 10.0,
         busy_timeout_s: float = 5.0,
         keep_records_s: float | None = None,
+        wal_keep_bytes: int = 64 << 20,
     ) -> None:
         self._wake = threading.Event()
         self._dozing = Doze()
@@ -63,7 +65,9 @@ class SqliteLedger(BufferedLedger):
         self._interval_s = interval_s
         self._busy_timeout_s = busy_timeout_s
         self._thread: threading.Thread | None = None
-        self._file = LedgerFile(path, busy_timeout_s=busy_timeout_s)  # the writer thread's own
+        self._file = LedgerFile(  # the writer thread's own
+            path, busy_timeout_s=busy_timeout_s, wal_keep_bytes=wal_keep_bytes
+        )
         self._prune = None if keep_records_s is None else Pruner(keep_records_s)
 
     def _writer_running(self) -> bool:

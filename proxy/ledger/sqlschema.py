@@ -108,7 +108,9 @@ _DELETE_RECORD = "DELETE FROM usage_records WHERE id = ?"
 _UPSERT = {g: sqlattr.upsert_sql(table, _CELL_KEY) for g, table in _TABLES.items()}
 
 
-def connect(path: Path, *, busy_timeout_s: float, writer: bool) -> sqlite3.Connection:
+def connect(
+    path: Path, *, busy_timeout_s: float, writer: bool, wal_keep_bytes: int = 64 << 20
+) -> sqlite3.Connection:
     """The writer's connection (WAL, schema migrated) or a read-only one (schema checked)."""
     try:
         if writer:
@@ -124,6 +126,10 @@ def connect(path: Path, *, busy_timeout_s: float, writer: bool) -> sqlite3.Conne
             # process; an OS crash or power cut may roll back the last commits, never corrupt.
             _set_wal(conn, busy_timeout_s)
             conn.execute("PRAGMA synchronous = NORMAL")
+            # A reader holding a transaction (a long report, a sqlite3 shell) keeps checkpoints
+            # from reaching the WAL's end, and the WAL grows: once one does, SQLite cuts it back
+            # to this size (else it stays that large until the last connection closes).
+            conn.execute(f"PRAGMA journal_size_limit = {int(wal_keep_bytes)}")
             conn.create_function("tw_hist_add", 2, _hist_add, deterministic=True)
             _migrate(conn, path)
         else:

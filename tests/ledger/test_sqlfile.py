@@ -151,3 +151,27 @@ async def test_records_wait_while_the_file_is_corrupt_and_go_to_a_new_one_once_i
     logged = [r.getMessage() for r in caplog.records]
     assert not any("dropped" in m for m in logged)
     assert any("cannot be written (database disk image is malformed)" in m for m in logged)
+
+
+async def test_a_wal_grown_behind_a_long_reader_is_cut_back_once_it_lets_go(
+    tmp_path: Path,
+) -> None:
+    """A sqlite3 shell (or a long report) holding a read: the WAL grows meanwhile, none of it
+    lost, and shrinks back to `wal_keep_bytes` once the reader ends, while the gateway runs."""
+    path = tmp_path / "ledger.db"
+    wal = tmp_path / "ledger.db-wal"
+    async with writing(path, wal_keep_bytes=500_000) as ledger:
+        with closing(sqlite3.connect(path, isolation_level=None)) as reader:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM usage_records").fetchone()
+            for n in range(50_000):
+                ledger.append(record(n, user=f"user-{n % 100}", tags=(f"tag-{n % 50}",)))
+            await ledger.flush()
+            grown = wal.stat().st_size
+            assert grown > 5_000_000  # past SQLite's checkpoint at 1,000 pages
+            reader.execute("COMMIT")
+        for n in range(50_000, 50_010):  # a checkpoint reaches the end; the next write resets
+            ledger.append(record(n))
+            await ledger.flush()
+        assert wal.stat().st_size < 1_000_000
+        assert ledger.stats().written == 50_010
