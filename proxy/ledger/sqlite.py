@@ -10,7 +10,10 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from proxy.doze import Doze
 from proxy.ledger import query as planner
@@ -22,6 +25,8 @@ from proxy.ledger.sqlprune import Pruner
 from proxy.ledger.writer import BufferedLedger
 
 __all__ = ["SqliteLedger"]
+
+_T = TypeVar("_T")
 
 # A locked or unwritable database, or none that can be opened at the path: wait and retry the
 # batch (any other error is a record's).
@@ -53,6 +58,7 @@ class SqliteLedger(BufferedLedger):
         busy_timeout_s: float = 5.0,
         keep_records_s: float | None = None,
         wal_keep_bytes: int = 64 << 20,
+        read_timeout_s: float = 30.0,
     ) -> None:
         self._wake = threading.Event()
         self._dozing = Doze()
@@ -64,6 +70,7 @@ class SqliteLedger(BufferedLedger):
         self._transaction_records = transaction_records
         self._interval_s = interval_s
         self._busy_timeout_s = busy_timeout_s
+        self._read_timeout_s = read_timeout_s
         self._thread: threading.Thread | None = None
         self._file = LedgerFile(  # the writer thread's own
             path, busy_timeout_s=busy_timeout_s, wal_keep_bytes=wal_keep_bytes
@@ -92,11 +99,23 @@ class SqliteLedger(BufferedLedger):
         await ready
 
     async def query(self, q: UsageQuery) -> list[UsageRow]:
-        cells = await asyncio.to_thread(self._read_cells, q)
+        cells = await self._off_loop(partial(self._read_cells, q))
         return planner.rows(q, cells)
 
     async def latest(self, tenant: str | None, limit: int) -> list[UsageRecord]:
-        return await asyncio.to_thread(self._read_latest, tenant, limit)
+        return await self._off_loop(partial(self._read_latest, tenant, limit))
+
+    async def _off_loop(self, read: Callable[[], _T]) -> _T:
+        """`read` in a thread, given up on after `read_timeout_s`: a file system frozen or hung
+        (fsfreeze, a lost NFS server) blocks it in the kernel, and /api/usage with it."""
+        try:
+            async with asyncio.timeout(self._read_timeout_s):
+                return await asyncio.to_thread(read)
+        except TimeoutError:
+            raise LedgerError(
+                f"no answer from the ledger database {self.path} within "
+                f"{self._read_timeout_s:g}s (its file system frozen or hung?)"
+            ) from None
 
     def _run(self, ready: asyncio.Future[None]) -> None:
         loop = ready.get_loop()
