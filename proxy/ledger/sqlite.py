@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from proxy.ledger.writer import BufferedLedger
 __all__ = ["SqliteLedger"]
 
 _T = TypeVar("_T")
+_log = logging.getLogger("tokenweir.ledger")
 
 # A locked or unwritable database, or none that can be opened at the path: wait and retry the
 # batch (any other error is a record's).
@@ -84,8 +86,18 @@ class SqliteLedger(BufferedLedger):
         return str(self.path)
 
     async def _join_writer(self) -> None:
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+        """Wait for the writer's last drain, as long as a flush at most: a write the file system
+        never answers (frozen, hung) would keep the gateway from exiting for as long."""
+        if self._thread is None:
+            return
+        await asyncio.to_thread(self._thread.join, self._flush_timeout_s)
+        if self._thread.is_alive():  # a daemon thread: the process may exit without it
+            _log.error(
+                "the ledger writer is still waiting on %s after %gs (its file system frozen "
+                "or hung?): the gateway stops without it",
+                self.path,
+                self._flush_timeout_s,
+            )
 
     async def start(self) -> None:
         if self._read_only:

@@ -5,6 +5,7 @@ mounts a small ext4 image of its own on a loop device and freezes that."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -38,14 +39,20 @@ def frozen_dir(tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
         subprocess.run(["umount", "--lazy", str(mounted)], check=False)  # a ledger left open
 
 
+async def one_record(path: Path, **options: float) -> SqliteLedger:
+    """A ledger writing at `path`, one record written."""
+    ledger = SqliteLedger(path, **options)  # type: ignore[arg-type]
+    await ledger.start()
+    ledger.append(record(1))
+    await ledger.flush()
+    return ledger
+
+
 async def test_a_read_on_a_frozen_file_system_fails_within_its_timeout(
     frozen_dir: tuple[Path, list[str]],
 ) -> None:
     mounted, freeze = frozen_dir
-    ledger = SqliteLedger(mounted / "ledger.db", read_timeout_s=2.0)
-    await ledger.start()
-    ledger.append(record(1))
-    await ledger.flush()
+    ledger = await one_record(mounted / "ledger.db")
     reader = SqliteLedger(mounted / "ledger.db", read_only=True, read_timeout_s=2.0)
     await reader.start()
     thaw = ["fsfreeze", "-u", str(mounted)]
@@ -59,3 +66,22 @@ async def test_a_read_on_a_frozen_file_system_fails_within_its_timeout(
     assert sum(row.requests for row in await reader.query(EVERYTHING)) == 1
     await reader.aclose()
     await ledger.aclose()
+
+
+async def test_close_on_a_frozen_file_system_returns_and_says_what_is_lost(
+    frozen_dir: tuple[Path, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGTERM while frozen: the gateway waited for its writer until the thaw, for good."""
+    mounted, freeze = frozen_dir
+    ledger = await one_record(mounted / "ledger.db", flush_timeout_s=1.0)
+    await asyncio.to_thread(subprocess.run, freeze, check=True)
+    try:
+        ledger.append(record(2))
+        with caplog.at_level(logging.ERROR, "tokenweir.ledger"):
+            async with asyncio.timeout(30):  # the close the old code waited on for good
+                await ledger.aclose()
+    finally:
+        await asyncio.to_thread(subprocess.run, ["fsfreeze", "-u", str(mounted)], check=True)
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("still waiting on" in m for m in logged)
+    assert any("ledger closed with 1 records not written (lost)" in m for m in logged)
