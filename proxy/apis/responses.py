@@ -198,7 +198,9 @@ def _read_usage(event: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any] 
     response = event.get("response")
     if not isinstance(response, dict):
         return None
-    parts[ANSWER_ID] = response.get("id")  # the id the backend stores the response under
+    # The id the backend stores the response under; none where it says it did not store it
+    # (vLLM with its store off answers `store: false`): nothing to remember of whose it is.
+    parts[ANSWER_ID] = None if response.get("store") is False else response.get("id")
     usage = response.get("usage")
     return usage if isinstance(usage, dict) else None
 

@@ -117,7 +117,9 @@ class StoredState:
 
 def answer_id(operation: str, answer: dict[str, Any]) -> object:
     """What a whole answer names that the backend keeps: a response's id, a message's container."""
-    return container_id(answer) if operation == "messages" else answer.get("id")
+    if operation == "messages":
+        return container_id(answer)
+    return None if answer.get("store") is False else answer.get("id")  # not stored: no owner
 
 
 def stored_id(ctx: Admitted, given: object) -> str | None:

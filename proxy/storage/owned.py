@@ -10,7 +10,7 @@ from typing import Protocol
 from proxy.storage.redis.marks import RedisMarks
 from proxy.storage.redis.url import check_storage_url
 
-__all__ = ["MemoryOwnedIds", "OwnedIds", "RedisOwnedIds", "open_owned_ids"]
+__all__ = ["MemoryOwnedIds", "OwnedIds", "RedisOwnedIds", "open_owned_ids", "owner_key"]
 
 # A process on `storage: memory` forgets a tenant's oldest ids past this many (about 120 bytes
 # each): a forgotten id is refused as unknown, never served to another tenant, and one tenant's
@@ -60,10 +60,10 @@ class RedisOwnedIds:
                                  max_connections=16)  # fmt: skip
 
     async def claim(self, tenant: str, object_id: str, until_wall: float) -> None:
-        await self._marks.mark(_key(tenant, object_id), until_wall)
+        await self._marks.mark(owner_key(tenant, object_id), until_wall)
 
     async def owns(self, tenant: str, object_id: str, now_wall: float) -> bool:
-        return await self._marks.marked(_key(tenant, object_id))
+        return await self._marks.marked(owner_key(tenant, object_id))
 
     async def aclose(self) -> None:
         await self._marks.aclose()
@@ -81,6 +81,6 @@ def _digest(tenant: str, object_id: str) -> bytes:
     return hashlib.sha256(f"{tenant}\0{object_id}".encode(errors="surrogatepass")).digest()
 
 
-def _key(tenant: str, object_id: str) -> str:
+def owner_key(tenant: str, object_id: str) -> str:
     # Its own hash tag: a Redis Cluster spreads the keys over its nodes.
     return "tw:owned:{" + _digest(tenant, object_id).hex() + "}"

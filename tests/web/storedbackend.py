@@ -25,6 +25,7 @@ class StoredBackend:
         self.url = ""
         self.bodies: list[dict[str, Any]] = []
         self.stored: dict[str, str] = {}
+        self.store_enabled = True  # vLLM stores only with VLLM_ENABLE_RESPONSES_API_STORE set
         self.containers: dict[str, str] = {}  # what each code-execution container holds
         self._ids = itertools.count(1)
         self.writers: set[asyncio.StreamWriter] = set()
@@ -73,8 +74,9 @@ class StoredBackend:
                 message = f"Response with id '{previous}' not found."
                 return _whole(404, {"error": {"message": message, "type": "NotFoundError"}})
             text = f"Earlier you said: {self.stored[previous]}"
-        response = self._response(text, body.get("request_id"))
-        if body.get("store") is not False:
+        stored = self.store_enabled and body.get("store") is not False
+        response = self._response(text, body.get("request_id"), stored=stored)
+        if stored:
             self.stored[response["id"]] = str(body.get("input"))
         if not body.get("stream"):
             return _whole(200, response)
@@ -120,15 +122,17 @@ class StoredBackend:
         ]  # fmt: skip
         return _stream(b"".join(b"event: %s\n" % e["type"].encode() + _event(e) for e in events))
 
-    def _response(self, text: str, chosen: str | None) -> dict[str, Any]:
-        """The answer, under the id the request chose (vLLM's `request_id`) or a new one."""
+    def _response(self, text: str, chosen: str | None, *, stored: bool) -> dict[str, Any]:
+        """The answer, under the id the request chose (vLLM's `request_id`) or a new one,
+        saying whether it was stored (vLLM's says `store: false` with its store off)."""
         part = {"type": "output_text", "text": text, "annotations": []}
         item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
                 "content": [part]}  # fmt: skip
         usage = {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}
         answer_id = chosen or f"resp_{next(self._ids):032x}"
         return {"id": answer_id, "object": "response", "created_at": 1, "model": MODEL,
-                "status": "completed", "output": [item], "usage": usage}  # fmt: skip
+                "status": "completed", "output": [item], "usage": usage,
+                "store": stored}  # fmt: skip
 
 
 def _event(payload: object) -> bytes:

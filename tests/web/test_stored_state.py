@@ -10,10 +10,12 @@ from dataclasses import dataclass
 import anthropic
 import openai
 import pytest
+import redis
 
 from proxy.app import create_app
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
+from proxy.storage.owned import owner_key
 from tests.servers import free_port, serve
 from tests.web.storedbackend import MODEL, StoredBackend, stored_backend
 
@@ -178,6 +180,36 @@ def test_whose_response_it_is_holds_on_every_replica(redis_url: str) -> None:
             pytest.raises(openai.NotFoundError),
         ):
             bob.responses.create(model=MODEL, input="?", previous_response_id=made.id)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_only_a_response_the_backend_says_it_stored_is_remembered(
+    redis_url: str, stream: bool
+) -> None:
+    """vLLM stores responses only with its store turned on, and answers `store: false` when it
+    is off: the gateway writes no owner for such an answer (one storage write and one key for
+    30 days an answer saved), and nobody, its tenant included, can continue it."""
+    with (
+        stored_backend() as backend,
+        stored_gateway(backend, redis_url) as url,
+        Running(url, backend).client(ALICE_KEY) as alice,
+        redis.Redis.from_url(redis_url) as store,
+    ):
+        made = [_made(alice, stream)]
+        backend.store_enabled = False
+        made.append(_made(alice, stream))
+        assert [store.exists(owner_key("alice", answer)) for answer in made] == [1, 0]
+        with pytest.raises(openai.NotFoundError):
+            alice.responses.create(model=MODEL, input="?", previous_response_id=made[1])
+
+
+def _made(client: openai.OpenAI, stream: bool) -> str:
+    """The id of a new response, whole or streamed."""
+    if not stream:
+        return client.responses.create(model=MODEL, input=SECRET).id
+    events = list(client.responses.create(model=MODEL, input=SECRET, stream=True))
+    assert events[-1].type == "response.completed"
+    return events[-1].response.id
 
 
 def test_kv_cache_blocks_named_by_a_client_are_refused(gateway: Running) -> None:
