@@ -115,8 +115,9 @@ class Gateway:
             store, prices, clock, failures, refusing=rate_limits.show, unbooked=services.unbooked
         )
         key_limits = KeyAllowances(
-            store, storage.limits, clock, failures, rate_limits.show, services.unbooked
-        )
+            store, storage.limits, clock, failures, rate_limits.show, services.unbooked,
+            true_ups=rate_limits.true_ups,
+        )  # fmt: skip
         telemetry = Telemetry(policy, clock, services.metrics, tracing=services.tracing)
         shape = Shape(counters)
         attempts = Attempts(

@@ -127,6 +127,7 @@ class Services:
             if self.unbooked is not None:  # before the quota store closes: its last send
                 await bounded("quota settles kept", self.unbooked.aclose())
             await bounded("storage undo tasks", self.storage_failures.aclose())
+            await bounded("token-bucket true-ups kept", self.rate_limits.true_ups.aclose())
             await bounded("the upstream pool", self.upstream.aclose())
             await bounded("the quota store", self.storage.quotas.aclose())
             await bounded("the limit store", self.storage.limits.aclose())

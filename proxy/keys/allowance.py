@@ -26,6 +26,7 @@ from proxy.stages.limitrefusal import refused_unsent
 from proxy.stages.limitshape import limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures
+from proxy.stages.trueups import MissedTrueUps
 from proxy.stages.unbooked import Unbooked, UnbookedSettle
 from proxy.storage.base import (
     Counter,
@@ -82,8 +83,11 @@ class KeyAllowances:
         failures: StorageFailures,
         refusing: Refusing | None = None,
         unbooked: Unbooked | None = None,
+        true_ups: MissedTrueUps | None = None,
     ) -> None:
-        """`unbooked` keeps the key's quota settles storage could not take, to send again."""
+        """`unbooked` keeps the key's quota settles storage could not take, to send again;
+        `true_ups` its token buckets' true-ups."""
+        self._true_ups = true_ups
         self._store = store
         self._unbooked = unbooked
         self._refusing = refusing
@@ -255,11 +259,16 @@ class KeyAllowances:
             calls.append(settling)
         if hold.tpm is not None and used != hold.tpm[1]:
             bucket, charged = hold.tpm
-            now = self._clock.wall()
-            calls.append(self._limits.settle(hold.scope, bucket, used - charged, now=now))
+            calls.append(self._true_up(hold.scope, bucket, used - charged))
         if hold.rpm is not None and refused_unsent(ctx):  # as the tenant's limits give it back
-            calls.append(self._limits.settle(hold.scope, hold.rpm, -1, now=self._clock.wall()))
+            calls.append(self._true_up(hold.scope, hold.rpm, -1))
         return _quietly(calls)
+
+    def _true_up(self, scope: str, bucket: Bucket, delta: int) -> Awaitable[None]:
+        now = self._clock.wall()
+        if self._true_ups is None:
+            return self._limits.settle(scope, bucket, delta, now=now)
+        return self._true_ups.sent(self._true_ups.send(scope, bucket, delta, now=now))
 
 
 def _refused(

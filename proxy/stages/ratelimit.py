@@ -24,7 +24,8 @@ from proxy.stages.limitheaders import format_reset, rate_limit_headers, tighter
 from proxy.stages.limitrefusal import limit_refusal, refused_unsent
 from proxy.stages.limitshape import LimitShape, LimitShapes, limit_key, per_minute
 from proxy.stages.prefetch import Plan, taken
-from proxy.stages.storagepolicy import StorageFailures, warned
+from proxy.stages.storagepolicy import StorageFailures
+from proxy.stages.trueups import MissedTrueUps, TrueUp
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Admit
 from proxy.storage.limits import Admission, Bucket, LimitStore
@@ -66,6 +67,7 @@ class RateLimits:
         self._lease_ids = LeaseIds()
         self._renewals = Renewals(clock, _log, "a concurrency lease")
         self._shapes = LimitShapes()
+        self.true_ups = MissedTrueUps(store, clock.wall)  # those storage did not take
 
     def touched(self, ctx: Admitted) -> bool:
         """The tenant has limits: the stage admitted the request against them in storage."""
@@ -238,7 +240,6 @@ class RateLimits:
         """Free the slots a timed-out admission may still take once storage catches up."""
         if not hold.slots:
             return
-
         self._failures.undo_later(exc, partial(self._release, hold), hold.lease_s)
 
     def _release(self, hold: RateLimitHold) -> Awaitable[None]:
@@ -279,20 +280,20 @@ class RateLimits:
         request's request buckets get back the one it took."""
         now = self._clock.wall()
         releases: list[tuple[RateLimitHold, Awaitable[None]]] = []
-        true_ups: list[Awaitable[None]] = []
+        true_ups: list[TrueUp] = []
         for hold in holds:
             hold.end()
             if hold.slots:
                 released = self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
                 releases.append((hold, released))
             true_ups += [
-                self._store.settle(hold.scope, bucket, used - charged, now=now)
+                self.true_ups.send(hold.scope, bucket, used - charged, now=now)
                 for bucket, charged in hold.token_buckets
                 if used != charged
             ]
             if refused:
                 true_ups += [
-                    self._store.settle(hold.scope, bucket, -1, now=now)
+                    self.true_ups.send(hold.scope, bucket, -1, now=now)
                     for bucket in hold.request_buckets
                 ]
         return self._settled(tenant, releases, true_ups)
@@ -301,20 +302,19 @@ class RateLimits:
         self,
         tenant: str,
         releases: list[tuple[RateLimitHold, Awaitable[None]]],
-        true_ups: list[Awaitable[None]],
+        true_ups: list[TrueUp],
     ) -> None:
         for hold, released in releases:
             try:
                 await released
             except StorageError as exc:
-                # Sent again until storage takes it: else the slot stays taken until its lease
-                # ends, and a tenant at max_concurrent is refused all that time.
+                # Sent again: else it is held to its lease's end, max_concurrent refusing all along.
                 _log.warning("could not free the slots of %s yet: %s", tenant, exc)
                 self._failures.resend(partial(self._release, hold), hold.lease_s)
             else:
                 self._wake_next(hold.scope)
-        for trued in true_ups:
-            await warned(trued, _log, "could not true up the token bucket of %s: %s", tenant)
+        for true_up in true_ups:  # kept and sent again if storage did not take it
+            await self.true_ups.sent(true_up)
 
     async def _admit(self, ctx: Admitted, plan: LimitPlan, limits: Limits) -> Admission:
         """Admit now, or with `queue_timeout`, wait in this tenant's FIFO line for a slot. The

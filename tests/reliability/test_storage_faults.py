@@ -278,3 +278,38 @@ def test_a_request_that_ends_while_redis_is_down_frees_its_slot_when_it_is_back(
                 assert _admitted(http)
     finally:
         redis.close()
+
+
+def test_a_true_up_redis_missed_is_sent_again_when_it_is_back(tmp_path: Path) -> None:
+    """A request that ended while Redis was down (it keeps its data on disk) reserved 950
+    tokens of a 1,000 tokens_per_minute bucket and used a few: its true-up was only logged, so
+    the bucket kept the whole reservation and the next such request was refused 429 for about a
+    minute after Redis came back. The true-up, which never reached Redis, is sent again."""
+    redis = RedisProcess(["--appendonly", "yes", "--appendfsync", "always"])
+    redis.start()
+    config = tmp_path / "policy.yaml"
+    big = {**CHAT, "max_tokens": 950, "mock_completion_tokens": 5}
+    try:
+        with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=2)) as backend_url:
+            policy = policy_text(backend_url, redis.url)
+            config.write_text(
+                policy.replace("tokens_per_minute: 100000000", "tokens_per_minute: 1000")
+            )
+            with (
+                replicas(config, 1) as [(_, url)],
+                httpx.Client(base_url=url, headers=AUTH, timeout=30) as http,
+            ):
+                with http.stream(
+                    "POST", "/v1/chat/completions", json={**big, "stream": True}
+                ) as stream:
+                    lines = stream.iter_lines()
+                    next(lines)  # admitted: its 950 tokens are reserved
+                    redis.stop()
+                    assert list(itertools.takewhile(_not_done, lines))  # ends while Redis is down
+                redis.start()
+                _wait_for(
+                    lambda: http.post("/v1/chat/completions", json=big).status_code == 200,
+                    timeout_s=20,
+                )
+    finally:
+        redis.close()
