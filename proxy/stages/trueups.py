@@ -47,6 +47,7 @@ class MissedTrueUps:
         self._sending = 0  # taken from _kept for the send under way
         self.counts: dict[str, int] = dict.fromkeys(("trued_late", "uncertain", "dropped"), 0)
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def pending(self) -> int:
@@ -65,6 +66,10 @@ class MissedTrueUps:
             self._keep(scope, bucket, delta, exc)
 
     def _keep(self, scope: str, bucket: Bucket, delta: int, error: StorageError) -> None:
+        if self._closing:  # a request that ended after the last send: nothing sends it now
+            self.counts["dropped"] += 1
+            _log.warning("shutdown: could not true up the token bucket of %s: %s", scope, error)
+            return
         if not isinstance(error, StorageUnsent | StorageRefused):
             self.counts["uncertain"] += 1  # it may have run: sent again, it could count twice
             _log.warning("could not true up the token bucket of %s: %s", scope, error)
@@ -119,6 +124,11 @@ class MissedTrueUps:
         return took
 
     async def aclose(self) -> None:
+        """Shutdown: send what is kept one last time (other replicas share the buckets)."""
+        self._closing = True
         if self._task is not None:
             await cancelled([self._task])
+        if self._kept:
+            await self._send()
+        self.counts["dropped"] += len(self._kept)
         self._kept = {}

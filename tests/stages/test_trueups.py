@@ -91,3 +91,13 @@ async def test_true_ups_are_kept_one_per_bucket_and_bounded(
     assert 950 <= await _left(store) <= 1000
     assert true_ups.counts["trued_late"] == 1
     await true_ups.aclose()
+
+
+async def test_what_is_kept_is_sent_once_more_at_shutdown() -> None:
+    store = Failing(StorageUnsent("redis: refused"), failures=1)
+    true_ups = MissedTrueUps(store, time.time)
+    await _reserved(store)
+    await true_ups.sent(true_ups.send(SCOPE, TPM, -940, now=time.time()))
+    await true_ups.aclose()  # at once: before the first resend
+    assert await _left(store) >= 990
+    assert (true_ups.pending, true_ups.counts["trued_late"]) == (0, 1)
