@@ -52,11 +52,12 @@ class OutgoingRequest:
         """Send the request to `name` instead (a degradation rule, a fallback model)."""
         self.model = self.body["model"] = name
 
-    def bound_output(self, limit: int, reason: str | None) -> None:
+    def bound_output(self, limit: int, reason: str | None) -> bool:
         """Bound each answer to `limit` tokens: each output field the body sets is lowered to it
         (never raised), and the operation's own field carries the bound (set to it, or to the
         API's lower default, when the body sets no field). `reason`, a shaping name, is recorded
-        once when a bound was lowered or set."""
+        once when a bound was lowered or set. True when the answer's bound is now lower than
+        the body's own was (an API default no higher than `limit` bounded it already)."""
         body = self.body
         bound: int | None = None
         changed = False
@@ -69,15 +70,18 @@ class OutgoingRequest:
                 changed = True
                 _fit_thinking(body, limit)
             bound = value if bound is None or value > bound else bound
+        lowered = changed
         if bound is None:
             default = self.default
             bound, changed = limit if default is None else min(limit, default), True
+            lowered = default is None or default > limit
         self._carry(bound)
         if self.allowance is not None:
             bound = min(bound, self.allowance)
         self.allowance = bound
         if changed and reason is not None:
             self.record(reason)
+        return lowered
 
     def allow_as_sent(self, *, held: bool = False) -> None:
         """Each answer may be as long as the body's own bound (None: it sets none). `held`: a

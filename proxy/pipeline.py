@@ -21,6 +21,7 @@ from proxy.context import Admitted, Outcome, RequestContext
 from proxy.errors import GatewayError, ShuttingDown
 from proxy.stages import Authenticator, Stage
 from proxy.stages.account import Account
+from proxy.stages.degrade import name_reserving_rule
 from proxy.stages.forward import Forward
 from proxy.telemetry.recorder import Telemetry
 from proxy.tokens.segments import counting_for, done_counting
@@ -100,6 +101,8 @@ class Pipeline:
             if ctx.status:  # a stream broke off: its error event is sent already
                 ctx.outcome.error_code = code
             else:
+                if exc.status == 429 and isinstance(ctx, Admitted):
+                    name_reserving_rule(ctx)
                 ctx.outcome.refused(exc.status, code)
                 await send_error(send, exc, ctx.gateway_headers())
         except ClientGone:

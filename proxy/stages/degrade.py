@@ -25,7 +25,14 @@ from proxy.stages.inflight import SharedInflight
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.storage.base import QuotaStore, StorageError
 
-__all__ = ["SHED_AT", "STORAGE_WINDOW_S", "Degrade", "DegradeChoice", "spilled_to"]
+__all__ = [
+    "SHED_AT",
+    "STORAGE_WINDOW_S",
+    "Degrade",
+    "DegradeChoice",
+    "name_reserving_rule",
+    "spilled_to",
+]
 
 Priority = Literal["low", "normal", "high"]
 _NO_RULE: Chosen = (None, None)  # a tenant without rules: no signal is read
@@ -96,7 +103,6 @@ class Degrade:
             ctx.degraded_shadow.append(shadow.name)
         priority: Priority = tenant.priority
         if live is not None:
-            ctx.degraded.append(live.name)
             priority = await self._apply(ctx, live)
         if ctx.cached is None:
             await self._shed(ctx, priority, shadow=tenant.shadow)
@@ -166,9 +172,15 @@ class Degrade:
         return max(used / c.limit for c, (used, _) in zip(counters, readings, strict=True))
 
     async def _apply(self, ctx: Admitted, rule: DegradeRule) -> Priority:
+        """Apply the rule; its name is recorded only if it changed the request (a client's own
+        lower bound, an embeddings request under a spill or output rule, a second cache lookup
+        that found nothing, a priority the tenant has already: nothing changed)."""
         then = rule.then
         if then.reject is not None:
+            ctx.degraded.append(rule.name)
             raise _rejection(rule.name, then)
+        tenant_priority = ctx.tenant.priority
+        changed = then.priority is not None and then.priority != tenant_priority
         if then.cache is not None or then.similarity is not None:
             ctx.cache_serve_stale = then.cache == "serve_stale"
             ctx.cache_min_similarity = then.similarity
@@ -177,13 +189,12 @@ class Degrade:
                 # stale answer): before the rule shortens it or sends it to another model,
                 # which no stored answer is for. A hit is served as it is.
                 await self._cache(ctx)
+                changed = changed or ctx.cached is not None
         if ctx.cached is None:
-            if then.max_output_tokens is not None and ctx.operation != "embeddings":
-                ctx.outgoing.bound_output(then.max_output_tokens, None)  # as the rule's name
-            model = spilled_to(rule, ctx.operation)
-            if model is not None and model != ctx.model:
-                ctx.outgoing.set_model(model)
-        priority: Priority = then.priority or ctx.tenant.priority
+            changed = _reshape(ctx, rule) or changed
+        if changed:
+            ctx.degraded.append(rule.name)
+        priority: Priority = then.priority or tenant_priority
         return priority
 
     async def _shed(self, ctx: Admitted, priority: Priority, *, shadow: bool) -> None:
@@ -235,6 +246,34 @@ def spilled_to(rule: DegradeRule | None, operation: Operation) -> str | None:
     if rule is None or operation == "embeddings":
         return None
     return rule.then.model
+
+
+def name_reserving_rule(ctx: Admitted) -> None:
+    """Before a 429 of the quotas or rate limits: name the chosen rule if what they reserved
+    was the rule's (its output bound below the request's own, or its model's count), as the
+    answer would have, since the client's own request may have fit or been refused otherwise."""
+    choice = ctx.degrade_choice
+    rule = choice[0] if choice is not None else None
+    if rule is None or rule.name in ctx.degraded:
+        return
+    spill = spilled_to(rule, ctx.operation)
+    planned, bound = ctx.outgoing.planned_bound, ctx.outgoing.allowance
+    lowered = planned is not None and (bound is None or planned < bound)
+    if lowered or (spill is not None and spill != ctx.model):
+        ctx.degraded.append(rule.name)
+
+
+def _reshape(ctx: Admitted, rule: DegradeRule) -> bool:
+    """The rule's output bound and model applied: True if either changed the request."""
+    changed = False
+    limit = rule.then.max_output_tokens
+    if limit is not None and ctx.operation != "embeddings":
+        changed = ctx.outgoing.bound_output(limit, None)  # recorded as the rule's name
+    model = spilled_to(rule, ctx.operation)
+    if model is not None and model != ctx.model:
+        ctx.outgoing.set_model(model)
+        changed = True
+    return changed
 
 
 def _rejection(name: str, then: DegradeThen) -> GatewayError:

@@ -63,7 +63,7 @@ class Shape:
         try:
             await self.shape_input(ctx, tenant, ctx.model if spill is None else spill)
         except ContextLengthExceeded:
-            if rule is not None and spill is not None:
+            if rule is not None and spill is not None and spill != ctx.model:
                 # Counted for the model the rule sends it to: the client's own count of the
                 # model it asked for may fit, so the answer names the rule.
                 ctx.degraded.append(rule.name)

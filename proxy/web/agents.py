@@ -118,6 +118,6 @@ async def _counted_model(gateway: Gateway, ctx: Admitted) -> tuple[str, str | No
         return ctx.model, None
     live, _ = await gateway.degrade.choose(ctx)
     spill = spilled_to(live, ctx.operation)
-    if live is None or spill is None:
+    if live is None or spill is None or spill == ctx.model:
         return ctx.model, None
     return spill, live.name

@@ -243,7 +243,6 @@ async def test_a_backend_that_is_down_adds_no_room_to_the_ratio() -> None:
             "models: [m, small], limits: {max_concurrent: 5}}\n"
             '  - {name: b, url: "http://127.0.0.1:2/v1", models: [m], limits: {max_concurrent: 5}}',
         )
-        + "    priority: low\n"
         + "    degrade: [{name: r, when: {inflight_ratio_above: 0.5}, then: {priority: low}}]\n",
         environ={},
     )
