@@ -62,6 +62,11 @@ class Pipeline:
         self.drain = drain or Drain(0.0)
 
     @property
+    def account(self) -> Account:
+        """What settles and records each request (and logs the ones answered without it)."""
+        return self._account
+
+    @property
     def stages(self) -> tuple[Stage, ...]:
         """The stages after auth, in order."""
         return tuple(stage for stage, _ in self._stages)

@@ -128,6 +128,15 @@ class Account:
                 line.update(self._telemetry.log_fields(ctx))
                 log_access_line(self._log, json_line(line))
 
+    def unbilled(self, ctx: RequestContext, operation: str) -> None:
+        """A request the gateway answered itself, without a backend or a bill (`count_tokens`,
+        as `operation` in its access line): no ledger record; its refusal is counted."""
+        self._telemetry.unbilled(ctx)
+        if self._log.isEnabledFor(logging.INFO):
+            line = self._access_line(ctx, self.usage_record(ctx))
+            line["operation"] = operation
+            log_access_line(self._log, json_line(line))
+
     def usage_record(self, ctx: RequestContext) -> UsageRecord:
         meter = ctx.meter
         input_tokens, output_tokens = ctx.input_tokens or 0, ctx.output_tokens or 0

@@ -149,6 +149,12 @@ class GatewayMetrics(Collector):
         self._own.record(sample, self._gap_spans)
         self._changed()
 
+    def count_rejected(self, tenant: str, model: str, reason: str) -> None:
+        """A gateway 429 of a request recorded nowhere else (`count_tokens`)."""
+        rejected = self._own.rejected
+        rejected[(tenant, model, reason)] = rejected.get((tenant, model, reason), 0) + 1
+        self._changed()
+
     def policy_reloaded(self, result: str) -> None:
         """A policy reload's outcome: `applied`, `refused` (the old policy serves on), `failed`."""
         reloads = self._own.reloads

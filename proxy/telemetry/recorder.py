@@ -17,7 +17,7 @@ from proxy.policy import Policy
 from proxy.stages import Stage, Traced
 from proxy.telemetry.logs import content_fields
 from proxy.telemetry.metrics import GatewayMetrics
-from proxy.telemetry.sample import model_label, sample_of
+from proxy.telemetry.sample import model_label, rejection_of, sample_of
 from proxy.telemetry.traces import TraceSource, span_attributes
 from proxy.telemetry.w3c import passed_on
 from proxy.upstream.capture import Capture
@@ -111,6 +111,15 @@ class Telemetry:
             if ctx.trace.recording:
                 attributes = span_attributes(ctx, usage.tokens_per_s, usage.cost_nusd / 1e9)
             ctx.trace.finish(ctx, self._clock.monotonic(), attributes)
+
+    def unbilled(self, ctx: RequestContext) -> None:
+        """A request the gateway answered itself, billing nothing (`count_tokens`): only its
+        refusal is counted (no request series: its labels would read as a backend's request)."""
+        reason = rejection_of(ctx)
+        if reason is not None:
+            self.metrics.count_rejected(
+                ctx.tenant_name or "", model_label(ctx, self._policy), reason
+            )
 
     def log_fields(self, ctx: RequestContext) -> dict[str, object]:
         """Extra access-log fields: prompt and completion text with `log_content: true`."""

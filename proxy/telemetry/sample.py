@@ -9,7 +9,14 @@ from proxy.policy import Policy
 from proxy.telemetry.semconv import status_class
 from proxy.upstream.meter import GapHistogram
 
-__all__ = ["CACHE_RESULTS", "Labels", "RequestSample", "model_label", "sample_of"]
+__all__ = [
+    "CACHE_RESULTS",
+    "Labels",
+    "RequestSample",
+    "model_label",
+    "rejection_of",
+    "sample_of",
+]
 
 CACHE_RESULTS = frozenset({"hit", "semantic-hit", "miss", "bypass"})
 _REJECTIONS = {"rate_limit_exceeded": "rate_limit", "insufficient_quota": "budget"}
@@ -75,13 +82,13 @@ def sample_of(
         cache=ctx.cache if ctx.cache in CACHE_RESULTS else "other",
         saved_tokens=(ctx.saved_input_tokens, ctx.saved_output_tokens),
         saved_nusd=saved_cost_nusd,
-        rejected=_rejection(ctx),
+        rejected=rejection_of(ctx),
         degraded=_degraded(ctx),
         error_type=ctx.error_code if ctx.status != 200 or ctx.error_code else None,
     )
 
 
-def _rejection(ctx: RequestContext) -> str | None:
+def rejection_of(ctx: RequestContext) -> str | None:
     """The gateway's own 429 (the tenant's rate limit or budget): refused before any backend was
     asked. A backend's 429 passed on with the same code (its own limit, its account's credit)
     is no refusal of the gateway's."""

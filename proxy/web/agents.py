@@ -16,6 +16,7 @@ from proxy.asgi.headers import RequestHeaders
 from proxy.asgi.respond import send_error, send_json
 from proxy.context import Admitted, RequestContext
 from proxy.errors import BadRequest, GatewayError
+from proxy.keys.record import KeyRecord
 from proxy.stages.auth import authorization_of
 from proxy.stages.degrade import spilled_to
 from proxy.stages.parse import Parse, check_fields
@@ -63,28 +64,46 @@ class CountTokens:
             meter=StreamMeter(now),
             headers=RequestHeaders(scope=scope),
         )
+        try:
+            ctx = await self._answer(gateway, ctx, receive, send)
+        finally:  # an access line, and a refusal counted; nothing is billed
+            if not ctx.status:  # an unexpected error: the outermost handler answers a 500
+                ctx.outcome.status, ctx.outcome.error_code = 500, "internal_error"
+            gateway.pipeline.account.unbilled(ctx, "count_tokens")
+
+    async def _answer(
+        self, gateway: Gateway, arrival: RequestContext, receive: Receive, send: Send
+    ) -> RequestContext:
+        """Answer the request; what it came to is in the context returned (its caller known)."""
+        ctx = arrival
         shown: list[tuple[bytes, bytes]] = []  # the gateway's headers, once the caller is known
         try:
-            count, rule = await self._count(gateway, ctx, receive, shown)
+            name, key_id, record = gateway.keyring.identify_key(authorization_of(ctx.headers))
+            ctx = admitted = arrival.admit(name, gateway.policy.tenants[name], key_id)
+            count, rule = await self._count(gateway, admitted, record, receive, shown)
         except GatewayError as exc:
+            ctx.outcome.refused(exc.status, exc.code or exc.type)
             await send_error(send, exc, shown)
-            return
+            return ctx
         except ClientGone:
-            return
+            ctx.outcome.status, ctx.outcome.error_code = 499, "client_closed"
+            ctx.outcome.client_disconnected = True
+            return ctx
         if rule is not None:  # the rule's model counted: the client's own count may differ
             shown.append((b"x-tokenweir-degraded", rule.encode()))
+        ctx.outcome.status, ctx.counted_input_tokens = 200, count
         await send_json(send, 200, orjson.dumps({"input_tokens": count}), shown)
+        return ctx
 
     async def _count(
         self,
         gateway: Gateway,
-        arrival: RequestContext,
+        ctx: Admitted,
+        record: KeyRecord | None,
         receive: Receive,
         shown: list[tuple[bytes, bytes]],
     ) -> tuple[int, str | None]:
         policy = gateway.policy
-        name, key_id, record = gateway.keyring.identify_key(authorization_of(arrival.headers))
-        ctx = arrival.admit(name, policy.tenants[name], key_id)
         try:
             await gateway.services.rate_limits.admit_count(ctx, record)
         finally:
@@ -100,7 +119,7 @@ class CountTokens:
             AGENT_APIS["messages"].add_system(body, system_prompt)
         chat, tools = messages_api.to_chat(body)
         model, rule = await _counted_model(gateway, ctx)
-        counting = counting_for(name)
+        counting = counting_for(ctx.tenant_name)
         try:
             return await gateway.counters.count_chat(model, chat, tools), rule
         except TokenizerError as exc:

@@ -1,13 +1,16 @@
 """`x-tokenweir-degraded` names a rule only when it changed the request (or the reservation a
-429 refused), as the ledger and metrics record it."""
+429 refused), as the ledger and metrics record it; `count_tokens` is logged and its 429s counted."""
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 
@@ -97,3 +100,27 @@ def test_a_quota_429_on_the_rules_reservation_names_the_rule(
         assert needed is not None
         assert int(needed[1]) < 100  # the rule's 64 reserved, not the 500 asked
     assert ledger_records(ledger, 1)[0].degraded == ("shorten",)
+
+
+def test_count_tokens_is_logged_and_its_429s_counted(
+    backend_url: str, ledger: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    limit = "    limits: {requests_per_minute: 1}\n"
+    with gateway(backend_url, ledger, SHORTEN, extra=limit) as url:
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
+            counted = client.messages.count_tokens(model="big", messages=messages)
+            with pytest.raises(anthropic.RateLimitError):
+                client.messages.count_tokens(model="big", messages=messages)
+        rejected = value(scrape(url), "tokenweir_rejected_requests_total", reason="rate_limit")
+        assert rejected == 1
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
+    assert [(line["operation"], line["status"]) for line in lines] == [
+        ("count_tokens", 200),
+        ("count_tokens", 429),
+    ]
+    assert lines[0]["counted_input_tokens"] == counted.input_tokens
+    assert lines[1]["tenant"] == "t"
+    assert all(line["cost_usd"] == 0 for line in lines)
+    assert ledger_records(ledger, 0) == []  # nothing billed, no record
