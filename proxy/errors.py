@@ -176,6 +176,9 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+    # False where the limit refused counts requests or slots, not the tokens reserved (what a
+    # degradation rule's bound or model changes).
+    on_tokens = True
 
 
 class InsufficientQuota(GatewayError):

@@ -18,7 +18,7 @@ from proxy.asgi.protocol import watch_client
 from proxy.asgi.respond import send_error
 from proxy.clock import Clock
 from proxy.context import Admitted, Outcome, RequestContext
-from proxy.errors import GatewayError, ShuttingDown
+from proxy.errors import GatewayError, InsufficientQuota, RateLimited, ShuttingDown
 from proxy.stages import Authenticator, Stage
 from proxy.stages.account import Account
 from proxy.stages.degrade import name_reserving_rule
@@ -106,7 +106,7 @@ class Pipeline:
             if ctx.status:  # a stream broke off: its error event is sent already
                 ctx.outcome.error_code = code
             else:
-                if exc.status == 429 and isinstance(ctx, Admitted):
+                if isinstance(ctx, Admitted) and _refused_tokens(exc):
                     name_reserving_rule(ctx)
                 ctx.outcome.refused(exc.status, code)
                 await send_error(send, exc, ctx.gateway_headers())
@@ -161,6 +161,14 @@ class Pipeline:
             await send(message)
 
         return releasing
+
+
+def _refused_tokens(exc: GatewayError) -> bool:
+    """A quota's or rate limit's 429 on the tokens (or money) reserved, not on a request count
+    or a slot: a degradation rule's bound or model may have changed what it refused."""
+    if isinstance(exc, RateLimited):
+        return exc.on_tokens
+    return isinstance(exc, InsufficientQuota)
 
 
 def _record_unanswered(outcome: Outcome) -> None:

@@ -189,11 +189,13 @@ class KeyAllowances:
                     "prompts, or shorten the input.",
                     should_retry=False,
                 )
-            raise RateLimited(
+            refusal = RateLimited(
                 f"Rate limit reached for this API key ({kind}_per_minute: limit "
                 f"{bucket.capacity}). Please try again in {format_reset(admission.retry_after_s)}.",
                 retry_after_s=admission.retry_after_s,
             )
+            refusal.on_tokens = kind == "tokens"
+            raise refusal
         if hold.record.allowance.tokens_per_minute:
             hold.tpm = (buckets[-1], costs[-1])
         if hold.record.allowance.requests_per_minute:

@@ -37,10 +37,12 @@ def limit_refusal(
                 should_retry=False,
             )
     wait = format_reset(retry_s)
-    return RateLimited(
+    refusal = RateLimited(
         f"Rate limit reached for {holder} ({what}). Please try again in {wait}.",
         retry_after_s=retry_s,
     )
+    refusal.on_tokens = index < len(buckets) and limit_key(buckets[index]).kind == "tokens"
+    return refusal
 
 
 def _on_model(name: LimitKey) -> str:

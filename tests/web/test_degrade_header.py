@@ -102,6 +102,16 @@ def test_a_quota_429_on_the_rules_reservation_names_the_rule(
     assert ledger_records(ledger, 1)[0].degraded == ("shorten",)
 
 
+def test_a_requests_per_minute_429_names_no_rule(backend_url: str, ledger: Path) -> None:
+    """The second request is refused on its request count, which no rule changed."""
+    limit = "    limits: {requests_per_minute: 1}\n"
+    with gateway(backend_url, ledger, SHORTEN, extra=limit) as url:
+        assert chat(url, 500).headers["x-tokenweir-degraded"] == "shorten"
+        with pytest.raises(openai.RateLimitError) as refused:
+            chat(url, 500)
+        assert "x-tokenweir-degraded" not in refused.value.response.headers
+
+
 def test_count_tokens_is_logged_and_its_429s_counted(
     backend_url: str, ledger: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
