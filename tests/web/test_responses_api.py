@@ -236,34 +236,36 @@ def test_a_custom_tools_grammar_counts_toward_the_input_limit(gateway: AgentGate
     assert gateway.stats()["requests_total"] == 0
 
 
-def _stored(gateway: AgentGateway, key: str, param: str) -> object:
-    """A stored object the key may name: a response of its own, or a stored prompt template."""
-    if param == "prompt":
-        return {"id": "pmpt_1"}
-    with sdk(gateway, key) as client:
-        return client.responses.create(model="mock-llm", input="Hi").id
-
-
-@pytest.mark.parametrize("param", ["previous_response_id", "prompt"])
-def test_a_stored_conversation_is_refused_under_an_input_limit(
-    gateway: AgentGateway, param: str
-) -> None:
-    """The backend would add stored turns (or a stored prompt template) the gateway never
-    counts: the key's input limit could not hold. Without a limit the request goes on to the
-    backend."""
-    value = _stored(gateway, SHORT_KEY, param)
+def test_a_stored_prompt_is_refused_under_an_input_limit(gateway: AgentGateway) -> None:
+    """The backend would add a stored prompt template the gateway never counts: the key's input
+    limit could not hold. Without a limit the request goes on to the backend. (A stored
+    conversation, `previous_response_id`, the same: tests/web/test_stored_state.py, whose
+    backend stores responses; mock-backend keeps none.)"""
+    stored = {"prompt": {"id": "pmpt_1"}}
     gateway.reset()
     with sdk(gateway, SHORT_KEY) as client, pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(model="mock-llm", input="Hi", extra_body={param: value})
+        client.responses.create(model="mock-llm", input="Hi", extra_body=stored)
     assert refused.value.code == "unsupported_parameter"
-    assert refused.value.param == param
+    assert refused.value.param == "prompt"
     assert "limit of 60 input tokens" in refused.value.message
     assert gateway.stats()["requests_total"] == 0
-    value = _stored(gateway, OPEN_KEY, param)
     with sdk(gateway) as client:
-        answer = client.responses.create(model="mock-llm", input="Hi", extra_body={param: value})
+        answer = client.responses.create(model="mock-llm", input="Hi", extra_body=stored)
     assert answer.status == "completed"
-    assert gateway.stats()["requests_total"] == 1 + (param == "previous_response_id")
+    assert gateway.stats()["requests_total"] == 1
+
+
+def test_a_response_the_backend_did_not_store_cannot_be_continued(gateway: AgentGateway) -> None:
+    """mock-backend answers `store: false`, as vLLM does with its store off: nothing to continue,
+    so the gateway answers the backend's 404 itself and asks it nothing."""
+    with sdk(gateway) as client:
+        made = client.responses.create(model="mock-llm", input="Hi")
+        assert made.store is False
+        gateway.reset()
+        with pytest.raises(openai.NotFoundError) as refused:
+            client.responses.create(model="mock-llm", input="Hi", previous_response_id=made.id)
+    assert refused.value.code == "previous_response_not_found"
+    assert gateway.stats()["requests_total"] == 0
 
 
 def test_a_function_call_output_object_counts_toward_the_input_limit(

@@ -21,6 +21,7 @@ from tests.web.storedbackend import MODEL, StoredBackend, stored_backend
 
 ALICE_KEY = "tw-stored-alice"
 BOB_KEY = "tw-stored-bob"
+CAROL_KEY = "tw-stored-carol"  # a tenant with an input limit
 SECRET = "my card number is 4111 1111 1111 1111"
 
 
@@ -42,6 +43,10 @@ models: {{{MODEL}: {{}}}}
 tenants:
   alice: {{api_keys: [{hash_key(ALICE_KEY)}], models: [{MODEL}]}}
   bob: {{api_keys: [{hash_key(BOB_KEY)}], models: [{MODEL}]}}
+  carol:
+    api_keys: [{hash_key(CAROL_KEY)}]
+    models: [{MODEL}]
+    budget: {{max_input_tokens: 60}}
 """
     with serve(create_app(parse_policy(text, file="stored.yaml", environ={}))) as url:
         yield url
@@ -85,6 +90,21 @@ def test_a_tenant_continues_its_own_responses_streamed_or_whole(gateway: Running
         )
         texts = [e.delta for e in third if e.type == "response.output_text.delta"]
     assert texts == ["Earlier you said: And then?"]
+
+
+def test_an_own_stored_conversation_is_refused_under_an_input_limit(gateway: Running) -> None:
+    """The backend would add the stored turns the gateway never counts: under a key's input
+    limit not even its own tenant's response can be continued (a stored prompt template, the
+    same: tests/web/test_responses_api.py)."""
+    with gateway.client(CAROL_KEY) as carol:
+        made = carol.responses.create(model=MODEL, input="Hi")
+        asked = len(gateway.backend.bodies)
+        with pytest.raises(openai.BadRequestError) as refused:
+            carol.responses.create(model=MODEL, input="Hi", previous_response_id=made.id)
+    assert refused.value.code == "unsupported_parameter"
+    assert refused.value.param == "previous_response_id"
+    assert "limit of 60 input tokens" in refused.value.message
+    assert len(gateway.backend.bodies) == asked
 
 
 def test_a_response_sent_with_store_false_is_not_anyones_to_continue(gateway: Running) -> None:
