@@ -65,6 +65,32 @@ def test_rare_characters_are_not_undercounted_eightfold(text: str) -> None:
     assert estimate_tokens(text) >= 0.5 * exact
 
 
+# The first sentence of the Universal Declaration of Human Rights' article 1, or of both.
+DENSE = {
+    "georgian": "ყველა ადამიანი იბადება თავისუფალი და თანასწორი თავისი ღირსებითა და უფლებებით.",
+    "armenian": "Բոլոր մարդիկ ծնվում են ազատ ու հավասար իրենց արժանապատվությամբ ու իրավունքներով:",
+    "tamil": "மனிதப் பிறவியினர் சகலரும் சுதந்திரமாகவே பிறக்கின்றனர்; "
+    "அவர்கள் மதிப்பிலும், உரிமைகளிலும் சமமானவர்கள்.",
+    "bengali": "সমস্ত মানুষ স্বাধীনভাবে সমান মর্যাদা এবং অধিকার নিয়ে জন্মগ্রহণ করে।",
+    "myanmar": "လူတိုင်းသည် တူညီ လွတ်လပ်သော ဂုဏ်သိက္ခါဖြင့် လည်းကောင်း၊ တူညီ လွတ်လပ်သော အခွင့်အရေးများဖြင့် လည်းကောင်း",
+    "khmer": "មនុស្សទាំងអស់ កើតមកមានសេរីភាព និងសមភាព ក្នុងសិទ្ធិ និងសេចក្ដីថ្លៃថ្នូរ។",
+    "amharic": "የሰው ልጅ ሁሉ ሲወለድ ነጻና በክብርና በመብትም እኩልነት ያለው ነው።",
+}
+
+
+@pytest.mark.parametrize("script", sorted(DENSE))
+def test_finely_split_scripts_are_not_undercounted(script: str) -> None:
+    """At 1 token per 2 characters a Georgian prompt passed as a quarter of its Llama 3 count
+    and under half of Qwen2.5's: a budget without a tokenizer let 2-4 times its limit through.
+    Now near Qwen2.5's count and never above the larger of the two."""
+    text = DENSE[script]
+    qwen = load_counter(str(tokenizer_file("qwen2.5/qwen.tiktoken")), model="qwen").count_text(text)
+    llama = load_counter(str(tokenizer_file("llama-3/tokenizer.json")), model="llama")
+    most = max(qwen, llama.count_text(text))
+    assert 0.75 * qwen <= estimate_tokens(text) <= most
+    assert estimate_tokens(text) >= 0.4 * most
+
+
 def test_chat_overhead_media_and_prompts() -> None:
     counter = EstimateCounter()
     text = "hello there, how are you?"
