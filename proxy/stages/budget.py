@@ -66,7 +66,6 @@ class Budgets:
         clock: Clock,
         failures: StorageFailures,
         *,
-        lease_s: float = 60.0,
         refusing: Refusing | None = None,
         unbooked: Unbooked | None = None,
     ) -> None:
@@ -78,7 +77,6 @@ class Budgets:
         self._failures = failures
         self._prices = prices
         self._clock = clock
-        self._lease_s = lease_s
         self._charges_failing = False
         self._quotas = _DailyQuotas()
         self._lease_ids = LeaseIds()
@@ -129,13 +127,13 @@ class Budgets:
         quotas = self.quotas(ctx)
         if not quotas:
             return None
-        lease_id = self._lease_ids.next()
-        reservation = Reservation(_scope(ctx.tenant_name), lease_id, self._lease_s, quotas)
+        lease_id, lease_s = self._lease_ids.next(), ctx.tenant.limits.lease_ttl
+        reservation = Reservation(_scope(ctx.tenant_name), lease_id, lease_s, quotas)
         input_tokens, output_tokens = ctx.counted_input_tokens or 0, self._output_bound(ctx)
         amounts = [self._reserved(ctx, q, input_tokens, output_tokens) for q in quotas]
         step = Reserve(
             reservation.scope, reservation.lease_id, [q.counter for q in quotas], amounts,
-            lease_until=now + self._lease_s, now=now,
+            lease_until=now + lease_s, now=now,
         )  # fmt: skip
         return QuotaPlan(reservation, input_tokens, output_tokens, amounts, step)
 
@@ -233,7 +231,7 @@ class Budgets:
             log("could not settle quota for %s, kept to send again: %s", tenant, exc)
             counters = [q.counter for q in reservation.quotas]
             kept = UnbookedSettle(
-                tenant, reservation.scope, reservation.lease_id, counters, rest, self._lease_s
+                tenant, reservation.scope, reservation.lease_id, counters, rest, reservation.lease_s
             )
             unbooked.keep(kept, exc)
 

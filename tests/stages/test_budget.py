@@ -208,7 +208,7 @@ async def test_a_long_request_keeps_its_reservation_past_its_lease_by_renewing_i
     """The lease is renewed on the injected clock: five lease lengths on, the first request's
     reservation still counts against the quota, and only its settle frees it."""
     clock, store = FakeClock(start_wall=NOON), MemoryStore()
-    stage = Budgets(store, PriceTable(POLICY), clock, StorageFailures(), lease_s=60.0)
+    stage = Budgets(store, PriceTable(POLICY), clock, StorageFailures())
     budget = Budget(tokens_per_day=200)
     first = request(budget)  # 100 input + 50 output reserved
     await stage(first)
@@ -222,3 +222,18 @@ async def test_a_long_request_keeps_its_reservation_past_its_lease_by_renewing_i
     with pytest.raises(InsufficientQuota):
         await stage(request(budget))  # 150 used + 150 > 200
     await stage(request(budget, counted=10, allowance=20))  # 150 + 30 fits
+
+
+async def test_a_crashed_replicas_reservation_frees_after_the_tenants_lease_ttl() -> None:
+    """A replica that dies holding a reservation neither renews nor settles it: the quota it
+    held comes back after the tenant's `limits.lease_ttl`, as its concurrency slots do (it was
+    60 s whatever the tenant's lease_ttl)."""
+    store, budget, limits = MemoryStore(), Budget(tokens_per_day=200), Limits(lease_ttl=5.0)
+    crashed = Budgets(store, PriceTable(POLICY), FakeClock(start_wall=NOON), StorageFailures())
+    await crashed(request(budget, limits=limits))  # 150 held, then the replica is gone
+    clock = FakeClock(start_wall=NOON)
+    replica = Budgets(store, PriceTable(POLICY), clock, StorageFailures())
+    with pytest.raises(RateLimited):
+        await replica(request(budget, limits=limits))  # 150 + 150 > 200
+    clock.advance(6.0)
+    await replica(request(budget, limits=limits))  # the dead replica's 150 has expired
