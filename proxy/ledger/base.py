@@ -25,8 +25,8 @@ __all__ = [
 
 MAX_RECORD_INT = 10**15
 """The largest integer a record stores (tokens, nano-USD): far above any real request (10**8
-tokens at $100 per million tokens is 10**13 nano-USD), and 9,000 of them still sum within
-SQLite's and Redis's int64."""
+tokens at $100 per million tokens is 10**13 nano-USD); 9,000 of them still sum within int64,
+past which the Redis ledger carries (lua/append.lua) and SQLite turns a total into a float."""
 MAX_RECORD_CHARS = 256
 _INTS = (
     "status", "input_tokens", "output_tokens", "cost_nusd", "saved_input_tokens",

@@ -42,6 +42,7 @@ RECORD_FIELD = "v1"
 _ANONYMOUS = "%anon"  # never produced by quote(): it leaves no '%' without two hex digits
 _TTFT = "ttft:"
 _SPEED = "tps:"
+_CARRY = "^"  # see lua/append.lua: a counter past int64
 
 
 def tag(tenant: str | None) -> str:
@@ -191,12 +192,17 @@ def _fields(tally: Tally) -> list[str | int]:
 def decode_cell(tenant: str | None, group: list[Any], fields: Mapping[str, int]) -> Cell:
     """A cell as lua/sum.lua replies: `group` is [period or bucket start, model, backend]."""
     start, model, backend = group
+    exact: dict[str, int] = {}
+    for name, value in fields.items():  # `<name>^` counts 10**18s carried out of `<name>`
+        carried = name.endswith(_CARRY)
+        name = name.removesuffix(_CARRY)
+        exact[name] = exact.get(name, 0) + (value * 10**18 if carried else value)
     ttft: histogram.Histogram = {}
     speed: histogram.Histogram = {}
-    for name, value in fields.items():
+    for name, value in exact.items():
         if name.startswith(_TTFT):
             ttft[int(name[len(_TTFT) :])] = value
         elif name.startswith(_SPEED):
             speed[int(name[len(_SPEED) :])] = value
-    counters = (fields.get(name, 0) for name in COUNTERS)
+    counters = (exact.get(name, 0) for name in COUNTERS)
     return Cell((tenant, start, model, backend), Tally.from_counters(counters, ttft, speed))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -266,3 +267,22 @@ async def test_a_million_users_cost_a_bounded_number_of_keys(redis_url: str) -> 
     # marker, stream, 2 indexes, 1 hour + 1 day; 6 indexes, 2 x (101 + 101 + 3) aggregates
     # by user, tag and key, and one set of named values per dimension and period
     assert len(every_key) == 6 + 6 + 2 * (101 + 101 + 3) + 6
+
+
+async def test_totals_past_int64_are_exact_and_each_record_is_written_once(redis_url: str) -> None:
+    """9,300 records at the most a record costs (10**15 nano-USD) in one tenant's hour: their
+    sum passes Redis's int64. The script failed there half-way through a batch, and each retry
+    wrote that batch's records into the stream again while every later record waited."""
+    ledger = RedisLedger(redis_url, flush_timeout_s=30.0)
+    await ledger.start()
+    try:
+        for i in range(9300):
+            ledger.append(record(i, cost_nusd=10**15, user="ann"))
+        await ledger.flush()
+        assert ledger.stats().write_failures == 0
+        for group_by in (None, "user"):
+            [row] = await ledger.query(replace(EVERYTHING, group_by=group_by))
+            assert (row.requests, row.cost_nusd) == (9300, 9300 * 10**15)
+        assert len(await ledger.latest("alpha", 20_000)) == 9300
+    finally:
+        await ledger.aclose()

@@ -18,6 +18,21 @@
 -- checkpoint (restarted or flushed since, failed over before it replicated), its totals never
 -- had that share, so nothing is written and the links of those checkpoints are returned; the
 -- writer sends the batch again with those records superseding nothing.
+-- A counter that would pass int64 (HINCRBY refuses it: the script stopped half-way, and each
+-- retry of the batch wrote its first part again) carries 10^18 into the field `<name>^`;
+-- a cell's total is field + carry * 10^18 (rediskeys.decode_cell).
+local function add(key, field, increment)
+  local done = redis.pcall('HINCRBY', key, field, increment)
+  if type(done) == 'table' and done.err then
+    if not string.find(done.err, 'overflow', 1, true) or string.sub(increment, 1, 1) == '-' then
+      redis.call('HINCRBY', key, field, increment) -- raises the error again
+    end
+    -- the field is past 8.7 * 10^18 (an increment is at most 500 records of 10^15)
+    redis.call('HINCRBY', key, field, '-1000000000000000000')
+    redis.call('HINCRBY', key, field, increment)
+    redis.call('HINCRBY', key, field .. '^', 1)
+  end
+end
 local applied = redis.call('GET', KEYS[1])
 if applied and tonumber(applied) >= tonumber(ARGV[1]) then
   return 0
@@ -90,7 +105,7 @@ for k = 6, #KEYS - 6 do
   local fields = tonumber(ARGV[a + 3])
   a = a + 4
   for _ = 1, fields do
-    redis.call('HINCRBY', KEYS[k], ARGV[a], ARGV[a + 1])
+    add(KEYS[k], ARGV[a], ARGV[a + 1])
     a = a + 2
   end
   redis.call('EXPIRE', KEYS[k], ttl)
@@ -122,7 +137,7 @@ for _ = 1, cells do
   local member = cjson.encode({tonumber(start), value})
   redis.call('ZADD', KEYS[slot], start, member)
   for _ = 1, fields do
-    redis.call('HINCRBY', prefix .. member, ARGV[a], ARGV[a + 1])
+    add(prefix .. member, ARGV[a], ARGV[a + 1])
     a = a + 2
   end
   redis.call('EXPIRE', prefix .. member, cell_ttl)
