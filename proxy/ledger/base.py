@@ -265,3 +265,7 @@ class Ledger(Protocol):
 
     def stats(self) -> LedgerStats:
         """Counters since this ledger was created."""
+
+    async def evicting(self) -> str | None:
+        """How the store may delete records and totals by itself (Redis's `maxmemory-policy`
+        when it is not `noeviction`), else None; LedgerError if the store cannot be asked."""

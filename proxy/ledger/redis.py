@@ -151,6 +151,18 @@ class RedisLedger(BufferedLedger):
         written.sort(key=operator.itemgetter(0), reverse=True)
         return [keys.decode_record(raw) for _, raw in written[:limit]]
 
+    async def evicting(self) -> str | None:
+        """Redis's `maxmemory-policy` unless `noeviction` (a cluster's default node's, or any
+        node's where the reply has several): a full Redis under it deletes keys, this ledger's
+        records and totals among them."""
+        try:
+            info = await self._connected().client.info("memory")
+        except REDIS_ERRORS as exc:
+            raise LedgerError(f"cannot ask Redis its maxmemory-policy: {exc}") from exc
+        nodes = [info] if "maxmemory_policy" in info else list(info.values())  # cluster: by node
+        policies = {n.get("maxmemory_policy") for n in nodes if isinstance(n, Mapping)}
+        return min((str(p) for p in policies if p not in (None, "noeviction")), default=None)
+
     async def _run(self) -> None:
         while not self._stopping:
             try:  # unless a batch fills, or a flush asks

@@ -63,6 +63,9 @@ class BufferedLedger:
     def stats(self) -> LedgerStats:
         return self._buffer.stats()
 
+    async def evicting(self) -> str | None:
+        return None
+
     async def flush(self) -> None:
         durable = self._buffer.wait_durable()
         if durable.done():

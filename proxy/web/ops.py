@@ -12,6 +12,7 @@ from starlette.datastructures import QueryParams
 from starlette.types import Receive, Scope, Send
 
 from proxy.asgi.respond import send_json
+from proxy.ledger.base import LedgerError
 from proxy.storage import StorageError
 from proxy.telemetry.budgets import budgets_left
 
@@ -44,8 +45,9 @@ class Ready:
         gateway: Gateway = scope["state"]["gateway"]
         skip = QueryParams(scope["query_string"]).get("backends") == "skip"
         backends = () if skip else gateway.policy.backends
-        storage, *results = await asyncio.gather(
+        storage, evicting, *results = await asyncio.gather(
             _storage_problem(gateway),
+            _ledger_evicting(gateway),
             *(gateway.upstream.probe(b, _PROBE_TIMEOUT_S) for b in backends),
         )
         problems = {b.name: r for b, r in zip(backends, results, strict=True) if r is not None}
@@ -74,7 +76,7 @@ class Ready:
             stats = ledger.stats()
             body["ledger"] = {  # counts only: its errors are in the log (no key reads this)
                 "written": stats.written, "dropped": stats.dropped, "buffered": stats.buffered,
-                "write_failures": stats.write_failures,
+                "write_failures": stats.write_failures, "evicting": evicting,
             }  # fmt: skip
         unbooked = gateway.services.unbooked
         if unbooked is not None:  # this process's quota settles storage did not take
@@ -111,3 +113,15 @@ async def _storage_problem(gateway: Gateway) -> str | None:
     except (StorageError, TimeoutError) as exc:
         return str(exc) or type(exc).__name__
     return None
+
+
+async def _ledger_evicting(gateway: Gateway) -> str | None:
+    """The ledger store's eviction policy, if it has one; None too when it cannot be asked
+    (its write failures say so)."""
+    if gateway.ledger is None:
+        return None
+    try:
+        async with asyncio.timeout(_PROBE_TIMEOUT_S):
+            return await gateway.ledger.evicting()
+    except (LedgerError, TimeoutError):
+        return None

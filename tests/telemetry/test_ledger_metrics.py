@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
 
 from proxy.app import create_app
-from proxy.policy import parse_policy
+from proxy.policy import Policy, parse_policy
 from proxy.policy.units import hash_key
 from tests.redis_server import RedisProcess
 from tests.servers import serve
@@ -20,6 +21,17 @@ from tests.servers import serve
 KEY = "tw-ledger-metrics"
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 _WAIT_S = 60.0  # a limit on a loaded 2-core machine, not a measurement
+
+
+def _policy(ledger_url: str, backend_url: str) -> Policy:
+    text = f"""
+storage: memory
+ledger: {ledger_url}
+backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
+models: {{mock-llm: {{}}}}
+tenants: {{t: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}}}
+"""
+    return parse_policy(text, file="ledger-metrics.yaml", environ={})
 
 
 def _ledger_figures(url: str) -> dict[str, float]:
@@ -45,14 +57,7 @@ def test_metrics_show_what_the_ledger_wrote_and_what_it_holds(backend_url: str) 
     redis = RedisProcess()
     redis.start()
     try:
-        text = f"""
-storage: memory
-ledger: {redis.url}
-backends: [{{name: mock, url: "{backend_url}/v1", models: [mock-llm]}}]
-models: {{mock-llm: {{}}}}
-tenants: {{t: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}}}
-"""
-        policy = parse_policy(text, file="ledger-metrics.yaml", environ={})
+        policy = _policy(redis.url, backend_url)
         auth = {"authorization": f"Bearer {KEY}"}
         with serve(create_app(policy)) as url:
             for _ in range(3):
@@ -80,5 +85,24 @@ tenants: {{t: {{api_keys: [{hash_key(KEY)}], models: [mock-llm]}}}}
             back = _until(url, lambda f: f.get("tokenweir_ledger_records_written_total") == 5)
             assert back["tokenweir_ledger_records_written_total"] == 5
             assert back["tokenweir_ledger_records_buffered"] == 0
+    finally:
+        redis.close()
+
+
+def test_readyz_says_when_the_ledgers_redis_may_evict_its_records(backend_url: str) -> None:
+    """A Redis under an eviction policy deletes ledger records and totals when it is full:
+    /readyz names the policy (it said nothing of it, whatever Redis was told)."""
+    redis = RedisProcess()
+    redis.start()
+    try:
+        policy = _policy(redis.url, backend_url)
+        with serve(create_app(policy)) as url, Redis.from_url(redis.url) as admin:
+            ready = httpx.get(url + "/readyz?backends=skip", timeout=10)
+            assert ready.status_code == 200
+            assert ready.json()["ledger"]["evicting"] is None
+            admin.config_set("maxmemory-policy", "volatile-lru")  # every ledger key has a TTL
+            ready = httpx.get(url + "/readyz?backends=skip", timeout=10)
+            assert ready.status_code == 200  # informative, as the ledger's other figures
+            assert ready.json()["ledger"]["evicting"] == "volatile-lru"
     finally:
         redis.close()
