@@ -28,6 +28,7 @@ MAX_RECORD_INT = 10**15
 tokens at $100 per million tokens is 10**13 nano-USD); 9,000 of them still sum within int64,
 past which the Redis ledger carries (lua/append.lua) and SQLite turns a total into a float."""
 MAX_RECORD_CHARS = 256
+_MAX_DURATION_MS = float(MAX_RECORD_INT)
 _INTS = (
     "status", "input_tokens", "output_tokens", "cost_nusd", "saved_input_tokens",
     "saved_output_tokens", "saved_cost_nusd", "counted_input_tokens",
@@ -125,7 +126,8 @@ def record_values(record: UsageRecord) -> tuple[Any, ...]:
 
 def bounded(record: UsageRecord) -> UsageRecord:
     """`record`, or a copy with every number and string in the range both ledgers store: ints in
-    [0, MAX_RECORD_INT], finite floats, strings of at most MAX_RECORD_CHARS. The request path
+    [0, MAX_RECORD_INT], finite floats (`duration_ms`, summed as an integer, in the same range
+    as the ints), strings of at most MAX_RECORD_CHARS. The request path
     checks its figures already; this keeps one bad record from failing a batch (and the rest)."""
     changes: dict[str, Any] = {}
     for name in _INTS:
@@ -136,6 +138,9 @@ def bounded(record: UsageRecord) -> UsageRecord:
         value = getattr(record, name)
         if value is not None and (type(value) is not float or not math.isfinite(value)):
             changes[name] = _finite(value, name)
+    duration_ms = changes.get("duration_ms", record.duration_ms)
+    if not 0.0 <= duration_ms <= _MAX_DURATION_MS:  # it is summed as an integer
+        changes["duration_ms"] = min(max(duration_ms, 0.0), _MAX_DURATION_MS)
     for name in _TEXTS:
         value = getattr(record, name)
         if value is not None and (type(value) is not str or len(value) > MAX_RECORD_CHARS):

@@ -27,6 +27,8 @@ TEXTS = ("request_id", "tenant", "model", "backend", "operation", "error", "cach
 OUT_OF_RANGE = [
     *((name, value) for name in INTS for value in (-1, MAX_RECORD_INT + 1, True, 2.5, None)),
     *((name, value) for name in FLOATS for value in (math.inf, -math.inf, math.nan, 7, True)),
+    ("duration_ms", 1e300),  # summed as an integer: a total neither ledger can hold
+    ("duration_ms", -1.0),
     *((name, value) for name in TEXTS for value in ("x" * (MAX_RECORD_CHARS + 1), 5)),
     ("tags", ("t",) * (MAX_RECORD_TAGS + 1)),
     ("tags", ("a", "t" * (MAX_TAG_CHARS + 1))),
@@ -41,6 +43,7 @@ def in_range(stored: UsageRecord) -> None:
     for name in FLOATS:
         value = getattr(stored, name)
         assert value is None or (type(value) is float and math.isfinite(value)), name
+    assert 0.0 <= stored.duration_ms <= MAX_RECORD_INT
     for name in TEXTS:
         value = getattr(stored, name)
         assert value is None or (type(value) is str and len(value) <= MAX_RECORD_CHARS), name
@@ -65,7 +68,7 @@ def test_each_field_out_of_range_is_brought_into_it_and_no_other_changes(
 def test_a_record_at_the_edges_of_the_range_is_passed_on_as_it_is() -> None:
     edges = record(
         1, status=0, input_tokens=MAX_RECORD_INT, cost_nusd=0, ttft_ms=None, tokens_per_s=0.0,
-        duration_ms=1e300, model="m" * MAX_RECORD_CHARS, error="", user=None,
+        duration_ms=float(MAX_RECORD_INT), model="m" * MAX_RECORD_CHARS, error="", user=None,
         tags=("t" * MAX_TAG_CHARS,) * MAX_RECORD_TAGS,
     )  # fmt: skip
     assert bounded(edges) is edges

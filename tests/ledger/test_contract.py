@@ -236,10 +236,13 @@ async def test_appends_after_close_are_counted_as_dropped(
 
 async def test_out_of_range_numbers_are_bounded_and_lose_no_other_record(ledger_url: str) -> None:
     """A backend's 2**64-1 tokens once made SQLite drop its whole batch (other tenants' records
-    with it) and Redis retry a failing HINCRBY forever; at append it is clamped instead."""
+    with it) and Redis retry a failing HINCRBY forever; at append it is clamped instead. So is
+    a duration of 1e300 ms, a finite float summed as an integer: SQLite dropped that record,
+    and Redis's script wrote part of its batch, then failed, again at every retry."""
     huge = record(
         2, tenant="beta", input_tokens=2**64 - 1, output_tokens=-5, cost_nusd=10**30,
         ttft_ms=math.inf, tokens_per_s=math.nan, model="m" * 10_000, usage_source="backend",
+        duration_ms=1e300,
     )  # fmt: skip
     await write(ledger_url, [record(1), huge, record(3)])
     async with opened(ledger_url) as ledger:
@@ -249,12 +252,14 @@ async def test_out_of_range_numbers_are_bounded_and_lose_no_other_record(ledger_
     [stored] = [r for r in latest if r.request_id == "req-2"]
     assert (stored.input_tokens, stored.output_tokens) == (MAX_RECORD_INT, 0)
     assert stored.cost_nusd == MAX_RECORD_INT
+    assert stored.duration_ms == MAX_RECORD_INT
     assert stored.ttft_ms is None
     assert stored.tokens_per_s is None
     assert stored.model is not None
     assert len(stored.model) <= MAX_RECORD_CHARS
     assert rows["alpha"].requests == 2
     assert rows["beta"].input_tokens == MAX_RECORD_INT
+    assert rows["beta"].duration_ms_total == MAX_RECORD_INT
 
 
 async def test_usage_sources_are_stored_and_counted(ledger_url: str) -> None:
