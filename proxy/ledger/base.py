@@ -26,7 +26,7 @@ __all__ = [
 MAX_RECORD_INT = 10**15
 """The largest integer a record stores (tokens, nano-USD): far above any real request (10**8
 tokens at $100 per million tokens is 10**13 nano-USD); 9,000 of them still sum within int64,
-past which the Redis ledger carries (lua/append.lua) and SQLite turns a total into a float."""
+past which the Redis ledger carries (lua/append.lua) and SQLite rounds (docs/usage.md)."""
 MAX_RECORD_CHARS = 256
 _MAX_DURATION_MS = float(MAX_RECORD_INT)
 _INTS = (

@@ -120,7 +120,8 @@ def cell_row(key: tuple[str | int | None, ...], tally: Tally) -> tuple[object, .
 def tally_of(row: tuple[Any, ...], key_columns: int) -> Tally:
     """The totals of a summed row whose first `key_columns` columns are its key."""
     ttft, speed = row[key_columns + len(COUNTERS) :]
-    counters = row[key_columns : key_columns + len(COUNTERS)]
+    # SQLite turns a total past int64 into a REAL: the integer nearest it (16 digits exact)
+    counters = map(int, row[key_columns : key_columns + len(COUNTERS)])
     return Tally.from_counters(counters, histogram.decode(ttft), histogram.decode(speed))
 
 

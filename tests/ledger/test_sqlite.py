@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from proxy.ledger import LedgerError, SqliteLedger, UsageQuery, open_ledger
+from proxy.ledger.present import format_usd
 from proxy.ledger.sqlschema import _MIGRATIONS, APPLICATION_ID, SCHEMA_VERSION
 from tests.ledger.factory import DAY_S, T0, record
 
@@ -256,3 +257,22 @@ async def test_a_full_batch_wakes_a_waiting_writer_at_once(tmp_path: Path) -> No
                 await asyncio.sleep(0.01)
     finally:
         await ledger.aclose()
+
+
+async def test_a_cell_past_int64_is_read_as_an_integer(tmp_path: Path) -> None:
+    """9,300 records at the most a record costs (10**15 nano-USD) in one hour: SQLite turns
+    the cell's total into a float, which was handed on as one (cost_usd could not format it:
+    /api/usage, the dashboard and tokenweir report failed); it is read as an integer now."""
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    await ledger.start()
+    try:
+        for i in range(9300):
+            ledger.append(record(i, cost_nusd=10**15))
+        await ledger.flush()
+        [row] = await ledger.query(EVERYTHING)
+    finally:
+        await ledger.aclose()
+    assert row.requests == 9300
+    assert type(row.cost_nusd) is int
+    assert abs(row.cost_nusd - 9300 * 10**15) <= 10**4  # a double's 16 digits
+    assert format_usd(row.cost_nusd).startswith("9300000000.")
