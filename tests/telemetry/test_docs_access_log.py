@@ -8,13 +8,13 @@ import re
 import time
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
 
 from proxy.app import create_app
 from tests.conftest import ALPHA_KEY, make_policy
 from tests.servers import serve
+from tests.telemetry.test_docs_metrics import stream_chat
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 # Named in the section, but not fields: a choice count and a Responses answer's item type.
@@ -32,15 +32,8 @@ def test_the_access_log_fields_are_the_documented_ones(
     backend_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="tokenweir.access")
-    chat = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     with serve(create_app(make_policy(backend_url, extra="log_content: true\n"))) as url:
-        answer = httpx.post(
-            url + "/v1/chat/completions",
-            json={**chat, "stream": True},
-            headers={"authorization": f"Bearer {ALPHA_KEY}"},
-            timeout=30,
-        )
-        assert answer.status_code == 200, answer.text
+        stream_chat(url, ALPHA_KEY)
         deadline = time.monotonic() + _WAIT_S
         while not (lines := [r for r in caplog.records if r.name == "tokenweir.access"]):
             assert time.monotonic() < deadline, "no access line was written"

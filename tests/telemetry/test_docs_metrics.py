@@ -25,6 +25,18 @@ _PROMETHEUS = re.compile(r"(?<![\w.])((?:tokenweir|gen_ai)_[a-z0-9_]*[a-z0-9])(?
 _OTLP_ONLY = {"tokenweir_spans_dropped_total"}
 
 
+def stream_chat(url: str, key: str) -> None:
+    """One streamed chat completion of mock-llm through the gateway at `url`, answered 200."""
+    chat = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    answer = httpx.post(
+        url + "/v1/chat/completions",
+        json={**chat, "stream": True},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+
+
 def _exported(url: str) -> tuple[set[str], set[str]]:
     """The families on `/metrics` (as its `# TYPE` lines name them) and the labels of their
     samples."""
@@ -53,15 +65,8 @@ tenants:
     budget: {{tokens_per_day: 100000, usd_per_day: 5}}
 """
     policy = parse_policy(text, file="docs-metrics.yaml", environ={})
-    chat = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     with serve(create_app(policy)) as url:
-        answer = httpx.post(
-            url + "/v1/chat/completions",
-            json={**chat, "stream": True},
-            headers={"authorization": f"Bearer {KEY}"},
-            timeout=30,
-        )
-        assert answer.status_code == 200, answer.text
+        stream_chat(url, KEY)
         families, labels = _exported(url)
     named = set(_PROMETHEUS.findall(PAGE.read_text(encoding="utf-8")))
     missing = named - families - labels - _OTLP_ONLY
