@@ -1,6 +1,6 @@
 """docs/observability.md names what the gateway exports: every metric and label it names is on a
-real gateway's `/metrics` after a request, every family there is named in it, and its list of
-OpenTelemetry names is the OTLP push's."""
+real gateway's `/metrics` after a request, every family there is named in it, its list of
+OpenTelemetry names is the OTLP push's, and its request span attributes are the span's."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.otlpmetrics import ATTRIBUTES, NAMES
+from proxy.telemetry.spanattrs import REPEATING_KEYS, VARYING_KEYS
 from tests.servers import serve
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "observability.md"
@@ -100,3 +101,15 @@ def test_the_otlp_names_the_page_lists_are_the_push_s() -> None:
             continue  # the GenAI histograms are listed by example ("...")
         shorthands = [part for part in listed if part[0] in "._" and name.endswith(part)]
         assert shorthands, f"{name} is sent by the OTLP push but not listed"
+
+
+def test_the_request_span_attributes_the_page_lists_are_the_span_s() -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    start = text.index("One span per request")
+    paragraph = text[start : text.index("Child spans", start)]
+    listed = {
+        "tokenweir" + name if name.startswith(".") else name
+        for name in re.findall(r"`(\.?[a-z_]+(?:\.[a-z_]+)*)`", paragraph)
+        if "." in name
+    }
+    assert listed == set(REPEATING_KEYS) | set(VARYING_KEYS)
