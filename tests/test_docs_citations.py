@@ -42,3 +42,28 @@ def test_every_file_the_docs_name_exists() -> None:
         if not re.search(r"[*{]", path) and not (ROOT / path.rstrip(".,")).exists()
     ]
     assert missing == []
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+    return {_slug(heading) for heading in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_every_link_between_the_docs_reaches_its_page_and_heading() -> None:
+    links = _cited(re.compile(r"\]\(([^)\s]+)\)"))
+    assert len(links) > 20
+    broken = []
+    for where, target in links:
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        page = ROOT / where.split(":")[0]
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists() or (anchor and anchor not in _anchors(linked)):
+            broken.append((where, target))
+    assert broken == []
