@@ -155,15 +155,17 @@ def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:
         for j, model in enumerate(backend.models):
             if model not in policy.models:
                 found.append((("backends", i, "models", j), _unknown_model(model)))
-    for model in policy.models:
-        if model not in served:
-            found.append((("models", model), f"model {model!r} has no backend serving it"))
+    found += _model_problems(policy, served)
     found += _embedder_problems(policy, served)
     owners: dict[str, str] = {}
     for tenant_name, tenant in policy.tenants.items():
         for j, model in enumerate(tenant.models):
             if model not in policy.models:
                 found.append((("tenants", tenant_name, "models", j), _unknown_model(model)))
+        verifier = tenant.cache.verifier
+        if verifier is not None and verifier.backend not in names:
+            at: KeyPath = ("tenants", tenant_name, "cache", "verifier", "backend")
+            found.append((at, f"no backend named {verifier.backend!r}"))
         reached = _reached_models(policy, tenant)
         for model in tenant.limits.per_model:
             if model not in reached:
@@ -190,6 +192,19 @@ def _reached_models(policy: Policy, tenant: Tenant) -> set[str]:
     asked = set(tenant.models) | {r.then.model for r in tenant.degrade if r.then.model}
     specs = policy.models
     return asked | {f for m in asked if m in specs for f in specs[m].fallback_models}
+
+
+def _model_problems(policy: Policy, served: set[str]) -> list[tuple[KeyPath, str]]:
+    """Models no backend serves, and fallback models that are not other models of the file."""
+    found: list[tuple[KeyPath, str]] = []
+    for model, spec in policy.models.items():
+        if model not in served:
+            found.append((("models", model), f"model {model!r} has no backend serving it"))
+        for j, fallback in enumerate(spec.fallback_models):
+            if fallback == model or fallback not in policy.models:
+                why = f"{fallback!r} is not another model here"
+                found.append((("models", model, "fallback_models", j), why))
+    return found
 
 
 def _embedder_problems(policy: Policy, served: set[str]) -> list[tuple[KeyPath, str]]:

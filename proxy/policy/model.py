@@ -354,33 +354,5 @@ class Policy(_Frozen):
     models: dict[Name, ModelSpec]
     tenants: dict[TagName, Tenant]
 
-    @model_validator(mode="after")
-    def _models_named_exist(self) -> Policy:
-        for name, spec in self.models.items():
-            for fallback in spec.fallback_models:
-                if fallback not in self.models or fallback == name:
-                    raise ValueError(
-                        f"models.{name}.fallback_models: {fallback!r} is not another model here"
-                    )
-        for tenant_name, tenant in self.tenants.items():
-            for rule in tenant.degrade:
-                if rule.then.model is not None and rule.then.model not in self.models:
-                    raise ValueError(
-                        f"tenants.{tenant_name}.degrade {rule.name!r}: model "
-                        f"{rule.then.model!r} is not in models"
-                    )
-        return self
-
-    @model_validator(mode="after")
-    def _verifier_backends_exist(self) -> Policy:
-        names = {backend.name for backend in self.backends}
-        for tenant_name, tenant in self.tenants.items():
-            verifier = tenant.cache.verifier
-            if verifier is not None and verifier.backend not in names:
-                raise ValueError(
-                    f"tenants.{tenant_name}.cache.verifier: no backend named {verifier.backend!r}"
-                )
-        return self
-
     def backends_for(self, model: str) -> tuple[Backend, ...]:
         return tuple(b for b in self.backends if model in b.models)

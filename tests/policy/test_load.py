@@ -541,3 +541,24 @@ def test_a_budget_rule_needs_a_quota_of_the_tenant() -> None:
     ]
     with_quota = text.replace("history_limit: 10", "history_limit: 10\n      usd_per_month: 5")
     parse_policy(with_quota, file="p.yaml", environ={"UPSTREAM": "secret"})
+
+
+def test_a_fallback_rule_model_or_verifier_naming_nothing_is_named_at_its_line() -> None:
+    """They were refused at line 1, one at a time, hiding every other problem of the file."""
+    swaps = {
+        "  m2: {}\n": "  m2: {fallback_models: [m2, m8]}\n",
+        "then: {max_output_tokens: 128}": "then: {model: m9}",
+        "ttl: 1h}": "ttl: 1h, verifier: {backend: nowhere, model: m1}}",
+        "      history_limit: 10\n": "      histroy: 10\n",
+    }
+    text = GOOD
+    for old, new in swaps.items():
+        text = text.replace(old, new)
+    assert problems(text) == [
+        "p.yaml:15: models.m2.fallback_models[0]: 'm2' is not another model here",
+        "p.yaml:15: models.m2.fallback_models[1]: 'm8' is not another model here",
+        "p.yaml:23: tenants.support-bot.budget.histroy: unknown key",
+        "p.yaml:25: tenants.support-bot.cache.verifier.backend: no backend named 'nowhere'",
+        "p.yaml:29: tenants.support-bot.degrade[0].then.model: unknown model 'm9' "
+        "(declare it under models:)",
+    ]
