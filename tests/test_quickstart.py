@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +64,7 @@ def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
             )  # fmt: skip
             assert example.returncode == 0, example.stderr
             assert "completion_tokens=32" in example.stdout
+            _run_readme_snippets(gateway_port, tmp_path, shell)
     # `tokenweir report` from a shell that never exported the gateway's key.
     report = subprocess.run(
         [sys.executable, "-m", "proxy", "report", "--format", "json"],
@@ -70,4 +73,31 @@ def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr
     rows = orjson.loads(report.stdout)["rows"]
     assert (tmp_path / "tokenweir.db").exists()
-    assert sum(row["requests"] for row in rows if row["tenant"] == "default") == 2, rows
+    # The example's two requests, the SDK snippet's two and curl's one.
+    assert sum(row["requests"] for row in rows if row["tenant"] == "default") == 5, rows
+
+
+def _readme_block(language: str, holding: str) -> str:
+    """The README's fenced block in `language` that holds `holding`, as written."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+    return next(block for block in blocks if holding in block)
+
+
+def _run_readme_snippets(port: int, cwd: Path, env: dict[str, str]) -> None:
+    """The Quick start's SDK snippet and curl line, only the port changed."""
+    python = _readme_block("python", "from openai import OpenAI").replace(":8080", f":{port}")
+    sdk = subprocess.run(
+        [sys.executable, "-c", python],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert sdk.returncode == 0, sdk.stderr
+    assert sdk.stdout.strip(), "the streamed reply printed nothing"
+    assert shutil.which("curl"), "the README's curl line needs curl (apt-get install curl)"
+    curl = _readme_block("sh", "curl -N").replace(":8080", f":{port}")
+    streamed = subprocess.run(
+        ["sh", "-c", curl],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout.rstrip().endswith("data: [DONE]"), streamed.stdout[-300:]
