@@ -48,11 +48,10 @@ def load_counter(spec: str | None, *, model: str, base_dir: Path | None = None) 
         return _load(spec.strip(), base_dir or Path.cwd())
     except TokenizerError as exc:
         raise TokenizerError(f"model {model!r}: tokenizer {spec!r}: {exc}") from exc
-    except ImportError as exc:
-        raise TokenizerError(
-            f"model {model!r}: tokenizer {spec!r} needs the {exc.name or 'tokenizers'} package:"
-            " pip install 'tokenweir[tokenizers]'"
-        ) from exc
+    except ImportError as exc:  # a dependency of tokenweir's own, broken or removed
+        package = exc.name or "tokenizers"
+        needs = f"needs the {package} package: pip install {package}"
+        raise TokenizerError(f"model {model!r}: tokenizer {spec!r} {needs}") from exc
 
 
 def load_tokenizers(
@@ -72,7 +71,7 @@ def _load(spec: str, base_dir: Path) -> TokenCounter:
     body, _, fragment = spec.partition("#")
     chat_format = fragment or None
     if body.startswith("tiktoken:"):
-        from proxy.tokens import tiktoken_counter  # the tokenizers extra, loaded when used
+        from proxy.tokens import tiktoken_counter  # loaded when used
 
         target = body.removeprefix("tiktoken:")
         if "/" in target or target.endswith((".tiktoken", ".model")):
