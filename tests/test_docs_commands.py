@@ -1,10 +1,12 @@
 """Every `tokenweir COMMAND ... --flag` that README.md and docs/ write takes that flag: a command
-line copied from the docs is never refused for a flag the command does not have."""
+line copied from the docs is never refused for a flag the command does not have; and every
+`pip install 'tokenweir[extra]'` they or an error message give names a declared extra."""
 
 from __future__ import annotations
 
 import argparse
 import re
+import tomllib
 from pathlib import Path
 
 from proxy.cli import _parser
@@ -64,3 +66,20 @@ def test_every_flag_the_docs_write_is_the_commands() -> None:
     assert len(written) > 20
     unknown = [(where, c, flag) for where, c, flag in written if flag not in commands[c] | {"--"}]
     assert unknown == []
+
+
+def test_every_extra_named_in_the_docs_or_an_error_is_declared() -> None:
+    """`pip install 'tokenweir[x]'` of an extra that is not declared warns and installs nothing."""
+    declared = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    texts = [page.read_text(encoding="utf-8") for page in PAGES]
+    texts += [module.read_text(encoding="utf-8") for module in (ROOT / "proxy").rglob("*.py")]
+    named = {
+        extra
+        for text in texts
+        for group in re.findall(r"(?:tokenweir|\.)\[([a-z][a-z,-]*)\]", text)
+        for extra in group.split(",")
+    }
+    assert len(named) >= 3
+    assert named - declared == set()
