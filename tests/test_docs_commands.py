@@ -83,3 +83,12 @@ def test_every_extra_named_in_the_docs_or_an_error_is_declared() -> None:
     }
     assert len(named) >= 3
     assert named - declared == set()
+
+
+def test_readme_s_command_table_names_every_command() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    named = " ".join(re.findall(r"^\| `(tokenweir [^`]+)`", table, re.M))
+    words = set(re.split(r"[\s|\\\[\]]+", named))
+    for command in _commands():
+        assert set(command.split()) <= words, f"tokenweir {command} is not in README's Commands"
