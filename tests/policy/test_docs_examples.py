@@ -1,9 +1,12 @@
 """The policy examples in docs/ stay true: every YAML block there loads (a fragment, set into a
-small whole policy), and every default docs/operations.md's settings table gives is the code's."""
+small whole policy), every policy key path the pages name (`upstream.pool_timeout`,
+`models.*.price`) is one the loader takes, and every default docs/operations.md's settings
+table gives is the code's."""
 
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +15,25 @@ import yaml
 from pydantic import BaseModel
 
 from proxy.policy import parse_policy
-from proxy.policy.model import ServerSpec, UpstreamSpec
+from proxy.policy.model import (
+    Budget,
+    CacheSpec,
+    CircuitSpec,
+    DegradeThen,
+    DegradeWhen,
+    EmbedderSpec,
+    HnswSpec,
+    Limits,
+    Policy,
+    Price,
+    ServerSpec,
+    UpstreamSpec,
+    VerifierSpec,
+)
 from proxy.policy.units import hash_key, parse_bytes, parse_duration_s
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
 _BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.S | re.M)
 _KEY = hash_key("docs-example-key")
 # The models the examples name: a fragment naming one is read beside a backend serving them all.
@@ -87,3 +105,60 @@ def test_the_settings_table_gives_the_code_defaults() -> None:
     for section, key, default in rows:
         code = getattr(sections[section], key)
         assert _value(default, code) == code, f"{section}.{key}: docs say {default}, code {code}"
+
+
+# What a key path's first part names, where it is not the file's top level.
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "server": ServerSpec, "upstream": UpstreamSpec, "circuit": CircuitSpec, "cache": CacheSpec,
+    "hnsw": HnswSpec, "verifier": VerifierSpec, "embedder": EmbedderSpec, "limits": Limits,
+    "budget": Budget, "price": Price, "when": DegradeWhen, "then": DegradeThen,
+}  # fmt: skip
+# Paths that are no policy keys: span attributes, a pattern of several keys, a function.
+_NOT_KEYS = {"server.address", "server.port", "upstream.*", "ledger.base.bounded"}
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    """The pydantic model a field holds (itself, or in a tuple, dict or optional)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        if (found := _model_in(argument)) is not None:
+            return found
+    return None
+
+
+def _takes(model: type[BaseModel] | None, keys: list[str]) -> bool:
+    for key in keys:
+        field = None if model is None else model.model_fields.get(key)
+        if field is None:
+            return False
+        model = _model_in(field.annotation)
+    return True
+
+
+def _named_paths() -> list[tuple[str, str]]:
+    found = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+        for match in re.finditer(r"`([a-z_]+(?:\[\]|\.\*|\.[a-z_0-9]+)+)`", text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append((f"{page.relative_to(ROOT)}:{line}", match.group(1)))
+    return found
+
+
+def test_every_policy_key_path_the_docs_name_is_taken() -> None:
+    checked, unknown = 0, []
+    for where, path in _named_paths():
+        parts = [part for part in re.split(r"\.|\[\]", path) if part]
+        if path in _NOT_KEYS or not (parts[0] in _SECTIONS or parts[0] in Policy.model_fields):
+            continue
+        if parts[0] in _SECTIONS:
+            keys, model = parts[1:], _SECTIONS[parts[0]]
+        else:  # from the top: `models.NAME.price`, `tenants.*.cache`: a name is no key
+            named = parts[0] in ("models", "tenants")
+            keys, model = [parts[0], *parts[2 if named else 1 :]], Policy
+        checked += 1
+        if not _takes(model, keys):
+            unknown.append((where, path))
+    assert checked > 40
+    assert unknown == []
