@@ -1,5 +1,6 @@
-"""The docs' evidence stays findable: every test they cite by name is a test in tests/, and every
-file of the repository they name exists (a test renamed or moved left its citation behind)."""
+"""The docs' evidence stays findable: every test they cite by name is a test in tests/, every
+file of the repository they name exists (a test renamed or moved left its citation behind),
+every link between them reaches its heading, and every error code they give is the gateway's."""
 
 from __future__ import annotations
 
@@ -67,3 +68,14 @@ def test_every_link_between_the_docs_reaches_its_page_and_heading() -> None:
         if not linked.exists() or (anchor and anchor not in _anchors(linked)):
             broken.append((where, target))
     assert broken == []
+
+
+def test_every_error_code_the_docs_give_a_status_is_one_the_gateway_writes() -> None:
+    """`400 `unsupported_parameter``, `503 `overloaded``: the code is in the gateway's source (a
+    code renamed there left the docs promising the old one)."""
+    source = "\n".join(m.read_text(encoding="utf-8") for m in (ROOT / "proxy").rglob("*.py"))
+    # Made from its parts: `f"{what}_not_found"` for a stored object (proxy/stages/stored.py).
+    made = {"previous_response_not_found"}
+    codes = _cited(re.compile(r"\b[45]\d\d `([a-z][a-z_]+)`"))
+    assert len(codes) > 20
+    assert [(where, c) for where, c in codes if c not in made and f'"{c}"' not in source] == []
