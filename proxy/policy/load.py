@@ -133,13 +133,19 @@ def _reference_problems(
 ) -> list[Problem]:
     found = []
     for path, message in _dangling_references(policy):
-        if removed.get(("backends",)) and path[0] == "models":
+        if removed.get(("backends",)) and _about_a_backend(path):
             continue  # a refused backend serves nothing here, but it may be meant to
         if ("storage",) in removed and path == ("ledger",):
             continue  # the refused storage may be the Redis it needs
         original = _original_path(path, removed)
         found.append(Problem(file, line_of(lines, original), dotted(original), message))
     return by_line(found)
+
+
+def _about_a_backend(path: KeyPath) -> bool:
+    """A model no backend serves, or a verifier's backend not found: a refused backend may be
+    the one meant."""
+    return (path[0] == "models" and len(path) == 2) or path[-2:] == ("verifier", "backend")
 
 
 def _dangling_references(policy: Policy) -> list[tuple[KeyPath, str]]:

@@ -550,15 +550,23 @@ def test_a_fallback_rule_model_or_verifier_naming_nothing_is_named_at_its_line()
         "then: {max_output_tokens: 128}": "then: {model: m9}",
         "ttl: 1h}": "ttl: 1h, verifier: {backend: nowhere, model: m1}}",
         "      history_limit: 10\n": "      histroy: 10\n",
+        "    url: http://127.0.0.1:8001/v1\n": "",  # a refused backend hides no fallback's problem
     }
     text = GOOD
     for old, new in swaps.items():
         text = text.replace(old, new)
     assert problems(text) == [
-        "p.yaml:15: models.m2.fallback_models[0]: 'm2' is not another model here",
-        "p.yaml:15: models.m2.fallback_models[1]: 'm8' is not another model here",
-        "p.yaml:23: tenants.support-bot.budget.histroy: unknown key",
-        "p.yaml:25: tenants.support-bot.cache.verifier.backend: no backend named 'nowhere'",
-        "p.yaml:29: tenants.support-bot.degrade[0].then.model: unknown model 'm9' "
+        "p.yaml:7: backends[1].url: required key is missing",
+        "p.yaml:14: models.m2.fallback_models[0]: 'm2' is not another model here",
+        "p.yaml:14: models.m2.fallback_models[1]: 'm8' is not another model here",
+        "p.yaml:22: tenants.support-bot.budget.histroy: unknown key",
+        "p.yaml:28: tenants.support-bot.degrade[0].then.model: unknown model 'm9' "
         "(declare it under models:)",
     ]
+    # Without the refused backend, which the verifier may have meant, its name is checked too.
+    fixed = text.replace(
+        "    models: [m1]\n    weight: 3", "    url: http://h/v1\n    models: [m1]\n    weight: 3"
+    )
+    assert "p.yaml:25: tenants.support-bot.cache.verifier.backend: no backend named 'nowhere'" in (
+        problems(fixed)
+    )
