@@ -113,8 +113,11 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "hnsw": HnswSpec, "verifier": VerifierSpec, "embedder": EmbedderSpec, "limits": Limits,
     "budget": Budget, "price": Price, "when": DegradeWhen, "then": DegradeThen,
 }  # fmt: skip
-# Paths that are no policy keys: span attributes, a pattern of several keys, a function.
-_NOT_KEYS = {"server.address", "server.port", "upstream.*", "ledger.base.bounded"}
+# Paths that are no policy keys: span attributes, a pattern of several keys, a function, a
+# field of /readyz's answer.
+_NOT_KEYS = {
+    "server.address", "server.port", "upstream.*", "ledger.base.bounded", "ledger.evicting",
+}  # fmt: skip
 
 
 def _model_in(annotation: object) -> type[BaseModel] | None:
