@@ -96,7 +96,7 @@ class Services:
             ledger, failures, clock.wall(), metrics,
             open_tracing(tracer_provider) if tracer_provider else None,
             response_cache(policy, clock, storage.cache, serving),
-            RateLimits(storage.limits, clock, failures),
+            RateLimits(storage.limits, clock, failures, serving),
             Drain(policy.server.drain_timeout),
             RuntimeKeys(open_key_store(policy.storage), clock, kept=KeptKeys.from_environment()),
             open_ended_sessions(policy.storage), open_owned_ids(policy.storage),

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from proxy.policy.model import Limits, LimitSet
+from proxy.policy.model import Limits, LimitSet, Policy
 from proxy.storage.limits import Bucket, LimitKey, SlotPool
 
-__all__ = ["LimitShape", "LimitShapes", "limit_key", "per_minute"]
+__all__ = ["LimitShape", "LimitShapes", "limit_key", "per_minute", "sized_now"]
 
 # Shapes kept at most (every tenant's and backend's, on each model with a limit of its own).
 _MAX_SHAPES: Final = 4096
@@ -116,3 +116,24 @@ def limit_key(limit: Bucket | SlotPool) -> LimitKey:
     if limit.name is None:
         raise ValueError(f"{limit.key} was not built from a LimitKey")
     return limit.name
+
+
+def sized_now(policy: Policy, bucket: Bucket) -> Bucket:
+    """`bucket` as `policy` (the one serving now) sizes it: a request admitted under an earlier
+    policy trues up the shared bucket at the new limit, not clamped to the old one (a limit
+    raised from 1,000 to 1,000,000 tokens a minute fell back to about 1,000 as each stream
+    admitted before the reload ended). As it was if `policy` has no such limit any more."""
+    name = limit_key(bucket)
+    level: Limits | LimitSet | None = None
+    if name.scope.startswith("tw:backend:{"):
+        backend = name.scope.removeprefix("tw:backend:{").removesuffix("}")
+        level = next((b.limits for b in policy.backends if b.name == backend), None)
+    else:  # a tenant's scope, tw:{<name>} (a runtime key's limits do not change)
+        tenant = policy.tenants.get(name.scope.removeprefix("tw:{").removesuffix("}"))
+        level = tenant.limits if tenant is not None else None
+        if level is not None and name.model is not None:
+            level = level.per_model.get(name.model)
+    if level is None:
+        return bucket
+    now = level.tokens_per_minute if name.kind == "tokens" else level.requests_per_minute
+    return bucket if not now or now == bucket.capacity else name.bucket(now)

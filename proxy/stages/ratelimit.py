@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar
@@ -19,10 +19,10 @@ from proxy.errors import RateLimited, UpstreamUnavailable
 from proxy.holds import RateLimitHold
 from proxy.keys.record import KeyRecord
 from proxy.leases import LeaseIds, Renewals
-from proxy.policy.model import Backend, Limits
+from proxy.policy.model import Backend, Limits, Policy
 from proxy.stages.limitheaders import format_reset, rate_limit_headers, tighter
 from proxy.stages.limitrefusal import limit_refusal, refused_unsent
-from proxy.stages.limitshape import LimitShape, LimitShapes, limit_key, per_minute
+from proxy.stages.limitshape import LimitShape, LimitShapes, limit_key, per_minute, sized_now
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.stages.trueups import MissedTrueUps, TrueUp
@@ -59,8 +59,15 @@ class RateLimits:
     span_name: ClassVar[str] = "tokenweir.rate_limit.admit"
     given_back_at_settle: ClassVar[bool] = True
 
-    def __init__(self, store: LimitStore, clock: Clock, failures: StorageFailures) -> None:
+    def __init__(
+        self,
+        store: LimitStore,
+        clock: Clock,
+        failures: StorageFailures,
+        serving: Callable[[], Policy] | None = None,  # the policy now: true-ups land on its limits
+    ) -> None:
         self._store = store
+        self._serving = serving
         self._failures = failures
         self._clock = clock
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
@@ -279,6 +286,7 @@ class RateLimits:
         """Free the holds' slots and true their token buckets up to `used`; a `refused`
         request's request buckets get back the one it took."""
         now = self._clock.wall()
+        policy = self._serving() if self._serving is not None else None
         releases: list[tuple[RateLimitHold, Awaitable[None]]] = []
         true_ups: list[TrueUp] = []
         for hold in holds:
@@ -286,16 +294,11 @@ class RateLimits:
             if hold.slots:
                 released = self._store.release(hold.scope, hold.slots, lease_id=hold.lease_id)
                 releases.append((hold, released))
-            true_ups += [
-                self.true_ups.send(hold.scope, bucket, used - charged, now=now)
-                for bucket, charged in hold.token_buckets
-                if used != charged
-            ]
-            if refused:
-                true_ups += [
-                    self.true_ups.send(hold.scope, bucket, -1, now=now)
-                    for bucket in hold.request_buckets
-                ]
+            owed = [(b, used - charged) for b, charged in hold.token_buckets if used != charged]
+            owed += [(bucket, -1) for bucket in hold.request_buckets] if refused else []
+            for bucket, delta in owed:
+                sized = sized_now(policy, bucket) if policy is not None else bucket
+                true_ups.append(self.true_ups.send(hold.scope, sized, delta, now=now))
         return self._settled(tenant, releases, true_ups)
 
     async def _settled(
@@ -324,11 +327,7 @@ class RateLimits:
             with ctx.scope.shielded():
                 await plan.step.run(self._store)
         admission = plan.step.answer
-        if (
-            admission.admitted
-            or limits.queue_timeout is None
-            or not _slot_refused(admission, buckets)
-        ):
+        if admission.admitted or limits.queue_timeout is None or not admission.by_slot(buckets):
             return admission
         joined_s = self._clock.monotonic()
         deadline = joined_s + limits.queue_timeout
@@ -343,7 +342,7 @@ class RateLimits:
                 if line[0] is turn:
                     with ctx.scope.shielded():
                         admission = await self._try(hold, buckets, costs)
-                    if admission.admitted or not _slot_refused(admission, buckets):
+                    if admission.admitted or not admission.by_slot(buckets):
                         return admission
                 # Woken by a release in this process, or poll for releases by other replicas.
                 await asyncio.wait([turn], timeout=min(left_s, _QUEUE_POLL_S))
@@ -394,7 +393,3 @@ def backend_scope(backend: Backend) -> str:
 
 def _token_cost(ctx: Admitted) -> int:
     return (ctx.counted_input_tokens or 0) + (ctx.outgoing.reserved_output() or 0)
-
-
-def _slot_refused(admission: Admission, buckets: Sequence[Bucket]) -> bool:
-    return admission.refused is not None and admission.refused >= len(buckets)

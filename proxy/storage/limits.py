@@ -107,6 +107,10 @@ class Admission:
         """True when retrying is pointless: the request is larger than a limit."""
         return math.isinf(self.retry_after_s)
 
+    def by_slot(self, buckets: Sequence[Bucket]) -> bool:
+        """Refused by a slot pool (of those after `buckets`), not by a bucket."""
+        return self.refused is not None and self.refused >= len(buckets)
+
 
 class LimitStore(Protocol):
     """Rate-limit state shared by the gateway's replicas.

@@ -1,0 +1,85 @@
+"""A policy reload that lands while requests are in flight: what they settle against."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.tools.mock import backend as mockbackend
+from tests.keys.test_runtime import ADMIN_KEY, CHAT, TENANT_KEY, policy_text
+from tests.servers import serve
+
+pytestmark = pytest.mark.anyio
+
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+ALPHA = {"authorization": f"Bearer {TENANT_KEY}"}
+SHORT = {**CHAT, "max_tokens": 1, "mock_completion_tokens": 1}
+
+
+@pytest.fixture(scope="module")
+def slow_backend() -> Iterator[str]:
+    """20 tokens/s: a 100-token stream stays open for about five seconds."""
+    with serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=20)) as url:
+        yield url
+
+
+async def _stream_opened(http: httpx.AsyncClient, opened: asyncio.Event) -> int:
+    """A stream with no output bound (its bucket is charged its input, trued up by its output
+    at its end), `opened` once it has sent 10 tokens (half a second); its completion tokens."""
+    body = {
+        "model": "mock-llm",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "mock_completion_tokens": 100,
+    }
+    tokens = lines = 0
+    async with http.stream("POST", "/v1/chat/completions", json=body, headers=ALPHA) as answer:
+        assert answer.status_code == 200
+        async for line in answer.aiter_lines():
+            lines += line.startswith("data: ")
+            if lines >= 10:
+                opened.set()
+            if '"completion_tokens"' in line:
+                tokens = int(line.split('"completion_tokens":')[1].split(",")[0])
+    return tokens
+
+
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+async def test_a_stream_ending_after_its_token_limit_was_raised_leaves_the_new_limit(
+    slow_backend: str, tmp_path: Path, storage: str, request: pytest.FixtureRequest
+) -> None:
+    """The stream's true-up (its output, past what admission charged) lands on the bucket as
+    the reloaded policy sizes it: it used to be clamped to the old tokens_per_minute, so the
+    tenant whose limit was raised from 1,000 to 1,000,000 found about 1,000 left when the
+    stream ended, however much the bucket had refilled at the new rate since the reload."""
+    url = "memory" if storage == "memory" else request.getfixturevalue("redis_url")
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend, url, limits="{tokens_per_minute: 1000}"))
+    with serve(create_app(config=config)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            opened = asyncio.Event()
+            stream = asyncio.create_task(_stream_opened(http, opened))
+            await asyncio.wait_for(opened.wait(), 20)
+            config.write_text(policy_text(slow_backend, url, limits="{tokens_per_minute: 1000000}"))
+            reloaded = await http.post("/admin/reload", headers=ADMIN)
+            during = await http.post("/v1/chat/completions", json=SHORT, headers=ALPHA)
+            was_open = not stream.done()
+            output_tokens = await stream
+            after = await http.post("/v1/chat/completions", json=SHORT, headers=ALPHA)
+    assert reloaded.status_code == 200, reloaded.text
+    assert was_open  # the reload landed mid-stream
+    assert output_tokens == 100
+    assert during.headers["x-ratelimit-limit-tokens"] == "1000000"
+    assert after.status_code == 200
+    assert after.headers["x-ratelimit-limit-tokens"] == "1000000"
+    # Since `during`, the bucket refilled at 16,667 tokens a second (the stream ran on for
+    # seconds) and was charged the stream's 100 output tokens and `after`'s few: never less.
+    left_during = int(during.headers["x-ratelimit-remaining-tokens"])
+    assert left_during > 1000  # refilled past the old limit by then (a second at least)
+    assert int(after.headers["x-ratelimit-remaining-tokens"]) >= left_during - 120
