@@ -1,4 +1,5 @@
-"""A policy reload that lands while requests are in flight: what they settle against."""
+"""A policy reload that lands while requests are in flight: what they settle against, and what
+the next request gets."""
 
 from __future__ import annotations
 
@@ -83,3 +84,26 @@ async def test_a_stream_ending_after_its_token_limit_was_raised_leaves_the_new_l
     left_during = int(during.headers["x-ratelimit-remaining-tokens"])
     assert left_during > 1000  # refilled past the old limit by then (a second at least)
     assert int(after.headers["x-ratelimit-remaining-tokens"]) >= left_during - 120
+
+
+async def test_a_reload_that_changes_a_backends_first_byte_timeout_applies_it(
+    slow_backend: str, tmp_path: Path
+) -> None:
+    """`backends[].first_byte_timeout` reloads like the rest of a backend: its timeouts were
+    kept by the backend's name from the first request on, so a backend given longer to start
+    answering still timed out at the old limit until a restart."""
+    config = tmp_path / "policy.yaml"
+    text = policy_text(slow_backend, "memory").replace(
+        "models: [mock-llm]}", "models: [mock-llm], first_byte_timeout: {}}", 1
+    )
+    config.write_text(text.replace("{}}", "300ms}", 1))
+    slow = {**SHORT, "mock_delay_ms": 1500}
+    with serve(create_app(config=config)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30, headers=ALPHA) as http:
+            before = await http.post("/v1/chat/completions", json=slow)
+            config.write_text(text.replace("{}}", "20s}", 1))
+            reloaded = await http.post("/admin/reload", headers=ADMIN)
+            after = await http.post("/v1/chat/completions", json=slow)
+    assert before.status_code == 504, before.text
+    assert reloaded.status_code == 200, reloaded.text
+    assert after.status_code == 200, after.text

@@ -92,8 +92,9 @@ class UpstreamClient:
         self._timeout: dict[str, float | None] = timeout.as_dict()
         self._timeout["first_byte"] = spec.first_byte_timeout
         self._timeout["total"] = spec.total_timeout
-        # A backend's own first_byte_timeout: its requests carry a timeout dict of their own.
-        self._backend_timeouts: dict[str, dict[str, float | None]] = {}
+        # A backend's own first_byte_timeout: its requests carry a timeout dict of their own,
+        # one per value (by the backend's name, a reload that changed it was not applied).
+        self._backend_timeouts: dict[float, dict[str, float | None]] = {}
         # (backend url, path, backend key) -> the parsed URL and the headers every call sends.
         self._targets: dict[tuple[str, str, str | None], _Target] = {}
         # For the rare calls that want the client's conveniences (readiness probes); the request
@@ -166,12 +167,13 @@ class UpstreamClient:
         return post_request(url, raw, content, {"timeout": self._timeouts(backend)})
 
     def _timeouts(self, backend: Backend) -> dict[str, float | None]:
-        if backend.first_byte_timeout is None:
+        first_byte_s = backend.first_byte_timeout
+        if first_byte_s is None:
             return self._timeout
-        timeouts = self._backend_timeouts.get(backend.name)
+        timeouts = self._backend_timeouts.get(first_byte_s)
         if timeouts is None:
-            timeouts = {**self._timeout, "first_byte": backend.first_byte_timeout}
-            self._backend_timeouts[backend.name] = timeouts
+            timeouts = {**self._timeout, "first_byte": first_byte_s}
+            self._backend_timeouts[first_byte_s] = timeouts
         return timeouts
 
     async def probe(self, backend: Backend, timeout_s: float) -> str | None:
