@@ -4,6 +4,7 @@ the next request gets."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,3 +108,65 @@ async def test_a_reload_that_changes_a_backends_first_byte_timeout_applies_it(
     assert before.status_code == 504, before.text
     assert reloaded.status_code == 200, reloaded.text
     assert after.status_code == 200, after.text
+
+
+def _priced(text: str, output_per_1m: int, ledger: str) -> str:
+    """`text` with mock-llm priced (input 1 USD per million tokens) and a ledger."""
+    price = f"{{input_per_1m: 1, output_per_1m: {output_per_1m}}}"
+    text = text.replace("models: {mock-llm: {}}", f"models: {{mock-llm: {{price: {price}}}}}")
+    return f"ledger: {ledger}\n{text}"
+
+
+async def _usage_total(http: httpx.AsyncClient, requests: int) -> dict[str, int]:
+    """/api/usage's total once it holds `requests` records (the ledger writes in batches)."""
+    for _ in range(200):
+        total: dict[str, int] = (await http.get("/api/usage", headers=ADMIN)).json()["total"]
+        if total["requests"] >= requests:
+            return total
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the ledger holds {total['requests']} records, not {requests}")
+
+
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+async def test_a_stream_in_flight_is_billed_at_the_price_of_its_arrival(
+    slow_backend: str, tmp_path: Path, storage: str, request: pytest.FixtureRequest
+) -> None:
+    """The rule docs/policy.md states: a price a reload changes applies from the next request;
+    a stream open at the reload is billed whole at the price it arrived under, once, and the
+    ledger, /api/usage and tokenweir_cost_usd_total say the same."""
+    url = "memory" if storage == "memory" else request.getfixturevalue("redis_url")
+    ledger = f"sqlite:///{tmp_path / 'usage.db'}" if storage == "memory" else "redis"
+    config = tmp_path / "policy.yaml"
+    text = policy_text(slow_backend, url)
+    config.write_text(_priced(text, 1000, ledger))
+    with serve(create_app(config=config)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            opened = asyncio.Event()
+            stream = asyncio.create_task(_stream_opened(http, opened))
+            await asyncio.wait_for(opened.wait(), 20)
+            config.write_text(_priced(text, 2000, ledger))
+            reloaded = await http.post("/admin/reload", headers=ADMIN)
+            was_open = not stream.done()
+            assert await stream == 100
+            after = await http.post("/v1/chat/completions", json=SHORT, headers=ALPHA)
+            total = await _usage_total(http, 2)
+            metrics = (await http.get("/metrics")).text
+    assert reloaded.status_code == 200, reloaded.text
+    assert was_open
+    assert after.json()["usage"]["completion_tokens"] == 1
+    # 1,000 nano-USD an input token; an output token 1,000,000 before the reload, 2,000,000 after
+    expected = total["input_tokens"] * 1000 + 100 * 1_000_000 + 1 * 2_000_000
+    assert total["requests"] == 2
+    assert total["output_tokens"] == 101
+    assert total["cost_nusd"] == expected
+    cost_lines = [line for line in metrics.splitlines() if line.startswith("tokenweir_cost_usd")]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in cost_lines) == pytest.approx(
+        expected / 1e9
+    )
+    if storage == "memory":  # the SQLite file: each request once, as finally settled
+        with sqlite3.connect(tmp_path / "usage.db") as db:
+            rows = db.execute(
+                "SELECT output_tokens, cost_nusd - input_tokens * 1000 FROM usage_records"
+                " WHERE checkpoint = 0 ORDER BY output_tokens"
+            ).fetchall()
+        assert rows == [(1, 2_000_000), (100, 100_000_000)]
