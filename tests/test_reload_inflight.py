@@ -87,6 +87,39 @@ async def test_a_stream_ending_after_its_token_limit_was_raised_leaves_the_new_l
     assert int(after.headers["x-ratelimit-remaining-tokens"]) >= left_during - 120
 
 
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+async def test_a_request_waiting_for_a_slot_across_a_reload_takes_from_the_new_limit(
+    slow_backend: str, tmp_path: Path, storage: str, request: pytest.FixtureRequest
+) -> None:
+    """A request that joined the line for a slot (queue_timeout) before a reload raised
+    tokens_per_minute, and got the slot after it, is charged on the bucket at the new limit:
+    it was charged at the old one, which clamped the shared bucket to 1,000 tokens (and the
+    next requests found about that much left of the 1,000,000)."""
+    url = "memory" if storage == "memory" else request.getfixturevalue("redis_url")
+    config = tmp_path / "policy.yaml"
+    limits = "{max_concurrent: 1, queue_timeout: 60s, tokens_per_minute: %s}"
+    config.write_text(policy_text(slow_backend, url, limits=limits % 1000))
+    with serve(create_app(config=config)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=60, headers=ALPHA) as http:
+            opened = asyncio.Event()
+            stream = asyncio.create_task(_stream_opened(http, opened))
+            await asyncio.wait_for(opened.wait(), 20)
+            waiting = asyncio.create_task(http.post("/v1/chat/completions", json=SHORT))
+            await asyncio.sleep(0.3)  # in line behind the stream (which has minutes to go)
+            config.write_text(policy_text(slow_backend, url, limits=limits % 1000000))
+            reloaded = await http.post("/admin/reload", headers=ADMIN)
+            was_open = not stream.done()
+            await stream
+            waited = await waiting
+            after = await http.post("/v1/chat/completions", json=SHORT)
+    assert reloaded.status_code == 200, reloaded.text
+    assert was_open
+    assert waited.status_code == 200, waited.text
+    assert after.headers["x-ratelimit-limit-tokens"] == "1000000"
+    # The stream ran on for seconds after the reload, refilling the bucket at 16,667 a second.
+    assert int(after.headers["x-ratelimit-remaining-tokens"]) > 10_000
+
+
 async def test_a_reload_that_changes_a_backends_first_byte_timeout_applies_it(
     slow_backend: str, tmp_path: Path
 ) -> None:

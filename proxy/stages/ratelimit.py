@@ -286,7 +286,6 @@ class RateLimits:
         """Free the holds' slots and true their token buckets up to `used`; a `refused`
         request's request buckets get back the one it took."""
         now = self._clock.wall()
-        policy = self._serving() if self._serving is not None else None
         releases: list[tuple[RateLimitHold, Awaitable[None]]] = []
         true_ups: list[TrueUp] = []
         for hold in holds:
@@ -297,8 +296,7 @@ class RateLimits:
             owed = [(b, used - charged) for b, charged in hold.token_buckets if used != charged]
             owed += [(bucket, -1) for bucket in hold.request_buckets] if refused else []
             for bucket, delta in owed:
-                sized = sized_now(policy, bucket) if policy is not None else bucket
-                true_ups.append(self.true_ups.send(hold.scope, sized, delta, now=now))
+                true_ups.append(self.true_ups.send(hold.scope, self._sized(bucket), delta, now=now))
         return self._settled(tenant, releases, true_ups)
 
     async def _settled(
@@ -339,7 +337,8 @@ class RateLimits:
                 left_s = deadline - self._clock.monotonic()
                 if left_s <= 0:
                     return admission
-                if line[0] is turn:
+                if line[0] is turn:  # at the limits now: a reload may have come meanwhile
+                    buckets = tuple(self._sized(bucket) for bucket in buckets)
                     with ctx.scope.shielded():
                         admission = await self._try(hold, buckets, costs)
                     if admission.admitted or not admission.by_slot(buckets):
@@ -355,6 +354,10 @@ class RateLimits:
             if not line:
                 self._queues.pop(hold.scope, None)
             self._wake_next(hold.scope)
+
+    def _sized(self, bucket: Bucket) -> Bucket:
+        """`bucket` as the policy serving now sizes it (sized_now)."""
+        return sized_now(self._serving(), bucket) if self._serving is not None else bucket
 
     def _step(self, hold: RateLimitHold, buckets: Sequence[Bucket], costs: list[int]) -> Admit:
         now = self._clock.wall()
