@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from proxy.app import create_app
+from proxy.policy.units import hash_key
 from proxy.tools.mock import backend as mockbackend
 from tests.keys.test_runtime import ADMIN_KEY, CHAT, TENANT_KEY, policy_text
 from tests.servers import serve
@@ -30,7 +31,9 @@ def slow_backend() -> Iterator[str]:
         yield url
 
 
-async def _stream_opened(http: httpx.AsyncClient, opened: asyncio.Event) -> int:
+async def _stream_opened(
+    http: httpx.AsyncClient, opened: asyncio.Event, headers: dict[str, str] = ALPHA
+) -> int:
     """A stream with no output bound (its bucket is charged its input, trued up by its output
     at its end), `opened` once it has sent 10 tokens (half a second); its completion tokens."""
     body = {
@@ -41,7 +44,7 @@ async def _stream_opened(http: httpx.AsyncClient, opened: asyncio.Event) -> int:
         "mock_completion_tokens": 100,
     }
     tokens = lines = 0
-    async with http.stream("POST", "/v1/chat/completions", json=body, headers=ALPHA) as answer:
+    async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
         assert answer.status_code == 200
         async for line in answer.aiter_lines():
             lines += line.startswith("data: ")
@@ -203,3 +206,55 @@ async def test_a_stream_in_flight_is_billed_at_the_price_of_its_arrival(
                 " WHERE checkpoint = 0 ORDER BY output_tokens"
             ).fetchall()
         assert rows == [(1, 2_000_000), (100, 100_000_000)]
+
+
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+async def test_streams_of_a_removed_tenant_and_a_revoked_key_end_billed_and_free_their_slots(
+    slow_backend: str, tmp_path: Path, storage: str, request: pytest.FixtureRequest
+) -> None:
+    """A reload removes a tenant and lowers max_concurrent from 3 to 1, and a runtime key is
+    revoked, while a stream of each is open: each runs to its end and is billed once to its
+    tenant and key; the new limit counts the old slots until they end, then admits again."""
+    url = "memory" if storage == "memory" else request.getfixturevalue("redis_url")
+    ledger = f"sqlite:///{tmp_path / 'usage.db'}" if storage == "memory" else "redis"
+    beta_key = "tw-inflight-beta"
+    beta = f"  beta:\n    api_keys: [{hash_key(beta_key)}]\n    models: [mock-llm]\n"
+    config = tmp_path / "policy.yaml"
+    old = policy_text(slow_backend, url, limits="{max_concurrent: 3}")
+    config.write_text(_priced(old, 1000, ledger) + beta)
+    with serve(create_app(config=config)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            made = await http.post("/admin/keys", headers=ADMIN, json={"tenant": "alpha"})
+            runtime = {"authorization": f"Bearer {made.json()['key']}"}
+            betas = {"authorization": f"Bearer {beta_key}"}
+            opened = [asyncio.Event() for _ in range(3)]
+            streams = [
+                asyncio.create_task(_stream_opened(http, event, headers))
+                for event, headers in zip(opened, [ALPHA, runtime, betas], strict=True)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in opened)), 20)
+            new = policy_text(slow_backend, url, limits="{max_concurrent: 1}")
+            config.write_text(_priced(new, 1000, ledger))
+            reloaded = await http.post("/admin/reload", headers=ADMIN)
+            revoked = await http.delete(f"/admin/keys/{made.json()['id']}", headers=ADMIN)
+            still_open = sum(not stream.done() for stream in streams)
+            during = [
+                (await http.post("/v1/chat/completions", json=SHORT, headers=headers)).status_code
+                for headers in (ALPHA, runtime, betas)
+            ]
+            relayed = await asyncio.gather(*streams)
+            after = await http.post("/v1/chat/completions", json=SHORT, headers=ALPHA)
+            await _usage_total(http, 7)
+            by_key = (await http.get("/api/usage?group_by=key", headers=ADMIN)).json()["data"]
+    assert reloaded.status_code == 200, reloaded.text
+    assert revoked.status_code == 200, revoked.text
+    assert still_open == 3
+    assert during == [429, 401, 401]  # two slots of one taken; the key and the tenant are gone
+    assert relayed == [100, 100, 100]
+    assert after.status_code == 200, after.text  # both old slots freed
+    billed = {(row["tenant"], row["key"]): row for row in by_key if row["output_tokens"]}
+    assert billed[("alpha", made.json()["id"])]["output_tokens"] == 100
+    assert billed[("alpha", made.json()["id"])]["requests"] == 1
+    assert [row["output_tokens"] for (tenant, _), row in billed.items() if tenant == "beta"] == [
+        100
+    ]
