@@ -90,6 +90,32 @@ async def test_a_stream_ending_after_its_token_limit_was_raised_leaves_the_new_l
     assert int(after.headers["x-ratelimit-remaining-tokens"]) >= left_during - 120
 
 
+async def _waiting_across_reload(
+    slow_backend: str, url: str, tmp_path: Path, limits: str, before: int, after: int
+) -> tuple[str, httpx.Response, httpx.Response]:
+    """The tenant's `limits` (with `before`, then `after` in them): a stream takes its one slot,
+    a request waits in line behind it, and the policy is reloaded meanwhile. Which of the two
+    ended first ("stream" or "waiting"), the waiting request's answer, and the next one's."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text(slow_backend, url, limits=limits % before))
+    with serve(create_app(config=config)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=60, headers=ALPHA) as http:
+            opened = asyncio.Event()
+            stream = asyncio.create_task(_stream_opened(http, opened))
+            await asyncio.wait_for(opened.wait(), 20)
+            waiting = asyncio.create_task(http.post("/v1/chat/completions", json=SHORT))
+            await asyncio.sleep(0.3)  # in line behind the stream (which has seconds to go)
+            config.write_text(policy_text(slow_backend, url, limits=limits % after))
+            reloaded = await http.post("/admin/reload", headers=ADMIN)
+            assert reloaded.status_code == 200, reloaded.text
+            assert not stream.done()  # the reload landed mid-stream
+            done, _ = await asyncio.wait([stream, waiting], return_when=asyncio.FIRST_COMPLETED)
+            assert await stream == 100
+            waited = await waiting
+            next_one = await http.post("/v1/chat/completions", json=SHORT)
+    return ("waiting" if waiting in done else "stream"), waited, next_one
+
+
 @pytest.mark.parametrize("storage", ["memory", "redis"])
 async def test_a_request_waiting_for_a_slot_across_a_reload_takes_from_the_new_limit(
     slow_backend: str, tmp_path: Path, storage: str, request: pytest.FixtureRequest
@@ -99,28 +125,29 @@ async def test_a_request_waiting_for_a_slot_across_a_reload_takes_from_the_new_l
     it was charged at the old one, which clamped the shared bucket to 1,000 tokens (and the
     next requests found about that much left of the 1,000,000)."""
     url = "memory" if storage == "memory" else request.getfixturevalue("redis_url")
-    config = tmp_path / "policy.yaml"
-    limits = "{max_concurrent: 1, queue_timeout: 60s, tokens_per_minute: %s}"
-    config.write_text(policy_text(slow_backend, url, limits=limits % 1000))
-    with serve(create_app(config=config)) as base:
-        async with httpx.AsyncClient(base_url=base, timeout=60, headers=ALPHA) as http:
-            opened = asyncio.Event()
-            stream = asyncio.create_task(_stream_opened(http, opened))
-            await asyncio.wait_for(opened.wait(), 20)
-            waiting = asyncio.create_task(http.post("/v1/chat/completions", json=SHORT))
-            await asyncio.sleep(0.3)  # in line behind the stream (which has minutes to go)
-            config.write_text(policy_text(slow_backend, url, limits=limits % 1000000))
-            reloaded = await http.post("/admin/reload", headers=ADMIN)
-            was_open = not stream.done()
-            await stream
-            waited = await waiting
-            after = await http.post("/v1/chat/completions", json=SHORT)
-    assert reloaded.status_code == 200, reloaded.text
-    assert was_open
+    limits = "{max_concurrent: 1, queue_timeout: 60s, tokens_per_minute: %d}"
+    _, waited, after = await _waiting_across_reload(
+        slow_backend, url, tmp_path, limits, 1000, 1000000
+    )
     assert waited.status_code == 200, waited.text
     assert after.headers["x-ratelimit-limit-tokens"] == "1000000"
     # The stream ran on for seconds after the reload, refilling the bucket at 16,667 a second.
     assert int(after.headers["x-ratelimit-remaining-tokens"]) > 10_000
+
+
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+async def test_a_request_waiting_for_a_slot_gets_one_a_reload_adds(
+    slow_backend: str, tmp_path: Path, storage: str, request: pytest.FixtureRequest
+) -> None:
+    """max_concurrent raised from 1 to 10 while a request waits in line behind a stream: it is
+    admitted at once, on the new size of the shared pool. It waited for the old size, until
+    the stream ended, while requests arriving after the reload passed it by (a line longer
+    than queue_timeout ended in 429s with nine slots free)."""
+    url = "memory" if storage == "memory" else request.getfixturevalue("redis_url")
+    limits = "{max_concurrent: %d, queue_timeout: 60s}"
+    first, waited, _ = await _waiting_across_reload(slow_backend, url, tmp_path, limits, 1, 10)
+    assert waited.status_code == 200, waited.text
+    assert first == "waiting"  # admitted while the stream still held its slot
 
 
 async def test_a_reload_that_changes_a_backends_first_byte_timeout_applies_it(

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from proxy.policy.model import Limits, LimitSet, Policy
 from proxy.storage.limits import Bucket, LimitKey, SlotPool
 
-__all__ = ["LimitShape", "LimitShapes", "limit_key", "per_minute", "sized_now"]
+__all__ = ["LimitShape", "LimitShapes", "Sizable", "limit_key", "per_minute", "sized_now"]
 
+Sizable = TypeVar("Sizable", Bucket, SlotPool)
 # Shapes kept at most (every tenant's and backend's, on each model with a limit of its own).
 _MAX_SHAPES: Final = 4096
 
@@ -118,12 +119,15 @@ def limit_key(limit: Bucket | SlotPool) -> LimitKey:
     return limit.name
 
 
-def sized_now(policy: Policy, bucket: Bucket) -> Bucket:
-    """`bucket` as `policy` (the one serving now) sizes it: a request admitted under an earlier
-    policy trues up the shared bucket at the new limit, not clamped to the old one (a limit
-    raised from 1,000 to 1,000,000 tokens a minute fell back to about 1,000 as each stream
-    admitted before the reload ended). As it was if `policy` has no such limit any more."""
-    name = limit_key(bucket)
+def sized_now(policy: Policy | None, limit: Sizable) -> Sizable:
+    """`limit` (a bucket or a slot pool) as `policy`, the one serving now, sizes it: the shared
+    state of a request admitted, or waiting in line, under an earlier policy is used at the new
+    limit (a tokens_per_minute raised from 1,000 to 1,000,000 fell back to about 1,000 as each
+    stream admitted before the reload ended; a request waiting for a slot waited for the old
+    max_concurrent). As it was if `policy` (None: not known) has no such limit any more."""
+    if policy is None:
+        return limit
+    name = limit_key(limit)
     level: Limits | LimitSet | None = None
     if name.scope.startswith("tw:backend:{"):
         backend = name.scope.removeprefix("tw:backend:{").removesuffix("}")
@@ -134,6 +138,9 @@ def sized_now(policy: Policy, bucket: Bucket) -> Bucket:
         if level is not None and name.model is not None:
             level = level.per_model.get(name.model)
     if level is None:
-        return bucket
+        return limit
+    if isinstance(limit, SlotPool):
+        size = level.max_concurrent
+        return limit if not size or size == limit.size else name.pool(size)
     now = level.tokens_per_minute if name.kind == "tokens" else level.requests_per_minute
-    return bucket if not now or now == bucket.capacity else name.bucket(now)
+    return limit if not now or now == limit.capacity else name.bucket(now)

@@ -64,7 +64,7 @@ class RateLimits:
         store: LimitStore,
         clock: Clock,
         failures: StorageFailures,
-        serving: Callable[[], Policy] | None = None,  # the policy now: true-ups land on its limits
+        serving: Callable[[], Policy | None] = lambda: None,  # the policy now, sizing the limits
     ) -> None:
         self._store = store
         self._serving = serving
@@ -296,7 +296,8 @@ class RateLimits:
             owed = [(b, used - charged) for b, charged in hold.token_buckets if used != charged]
             owed += [(bucket, -1) for bucket in hold.request_buckets] if refused else []
             for bucket, delta in owed:
-                true_ups.append(self.true_ups.send(hold.scope, self._sized(bucket), delta, now=now))
+                sized = sized_now(self._serving(), bucket)
+                true_ups.append(self.true_ups.send(hold.scope, sized, delta, now=now))
         return self._settled(tenant, releases, true_ups)
 
     async def _settled(
@@ -338,7 +339,9 @@ class RateLimits:
                 if left_s <= 0:
                     return admission
                 if line[0] is turn:  # at the limits now: a reload may have come meanwhile
-                    buckets = tuple(self._sized(bucket) for bucket in buckets)
+                    policy = self._serving()
+                    buckets = tuple(sized_now(policy, bucket) for bucket in buckets)
+                    hold.slots = tuple(sized_now(policy, pool) for pool in hold.slots)
                     with ctx.scope.shielded():
                         admission = await self._try(hold, buckets, costs)
                     if admission.admitted or not admission.by_slot(buckets):
@@ -354,10 +357,6 @@ class RateLimits:
             if not line:
                 self._queues.pop(hold.scope, None)
             self._wake_next(hold.scope)
-
-    def _sized(self, bucket: Bucket) -> Bucket:
-        """`bucket` as the policy serving now sizes it (sized_now)."""
-        return sized_now(self._serving(), bucket) if self._serving is not None else bucket
 
     def _step(self, hold: RateLimitHold, buckets: Sequence[Bucket], costs: list[int]) -> Admit:
         now = self._clock.wall()

@@ -1,4 +1,4 @@
-"""The size a reloaded policy gives a bucket that a request admitted before it holds."""
+"""The size a reloaded policy gives a bucket or slot pool a request admitted before it holds."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ tenants:
     limits:
       requests_per_minute: 30
       tokens_per_minute: 5000
+      max_concurrent: 4
       per_model: {m: {tokens_per_minute: 900}}
   plain: {api_keys: ["{B}"], models: [m]}
 """.replace("{A}", hash_key("tw-acme")).replace("{B}", hash_key("tw-plain"))
@@ -36,6 +37,8 @@ def test_a_bucket_takes_the_size_of_its_limit_in_the_policy_serving_now() -> Non
     assert sized_now(POLICY, requests.bucket(10)) == requests.bucket(30)
     assert sized_now(POLICY, on_model.bucket(100)) == on_model.bucket(900)
     assert sized_now(POLICY, on_backend.bucket(50)) == on_backend.bucket(7000)
+    slots = LimitKey("tw:{acme}", "slots")
+    assert sized_now(POLICY, slots.pool(1)) == slots.pool(4)
 
 
 def test_a_bucket_whose_limit_is_gone_keeps_its_size() -> None:
@@ -46,3 +49,6 @@ def test_a_bucket_whose_limit_is_gone_keeps_its_size() -> None:
         LimitKey("tw:backend:{gone}", "tokens"),
     ):
         assert sized_now(POLICY, key.bucket(1000)) == key.bucket(1000)
+    slots = LimitKey("tw:{plain}", "slots")
+    assert sized_now(POLICY, slots.pool(2)) == slots.pool(2)
+    assert sized_now(None, slots.pool(2)) == slots.pool(2)  # no policy known: as it is
