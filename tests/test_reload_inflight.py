@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from proxy.app import create_app
 from proxy.policy.units import hash_key
@@ -285,3 +286,6 @@ async def test_streams_of_a_removed_tenant_and_a_revoked_key_end_billed_and_free
     assert [row["output_tokens"] for (tenant, _), row in billed.items() if tenant == "beta"] == [
         100
     ]
+    if storage == "redis":  # every slot given back: no pool holds a lease
+        with redis.Redis.from_url(url) as db:
+            assert db.keys("*slots*") == []
