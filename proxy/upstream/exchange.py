@@ -26,8 +26,10 @@ __all__ = [
     "StaleConnection",
 ]
 
-# A consumer slower than the backend: stop reading the socket above this many buffered bytes.
-PAUSE_READING_BYTES: Final = 1 << 20
+# A consumer slower than the backend (a client that stops reading its stream): stop reading the
+# socket above this many buffered bytes (a read or two), so the backend waits, not the gateway's
+# memory (a MiB held a stream: a thousand stalled clients took gigabytes).
+PAUSE_READING_BYTES: Final = 64 * 1024
 
 
 @dataclass(slots=True)
