@@ -121,8 +121,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def pause_writing(self) -> None:
         """The client's socket is full: unless it reads within the stall timeout, the connection
-        is cut and its request told its client left (its stream held a backend and a slot for
-        as long as the client read nothing: for ever)."""
+        is cut, closing or not, and its request told its client left (a stream kept a backend and
+        a slot, a close the whole answer it waits to write, for as long as the client read none)."""
         super().pause_writing()
         if self._stall_timeout_s is not None and self._stall_timer is None:
             self._stall_timer = self.loop.call_later(self._stall_timeout_s, self._stalled)
@@ -135,7 +135,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def _stalled(self) -> None:
         self._stall_timer = None
-        if not self.transport.is_closing():
+        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
             self.transport.abort()  # what is buffered for it goes too: it would not read it
 
     def watch(self, cycle: RequestResponseCycle, gone: Callable[[], None]) -> None:

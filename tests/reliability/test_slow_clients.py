@@ -1,10 +1,12 @@
-"""Clients that stop reading their streams, over raw sockets to a real `tokenweir serve`, in front
-of a backend that sends as fast as the gateway takes: the gateway pushes back on the backend and
-holds little of each stream, however many such clients it has."""
+"""Clients that stop reading their answers, over raw sockets to a real `tokenweir serve`, in front
+of a backend that sends as fast as the gateway takes: the gateway pushes back on the backend,
+holds little of each stream, however many such clients it has, and lets go of an answer its
+client does not read within the stall timeout."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -16,7 +18,7 @@ import pytest
 
 from proxy.policy.units import hash_key
 from tests.servers import replicas
-from tests.upstream.hostile import CHUNK, HostileBackend, Writer, event, head
+from tests.upstream.hostile import CHAT, CHUNK, HostileBackend, Writer, event, head, json_answer
 
 KEY = "tw-slow-clients"
 STREAMS = 100
@@ -27,6 +29,7 @@ FILLED_BYTES = 24 << 20
 # A hundred such streams took the gateway 161 MiB when it buffered a MiB of each (and wrote as much
 # to each client's socket at once); 58 MiB with 64 KiB (a stream's own objects and a read or two).
 GROWTH_BOUND_BYTES = 100 << 20
+BIG = "y" * 8_000_000
 
 
 async def flood(server: HostileBackend, writer: Writer, request: dict[str, Any]) -> None:
@@ -41,18 +44,32 @@ async def flood(server: HostileBackend, writer: Writer, request: dict[str, Any])
     writer.transport.abort()
 
 
+async def big_whole(server: HostileBackend, writer: Writer, request: dict[str, Any]) -> None:
+    """A whole answer of 8 MB: under the gateway's cap, far more than sockets buffer."""
+    answer = {**CHAT, "choices": [{"index": 0, "message": {"role": "assistant", "content": BIG}}]}
+    body = orjson.dumps(answer)
+    await server.send("big_whole", writer, json_answer("200 OK", body) + body)
+
+
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, HostileBackend]]:
+def backend() -> Iterator[HostileBackend]:
+    with HostileBackend({"flood": flood, "big_whole": big_whole}) as backend:
+        yield backend
+
+
+@contextlib.contextmanager
+def _gateway(
+    backend: HostileBackend, directory: Path, server: str
+) -> Iterator[tuple[int, int, HostileBackend]]:
     """Its port and pid, and its backend."""
-    config = tmp_path_factory.mktemp("slow") / "policy.yaml"
-    with HostileBackend({"flood": flood}) as backend:
-        config.write_text(f"""
+    config = directory / "policy.yaml"
+    config.write_text(f"""
 storage: memory
-server: {{body_timeout: 120s}}
+server: {server}
 upstream: {{probe_interval: 0}}
 backends: [{{name: flood, url: "{backend.url}/v1", models: [flood-llm]}}]
 models: {{flood-llm: {{}}}}
@@ -62,8 +79,17 @@ tenants:
     models: [flood-llm]
     limits: {{max_concurrent: 1000}}
 """)
-        with replicas(config, 1) as [(process, url)]:
-            yield int(url.rsplit(":", 1)[1]), process.pid, backend
+    with replicas(config, 1) as [(process, url)]:
+        yield int(url.rsplit(":", 1)[1]), process.pid, backend
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    backend: HostileBackend, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[int, int, HostileBackend]]:
+    """Stalled clients are not cut off while a test measures them."""
+    with _gateway(backend, tmp_path_factory.mktemp("slow"), "{body_timeout: 120s}") as served:
+        yield served
 
 
 def _rss_bytes(pid: int) -> int:
@@ -73,11 +99,12 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS line")
 
 
-def _stalled_stream(port: int, tag: str) -> socket.socket:
-    """A client that asks for a stream and reads none of it (a tiny receive buffer)."""
+def _stalled_stream(port: int, tag: str, hostile: str = "flood") -> socket.socket:
+    """A client that asks for a stream (or a whole answer) and reads none of it (a tiny receive
+    buffer)."""
     body = orjson.dumps(
-        {"model": "flood-llm", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-        | {"hostile": "flood", "tag": tag}
+        {"model": "flood-llm", "messages": [{"role": "user", "content": "hi"}]}
+        | {"stream": hostile == "flood", "hostile": hostile, "tag": tag}
     )
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -136,3 +163,32 @@ def _wait_filled(backend: HostileBackend, tags: list[str], pid: int = 0) -> int:
     else:
         raise AssertionError(f"the streams did not fill in 60 s: {sorted(last)[:5]} bytes sent")
     return max(peak, _rss_bytes(pid)) if pid else 0
+
+
+def test_a_whole_answer_its_client_does_not_read_is_let_go_at_the_stall_timeout(
+    backend: HostileBackend, tmp_path: Path
+) -> None:
+    """A whole answer written to a client that read none of it stayed in the gateway's memory
+    for as long as the client kept its connection open (up to 32 MiB a connection, ten such
+    clients of 20 MB answers: 380 MiB): the keep-alive timeout's close waits for the client to
+    read what is buffered, and the stall timeout gave up on a closing connection. It is now cut
+    off at the stall timeout (`server.body_timeout`), closing or not."""
+    server = "{body_timeout: 2s, keep_alive_timeout: 1s}"
+    with _gateway(backend, tmp_path, server) as (port, _, _):
+        clients = [_stalled_stream(port, f"whole-{i}", "big_whole") for i in range(4)]
+        try:
+            deadline = time.monotonic() + 30
+            while _served_connections(port):
+                assert time.monotonic() < deadline, "an unread answer is held for ever"
+                time.sleep(0.2)
+        finally:
+            for sock in clients:
+                sock.close()
+
+
+def _served_connections(port: int) -> int:
+    """The gateway's established connections on `port`, as the kernel lists them (the clients'
+    side would not show the gateway's reset until they read: a read would let it write on)."""
+    local = f":{port:04X}"
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for row in rows if row[1].endswith(local) and row[3] == "01")
