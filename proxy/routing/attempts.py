@@ -136,7 +136,7 @@ class Attempts:
         now = self._clock.monotonic()
         if ctx.outcome.completed:
             health.circuit.succeeded()
-        elif ctx.outcome.client_disconnected:
+        elif ctx.outcome.client_disconnected or _held_up_by_client(ctx):
             health.circuit.abandoned()  # no verdict: a trial may be tried again
         else:
             health.failed(now)  # it broke off mid-answer, or sent no event in time
@@ -220,3 +220,10 @@ def _retryable(exc: UpstreamError) -> bool:
     """Connect errors and 5xx; a read or first-byte timeout is not retried (the backend may be
     generating, and a retry would double its work)."""
     return not isinstance(exc, UpstreamTimeout) or exc.code == CONNECT_TIMEOUT_CODE
+
+
+def _held_up_by_client(ctx: Admitted) -> bool:
+    """A stream cut at a deadline after its relay waited for its client to read: the gateway
+    pushed back on the backend meanwhile, so the time was the client's, not the backend's (a
+    tenant's slow readers opened a healthy backend's circuit for every tenant)."""
+    return ctx.outcome.error_code == UpstreamTimeout.code and ctx.meter.client_slow_s > 0

@@ -105,6 +105,7 @@ class StreamMeter:
 
     __slots__ = (
         "attempt_sent_s",
+        "client_slow_s",
         "first_token_s",
         "gaps",
         "gateway_s",
@@ -134,6 +135,7 @@ class StreamMeter:
         self.gateway_s = 0.0
         # Waited on the client's body or in the tenant's line: the request's time, not ours.
         self.waited_s = 0.0
+        self.client_slow_s = 0.0  # the relay waited this long for the client to read
         self.gaps = GapHistogram()
         self.last_read_s = 0.0  # meaningful once upstream_first_byte_s is set
 
@@ -147,6 +149,7 @@ class StreamMeter:
         """A chunk waited `wait_s` for the client to read (its socket full) before it could be
         written: in the gaps and duration, as the client read them, but not the gateway's."""
         self.gateway_s -= wait_s
+        self.client_slow_s += wait_s
 
     def sending_upstream(self, now: float) -> None:
         self.upstream_sent_s = self.attempt_sent_s = now

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -30,6 +31,7 @@ FILLED_BYTES = 24 << 20
 # to each client's socket at once); 58 MiB with 64 KiB (a stream's own objects and a read or two).
 GROWTH_BOUND_BYTES = 100 << 20
 BIG = "y" * 8_000_000
+LONG_BYTES = 24 << 20
 
 
 async def flood(server: HostileBackend, writer: Writer, request: dict[str, Any]) -> None:
@@ -51,26 +53,39 @@ async def big_whole(server: HostileBackend, writer: Writer, request: dict[str, A
     await server.send("big_whole", writer, json_answer("200 OK", body) + body)
 
 
+async def long_stream(server: HostileBackend, writer: Writer, request: dict[str, Any]) -> None:
+    """A stream of LONG_BYTES and its end, as fast as the gateway reads it: well within the
+    total timeout for a client that keeps up."""
+    name = f"flood-{request['tag']}"
+    data = head("200 OK", "content-type: text/event-stream", "transfer-encoding: chunked")
+    await server.send(name, writer, data + _chunk(event(CHUNK)))
+    big = _chunk(event({**CHUNK, "choices": [{"index": 0, "delta": {"content": TEXT}}]}))
+    while server.sent_bytes[name] < LONG_BYTES:
+        await server.send(name, writer, big)
+    await server.send(name, writer, _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
 
 @pytest.fixture(scope="module")
 def backend() -> Iterator[HostileBackend]:
-    with HostileBackend({"flood": flood, "big_whole": big_whole}) as backend:
+    extra = {"flood": flood, "big_whole": big_whole, "long_stream": long_stream}
+    with HostileBackend(extra) as backend:
         yield backend
 
 
 @contextlib.contextmanager
 def _gateway(
-    backend: HostileBackend, directory: Path, server: str
+    backend: HostileBackend, directory: Path, server: str, upstream: str = "{probe_interval: 0}"
 ) -> Iterator[tuple[int, int, HostileBackend]]:
     """Its port and pid, and its backend."""
     config = directory / "policy.yaml"
     config.write_text(f"""
 storage: memory
 server: {server}
-upstream: {{probe_interval: 0}}
+upstream: {upstream}
 backends: [{{name: flood, url: "{backend.url}/v1", models: [flood-llm]}}]
 models: {{flood-llm: {{}}}}
 tenants:
@@ -99,15 +114,17 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS line")
 
 
-def _stalled_stream(port: int, tag: str, hostile: str = "flood") -> socket.socket:
+def _stalled_stream(
+    port: int, tag: str, hostile: str = "flood", buffer_bytes: int = 4096
+) -> socket.socket:
     """A client that asks for a stream (or a whole answer) and reads none of it (a tiny receive
     buffer)."""
     body = orjson.dumps(
         {"model": "flood-llm", "messages": [{"role": "user", "content": "hi"}]}
-        | {"stream": hostile == "flood", "hostile": hostile, "tag": tag}
+        | {"stream": hostile != "big_whole", "hostile": hostile, "tag": tag}
     )
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
     sock.connect(("127.0.0.1", port))
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
@@ -192,3 +209,33 @@ def _served_connections(port: int) -> int:
     local = f":{port:04X}"
     rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
     return sum(1 for row in rows if row[1].endswith(local) and row[3] == "01")
+
+
+def test_a_stream_its_slow_client_made_outlast_the_total_timeout_is_not_the_backends_failure(
+    backend: HostileBackend, tmp_path: Path
+) -> None:
+    """A client reading more slowly than the backend sends makes the gateway push back on the
+    backend, so a stream that the backend would send in a second can outlast
+    `upstream.total_timeout`. The cut is the documented one (an error event), but it was
+    counted as the backend's failure: a tenant's slow readers opened a healthy backend's
+    circuit, and every tenant got 503 `upstream_unavailable`. Such a stream now leaves no
+    verdict on the backend."""
+    upstream = "{total_timeout: 3s, probe_interval: 0, circuit: {failures: 1, open_for: 60s}}"
+    with _gateway(backend, tmp_path, "{}", upstream) as (port, _, _):
+        sock = _stalled_stream(port, "long", "long_stream", buffer_bytes=65536)
+        received = bytearray()
+        deadline = time.monotonic() + 90
+        with sock:
+            while not received.endswith(b"0\r\n\r\n"):
+                assert time.monotonic() < deadline, "the slow stream did not end"
+                received += sock.recv(65536)
+                time.sleep(0.05)  # about a MB a second: slower than the backend
+        assert b'"code":"upstream_timeout"' in received[-4096:]  # cut as documented
+        body = {"model": "flood-llm", "messages": [{"role": "user", "content": "hi"}]}
+        with httpx.Client(timeout=30) as client:
+            answer = client.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {KEY}"},
+            )
+        assert answer.status_code == 200, answer.text  # the backend's circuit is closed
