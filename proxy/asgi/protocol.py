@@ -42,6 +42,7 @@ from proxy.asgi.refusals import (
     status_line,
     too_many_pipelined,
 )
+from proxy.asgi.stall import StallWatch
 from proxy.asgi.upgrade import body_framing, parser_for_body
 from proxy.errors import GatewayError, RequestTimeout
 
@@ -81,8 +82,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self._header_timeout_s = header_timeout_s
         # A client that reads nothing of what is written to it for this long is cut off.
-        self._stall_timeout_s = stall_timeout_s
-        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall = None if stall_timeout_s is None else StallWatch(self.loop, stall_timeout_s)
         self._header_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a request's first byte came, its headers are not all here
         self._head_bytes = 0  # of the reads of the headers after the first
@@ -106,9 +106,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._end_linger()
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
+        if self._stall is not None:
+            self._stall.stop()
         super().connection_lost(exc)
         gone, watched = self._gone, self._watched
         self._gone = self._watched = None
@@ -121,22 +120,15 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def pause_writing(self) -> None:
         """The client's socket is full: unless it reads within the stall timeout, the connection
-        is cut, closing or not, and its request told its client left (a stream kept a backend and
-        a slot, a close the whole answer it waits to write, for as long as the client read none)."""
+        is cut and its request told its client left (proxy/asgi/stall.py)."""
         super().pause_writing()
-        if self._stall_timeout_s is not None and self._stall_timer is None:
-            self._stall_timer = self.loop.call_later(self._stall_timeout_s, self._stalled)
+        if self._stall is not None:
+            self._stall.paused(self.transport)
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
-
-    def _stalled(self) -> None:
-        self._stall_timer = None
-        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
-            self.transport.abort()  # what is buffered for it goes too: it would not read it
+        if self._stall is not None:
+            self._stall.stop()
 
     def watch(self, cycle: RequestResponseCycle, gone: Callable[[], None]) -> None:
         """Call `gone` if the connection is lost before `cycle`'s response is complete."""

@@ -203,6 +203,31 @@ def test_a_whole_answer_its_client_does_not_read_is_let_go_at_the_stall_timeout(
                 sock.close()
 
 
+def test_a_client_that_reads_a_whole_answer_slowly_gets_all_of_it(
+    backend: HostileBackend, tmp_path: Path
+) -> None:
+    """A whole answer drains below the transport's low-water mark only at its end: a client
+    reading it steadily, if slowly, is not stalled and is not cut off at the stall timeout."""
+    server = "{body_timeout: 2s, keep_alive_timeout: 1s}"
+    with _gateway(backend, tmp_path, server) as (port, _, _):
+        received = bytearray()
+        with _stalled_stream(port, "slow-whole", "big_whole", buffer_bytes=65536) as sock:
+            deadline = time.monotonic() + 90
+            while len(received) < len(BIG):
+                assert time.monotonic() < deadline, "the answer did not come"
+                data = sock.recv(65536)
+                assert data, f"cut off after {len(received)} bytes"
+                received += data
+                time.sleep(0.1)  # about 640 KB a second: 12 s for the answer
+            head, _, body = bytes(received).partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(body) < length:
+                data = sock.recv(65536)
+                assert data, f"cut off after {len(body)} of {length} bytes"
+                body += data
+        assert BIG.encode() in body
+
+
 def _served_connections(port: int) -> int:
     """The gateway's established connections on `port`, as the kernel lists them (the clients'
     side would not show the gateway's reset until they read: a read would let it write on)."""
