@@ -1,23 +1,19 @@
 """uvicorn's httptools protocol with a deadline on each request's line and headers (slowloris),
-lending each request's scope its response cycle for a stream's direct writes
-(proxy/asgi/direct.py), and telling the running request from its own `connection_lost` that its
-client left (`watch_client`).
+lending each request's scope its response cycle (proxy/asgi/direct.py), and telling the running
+request from `connection_lost` that its client left (`watch_client`).
 
-uvicorn times out idle keep-alive connections but not a client that dribbles its headers (408
-here, in OpenAI's shape, connection closed), nor bounds their size (431 past MAX_HEAD_BYTES,
-still coming or whole in a read). Bytes that are not HTTP/1.1 (request smuggling, a bad chunk
-size) are a 400 in OpenAI's shape, not uvicorn's text, as is an HTTP/1.1 request without exactly
-one Host (RFC 9112 3.2). Each refusal goes out after the answers owed to the requests before it
-on the connection (pipelined), never into a stream's middle.
-A request answered before its body all came (401, 413, 408) has the rest of its body dropped
-within the header deadline, else the connection is closed; one that asked `Expect:
-100-continue` and was answered before it was told to send its body closes the connection.
-Also: at most MAX_PIPELINED requests wait behind the one being answered; a request offering an
-upgrade (h2c) is read with its body (proxy/asgi/upgrade.py); a chunked body's trailers do not
-join the headers; an HTTP/1.0 client's stream goes unframed (proxy/asgi/http10.py); and a
-client that reads nothing of its answer for the stall timeout is cut off. A request whose body's
-last read left uvicorn's reading paused (past 64 KiB) has it resumed once watched, so its client
-leaving is seen.
+uvicorn times out idle keep-alive connections but not a client that dribbles its headers (408 here,
+in OpenAI's shape, connection closed), nor bounds their size (431 past MAX_HEAD_BYTES, still coming
+or whole in a read). Bytes that are not HTTP/1.1 (request smuggling, a bad chunk size) are a 400 in
+OpenAI's shape, as is an HTTP/1.1 request without exactly one Host (RFC 9112 3.2). Each refusal
+goes out after the answers owed to the requests before it (pipelined), never into a stream's
+middle. A request answered before its body all came (401, 413, 408) has the rest dropped within
+the header deadline, else the connection is closed; one that asked `Expect: 100-continue` and was
+answered before it was told to send its body closes the connection. Also: at most MAX_PIPELINED
+requests wait behind the one being answered; a request offering an upgrade (h2c) is read with its
+body (proxy/asgi/upgrade.py); a chunked body's trailers do not join the headers; an HTTP/1.0
+client's stream goes unframed (proxy/asgi/http10.py); a client reading nothing for the stall
+timeout is cut off; a body that left uvicorn's reading paused (past 64 KiB) has it resumed.
 """
 
 from __future__ import annotations
@@ -56,9 +52,8 @@ __all__ = [
 # What a request's line and headers may take in the reads after the one that begins them (which
 # is at most one read, 256 KiB, more). Browsers and SDKs send a few KiB; nginx's default is 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
-# Requests parsed and waiting behind the one being answered (pipelined). uvicorn parses a whole
-# read (up to 256 KiB) at once: 9,000 requests of 28 bytes each, 10-20 MB of their state held per
-# connection. No browser or SDK pipelines; a client that does gets these answered, then a 400.
+# Requests parsed and waiting behind the one being answered (pipelined): uvicorn parses a whole
+# read (256 KiB, 9,000 requests of 28 bytes, 10-20 MB of state) at once. No SDK pipelines.
 MAX_PIPELINED = 16
 
 
@@ -198,6 +193,11 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._in_head = True
         self._head_bytes, self._began_in = 0, self._reading
+
+    def on_message_complete(self) -> None:
+        if self.cycle.response_complete:  # uvicorn leaves an answered body "coming" for ever:
+            self.cycle.more_body = False  # the linger then closed the connection in use
+        super().on_message_complete()
 
     def on_headers_complete(self) -> None:
         self._in_head = False

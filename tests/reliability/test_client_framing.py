@@ -221,6 +221,29 @@ def test_a_refused_body_sent_whole_keeps_the_connection(gateway: int) -> None:
     assert orjson.loads(body)["object"] == "chat.completion"
 
 
+@pytest.mark.parametrize("pieces", [1, 2], ids=["after-the-answer", "part-before-part-after"])
+def test_a_refused_body_that_came_does_not_close_the_connection_later(
+    gateway: int, pieces: int
+) -> None:
+    """A 401's body that came after its answer was taken for one still coming: the header
+    deadline (1 s here) then closed the connection under whatever request it carried next (a
+    client's next request on it cut with no answer, a stream cut mid-way)."""
+    with _connect(gateway) as sock:
+        body = b"x" * 1000
+        sock.sendall(HEAD.replace(KEY.encode(), b"not-a-key") + b"content-length: 1000\r\n\r\n")
+        if pieces == 2:
+            sock.sendall(body[:500])
+        head, _ = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 401")
+        sock.sendall(body[500:] if pieces == 2 else body)
+        began = time.monotonic()
+        while time.monotonic() - began < 3:  # past the header deadline; never idle for 1 s
+            sock.sendall(CHAT)
+            head, _ = _read_response(sock)
+            assert head.startswith(b"HTTP/1.1 200")
+            time.sleep(0.2)
+
+
 def test_expect_100_continue_refused_closes_the_connection(gateway: int) -> None:
     """A request that asked `Expect: 100-continue` and was refused before it was told to send its
     body (413) does not send it; the connection was kept for a body that never came, and the
