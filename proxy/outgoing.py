@@ -25,8 +25,8 @@ class OutgoingRequest:
     a bound the gateway sets in its place never exceeds."""
 
     __slots__ = (
-        "allowance", "answers", "body", "bounds", "choices", "default", "model", "planned_bound",
-        "shaped",
+        "allowance", "answers", "asked_model", "body", "bounds", "choices", "default", "model",
+        "planned_bound", "shaped",
     )  # fmt: skip
 
     def __init__(
@@ -38,6 +38,7 @@ class OutgoingRequest:
     ) -> None:
         self.body = body
         self.model = model
+        self.asked_model = model  # the client's, whatever model serves the request
         self.bounds = bounds
         self.default = default
         self.allowance: int | None = None  # the most output tokens one answer may have

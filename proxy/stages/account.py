@@ -198,7 +198,7 @@ class Account:
             "tags": list(usage.tags) or None,
             "operation": usage.operation,
             "model": usage.model,
-            "model_requested": None if usage.model != UNKNOWN_MODEL else clipped(ctx.model),
+            "model_requested": _model_requested(ctx, usage.model),
             "backend": usage.backend,
             "stream": usage.stream,
             "status": usage.status,
@@ -237,3 +237,12 @@ def _ms(seconds: float | None) -> float | None:
 def _round(value: float | None) -> float | None:
     """To one decimal, as `_ms` rounds."""
     return None if value is None else round(value * 10.0) / 10.0
+
+
+def _model_requested(ctx: RequestContext, recorded: str | None) -> str | None:
+    """The model the client asked for, where the record names another: a 404's unknown name
+    (cut), or the model a fallback or a degradation rule sent the request to instead."""
+    asked = ctx.outgoing.asked_model
+    if recorded == UNKNOWN_MODEL:
+        return clipped(ctx.model)
+    return asked if recorded and asked != recorded else None

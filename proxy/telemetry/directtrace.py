@@ -31,7 +31,7 @@ from proxy.telemetry.spanwire import (
     span_head,
     span_ids,
 )
-from proxy.telemetry.traces import Timed
+from proxy.telemetry.traces import Timed, span_name
 from proxy.telemetry.w3c import RANDOM_TRACE_ID, SAMPLED, RemoteParent, remote_parent, trace_headers
 
 __all__ = ["DirectTrace", "DirectTracing"]
@@ -98,7 +98,7 @@ class DirectTracing:
             model, status, error = repeating[_MODEL], repeating[_STATUS], repeating[_ERROR]
             failed = (isinstance(status, int) and status >= 400) or bool(error)
             found = (
-                span_head(f"{repeating[_OPERATION]} {model or ''}".rstrip(), SERVER),
+                span_head(span_name(repeating[_OPERATION], model, error), SERVER),
                 self.attributes.pairs(zip(REPEATING_KEYS, repeating, strict=True)),
                 error_status(str(error) if error else None) if failed else UNSET,
             )

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from proxy.apis import output_fields
 from proxy.context import RequestContext, TraceHooks
+from proxy.errors import ModelNotFound
 from proxy.telemetry import semconv
 from proxy.telemetry.spanattrs import SpanAttributes
 
@@ -24,6 +25,7 @@ __all__ = [
     "TraceSource",
     "response_fields",
     "span_attributes",
+    "span_name",
 ]
 
 
@@ -66,10 +68,14 @@ def span_attributes(
     """The request span's attributes: gen_ai.* by the semantic conventions, tokenweir.* ours."""
     meter = ctx.meter
     response_model, reasons = response_fields(ctx.outcome.tail)
+    if response_model is None and ctx.status == 200:
+        # Not in the answer's last bytes (a Messages stream names it in its first event, a
+        # stream its client left): the model that served it, a fallback's as the ledger's.
+        response_model = ctx.model
     backend = ctx.backend
     host, port = _server(backend.url) if backend else (None, None)
     repeating = (
-        ctx.operation, semconv.PROVIDER, semconv.clipped(ctx.model) or None,
+        ctx.operation, semconv.PROVIDER, semconv.clipped(ctx.outgoing.asked_model) or None,
         semconv.clipped(response_model),
         _max_tokens(ctx), ctx.stream, reasons or None, host, port, ctx.status or None,
         semconv.clipped(ctx.error_code), ctx.tenant_name, backend.name if backend else None,
@@ -82,6 +88,15 @@ def span_attributes(
         ttft_s, meter.upstream_ttft_s, tokens_per_s, meter.gateway_s, cost_usd,
     )  # fmt: skip
     return SpanAttributes(repeating, varying)
+
+
+def span_name(operation: object, model: object, error: object) -> str:
+    """`{operation} {gen_ai.request.model}`, the semantic conventions' name; a model the policy
+    does not know (its 404) leaves the name the operation's alone: a client inventing names
+    made a span name (a trace store's indexed operation) of each."""
+    if not model or error == ModelNotFound.code:
+        return str(operation)
+    return f"{operation} {model}"
 
 
 @lru_cache(maxsize=256)

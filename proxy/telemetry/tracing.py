@@ -32,11 +32,7 @@ from proxy import __version__
 from proxy.context import RequestContext
 from proxy.telemetry import semconv
 from proxy.telemetry.spanattrs import SpanAttributes
-from proxy.telemetry.traces import (
-    OwnTracing,
-    Timed,
-    TraceSource,
-)
+from proxy.telemetry.traces import OwnTracing, Timed, TraceSource, span_name
 from proxy.telemetry.w3c import remote_parent
 
 __all__ = ["RequestTrace", "Tracing", "open_tracing"]
@@ -112,7 +108,7 @@ class RequestTrace:
     def _request_span(self, ctx: RequestContext) -> Span:
         if self.span is None:
             self.span = self._tracer.start_span(
-                f"{ctx.operation} {semconv.clipped(ctx.model)}".rstrip(),
+                _name(ctx),
                 context=self._parent,
                 kind=SpanKind.SERVER,
                 start_time=self._origin_ns,
@@ -167,7 +163,7 @@ class RequestTrace:
         if not span.is_recording():
             span.end(self._ns(now_s))
             return
-        span.update_name(f"{ctx.operation} {semconv.clipped(ctx.model)}".rstrip())
+        span.update_name(_name(ctx))
         if self.upstream is not None:  # the relay did not close it: end it with the request
             self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
         parent = set_span_in_context(span)
@@ -179,3 +175,9 @@ class RequestTrace:
         if ctx.status >= 400 or ctx.error_code:
             span.set_status(Status(StatusCode.ERROR, semconv.clipped(ctx.error_code)))
         span.end(self._ns(now_s))
+
+
+def _name(ctx: RequestContext) -> str:
+    """The request span's name, as the direct path (directtrace.py) names it."""
+    model = semconv.clipped(ctx.outgoing.asked_model)
+    return span_name(ctx.operation, model, semconv.clipped(ctx.error_code))
