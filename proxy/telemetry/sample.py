@@ -67,10 +67,13 @@ def sample_of(
         upstream_s = meter.last_read_s - meter.attempt_sent_s
     streamed = ctx.stream and ctx.status == 200
     tokens_per_s = meter.tokens_per_s(ctx.output_tokens or 0, ctx.choices)
+    # Token usage is a backend call's: a cache hit or a refusal no backend heard used none
+    # (its 0 tokens dragged the histogram's percentiles down with every refusal).
+    called = meter.upstream_sent_s is not None
     return RequestSample(
         labels=labels,
-        input_tokens=ctx.input_tokens,
-        output_tokens=ctx.output_tokens,
+        input_tokens=ctx.input_tokens if called else None,
+        output_tokens=ctx.output_tokens if called else None,
         cost_nusd=cost_nusd,
         duration_s=duration_s,
         gateway_s=meter.gateway_s,

@@ -22,6 +22,7 @@ from tests.telemetry.conftest import extra_tenant
 LIMITED_KEY = "tw-test-limited"
 CACHED_KEY = "tw-test-cached"
 METERED_KEY = "tw-test-metered"
+MEMO_KEY = "tw-test-memo"
 EXTRA = (
     extra_tenant(
         "limited", LIMITED_KEY, budget="{tokens_per_day: 100000}", limits="{requests_per_minute: 1}"
@@ -34,6 +35,11 @@ EXTRA = (
   metered:
     api_keys: [{hash_key(METERED_KEY)}]
     models: [mock-llm]
+  memo:
+    api_keys: [{hash_key(MEMO_KEY)}]
+    models: [mock-llm]
+    cache: {{mode: exact}}
+    limits: {{requests_per_minute: 2}}
 """
 )
 
@@ -98,6 +104,29 @@ def test_requests_land_in_genai_histograms(gateway: str) -> None:
     assert value(samples, "tokenweir_inflight_streams", tenant="alpha") == 0
 
 
+def test_token_usage_counts_only_requests_a_backend_answered(gateway: str) -> None:
+    """A cache hit and a 429 of the gateway's own, which no backend was asked, went into
+    `gen_ai_client_token_usage` as requests of 0 tokens each: its percentiles and mean per
+    request fell with every refusal (the spec records it when an operation used tokens)."""
+    body = {"model": "mock-llm", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
+            "temperature": 0}  # fmt: skip
+    headers = {"authorization": f"Bearer {MEMO_KEY}"}
+    statuses = [
+        (answer.status_code, answer.headers["x-tokenweir-cache"])
+        for answer in (
+            httpx.post(gateway + "/v1/chat/completions", json=body, headers=headers)
+            for _ in range(3)
+        )
+    ]
+    assert statuses == [(200, "miss"), (200, "hit"), (429, "bypass")]
+    samples = scrape(gateway)
+    assert value(samples, "tokenweir_requests_total", tenant="memo") == 3
+    for kind in ("input", "output"):
+        usage = {"tenant": "memo", "gen_ai_token_type": kind}
+        assert value(samples, "gen_ai_client_token_usage_count", **usage) == 1, kind
+    assert value(samples, "gen_ai_client_token_usage_sum", tenant="memo") > 3
+
+
 def test_histograms_use_the_specs_bucket_boundaries(gateway: str) -> None:
     httpx.post(
         gateway + "/v1/chat/completions",
@@ -124,7 +153,10 @@ def test_rate_limited_requests_and_budget_left(gateway: str) -> None:
     assert statuses == [200, 429]
     samples = scrape(gateway)
     assert value(samples, "tokenweir_rejected_requests_total", tenant="limited") == 1
-    assert value(samples, "tokenweir_rejected_requests_total", reason="rate_limit") == 1
+    assert (
+        value(samples, "tokenweir_rejected_requests_total", tenant="limited", reason="rate_limit")
+        == 1
+    )
     left = value(samples, "tokenweir_budget_remaining_tokens", tenant="limited")
     assert 0 < left < 100000
 
