@@ -42,7 +42,7 @@ from proxy.reload import (
     Reloader,
     policy_digest,
 )
-from proxy.services import OtelProviders, bounded
+from proxy.services import OtelProviders, bounded, otel_providers
 from proxy.stages.auth import CurrentKeyring
 from proxy.storage import (
     QuotaStore,
@@ -61,6 +61,8 @@ from proxy.web.session import Sessions
 from proxy.web.usage import UsageApi
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from proxy.telemetry.sdk import OtelSdk
 
 __all__ = [
@@ -94,7 +96,7 @@ def create_app(
     clock: Clock | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     store: QuotaStore | None = None,
-    otel: OtelProviders | None = None,
+    otel: OtelProviders | TracerProvider | None = None,
     freeze_gc: bool = False,
     tokenizers: Mapping[str | None, TokenCounter] | None = None,
 ) -> Starlette:
@@ -102,7 +104,8 @@ def create_app(
 
     The policy is `policy`, else the file `config`, else TOKENWEIR_CONFIG's (default: the
     embedded one); a file can be reloaded (SIGHUP, `POST /admin/reload`, and with `watch`, or
-    TOKENWEIR_WATCH=1, when it changes). `otel` gives tracer/meter providers; without it, the
+    TOKENWEIR_WATCH=1, when it changes). `otel` gives tracer/meter providers (or is a tracer
+    provider, for traces alone); without it, the
     OTEL_* environment may configure the SDK here, in the process (each uvicorn worker) that
     serves the app. `freeze_gc` moves what startup built out of the garbage collector's way
     (`gc.freeze`) and collects less often (SERVING_GC_THRESHOLDS), for a serving process.
@@ -125,11 +128,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        sdk = _start_otel_sdk() if otel is None else None
+        providers = otel_providers(otel)
+        sdk = _start_otel_sdk() if providers is None else None
         digest = source.digest if source else policy_digest(resolved)
         counters = TokenCounters(resolved, loaded=tokenizers) if tokenizers else None
         gateway = Gateway.build(
-            resolved, chosen_clock, transport, store, otel or sdk, digest, live, counters
+            resolved, chosen_clock, transport, store, providers or sdk, digest, live, counters
         )
         await gateway.start()
         gateway.services.metrics.serving(digest)

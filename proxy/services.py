@@ -36,7 +36,15 @@ from proxy.telemetry.tracing import open_tracing
 from proxy.telemetry.workershare import WorkerShare
 from proxy.upstream.client import UpstreamClient
 
-__all__ = ["MetricsPusher", "OtelProviders", "Services", "bounded", "response_cache"]
+__all__ = [
+    "MetricsPusher",
+    "OtelProviders",
+    "Services",
+    "TracesOnly",
+    "bounded",
+    "otel_providers",
+    "response_cache",
+]
 
 _log = logging.getLogger("tokenweir")
 
@@ -190,3 +198,21 @@ class OtelProviders(Protocol):
     def metrics_push(
         self, metrics: GatewayMetrics, budgets: Callable[[], Awaitable[Sequence[BudgetLeft]]]
     ) -> MetricsPusher | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TracesOnly:
+    """A bare tracer provider given as `create_app(otel=...)`: its traces, no metrics push."""
+
+    tracer_provider: TracerProvider
+
+    def metrics_push(
+        self, metrics: GatewayMetrics, budgets: Callable[[], Awaitable[Sequence[BudgetLeft]]]
+    ) -> MetricsPusher | None:
+        return None
+
+
+def otel_providers(otel: OtelProviders | TracerProvider | None) -> OtelProviders | None:
+    """`otel` as the gateway takes it: a tracer provider alone (the SDK's or any other API
+    implementation) failed the gateway's startup, having no `tracer_provider` of its own."""
+    return TracesOnly(otel) if isinstance(otel, TracerProvider) else otel

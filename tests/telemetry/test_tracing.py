@@ -9,7 +9,9 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from proxy.app import create_app
@@ -310,3 +312,30 @@ def test_without_tracing_the_clients_trace_context_reaches_the_backend(
     httpx.post(url + "/v1/chat/completions", json=body, headers=headers).raise_for_status()
     seen = backend.seen[0]
     assert {k: v for k, v in seen.items() if k in ("traceparent", "tracestate")} == passed
+
+
+def test_a_tracer_provider_of_ones_own_gets_the_spans_under_the_clients_parent() -> None:
+    """The docs say to pass your own tracer provider as `create_app(otel=...)`: a bare one
+    failed the gateway's startup (AttributeError: no `tracer_provider`)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with (
+        serve(mockbackend.create_app(ttft_ms=0, tokens_per_second=2000)) as backend_url,
+        serve(create_app(make_policy(backend_url), otel=provider)) as url,
+    ):
+        body = {"model": "mock-llm", "messages": MESSAGES, "max_tokens": 3}
+        headers = {"authorization": f"Bearer {ALPHA_KEY}", "traceparent": parent}
+        answer = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
+        assert answer.status_code == 200
+        deadline = time.monotonic() + 10
+        while len(exporter.get_finished_spans()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    provider.shutdown()
+    spans = by_name(list(exporter.get_finished_spans()))
+    request = spans["chat mock-llm"]
+    assert request.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert request.parent is not None
+    assert request.parent.span_id == 0xB7AD6B7169203331
+    assert spans["POST /chat/completions"].parent.span_id == request.context.span_id  # type: ignore[union-attr]
