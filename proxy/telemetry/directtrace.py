@@ -131,7 +131,6 @@ class DirectTrace:
     (`_call_end_ns` set)."""
 
     __slots__ = (
-        "_backend",
         "_call_end_ns",
         "_call_error",
         "_call_id",
@@ -148,7 +147,6 @@ class DirectTrace:
         "recording",
         "span_id",
     )
-    _backend: Backend | None
     _path: str
     _call_status: int | None
     _call_error: str | None
@@ -186,7 +184,7 @@ class DirectTrace:
             return trace_headers(self._trace_id, self.span_id, self._flags, state)
         self._call_id = self._tracing.span_id()
         self._call_start_ns = self._ns(now_s)
-        self._backend, self._path = ctx.backend, ctx.upstream_path
+        self._path = ctx.upstream_path
         self._call_status = self._call_error = None
         return trace_headers(self._trace_id, self._call_id, self._flags, state)
 
@@ -207,8 +205,8 @@ class DirectTrace:
         if self._call_id:
             if not self._call_end_ns:  # the relay did not close it: end it now
                 self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
-            head, values, status = tracing.call(
-                self._backend, self._path, self._call_status, self._call_error
+            head, values, status = tracing.call(  # the backend that answered, not the first
+                ctx.backend, self._path, self._call_status, self._call_error
             )
             spans.append(framed_span(
                 ids, self._call_id, span_id, head, self._call_start_ns, self._call_end_ns,

@@ -76,6 +76,7 @@ class RequestTrace:
     """One request's spans. Monotonic times become wall-clock nanoseconds via `received_*`."""
 
     __slots__ = (
+        "_called",
         "_origin_ns",
         "_parent",
         "_propagator",
@@ -101,6 +102,7 @@ class RequestTrace:
         self._stages: list[Timed] = []
         self.span: Span | None = None
         self.upstream: Span | None = None
+        self._called: RequestContext | None = None  # the request whose backend call is open
 
     def _ns(self, monotonic_s: float) -> int:
         return self._origin_ns + int((monotonic_s - self._received_s) * 1e9)
@@ -126,6 +128,7 @@ class RequestTrace:
             self._propagator.inject(headers, set_span_in_context(request))
             return headers
         parent = set_span_in_context(request)
+        self._called = ctx
         backend = ctx.backend
         attributes: dict[str, str | int] = {"http.request.method": "POST"}
         if backend is not None:
@@ -145,6 +148,12 @@ class RequestTrace:
         span, self.upstream = self.upstream, None
         if span is None:
             return
+        ctx = self._called
+        if ctx is not None and ctx.backend is not None:
+            # The backend that answered: a failover or a fallback model picked it after the
+            # span began under the first choice, whose name and URL it kept.
+            span.set_attribute("tokenweir.backend", ctx.backend.name)
+            span.set_attribute("url.full", ctx.backend.url + ctx.upstream_path)
         if status is not None:
             span.set_attribute("http.response.status_code", status)
         if error is not None:  # a backend's error code: cut, as on the request span

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import string
+import time
 from collections.abc import Iterator
 
 import anthropic
@@ -30,6 +31,7 @@ from tests.telemetry.conftest import Traced
 from tests.telemetry.twopaths import RECEIVED_S, context, finish, via_api, via_direct
 
 HEADERS = {"authorization": f"Bearer {ALPHA_KEY}"}
+ACCESS = "tokenweir.access"
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +69,22 @@ def request_span(traced: Traced) -> ReadableSpan:
     return span
 
 
+def access_lines(caplog: pytest.LogCaptureFixture, count: int) -> list[dict[str, object]]:
+    """The access lines, once `count` are written (just after the client has its answer)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS]
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.02)
+
+
 def test_a_fallback_names_the_model_asked_for_and_the_one_that_answered(
     traced: Traced, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The span said the client had asked for the fallback (`chat small`, request.model
     small): nothing anywhere said it had asked for `big`."""
-    caplog.set_level(logging.INFO, logger="tokenweir.access")
+    caplog.set_level(logging.INFO, logger=ACCESS)
     body = {"model": "big", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     answer = httpx.post(traced.url + "/v1/chat/completions", json=body, headers=HEADERS)
     assert answer.json()["model"] == "small"
@@ -81,8 +93,13 @@ def test_a_fallback_names_the_model_asked_for_and_the_one_that_answered(
     assert span.attributes is not None
     assert span.attributes["gen_ai.request.model"] == "big"
     assert span.attributes["gen_ai.response.model"] == "small"
-    [line] = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenweir.access"]
+    [line] = access_lines(caplog, 1)
     assert (line["model"], line["model_requested"]) == ("small", "big")
+    # The backend call's span named the backend tried first (down) with the answer's 200.
+    [call] = [s for s in traced.spans(2) if s.kind.name == "CLIENT"]
+    assert call.attributes is not None
+    assert call.attributes["tokenweir.backend"] == "mock"
+    assert call.attributes["http.response.status_code"] == 200
 
 
 def test_a_messages_stream_names_the_model_that_answered(traced: Traced) -> None:
@@ -120,8 +137,10 @@ def _unknown_model(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
 
 
 def _fell_back(trace: TraceHooks, ctx: RequestContext) -> dict[str, str]:
-    ctx.outgoing.set_model("mock-small")
     headers = trace.upstream_started(ctx, RECEIVED_S + 0.0005)
+    ctx.outgoing.set_model("mock-small")  # its backend down: the fallback model's answers
+    assert ctx.backend is not None
+    ctx.backend = ctx.backend.model_copy(update={"name": "mock-b", "url": "http://10.0.0.2/v1"})
     ctx.outcome.status, ctx.input_tokens, ctx.output_tokens = 200, 3, 4
     trace.upstream_ended(RECEIVED_S + 0.002, 200, None)
     finish(trace, ctx, RECEIVED_S + 0.0021)
@@ -150,3 +169,7 @@ def test_both_span_paths_name_the_request_alike(
     assert span.name == name
     assert attributes["gen_ai.request.model"] == asked
     assert attributes.get("gen_ai.response.model") == answered
+    calls = [s for s in request.resource_spans[0].scope_spans[0].spans if s.kind == 3]
+    for call in calls:  # the backend that answered, not the one the call began with
+        backend = {a.key: a.value.string_value for a in call.attributes}["tokenweir.backend"]
+        assert backend == "mock-b"
