@@ -48,6 +48,9 @@ class CountsDrops(Protocol):
 
 
 _FINISH_REASON = re.compile(rb'"finish_reason":\s*"([a-z_]{1,32})"')
+# A Messages answer's is its `stop_reason` (end_turn, max_tokens, tool_use, ...); on chat, vLLM's
+# `stop_reason` is the stop string that matched, no reason.
+_STOP_REASON = re.compile(rb'"stop_reason":\s*"([a-z_]{1,32})"')
 _RESPONSE_MODEL = re.compile(rb'"model":\s*"([^"\\]{1,200})"')
 
 
@@ -55,10 +58,11 @@ Timed = tuple[str, float, float]
 """A child span of the request's: (span name, started_s, ended_s)."""
 
 
-def response_fields(tail: bytes) -> tuple[str | None, tuple[str, ...]]:
+def response_fields(tail: bytes, operation: str) -> tuple[str | None, tuple[str, ...]]:
     """The response's model and finish reasons, from its last bytes (no JSON parse)."""
     model = _RESPONSE_MODEL.search(tail)
-    reasons = tuple([m.decode() for m in _FINISH_REASON.findall(tail)])
+    found = (_STOP_REASON if operation == "messages" else _FINISH_REASON).findall(tail)
+    reasons = tuple([m.decode() for m in found])
     return (model.group(1).decode("utf-8", "replace") if model else None), reasons
 
 
@@ -67,7 +71,7 @@ def span_attributes(
 ) -> SpanAttributes:
     """The request span's attributes: gen_ai.* by the semantic conventions, tokenweir.* ours."""
     meter = ctx.meter
-    response_model, reasons = response_fields(ctx.outcome.tail)
+    response_model, reasons = response_fields(ctx.outcome.tail, ctx.operation)
     if response_model is None and ctx.status == 200:
         # Not in the answer's last bytes (a Messages stream names it in its first event, a
         # stream its client left): the model that served it, a fallback's as the ledger's.

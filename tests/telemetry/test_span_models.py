@@ -114,6 +114,19 @@ def test_a_messages_stream_names_the_model_that_answered(traced: Traced) -> None
     assert span.name == "messages mock-llm"
     assert span.attributes is not None
     assert span.attributes["gen_ai.response.model"] == "mock-llm"
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("max_tokens",)
+
+
+def test_a_messages_answer_has_its_stop_reason_as_finish_reason(traced: Traced) -> None:
+    """A Messages answer says why it ended in `stop_reason`: its span had no finish reasons."""
+    with anthropic.Anthropic(base_url=traced.url, api_key=ALPHA_KEY, max_retries=0) as client:
+        answer = client.messages.create(
+            model="mock-llm", max_tokens=3, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert answer.stop_reason == "max_tokens"
+    span = request_span(traced)
+    assert span.attributes is not None
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("max_tokens",)
 
 
 def test_invented_model_names_make_one_span_name(traced: Traced) -> None:
