@@ -146,9 +146,9 @@ class RequestTrace:
 
     def upstream_ended(self, now_s: float, status: int | None, error: str | None) -> None:
         span, self.upstream = self.upstream, None
+        ctx, self._called = self._called, None  # no cycle left between the request and its trace
         if span is None:
             return
-        ctx = self._called
         if ctx is not None and ctx.backend is not None:
             # The backend that answered: a failover or a fallback model picked it after the
             # span began under the first choice, whose name and URL it kept.
