@@ -64,18 +64,30 @@ def traced(fallback_gateway: Traced) -> Traced:
     return fallback_gateway
 
 
-def request_span(traced: Traced) -> ReadableSpan:
-    [span] = [s for s in traced.spans(2, timeout_s=10) if s.kind.name == "SERVER"]
-    return span
+def spans_of(traced: Traced, request_id: str) -> tuple[ReadableSpan, list[ReadableSpan]]:
+    """The request's span and its backend call spans, once written (just after the client has
+    its answer; a span of an earlier test's request may still come after it)."""
+    deadline = time.monotonic() + 10
+    while True:
+        spans = traced.exporter.get_finished_spans()
+        mine = [s for s in spans if (s.attributes or {}).get("tokenweir.request_id") == request_id]
+        if mine or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    [span] = mine
+    calls = [s for s in spans if s.parent is not None and s.parent.span_id == span.context.span_id]
+    return span, [s for s in calls if s.kind.name == "CLIENT"]
 
 
-def access_lines(caplog: pytest.LogCaptureFixture, count: int) -> list[dict[str, object]]:
-    """The access lines, once `count` are written (just after the client has its answer)."""
+def access_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, object]:
+    """The request's access line, once written (just after the client has its answer)."""
     deadline = time.monotonic() + 10
     while True:
         lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS]
-        if len(lines) >= count or time.monotonic() > deadline:
-            return lines
+        mine = [line for line in lines if line["request_id"] == request_id]
+        if mine or time.monotonic() > deadline:
+            [line] = mine
+            return line
         time.sleep(0.02)
 
 
@@ -88,15 +100,14 @@ def test_a_fallback_names_the_model_asked_for_and_the_one_that_answered(
     body = {"model": "big", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     answer = httpx.post(traced.url + "/v1/chat/completions", json=body, headers=HEADERS)
     assert answer.json()["model"] == "small"
-    span = request_span(traced)
+    span, [call] = spans_of(traced, answer.headers["x-request-id"])
     assert span.name == "chat big"
     assert span.attributes is not None
     assert span.attributes["gen_ai.request.model"] == "big"
     assert span.attributes["gen_ai.response.model"] == "small"
-    [line] = access_lines(caplog, 1)
+    line = access_line(caplog, answer.headers["x-request-id"])
     assert (line["model"], line["model_requested"]) == ("small", "big")
     # The backend call's span named the backend tried first (down) with the answer's 200.
-    [call] = [s for s in traced.spans(2) if s.kind.name == "CLIENT"]
     assert call.attributes is not None
     assert call.attributes["tokenweir.backend"] == "mock"
     assert call.attributes["http.response.status_code"] == 200
@@ -105,12 +116,11 @@ def test_a_fallback_names_the_model_asked_for_and_the_one_that_answered(
 def test_a_messages_stream_names_the_model_that_answered(traced: Traced) -> None:
     """A Messages stream names its model in its first event only, never in the last bytes the
     span read it from: its span had no `gen_ai.response.model`."""
-    with anthropic.Anthropic(base_url=traced.url, api_key=ALPHA_KEY, max_retries=0) as client:
-        with client.messages.stream(
-            model="mock-llm", max_tokens=100, messages=[{"role": "user", "content": "hi"}]
-        ) as stream:
-            stream.until_done()
-    span = request_span(traced)
+    body = {"model": "mock-llm", "max_tokens": 100, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    with httpx.stream("POST", traced.url + "/v1/messages", json=body, headers=HEADERS) as answer:
+        assert b"event: message_stop" in answer.read()
+    span, _ = spans_of(traced, answer.headers["x-request-id"])
     assert span.name == "messages mock-llm"
     assert span.attributes is not None
     assert span.attributes["gen_ai.response.model"] == "mock-llm"
@@ -120,11 +130,11 @@ def test_a_messages_stream_names_the_model_that_answered(traced: Traced) -> None
 def test_a_messages_answer_has_its_stop_reason_as_finish_reason(traced: Traced) -> None:
     """A Messages answer says why it ended in `stop_reason`: its span had no finish reasons."""
     with anthropic.Anthropic(base_url=traced.url, api_key=ALPHA_KEY, max_retries=0) as client:
-        answer = client.messages.create(
+        raw = client.messages.with_raw_response.create(
             model="mock-llm", max_tokens=3, messages=[{"role": "user", "content": "hi"}]
         )
-    assert answer.stop_reason == "max_tokens"
-    span = request_span(traced)
+    assert raw.parse().stop_reason == "max_tokens"
+    span, _ = spans_of(traced, raw.headers["x-request-id"])
     assert span.attributes is not None
     assert span.attributes["gen_ai.response.finish_reasons"] == ("max_tokens",)
 
@@ -133,11 +143,12 @@ def test_invented_model_names_make_one_span_name(traced: Traced) -> None:
     """Each unknown model a client sent made a span name of its own (`chat x7Gq...`), a new
     operation in a trace store for every name: 10,000 names, 10,000 operations."""
     names = {"".join(random.choices(string.ascii_letters, k=16)) for _ in range(20)}  # noqa: S311
+    spans = []
     for name in names:
         body = {"model": name, "messages": [{"role": "user", "content": "hi"}]}
         answer = httpx.post(traced.url + "/v1/chat/completions", json=body, headers=HEADERS)
         assert answer.status_code == 404
-    spans = traced.spans(len(names), timeout_s=10)
+        spans.append(spans_of(traced, answer.headers["x-request-id"])[0])
     assert {span.name for span in spans} == {"chat"}
     assert {span.attributes["gen_ai.request.model"] for span in spans} == names  # type: ignore[index]
 
