@@ -68,6 +68,22 @@ class ClusterProcesses:
                 return node
         return None
 
+    def replica_of(self, primary: RedisProcess) -> RedisProcess:
+        """A node that replicates `primary` now."""
+        for node in self.nodes:
+            if node is not primary and _answers(node):
+                replication = _info(node, "replication")
+                if replication["role"] == "slave" and replication["master_port"] == primary.port:
+                    return node
+        raise AssertionError(f"no replica of the node on port {primary.port}")
+
+    def fail_over_to(self, replica: RedisProcess) -> None:
+        """A manual failover (`CLUSTER FAILOVER` on `replica`): its primary stops taking writes
+        until the replica has caught up, then the replica takes its slots and the old primary
+        stays up as its replica."""
+        with _client(replica) as client:
+            client.execute_command("CLUSTER", "FAILOVER")
+
     def start_migrating(self, slot: int, source: RedisProcess, target: RedisProcess) -> None:
         """Resharding's first step (as `redis-cli --cluster reshard` takes it): `target` imports
         `slot` and `source` migrates it; its keys stay on `source` until `finish_migrating`."""

@@ -188,6 +188,29 @@ def test_the_gateway_follows_a_cluster_failover_by_itself(backend_url: str, tmp_
     assert recovered_s < 10
 
 
+def test_ready_again_after_a_manual_cluster_failover(backend_url: str, tmp_path: Path) -> None:
+    """`CLUSTER FAILOVER` leaves the old primary up, as a replica: the requests followed the
+    MOVED at once, but /readyz kept probing the old primary as one (redis-py learns a single
+    slot's move from MOVED and kept the node's old role) and answered 503 "You can't write
+    against a read only replica" for as long as the gateway ran: a load balancer took every
+    gateway out of service over a failover that had gone well."""
+    with redis_cluster(primaries=3, replicas=1) as cluster:
+        config = tmp_path / "policy.yaml"
+        config.write_text(_policy(backend_url, cluster.url, "{max_concurrent: 1}"))
+        with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url) as http:
+            assert [_chat(url, ALPHA, f"before {i}").status_code for i in range(3)] == [200] * 3
+            assert http.get("/readyz").status_code == 200
+            home = _home(cluster, "tw:{alpha}")
+            cluster.fail_over_to(cluster.replica_of(home))
+            wait_until(lambda: _served_elsewhere(cluster, "tw:{alpha}", home), "the failover")
+            assert [_chat(url, ALPHA, f"after {i}").status_code for i in range(3)] == [200] * 3
+            wait_until(lambda: http.get("/readyz").status_code == 200, "readyz", timeout_s=15)
+            ready = http.get("/readyz").json()
+            assert ready["storage"] == "ok"
+            assert ready["storage_failure_decisions"] == {}
+            wait_until(lambda: _ledger_records(cluster, "alpha") == 6, "the ledger")
+
+
 def _home(cluster: ClusterProcesses, key: str) -> RedisProcess:
     node = cluster.primary_of(key)
     assert node is not None, f"no live node serves {key!r}"

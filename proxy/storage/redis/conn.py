@@ -153,10 +153,15 @@ def storage_error(what: str, cause: BaseException) -> StorageError:
 async def ping_writable(client: ScriptClient) -> None:
     """Return when Redis answers and would take a write (on a cluster, every primary): the
     gateway's reservations and ledger need both. Raises as any call does."""
-    if isinstance(client, RedisCluster):
-        await client.execute_command(
-            "EVAL", _WRITABLE_PROBE, 0, target_nodes=RedisCluster.PRIMARIES
-        )
+    if isinstance(client, _Cluster):  # connect() makes every cluster client one
+        try:
+            await client.on_primaries("EVAL", _WRITABLE_PROBE, 0)
+        except ReadOnlyError:
+            # A manual failover (`CLUSTER FAILOVER`) leaves the old primary up as a replica;
+            # redis-py learns a slot's new primary from MOVED but keeps the old one's role, so
+            # this probe reached it for as long as no full refresh came (503 for ever).
+            await client.learn_topology()
+            await client.on_primaries("EVAL", _WRITABLE_PROBE, 0)
     elif isinstance(client, Multiplexed):
         await client.execute("EVAL", _WRITABLE_PROBE, 0)
     else:
@@ -277,6 +282,15 @@ class _Cluster(RedisCluster):
             # redis-py learns the slots again after a node failed: after a failover the call
             # goes to the promoted replica, during one it fails again.
             return await self._learn_then_call(*args, **kwargs)
+
+    async def on_primaries(self, *args: Any) -> Any:
+        """`args` sent to every node known as a primary."""
+        return await self.execute_command(*args, target_nodes=RedisCluster.PRIMARIES)
+
+    async def learn_topology(self) -> None:
+        """Ask every node's role and slots again now (unless a refresh ran just before)."""
+        self._request_refresh()
+        await self.initialize()
 
     async def _learn_then_call(self, *args: Any, **kwargs: Any) -> Any:
         if self._initialize:
