@@ -7,6 +7,7 @@ tenant's hash tag. While Redis is unreachable records stay buffered (bounded) an
 from __future__ import annotations
 
 import asyncio
+import logging
 import operator
 import uuid
 from collections import defaultdict
@@ -26,6 +27,7 @@ from proxy.ledger.aggregate import Cell
 from proxy.ledger.attribution import is_attribution
 from proxy.ledger.base import LedgerError, UsageQuery, UsageRecord, UsageRow
 from proxy.ledger.buffer import Batch
+from proxy.ledger.taken import TakenBatches
 from proxy.ledger.writer import BufferedLedger
 from proxy.storage.redis.conn import (
     REDIS_ERRORS,
@@ -38,6 +40,8 @@ from proxy.storage.redis.conn import (
 from proxy.storage.redis.resp import Multiplexed, MultiplexedScript, can_multiplex
 
 __all__ = ["RedisLedger"]
+
+_log = logging.getLogger("tokenweir.ledger")
 
 _DAY_S = 86400
 # The writer task holds one; queries (dashboard, /api/usage) the rest, waiting for a free one.
@@ -90,6 +94,7 @@ class RedisLedger(BufferedLedger):
         self._retention_s = retention_s
         self._socket_timeout_s = socket_timeout_s
         self._writer_id = uuid.uuid4().hex
+        self._taken = TakenBatches()
         self._connection: _Connection | None = None
         self._direct: _Direct | None = None
         self._task: asyncio.Task[None] | None = None
@@ -206,19 +211,54 @@ class RedisLedger(BufferedLedger):
         for record in batch.records:
             by_tenant[keys.tag(record.tenant)].append(record)
         tenants: Sequence[str] = list(by_tenant)  # the tenants' set is written once
+        previous = {tenant_tag: self._taken.last(tenant_tag) for tenant_tag in by_tenant}
         while by_tenant:
-            replies = await self._append(batch.seq, by_tenant, tenants)
+            replies = await self._append(batch.seq, by_tenant, tenants, previous)
             tenants = ()
             by_tenant = defaultdict(list)
             for (tenant_tag, records), reply in replies:
                 if isinstance(reply, list):
                     by_tenant[tenant_tag] = _unlinked(records, {reply_text(link) for link in reply})
+                elif (applied := _gap(reply)) is not None:
+                    await self._send_again(tenant_tag, applied)
+                    by_tenant[tenant_tag] = records
+                    previous[tenant_tag] = None
+                else:
+                    self._taken.took(tenant_tag, batch.seq, records)
+
+    async def _send_again(self, tenant_tag: str, applied: int) -> None:
+        """The tenant's batches that Redis took after `applied` and has lost since, each once
+        more in order (each with its own seq, so a retry of this applies it once)."""
+        kept, whole = self._taken.after(tenant_tag, applied)
+        if not whole:
+            _log.error(
+                "the ledger's Redis lost records it had taken (a failover or a restart) that "
+                "this writer no longer holds: some of tenant %s's usage records are lost",
+                keys.tenant_of(tenant_tag),
+            )
+        _log.warning(
+            "the ledger's Redis lost %d of tenant %s's records it had taken (a failover or a "
+            "restart): written again",
+            sum(len(b.records) for b in kept),
+            keys.tenant_of(tenant_tag),
+        )
+        for taken in kept:
+            records = taken.records
+            while True:
+                [(_, reply)] = await self._append(taken.seq, {tenant_tag: records}, (), {})
+                if not isinstance(reply, list):
+                    break
+                records = _unlinked(records, {reply_text(link) for link in reply})
 
     async def _append(
-        self, seq: int, by_tenant: Mapping[str, list[UsageRecord]], tenants: Sequence[str]
+        self,
+        seq: int,
+        by_tenant: Mapping[str, list[UsageRecord]],
+        tenants: Sequence[str],
+        previous: Mapping[str, int | None],
     ) -> list[tuple[tuple[str, list[UsageRecord]], Any]]:
-        """Each tenant's append script, and the set of tenants if `tenants`; each tenant's
-        records with the script's reply."""
+        """Each tenant's append script (checked against the tenant's `previous` batch taken),
+        and the set of tenants if `tenants`; each tenant's records with the script's reply."""
         connection = self._connected()
         appends = [
             keys.script_call(
@@ -229,6 +269,7 @@ class RedisLedger(BufferedLedger):
                 stream_records=self._stream_records,
                 ttl_s=self._retention_s,
                 marker_ttl_s=_DAY_S,
+                previous=previous.get(tenant_tag),
             )
             for tenant_tag, records in by_tenant.items()
         ]
@@ -281,6 +322,15 @@ class RedisLedger(BufferedLedger):
         if self._connection is None:
             raise LedgerError("the ledger is not started")
         return self._connection
+
+
+def _gap(reply: Any) -> int | None:
+    """The last seq this Redis applied, when lua/append.lua says it lost batches after it."""
+    if isinstance(reply, str | bytes):
+        text = reply_text(reply)
+        if text.startswith("gap "):
+            return int(text[4:])
+    return None
 
 
 def _unlinked(records: list[UsageRecord], lost: set[str]) -> list[UsageRecord]:

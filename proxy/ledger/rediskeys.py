@@ -102,8 +102,10 @@ def script_call(
     stream_records: int,
     ttl_s: int,
     marker_ttl_s: int,
+    previous: int | None = None,
 ) -> tuple[list[str], list[str | int | bytes]]:
-    """KEYS and ARGV for lua/append.lua: one tenant's records and their hour and day totals."""
+    """KEYS and ARGV for lua/append.lua: one tenant's records and their hour and day totals;
+    `previous`, the seq of the writer's last batch for the tenant that Redis took, if known."""
     keys = [
         marker_key(tenant_tag, writer_id),
         stream_key(tenant_tag),
@@ -128,6 +130,7 @@ def script_call(
             fields = _fields(tally)
             args += [slot, name, start, len(fields) // 2, *fields]
     _attribution_call(tenant_tag, records, ttl_s, keys, args, attr_hours, attr_days)
+    args.append("" if previous is None else previous)
     return keys, args
 
 

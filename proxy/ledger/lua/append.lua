@@ -14,6 +14,7 @@
 -- A cell's value is kept by name if it already is in its period's set `prefix names:<start>`
 -- or the set has fewer than max_named values; else it is summed under `other`.
 -- A retry of a batch whose reply was lost finds its seq already applied and changes nothing.
+-- ARGV's last item: see `previous` below.
 -- The totals take a superseded checkpoint's share back out: if this Redis no longer holds the
 -- checkpoint (restarted or flushed since, failed over before it replicated), its totals never
 -- had that share, so nothing is written and the links of those checkpoints are returned; the
@@ -36,6 +37,14 @@ end
 local applied = redis.call('GET', KEYS[1])
 if applied and tonumber(applied) >= tonumber(ARGV[1]) then
   return 0
+end
+-- ARGV[#ARGV]: the seq of this writer's last batch for this tenant that Redis took, or ''.
+-- Below it, this Redis lost batches it had taken (a primary that took them after its replica
+-- was promoted, a failover before they replicated): nothing is written, and the writer sends
+-- those it still holds first.
+local previous = ARGV[#ARGV]
+if previous ~= '' and tonumber(applied or 0) < tonumber(previous) then
+  return 'gap ' .. (applied or 0)
 end
 local maxlen, ttl = ARGV[2], tonumber(ARGV[3])
 local n = tonumber(ARGV[6])
