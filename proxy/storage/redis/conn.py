@@ -114,6 +114,15 @@ class StoreRedis:
         if multiplex and can_multiplex(url):
             self.scripts = Multiplexed(url, timeout_s=timeout_s)
 
+    def on_primary_switch(self, hook: Callable[[], None]) -> bool:
+        """Call `hook` when the sentinels name a new primary (after a failover), if the URL
+        is a Sentinel one: whether it is."""
+        pool = self.client.connection_pool if isinstance(self.client, aioredis.Redis) else None
+        if isinstance(pool, _PrimaryPool):
+            pool.switched.append(hook)
+            return True
+        return False
+
     async def aclose(self) -> None:
         try:
             if self.scripts is not self.client:
@@ -195,6 +204,16 @@ class _PrimaryPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._check_due_s = 0.0
         self._checking: asyncio.Task[None] | None = None
+        self.switched: list[Callable[[], None]] = []
+        """Called when the sentinels name another primary than the one this pool used."""
+
+    async def get_master_address(self) -> Any:
+        before = self.master_address
+        address = await super().get_master_address()  # type: ignore[no-untyped-call]
+        if before is not None and address != before:
+            for hook in self.switched:
+                hook()
+        return address
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         now_s = time.monotonic()
@@ -213,7 +232,7 @@ class _PrimaryPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
     async def _ask_sentinels(self) -> None:
         """Learn the primary's address; a change drops the idle connections (redis-py)."""
         with suppress(*REDIS_ERRORS):  # none named: a new connection raises it to its call
-            await self.get_master_address()  # type: ignore[no-untyped-call]
+            await self.get_master_address()
 
     async def aclose(self) -> None:
         if self._checking is not None:

@@ -23,12 +23,21 @@ from proxy.storage.limits import (
     judge,
 )
 from proxy.storage.redis.link import Arg, LuaCall, OnLink, nothing
+from proxy.storage.redis.resent import SentAgain
 
 __all__ = ["RedisLimitStore"]
 
 
 class RedisLimitStore(OnLink):
-    """Given a URL, on a link of its own; given a link, on one it shares with the other stores."""
+    """Given a URL, on a link of its own; given a link, on one it shares with the other stores.
+
+    On a Sentinel URL a slot's release is sent again when the sentinels name a new primary
+    (resent.py): released on the old one, the slot stayed held on the new one until its lease
+    ended (a tenant at `max_concurrent` was refused for a minute). Lease ids are unique, so a
+    release applies once however often it is sent."""
+
+    def _opened(self) -> None:
+        self._releases = SentAgain(self._link, "limits_release")
 
     def call(self, step: Admit) -> LuaCall:
         """The admission as one operation of the link's script; its outcome goes to `step`."""
@@ -72,6 +81,7 @@ class RedisLimitStore(OnLink):
     def release(self, scope: str, slots: Sequence[SlotPool], *, lease_id: str) -> Awaitable[None]:
         keys = [pool.key for pool in slots]
         check_scope(scope, keys)
+        self._releases.sent(keys, [lease_id])
         return self._link.later("limits_release", keys, [lease_id], nothing)
 
     def renew(

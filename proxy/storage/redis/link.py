@@ -147,6 +147,10 @@ class RedisLink:
         self._pending.append(call)
         return done
 
+    def on_primary_switch(self, hook: Callable[[], None]) -> bool:
+        """Call `hook` when a Sentinel URL's sentinels name a new primary: whether it is one."""
+        return self._conn.on_primary_switch(hook)
+
     async def ping(self, what: str = "redis") -> None:
         """Return when Redis answers and takes writes; StorageError when it does not."""
         with translated(what):

@@ -22,12 +22,21 @@ from proxy.storage.base import Counter, Refusal
 from proxy.storage.joint import Reserve
 from proxy.storage.redis.conn import Call, send_all, translated
 from proxy.storage.redis.link import Arg, LuaCall, OnLink, nothing
+from proxy.storage.redis.resent import SentAgain
 
 __all__ = ["RedisStore"]
 
 
 class RedisStore(OnLink):
-    """Given a URL, on a link of its own; given a link, on one it shares with the other stores."""
+    """Given a URL, on a link of its own; given a link, on one it shares with the other stores.
+
+    On a Sentinel URL a settle is sent again when the sentinels name a new primary (resent.py),
+    applied there only if the new primary still holds the lease (it never took the settle):
+    settled on the old one, the reservation stayed held until its lease ended and the usage
+    was not booked."""
+
+    def _opened(self) -> None:
+        self._settles = SentAgain(self._link, "settle", ["held"])
 
     def call(self, step: Reserve) -> LuaCall:
         """The reservation as one operation of the link's script; its outcome goes to `step`."""
@@ -64,6 +73,7 @@ class RedisStore(OnLink):
         self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
     ) -> Awaitable[None]:
         keys, args = _keys(scope, counters), _booking(lease_id, counters, used)
+        self._settles.sent(keys, args)
         return self._link.later("settle", keys, args, nothing)
 
     def charge(
