@@ -206,11 +206,14 @@ class _PrimaryPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
         self._checking: asyncio.Task[None] | None = None
         self.switched: list[Callable[[], None]] = []
         """Called when the sentinels name another primary than the one this pool used."""
+        self._named: Any = None
 
     async def get_master_address(self) -> Any:
-        before = self.master_address
         address = await super().get_master_address()  # type: ignore[no-untyped-call]
-        if before is not None and address != before:
+        # Compared after the await: connections opened together after a failover each ask,
+        # and each would have seen the old address before it.
+        named, self._named = self._named, address
+        if named is not None and address != named:
             for hook in self.switched:
                 hook()
         return address
