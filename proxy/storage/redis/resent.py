@@ -17,6 +17,7 @@ __all__ = ["SentAgain"]
 _log = logging.getLogger("tokenweir.storage")
 _KEPT_S = 30.0
 _KEPT = 50_000
+_CHUNK = 500
 
 
 class SentAgain:
@@ -28,6 +29,7 @@ class SentAgain:
         self._name = name
         self._extra = list(extra)
         self._sent: deque[tuple[float, Sequence[str], Sequence[Arg]]] | None = None
+        self._sending: asyncio.Task[None] | None = None
         if link.on_primary_switch(self._send_again):
             self._sent = deque()
 
@@ -41,15 +43,19 @@ class SentAgain:
             sent.popleft()
 
     def _send_again(self) -> None:
-        sent = self._sent or ()
-        if sent:
-            _log.warning("a new Redis primary: %d %s calls sent again", len(sent), self._name)
-        for _, keys, args in sent:
-            again = self._link.later(self._name, keys, [*args, *self._extra], nothing)
-            again.add_done_callback(_quiet)
+        sent = [(keys, [*args, *self._extra]) for _, keys, args in self._sent or ()]
+        if not sent:
+            return
+        _log.warning("a new Redis primary: %d %s calls sent again", len(sent), self._name)
+        if self._sending is not None:
+            self._sending.cancel()  # what it had left is in `sent`
+        self._sending = asyncio.get_running_loop().create_task(self._send(sent))
 
-
-def _quiet(again: asyncio.Future[None]) -> None:
-    """One that fails is left as it was before it was sent again (to its lease's end)."""
-    if not again.cancelled():
-        again.exception()
+    async def _send(self, sent: list[tuple[Sequence[str], list[Arg]]]) -> None:
+        """A chunk at a time, each answered before the next: 50,000 in one script call held
+        Redis for about a second, every other call of every gateway waiting behind it. One
+        that fails is left as it was before (to its lease's end)."""
+        for start in range(0, len(sent), _CHUNK):
+            chunk = sent[start : start + _CHUNK]
+            again = [self._link.later(self._name, keys, args, nothing) for keys, args in chunk]
+            await asyncio.gather(*again, return_exceptions=True)
