@@ -236,12 +236,13 @@ class RedisLedger(BufferedLedger):
                 "this writer no longer holds: some of tenant %s's usage records are lost",
                 keys.tenant_of(tenant_tag),
             )
-        _log.warning(
-            "the ledger's Redis lost %d of tenant %s's records it had taken (a failover or a "
-            "restart): written again",
-            sum(len(b.records) for b in kept),
-            keys.tenant_of(tenant_tag),
-        )
+        if kept:
+            _log.warning(
+                "the ledger's Redis lost %d of tenant %s's records it had taken (a failover or "
+                "a restart): written again",
+                sum(len(b.records) for b in kept),
+                keys.tenant_of(tenant_tag),
+            )
         for taken in kept:
             records = taken.records
             while True:

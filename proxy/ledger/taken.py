@@ -43,7 +43,7 @@ class TakenBatches:
         self._records = 0
 
     def last(self, tenant_tag: str) -> int | None:
-        """The seq of the tenant's last batch Redis took (None before the first)."""
+        """The seq of the tenant's last batch Redis took, while any of its batches is kept."""
         return self._last.get(tenant_tag)
 
     def took(self, tenant_tag: str, seq: int, records: list[UsageRecord]) -> None:
@@ -59,14 +59,15 @@ class TakenBatches:
             _, oldest = self._order.popleft()
             kept = self._by_tenant[oldest]
             self._records -= len(kept.popleft().records)
-            if not kept:
-                del self._by_tenant[oldest]
+            if not kept:  # nothing to send again: no gap to look for either (a marker
+                del self._by_tenant[oldest]  # expires a day after its last batch)
+                del self._last[oldest]
 
     def after(self, tenant_tag: str, applied: int) -> tuple[list[TakenBatch], bool]:
-        """The tenant's batches kept whose seq is above `applied`, in order, and whether they
-        are all it had there (none was dropped from here before Redis lost it)."""
+        """After Redis said it lacks the tenant's batches after `applied`: those kept, in order,
+        and whether they are all it lacks (none was dropped from here before)."""
         kept = [b for b in self._by_tenant.get(tenant_tag, ()) if b.seq > applied]
         if not kept:
-            return [], self._last.get(tenant_tag, 0) <= applied
+            return [], False
         first = kept[0].previous
         return kept, first is None or first <= applied
