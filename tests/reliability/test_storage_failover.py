@@ -188,9 +188,9 @@ def test_a_graceful_sentinel_failover_under_load_loses_no_record_and_leaks_no_sl
         config.write_text(policy_text(backend_url, topology.url, max_concurrent=2))
         with replicas(config, 1) as [(_, url)], httpx.Client(base_url=url, headers=AUTH) as http:
             answered = _across_a_graceful_failover(url, topology, senders=2)
-            # A request admitted on the new primary before a release sent again there: 429.
+            # Until the releases are sent again (two storage timeouts after the switch), the
+            # slots released on the old primary are held on the new one: 429 meanwhile.
             assert set(answered) <= {200, 429}
-            assert answered.count(200) > len(answered) // 2
             _wait_for(lambda: slots_held(topology.replica.url) == 0)
             _wait_for(lambda: tokens_reserved(topology.replica.url) == 0)
             _wait_for(lambda: http.get("/readyz").json()["ledger"]["buffered"] == 0)

@@ -52,9 +52,13 @@ class SentAgain:
         self._sending = asyncio.get_running_loop().create_task(self._send(sent))
 
     async def _send(self, sent: list[tuple[Sequence[str], list[Arg]]]) -> None:
-        """A chunk at a time, each answered before the next: 50,000 in one script call held
-        Redis for about a second, every other call of every gateway waiting behind it. One
-        that fails is left as it was before (to its lease's end)."""
+        """Once the calls sent before the switch have landed or timed out (two storage
+        timeouts): one of them that reached the new primary after one sent again (another
+        connection) would apply twice, a settle booking its usage twice. Then a chunk at a
+        time, each answered before the next: 50,000 in one script call held Redis for about a
+        second, every other call of every gateway waiting behind it. One that fails is left as
+        it was before (to its lease's end)."""
+        await asyncio.sleep(2 * self._link.timeout_s)
         for start in range(0, len(sent), _CHUNK):
             chunk = sent[start : start + _CHUNK]
             again = [self._link.later(self._name, keys, args, nothing) for keys, args in chunk]
