@@ -20,7 +20,8 @@ from proxy.policy.units import hash_key
 from proxy.policy.yamlfile import HAS_LIBYAML, read_yaml
 from proxy.tools.mock import backend as mockbackend
 from tests.conftest import BACKEND_KEY, BETA_KEY, policy_text
-from tests.policy.test_load import GOOD, _alias_bomb, problems
+from tests.policy.test_load import GOOD, problems
+from tests.policy.test_load_yaml import _alias_bomb
 from tests.servers import free_port, serve
 from tests.test_cli import tokenweir
 from tests.test_reload import ADMIN, CHAT, STAY_KEY
