@@ -6,16 +6,19 @@ import argparse
 import os
 import sys
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
 
+from proxy.keys.record import MAX_ALLOWANCE
 from proxy.tools.textout import stdout_for, text_width
 
 __all__ = ["ADMIN_KEY_ENV", "add_arguments"]
 
 ADMIN_KEY_ENV = "TOKENWEIR_ADMIN_KEY"
 _TIMEOUT_S = 10.0
+_MAX_DIGITS = len(str(MAX_ALLOWANCE))  # more is refused here: the gateway's 400 names the bound
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,7 +106,11 @@ def _revoke(args: argparse.Namespace) -> int:
         if all(key["id"] != args.key_id for key in listed["data"]):
             print(f"tokenweir: {args.key_id} is not a key of {args.tenant}", file=sys.stderr)
             return 1
-    answer = _call(args, "DELETE", f"/admin/keys/{args.key_id}")
+    if {".", ".."} & set(args.key_id.split("/")):  # resolved away by the URL: another route
+        print(f"tokenweir: {args.key_id!r} is not a key id (key_..., as listed)", file=sys.stderr)
+        return 2
+    # Quoted: `?` or `#` in it would otherwise end the path, and revoke the id before them.
+    answer = _call(args, "DELETE", "/admin/keys/" + quote(args.key_id, safe="/"))
     if answer is None:
         return 1
     print(orjson.dumps(answer).decode() if args.json else f"revoked {args.key_id}")
@@ -114,9 +121,13 @@ def _pairs(text: str, flag: str) -> dict[str, int]:
     pairs: dict[str, int] = {}
     for item in text.split(","):
         name, _, value = item.partition("=")
-        if not name.strip() or not value.strip().isdigit():
+        number = value.strip()
+        # ASCII digits: int() takes no superscripts, and the request's JSON no number past 64 bits.
+        if not name.strip() or not (number.isascii() and number.isdigit()):
             raise ValueError(f"{flag} takes name=N pairs separated by commas, not {item!r}")
-        pairs[name.strip()] = int(value)
+        if len(number) > _MAX_DIGITS:
+            raise ValueError(f"{flag}: {name.strip()} must be at most {MAX_ALLOWANCE:,}")
+        pairs[name.strip()] = int(number)
     return pairs
 
 
@@ -141,6 +152,9 @@ def _call(
             params=params,
             timeout=_TIMEOUT_S,
         )
+    except httpx.InvalidURL as exc:
+        print(f"tokenweir: --base-url {args.base_url!r} is not a URL: {exc}", file=sys.stderr)
+        return None
     except httpx.HTTPError as exc:
         print(f"tokenweir: cannot reach {args.base_url}: {exc}", file=sys.stderr)
         return None

@@ -130,3 +130,43 @@ def test_the_cli_takes_no_redirect_for_done(
         assert main(["keys", "create", "--tenant", "alpha", *elsewhere]) == 1
         assert "https://gateway.example/admin/keys" in capsys.readouterr().err
         assert main(["keys", "list", *elsewhere]) == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--budget", f"tokens_per_day={10**23}"], "tokens_per_day must be at most"),
+        (["--limits", "requests_per_minute=²"], "name=N pairs"),
+    ],
+)
+def test_a_number_past_what_a_request_can_carry_is_refused_in_one_line(
+    gateway: httpx.Client, flags: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 23-digit quota was a TypeError traceback (JSON takes no integer past 64 bits), and a
+    superscript digit passed as a number, then failed to be one."""
+    admin = ["--base-url", str(gateway.base_url), "--admin-key", ADMIN_KEY]
+    assert main(["keys", "create", "--tenant", "alpha", *flags, *admin]) == 2
+    assert says in capsys.readouterr().err
+    assert gateway.get("/admin/keys").json()["data"] == []
+
+
+def test_a_base_url_that_is_no_url_is_said_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # httpx's InvalidURL is no HTTPError: it was a traceback.
+    assert main(["keys", "list", "--base-url", "http://[::1", "--admin-key", ADMIN_KEY]) == 1
+    assert "--base-url 'http://[::1' is not a URL" in capsys.readouterr().err
+
+
+def test_revoke_takes_the_id_whole_and_no_other_route(
+    gateway: httpx.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`revoke 'key_1?x'` revoked key_1 (the `?` began a query string), and `revoke ../reload`
+    asked for DELETE /admin/reload."""
+    admin = ["--base-url", str(gateway.base_url), "--admin-key", ADMIN_KEY]
+    assert main(["keys", "create", "--tenant", "alpha", "--json", *admin]) == 0
+    key_id = orjson.loads(capsys.readouterr().out)["id"]
+    for typed in (f"{key_id}?x", f"{key_id}#x"):
+        assert main(["keys", "revoke", typed, *admin]) == 1
+        assert f"No runtime key '{typed}'" in capsys.readouterr().err
+    assert main(["keys", "revoke", "../reload", *admin]) == 2
+    assert "is not a key id" in capsys.readouterr().err
+    assert [k["id"] for k in gateway.get("/admin/keys").json()["data"]] == [key_id]
