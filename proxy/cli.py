@@ -12,7 +12,7 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +60,23 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", type=Path, help="policy file (default: the embedded default)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_port, default=8080)
-    serve.add_argument("--workers", type=int, default=1)
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--config",
+        type=Path,
+        help="policy file (default: the embedded policies/default.yaml, which reads "
+        "TOKENWEIR_API_KEY and TOKENWEIR_BACKEND_URL)",
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    serve.add_argument("--port", type=_port, default=8080, help="(default: %(default)s)")
+    serve.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        help="processes on the one port; more than 1 needs storage: redis://... (default: 1)",
+    )
+    serve.add_argument("--log-level", type=str.lower, choices=_LOG_LEVELS, default="info")
     serve.add_argument("--no-access-log", action="store_true", help="no JSON line per request")
     serve.add_argument(
         "--watch", action="store_true", help="reload the policy file when it changes"
@@ -109,9 +121,11 @@ def _parser() -> argparse.ArgumentParser:
 
     keys_parser = commands.add_parser("keys", help="runtime API keys of a running gateway")
     keys.add_arguments(keys_parser)
+    keys_parser.set_defaults(run=_command_missing(keys_parser, "create, list or revoke"))
 
     policy = commands.add_parser("policy", help="policy file tools")
     policy_commands = policy.add_subparsers(title="policy commands", metavar="COMMAND")
+    policy.set_defaults(run=_command_missing(policy, "check or hash-key"))
     check = policy_commands.add_parser("check", help="validate a policy file")
     check.add_argument("file", type=Path)
     check.add_argument(
@@ -124,6 +138,20 @@ def _parser() -> argparse.ArgumentParser:
     hash_key.add_argument("key", nargs="?", help="the key (default: asked for, not echoed)")
     hash_key.set_defaults(run=_policy_hash_key)
     return parser
+
+
+def _command_missing(
+    parser: argparse.ArgumentParser, commands: str
+) -> Callable[[argparse.Namespace], int]:
+    """`tokenweir keys` alone: its usage and what to add, on stderr (argparse exits 2)."""
+
+    def run(args: argparse.Namespace) -> int:
+        parser.error(f"give a command: {commands}")
+
+    return run
+
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -234,15 +262,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _mock_backend(args: argparse.Namespace) -> int:
     try:
-        mockbackend.run(
-            host=args.host,
-            port=args.port,
-            ttft_ms=args.ttft_ms,
-            tokens_per_second=args.tokens_per_second,
-            load_ttft_ms=args.load_ttft_ms,
-            prefill_ms_per_1k_tokens=args.prefill_ms_per_1k_tokens,
-            prefix_cache=args.prefix_cache,
-        )
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stopped as asked, as serve is
+            mockbackend.run(
+                host=args.host,
+                port=args.port,
+                ttft_ms=args.ttft_ms,
+                tokens_per_second=args.tokens_per_second,
+                load_ttft_ms=args.load_ttft_ms,
+                prefill_ms_per_1k_tokens=args.prefill_ms_per_1k_tokens,
+                prefix_cache=args.prefix_cache,
+            )
     except ValueError as exc:  # create_app's check of the settings
         print(f"tokenweir mock-backend: {exc}", file=sys.stderr)
         return 2
@@ -253,6 +282,13 @@ def _port(text: str) -> int:
     """A TCP port: an out-of-range number would be bound modulo 65536, not refused."""
     if not (text.isascii() and text.isdigit()) or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return int(text)
+
+
+def _workers(text: str) -> int:
+    """A number of processes: 0 or fewer served as one, silently."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes, 1 or more, got {text!r}")
     return int(text)
 
 

@@ -19,6 +19,7 @@ import orjson
 
 from proxy.app import DEFAULT_POLICY
 from proxy.clock import Clock, SystemClock
+from proxy.exitstatus import USAGE
 from proxy.ledger import LedgerError, UsageQuery, UsageRow, open_ledger
 from proxy.ledger.base import ATTRIBUTES
 from proxy.ledger.present import format_usd, parse_moment, spreadsheet_cell
@@ -34,6 +35,10 @@ UNAUTHENTICATED = "(unauthenticated)"
 
 class ReportError(Exception):
     """A report that cannot be produced; the message is for the person who asked for it."""
+
+
+class WindowError(ReportError):
+    """--since or --until that names no usable window: a usage error (exit status 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +79,7 @@ def main(args: argparse.Namespace, *, clock: Clock | None = None, out: TextIO | 
         since = parse_time(args.since, now, flag="--since")
         until = now if args.until is None else parse_time(args.until, now, flag="--until")
         if since >= until:
-            raise ReportError(
+            raise WindowError(
                 f"--since ({_minute(since)} UTC) must be before --until ({_minute(until)} UTC)"
             )
         url, storage = _ledger_location(args.ledger, args.config)
@@ -82,7 +87,7 @@ def main(args: argparse.Namespace, *, clock: Clock | None = None, out: TextIO | 
         rows, totals = asyncio.run(_fetch(url, storage, query))
     except ReportError as exc:
         print(f"tokenweir report: {exc}", file=sys.stderr)
-        return 1
+        return USAGE if isinstance(exc, WindowError) else 1
     start, end = window(query)
     report = Report(url, start, end, args.by, rows, totals)
     {"table": write_table, "csv": write_csv, "json": write_json}[args.format](report, stream)
@@ -94,7 +99,7 @@ def parse_time(value: str, now: float, *, flag: str) -> float:
     try:
         return parse_moment(value, now)
     except ValueError as exc:
-        raise ReportError(f"{flag}: {exc}") from None
+        raise WindowError(f"{flag}: {exc}") from None
 
 
 def _ledger_location(ledger: str | None, config: Path | None) -> tuple[str, str | None]:

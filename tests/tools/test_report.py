@@ -188,18 +188,20 @@ def test_ledger_redis_means_the_policys_storage(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "message", "status"),
     [
-        (["--since", "1h", "--until", "2h"], "must be before --until"),
-        (["--since", "yesterday"], "--since: expected a duration like 7d"),
-        (["--since", "0001-01-01T00:00+23:59"], "--since: expected a moment from 1970-01-01"),
-        (["--ledger", "postgres://x"], "unknown ledger 'postgres://x'"),
+        (["--since", "1h", "--until", "2h"], "must be before --until", 2),
+        (["--since", "yesterday"], "--since: expected a duration like 7d", 2),
+        (["--since", "0001-01-01T00:00+23:59"], "--since: expected a moment from 1970-01-01", 2),
+        (["--ledger", "postgres://x"], "unknown ledger 'postgres://x'", 1),
     ],
 )
 def test_bad_flags_are_explained(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], message: str, status: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run(*argv)[0] == 1
+    """A window that cannot be is a usage error (2) as in every command; a ledger that cannot
+    be read is a failure (1), whether --ledger or the policy named it."""
+    assert run(*argv)[0] == status
     assert message in capsys.readouterr().err
 
 

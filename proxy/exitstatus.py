@@ -1,0 +1,13 @@
+"""The `tokenweir` command's exit statuses beyond 0 (done) and 1 (failed): one meaning each,
+whichever command ends with it (README, "Exit status")."""
+
+from __future__ import annotations
+
+__all__ = ["INTERRUPTED", "READER_GONE", "USAGE"]
+
+USAGE = 2
+"""Flags or arguments that cannot be used (argparse's own status for them)."""
+INTERRUPTED = 130
+"""Ctrl-C before the command's work was done (128 + SIGINT, as a shell reports it)."""
+READER_GONE = 141
+"""Its output's reader closed the pipe (`tokenweir report | head -1`): 128 + SIGPIPE, as `cat`."""

@@ -1,0 +1,180 @@
+"""Every `tokenweir` command as a shell runs it: Ctrl-C, a reader that closes the pipe, flags
+that cannot work. Each ends with its documented status (README, "Exit status") and a line of
+explanation, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy.ledger import open_ledger
+from tests.servers import free_port
+
+DEMO = str(Path(__file__).resolve().parent.parent / "policies" / "demo.yaml")
+INTERRUPTED = 130
+READER_GONE = 141
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "proxy", *args]
+
+
+@pytest.fixture
+def silent() -> Iterator[tuple[str, threading.Event]]:
+    """A listener that accepts and never answers, and the event set once it has accepted."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+            accepted.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}", accepted
+    finally:
+        listener.close()
+        for connection in held:
+            connection.close()
+
+
+class Running:
+    """A command started, its stderr read to the end as it comes (so it never blocks on it)."""
+
+    def __init__(self, *args: str, marker: str = "") -> None:
+        self.process = subprocess.Popen(
+            command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        self.printed = threading.Event()
+        """Set once `marker` appears on stderr."""
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(marker,), daemon=True)
+        self._reader.start()
+
+    def _read(self, marker: str) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._lines.append(line)
+            if marker and marker in line:
+                self.printed.set()
+
+    def interrupt_once(self, ready: threading.Event) -> tuple[int, str]:
+        """Ctrl-C once `ready` is set; the exit status and stderr."""
+        try:
+            assert ready.wait(timeout=60), "never under way:\n" + "".join(self._lines)
+            self.process.send_signal(signal.SIGINT)
+            status = self.process.wait(timeout=60)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(timeout=10)
+        assert self.process.stderr is not None
+        self.process.stderr.close()
+        return status, "".join(self._lines)
+
+
+def test_ctrl_c_stops_the_mock_backend_as_it_stops_serve() -> None:
+    """It was a KeyboardInterrupt traceback after a clean shutdown."""
+    mock = Running("mock-backend", "--port", str(free_port()), marker="Uvicorn running on")
+    status, err = mock.interrupt_once(mock.printed)
+    assert status == 0, err
+    assert "Traceback" not in err
+    assert "Application shutdown complete" in err
+
+
+@pytest.mark.parametrize("which", ["keys", "report"])
+def test_ctrl_c_while_waiting_on_a_silent_server_is_130(
+    which: str, silent: tuple[str, threading.Event]
+) -> None:
+    address, accepted = silent
+    args = {
+        "keys": ["keys", "list", "--base-url", f"http://{address}", "--admin-key", "k"],
+        "report": ["report", "--ledger", f"redis://{address}/0"],
+    }[which]
+    status, err = Running(*args).interrupt_once(accepted)
+    assert status == INTERRUPTED, err
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def empty_ledger(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    async def create() -> None:
+        ledger = open_ledger(url)
+        await ledger.start()
+        await ledger.aclose()
+
+    asyncio.run(create())
+    return url
+
+
+def into_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run with stdout a pipe whose reader is gone, as `tokenweir report | head -0`."""
+    read, write = os.pipe()
+    os.close(read)
+    env = {**os.environ, "PYTHONUNBUFFERED": ""}  # block-buffered, as in most shells' pipes
+    try:
+        return subprocess.run(
+            command(*args), stdout=write, stderr=subprocess.PIPE, text=True, env=env,
+            timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("form", ["table", "csv", "json"])
+def test_a_report_into_a_closed_pipe_ends_quietly(empty_ledger: str, form: str) -> None:
+    done = into_closed_pipe("report", "--ledger", empty_ledger, "--format", form)
+    assert done.returncode == READER_GONE
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["policy", "check", "--skip-tokenizers", DEMO],
+        ["policy", "hash-key", "k"],
+        ["--help"],
+        ["--version"],
+    ],
+)
+def test_any_output_into_a_closed_pipe_ends_quietly(args: list[str]) -> None:
+    done = into_closed_pipe(*args)
+    assert done.returncode == READER_GONE
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["serve", "--workers", "0"], "--workers: expected a number of processes, 1 or more"),
+        (["serve", "--workers=-2"], "--workers: expected a number of processes, 1 or more"),
+        (["serve", "--log-level", "loud"], "--log-level: invalid choice: 'loud'"),
+        (["keys"], "give a command: create, list or revoke"),
+        (["policy"], "give a command: check or hash-key"),
+    ],
+)
+def test_flags_that_cannot_work_are_a_usage_error(args: list[str], says: str) -> None:
+    """`--workers 0` served one process, `--log-level loud` was a ValueError traceback, and
+    `keys` alone printed the top command's help on stdout."""
+    done = subprocess.run(command(*args), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
