@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from proxy.ledger import open_ledger
@@ -111,6 +112,25 @@ def test_ctrl_c_while_waiting_on_a_silent_server_is_130(
     assert "Traceback" not in err
 
 
+def test_ctrl_c_during_a_bench_level_is_130_and_its_json_says_so(
+    silent: tuple[str, threading.Event], tmp_path: Path
+) -> None:
+    """It exited 1 (0 once a level had finished), as a run that had measured everything."""
+    address, accepted = silent
+    results = tmp_path / "bench.json"
+    bench = Running(
+        "bench", "--base-url", f"http://{address}/v1", "--model", "m",
+        "--concurrency", "1,2", "--requests", "2", "--json", str(results),
+    )  # fmt: skip
+    status, err = bench.interrupt_once(accepted)
+    assert status == INTERRUPTED, err
+    assert "interrupted (0 of 2 levels done" in err
+    assert "Traceback" not in err
+    document = orjson.loads(results.read_bytes())
+    assert document["interrupted"] is True
+    assert document["levels"] == []
+
+
 @pytest.fixture
 def empty_ledger(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
@@ -160,6 +180,19 @@ def test_any_output_into_a_closed_pipe_ends_quietly(args: list[str]) -> None:
     assert done.stderr == ""
 
 
+def test_a_bench_into_a_closed_pipe_still_writes_its_json(backend_url: str, tmp_path: Path) -> None:
+    results = tmp_path / "bench.json"
+    done = into_closed_pipe(
+        "bench", "--base-url", f"{backend_url}/v1", "--model", "mock-llm", "--concurrency", "1",
+        "--requests", "2", "--max-tokens", "4", "--json", str(results),
+    )  # fmt: skip
+    assert done.returncode == READER_GONE, done.stderr
+    assert "Traceback" not in done.stderr
+    document = orjson.loads(results.read_bytes())
+    assert document["interrupted"] is False
+    assert document["levels"][0]["ok"] == 2
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -178,3 +211,24 @@ def test_flags_that_cannot_work_are_a_usage_error(args: list[str], says: str) ->
     assert says in done.stderr
     assert "Traceback" not in done.stderr
     assert done.stdout == ""
+
+
+def test_bench_refuses_what_it_could_not_read_or_write_before_sending_anything(
+    tmp_path: Path, silent: tuple[str, threading.Event]
+) -> None:
+    address, accepted = silent
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("¿qué?\n".encode("latin-1"))
+    base = ["bench", "--base-url", f"http://{address}/v1", "--model", "m", "--requests", "1"]
+    for extra, says in [
+        (["--prompt-file", str(prompts)], "byte 0xbf at offset 0 is not UTF-8"),
+        (["--json", str(tmp_path)], f"--json {tmp_path} is a directory"),
+        (["--plot", str(tmp_path / "no" / "plot.png")], "there is no directory"),
+    ]:
+        done = subprocess.run(
+            command(*base, *extra), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not accepted.is_set()

@@ -154,6 +154,11 @@ def read_prompt_file(path: str) -> list[Messages]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise BenchError(f"cannot read --prompt-file: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise BenchError(
+            f"--prompt-file {path}: byte {exc.object[exc.start]:#04x} at offset {exc.start} "
+            "is not UTF-8: save the file as UTF-8"
+        ) from None
     prompts = [
         _messages_of(line, path, number)
         for number, line in enumerate(lines, start=1)

@@ -19,6 +19,7 @@ from proxy.tools.bench.prompts import Workload
 __all__ = [
     "CPU_WARNING_FRACTION",
     "ProgressLine",
+    "check_output_paths",
     "config_json",
     "format_table",
     "level_json",
@@ -144,11 +145,17 @@ def level_json(level: LevelResult) -> dict[str, Any]:
 
 
 def result_document(
-    config: BenchConfig, workload: Workload, levels: Sequence[LevelResult]
+    config: BenchConfig,
+    workload: Workload,
+    levels: Sequence[LevelResult],
+    *,
+    interrupted: bool = False,
 ) -> dict[str, Any]:
-    """Everything a run measured, for `--json`."""
+    """Everything a run measured, for `--json`; `interrupted`: Ctrl-C stopped it, and `levels`
+    holds those done before (not every level of `config`)."""
     return {
         "tool": "tokenweir bench",
+        "interrupted": interrupted,
         "config": config_json(config),
         "workload": {
             "prompts": workload.prompt_note,
@@ -156,6 +163,18 @@ def result_document(
         },
         "levels": [level_json(level) for level in levels],
     }
+
+
+def check_output_paths(json_path: str | None, plot_path: str | None) -> None:
+    """Refuse a --json or --plot file that could not be written, before the run it would end."""
+    for flag, path in (("--json", json_path), ("--plot", plot_path)):
+        if path is None:
+            continue
+        target = Path(path)
+        if target.is_dir():
+            raise BenchError(f"{flag} {path} is a directory: give a file name")
+        if not target.absolute().parent.is_dir():
+            raise BenchError(f"{flag} {path}: there is no directory {target.absolute().parent}")
 
 
 def write_json(path: str, document: dict[str, Any]) -> None:

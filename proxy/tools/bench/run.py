@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
+from proxy.exitstatus import INTERRUPTED, USAGE
 from proxy.tools.bench.config import (
     HTTP_CLIENTS,
     BenchConfig,
@@ -25,6 +26,7 @@ from proxy.tools.bench.level import LevelProgress, LevelResult, open_transport, 
 from proxy.tools.bench.prompts import Workload, build_workload, load_tokenizer
 from proxy.tools.bench.report import (
     ProgressLine,
+    check_output_paths,
     config_json,
     format_table,
     level_json,
@@ -162,34 +164,58 @@ async def run(
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the bench; 0 if every level had a successful request, 1 if not, 2 for bad input."""
+    """Run the bench; 0 if every level had a successful request, 1 if not, 2 for bad input,
+    130 (proxy/exitstatus.py) if Ctrl-C stopped it: the levels done are shown and written."""
     err = sys.stderr
     try:
         config = config_from_args(args)
+        check_output_paths(args.json, args.plot)  # before the run, not after an hour of it
         tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
         workload = build_workload(config, tokenizer)
     except BenchError as exc:
         print(f"tokenweir bench: {exc}", file=err)
-        return 2
+        return USAGE
     print(f"bench {chat_completions_url(config.base_url)} model={config.model}", file=err)
     print(f"prompts: {workload.prompt_note}", file=err)
     line = ProgressLine(err) if args.progress or err.isatty() else None
     results: list[LevelResult] = []
+    interrupted = False
     try:
         _run_loop(run(config, workload, results, on_progress=line, on_level=_level_done(line, err)))
     except KeyboardInterrupt:
-        print("\ninterrupted; results so far:", file=err)
+        interrupted = True
+        done = f"{len(results)} of {len(config.concurrency)} levels done"
+        print(f"\ninterrupted ({done}; the level under way is left out)", file=err)
+    # The files first: a reader of stdout that went away (`| head -1`) must not cost them.
+    problem = _write_files(args, config, workload, results, interrupted=interrupted)
     if results:
         print(format_table(results))
+    if problem is not None:
+        print(f"tokenweir bench: {problem}", file=err)
+        return USAGE
+    if interrupted:
+        return INTERRUPTED
+    return 0 if results and all(level.ok > 0 for level in results) else 1
+
+
+def _write_files(
+    args: argparse.Namespace,
+    config: BenchConfig,
+    workload: Workload,
+    results: list[LevelResult],
+    *,
+    interrupted: bool,
+) -> str | None:
+    """Write --json and --plot; why one could not be written, if so."""
     try:
         if args.json:
-            write_json(args.json, result_document(config, workload, results))
+            document = result_document(config, workload, results, interrupted=interrupted)
+            write_json(args.json, document)
         if args.plot and results:
             write_plot(args.plot, results, f"{config.model} at {config.base_url}")
     except BenchError as exc:
-        print(f"tokenweir bench: {exc}", file=err)
-        return 2
-    return 0 if results and all(level.ok > 0 for level in results) else 1
+        return str(exc)
+    return None
 
 
 def _level_done(line: ProgressLine | None, err: TextIO) -> Callable[[LevelResult], None]:
