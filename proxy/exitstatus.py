@@ -3,10 +3,12 @@ whichever command ends with it (README, "Exit status")."""
 
 from __future__ import annotations
 
-__all__ = ["INTERRUPTED", "READER_GONE", "USAGE"]
+__all__ = ["CANNOT_SERVE", "INTERRUPTED", "READER_GONE", "USAGE"]
 
 USAGE = 2
 """Flags or arguments that cannot be used (argparse's own status for them)."""
+CANNOT_SERVE = 3
+"""A server that could not start serving: its port in use, say (uvicorn's own status for it)."""
 INTERRUPTED = 130
 """Ctrl-C before the command's work was done (128 + SIGINT, as a shell reports it)."""
 READER_GONE = 141

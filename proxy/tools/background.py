@@ -34,7 +34,11 @@ class BackgroundServer:
     ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
+        try:
+            self._socket.bind((host, port))
+        except OSError:
+            self._socket.close()
+            raise
         self.host = host
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(

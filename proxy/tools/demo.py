@@ -18,6 +18,7 @@ import httpx
 import orjson
 
 from proxy.app import DEFAULT_POLICY, create_app
+from proxy.exitstatus import CANNOT_SERVE
 from proxy.ledger import LedgerError, open_ledger
 from proxy.ledger.present import iso_utc
 from proxy.policy import load_policy
@@ -88,7 +89,17 @@ def run_demo(*, port: int = 8080, keep_serving: bool = True) -> int:
     # The simulated day ends where this hour begins, so the live traffic's report stands apart.
     day = demotraffic.simulated_day(demo_policy, live_start - live_start % 3600)
     demotraffic.fill_ledger(ledger_path, day)
-    gateway = BackgroundServer(create_app(demo_policy), port=port)
+    try:
+        gateway = BackgroundServer(create_app(demo_policy), port=port)
+    except OSError as exc:  # the port in use: an OSError traceback, the backend left running
+        backend.stop()
+        workdir.cleanup()
+        print(
+            f"tokenweir demo: cannot listen on 127.0.0.1:{port}: {exc.strerror}; "
+            "give another --port (0: any free one)",
+            file=sys.stderr,
+        )
+        return CANNOT_SERVE
     # SIGINT too: a shell that starts the demo in the background (`tokenweir demo &` in a
     # script, some CI runners) has it ignored, and Python would then never raise Ctrl-C's
     # KeyboardInterrupt, leaving the demo and its folder behind.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -57,3 +58,14 @@ def _drain(pipe: IO[str], lines: list[str]) -> threading.Thread:
     thread = threading.Thread(target=lambda: lines.extend(pipe), daemon=True)
     thread.start()
     return thread
+
+
+def test_a_port_in_use_is_one_line_and_status_3() -> None:
+    """It was an OSError traceback, once the simulated backend was already running."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "proxy", "demo", "--port", str(port), "--exit"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 3, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "Traceback" not in done.stderr
