@@ -91,10 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
 
     mock = commands.add_parser("mock-backend", help="a simulated OpenAI-compatible LLM server")
-    mock.add_argument("--host", default="127.0.0.1")
-    mock.add_argument("--port", type=_port, default=8000)
-    mock.add_argument("--ttft-ms", type=float, default=0.0)
-    mock.add_argument("--tokens-per-second", type=float, default=750.0)
+    mock.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    mock.add_argument("--port", type=_port, default=8000, help="(default: %(default)s)")
+    mock.add_argument(
+        "--ttft-ms", type=float, default=0.0, help="time to the first token (default: 0)"
+    )
+    mock.add_argument(
+        "--tokens-per-second", type=float, default=750.0, help="per stream (default: 750)"
+    )
     mock.add_argument(
         "--load-ttft-ms", type=float, default=0.0, help="extra TTFT per other request in flight"
     )
@@ -127,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     policy_commands = policy.add_subparsers(title="policy commands", metavar="COMMAND")
     policy.set_defaults(run=_command_missing(policy, "check or hash-key"))
     check = policy_commands.add_parser("check", help="validate a policy file")
-    check.add_argument("file", type=Path)
+    check.add_argument("file", type=Path, help="the policy file (YAML)")
     check.add_argument(
         "--skip-tokenizers",
         action="store_true",
