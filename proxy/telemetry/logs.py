@@ -91,6 +91,7 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
         self._flusher: threading.Thread | None = None
         self._dozing = Doze()  # the flusher's, after flush_s with no line
         self._closed = False
+        self._reader_gone = False  # stdout a pipe whose reader went away (`serve | head`)
         self._shared = shared_lock("stdout.lock")
         call_in_forked_child(self._forget_parents_lines)
 
@@ -120,6 +121,8 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
                 self.handleError(logging.makeLogRecord({"msg": line}))
 
     def _add(self, line: str) -> None:
+        if self._reader_gone:
+            return
         pending = self._pending
         pending.append(line)
         if len(pending) >= self._max_lines:
@@ -149,9 +152,17 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
             super().flush()
             return
         lines, self._pending = self._pending, []
-        with in_turn(self._shared):  # the flush too: the stream's buffer may hold part of it
-            self.stream.write(self.terminator.join(lines) + self.terminator)
-            super().flush()
+        try:
+            with in_turn(self._shared):  # the flush too: the stream's buffer may hold part of it
+                self.stream.write(self.terminator.join(lines) + self.terminator)
+                super().flush()
+        except BrokenPipeError:
+            # Said once, not as a traceback on stderr for every batch from now on.
+            self._reader_gone = True
+            logging.getLogger("tokenweir").warning(
+                "access log: the reader of stdout went away; access lines are dropped from "
+                "now on (--no-access-log turns them off)"
+            )
 
     def _flush_often(self) -> None:
         while not self._closed:

@@ -348,3 +348,36 @@ def test_the_flusher_outlives_a_failed_write(capsys: pytest.CaptureFixture[str])
     _arrives(stream, "kept\n")
     handler.close()
     assert "the disk was full" in capsys.readouterr().err
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        self.tried = getattr(self, "tried", 0) + 1
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_stdout_whose_reader_went_away_is_said_once_not_as_a_traceback_a_batch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tokenweir serve | head -1`: each batch of access lines printed a BrokenPipeError
+    traceback ("--- Logging error ---") on stderr, five a second under traffic."""
+    records: list[logging.LogRecord] = []
+    told = logging.Handler()
+    told.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("tokenweir").addHandler(told)
+    stream = _ClosedPipe()
+    handler = BatchedLines(stream, flush_s=3600, max_lines=1)  # each line its own batch
+    log = _logger(handler, "tokenweir.test.batched.gone")
+    try:
+        for n in range(5):
+            log.info("line %d", n)
+    finally:
+        handler.close()
+        logging.getLogger("tokenweir").removeHandler(told)
+    assert stream.tried == 1
+    assert "Logging error" not in capsys.readouterr().err
+    said = [r.getMessage() for r in records if r.name == "tokenweir"]
+    assert said == [
+        "access log: the reader of stdout went away; access lines are dropped from now on "
+        "(--no-access-log turns them off)"
+    ]
