@@ -139,7 +139,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(run=_policy_check)
     hash_key = policy_commands.add_parser("hash-key", help="print the sha256: form of an API key")
-    hash_key.add_argument("key", nargs="?", help="the key (default: asked for, not echoed)")
+    hash_key.add_argument(
+        "key", nargs="?", help="the key (default: asked for, not echoed; or stdin's first line)"
+    )
     hash_key.set_defaults(run=_policy_hash_key)
     return parser
 
@@ -323,9 +325,20 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 
 def _policy_hash_key(args: argparse.Namespace) -> int:
-    key = args.key if args.key is not None else getpass.getpass("API key: ")
+    key = args.key if args.key is not None else _key_asked()
     if not key:
         print("tokenweir: an empty key cannot be hashed", file=sys.stderr)
         return 1
     print(hash_key(key))
     return 0
+
+
+def _key_asked() -> str:
+    """The key from a terminal, not echoed; else its first line on stdin (`< keyfile`, a
+    pipe), where getpass warned that it could not hide it, and ran into EOFError on none."""
+    if not sys.stdin.isatty():
+        return sys.stdin.readline().rstrip("\r\n")
+    try:
+        return getpass.getpass("API key: ")
+    except EOFError:  # Ctrl-D
+        return ""

@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from proxy.ledger import open_ledger
+from proxy.policy.units import hash_key
 from tests.servers import free_port
 
 DEMO = str(Path(__file__).resolve().parent.parent / "policies" / "demo.yaml")
@@ -232,3 +233,22 @@ def test_bench_refuses_what_it_could_not_read_or_write_before_sending_anything(
         assert says in done.stderr
         assert "Traceback" not in done.stderr
     assert not accepted.is_set()
+
+
+@pytest.mark.parametrize(
+    ("typed", "status", "out", "err"),
+    [
+        ("sk-abc\n", 0, hash_key("sk-abc") + "\n", ""),
+        ("", 1, "", "tokenweir: an empty key cannot be hashed\n"),
+    ],
+)  # fmt: skip
+def test_hash_key_reads_a_key_piped_in_without_a_terminal(
+    typed: str, status: int, out: str, err: str
+) -> None:
+    """`echo $KEY | tokenweir policy hash-key` from a job with no terminal (CI, cron) warned
+    that the key might be echoed; with nothing piped in, it was an EOFError traceback."""
+    done = subprocess.run(
+        command("policy", "hash-key"), input=typed, capture_output=True, text=True,
+        timeout=60, check=False, start_new_session=True,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (status, out, err)
