@@ -180,6 +180,9 @@ def test_cli_exit_status_for_bad_input_and_for_total_failure(
         (["--base-url", "http://:8000/v1"], "is not an http(s) URL"),
         (["--concurrency", "\u00b2"], "concurrency '\u00b2' is not a positive integer"),
         (["--input-tokens", "2000001"], "--input-tokens must be at most 2,000,000"),
+        # A header of its own in every request; a UnicodeEncodeError traceback.
+        (["--api-key", "k\r\nX-Injected: 1"], "--api-key (or $OPENAI_API_KEY) must be printable"),
+        (["--api-key", "\u043a\u043b\u044e\u0447"], "must be printable ASCII"),
     ],
 )
 def test_bad_flags_are_a_message_not_a_traceback(

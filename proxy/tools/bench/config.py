@@ -30,6 +30,7 @@ MAX_CONTENT_EVENTS = 4_000_000
 MAX_INPUT_TOKENS = 2_000_000
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_HEADER_TEXT = re.compile(r"[\x20-\x7e]*")
 
 
 class BenchError(Exception):
@@ -82,6 +83,13 @@ class BenchConfig:
             raise BenchError("--timeout must be positive")
         if self.http_client not in HTTP_CLIENTS:
             raise BenchError(f"--http-client must be one of {', '.join(HTTP_CLIENTS)}")
+        if self.api_key is not None and not _HEADER_TEXT.fullmatch(self.api_key):
+            # A line break in it wrote a header of its own into every request, a non-Latin-1
+            # character was a UnicodeEncodeError traceback.
+            raise BenchError(
+                "--api-key (or $OPENAI_API_KEY) must be printable ASCII: no line breaks, "
+                "control or non-ASCII characters"
+            )
 
     @property
     def max_events(self) -> int:
