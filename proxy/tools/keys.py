@@ -143,6 +143,14 @@ def _call(
     if not admin_key:
         print(f"tokenweir: give an admin key: --admin-key or ${ADMIN_KEY_ENV}", file=sys.stderr)
         return None
+    if not (admin_key.isascii() and admin_key.isprintable()):
+        # A header cannot carry it: a UnicodeEncodeError traceback, or "cannot reach" the gateway.
+        print(
+            f"tokenweir: the admin key (--admin-key or ${ADMIN_KEY_ENV}) must be printable "
+            "ASCII: no line breaks, control or non-ASCII characters",
+            file=sys.stderr,
+        )
+        return None
     try:
         response = httpx.request(
             method,

@@ -170,3 +170,14 @@ def test_revoke_takes_the_id_whole_and_no_other_route(
     assert main(["keys", "revoke", "../reload", *admin]) == 2
     assert "is not a key id" in capsys.readouterr().err
     assert [k["id"] for k in gateway.get("/admin/keys").json()["data"]] == [key_id]
+
+
+@pytest.mark.parametrize("admin_key", ["\u043a\u043b\u044e\u0447", "line\nbreak"])
+def test_an_admin_key_no_header_can_carry_is_said_so(
+    admin_key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A UnicodeEncodeError traceback, and "cannot reach" a gateway that was never asked."""
+    assert main(["keys", "list", "--base-url", "http://127.0.0.1:9", "--admin-key", admin_key]) == 1
+    assert "the admin key (--admin-key or $TOKENWEIR_ADMIN_KEY) must be printable ASCII" in (
+        capsys.readouterr().err
+    )
