@@ -74,11 +74,13 @@ class Running:
             if marker and marker in line:
                 self.printed.set()
 
-    def interrupt_once(self, ready: threading.Event) -> tuple[int, str]:
-        """Ctrl-C once `ready` is set; the exit status and stderr."""
+    def interrupt_once(
+        self, ready: threading.Event, sent: signal.Signals = signal.SIGINT
+    ) -> tuple[int, str]:
+        """Ctrl-C (or `sent`) once `ready` is set; the exit status and stderr."""
         try:
             assert ready.wait(timeout=60), "never under way:\n" + "".join(self._lines)
-            self.process.send_signal(signal.SIGINT)
+            self.process.send_signal(sent)
             status = self.process.wait(timeout=60)
         finally:
             if self.process.poll() is None:
@@ -113,19 +115,28 @@ def test_ctrl_c_while_waiting_on_a_silent_server_is_130(
     assert "Traceback" not in err
 
 
-def test_ctrl_c_during_a_bench_level_is_130_and_its_json_says_so(
-    silent: tuple[str, threading.Event], tmp_path: Path
+@pytest.mark.parametrize(
+    ("sent", "status", "said"),
+    [(signal.SIGINT, INTERRUPTED, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+)
+def test_a_bench_stopped_mid_level_says_so_in_its_status_and_json(
+    sent: signal.Signals,
+    status: int,
+    said: str,
+    silent: tuple[str, threading.Event],
+    tmp_path: Path,
 ) -> None:
-    """It exited 1 (0 once a level had finished), as a run that had measured everything."""
+    """Ctrl-C exited 1 (0 once a level had finished), as a run that had measured everything;
+    SIGTERM (`timeout 10m tokenweir bench ...`) killed it, writing nothing."""
     address, accepted = silent
     results = tmp_path / "bench.json"
     bench = Running(
         "bench", "--base-url", f"http://{address}/v1", "--model", "m",
         "--concurrency", "1,2", "--requests", "2", "--json", str(results),
     )  # fmt: skip
-    status, err = bench.interrupt_once(accepted)
-    assert status == INTERRUPTED, err
-    assert "interrupted (0 of 2 levels done" in err
+    ended, err = bench.interrupt_once(accepted, sent)
+    assert ended == status, err
+    assert f"{said} (0 of 2 levels done" in err
     assert "Traceback" not in err
     document = orjson.loads(results.read_bytes())
     assert document["interrupted"] is True

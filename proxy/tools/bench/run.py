@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
-from proxy.exitstatus import INTERRUPTED, USAGE
+from proxy.exitstatus import INTERRUPTED, TERMINATED, USAGE
 from proxy.tools.bench.config import (
     HTTP_CLIENTS,
     BenchConfig,
@@ -179,22 +180,28 @@ def main(args: argparse.Namespace) -> int:
     print(f"prompts: {workload.prompt_note}", file=err)
     line = ProgressLine(err) if args.progress or err.isatty() else None
     results: list[LevelResult] = []
-    interrupted = False
+    stopped: int | None = None  # the exit status of a run Ctrl-C or SIGTERM ended
+    # SIGTERM (`timeout 10m tokenweir bench ...`) ends the run as Ctrl-C does: it killed the
+    # process at once, printing and writing nothing of the levels done.
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         _run_loop(run(config, workload, results, on_progress=line, on_level=_level_done(line, err)))
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as exc:
+        stopped = TERMINATED if isinstance(exc, _Terminated) else INTERRUPTED
         done = f"{len(results)} of {len(config.concurrency)} levels done"
-        print(f"\ninterrupted ({done}; the level under way is left out)", file=err)
+        how = "terminated" if stopped == TERMINATED else "interrupted"
+        print(f"\n{how} ({done}; the level under way is left out)", file=err)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     # The files first: a reader of stdout that went away (`| head -1`) must not cost them.
-    problem = _write_files(args, config, workload, results, interrupted=interrupted)
+    problem = _write_files(args, config, workload, results, interrupted=stopped is not None)
     if results:
         print(format_table(results))
     if problem is not None:
         print(f"tokenweir bench: {problem}", file=err)
         return USAGE
-    if interrupted:
-        return INTERRUPTED
+    if stopped is not None:
+        return stopped
     return 0 if results and all(level.ok > 0 for level in results) else 1
 
 
@@ -216,6 +223,14 @@ def _write_files(
     except BenchError as exc:
         return str(exc)
     return None
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, as SIGINT raises KeyboardInterrupt."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 def _level_done(line: ProgressLine | None, err: TextIO) -> Callable[[LevelResult], None]:
