@@ -54,13 +54,22 @@ def silent() -> Iterator[tuple[str, threading.Event]]:
             connection.close()
 
 
+def _as_from_a_shell() -> None:
+    """The signals a command started from a terminal has: this test process's may differ (a
+    signal ignored is ignored in the command too, a blocked one stays blocked across exec)."""
+    for sent in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sent, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 class Running:
     """A command started, its stderr read to the end as it comes (so it never blocks on it)."""
 
     def __init__(self, *args: str, marker: str = "") -> None:
         self.process = subprocess.Popen(
-            command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+            command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            preexec_fn=_as_from_a_shell,
+        )  # fmt: skip
         self.printed = threading.Event()
         """Set once `marker` appears on stderr."""
         self._lines: list[str] = []
