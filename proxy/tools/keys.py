@@ -152,6 +152,8 @@ def _call(
         )
         return None
     try:
+        if (httpx.URL(args.base_url).port or 0) > 65535:  # else connected to port % 65536
+            raise httpx.InvalidURL("the port is past 65535")
         response = httpx.request(
             method,
             args.base_url.rstrip("/") + path,

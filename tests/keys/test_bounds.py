@@ -150,10 +150,11 @@ def test_a_number_past_what_a_request_can_carry_is_refused_in_one_line(
     assert gateway.get("/admin/keys").json()["data"] == []
 
 
-def test_a_base_url_that_is_no_url_is_said_so(capsys: pytest.CaptureFixture[str]) -> None:
-    # httpx's InvalidURL is no HTTPError: it was a traceback.
-    assert main(["keys", "list", "--base-url", "http://[::1", "--admin-key", ADMIN_KEY]) == 1
-    assert "--base-url 'http://[::1' is not a URL" in capsys.readouterr().err
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:99999"])
+def test_a_base_url_that_is_no_url_is_said_so(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # httpx's InvalidURL is no HTTPError: it was a traceback; port 99999 was asked on 34463.
+    assert main(["keys", "list", "--base-url", url, "--admin-key", ADMIN_KEY]) == 1
+    assert f"--base-url {url!r} is not a URL" in capsys.readouterr().err
 
 
 def test_revoke_takes_the_id_whole_and_no_other_route(
