@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
@@ -183,7 +184,9 @@ def main(args: argparse.Namespace) -> int:
     stopped: int | None = None  # the exit status of a run Ctrl-C or SIGTERM ended
     # SIGTERM (`timeout 10m tokenweir bench ...`) ends the run as Ctrl-C does: it killed the
     # process at once, printing and writing nothing of the levels done.
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    # Only a main thread may set it (a caller running `main` in a thread keeps its own).
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if on_main else None
     try:
         _run_loop(run(config, workload, results, on_progress=line, on_level=_level_done(line, err)))
     except KeyboardInterrupt as exc:
@@ -192,7 +195,8 @@ def main(args: argparse.Namespace) -> int:
         how = "terminated" if stopped == TERMINATED else "interrupted"
         print(f"\n{how} ({done}; the level under way is left out)", file=err)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
     # The files first: a reader of stdout that went away (`| head -1`) must not cost them.
     problem = _write_files(args, config, workload, results, interrupted=stopped is not None)
     if results:
