@@ -285,7 +285,7 @@ class RateLimits:
     ) -> Awaitable[None]:
         """Free the holds' slots and true their token buckets up to `used`; a `refused`
         request's request buckets get back the one it took."""
-        now = self._clock.wall()
+        now, policy = self._clock.wall(), self._serving()
         releases: list[tuple[RateLimitHold, Awaitable[None]]] = []
         true_ups: list[TrueUp] = []
         for hold in holds:
@@ -296,7 +296,7 @@ class RateLimits:
             owed = [(b, used - charged) for b, charged in hold.token_buckets if used != charged]
             owed += [(bucket, -1) for bucket in hold.request_buckets] if refused else []
             for bucket, delta in owed:
-                sized = sized_now(self._serving(), bucket)
+                sized = sized_now(policy, bucket)
                 true_ups.append(self.true_ups.send(hold.scope, sized, delta, now=now))
         return self._settled(tenant, releases, true_ups)
 

@@ -45,6 +45,18 @@ async def _reserved(store: MemoryLimitStore, bucket: Bucket = TPM) -> None:
     await store.admit(SCOPE, [bucket], [950], [], lease_id="l", lease_until=0, now=time.time())
 
 
+async def _missed(
+    error: StorageError, failures: int, delta: int = -940
+) -> tuple[Failing, MissedTrueUps]:
+    """A request that took 950 tokens ends; its true-up of `delta` meets a store failing its next
+    `failures` true-ups with `error`."""
+    store = Failing(error, failures)
+    true_ups = MissedTrueUps(store, time.time)
+    await _reserved(store)
+    await true_ups.sent(true_ups.send(SCOPE, TPM, delta, now=time.time()))
+    return store, true_ups
+
+
 async def _until_sent(true_ups: MissedTrueUps) -> None:
     async with asyncio.timeout(10):
         while true_ups.pending:  # noqa: ASYNC110 (polled: nothing to wait on)
@@ -53,10 +65,7 @@ async def _until_sent(true_ups: MissedTrueUps) -> None:
 
 @pytest.mark.parametrize("error", [StorageUnsent("redis: refused"), StorageRefused("READONLY")])
 async def test_a_true_up_that_never_ran_is_sent_again_once(error: StorageError) -> None:
-    store = Failing(error, failures=3)
-    true_ups = MissedTrueUps(store, time.time)
-    await _reserved(store)
-    await true_ups.sent(true_ups.send(SCOPE, TPM, -940, now=time.time()))
+    store, true_ups = await _missed(error, failures=3)
     assert true_ups.pending == 1
     await _until_sent(true_ups)
     assert await _left(store) >= 990  # given back, once (capped at the capacity)
@@ -66,10 +75,7 @@ async def test_a_true_up_that_never_ran_is_sent_again_once(error: StorageError) 
 
 
 async def test_a_true_up_that_may_have_run_is_not_sent_again() -> None:
-    store = Failing(StorageTimeout("redis: timed out"), failures=1)
-    true_ups = MissedTrueUps(store, time.time)
-    await _reserved(store)
-    await true_ups.sent(true_ups.send(SCOPE, TPM, -940, now=time.time()))
+    store, true_ups = await _missed(StorageTimeout("redis: timed out"), failures=1)
     assert (true_ups.pending, true_ups.counts["uncertain"]) == (0, 1)
     assert await _left(store) < 100
     await true_ups.aclose()
@@ -80,11 +86,9 @@ async def test_true_ups_are_kept_one_per_bucket_and_bounded(
 ) -> None:
     monkeypatch.setattr(trueups_module, "MAX_BUCKETS", 1)
     other = Bucket("tw:{acme}:k:1:rl:tpm", capacity=1000, refill_per_s=1000 / 60)
-    store = Failing(StorageUnsent("redis: refused"), failures=3)
-    true_ups = MissedTrueUps(store, time.time)
-    await _reserved(store)
-    for delta in (-400, -500):  # two requests' true-ups of the same bucket: merged
-        await true_ups.sent(true_ups.send(SCOPE, TPM, delta, now=time.time()))
+    # two requests' true-ups of the same bucket: merged
+    store, true_ups = await _missed(StorageUnsent("redis: refused"), failures=3, delta=-400)
+    await true_ups.sent(true_ups.send(SCOPE, TPM, -500, now=time.time()))
     await true_ups.sent(true_ups.send(SCOPE, other, -10, now=time.time()))
     assert (true_ups.pending, true_ups.counts["dropped"]) == (1, 1)
     await _until_sent(true_ups)
@@ -94,10 +98,7 @@ async def test_true_ups_are_kept_one_per_bucket_and_bounded(
 
 
 async def test_what_is_kept_is_sent_once_more_at_shutdown() -> None:
-    store = Failing(StorageUnsent("redis: refused"), failures=1)
-    true_ups = MissedTrueUps(store, time.time)
-    await _reserved(store)
-    await true_ups.sent(true_ups.send(SCOPE, TPM, -940, now=time.time()))
+    store, true_ups = await _missed(StorageUnsent("redis: refused"), failures=1)
     await true_ups.aclose()  # at once: before the first resend
     assert await _left(store) >= 990
     assert (true_ups.pending, true_ups.counts["trued_late"]) == (0, 1)
