@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,10 +89,6 @@ class Running:
         """Ctrl-C (or `sent`) once `ready` is set; the exit status and stderr."""
         try:
             assert ready.wait(timeout=60), "never under way:\n" + "".join(self._lines)
-            # Not at the very moment it connects: `report`'s Ctrl-C within about half a second
-            # of its Redis connection being accepted is lost (it ran to its 5 s read timeout in
-            # 9 runs of 12; a known gap, in the notes), and this test is of a wait, not of that.
-            time.sleep(0.5)
             self.process.send_signal(sent)
             status = self.process.wait(timeout=60)
         finally:

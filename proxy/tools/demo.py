@@ -4,7 +4,6 @@ and live traffic from two tenants; the dashboard URL to look at it all."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from proxy.exitstatus import CANNOT_SERVE
 from proxy.ledger import LedgerError, open_ledger
 from proxy.ledger.present import iso_utc
 from proxy.policy import load_policy
-from proxy.tools import demotraffic, report
+from proxy.tools import demotraffic, report, runloop
 from proxy.tools.background import BackgroundServer
 from proxy.tools.mock import backend as mockbackend
 
@@ -196,7 +195,7 @@ def _recorded(ledger: str, since: float) -> int:
         finally:
             await reader.aclose()
 
-    return asyncio.run(count())
+    return runloop.run(count())
 
 
 def _print_next_steps(base_url: str, ledger: str) -> None:

@@ -6,7 +6,6 @@ sizes, a few refusals (429s, a model not allowed, an over-long prompt) and backe
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 from dataclasses import dataclass, replace
@@ -15,6 +14,7 @@ from pathlib import Path
 from proxy.cost import PriceTable
 from proxy.ledger import SqliteLedger, UsageRecord
 from proxy.policy.model import Policy
+from proxy.tools import runloop
 
 __all__ = ["TENANT_PROFILES", "fill_ledger", "simulated_day"]
 
@@ -145,4 +145,4 @@ def fill_ledger(path: Path, records: list[UsageRecord]) -> None:
         finally:
             await ledger.aclose()
 
-    asyncio.run(write())
+    runloop.run(write())

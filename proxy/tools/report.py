@@ -6,7 +6,6 @@ The ledger is the one named by `--ledger`, else by the policy file's `ledger:` k
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import sys
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from proxy.ledger.present import format_usd, parse_moment, spreadsheet_cell
 from proxy.ledger.query import total_of, window
 from proxy.policy import PolicyError, load_policy
 from proxy.storage.redis.url import shown_url
+from proxy.tools import runloop
 from proxy.tools.textout import stdout_for, text_width
 
 __all__ = ["ReportError", "add_arguments", "format_usd", "main", "parse_time", "text_width"]
@@ -84,7 +84,7 @@ def main(args: argparse.Namespace, *, clock: Clock | None = None, out: TextIO | 
             )
         url, storage = _ledger_location(args.ledger, args.config)
         query = UsageQuery(args.tenant, since, until, group_by=args.by, now=now)
-        rows, totals = asyncio.run(_fetch(url, storage, query))
+        rows, totals = runloop.run(_fetch(url, storage, query))
     except ReportError as exc:
         print(f"tokenweir report: {exc}", file=sys.stderr)
         return USAGE if isinstance(exc, WindowError) else 1

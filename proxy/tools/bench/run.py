@@ -6,7 +6,6 @@ Flags, the run across levels and the exit status; the work is in the sibling mod
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import signal
 import sys
@@ -15,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
 from proxy.exitstatus import INTERRUPTED, TERMINATED, USAGE
+from proxy.tools import runloop
 from proxy.tools.bench.config import (
     HTTP_CLIENTS,
     BenchConfig,
@@ -251,7 +251,6 @@ def _run_loop(coroutine: Coroutine[Any, Any, object]) -> None:
     try:
         import uvloop  # optional: not installed on Windows
     except ImportError:
-        asyncio.run(coroutine)
+        runloop.run(coroutine)
         return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(coroutine)
+    runloop.run(coroutine, loop_factory=uvloop.new_event_loop)
