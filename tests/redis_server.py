@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -56,6 +58,16 @@ class RedisProcess:
             self._server.kill()
             self._server.wait(timeout=10)
             self._server = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the server takes connections (the kernel does) and reads nothing, as a host
+        that hangs; what is written to it waits in its sockets, run on `resume`, lost on `kill`."""
+        if self._server is not None:
+            os.kill(self._server.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._server is not None:
+            os.kill(self._server.pid, signal.SIGCONT)
 
     def stop(self) -> None:
         if self._server is not None:

@@ -254,9 +254,7 @@ class KeyAllowances:
             counters, rests = hold.counters, [rest] * len(hold.counters)
             settling = self._store.settle(hold.scope, hold.lease_id, counters, rests)
             if self._unbooked is not None:
-                kept = UnbookedSettle(
-                    ctx.tenant_name, hold.scope, hold.lease_id, counters, rests, _LEASE_S
-                )
+                kept = UnbookedSettle(ctx.tenant_name, hold.scope, hold.lease_id, counters, rests)
                 settling = _kept_if_failed(settling, kept, self._unbooked)
             calls.append(settling)
         if hold.tpm is not None and used != hold.tpm[1]:

@@ -230,9 +230,7 @@ class Budgets:
             log = _log.debug if unbooked.pending else _log.warning
             log("could not settle quota for %s, kept to send again: %s", tenant, exc)
             counters = [q.counter for q in reservation.quotas]
-            kept = UnbookedSettle(
-                tenant, reservation.scope, reservation.lease_id, counters, rest, reservation.lease_s
-            )
+            kept = UnbookedSettle(tenant, reservation.scope, reservation.lease_id, counters, rest)
             unbooked.keep(kept, exc)
 
     def charge_so_far(

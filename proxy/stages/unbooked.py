@@ -1,5 +1,28 @@
 """Quota settles that storage could not take when a request ended: kept (bounded, per tenant, in
-this process's memory) and sent again in the background until storage takes them, once each."""
+this process's memory) and sent again in the background until storage takes them, once each.
+
+A settle is booked exactly once. One whose call never ran (StorageUnsent, or Redis refused
+to write: StorageRefused) is sent whole again. One that may have run (a timeout, a lost
+connection) is sent again `held` (settle.lua): applied only while its lease is still held.
+The first copy, if it ran, released the lease, so the copy sent again finds none and books
+nothing; if it never ran, the lease is held and the copy sent again books it. Ordering:
+- The first copy may still be on its way (Redis hung with it unread): a copy sent again
+  first would find the lease held and book, and the first book again after it (it is not
+  `held`). So nothing is sent again before two storage timeouts (as resent.py waits): the
+  first copy was written before its call timed out, and a copy sent again goes on a new
+  connection, written once Redis answers its HELLO: a Redis reading again, which reads the
+  older bytes first. One whose backlog on a closed connection outlasts that could still
+  book such a request twice.
+- Copies sent again are `held`, so any number of them (each timing out in turn, sent
+  again) apply at most once between them.
+- Storage away past the lease's end: an admission on the tenant's scope releases the
+  expired lease, and a copy sent after it books nothing (`settled_before`: the usage is
+  in the ledger, not on the quota; the reservation was given back).
+- Reload: kept settles belong to the process (services.py), not the policy; they are booked
+  on the counters of the day they were admitted in, whatever the policy is now.
+- Shutdown: `aclose` waits out the first-copy delay, sends what is kept once more, and
+  counts what storage still did not take `dropped` (logged; its lease ends by itself).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +30,7 @@ import asyncio
 import logging
 from collections import Counter as Tally
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.storage.base import Counter, QuotaStore, StorageError, StorageRefused, StorageUnsent
@@ -18,40 +41,35 @@ __all__ = ["MAX_PER_TENANT", "Unbooked", "UnbookedSettle"]
 # length holds bounded memory. About 300 bytes each.
 MAX_PER_TENANT = 10_000
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.25, 5.0
+# A call that timed out has landed or is lost by then: two of the stores' 1 s call timeouts.
+_LANDED_S = 2.0
 _log = logging.getLogger("tokenweir.budget")
 
 
 @dataclass(slots=True)
 class UnbookedSettle:
     """One request's settle: release lease `lease_id` in `scope` and add `amounts` to the
-    counters of the day and month it was admitted in. `release_until` (wall seconds) is set
-    once a sent copy may have run: from then on only the release is sent again (safe to
-    repeat), and only until the lease would have ended on its own."""
+    counters of the day and month it was admitted in. Once a sent copy may have run, `held`:
+    sent again only where its lease is still held, and not before `not_before` (wall s)."""
 
     tenant: str
     scope: str
     lease_id: str
     counters: Sequence[Counter]
     amounts: list[int]
-    lease_s: float
-    release_until: float | None = None
+    held: bool = False
+    not_before: float = 0.0
 
 
 class Unbooked:
     """Settles kept until storage takes them. `keep` takes one whose call failed; a task sends
-    every kept one again (in one round trip), backing off while storage refuses.
-
-    A settle is booked exactly once: one whose call never ran (StorageUnsent, or Redis refused
-    to write: StorageRefused) is sent whole again; one that may have run (a timeout, a lost
-    connection) has only its lease released (settle.lua releases before it books, and a
-    release repeated does nothing), and its amounts are counted `uncertain`, never booked twice.
-    """
+    every kept one again (in one round trip), backing off while storage refuses."""
 
     def __init__(self, store: QuotaStore, wall: Callable[[], float]) -> None:
         self._store = store
         self._wall = wall
         self._kept: dict[str, deque[UnbookedSettle]] = {}
-        self.counts: Tally[str] = Tally()  # booked_late, released, dropped, uncertain
+        self.counts: Tally[str] = Tally()  # booked_late, settled_before, uncertain, dropped
         self._task: asyncio.Task[None] | None = None
         self._woken = asyncio.Event()
         self._closing = False
@@ -61,9 +79,11 @@ class Unbooked:
         return sum(len(kept) for kept in self._kept.values())
 
     def stats(self) -> dict[str, int]:
-        """Settles kept now (`pending`), and by outcome since the start: `booked_late`,
-        `released` (only the lease: `uncertain`, it may have run), `dropped` (never booked)."""
-        outcomes = ("booked_late", "released", "uncertain", "dropped")
+        """Settles kept now (`pending`), and since the start: `uncertain` (kept after a call
+        that may have run), `booked_late`, `settled_before` (sent again held, their lease was
+        no longer held: settled by the first copy, or expired first), `dropped` (never booked:
+        past the bound or at shutdown)."""
+        outcomes = ("booked_late", "settled_before", "uncertain", "dropped")
         return {"pending": self.pending, **{what: self.counts[what] for what in outcomes}}
 
     def keep(self, settle: UnbookedSettle, error: StorageError) -> None:
@@ -75,13 +95,6 @@ class Unbooked:
         self._again(settle, error, self._wall())
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._retry())
-
-    def _uncertain(self, settle: UnbookedSettle, now: float) -> None:
-        """A sent copy may have run: from now on only its lease is released."""
-        if settle.release_until is None:
-            settle.release_until = now + settle.lease_s
-            self.counts["uncertain"] += 1
-            settle.amounts = [0] * len(settle.amounts)
 
     async def _retry(self) -> None:
         delay_s = _FIRST_DELAY_S
@@ -95,30 +108,38 @@ class Unbooked:
             delay_s = _FIRST_DELAY_S if took else min(delay_s * 2, _MAX_DELAY_S)
 
     async def send(self) -> bool:
-        """Send every kept settle once, together; True if storage took any."""
+        """Send every kept settle that may go now, together; True if storage took any."""
         now = self._wall()
-        batch = [s for kept in self._kept.values() for s in kept]
-        self._kept = {}
-        calls = [self._store.settle(s.scope, s.lease_id, s.counters, s.amounts) for s in batch]
-        results = await asyncio.gather(*calls, return_exceptions=True)
+        batch, self._kept = self._kept, {}
+        sending: list[UnbookedSettle] = []
+        for kept in batch.values():
+            for settle in kept:
+                if settle.not_before > now:
+                    self._kept.setdefault(settle.tenant, deque()).append(settle)
+                else:
+                    sending.append(settle)
+        results = await asyncio.gather(*map(self._call, sending), return_exceptions=True)
         took = False
-        for settle, result in zip(batch, results, strict=True):
+        for settle, result in zip(sending, results, strict=True):
             if isinstance(result, StorageError):
                 self._again(settle, result, now)
             elif isinstance(result, BaseException):
                 raise result
             else:
                 took = True
-                self.counts["released" if settle.release_until else "booked_late"] += 1
+                self.counts["settled_before" if result is False else "booked_late"] += 1
         if took and not self._kept:
-            _log.warning("quota storage takes settles again: every kept one is booked")
+            _log.warning("quota storage takes settles again: every kept one is sent")
         return took
 
+    def _call(self, settle: UnbookedSettle) -> Awaitable[bool | None]:
+        store, args = self._store, (settle.scope, settle.lease_id, settle.counters, settle.amounts)
+        return store.settle_held(*args) if settle.held else store.settle(*args)
+
     def _again(self, settle: UnbookedSettle, error: StorageError, now: float) -> None:
-        if not _never_ran(error):
-            self._uncertain(settle, now)
-        if settle.release_until is not None and now > settle.release_until:
-            return  # the lease has ended: storage gives its reservation back by itself
+        if not settle.held and not _never_ran(error):  # it may have run: from now on, held
+            settle.held, settle.not_before = True, now + _LANDED_S
+            self.counts["uncertain"] += 1
         kept = self._kept.setdefault(settle.tenant, deque())
         if len(kept) >= MAX_PER_TENANT:
             kept.popleft()
@@ -126,11 +147,15 @@ class Unbooked:
         kept.append(settle)
 
     async def aclose(self) -> None:
-        """Shutdown: send what is kept one last time (at once); log what could not be booked."""
+        """Shutdown: send what is kept one last time (at once, but a first copy sent again only
+        once the first may no longer land); log what could not be booked."""
         self._closing = True
         self._woken.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
+        waits = [s.not_before for kept in self._kept.values() for s in kept]
+        if waits and max(waits) > self._wall():
+            await asyncio.sleep(min(max(waits) - self._wall(), _LANDED_S))
         if self._kept:
             await self.send()
         if self._kept:

@@ -102,6 +102,16 @@ class QuotaStore(Protocol):
     ) -> Awaitable[None]:
         """Release the lease's reservation and add the actual `used` amounts, atomically."""
 
+    def settle_held(
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        used: Sequence[int],
+    ) -> Awaitable[bool]:
+        """`settle`, only while the lease is still held (never settled, not expired): True if it
+        applied. Safe to send again: a settle whose call may have run (stages/unbooked.py)."""
+
     def charge(
         self,
         scope: str,

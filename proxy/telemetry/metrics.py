@@ -328,9 +328,10 @@ def _settle_metrics(state: MetricState) -> Iterator[Metric]:
         return
     yield _counter(
         "tokenweir_quota_settles_unbooked",
-        "Quota settles storage did not take at once, by outcome: booked_late (sent again and "
-        "booked), uncertain (the failed call may have run: only its lease is released, never "
-        "booked twice), released, dropped (never booked: over the bound, or at shutdown).",
+        "Quota settles storage did not take at once, by outcome: uncertain (the failed call may "
+        "have run: sent again only while its lease is held, so booked once), booked_late (sent "
+        "again and booked), settled_before (sent again, its lease was no longer held: settled "
+        "by the first call, or expired), dropped (never booked: over the bound, or at shutdown).",
         ("outcome",), state.settles.items(),
     )  # fmt: skip
     pending = GaugeMetricFamily(

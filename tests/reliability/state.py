@@ -57,6 +57,13 @@ def tokens_reserved(redis_url: str) -> int:
         return total
 
 
+def day_quota(redis_url: str) -> tuple[int, int]:
+    """The tenant's daily token quota: (used, reserved)."""
+    with redis.Redis.from_url(redis_url) as client:
+        rows = [client.hmget(k, "used", "reserved") for k in client.scan_iter("tw:*:q:tokens:d:*")]
+    return sum(int(u or 0) for u, _ in rows), sum(int(r or 0) for _, r in rows)
+
+
 def ledger_records(redis_url: str, tenant: str = TENANT) -> int:
     with redis.Redis.from_url(redis_url) as client:
         return int(client.xlen(stream_key(tag(tenant))))

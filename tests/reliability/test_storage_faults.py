@@ -13,11 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
-import redis as redis_client
 
 from proxy.tools.mock import backend as mockbackend
 from tests.redis_server import RedisProcess, frozen
-from tests.reliability.state import AUTH, ledger_records, policy_text, slots_held
+from tests.reliability.state import AUTH, day_quota, ledger_records, policy_text, slots_held
 from tests.servers import replicas, serve
 
 CHAT = {"model": "mock-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -231,22 +230,15 @@ def test_a_request_that_ends_while_redis_is_down_is_booked_when_it_is_back(
                 httpx.Client(base_url=url, headers=AUTH) as http,
             ):
                 answer = pool.submit(http.post, "/v1/chat/completions", json=body)
-                _wait_for(lambda: _day_quota(redis.url)[1] > 0)  # reserved
+                _wait_for(lambda: day_quota(redis.url)[1] > 0)  # reserved
                 redis.kill()
                 usage = answer.result(timeout=30).json()["usage"]
                 redis.start()
-                _wait_for(lambda: _day_quota(redis.url) == (usage["total_tokens"], 0))
+                _wait_for(lambda: day_quota(redis.url) == (usage["total_tokens"], 0))
                 settles = http.get("/readyz?backends=skip").json()["quota_settles"]
         assert (settles["pending"], settles["booked_late"], settles["uncertain"]) == (0, 1, 0)
     finally:
         redis.close()
-
-
-def _day_quota(redis_url: str) -> tuple[int, int]:
-    """The tenant's daily token quota: (used, reserved)."""
-    with redis_client.Redis.from_url(redis_url) as client:
-        rows = [client.hmget(k, "used", "reserved") for k in client.scan_iter("tw:*:q:tokens:d:*")]
-    return sum(int(u or 0) for u, _ in rows), sum(int(r or 0) for _, r in rows)
 
 
 def test_a_request_that_ends_while_redis_is_down_frees_its_slot_when_it_is_back(

@@ -60,7 +60,7 @@ async def _reserve(store: RedisStore, lease: str, amount: int) -> None:
 
 
 def _settle(lease: str, used: int) -> UnbookedSettle:
-    return UnbookedSettle("acme", SCOPE, lease, [ADMITTED_DAY], [used], lease_s=60.0)
+    return UnbookedSettle("acme", SCOPE, lease, [ADMITTED_DAY], [used])
 
 
 async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 10.0) -> None:
@@ -90,14 +90,15 @@ async def test_a_settle_redis_refused_is_booked_once_when_it_takes_writes(
     await asyncio.sleep(0.6)  # nothing left to send: it stays booked once
     assert await store.read([ADMITTED_DAY]) == [(120, 0)]
     assert unbooked.stats() == {
-        "pending": 0, "booked_late": 1, "released": 0, "uncertain": 0, "dropped": 0,
+        "pending": 0, "booked_late": 1, "settled_before": 0, "uncertain": 0, "dropped": 0,
     }  # fmt: skip
     await unbooked.aclose()
 
 
-async def test_a_settle_that_may_have_run_is_never_booked_twice(store: RedisStore) -> None:
-    """A timed-out settle may have run (here it did: r1) or not (r2): only its lease is sent
-    again, so r1 counts once and r2's reservation is given back; r2's use is `uncertain`."""
+async def test_a_settle_that_may_have_run_is_booked_exactly_once(store: RedisStore) -> None:
+    """A timed-out settle may have run (here it did: r1) or not (r2): each is sent again only
+    where its lease is still held, so r1 counts once, and r2 once too (before, r2 only had its
+    lease released: its use never reached the quota)."""
     unbooked = Unbooked(store, time.time)
     await _reserve(store, "r1", 300)
     await _reserve(store, "r2", 200)
@@ -109,10 +110,30 @@ async def test_a_settle_that_may_have_run_is_never_booked_twice(store: RedisStor
         return unbooked.stats()["pending"] == 0
 
     await _until(sent, "the kept settles sent")
-    assert await store.read([ADMITTED_DAY]) == [(120, 0)]
+    assert await store.read([ADMITTED_DAY]) == [(170, 0)]
     assert unbooked.stats() == {
-        "pending": 0, "booked_late": 0, "released": 2, "uncertain": 2, "dropped": 0,
+        "pending": 0, "booked_late": 1, "settled_before": 1, "uncertain": 2, "dropped": 0,
     }  # fmt: skip
+    await unbooked.aclose()
+
+
+async def test_a_settle_sent_again_waits_for_the_first_copy_and_applies_once(
+    store: RedisStore,
+) -> None:
+    """A first copy still on its way when the settle is kept (here it lands 1 s later): the
+    copy sent again waits for it, finds the lease released, and books nothing more."""
+    unbooked = Unbooked(store, time.time)
+    await _reserve(store, "r1", 300)
+    unbooked.keep(_settle("r1", 120), StorageTimeout("redis: Timeout reading"))
+    await asyncio.sleep(1.0)
+    await store.settle(SCOPE, "r1", [ADMITTED_DAY], [120])  # the first copy lands late
+
+    async def sent() -> bool:
+        return unbooked.stats()["pending"] == 0
+
+    await _until(sent, "the kept settle sent")
+    assert await store.read([ADMITTED_DAY]) == [(120, 0)]
+    assert unbooked.stats()["settled_before"] == 1
     await unbooked.aclose()
 
 

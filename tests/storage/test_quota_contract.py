@@ -43,6 +43,21 @@ async def test_reserve_holds_on_all_counters_and_settle_makes_it_used(store: Quo
     assert await store.read([DAY, MONTH]) == [(120, 0), (120, 0)]
 
 
+async def test_a_settle_sent_again_held_applies_once_and_only_on_a_held_lease(
+    store: QuotaStore,
+) -> None:
+    """`settle_held`, for a settle whose first call may have run: it books while the lease is
+    held (the first never ran), and nothing once it is settled (the first ran)."""
+    assert await reserve(store, "r1", [300, 300]) is None
+    assert await store.settle_held(SCOPE, "r1", [DAY, MONTH], [120, 120])
+    assert not await store.settle_held(SCOPE, "r1", [DAY, MONTH], [120, 120])
+    assert await store.read([DAY, MONTH]) == [(120, 0), (120, 0)]
+    assert await reserve(store, "r2", [200, 200]) is None
+    await store.settle(SCOPE, "r2", [DAY, MONTH], [50, 50])
+    assert not await store.settle_held(SCOPE, "r2", [DAY, MONTH], [50, 50])
+    assert await store.read([DAY, MONTH]) == [(170, 0), (170, 0)]
+
+
 async def test_a_reservation_over_any_limit_holds_nothing(store: QuotaStore) -> None:
     assert await reserve(store, "r1", [900, 900]) is None
     refusal = await reserve(store, "r2", [50, 700])

@@ -80,6 +80,14 @@ class MemoryStore:
             slot = self._slots.setdefault(counter.key, _Slot(expires_at=counter.expires_at))
             slot.used = max(0, slot.used + amount)  # as settle.lua: never below zero
 
+    async def settle_held(
+        self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
+    ) -> bool:
+        if lease_id not in self._leases.get(scope, {}):
+            return False
+        await self.settle(scope, lease_id, counters, used)
+        return True
+
     async def charge(
         self, scope: str, lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]
     ) -> bool:

@@ -76,6 +76,12 @@ class RedisStore(OnLink):
         self._settles.sent(keys, args)
         return self._link.later("settle", keys, args, nothing)
 
+    def settle_held(
+        self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
+    ) -> Awaitable[bool]:
+        keys, args = _keys(scope, counters), _booking(lease_id, counters, used)
+        return self._link.later("settle", keys, [*args, "held"], bool)
+
     def charge(
         self, scope: str, lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]
     ) -> Awaitable[bool]:

@@ -4,9 +4,10 @@
 -- An amount below zero gives back what checkpoints (charge.lua) booked over the final usage;
 -- `used` never goes below zero, as it would on a counter Redis lost since (restarted, flushed).
 -- ARGV[2 * #KEYS - 2], when 'held': only if the lease is still held here (a settle sent again
--- after a Sentinel failover, which the new primary may have taken already).
+-- after a Sentinel failover, which the new primary may have taken already; or one whose call
+-- timed out, which may have run). Returns false when it did not apply, else true.
 if ARGV[2 * #KEYS - 2] == 'held' and redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
-  return true
+  return false
 end
 release(KEYS[1], KEYS[2], ARGV[1])
 for i = 1, #KEYS - 2 do
