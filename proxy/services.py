@@ -99,12 +99,14 @@ class Services:
         quotas = storage.quotas
         unbooked = Unbooked(quotas, clock.wall)
         metrics.watch_unbooked(unbooked.stats)
+        rate_limits = RateLimits(storage.limits, clock, failures, serving)
+        metrics.watch_true_ups(rate_limits.true_ups.stats)
         return cls(
             clock, UpstreamClient(policy.upstream, transport), storage,
             ledger, failures, clock.wall(), metrics,
             open_tracing(tracer_provider) if tracer_provider else None,
             response_cache(policy, clock, storage.cache, serving),
-            RateLimits(storage.limits, clock, failures, serving),
+            rate_limits,
             Drain(policy.server.drain_timeout),
             RuntimeKeys(open_key_store(policy.storage), clock, kept=KeptKeys.from_environment()),
             open_ended_sessions(policy.storage), open_owned_ids(policy.storage),

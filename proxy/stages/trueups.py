@@ -53,6 +53,12 @@ class MissedTrueUps:
     def pending(self) -> int:
         return len(self._kept) + self._sending
 
+    def stats(self) -> dict[str, int]:
+        """Buckets with a true-up kept now (`pending`), and by outcome since the start:
+        `trued_late`, `uncertain` (it may have run: not sent again), `dropped` (never taken:
+        past MAX_BUCKETS, or at shutdown)."""
+        return {"pending": self.pending, **self.counts}
+
     def send(self, scope: str, bucket: Bucket, delta: int, *, now: float) -> TrueUp:
         """Charge `bucket` `delta` more tokens (refund if < 0): the call is made now."""
         return self._store.settle(scope, bucket, delta, now=now), scope, bucket, delta

@@ -27,6 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from proxy.telemetry import semconv
+from proxy.telemetry.keptmetrics import kept_metrics, outcomes_of
 from proxy.telemetry.metricstate import MetricState, counts_of_dead, versions_in
 from proxy.telemetry.sample import RequestSample
 from proxy.telemetry.workershare import PUBLISH_S, WorkerShare
@@ -82,6 +83,7 @@ class GatewayMetrics(Collector):
         self._ledger: Callable[[], LedgerStats] | None = None
         self._spans: Callable[[], Mapping[str, int]] | None = None
         self._settles: Callable[[], Mapping[str, int]] | None = None
+        self._true_ups: Callable[[], Mapping[str, int]] | None = None
         self._gap_spans = _gap_spans(semconv.CHUNK_S)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -102,6 +104,11 @@ class GatewayMetrics(Collector):
         read as the ledger's counters are."""
         self._settles = stats
 
+    def watch_true_ups(self, stats: Callable[[], Mapping[str, int]]) -> None:
+        """Show the token-bucket true-ups storage did not take (`stats`: kept now, and by
+        outcome), read as the ledger's counters are."""
+        self._true_ups = stats
+
     def read_watched(self) -> None:
         """Read the watched counters now (the ledger's, the lost spans'): a scrape, a worker's
         publishing and the OTLP metrics push each do first."""
@@ -109,9 +116,9 @@ class GatewayMetrics(Collector):
         if self._spans is not None:
             own.spans = {(why,): count for why, count in self._spans().items()}
         if self._settles is not None:
-            settles = dict(self._settles())
-            own.settles_pending = {(): settles.pop("pending")}
-            own.settles = {(what,): count for what, count in settles.items()}
+            own.settles_pending, own.settles = outcomes_of(self._settles())
+        if self._true_ups is not None:
+            own.true_ups_pending, own.true_ups = outcomes_of(self._true_ups())
         if self._ledger is None:
             return
         stats = self._ledger()
@@ -272,7 +279,7 @@ class GatewayMetrics(Collector):
             inflight.add_metric(key, value)
         yield inflight
         yield from _ledger_metrics(state)
-        yield from _settle_metrics(state)
+        yield from kept_metrics(state)
         if state.spans:  # tokenweir's own OTLP span export is on
             yield _counter(*_SPANS_DROPPED, state.spans.items())
         yield from self._budget_gauges()
@@ -319,26 +326,6 @@ def _ledger_metrics(state: MetricState) -> Iterator[Metric]:
     )
     buffered.add_metric((), sum(state.ledger_buffered.values()))
     yield buffered
-
-
-def _settle_metrics(state: MetricState) -> Iterator[Metric]:
-    """Quota settles storage did not take when their request ended (Redis full, read-only,
-    unreachable): kept and sent again, by outcome."""
-    if not state.settles:
-        return
-    yield _counter(
-        "tokenweir_quota_settles_unbooked",
-        "Quota settles storage did not take at once, by outcome: uncertain (the failed call may "
-        "have run: sent again only while its lease is held, so booked once), booked_late (sent "
-        "again and booked), settled_before (sent again, its lease was no longer held: settled "
-        "by the first call, or expired), dropped (never booked: over the bound, or at shutdown).",
-        ("outcome",), state.settles.items(),
-    )  # fmt: skip
-    pending = GaugeMetricFamily(
-        "tokenweir_quota_settles_pending", "Quota settles kept to send again to storage."
-    )
-    pending.add_metric((), sum(state.settles_pending.values()))
-    yield pending
 
 
 _SPANS_DROPPED = (

@@ -106,7 +106,7 @@ class MetricState:
     __slots__ = (
         "broken", "cache", "degraded", "inflight", "ledger", "ledger_buffered", "policy",
         "rejected", "reloads", "saved_nusd", "saved_tokens", "series", "settles",
-        "settles_pending", "spans",
+        "settles_pending", "spans", "true_ups", "true_ups_pending",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -125,6 +125,8 @@ class MetricState:
         self.spans: dict[_Key, int] = {}  # (reason,): request spans the OTLP export lost
         self.settles: dict[_Key, int] = {}  # (outcome,): quota settles storage did not take
         self.settles_pending: dict[_Key, int] = {}  # (): those kept to send again
+        self.true_ups: dict[_Key, int] = {}  # (outcome,): token true-ups storage did not take
+        self.true_ups_pending: dict[_Key, int] = {}  # (): buckets with one kept to send again
 
     def record(self, sample: RequestSample, gap_spans: Sequence[tuple[int, int]]) -> None:
         series = self.series.get(sample.labels)
@@ -224,11 +226,12 @@ def reloads_in(dumped: bytes) -> int:
 
 _COUNTERS = (
     "cache", "saved_tokens", "saved_nusd", "rejected", "degraded", "broken", "ledger", "reloads",
-    "spans", "settles",
+    "spans", "settles", "true_ups",
 )  # fmt: skip
 _GAUGES = (
     "inflight",
     "ledger_buffered",
     "policy",
     "settles_pending",
+    "true_ups_pending",
 )  # a dead worker's are not summed

@@ -75,6 +75,8 @@ NAMES: dict[str, tuple[str, str]] = {
     "tokenweir_spans_dropped": ("tokenweir.spans.dropped", "{span}"),
     "tokenweir_quota_settles_unbooked": ("tokenweir.quota.settles_unbooked", "{settle}"),
     "tokenweir_quota_settles_pending": ("tokenweir.quota.settles_pending", "{settle}"),
+    "tokenweir_token_true_ups_missed": ("tokenweir.token.true_ups_missed", "{true_up}"),
+    "tokenweir_token_true_ups_pending": ("tokenweir.token.true_ups_pending", "{bucket}"),
 }  # fmt: skip
 
 # Prometheus label -> OpenTelemetry attribute key.

@@ -35,8 +35,9 @@ class Ready:
     """`GET /readyz`: 200 when every model has a backend answering `GET /models` and the shared
     storage answers, and not while shutting down; the body also counts what was decided while
     storage was failing, names the policy version serving (`policy_hash`), and gives this
-    process's ledger figures and its quota settles kept to send again (held while its store
-    is down: informative, not a reason to take the gateway out of rotation).
+    process's ledger figures, its quota settles and token-bucket true-ups kept to send again
+    (held while its store is down: informative, not a reason to take the gateway out of
+    rotation).
     `GET /readyz?backends=skip` leaves the backends out: this gateway can serve (its policy is
     loaded, storage answers, not draining), for orchestrators whose readiness must not follow
     backend health, which decides routing instead."""
@@ -81,6 +82,8 @@ class Ready:
         unbooked = gateway.services.unbooked
         if unbooked is not None:  # this process's quota settles storage did not take
             body["quota_settles"] = unbooked.stats()
+        # and its token-bucket true-ups storage did not take
+        body["token_true_ups"] = gateway.services.rate_limits.true_ups.stats()
         await send_json(send, 200 if ready else 503, orjson.dumps(body))
 
 

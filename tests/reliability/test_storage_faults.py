@@ -276,7 +276,8 @@ def test_a_true_up_redis_missed_is_sent_again_when_it_is_back(tmp_path: Path) ->
     """A request that ended while Redis was down (it keeps its data on disk) reserved 950
     tokens of a 1,000 tokens_per_minute bucket and used a few: its true-up was only logged, so
     the bucket kept the whole reservation and the next such request was refused 429 for about a
-    minute after Redis came back. The true-up, which never reached Redis, is sent again."""
+    minute after Redis came back. The true-up, which never reached Redis, is sent again, and
+    counted on /readyz and /metrics (it was in the log only)."""
     redis = RedisProcess(["--appendonly", "yes", "--appendfsync", "always"])
     redis.start()
     config = tmp_path / "policy.yaml"
@@ -303,5 +304,12 @@ def test_a_true_up_redis_missed_is_sent_again_when_it_is_back(tmp_path: Path) ->
                     lambda: http.post("/v1/chat/completions", json=big).status_code == 200,
                     timeout_s=20,
                 )
+                true_ups = http.get("/readyz?backends=skip").json()["token_true_ups"]
+                metrics = http.get("/metrics").text
+        assert true_ups["pending"] == 0
+        assert true_ups["trued_late"] >= 1
+        late = true_ups["trued_late"]
+        assert f'tokenweir_token_true_ups_missed_total{{outcome="trued_late"}} {late}.0' in metrics
+        assert "tokenweir_token_true_ups_pending 0.0" in metrics
     finally:
         redis.close()
