@@ -112,6 +112,9 @@ class MissedTrueUps:
         self._sending = len(batch)
         try:
             results = await asyncio.gather(*calls, return_exceptions=True)
+        except asyncio.CancelledError:  # shutdown: written, they may have run: not sent again
+            self.counts["uncertain"] += len(batch)
+            raise
         finally:
             self._sending = 0
         took = False

@@ -20,8 +20,10 @@ nothing; if it never ran, the lease is held and the copy sent again books it. Or
   in the ledger, not on the quota; the reservation was given back).
 - Reload: kept settles belong to the process (services.py), not the policy; they are booked
   on the counters of the day they were admitted in, whatever the policy is now.
-- Shutdown: `aclose` waits out the first-copy delay, sends what is kept once more, and
-  counts what storage still did not take `dropped` (logged; its lease ends by itself).
+- Shutdown (SIGTERM, even during a send): `aclose` stops a send under way (its settles
+  are kept again, held), waits for a first copy at most 1.5 s (a first copy landing later
+  than that could count twice), sends what is kept once more, and counts what storage still
+  did not take `dropped` (logged; the lease ends by itself; the usage is in the ledger).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.storage.base import Counter, QuotaStore, StorageError, StorageRefused, StorageUnsent
+from proxy.together import cancelled
 
 __all__ = ["MAX_PER_TENANT", "Unbooked", "UnbookedSettle"]
 
@@ -42,7 +45,8 @@ __all__ = ["MAX_PER_TENANT", "Unbooked", "UnbookedSettle"]
 MAX_PER_TENANT = 10_000
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.25, 5.0
 # A call that timed out has landed or is lost by then: two of the stores' 1 s call timeouts.
-_LANDED_S = 2.0
+# At shutdown at most 1.5 s, so the last send (one timeout) ends within its 3 s step.
+_LANDED_S, _LANDED_AT_CLOSE_S = 2.0, 1.5
 _log = logging.getLogger("tokenweir.budget")
 
 
@@ -71,7 +75,6 @@ class Unbooked:
         self._kept: dict[str, deque[UnbookedSettle]] = {}
         self.counts: Tally[str] = Tally()  # booked_late, settled_before, uncertain, dropped
         self._task: asyncio.Task[None] | None = None
-        self._woken = asyncio.Event()
         self._closing = False
 
     @property
@@ -92,18 +95,14 @@ class Unbooked:
             self.counts["dropped"] += 1
             _log.error("shutdown: a quota settle for %s could not be booked", settle.tenant)
             return
-        self._again(settle, error, self._wall())
+        self._again(settle, _never_ran(error), self._wall())
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._retry())
 
     async def _retry(self) -> None:
         delay_s = _FIRST_DELAY_S
         while self._kept and not self._closing:
-            try:
-                async with asyncio.timeout(delay_s):
-                    await self._woken.wait()
-            except TimeoutError:
-                pass
+            await asyncio.sleep(delay_s)
             took = await self.send()
             delay_s = _FIRST_DELAY_S if took else min(delay_s * 2, _MAX_DELAY_S)
 
@@ -118,11 +117,16 @@ class Unbooked:
                     self._kept.setdefault(settle.tenant, deque()).append(settle)
                 else:
                     sending.append(settle)
-        results = await asyncio.gather(*map(self._call, sending), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*map(self._call, sending), return_exceptions=True)
+        except asyncio.CancelledError:  # shutdown: kept again, as calls that may have run
+            for settle in sending:
+                self._again(settle, False, now)
+            raise
         took = False
         for settle, result in zip(sending, results, strict=True):
             if isinstance(result, StorageError):
-                self._again(settle, result, now)
+                self._again(settle, _never_ran(result), now)
             elif isinstance(result, BaseException):
                 raise result
             else:
@@ -136,8 +140,8 @@ class Unbooked:
         store, args = self._store, (settle.scope, settle.lease_id, settle.counters, settle.amounts)
         return store.settle_held(*args) if settle.held else store.settle(*args)
 
-    def _again(self, settle: UnbookedSettle, error: StorageError, now: float) -> None:
-        if not settle.held and not _never_ran(error):  # it may have run: from now on, held
+    def _again(self, settle: UnbookedSettle, never_ran: bool, now: float) -> None:
+        if not settle.held and not never_ran:  # it may have run: from now on, held
             settle.held, settle.not_before = True, now + _LANDED_S
             self.counts["uncertain"] += 1
         kept = self._kept.setdefault(settle.tenant, deque())
@@ -147,25 +151,27 @@ class Unbooked:
         kept.append(settle)
 
     async def aclose(self) -> None:
-        """Shutdown: send what is kept one last time (at once, but a first copy sent again only
-        once the first may no longer land); log what could not be booked."""
+        """Shutdown, within services.py's 3 s for each step: a send under way is stopped (its
+        settles kept again, as calls that may have run), a first copy is waited for at most
+        `_LANDED_AT_CLOSE_S`, what is kept is sent one last time, and what storage did not
+        take is counted `dropped` and logged, even if this is cut short."""
         self._closing = True
-        self._woken.set()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-        waits = [s.not_before for kept in self._kept.values() for s in kept]
-        if waits and max(waits) > self._wall():
-            await asyncio.sleep(min(max(waits) - self._wall(), _LANDED_S))
-        if self._kept:
-            await self.send()
-        if self._kept:
-            self.counts["dropped"] += self.pending
-            _log.error(
-                "shutdown: %d quota settles could not be booked (storage still refuses): their "
-                "use is in the ledger, not on the quotas",
-                self.pending,
-            )
-            self._kept = {}
+        try:
+            await cancelled([self._task])
+            waits = [s.not_before for kept in self._kept.values() for s in kept]
+            if waits and max(waits) > self._wall():
+                await asyncio.sleep(min(max(waits) - self._wall(), _LANDED_AT_CLOSE_S))
+            if self._kept:
+                await self.send()
+        finally:
+            if self._kept:
+                self.counts["dropped"] += self.pending
+                _log.error(
+                    "shutdown: %d quota settles could not be booked (storage still refuses): "
+                    "their use is in the ledger, not on the quotas",
+                    self.pending,
+                )
+                self._kept = {}
 
 
 def _never_ran(error: StorageError) -> bool:

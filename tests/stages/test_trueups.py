@@ -9,10 +9,12 @@ import time
 import pytest
 
 from proxy.stages import trueups as trueups_module
-from proxy.stages.trueups import MissedTrueUps
+from proxy.stages.trueups import MissedTrueUps, TrueUp
 from proxy.storage.base import StorageError, StorageRefused, StorageTimeout, StorageUnsent
 from proxy.storage.limits import Bucket
 from proxy.storage.memory.limits import MemoryLimitStore
+from proxy.storage.redis.limits import RedisLimitStore
+from tests.redis_server import RedisProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -102,3 +104,33 @@ async def test_what_is_kept_is_sent_once_more_at_shutdown() -> None:
     await true_ups.aclose()  # at once: before the first resend
     assert await _left(store) >= 990
     assert (true_ups.pending, true_ups.counts["trued_late"]) == (0, 1)
+
+
+async def test_a_true_up_being_sent_at_shutdown_is_counted() -> None:
+    """SIGTERM while a kept true-up is being sent to a hung Redis (SIGSTOP): the send is stopped
+    and the true-up was counted nowhere (not pending, not trued_late, not uncertain). Now it
+    is `uncertain`: written, it may run when Redis wakes, so it is not sent again."""
+    server = RedisProcess()
+    server.start()
+    store = RedisLimitStore(server.url, timeout_s=5.0)
+    try:
+        true_ups = MissedTrueUps(store, time.time)
+        await true_ups.sent(_failed_call(StorageUnsent("redis: refused")))
+        server.pause()
+        await asyncio.sleep(0.5)  # sent again at 0.1 s: Redis holds it unanswered
+        assert true_ups.pending == 1
+        await true_ups.aclose()
+        assert true_ups.counts == {"trued_late": 0, "uncertain": 1, "dropped": 0}
+    finally:
+        server.resume()
+        await store.aclose()
+        server.close()
+
+
+def _failed_call(error: StorageError) -> TrueUp:
+    """A true-up whose call did not reach storage, as `send` would return it."""
+
+    async def failed() -> None:
+        raise error
+
+    return failed(), SCOPE, TPM, -940

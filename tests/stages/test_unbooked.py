@@ -171,3 +171,26 @@ async def test_shutdown_sends_what_is_kept_at_once_and_logs_what_storage_still_r
     refusing.keep(_settle("r3", 10), StorageRefused("redis: READONLY"))  # ended after the last
     assert (refusing.stats()["pending"], refusing.stats()["dropped"]) == (0, 2)
     assert await store.read([ADMITTED_DAY]) == [(10, 0)]
+
+
+async def test_a_shutdown_cut_short_while_redis_hangs_counts_what_it_did_not_book(
+    redis_server: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM while a kept settle is being sent to a hung Redis, the shutdown step cut at its
+    bound: the settle was neither booked nor counted (`dropped` 0, no error logged), as if
+    nothing were lost. Now it is counted `dropped` and logged."""
+    store = RedisStore(redis_server.url, timeout_s=1.0)
+    unbooked = Unbooked(store, time.time)
+    await _reserve(store, "r1", 300)
+    redis_server.pause()
+    try:
+        unbooked.keep(_settle("r1", 120), StorageRefused("redis: READONLY"))
+        await asyncio.sleep(0.5)  # sent again at 0.25 s: Redis holds it unanswered
+        with caplog.at_level(logging.ERROR, "tokenweir.budget"), pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):  # as services.py bounds a step, here shorter
+                await unbooked.aclose()
+    finally:
+        redis_server.resume()
+    assert (unbooked.stats()["pending"], unbooked.stats()["dropped"]) == (0, 1)
+    assert "1 quota settles could not be booked" in caplog.text
+    await store.aclose()
