@@ -17,7 +17,7 @@ from proxy.tools.mock.request import (
     Endpoint,
     parse_completion,
 )
-from proxy.tools.mock.stream import SseFormat, StreamFormat
+from proxy.tools.mock.stream import ChoicesFormat, SseFormat, StreamFormat, tail_events
 from proxy.tools.mock.text import TokenSource, embedding_bytes, embedding_floats
 from proxy.tools.mock.toolcalls import ToolCallFormat, tool_plan
 
@@ -66,13 +66,27 @@ def stream_format(
 ) -> StreamFormat:
     if request.endpoint in _AGENTS:
         return agent_stream(request, body, created, tokens, n_tokens, finish_reason)
-    usage = _usage(request.prompt_tokens, n_tokens) if request.include_usage else None
-    if request.tools is not None:
-        return ToolCallFormat.build(
-            _base(request, created, stream=True), request.tools, finish_reason, usage
-        )
-    build = SseFormat.chat if request.endpoint is Endpoint.CHAT else SseFormat.completion
-    return build(_base(request, created, stream=True), finish_reason, usage)
+    answers = request.answers
+    usage = _usage(request.prompt_tokens, n_tokens * answers) if request.include_usage else None
+    base = _base(request, created, stream=True)
+    tail = None if answers == 1 else b""  # several choices end with one tail for all
+
+    def choice(index: int) -> StreamFormat:
+        if request.tools is not None:
+            plan = request.tools
+            return ToolCallFormat.build(base, plan, finish_reason, usage, choice=index, tail=tail)
+        build = SseFormat.chat if request.endpoint is Endpoint.CHAT else SseFormat.completion
+        return build(base, finish_reason, usage, index)
+
+    if answers == 1:
+        return choice(0)
+    formats = [choice(index) for index in range(answers)]
+    heads = b"".join(f.head for f in formats if isinstance(f, SseFormat))
+    alone = tuple(  # each choice's events, without the heads sent first and the shared tail
+        dataclasses.replace(f, head=b"", tail=b"") if isinstance(f, SseFormat) else f
+        for f in formats
+    )
+    return ChoicesFormat(heads, alone, tail_events(base, usage))
 
 
 def whole_answer(

@@ -7,7 +7,8 @@ by the prompt, one word per token and per SSE event. Token i is due at arrival +
 tokens_per_second; a late stream sends every due token in one write, never early. A non-stream
 answer arrives when its last token would. Usage counts are the mock's own: whitespace-split words
 (+4 per chat message for prompts). A whole answer has `n` choices for each prompt of a
-completions batch, alike (a stream has one: n=1 and one prompt); `max_tokens` /
+completions batch, alike; a stream sends them side by side, each token of every choice in
+turn (an event each, with the choice's `index`), as vLLM and OpenAI stream `n` > 1; `max_tokens` /
 `max_completion_tokens` cut each short (finish_reason "length"), as `max_output_tokens` does a
 response (status "incomplete") and `max_tokens` a message (stop_reason "max_tokens"). `stop`
 ends a chat or text completion where a sequence first occurs, as vLLM does (text.py stopped).
@@ -247,7 +248,7 @@ class MockBackend:
         try:
             outcome = await stream.run()
         finally:
-            self.stats.tokens_sent += stream.sent
+            self.stats.tokens_sent += stream.sent * request.answers
             self.stats.count_outcome(outcome)
         # After an ABORTED run we return without ending the body: the server drops the connection.
 

@@ -287,8 +287,6 @@ def parse_completion(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequ
     if max_tokens is None:
         max_tokens = int_field(body, "max_tokens", low=1)
     stream = bool_field(body, "stream")
-    if stream and n * prompts > 1:
-        raise MockHTTPError(400, "The mock backend streams one answer (n=1, one prompt).")
     options = body.get("stream_options")
     if options is not None and not stream:  # as OpenAI and vLLM refuse it
         raise MockHTTPError(

@@ -19,7 +19,16 @@ from starlette.types import Send
 from proxy.clock import Clock
 from proxy.tools.mock.text import TokenSource
 
-__all__ = ["Outcome", "Schedule", "SseFormat", "StreamFormat", "StreamRun", "Ticker", "tail_events"]
+__all__ = [
+    "ChoicesFormat",
+    "Outcome",
+    "Schedule",
+    "SseFormat",
+    "StreamFormat",
+    "StreamRun",
+    "Ticker",
+    "tail_events",
+]
 
 _SLOT: Final = "\x00token\x00"
 _SLOT_JSON: Final = orjson.dumps(_SLOT)
@@ -113,13 +122,14 @@ class SseFormat:
 
     @classmethod
     def chat(
-        cls, base: dict[str, Any], finish_reason: str, usage: dict[str, int] | None
+        cls, base: dict[str, Any], finish_reason: str, usage: dict[str, int] | None, index: int = 0
     ) -> SseFormat:
-        """`base` holds id, object, created and model; `usage` is set when include_usage is."""
+        """`base` holds id, object, created and model; `usage` is set when include_usage is;
+        `index` is the choice's."""
         extra: dict[str, Any] = {} if usage is None else {"usage": None}
 
         def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {**base, "choices": [choice], **extra}
 
         prefix, suffix = _split(chunk({"content": _SLOT}, None))
@@ -129,12 +139,12 @@ class SseFormat:
 
     @classmethod
     def completion(
-        cls, base: dict[str, Any], finish_reason: str, usage: dict[str, int] | None
+        cls, base: dict[str, Any], finish_reason: str, usage: dict[str, int] | None, index: int = 0
     ) -> SseFormat:
         extra: dict[str, Any] = {} if usage is None else {"usage": None}
 
         def chunk(finish: str | None) -> dict[str, Any]:
-            choice = {"text": _SLOT, "index": 0, "logprobs": None, "finish_reason": finish}
+            choice = {"text": _SLOT, "index": index, "logprobs": None, "finish_reason": finish}
             return {**base, "choices": [choice], **extra}
 
         prefix, suffix = _split(chunk(None))
@@ -148,6 +158,27 @@ class SseFormat:
             parts += (self.prefix, token(i), self.suffix)
         if last:
             parts += (self.prefix, token(stop - 1), self.last_suffix, self.tail)
+        return b"".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ChoicesFormat:
+    """Several choices streamed side by side, as vLLM and OpenAI stream `n` > 1: every choice's
+    `head` (its role event), then each step's token of every choice in turn, an event each with
+    the choice's own `index` (its finish_reason on its last token), then one `tail` (usage,
+    [DONE]) for all."""
+
+    head: bytes
+    choices: tuple[StreamFormat, ...]  # each without a head or tail of its own
+    tail: bytes
+
+    def encode(self, tokens: TokenSource, start: int, stop: int, last: bool) -> bytes:
+        parts = [self.head] if start == 0 else []
+        for i in range(start, stop):
+            ends = last and i == stop - 1
+            parts += [choice.encode(tokens, i, i + 1, ends) for choice in self.choices]
+        if last:
+            parts.append(self.tail)
         return b"".join(parts)
 
 

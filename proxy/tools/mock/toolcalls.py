@@ -194,13 +194,21 @@ class ToolCallFormat:
 
     @classmethod
     def build(
-        cls, base: dict[str, Any], plan: ToolPlan, finish_reason: str, usage: dict[str, int] | None
+        cls,
+        base: dict[str, Any],
+        plan: ToolPlan,
+        finish_reason: str,
+        usage: dict[str, int] | None,
+        *,
+        choice: int = 0,
+        tail: bytes | None = None,
     ) -> ToolCallFormat:
+        """`choice` is the choice's index; `tail` replaces usage and [DONE] (as in SseFormat)."""
         extra: dict[str, Any] = {} if usage is None else {"usage": None}
 
         def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return b"data: " + orjson.dumps({**base, "choices": [choice], **extra}) + b"\n\n"
+            at = {"index": choice, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return b"data: " + orjson.dumps({**base, "choices": [at], **extra}) + b"\n\n"
 
         opening, prefixes = [], []
         for index, name in enumerate(plan.names):
@@ -212,7 +220,7 @@ class ToolCallFormat:
             prefix, suffix = marked.split(b'"\\u0000"')
             prefixes.append(prefix)
         pieces = tuple((index, orjson.dumps(piece)) for index, piece in plan.pieces)
-        ending = event({}, finish_reason) + tail_events(base, usage)
+        ending = event({}, finish_reason) + (tail_events(base, usage) if tail is None else tail)
         return cls(tuple(opening), tuple(prefixes), suffix, pieces, ending)
 
     def encode(self, tokens: TokenSource, start: int, stop: int, last: bool) -> bytes:
