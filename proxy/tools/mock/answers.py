@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from proxy.tools.mock.agents import agent_answer, agent_stream, parse_agent
+from proxy.tools.mock.logprobs import Logprobs, ScoredFormat
 from proxy.tools.mock.request import (
     CompletionRequest,
     EmbeddingRequest,
@@ -69,41 +70,66 @@ def stream_format(
     answers = request.answers
     usage = _usage(request.prompt_tokens, n_tokens * answers) if request.include_usage else None
     base = _base(request, created, stream=True)
-    tail = None if answers == 1 else b""  # several choices end with one tail for all
-
-    def choice(index: int) -> StreamFormat:
-        if request.tools is not None:
-            plan = request.tools
-            return ToolCallFormat.build(base, plan, finish_reason, usage, choice=index, tail=tail)
-        build = SseFormat.chat if request.endpoint is Endpoint.CHAT else SseFormat.completion
-        return build(base, finish_reason, usage, index)
-
+    top = request.logprobs
+    scores = None if top is None or request.tools else Logprobs(tokens, n_tokens, top)
     if answers == 1:
-        return choice(0)
-    formats = [choice(index) for index in range(answers)]
-    heads = b"".join(f.head for f in formats if isinstance(f, SseFormat))
-    alone = tuple(  # each choice's events, without the heads sent first and the shared tail
-        dataclasses.replace(f, head=b"", tail=b"") if isinstance(f, SseFormat) else f
-        for f in formats
+        return _choice_format(request, base, usage, finish_reason, 0, scores)
+    formats = [
+        _choice_format(request, base, usage, finish_reason, index, scores)
+        for index in range(answers)
+    ]
+    heads = b"".join(f.head for f in formats if not isinstance(f, ToolCallFormat))
+    # Each choice's events, without the heads sent first and the tail all share
+    alone = [dataclasses.replace(f, tail=b"") for f in formats]
+    alone = [
+        f if isinstance(f, ToolCallFormat) else dataclasses.replace(f, head=b"") for f in alone
+    ]
+    return ChoicesFormat(heads, tuple(alone), tail_events(base, usage))
+
+
+def _choice_format(
+    request: CompletionRequest,
+    base: dict[str, Any],
+    usage: dict[str, int] | None,
+    finish_reason: str,
+    index: int,
+    scores: Logprobs | None,
+) -> SseFormat | ScoredFormat | ToolCallFormat:
+    """One choice's whole stream, head to tail; its tokens' logprobs in it when `scores`."""
+    if request.tools is not None:
+        return ToolCallFormat.build(base, request.tools, finish_reason, usage, index)
+    chat = request.endpoint is Endpoint.CHAT
+    build = SseFormat.chat if chat else SseFormat.completion
+    plain = build(base, finish_reason, usage, index)
+    if scores is None:
+        return plain
+    with_usage = usage is not None
+    return ScoredFormat(
+        base, with_usage, index, chat, finish_reason, scores, plain.head, plain.tail
     )
-    return ChoicesFormat(heads, alone, tail_events(base, usage))
 
 
 def whole_answer(
     request: CompletionRequest,
     body: dict[str, Any],
     created: int,
-    text: str,
+    tokens: TokenSource,
     n_tokens: int,
     finish_reason: str,
 ) -> bytes:
+    text = tokens.completion(n_tokens)
     if request.endpoint in _AGENTS:
         return agent_answer(request, body, created, text, n_tokens, finish_reason)
-    if request.endpoint is Endpoint.CHAT:
+    chat = request.endpoint is Endpoint.CHAT
+    if chat:
         content: dict[str, Any] = {"message": {"role": "assistant", "content": text}}
     else:
         content = {"text": text}
-    ending = {"logprobs": None, "finish_reason": finish_reason}
+    logprobs: dict[str, Any] | None = None
+    if request.logprobs is not None and request.tools is None:
+        scores = Logprobs(tokens, n_tokens, request.logprobs)
+        logprobs = scores.chat(0, n_tokens) if chat else scores.completion(0, n_tokens)
+    ending = {"logprobs": logprobs, "finish_reason": finish_reason}
     choices = [{"index": index, **content, **ending} for index in range(request.answers)]
     if request.tools is not None:  # each choice's calls with ids of their own
         for choice in choices:

@@ -8,14 +8,17 @@ tokens_per_second; a late stream sends every due token in one write, never early
 answer arrives when its last token would. Usage counts are the mock's own: whitespace-split words
 (+4 per chat message for prompts). A whole answer has `n` choices for each prompt of a
 completions batch, alike; a stream sends them side by side, each token of every choice in
-turn (an event each, with the choice's `index`), as vLLM and OpenAI stream `n` > 1; `max_tokens` /
-`max_completion_tokens` cut each short (finish_reason "length"), as `max_output_tokens` does a
-response (status "incomplete") and `max_tokens` a message (stop_reason "max_tokens"). `stop`
-ends a chat or text completion where a sequence first occurs, as vLLM does (text.py stopped).
-`stream_options` without `stream` is a 400, as in OpenAI and vLLM. Errors on /v1/messages are
-Anthropic-shaped. A request with function `tools` may be answered with tool calls, as a model
-decides by `tool_choice`: on chat `tool_calls` (toolcalls.py), on Responses `function_call` items
-and on Messages `tool_use` blocks (agentcalls.py), each streamed in its API's events.
+turn (an event each, with the choice's `index`), as vLLM and OpenAI stream `n` > 1;
+`max_tokens` / `max_completion_tokens` cut each short (finish_reason "length"), as
+`max_output_tokens` does a response (status "incomplete") and `max_tokens` a message
+(stop_reason "max_tokens"). `stop` ends a chat or text completion where a sequence first
+occurs, as vLLM does (text.py stopped).
+`stream_options` without `stream` is a 400, as in OpenAI and vLLM. Chat's `logprobs` (with
+`top_logprobs`) and completions' `logprobs` are answered with each token's (logprobs.py).
+Errors on /v1/messages are Anthropic-shaped. A request with function `tools` may be answered
+with tool calls, as a model decides by `tool_choice`: on chat `tool_calls` (toolcalls.py), on
+Responses `function_call` items and on Messages `tool_use` blocks (agentcalls.py), each streamed
+in its API's events.
 
 Testing knobs, as extra fields in the request body:
   mock_fail: 400-599            answer with that status and an OpenAI-shaped error
@@ -267,9 +270,8 @@ class MockBackend:
         if await left_within(watcher, done_s - self._clock.monotonic()):
             self.stats.requests_cancelled += 1
             return
-        text = tokens.completion(n_tokens)
         created = int(self._clock.wall())
-        answer = whole_answer(request, body, created, text, n_tokens, finish_reason)
+        answer = whole_answer(request, body, created, tokens, n_tokens, finish_reason)
         await respond(send, 200, answer)
         self.stats.tokens_sent += n_tokens * request.answers
 

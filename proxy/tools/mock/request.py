@@ -46,6 +46,7 @@ TOKENS_PER_MESSAGE: Final = 4
 MAX_EMBEDDING_INPUTS: Final = 2048
 MAX_STOPS: Final = 64  # each is searched for in the whole answer
 MAX_DIMENSIONS: Final = 8192
+MAX_TOP_LOGPROBS: Final = 20  # OpenAI's bound on chat's top_logprobs; vLLM's default max_logprobs
 
 _ERROR_KINDS: Final = {
     401: ("invalid_request_error", "invalid_api_key"),
@@ -128,6 +129,7 @@ class CompletionRequest:
     answers: int = 1  # choices in a whole answer: `n` for each prompt of a batch
     stops: tuple[str, ...] = ()  # stop sequences
     tools: ToolPlan | None = None  # the tool calls a chat answer makes (toolcalls.py)
+    logprobs: int | None = None  # asked for: each token's, with so many top alternatives
 
     def plan(self, knobs: Knobs) -> tuple[TokenSource, int, str]:
         """The answer's tokens, how many each choice has, and its finish_reason."""
@@ -287,6 +289,7 @@ def parse_completion(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequ
     if max_tokens is None:
         max_tokens = int_field(body, "max_tokens", low=1)
     stream = bool_field(body, "stream")
+    logprobs = _logprobs(body, endpoint)
     options = body.get("stream_options")
     if options is not None and not stream:  # as OpenAI and vLLM refuse it
         raise MockHTTPError(
@@ -307,7 +310,25 @@ def parse_completion(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequ
         max_tokens=max_tokens,
         answers=n * prompts,
         stops=_stops(body),
+        logprobs=logprobs,
     )
+
+
+def _logprobs(body: dict[str, Any], endpoint: Endpoint) -> int | None:
+    """How many top alternatives each token's logprobs list; None where not asked for: chat's
+    `logprobs: true` (with `top_logprobs`, 0-20), completions' `logprobs` (0-20, as vLLM)."""
+    if endpoint is not Endpoint.CHAT:
+        return int_field(body, "logprobs", low=0, high=MAX_TOP_LOGPROBS)
+    top = int_field(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
+    if not bool_field(body, "logprobs"):
+        if top is not None:  # as OpenAI and vLLM refuse it
+            raise MockHTTPError(
+                400,
+                "'top_logprobs' requires 'logprobs' to be set to true.",
+                param="top_logprobs",
+            )
+        return None
+    return top or 0
 
 
 def _embedding_inputs(value: object) -> list[str | list[int]]:

@@ -65,6 +65,13 @@ class TokenSource:
     def completion(self, n_tokens: int) -> str:
         return "".join(self.text(i) for i in range(n_tokens))
 
+    def alternatives(self, i: int, count: int) -> list[str]:
+        """`count` (at most 99) other words token `i` might have been, never its own, each as
+        token `i` would read."""
+        at = self._index(i)
+        words = (_WORDS[(at + 37 * k) % len(_WORDS)] for k in range(1, count + 1))
+        return [" " + word if i else word.capitalize() for word in words]
+
 
 class _CutTokens(TokenSource):
     """An answer cut where a stop sequence began: token `cut` keeps the text before it, and the

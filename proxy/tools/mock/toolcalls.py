@@ -190,7 +190,8 @@ class ToolCallFormat:
     prefixes: tuple[bytes, ...]  # per call: an arguments event up to the piece's JSON string
     suffix: bytes
     pieces: tuple[tuple[int, bytes], ...]  # (call index, the piece as a JSON string)
-    ending: bytes  # the finish event, usage (when asked) and [DONE]
+    finish: bytes  # the finish event
+    tail: bytes  # usage (when asked) and [DONE]
 
     @classmethod
     def build(
@@ -199,11 +200,9 @@ class ToolCallFormat:
         plan: ToolPlan,
         finish_reason: str,
         usage: dict[str, int] | None,
-        *,
         choice: int = 0,
-        tail: bytes | None = None,
     ) -> ToolCallFormat:
-        """`choice` is the choice's index; `tail` replaces usage and [DONE] (as in SseFormat)."""
+        """`choice` is the choice's index."""
         extra: dict[str, Any] = {} if usage is None else {"usage": None}
 
         def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -220,8 +219,10 @@ class ToolCallFormat:
             prefix, suffix = marked.split(b'"\\u0000"')
             prefixes.append(prefix)
         pieces = tuple((index, orjson.dumps(piece)) for index, piece in plan.pieces)
-        ending = event({}, finish_reason) + (tail_events(base, usage) if tail is None else tail)
-        return cls(tuple(opening), tuple(prefixes), suffix, pieces, ending)
+        finish = event({}, finish_reason)
+        return cls(
+            tuple(opening), tuple(prefixes), suffix, pieces, finish, tail_events(base, usage)
+        )
 
     def encode(self, tokens: TokenSource, start: int, stop: int, last: bool) -> bytes:
         parts: list[bytes] = []
@@ -231,5 +232,5 @@ class ToolCallFormat:
                 parts.append(self.opening[index])
             parts += (self.prefixes[index], piece, self.suffix)
         if last:
-            parts.append(self.ending)
+            parts += (self.finish, self.tail)
         return b"".join(parts)
