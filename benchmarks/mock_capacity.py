@@ -143,7 +143,7 @@ def _free_port() -> int:
 
 def _start_server(port: int, ttft_ms: float, tps: float) -> subprocess.Popen[bytes]:
     code = (
-        "from proxy.tools.mock.backend import run; "
+        "from proxy.tools.mock.server import run; "
         f"run(port={port}, ttft_ms={ttft_ms}, tokens_per_second={tps})"
     )
     cmd = ["taskset", "-c", str(SERVER_CORE), sys.executable, "-c", code]

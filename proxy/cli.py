@@ -39,7 +39,7 @@ from proxy.tokens import TokenCounter, TokenizerError, load_tokenizers
 from proxy.tools import keys, report
 from proxy.tools.bench import run as bench
 from proxy.tools.demo import run_demo
-from proxy.tools.mock import backend as mockbackend
+from proxy.tools.mock import server as mockserver
 
 __all__ = ["main"]
 
@@ -269,7 +269,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _mock_backend(args: argparse.Namespace) -> int:
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stopped as asked, as serve is
-            mockbackend.run(
+            mockserver.run(
                 host=args.host,
                 port=args.port,
                 ttft_ms=args.ttft_ms,

@@ -256,16 +256,22 @@ def test_a_stored_prompt_is_refused_under_an_input_limit(gateway: AgentGateway) 
 
 
 def test_a_response_the_backend_did_not_store_cannot_be_continued(gateway: AgentGateway) -> None:
-    """mock-backend answers `store: false`, as vLLM does with its store off: nothing to continue,
-    so the gateway answers the backend's 404 itself and asks it nothing."""
+    """A response made with `store: false` (mock-backend then stores nothing, as OpenAI does):
+    nothing to continue, so the gateway answers the 404 itself and asks the backend nothing; a
+    stored one is continued. (A backend answering `store: false` on its own, as vLLM does with
+    its store off: tests/web/test_stored_state.py.)"""
     with sdk(gateway) as client:
-        made = client.responses.create(model="mock-llm", input="Hi")
+        made = client.responses.create(model="mock-llm", input="Hi", store=False)
         assert made.store is False
+        stored = client.responses.create(model="mock-llm", input="Hi")
         gateway.reset()
         with pytest.raises(openai.NotFoundError) as refused:
             client.responses.create(model="mock-llm", input="Hi", previous_response_id=made.id)
-    assert refused.value.code == "previous_response_not_found"
-    assert gateway.stats()["requests_total"] == 0
+        assert refused.value.code == "previous_response_not_found"
+        assert gateway.stats()["requests_total"] == 0
+        then = client.responses.create(model="mock-llm", input="Hi", previous_response_id=stored.id)
+    assert then.previous_response_id == stored.id
+    assert gateway.stats()["requests_total"] == 1
 
 
 def test_a_function_call_output_object_counts_toward_the_input_limit(

@@ -31,6 +31,7 @@ from proxy.tools.mock.agentevents import (
     event,
     split_delta,
 )
+from proxy.tools.mock.kept import Transcript
 from proxy.tools.mock.request import (
     TOKENS_PER_MESSAGE,
     CompletionRequest,
@@ -48,25 +49,32 @@ from proxy.usageshape import responses_usage
 __all__ = ["agent_answer", "agent_stream", "parse_agent"]
 
 
-def parse_agent(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
-    """A Responses or Messages request; Messages requires max_tokens, as Anthropic does."""
+def parse_agent(
+    body: dict[str, Any], endpoint: Endpoint, history: Transcript | None = None
+) -> CompletionRequest:
+    """A Responses or Messages request; Messages requires max_tokens, as Anthropic does. A
+    Responses request reads `history` (the stored conversation it continues) first."""
     model = model_of(body)
     if endpoint is Endpoint.RESPONSES:
         texts = _responses_texts(body)
         max_tokens = int_field(body, "max_output_tokens", low=1)
+        store = body.get("store")
+        if store is not None and not isinstance(store, bool):
+            raise MockHTTPError(400, "'store' must be a boolean.", param="store")
     else:
         texts = _messages_texts(body)
         max_tokens = int_field(body, "max_tokens", low=1)
         if max_tokens is None:
             raise MockHTTPError(400, "max_tokens: Field required", param="max_tokens")
     tokens = sum(count_words(text) for text in texts) + TOKENS_PER_MESSAGE * len(texts)
+    prompt = (history or Transcript("", 0)).then("\n".join(texts), tokens)
     request = CompletionRequest(
         endpoint=endpoint,
         model=model,
         stream=bool_field(body, "stream"),
         include_usage=True,
-        prompt_text="\n".join(texts),
-        prompt_tokens=tokens,
+        prompt_text=prompt.text,
+        prompt_tokens=prompt.tokens,
         max_tokens=max_tokens,
     )
     plan = responses_tool_plan if endpoint is Endpoint.RESPONSES else messages_tool_plan
@@ -142,8 +150,9 @@ class _Answer:
             "max_output_tokens": body.get("max_output_tokens"), "metadata": {},
             "model": self.request.model, "output": output or [],
             "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
-            "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
-            "store": False, "temperature": body.get("temperature", 1.0),
+            "previous_response_id": body.get("previous_response_id"),
+            "reasoning": {"effort": None, "summary": None},
+            "store": body.get("store") is not False, "temperature": body.get("temperature", 1.0),
             "text": {"format": {"type": "text"}},
             "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
             "top_p": body.get("top_p", 1.0), "truncation": "disabled", "usage": usage,

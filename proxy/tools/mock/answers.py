@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from proxy.tools.mock.agents import agent_answer, agent_stream, parse_agent
+from proxy.tools.mock.kept import Transcript
 from proxy.tools.mock.logprobs import Logprobs, ScoredFormat
 from proxy.tools.mock.request import (
     CompletionRequest,
@@ -27,9 +28,12 @@ __all__ = ["embedding_answer", "parse_request", "stream_format", "whole_answer"]
 _AGENTS = (Endpoint.RESPONSES, Endpoint.MESSAGES)
 
 
-def parse_request(body: dict[str, Any], endpoint: Endpoint) -> CompletionRequest:
+def parse_request(
+    body: dict[str, Any], endpoint: Endpoint, history: Transcript | None = None
+) -> CompletionRequest:
+    """The request; a Responses request continues `history`, its stored conversation."""
     if endpoint in _AGENTS:
-        return parse_agent(body, endpoint)
+        return parse_agent(body, endpoint, history)
     request = parse_completion(body, endpoint)
     if endpoint is Endpoint.CHAT:
         tools = tool_plan(body, request.prompt_text)

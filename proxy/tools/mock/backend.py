@@ -2,7 +2,8 @@
 
 Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank (rerank.py),
 /v1/responses and /v1/messages (OpenAI's Responses and Anthropic's Messages, agents.py);
-GET /v1/models, /mock/stats; POST /mock/stats/reset. Answers are deterministic pseudo-text seeded
+GET and DELETE /v1/responses/{id} (stored responses, kept.py); GET /v1/models, /mock/stats;
+POST /mock/stats/reset. Answers are deterministic pseudo-text seeded
 by the prompt, one word per token and per SSE event. Token i is due at arrival + ttft + i /
 tokens_per_second; a late stream sends every due token in one write, never early. A non-stream
 answer arrives when its last token would. Usage counts are the mock's own: whitespace-split words
@@ -52,7 +53,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final
 
 import orjson
-import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.clock import Clock, SystemClock
@@ -65,6 +65,7 @@ from proxy.tools.mock.asgi import (
     respond_error,
     run_lifespan,
 )
+from proxy.tools.mock.kept import KeptResponses, Transcript, finished_response
 from proxy.tools.mock.request import (
     CompletionRequest,
     Endpoint,
@@ -80,7 +81,7 @@ from proxy.tools.mock.stats import MockStats
 from proxy.tools.mock.stream import Outcome, Schedule, StreamRun, Ticker
 from proxy.tools.mock.text import TokenSource
 
-__all__ = ["MockStats", "create_app", "run", "serve"]
+__all__ = ["MockStats", "create_app"]
 
 _SSE_HEADERS: Final = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -111,6 +112,7 @@ class MockBackend:
         self._models = tuple(models)
         self._clock = clock
         self._ticker = Ticker(clock)
+        self._kept = KeptResponses()
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self._generating(Endpoint.CHAT),
             ("POST", "/v1/completions"): self._generating(Endpoint.COMPLETIONS),
@@ -138,6 +140,8 @@ class MockBackend:
             auth = dict(scope["headers"]).get(b"authorization")
             self.stats.last_authorization = None if auth is None else auth.decode("latin-1")
         handler = self._routes.get((scope["method"], path))
+        if handler is None and KeptResponses.serves(path):
+            handler = self._stored
         try:
             if handler is None:
                 raise self._no_route(scope["method"], path)
@@ -196,7 +200,8 @@ class MockBackend:
         arrival_s = self._clock.monotonic()
         body = await self._json_body(receive)
         knobs = self._faults.apply(parse_knobs(body))
-        request = parse_request(body, endpoint)
+        history = self._kept.history(body) if endpoint is Endpoint.RESPONSES else None
+        request = parse_request(body, endpoint, history)
         async with self._inflight(receive) as watcher:
             if await self._left_during_delay(watcher, knobs, arrival_s):
                 return
@@ -235,9 +240,10 @@ class MockBackend:
         finish_reason: str,
     ) -> None:
         created = int(self._clock.wall())
+        fmt = stream_format(request, body, created, tokens, schedule.n_tokens, finish_reason)
         stream = StreamRun(
             send=send,
-            fmt=stream_format(request, body, created, tokens, schedule.n_tokens, finish_reason),
+            fmt=fmt,
             tokens=tokens,
             schedule=schedule,
             ticker=self._ticker,
@@ -250,6 +256,8 @@ class MockBackend:
         outcome = Outcome.CANCELLED
         try:
             outcome = await stream.run()
+            if outcome is Outcome.COMPLETED:
+                self._keep(request, body, fmt.tail, tokens, schedule.n_tokens)
         finally:
             self.stats.tokens_sent += stream.sent * request.answers
             self.stats.count_outcome(outcome)
@@ -274,6 +282,25 @@ class MockBackend:
         answer = whole_answer(request, body, created, tokens, n_tokens, finish_reason)
         await respond(send, 200, answer)
         self.stats.tokens_sent += n_tokens * request.answers
+        self._keep(request, body, answer, tokens, n_tokens)
+
+    def _keep(
+        self,
+        request: CompletionRequest,
+        body: dict[str, Any],
+        sent: bytes,
+        tokens: TokenSource,
+        n_tokens: int,
+    ) -> None:
+        """Store a Responses answer sent whole (`sent`: it, or a stream's tail), as OpenAI
+        does unless the request said `store: false` (kept.py)."""
+        if request.endpoint is Endpoint.RESPONSES and body.get("store") is not False:
+            response = finished_response(sent) if request.stream else sent
+            prompt = Transcript(request.prompt_text, request.prompt_tokens)
+            self._kept.keep(response, prompt, tokens.completion(n_tokens), n_tokens)
+
+    async def _stored(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, self._kept.answer(scope["method"], scope["path"]))
 
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival_s = self._clock.monotonic()
@@ -350,51 +377,3 @@ def create_app(
         else None,
         faults=Faults(fail_status, fail_after_tokens),
     )
-
-
-def _config(app: ASGIApp, host: str, port: int) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        ws="none",
-        lifespan="on",
-        access_log=False,
-        timeout_graceful_shutdown=2,
-    )
-
-
-async def serve(*, host: str, port: int, ttft_ms: float, tokens_per_second: float) -> None:
-    """Serve the mock on the running loop until cancelled, then shut down gracefully."""
-    app = create_app(ttft_ms=ttft_ms, tokens_per_second=tokens_per_second)
-    server = uvicorn.Server(_config(app, host, port))
-    task = asyncio.ensure_future(server.serve())
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        server.should_exit = True
-        await task
-        raise
-
-
-def run(
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    ttft_ms: float = 0.0,
-    tokens_per_second: float = 750.0,
-    load_ttft_ms: float = 0.0,
-    prefill_ms_per_1k_tokens: float = 0.0,
-    prefix_cache: int = 0,
-) -> None:
-    """Serve the mock in the foreground on uvloop and httptools until interrupted."""
-    app = create_app(
-        ttft_ms=ttft_ms,
-        tokens_per_second=tokens_per_second,
-        load_ttft_ms=load_ttft_ms,
-        prefill_ms_per_1k_tokens=prefill_ms_per_1k_tokens,
-        prefix_cache=prefix_cache,
-    )
-    uvicorn.Server(_config(app, host, port)).run()

@@ -102,9 +102,15 @@ def _event(chunk: dict[str, Any]) -> bytes:
 
 
 class StreamFormat(Protocol):
-    """Encodes one stream's events: tokens `start` to `stop` (and its ending, when `last`)."""
+    """Encodes one stream's events: tokens `start` to `stop` (and its ending, `tail`, when
+    `last`)."""
 
     def encode(self, tokens: TokenSource, start: int, stop: int, last: bool) -> bytes: ...
+
+    @property
+    def tail(self) -> bytes:
+        """The stream's last events (a Responses stream's last carries the whole response)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
