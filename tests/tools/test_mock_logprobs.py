@@ -120,3 +120,29 @@ def _choices(url: str, body: dict[str, Any]) -> list[Any]:
         return [answer.json()["choices"]]
     events = answer.text.split("\n\n")
     return [orjson.loads(e[6:])["choices"] for e in events if e.startswith("data: {")]
+
+
+def test_responses_give_logprobs_when_include_asks_in_a_stream_and_whole(
+    sdk: openai.OpenAI, mock_url: str, tmp_path: Path
+) -> None:
+    asked: dict[str, Any] = {
+        "model": "exact-llm",
+        "input": "tell me a story",
+        "max_output_tokens": 4,
+        "top_logprobs": 2,
+        "include": ["message.output_text.logprobs"],
+    }
+    whole = sdk.responses.create(**asked)
+    entries = whole.model_dump()["output"][0]["content"][0]["logprobs"]
+    assert "".join(entry["token"] for entry in entries) == whole.output_text
+    assert [len(entry["top_logprobs"]) for entry in entries] == [2] * 4
+    deltas: list[Any] = []
+    for event in sdk.responses.create(stream=True, **asked):
+        if event.type == "response.output_text.delta":
+            deltas += [entry.model_dump() for entry in event.logprobs]
+    assert deltas == entries
+    unasked = sdk.responses.create(model="m", input="tell me a story", max_output_tokens=4)
+    assert unasked.model_dump()["output"][0]["content"][0]["logprobs"] == []
+    with serve(create_gateway(billing_policy(mock_url, tmp_path / "ledger.db"))) as gateway:
+        relayed = httpx.post(gateway + "/v1/responses", json=asked, headers=AUTH, timeout=10)
+    assert relayed.json()["output"][0]["content"][0]["logprobs"] == entries

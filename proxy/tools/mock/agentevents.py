@@ -12,13 +12,16 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.tools.mock.logprobs import Logprobs
 from proxy.tools.mock.text import TokenSource
 from proxy.tools.mock.toolplan import ToolPlan
 
-__all__ = ["SLOT", "CallEventFormat", "EventFormat", "event", "split_delta"]
+__all__ = ["LOGPROBS_SLOT", "SLOT", "CallEventFormat", "EventFormat", "event", "split_delta"]
 
 SLOT: Final = "\x00token\x00"  # stands for a token in a pre-encoded event
+LOGPROBS_SLOT: Final = "\x00logprobs\x00"  # stands for a token's logprobs in a delta event
 _SLOT_JSON: Final = orjson.dumps(SLOT)
+_LOGPROBS_JSON: Final = orjson.dumps(LOGPROBS_SLOT)
 _NUMBER: Final = -777_777_777  # stands for a sequence number in a pre-encoded event
 _NUMBER_JSON: Final = str(_NUMBER).encode()
 
@@ -42,7 +45,8 @@ def split_delta(delta: dict[str, Any], *, numbered: bool) -> tuple[bytes, bytes,
 @dataclass(frozen=True, slots=True)
 class EventFormat:
     """A text answer's stream: each token's event is prefix + token + suffix (and, when
-    numbered, its sequence number + close)."""
+    numbered, its sequence number + close); with `scores`, the suffix is cut where the token's
+    logprobs go (LOGPROBS_SLOT)."""
 
     head: bytes
     prefix: bytes
@@ -50,12 +54,16 @@ class EventFormat:
     numbered_from: int | None
     close: bytes
     tail: bytes
+    scores: Logprobs | None = None
 
     def encode(self, tokens: TokenSource, start: int, stop: int, last: bool) -> bytes:
         parts = [self.head] if start == 0 else []
-        first = self.numbered_from
+        first, scores = self.numbered_from, self.scores
+        middle, suffix = self.suffix.split(_LOGPROBS_JSON) if scores else (self.suffix, b"")
         for i in range(start, stop):
-            parts += (self.prefix, tokens.json(i), self.suffix)
+            parts += (self.prefix, tokens.json(i), middle)
+            if scores is not None:
+                parts += (orjson.dumps(scores.chat(i, i + 1)["content"]), suffix)
             if first is not None:
                 parts += (b"%d" % (first + i), self.close)
         if last:

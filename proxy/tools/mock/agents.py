@@ -24,6 +24,7 @@ import orjson
 
 from proxy.tools.mock.agentcalls import AgentCalls, messages_tool_plan, responses_tool_plan
 from proxy.tools.mock.agentevents import (
+    LOGPROBS_SLOT,
     SLOT,
     CallEventFormat,
     CallEvents,
@@ -32,7 +33,9 @@ from proxy.tools.mock.agentevents import (
     split_delta,
 )
 from proxy.tools.mock.kept import Transcript
+from proxy.tools.mock.logprobs import Logprobs
 from proxy.tools.mock.request import (
+    MAX_TOP_LOGPROBS,
     TOKENS_PER_MESSAGE,
     CompletionRequest,
     Endpoint,
@@ -48,6 +51,8 @@ from proxy.usageshape import responses_usage
 
 __all__ = ["agent_answer", "agent_stream", "parse_agent"]
 
+Body = dict[str, Any]  # a request's parsed JSON
+
 
 def parse_agent(
     body: dict[str, Any], endpoint: Endpoint, history: Transcript | None = None
@@ -61,11 +66,13 @@ def parse_agent(
         store = body.get("store")
         if store is not None and not isinstance(store, bool):
             raise MockHTTPError(400, "'store' must be a boolean.", param="store")
+        logprobs = _responses_logprobs(body)
     else:
         texts = _messages_texts(body)
         max_tokens = int_field(body, "max_tokens", low=1)
         if max_tokens is None:
             raise MockHTTPError(400, "max_tokens: Field required", param="max_tokens")
+        logprobs = None
     tokens = sum(count_words(text) for text in texts) + TOKENS_PER_MESSAGE * len(texts)
     prompt = (history or Transcript("", 0)).then("\n".join(texts), tokens)
     request = CompletionRequest(
@@ -76,10 +83,21 @@ def parse_agent(
         prompt_text=prompt.text,
         prompt_tokens=prompt.tokens,
         max_tokens=max_tokens,
+        logprobs=logprobs,
     )
     plan = responses_tool_plan if endpoint is Endpoint.RESPONSES else messages_tool_plan
     tools = plan(body, request.prompt_text)
     return request if tools is None else dataclasses.replace(request, tools=tools)
+
+
+def _responses_logprobs(body: dict[str, Any]) -> int | None:
+    """The top alternatives each token's logprobs list (`top_logprobs`, 0-20), when `include`
+    asks for the output text's logprobs, as OpenAI gives them only then; else None."""
+    top = int_field(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
+    include = body.get("include")
+    if not isinstance(include, list) or "message.output_text.logprobs" not in include:
+        return None
+    return top or 0
 
 
 def _responses_texts(body: dict[str, Any]) -> list[str]:
@@ -122,10 +140,17 @@ class _Answer:
     answer_id: str
     item_id: str
     calls: AgentCalls | None  # a tool-calling answer's calls
+    scores: Logprobs | None  # a text answer's, when asked for
 
     @classmethod
     def of(
-        cls, request: CompletionRequest, body: dict[str, Any], created: int, n: int, finish: str
+        cls,
+        request: CompletionRequest,
+        body: Body,
+        created: int,
+        tokens: TokenSource,
+        n: int,
+        finish: str,
     ) -> _Answer:
         responses = request.endpoint is Endpoint.RESPONSES
         prefix = "resp_" if responses else "msg_"
@@ -133,7 +158,14 @@ class _Answer:
         cut = finish == "length"
         plan = request.tools
         calls = None if plan is None else AgentCalls.of(plan, n, cut, responses=responses)
-        return cls(request, body, created, n, cut, prefix + uuid.uuid4().hex, item, calls)
+        top = request.logprobs
+        scores = None if top is None or calls is not None else Logprobs(tokens, n, top)
+        answer_id = prefix + uuid.uuid4().hex
+        return cls(request, body, created, n, cut, answer_id, item, calls, scores)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The text's logprobs, as an output_text part holds them ([] when not asked for)."""
+        return [] if self.scores is None else self.scores.chat(0, self.n_tokens)["content"]
 
     def response(self, output: list[dict[str, Any]] | None) -> dict[str, Any]:
         """The Responses API's response object: in progress (output None) or finished."""
@@ -167,7 +199,7 @@ class _Answer:
 
     def item(self, text: str | None) -> dict[str, Any]:
         status = "in_progress" if text is None else "incomplete" if self.cut_short else "completed"
-        content = [] if text is None else [_output_text(text)]
+        content = [] if text is None else [_output_text(text, self.entries())]
         return {
             "id": self.item_id,
             "type": "message",
@@ -210,29 +242,25 @@ class _Answer:
         return "end_turn" if self.calls is None else "tool_use"
 
 
-def _output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _output_text(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
 
 def agent_answer(
-    request: CompletionRequest, body: dict[str, Any], created: int, text: str, n: int, finish: str
+    request: CompletionRequest, body: Body, created: int, tokens: TokenSource, n: int, finish: str
 ) -> bytes:
     """A whole Responses or Messages answer of `n` tokens."""
-    answer = _Answer.of(request, body, created, n, finish)
+    answer = _Answer.of(request, body, created, tokens, n, finish)
+    text = tokens.completion(n)
     if request.endpoint is Endpoint.RESPONSES:
         return orjson.dumps(answer.response(answer.output(text)))
     return orjson.dumps(answer.message(answer.content(text), n))
 
 
 def agent_stream(
-    request: CompletionRequest,
-    body: dict[str, Any],
-    created: int,
-    tokens: TokenSource,
-    n: int,
-    finish: str,
+    request: CompletionRequest, body: Body, created: int, tokens: TokenSource, n: int, finish: str
 ) -> StreamFormat:
-    answer = _Answer.of(request, body, created, n, finish)
+    answer = _Answer.of(request, body, created, tokens, n, finish)
     if request.endpoint is Endpoint.RESPONSES:
         return _responses_stream(answer, tokens.completion(n))
     return _messages_stream(answer)
@@ -254,14 +282,15 @@ def _responses_stream(answer: _Answer, text: str) -> StreamFormat:
     at: dict[str, Any] = {"item_id": answer.item_id, "output_index": 0, "content_index": 0}
     started += [
         {"type": "response.output_item.added", "output_index": 0, "item": answer.item(None)},
-        {"type": "response.content_part.added", **at, "part": _output_text("")},
+        {"type": "response.content_part.added", **at, "part": _output_text("", [])},
     ]
     ended[:0] = [
-        {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
-        {"type": "response.content_part.done", **at, "part": _output_text(text)},
+        {"type": "response.output_text.done", **at, "text": text, "logprobs": answer.entries()},
+        {"type": "response.content_part.done", **at, "part": _output_text(text, answer.entries())},
         {"type": "response.output_item.done", "output_index": 0, "item": answer.item(text)},
     ]
-    delta = {"type": "response.output_text.delta", **at, "delta": SLOT, "logprobs": []}
+    logprobs = [] if answer.scores is None else LOGPROBS_SLOT
+    delta = {"type": "response.output_text.delta", **at, "delta": SLOT, "logprobs": logprobs}
     prefix, suffix, close = split_delta(delta, numbered=True)
     numbered, n = len(started), answer.n_tokens
     return EventFormat(
@@ -273,6 +302,7 @@ def _responses_stream(answer: _Answer, text: str) -> StreamFormat:
         tail=b"".join(
             event({**e, "sequence_number": numbered + n + i}) for i, e in enumerate(ended)
         ),
+        scores=answer.scores,
     )
 
 

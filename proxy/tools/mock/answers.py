@@ -121,9 +121,9 @@ def whole_answer(
     n_tokens: int,
     finish_reason: str,
 ) -> bytes:
-    text = tokens.completion(n_tokens)
     if request.endpoint in _AGENTS:
-        return agent_answer(request, body, created, text, n_tokens, finish_reason)
+        return agent_answer(request, body, created, tokens, n_tokens, finish_reason)
+    text = tokens.completion(n_tokens)
     chat = request.endpoint is Endpoint.CHAT
     if chat:
         content: dict[str, Any] = {"message": {"role": "assistant", "content": text}}

@@ -15,7 +15,8 @@ turn (an event each, with the choice's `index`), as vLLM and OpenAI stream `n` >
 (stop_reason "max_tokens"). `stop` ends a chat or text completion where a sequence first
 occurs, as vLLM does (text.py stopped).
 `stream_options` without `stream` is a 400, as in OpenAI and vLLM. Chat's `logprobs` (with
-`top_logprobs`) and completions' `logprobs` are answered with each token's (logprobs.py).
+`top_logprobs`), completions' `logprobs` and a response's `include` of
+"message.output_text.logprobs" are answered with each token's (logprobs.py).
 Errors on /v1/messages are Anthropic-shaped. A request with function `tools` may be answered
 with tool calls, as a model decides by `tool_choice`: on chat `tool_calls` (toolcalls.py), on
 Responses `function_call` items and on Messages `tool_use` blocks (agentcalls.py), each streamed
