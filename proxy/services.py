@@ -109,7 +109,7 @@ class Services:
             rate_limits,
             Drain(policy.server.drain_timeout),
             RuntimeKeys(open_key_store(policy.storage), clock, kept=KeptKeys.from_environment()),
-            open_ended_sessions(policy.storage), open_owned_ids(policy.storage),
+            open_ended_sessions(storage), open_owned_ids(storage),
             otel.metrics_push(
                 metrics, lambda: budgets_left(serving(), quotas, clock.wall())
             ) if otel else None,

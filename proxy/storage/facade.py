@@ -39,6 +39,12 @@ class Storage:
             if step.error is not None or step.refused:
                 return
 
+    @property
+    def link(self) -> RedisLink | None:
+        """The Redis link the stores share, for what else the process keeps there (ended
+        sessions, stored-object owners); None on memory."""
+        return None
+
     def with_quotas(self, quotas: QuotaStore) -> Storage:
         """The same storage with other quota counters (tests give their own)."""
         return Storage(quotas, self.limits, self.cache)
@@ -60,6 +66,10 @@ class RedisStorage(Storage):
         super().__init__(
             RedisStore(self._link), RedisLimitStore(self._link), RedisCacheStore(self._link)
         )
+
+    @property
+    def link(self) -> RedisLink:
+        return self._link
 
     async def admit(self, steps: Sequence[Step[Any]]) -> None:
         await self._link.run([self._call(step) for step in steps], gate=True)
@@ -88,6 +98,10 @@ class _Sharing(Storage):
     ) -> None:
         super().__init__(quotas, limits, cache)
         self._owner = owner
+
+    @property
+    def link(self) -> RedisLink | None:
+        return self._owner.link
 
     async def aclose(self) -> None:
         await self._owner.aclose()

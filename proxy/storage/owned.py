@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 from typing import Protocol
 
+from proxy.storage.facade import Storage
+from proxy.storage.redis.link import RedisLink
 from proxy.storage.redis.marks import RedisMarks
-from proxy.storage.redis.url import check_storage_url
 
 __all__ = ["MemoryOwnedIds", "OwnedIds", "RedisOwnedIds", "open_owned_ids", "owner_key"]
 
@@ -53,11 +54,11 @@ class MemoryOwnedIds:
 
 
 class RedisOwnedIds:
-    """One key per tenant and id, expiring with the claim: nothing to sweep."""
+    """One key per tenant and id, expiring with the claim: nothing to sweep. On the storage's
+    link, which the storage closes."""
 
-    def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
-        self._marks = RedisMarks(url, "stored-object owners", timeout_s=timeout_s,
-                                 max_connections=16)  # fmt: skip
+    def __init__(self, link: RedisLink) -> None:
+        self._marks = RedisMarks(link, "stored-object owners")
 
     async def claim(self, tenant: str, object_id: str, until_wall: float) -> None:
         await self._marks.mark(owner_key(tenant, object_id), until_wall)
@@ -66,13 +67,12 @@ class RedisOwnedIds:
         return await self._marks.marked(owner_key(tenant, object_id))
 
     async def aclose(self) -> None:
-        await self._marks.aclose()
+        return None
 
 
-def open_owned_ids(url: str) -> OwnedIds:
-    if check_storage_url(url) == "memory":
-        return MemoryOwnedIds()
-    return RedisOwnedIds(url)
+def open_owned_ids(storage: Storage) -> OwnedIds:
+    """On `storage`'s Redis link (every replica's), or in this process's memory."""
+    return MemoryOwnedIds() if storage.link is None else RedisOwnedIds(storage.link)
 
 
 def _digest(tenant: str, object_id: str) -> bytes:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import heapq
 from typing import Protocol
 
+from proxy.storage.facade import Storage
+from proxy.storage.redis.link import RedisLink
 from proxy.storage.redis.marks import RedisMarks
-from proxy.storage.redis.url import check_storage_url
 
 __all__ = ["EndedSessions", "MemoryEndedSessions", "RedisEndedSessions", "open_ended_sessions"]
 
@@ -53,10 +54,11 @@ class MemoryEndedSessions:
 
 
 class RedisEndedSessions:
-    """One key per ended session, expiring with the cookie: nothing to sweep."""
+    """One key per ended session, expiring with the cookie: nothing to sweep. On the storage's
+    link, which the storage closes."""
 
-    def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
-        self._marks = RedisMarks(url, "session storage", timeout_s=timeout_s, max_connections=4)
+    def __init__(self, link: RedisLink) -> None:
+        self._marks = RedisMarks(link, "session storage")
 
     async def end(self, session_id: bytes, until_wall: float, now_wall: float) -> None:
         await self._marks.mark(_key(session_id), until_wall + 1)
@@ -65,13 +67,12 @@ class RedisEndedSessions:
         return await self._marks.marked(_key(session_id))
 
     async def aclose(self) -> None:
-        await self._marks.aclose()
+        return None
 
 
-def open_ended_sessions(url: str) -> EndedSessions:
-    if check_storage_url(url) == "memory":
-        return MemoryEndedSessions()
-    return RedisEndedSessions(url)
+def open_ended_sessions(storage: Storage) -> EndedSessions:
+    """On `storage`'s Redis link (every replica's), or in this process's memory."""
+    return MemoryEndedSessions() if storage.link is None else RedisEndedSessions(storage.link)
 
 
 def _key(session_id: bytes) -> str:

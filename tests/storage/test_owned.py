@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.storage import open_storage
 from proxy.storage.owned import MemoryOwnedIds, open_owned_ids
 
 NOW = 1_900_000_000.0
 
 
-@pytest.fixture(params=["memory", "redis"])
-def url(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return "memory"
-    found: str = request.getfixturevalue("redis_url")
-    return found
-
-
 @pytest.mark.anyio
-async def test_a_claim_is_its_tenants_alone_until_it_expires(url: str) -> None:
-    owned = open_owned_ids(url)
+async def test_a_claim_is_its_tenants_alone_until_it_expires(storage_url: str) -> None:
+    """On every storage (Redis, Sentinel and Cluster alike, on the stores' own link)."""
+    storage = open_storage(storage_url)
+    owned = open_owned_ids(storage)
     try:
         await owned.claim("alice", "resp_1", NOW + 60)
         assert await owned.owns("alice", "resp_1", NOW)
@@ -28,10 +23,11 @@ async def test_a_claim_is_its_tenants_alone_until_it_expires(url: str) -> None:
         assert not await owned.owns("alice", "resp_2", NOW)
         # Names that run together differently are other pairs.
         assert not await owned.owns("alice\0resp", "_1", NOW)
-        if url == "memory":  # Redis's own clock expires its keys
+        if storage_url == "memory":  # Redis's own clock expires its keys
             assert not await owned.owns("alice", "resp_1", NOW + 61)
     finally:
         await owned.aclose()
+        await storage.aclose()
 
 
 @pytest.mark.anyio

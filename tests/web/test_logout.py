@@ -13,6 +13,7 @@ import pytest
 from proxy import services
 from proxy.app import SESSION_TTL_S, create_app
 from proxy.clock import FakeClock
+from proxy.storage import Storage
 from proxy.storage.sessions import EndedSessions, MemoryEndedSessions
 from tests.conftest import ALPHA_KEY
 from tests.servers import serve
@@ -81,8 +82,8 @@ def test_ended_sessions_are_forgotten_once_their_cookies_expire(
     opened: list[EndedSessions] = []
     open_ended_sessions = services.open_ended_sessions
 
-    def recorded(url: str) -> EndedSessions:
-        opened.append(open_ended_sessions(url))
+    def recorded(storage: Storage) -> EndedSessions:
+        opened.append(open_ended_sessions(storage))
         return opened[-1]
 
     monkeypatch.setattr(services, "open_ended_sessions", recorded)

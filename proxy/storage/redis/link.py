@@ -41,7 +41,7 @@ R = TypeVar("R")
 OPERATIONS = (
     "reserve", "settle", "charge", "renew",
     "admit", "limits_settle", "limits_release", "limits_renew", "limits_peek", "limits_held",
-    "cache_get", "cache_put", "cache_forget",
+    "cache_get", "cache_put", "cache_forget", "mark", "marked",
 )  # fmt: skip
 _HELPERS = ("release_expired", "limits_bucket", "cache_drop")
 _FAILED, _RAN = 0, 1  # run.lua's statuses; 2 is ran and refused

@@ -1,0 +1,64 @@
+"""A gateway on Redis storage opens its storage once: whose each stored response is and which
+dashboard sessions ended go over the link the quota, limit and cache stores share, through a
+real gateway on a private redis-server, counted with CLIENT LIST."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+
+from proxy.app import create_app
+from proxy.policy import parse_policy
+from proxy.policy.units import hash_key
+from tests.redis_server import private_redis
+from tests.servers import serve
+from tests.web.storedbackend import MODEL, stored_backend
+
+KEY = "tw-one-link-alice"
+COOKIE = "tokenweir_session"
+
+
+def _connections(url: str) -> int:
+    """The clients Redis has, this one asking left out."""
+    with redis.Redis.from_url(url) as admin:
+        return sum(client["cmd"] != "client|list" for client in admin.client_list())
+
+
+def test_stored_responses_and_logouts_open_no_redis_connection_of_their_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each had a redis-py pool of its own: two connections more than the stores' link."""
+    monkeypatch.setenv("TOKENWEIR_SESSION_SECRET", "test-one-link-secret")
+    with private_redis() as redis_url, stored_backend() as backend:
+        text = f"""
+storage: {redis_url}
+ledger: sqlite:///{tmp_path / "ledger.db"}
+backends: [{{name: shared, url: "{backend.url}/v1", models: [{MODEL}]}}]
+models: {{{MODEL}: {{}}}}
+tenants:
+  alice:
+    api_keys: [{hash_key(KEY)}]
+    models: [{MODEL}]
+    limits: {{requests_per_minute: 1000}}
+"""
+        policy = parse_policy(text, file="one-link.yaml", environ={})
+        with (
+            serve(create_app(policy)) as url,
+            openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as alice,
+        ):
+            # The rate limit is on the stores' link: it is open from the first request.
+            alice.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+            opened = _connections(redis_url)
+            made = alice.responses.create(model=MODEL, input="remember me")
+            again = alice.responses.create(model=MODEL, input="?", previous_response_id=made.id)
+            assert again.output_text == "Earlier you said: remember me"
+            login = {"key": KEY, "next": "/dashboard"}
+            cookie = httpx.post(url + "/dashboard/login", data=login).cookies[COOKIE]
+            assert httpx.get(url + "/api/usage", cookies={COOKIE: cookie}).status_code == 200
+            httpx.post(url + "/dashboard/logout", cookies={COOKIE: cookie})
+            assert httpx.get(url + "/api/usage", cookies={COOKIE: cookie}).status_code == 401
+            assert _connections(redis_url) == opened
