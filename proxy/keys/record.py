@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from proxy.policy.model import Tenant
 from proxy.policy.numbers import NoBoolAsNumber
 from proxy.policy.units import parse_duration_s
+from proxy.storage.scopes import tenant_scope
 
 __all__ = [
     "MAX_ALLOWANCE",
@@ -113,7 +114,7 @@ class KeyRecord:
     def scope(self) -> str:
         """Where the key's own counters and buckets live: under its tenant's hash tag, so that
         a Redis Cluster keeps them in the tenant's slot."""
-        return f"tw:{{{self.tenant}}}:key:{self.id}"
+        return f"{tenant_scope(self.tenant)}:key:{self.id}"
 
     def public(self) -> dict[str, object]:
         """What the admin API shows: never the digest, never the secret."""

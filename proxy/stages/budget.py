@@ -27,6 +27,7 @@ from proxy.stages.storagepolicy import StorageFailures, warned
 from proxy.stages.unbooked import Unbooked, UnbookedSettle
 from proxy.storage.base import Counter, QuotaStore, StorageError, StorageRefused, StorageUnsent
 from proxy.storage.joint import Reserve
+from proxy.storage.scopes import tenant_scope
 from proxy.together import nothing
 
 __all__ = ["IN_FLIGHT_RETRY_S", "Budgets", "QuotaPlan", "Refusing"]
@@ -128,7 +129,7 @@ class Budgets:
         if not quotas:
             return None
         lease_id, lease_s = self._lease_ids.next(), ctx.tenant.limits.lease_ttl
-        reservation = Reservation(_scope(ctx.tenant_name), lease_id, lease_s, quotas)
+        reservation = Reservation(tenant_scope(ctx.tenant_name), lease_id, lease_s, quotas)
         input_tokens, output_tokens = ctx.counted_input_tokens or 0, self._output_bound(ctx)
         amounts = [self._reserved(ctx, q, input_tokens, output_tokens) for q in quotas]
         step = Reserve(
@@ -293,11 +294,6 @@ def _may_shorten(ctx: Admitted) -> bool:
     return ctx.tenant.budget.stop_stream_at_budget and ctx.operation != "embeddings"
 
 
-def _scope(tenant: str) -> str:
-    # The hash tag keeps one tenant's keys in one Redis Cluster slot.
-    return f"tw:{{{tenant}}}"
-
-
 class _DailyQuotas:
     """Each tenant's quotas, built once a (UTC) day: their counters change only at midnight."""
 
@@ -320,7 +316,7 @@ def _quotas(tenant: str, budget: Budget, now: float) -> tuple[Quota, ...]:
     next_month = (month.tm_year + month.tm_mon // 12, month.tm_mon % 12 + 1, 1, 0, 0, 0)
     month_end = calendar.timegm(next_month)
     day_tag, month_tag = time.strftime("%Y%m%d", day), time.strftime("%Y%m", month)
-    scope = _scope(tenant)
+    scope = tenant_scope(tenant)
     wanted = (
         ("tokens_per_day", False, budget.tokens_per_day, f"tokens:d:{day_tag}", day_end),
         ("tokens_per_month", False, budget.tokens_per_month, f"tokens:m:{month_tag}", month_end),

@@ -9,6 +9,7 @@ from typing import Final, TypeVar
 
 from proxy.policy.model import Limits, LimitSet, Policy
 from proxy.storage.limits import Bucket, LimitKey, SlotPool
+from proxy.storage.scopes import scope_owner
 
 __all__ = ["LimitShape", "LimitShapes", "Sizable", "limit_key", "per_minute", "sized_now"]
 
@@ -129,14 +130,14 @@ def sized_now(policy: Policy | None, limit: Sizable) -> Sizable:
         return limit
     name = limit_key(limit)
     level: Limits | LimitSet | None = None
-    if name.scope.startswith("tw:backend:{"):
-        backend = name.scope.removeprefix("tw:backend:{").removesuffix("}")
-        level = next((b.limits for b in policy.backends if b.name == backend), None)
-    else:  # a tenant's scope, tw:{<name>} (a runtime key's limits do not change)
-        tenant = policy.tenants.get(name.scope.removeprefix("tw:{").removesuffix("}"))
-        level = tenant.limits if tenant is not None else None
-        if level is not None and name.model is not None:
-            level = level.per_model.get(name.model)
+    match scope_owner(name.scope):  # None: a runtime key's own (its limits do not change)
+        case ("backend", backend):
+            level = next((b.limits for b in policy.backends if b.name == backend), None)
+        case ("tenant", tenant_name):
+            tenant = policy.tenants.get(tenant_name)
+            level = tenant.limits if tenant is not None else None
+            if level is not None and name.model is not None:
+                level = level.per_model.get(name.model)
     if level is None:
         return limit
     if isinstance(limit, SlotPool):

@@ -26,9 +26,11 @@ from proxy.stages.limitshape import LimitShape, LimitShapes, limit_key, per_minu
 from proxy.stages.prefetch import Plan, taken
 from proxy.stages.storagepolicy import StorageFailures
 from proxy.stages.trueups import MissedTrueUps, TrueUp
+from proxy.storage import scopes
 from proxy.storage.base import StorageError
 from proxy.storage.joint import Admit
 from proxy.storage.limits import Admission, Bucket, LimitStore
+from proxy.storage.scopes import tenant_scope
 
 __all__ = [
     "LimitPlan",
@@ -110,7 +112,7 @@ class RateLimits:
     def plan(self, ctx: Admitted) -> LimitPlan | None:
         """The tenant's buckets and slot pools (and its limits on this model); None without."""
         limits = ctx.tenant.limits
-        shape = self._shapes.of(f"tw:{{{ctx.tenant_name}}}", limits, ctx.model)
+        shape = self._shapes.of(tenant_scope(ctx.tenant_name), limits, ctx.model)
         if shape.empty:
             return None
         costs = shape.costs(_token_cost(ctx))
@@ -123,7 +125,7 @@ class RateLimits:
     async def show(self, ctx: Admitted) -> None:
         """The tenant's x-ratelimit-* headers as its buckets stand, charging nothing, for a
         request refused before this stage admitted it (a quota's 429): every answer has them."""
-        shape = self._shapes.of(f"tw:{{{ctx.tenant_name}}}", ctx.tenant.limits, ctx.model)
+        shape = self._shapes.of(tenant_scope(ctx.tenant_name), ctx.tenant.limits, ctx.model)
         if not shape.buckets:
             return
         try:
@@ -171,7 +173,7 @@ class RateLimits:
         if asked in (None, model):
             return
         ctx.limited_model = model
-        scope = f"tw:{{{ctx.tenant_name}}}"
+        scope = tenant_scope(ctx.tenant_name)
         if asked in limits.per_model:
             parts = [hold.part_on(asked) for hold in ctx.rate_limits if hold.scope == scope]
             with ctx.scope.shielded():
@@ -218,7 +220,7 @@ class RateLimits:
         calls no backend, but each costs the gateway a tokenization of up to `max_body_bytes`.
         Nothing else is charged or held. Writes the x-ratelimit-*-requests headers."""
         limits = ctx.tenant.limits
-        scope = f"tw:{{{ctx.tenant_name}}}"
+        scope = tenant_scope(ctx.tenant_name)
         buckets = [bucket for bucket, _ in per_minute(scope, limits.requests_per_minute, None, 0)]
         if key is not None:
             own = key.allowance.requests_per_minute
@@ -387,10 +389,7 @@ class RateLimits:
 
 
 def backend_scope(backend: Backend) -> str:
-    # Not tw:{backend:<name>}, which is also the scope of a tenant named "backend:<name>" (a
-    # tenant's is tw:{<name>}, and names have no braces): that tenant's lone request took its
-    # own slot, then found the backend's pool holding it and was refused.
-    return f"tw:backend:{{{backend.name}}}"
+    return scopes.backend_scope(backend.name)
 
 
 def _token_cost(ctx: Admitted) -> int:

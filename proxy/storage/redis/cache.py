@@ -25,6 +25,7 @@ from proxy.storage.redis.cache_vset import RedisVectorSets
 from proxy.storage.redis.conn import reply_text, translated
 from proxy.storage.redis.link import Arg, LuaCall, OnLink, RedisLink, nothing
 from proxy.storage.redis.resp import Multiplexed, can_multiplex
+from proxy.storage.scopes import tenant_scope
 
 __all__ = ["RedisCacheStore"]
 
@@ -155,4 +156,4 @@ def _own(link: RedisLink) -> Multiplexed | None:
 
 
 def _prefix(tenant: str) -> str:
-    return f"tw:{{{tenant}}}:cache:"
+    return f"{tenant_scope(tenant)}:cache:"
