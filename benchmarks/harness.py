@@ -114,24 +114,34 @@ def started(args: list[str], probe: str, log: Path) -> Iterator[Process]:
 
 @contextmanager
 def running(
-    command: list[str], port: int, probe: str, log: Path, name: str, cwd: Path | None = None
+    command: list[str],
+    port: int,
+    probe: str,
+    log: Path,
+    name: str,
+    cwd: Path | None = None,
+    *,
+    within_s: float = 30.0,
 ) -> Iterator[Process]:
-    """`command` (output to `log`), once it answers `probe` on `port`; stopped at the end."""
+    """`command` (output to `log`), once it answers `probe` on `port` (waiting `within_s` for
+    it to start, and as long for it to stop); stopped at the end."""
     with log.open("wb") as out:
         popen = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:  # one that never answers is stopped too
-        wait_answering(url + probe, popen, f"{name} did not start; see {log}")
+        wait_answering(url + probe, popen, f"{name} did not start; see {log}", within_s)
         yield Process(popen, url)
     finally:
         popen.terminate()
-        popen.wait(timeout=30)
+        popen.wait(timeout=within_s)
 
 
-def wait_answering(url: str, popen: subprocess.Popen[bytes], failure: str) -> None:
-    """Wait up to 30 s until `url` answers 2xx to the bench key; raise `failure` if `popen`
-    exits first or it never does."""
-    deadline = time.monotonic() + 30
+def wait_answering(
+    url: str, popen: subprocess.Popen[bytes], failure: str, within_s: float = 30.0
+) -> None:
+    """Wait up to `within_s` until `url` answers 2xx to the bench key; raise `failure` if
+    `popen` exits first or it never does."""
+    deadline = time.monotonic() + within_s
     while True:
         try:
             if httpx.get(url, headers={"authorization": f"Bearer {KEY}"}).is_success:

@@ -125,7 +125,10 @@ def counted(tree: Path, policy: Path, work: Path, args: argparse.Namespace) -> d
         f"--callgrind-out-file={out}",
         sys.executable, "-m", "proxy", "serve", "--config", str(policy), "--port", str(port),
     ]  # fmt: skip
-    with running(command, port, "/healthz", work / "gateway.log", f"{tree}'s gateway", tree) as gw:
+    # Under valgrind a gateway starts (and writes its counts at the end) many times slower: on a
+    # busy machine 30 s was not always enough.
+    log, name = work / "gateway.log", f"{tree}'s gateway"
+    with running(command, port, "/healthz", log, name, tree, within_s=300) as gw:
         bench(gw.url, args.concurrency, 100, stream=args.stream, tokens=args.tokens)  # warm-up
         control(gw.popen.pid, "-i", "on")
         done = bench(
