@@ -99,6 +99,7 @@ def create_app(
     otel: OtelProviders | TracerProvider | None = None,
     freeze_gc: bool = False,
     tokenizers: Mapping[str | None, TokenCounter] | None = None,
+    source: PolicySource | None = None,
 ) -> Starlette:
     """The gateway app; `clock`, `transport` and `store` replace the real ones (for tests).
 
@@ -109,11 +110,13 @@ def create_app(
     OTEL_* environment may configure the SDK here, in the process (each uvicorn worker) that
     serves the app. `freeze_gc` moves what startup built out of the garbage collector's way
     (`gc.freeze`) and collects less often (SERVING_GC_THRESHOLDS), for a serving process.
-    `tokenizers`: some already loaded, by spec (`load_tokenizers`), not loaded again."""
+    `tokenizers`: some already loaded, by spec (`load_tokenizers`), not loaded again. `source`:
+    the file `config` as the command read it (a FIFO, `--config <(...)`, gives its bytes once)."""
     if policy is None:
         config = config or Path(os.environ.get("TOKENWEIR_CONFIG") or DEFAULT_POLICY)
     accepted = AcceptedPolicy.from_environment()  # under `tokenweir serve --workers N`
-    source = PolicySource.starting(config, accepted) if config is not None else None
+    if source is None and config is not None:
+        source = PolicySource.starting(config, accepted)
     resolved = policy or (source.policy if source else load_policy(DEFAULT_POLICY))
     chosen_clock = clock or SystemClock()
     watching = watch if watch is not None else os.environ.get(WATCH_ENV) == "1"
@@ -223,14 +226,18 @@ def _forwarded_allow_ips() -> str:
     return os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
 
 
-def create_served_app(tokenizers: Mapping[str | None, TokenCounter] | None = None) -> Starlette:
+def create_served_app(
+    tokenizers: Mapping[str | None, TokenCounter] | None = None,
+    source: PolicySource | None = None,
+) -> Starlette:
     """What `tokenweir serve` runs in each worker: the policy from TOKENWEIR_CONFIG, and the
-    startup heap frozen; `tokenizers` those the command loaded already (one process). A
-    worker (SUPERVISOR_ENV names its supervisor) drains and exits if the supervisor dies."""
+    startup heap frozen; `tokenizers` and `source` those the command loaded already (one
+    process). A worker (SUPERVISOR_ENV names its supervisor) drains and exits if the
+    supervisor dies."""
     supervisor = os.environ.get(SUPERVISOR_ENV, "")
     if supervisor.isdigit():
         end_with_supervisor(int(supervisor))
-    return create_app(freeze_gc=True, tokenizers=tokenizers)
+    return create_app(freeze_gc=True, tokenizers=tokenizers, source=source)
 
 
 def _start_otel_sdk() -> OtelSdk | None:

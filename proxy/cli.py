@@ -201,7 +201,8 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ.pop(KEPT_KEYS_ENV, None)
         os.environ.pop(SUPERVISOR_ENV, None)  # one inherited would make this process a worker
         # One process: its app takes the tokenizers loaded above instead of loading them again.
-        served = functools.partial(create_served_app, tokenizers)
+        # And the file as read above: a FIFO (`--config <(...)`) gives its bytes only once.
+        served = functools.partial(create_served_app, tokenizers, source)
         return _serve_one(uvicorn.Config(served, **config_kwargs))
     del tokenizers  # each worker loads its own
     # Each worker learns who its supervisor is, to have an admin-API reload reach its siblings,

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.accepted import AcceptedPolicy
 from proxy.errors import BadRequest
 from proxy.filewatch import FileStamp, FileWatch, file_digest, stamp
-from proxy.policy import Policy, PolicyError, Problem, decode_policy, parse_policy
+from proxy.policy import Policy, PolicyError, decode_policy, parse_policy, read_policy_bytes
 from proxy.sighup import hold_sighup, release_sighup
 from proxy.together import cancelled
 
@@ -79,12 +79,7 @@ class PolicySource:
     def read(cls, path: Path) -> PolicySource:
         """Parse `path`; PolicyError names the file, line and key of every problem."""
         seen = stamp(path)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            problem = Problem(str(path), 0, "", f"cannot read the file: {exc.strerror}")
-            raise PolicyError([problem]) from exc
-        return cls.parse(path, data, seen)
+        return cls.parse(path, read_policy_bytes(path), seen)
 
     @classmethod
     def parse(cls, path: Path, data: bytes, seen: FileStamp | None = None) -> PolicySource:

@@ -1,6 +1,13 @@
 """The policy file: typed, frozen objects parsed once at startup from YAML."""
 
-from proxy.policy.load import PolicyError, Problem, decode_policy, load_policy, parse_policy
+from proxy.policy.load import (
+    PolicyError,
+    Problem,
+    decode_policy,
+    load_policy,
+    parse_policy,
+    read_policy_bytes,
+)
 from proxy.policy.model import Backend, Budget, ModelSpec, Policy, Tenant
 
 __all__ = [
@@ -14,4 +21,5 @@ __all__ = [
     "decode_policy",
     "load_policy",
     "parse_policy",
+    "read_policy_bytes",
 ]

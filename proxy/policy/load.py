@@ -17,7 +17,19 @@ from proxy.policy.problems import KeyPath, PolicyError, Problem, by_line, dotted
 from proxy.policy.yamlfile import decode_policy, read_yaml
 from proxy.storage.redis.url import is_redis_url
 
-__all__ = ["PolicyError", "Problem", "decode_policy", "load_policy", "parse_policy"]
+__all__ = [
+    "MAX_POLICY_BYTES",
+    "PolicyError",
+    "Problem",
+    "decode_policy",
+    "load_policy",
+    "parse_policy",
+    "read_policy_bytes",
+]
+
+MAX_POLICY_BYTES = 16 << 20
+"""The largest policy file read: a policy of 10,000 tenants is a few MB. Past it (`/dev/zero`, a
+runaway generator) the file is refused, not read until memory runs out."""
 
 
 def load_policy(
@@ -27,13 +39,23 @@ def load_policy(
 
     `keys_needed=False` is for readers of the policy that serve nobody (`tokenweir report`): a
     client key whose variable is unset then matches no key instead of being an error."""
+    text = decode_policy(read_policy_bytes(path), str(path))
+    return parse_policy(text, file=str(path), environ=environ, keys_needed=keys_needed)
+
+
+def read_policy_bytes(path: str | Path) -> bytes:
+    """The file's bytes, read once (a FIFO, `--config <(...)`, has no size to ask first), or a
+    PolicyError if it cannot be read or holds more than MAX_POLICY_BYTES."""
     file = str(path)
     try:
-        data = Path(path).read_bytes()
+        with Path(path).open("rb") as stream:
+            data = stream.read(MAX_POLICY_BYTES + 1)
     except OSError as exc:
         raise PolicyError([Problem(file, 0, "", f"cannot read the file: {exc.strerror}")]) from exc
-    text = decode_policy(data, file)
-    return parse_policy(text, file=file, environ=environ, keys_needed=keys_needed)
+    if len(data) > MAX_POLICY_BYTES:
+        message = f"more than {MAX_POLICY_BYTES >> 20} MiB, the most a policy file may hold"
+        raise PolicyError([Problem(file, 0, "", message)])
+    return data
 
 
 def parse_policy(
