@@ -16,10 +16,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.ledger import open_ledger
 from proxy.policy.units import hash_key
-from tests.servers import free_port
+from proxy.tools.mock import backend as mockbackend
+from tests.servers import free_port, serve
 
 DEMO = str(Path(__file__).resolve().parent.parent / "policies" / "demo.yaml")
 INTERRUPTED = 130
@@ -212,6 +214,45 @@ def test_a_bench_into_a_closed_pipe_still_writes_its_json(backend_url: str, tmp_
     document = orjson.loads(results.read_bytes())
     assert document["interrupted"] is False
     assert document["levels"][0]["ok"] == 2
+
+
+def _held(app: ASGIApp, opened: threading.Event) -> ASGIApp:
+    """`app`, answering HTTP requests only once `opened` is set."""
+
+    async def held(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await asyncio.to_thread(opened.wait, 120)
+        await app(scope, receive, send)
+
+    return held
+
+
+def test_a_bench_whose_status_reader_went_away_runs_on_and_writes_its_json(
+    tmp_path: Path,
+) -> None:
+    """`tokenweir bench ... --json FILE 2>&1 | head -1`: the level's status line met the closed
+    pipe, and the BrokenPipeError ended the run there, its JSON never written."""
+    opened = threading.Event()
+    results = tmp_path / "bench.json"
+    with serve(_held(mockbackend.create_app(ttft_ms=0), opened)) as backend:
+        read, write = os.pipe()
+        process = subprocess.Popen(
+            command(
+                "bench", "--base-url", f"{backend}/v1", "--model", "mock-llm", "--concurrency",
+                "1,2", "--requests", "2", "--max-tokens", "4", "--json", str(results),
+            ),
+            stdout=write, stderr=write,
+        )  # fmt: skip
+        os.close(write)
+        with os.fdopen(read, "rb") as head:
+            first = head.readline()  # `head -1`: one line, then the pipe is closed
+        opened.set()  # only now is a level done, and said
+        status = process.wait(timeout=120)
+    assert first.startswith(b"bench ")
+    assert status == READER_GONE
+    document = orjson.loads(results.read_bytes())
+    assert document["interrupted"] is False
+    assert [level["ok"] for level in document["levels"]] == [2, 2]
 
 
 @pytest.mark.parametrize(

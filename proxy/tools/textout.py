@@ -8,11 +8,12 @@ secret was never shown.
 from __future__ import annotations
 
 import io
+import os
 import sys
 import unicodedata
 from typing import TextIO
 
-__all__ = ["stdout_for", "text_width"]
+__all__ = ["StatusLines", "stdout_for", "text_width"]
 
 
 def stdout_for(*, data: bool) -> TextIO:
@@ -25,6 +26,48 @@ def stdout_for(*, data: bool) -> TextIO:
         else:
             stdout.reconfigure(errors="backslashreplace")
     return stdout
+
+
+class StatusLines:
+    """A command's status lines (stderr) whose reader may go away, as in `tokenweir bench ...
+    2>&1 | head -1`: from then on they go nowhere and `gone` says so, and the command goes on
+    with its work (a results file) instead of ending on BrokenPipeError."""
+
+    __slots__ = ("_stream", "gone")
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._went()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._went()
+
+    def _went(self) -> None:
+        self.gone = True
+        # What the stream still holds would be flushed at exit into the closed pipe, with a
+        # complaint: it goes to /dev/null instead.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        except OSError:
+            return
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass  # not a file (a test's capture): nothing held goes to a pipe
+        finally:
+            os.close(devnull)
 
 
 def text_width(text: str) -> int:

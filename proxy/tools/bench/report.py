@@ -15,6 +15,7 @@ from proxy.tools.bench.client import USAGE
 from proxy.tools.bench.config import BenchConfig, BenchError
 from proxy.tools.bench.level import LevelProgress, LevelResult
 from proxy.tools.bench.prompts import Workload
+from proxy.tools.textout import StatusLines
 
 __all__ = [
     "CPU_WARNING_FRACTION",
@@ -38,7 +39,7 @@ class ProgressLine:
 
     __slots__ = ("_stream", "_width")
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO | StatusLines) -> None:
         self._stream = stream
         self._width = 0
 

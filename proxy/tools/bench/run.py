@@ -11,9 +11,9 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TextIO
+from typing import Any
 
-from proxy.exitstatus import INTERRUPTED, TERMINATED, USAGE
+from proxy.exitstatus import INTERRUPTED, READER_GONE, TERMINATED, USAGE
 from proxy.tools import runloop
 from proxy.tools.bench.config import (
     HTTP_CLIENTS,
@@ -38,6 +38,7 @@ from proxy.tools.bench.report import (
     write_plot,
 )
 from proxy.tools.bench.stats import VERDICT_BANDS, Summary, percentile, verdict
+from proxy.tools.textout import StatusLines
 
 __all__ = [
     "VERDICT_BANDS",
@@ -167,8 +168,9 @@ async def run(
 
 def main(args: argparse.Namespace) -> int:
     """Run the bench; 0 if every level had a successful request, 1 if not, 2 for bad input,
-    130 (proxy/exitstatus.py) if Ctrl-C stopped it: the levels done are shown and written."""
-    err = sys.stderr
+    130 (proxy/exitstatus.py) if Ctrl-C stopped it: the levels done are shown and written; 141
+    if the reader of its status lines went away (`2>&1 | head -1`): the run went on, written."""
+    err = StatusLines(sys.stderr)
     try:
         config = config_from_args(args)
         check_output_paths(args.json, args.plot)  # before the run, not after an hour of it
@@ -179,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
         return USAGE
     print(f"bench {chat_completions_url(config.base_url)} model={config.model}", file=err)
     print(f"prompts: {workload.prompt_note}", file=err)
-    line = ProgressLine(err) if args.progress or err.isatty() else None
+    line = ProgressLine(err) if args.progress or sys.stderr.isatty() else None
     results: list[LevelResult] = []
     stopped: int | None = None  # the exit status of a run Ctrl-C or SIGTERM ended
     # SIGTERM (`timeout 10m tokenweir bench ...`) ends the run as Ctrl-C does: it killed the
@@ -206,6 +208,8 @@ def main(args: argparse.Namespace) -> int:
         return USAGE
     if stopped is not None:
         return stopped
+    if err.gone:
+        return READER_GONE
     return 0 if results and all(level.ok > 0 for level in results) else 1
 
 
@@ -237,7 +241,7 @@ def _terminated(signum: int, frame: object) -> None:
     raise _Terminated
 
 
-def _level_done(line: ProgressLine | None, err: TextIO) -> Callable[[LevelResult], None]:
+def _level_done(line: ProgressLine | None, err: StatusLines) -> Callable[[LevelResult], None]:
     def done(level: LevelResult) -> None:
         if line is not None:
             line.end()
