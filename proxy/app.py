@@ -31,6 +31,7 @@ from proxy.clock import Clock, SystemClock
 from proxy.errors import BadRequest, GatewayError, InternalError, NotFound
 from proxy.gateway import Gateway
 from proxy.keys.offboard import revoke_removed_tenants
+from proxy.ledger import LedgerError
 from proxy.orphan import end_with_supervisor, leave_if_orphaned
 from proxy.policy import Policy, load_policy
 from proxy.reload import (
@@ -58,6 +59,7 @@ from proxy.web.openai import ModelList, OpenAIEndpoint
 from proxy.web.ops import Health, Metrics, Ready
 from proxy.web.requestid import REQUEST_ID_KEY, RequestId
 from proxy.web.session import Sessions
+from proxy.web.startup import CannotStart
 from proxy.web.usage import UsageApi
 
 if TYPE_CHECKING:
@@ -138,7 +140,10 @@ def create_app(
         gateway = Gateway.build(
             resolved, chosen_clock, transport, store, providers or sdk, digest, live, counters
         )
-        await gateway.start()
+        try:
+            await gateway.start()
+        except LedgerError as exc:  # its file a directory, read-only, on a full disk, ...
+            raise CannotStart(f"tokenweir cannot start: {exc}") from None
         gateway.services.metrics.serving(digest)
         reloader = Reloader(
             live, source, watch=watching, accepted=accepted,

@@ -313,3 +313,28 @@ def test_hash_key_reads_a_key_piped_in_without_a_terminal(
         timeout=60, check=False, start_new_session=True,
     )  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (status, out, err)
+
+
+@pytest.mark.parametrize("where", ["a directory", "under a file", "read-only"])
+def test_serve_with_a_ledger_it_cannot_open_says_so_in_one_line(where: str, tmp_path: Path) -> None:
+    """The app's startup traceback (sqlite3.OperationalError, then LedgerError), status 3."""
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    ledger = {
+        "a directory": tmp_path,
+        "under a file": a_file / "ledger.db",
+        "read-only": Path("/proc/tokenweir-ledger.db"),  # no one may create a file there
+    }[where]
+    config = tmp_path / "policy.yaml"
+    config.write_text(Path(DEMO).read_text() + f"ledger: sqlite:///{ledger}\n")
+    done = subprocess.run(
+        command("serve", "--config", str(config), "--port", str(free_port())),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    said = [line for line in done.stderr.splitlines() if "cannot start" in line]
+    assert said == [
+        f"{said[0][: said[0].index('tokenweir')]}tokenweir cannot start: cannot open the "
+        f"ledger database {ledger}: unable to open database file"
+    ]

@@ -80,6 +80,7 @@ def test_workers_that_fail_to_start_fail_the_command(tmp_path: Path) -> None:
         )  # fmt: skip
     assert done.returncode == 3, done.stderr[-2000:]  # uvicorn's STARTUP_FAILURE, as one process
     assert "cannot open the ledger database" in done.stderr
+    assert "Traceback" not in done.stderr  # one line from each worker
 
 
 def test_a_tokenizer_that_cannot_load_is_one_line_before_any_worker(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ frame and one wrapper, what the middleware would do for it: the gateway current 
 outermost handler, an answer from the app's handler for `Exception` to an error nothing caught
 (a Rust extension's panic too) while nothing was sent yet, the error then raised again for the
 server to log. Any other method or path (a 405, a 404, the dashboard, a path under a
-`root_path`, the lifespan) goes the usual way, so its answer is as before.
+`root_path`, the lifespan) goes the usual way, so its answer is as before; a lifespan that
+fails with CannotStart is said in one line (proxy/web/startup.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.asgi.direct import lent_cycle
 from proxy.reload import take_current
 from proxy.web.requestid import IdSender, assign_request_id
+from proxy.web.startup import said_plainly
 
 __all__ = ["LanedStarlette"]
 
@@ -44,6 +46,9 @@ class LanedStarlette(Starlette):
                 scope["app"] = self
                 await self._lane(endpoint, scope, receive, send)
                 return
+        elif scope["type"] == "lifespan":
+            await said_plainly(super().__call__, scope, receive, send)
+            return
         await super().__call__(scope, receive, send)
 
     async def _lane(self, endpoint: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
