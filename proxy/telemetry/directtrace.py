@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 from proxy.context import RequestContext
 from proxy.policy.model import Backend
@@ -23,9 +24,13 @@ from proxy.telemetry.spanwire import (
     CLIENT,
     INTERNAL,
     LOCAL_PARENT,
+    PARENT_ID,
     REMOTE_PARENT,
     SERVER,
+    SPAN_ID,
     UNSET,
+    ChildLayout,
+    child_layout,
     error_status,
     framed_span,
     span_head,
@@ -37,7 +42,9 @@ from proxy.telemetry.w3c import RANDOM_TRACE_ID, SAMPLED, RemoteParent, remote_p
 __all__ = ["DirectTrace", "DirectTracing"]
 
 _UPSTREAM_ERROR = error_status(None)
-_KEPT = 1024  # encodings of backend calls, and of the request span's repeating part
+_KEPT = 1024  # layouts of backend calls and stages, and the request span's repeating part
+_KEPT_LENGTHS = 64  # lengths of the ids between a child span's own and its head
+_STAGE_TAIL = UNSET + LOCAL_PARENT  # a stage span has no attributes, and no status
 # Where the request span's name and status come from among its repeating values.
 _OPERATION, _MODEL, _STATUS, _ERROR = (
     REPEATING_KEYS.index(key)
@@ -62,9 +69,11 @@ class DirectTracing:
         self.sampler = sampler
         self.bits = bits
         self.attributes = AttributeWriter()
-        self._calls: dict[tuple[object, ...], Encoded] = {}
         self._requests: dict[tuple[object, ...], Encoded] = {}
-        self.heads: dict[str, bytes] = {}  # a storage stage's span head, by its name
+        # The layouts of the child spans (a backend call's, by its key; a storage stage's, by
+        # its name), by the length of what comes between a child's id and its head: 10 bytes
+        # (its parent's id) but for a client's tracestate.
+        self.layouts: dict[int, dict[object, ChildLayout]] = {}
 
     def begin(self, ctx: RequestContext) -> DirectTrace:
         parent = remote_parent(ctx.headers) if "traceparent" in ctx.headers else None
@@ -75,18 +84,47 @@ class DirectTracing:
     ) -> Encoded:
         """A backend call span's name, attributes (method, backend, URL, status, error) and
         status, the same for every call to that backend's path that ends alike."""
+        values: dict[str, object] = {"http.request.method": "POST"}
+        if backend is not None:
+            values["tokenweir.backend"] = backend.name
+            values["url.full"] = backend.url + path
+        values["http.response.status_code"] = status
+        values["error.type"] = error
+        return (span_head(f"POST {path}", CLIENT), self.attributes.pairs(values.items()),
+                UNSET if error is None else _UPSTREAM_ERROR)  # fmt: skip
+
+    def call_layout(
+        self,
+        between: int,
+        backend: Backend | None,
+        path: str,
+        status: int | None,
+        error: str | None,
+    ) -> ChildLayout:
+        """The layout of a backend call's span: the same for every call that ends alike."""
         key = (backend.name, backend.url, path, status, error) if backend else (path, status, error)
-        found = self._calls.get(key)
+        layouts = self.layouts.get(between) or self._layouts(between)
+        found = layouts.get(key)
         if found is None:
-            values: dict[str, object] = {"http.request.method": "POST"}
-            if backend is not None:
-                values["tokenweir.backend"] = backend.name
-                values["url.full"] = backend.url + path
-            values["http.response.status_code"] = status
-            values["error.type"] = error
-            found = (span_head(f"POST {path}", CLIENT), self.attributes.pairs(values.items()),
-                     UNSET if error is None else _UPSTREAM_ERROR)  # fmt: skip
-            _keep(self._calls, key, found)
+            head, values, status_field = self.call(backend, path, status, error)
+            found = child_layout(head, values + status_field + LOCAL_PARENT, between)
+            _keep(layouts, key, found)
+        return found
+
+    def stage_layout(self, between: int, name: str) -> ChildLayout:
+        """The layout of a storage stage's span, by its name."""
+        layouts = self.layouts.get(between) or self._layouts(between)
+        found = layouts.get(name)
+        if found is None:
+            found = child_layout(span_head(name, INTERNAL), _STAGE_TAIL, between)
+            _keep(layouts, name, found)
+        return found
+
+    def _layouts(self, between: int) -> dict[object, ChildLayout]:
+        if len(self.layouts) >= _KEPT_LENGTHS:  # a client's tracestates of every length
+            self.layouts.clear()
+        found: dict[object, ChildLayout] = {}
+        self.layouts[between] = found
         return found
 
     def request(self, repeating: tuple[object, ...]) -> Encoded:
@@ -105,13 +143,6 @@ class DirectTracing:
             _keep(self._requests, repeating, found)
         return found
 
-    def stage_head(self, name: str) -> bytes:
-        """A storage stage's span name and kind."""
-        head = self.heads.get(name)
-        if head is None:
-            head = self.heads[name] = span_head(name, INTERNAL)
-        return head
-
     def span_id(self) -> int:
         span_id = self.bits(64)
         while not span_id:  # 0 is the invalid id
@@ -119,7 +150,7 @@ class DirectTracing:
         return span_id
 
 
-def _keep(kept: dict[tuple[object, ...], Encoded], key: tuple[object, ...], found: Encoded) -> None:
+def _keep(kept: dict[Any, Any], key: object, found: object) -> None:
     if len(kept) >= _KEPT:
         kept.clear()
     kept[key] = found
@@ -168,7 +199,7 @@ class DirectTrace:
         self._trace_id = trace_id
         self.recording = tracing.sampler.sampled(trace_id, parent)
         self._flags = flags | SAMPLED if self.recording else flags
-        self.span_id = tracing.span_id()
+        self.span_id = tracing.bits(64) or tracing.span_id()  # span_id(), its call saved
 
     def _ns(self, monotonic_s: float) -> int:
         return self._origin_ns + int((monotonic_s - self._received_s) * 1e9)
@@ -182,7 +213,8 @@ class DirectTrace:
         state = self._parent.state if self._parent is not None else ""
         if not self.recording:  # sampled out: pass the decision on, build nothing more
             return trace_headers(self._trace_id, self.span_id, self._flags, state)
-        self._call_id = self._tracing.span_id()
+        tracing = self._tracing
+        self._call_id = tracing.bits(64) or tracing.span_id()
         self._call_start_ns = self._ns(now_s)
         self._path = ctx.upstream_path
         self._call_status = self._call_error = None
@@ -201,37 +233,37 @@ class DirectTrace:
             return
         tracing, parent, span_id = self._tracing, self._parent, self.span_id
         ids = span_ids(self._trace_id, parent.state if parent is not None else "")
+        # What the children share: the trace id (then their own id's tag), and what comes
+        # between their id and their head (the tracestate, if any, and this span's id).
+        trace, between = ids[0] + SPAN_ID, ids[1] + PARENT_ID + span_id.to_bytes(8, "big")
+        length = len(between)
+        layouts = tracing.layouts.get(length) or {}
         spans = []
         if self._call_id:
             if not self._call_end_ns:  # the relay did not close it: end it now
                 self.upstream_ended(now_s, None, ctx.error_code or "incomplete")
-            head, values, status = tracing.call(  # the backend that answered, not the first
-                ctx.backend, self._path, self._call_status, self._call_error
+            pack, frame, head, tail = tracing.call_layout(  # the backend that answered
+                length, ctx.backend, self._path, self._call_status, self._call_error
             )
-            spans.append(framed_span(
-                ids, self._call_id, span_id, head, self._call_start_ns, self._call_end_ns,
-                values, status, LOCAL_PARENT,
+            spans.append(pack(
+                frame, trace, self._call_id.to_bytes(8, "big"), between, head,
+                self._call_start_ns, 0x41, self._call_end_ns, tail,
             ))  # fmt: skip
-        # The stages' spans: _ns, span_id and stage_head inlined (a request has four or five).
-        origin_ns, received_s, bits, heads = (
-            self._origin_ns,
-            self._received_s,
-            tracing.bits,
-            tracing.heads,
-        )
+        # The stages' spans: _ns and span_id inlined (a request has four or five).
+        origin_ns, received_s, bits = self._origin_ns, self._received_s, tracing.bits
         for name, started_s, ended_s in self._stages or ():
-            spans.append(framed_span(
-                ids, bits(64) or tracing.span_id(), span_id,
-                heads.get(name) or tracing.stage_head(name),
-                origin_ns + int((started_s - received_s) * 1e9),
-                origin_ns + int((ended_s - received_s) * 1e9), b"", UNSET, LOCAL_PARENT,
+            pack, frame, head, tail = layouts.get(name) or tracing.stage_layout(length, name)
+            spans.append(pack(
+                frame, trace, (bits(64) or tracing.span_id()).to_bytes(8, "big"), between, head,
+                origin_ns + int((started_s - received_s) * 1e9), 0x41,
+                origin_ns + int((ended_s - received_s) * 1e9), tail,
             ))  # fmt: skip
         head, values, status = tracing.request(attributes.repeating)
         # zip with no strict=: the keyword makes the call half as dear again, and the lengths
         # are SpanAttributes', fixed.
         values += tracing.attributes.pairs(zip(VARYING_KEYS, attributes.varying))  # noqa: B905
         spans.append(framed_span(
-            ids, span_id, parent.span_id if parent is not None else 0, head, self._origin_ns,
+            ids, span_id, parent.span_id if parent is not None else 0, head, origin_ns,
             self._ns(now_s), values, status, REMOTE_PARENT if parent is not None else LOCAL_PARENT,
         ))  # fmt: skip
         tracing.queue(spans)

@@ -8,7 +8,7 @@ attributes and status (tests/telemetry/test_directtrace.py compares them): each 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from proxy.telemetry import protowire
@@ -18,10 +18,14 @@ __all__ = [
     "CLIENT",
     "INTERNAL",
     "LOCAL_PARENT",
+    "PARENT_ID",
     "REMOTE_PARENT",
     "SERVER",
+    "SPAN_ID",
     "UNSET",
+    "ChildLayout",
     "SpanFrame",
+    "child_layout",
     "error_status",
     "framed_span",
     "span_head",
@@ -32,6 +36,8 @@ INTERNAL, SERVER, CLIENT = 1, 2, 3  # OTLP's Span.SpanKind
 LOCAL_PARENT = b"\x85\x01" + fixed32(0x100)  # SpanFlags: has-is-remote, not remote
 REMOTE_PARENT = b"\x85\x01" + fixed32(0x300)  # ... and remote
 _ID = struct.Struct(">HQ")  # Span.span_id (or parent_span_id) after its tag and size
+SPAN_ID, PARENT_ID = b"\x12\x08", b"\x22\x08"
+"""Span.span_id's and Span.parent_span_id's tag and size, before the id's eight bytes."""
 # Span.trace_id, span_id (and parent_span_id) when no tracestate comes between them.
 _TRACE_ID = struct.Struct(">18sHQ")
 _TRACE_IDS = struct.Struct(">18sHQHQ")
@@ -86,6 +92,25 @@ def framed_span(
         bytes((0x12, size)) if size < 0x80 else b"\x12" + varint(size), ids, head,
         _TIMES.pack(0x39, start_ns, 0x41, end_ns), attributes, status, flags,
     ))  # fmt: skip
+
+
+ChildLayout = tuple[Callable[..., bytes], bytes, bytes, bytes]
+"""How child spans alike are written, from child_layout: (pack, frame, head, tail)."""
+
+
+def child_layout(head: bytes, tail: bytes, between: int) -> ChildLayout:
+    """Spans alike in all but their ids and times: `head` their span_head(), `tail` their
+    attributes, status and flags, encoded; `between` the length of what comes between a span's
+    id and its head (its tracestate, if any, and its parent's id). A span is then one call:
+
+        pack(frame, trace, span_id, between, head, start_ns, 0x41, end_ns, tail)
+
+    with `trace` the trace id field and the span id's tag and size (b"\x0a\x10" + 16 bytes +
+    b"\x12\x08"), `span_id` its 8 bytes: framed_span's bytes for the same span."""
+    size = 28 + between + len(head) + 18 + len(tail)  # 28: the trace id and the span id
+    frame = b"\x12" + varint(size)
+    pack = struct.Struct(f"<{len(frame)}s20s8s{between}s{len(head) + 1}sQBQ{len(tail)}s").pack
+    return pack, frame, head + b"\x39", tail
 
 
 class SpanFrame:

@@ -14,10 +14,14 @@ from proxy.telemetry.attrwire import AttributeWriter
 from proxy.telemetry.directtrace import DirectTracing
 from proxy.telemetry.samplers import head_sampler
 from proxy.telemetry.spanwire import (
+    INTERNAL,
     LOCAL_PARENT,
+    PARENT_ID,
     SERVER,
+    SPAN_ID,
     UNSET,
     SpanFrame,
+    child_layout,
     framed_span,
     span_head,
     span_ids,
@@ -170,3 +174,33 @@ def test_a_span_of_any_size_is_framed_as_protobuf_reads_it(
     assert [a.value.string_value for a in read[0].attributes] == (
         ["v" * value_chars] if value_chars else []
     )
+
+
+@pytest.mark.parametrize("state", ["", "rojo=00f067aa"])
+@pytest.mark.parametrize("tail_chars", [0, 40, 16_300])
+def test_a_child_span_from_its_layout_is_framed_span_s_bytes(state: str, tail_chars: int) -> None:
+    """A backend call's or a storage stage's span, written from its layout (one struct call),
+    is the span framed_span writes, of one, two or three bytes of frame, with a tracestate
+    between its id and its parent's, and protobuf reads it back."""
+    trace_id, span_id, parent_id = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, 7
+    values = AttributeWriter().pairs([("k", "v" * tail_chars)] if tail_chars else [])
+    head, start_ns, end_ns = span_head("tokenweir.cache.lookup", INTERNAL), 5, 2**63
+    trace, state_field = span_ids(trace_id, state)
+    between = state_field + PARENT_ID + parent_id.to_bytes(8, "big")
+    pack, frame, head_field, tail = child_layout(head, values + UNSET + LOCAL_PARENT, len(between))
+    span = pack(frame, trace + SPAN_ID, span_id.to_bytes(8, "big"), between, head_field,
+                start_ns, 0x41, end_ns, tail)  # fmt: skip
+    assert span == framed_span(
+        (trace, state_field), span_id, parent_id, head, start_ns, end_ns, values, UNSET,
+        LOCAL_PARENT,
+    )  # fmt: skip
+    body = SpanFrame({"service.name": "t"}, ("tokenweir", "1")).body([span])
+    [read] = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans
+    assert (read.span_id, read.parent_span_id) == (
+        span_id.to_bytes(8, "big"),
+        bytes(7 * [0]) + b"\x07",
+    )
+    assert (read.trace_state, read.start_time_unix_nano, read.end_time_unix_nano) == (
+        state, start_ns, end_ns,
+    )  # fmt: skip
+    assert len(read.attributes) == (1 if tail_chars else 0)
