@@ -25,7 +25,7 @@ class AttributeWriter:
     """Called from one thread (the event loop). Keeps at most `kept` encodings of each kind;
     when one kind's are full they are dropped and gathered again."""
 
-    __slots__ = ("_bools", "_floats", "_ints", "_keys", "_limit")
+    __slots__ = ("_bools", "_floats", "_ints", "_keys", "_limit", "_texts")
 
     def __init__(self, kept: int = 4096) -> None:
         self._limit = kept
@@ -33,6 +33,7 @@ class AttributeWriter:
         self._floats: dict[str, bytes] = {}  # a float's KeyValue, up to the number
         self._ints: dict[tuple[str, object], bytes] = {}
         self._bools: dict[tuple[str, object], bytes] = {}
+        self._texts: dict[tuple[str, object], bytes] = {}  # a string's field up to its bytes
 
     def pairs(self, items: Iterable[tuple[str, object]]) -> bytes:
         """The fields of `items`, in order; None values are left out."""
@@ -67,18 +68,19 @@ class AttributeWriter:
 
     def _text(self, key: str, value: str) -> bytes:
         data = value.encode()
-        size = len(data)
+        head = self._texts.get((key, len(data)))
+        if head is None:  # a request id is the same length from request to request
+            head = self._keep(self._texts, (key, len(data)), self._text_head(key, len(data)))
+        return head + data
+
+    def _text_head(self, key: str, size: int) -> bytes:
+        """A string's KeyValue up to its `size` bytes: the key, then AnyValue.string_value."""
         name = self._keys.get(key) or self._key(key)
-        whole = len(name) + size + 4  # the key, then the value's tag, size, string tag, size
-        if whole < 0x80:  # every size one byte (a request id): one join
-            return b"".join(
-                (_HEAD, SIZES[whole], name, b"\x12", SIZES[size + 2], b"\x0a", SIZES[size], data)
-            )
-        body = b"\x0a" + (SIZES[size] if size < 0x80 else varint(size)) + data
-        size = len(body)
-        pair = name + (b"\x12" + SIZES[size] if size < 0x80 else b"\x12" + varint(size))
-        size = len(pair) + size
-        return b"".join((_HEAD, SIZES[size] if size < 0x80 else varint(size), pair, body))
+        body = b"\x0a" + (SIZES[size] if size < 0x80 else varint(size))
+        value = len(body) + size
+        pair = name + (b"\x12" + SIZES[value] if value < 0x80 else b"\x12" + varint(value))
+        whole = len(pair) + value
+        return b"".join((_HEAD, SIZES[whole] if whole < 0x80 else varint(whole), pair, body))
 
     def _key(self, key: str) -> bytes:
         encoded = encoded_key(key)
