@@ -29,7 +29,7 @@ def test_requests_per_minute_within_one_percent_across_three_replicas(
         )
         with replicas(config, 3) as gateways:
 
-            async def burst() -> tuple[list[int], float]:
+            async def burst() -> tuple[list[int], float, float]:
                 clients = [
                     httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) for _, url in gateways
                 ]
@@ -43,15 +43,20 @@ def test_requests_per_minute_within_one_percent_across_three_replicas(
                     )
                 sent_for_s = time.monotonic() - began
                 answers = await asyncio.gather(*tasks)
+                answered_for_s = time.monotonic() - began
                 for client in clients:
                     await client.aclose()
-                return [a.status_code for a in answers], sent_for_s
+                return [a.status_code for a in answers], sent_for_s, answered_for_s
 
-            statuses, sent_for_s = asyncio.run(burst())
+            statuses, sent_for_s, answered_for_s = asyncio.run(burst())
     admitted = statuses.count(200)
     assert statuses.count(429) == len(statuses) - admitted
-    allowed = limit + sent_for_s * limit / 60  # the burst, plus the refill while sending
-    assert abs(admitted - allowed) <= 0.01 * allowed, (admitted, allowed)
+    # The burst, plus the refill while requests were decided: at least while they were sent, at
+    # most until the last was answered (on a busy machine the gateways decide the last ones up
+    # to a second or so after they were sent: 5 requests more, past 1% of the whole).
+    fewest = limit + sent_for_s * limit / 60
+    most = limit + answered_for_s * limit / 60
+    assert 0.99 * fewest <= admitted <= 1.01 * most, (admitted, fewest, most)
 
 
 def test_a_killed_replicas_slots_expire_with_their_lease(backend_url: str, tmp_path: Path) -> None:
