@@ -10,9 +10,9 @@ import math
 from proxy.clock import Clock
 from proxy.routing.health import BackendHealth
 from proxy.routing.pool import ModelPool
-from proxy.stages.ratelimit import backend_scope
 from proxy.storage.base import StorageError
 from proxy.storage.limits import LimitKey, LimitStore
+from proxy.storage.scopes import backend_scope
 
 __all__ = ["RETRY_AFTER_FAILURE_S", "SharedInflight"]
 
@@ -55,7 +55,7 @@ class SharedInflight:
 
     async def _held(self, health: BackendHealth) -> int:
         backend = health.backend
-        scope = backend_scope(backend)
+        scope = backend_scope(backend.name)
         slots = LimitKey(scope, "slots").pool(backend.limits.max_concurrent or 0)
         (held,) = await self._store.held(scope, [slots], now=self._clock.wall())
         return held

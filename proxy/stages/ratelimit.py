@@ -35,7 +35,6 @@ from proxy.storage.scopes import tenant_scope
 __all__ = [
     "LimitPlan",
     "RateLimits",
-    "backend_scope",
     "format_reset",
 ]
 
@@ -143,7 +142,7 @@ class RateLimits:
         the backend's requests in flight across every replica, this one included, as its
         `max_concurrent` pool counted them (None: it has none, or storage did not answer)."""
         await self._admit_served_model(ctx)
-        shape = self._shapes.of(backend_scope(backend), backend.limits, "")
+        shape = self._shapes.of(scopes.backend_scope(backend.name), backend.limits, "")
         if shape.empty:
             return None
         costs = shape.costs(_token_cost(ctx))
@@ -277,7 +276,7 @@ class RateLimits:
         """`backend` failed before answering and the request moves to another: its slot is free
         at once and its token buckets get back what they were charged (it generated nothing;
         settling would charge them what the next backend generates)."""
-        scope = backend_scope(backend)
+        scope = scopes.backend_scope(backend.name)
         holds = [hold for hold in ctx.rate_limits if hold.scope == scope]
         ctx.rate_limits = [hold for hold in ctx.rate_limits if hold.scope != scope]
         return self._given_back(ctx.tenant_name, holds, 0, refused=False)
@@ -386,10 +385,6 @@ class RateLimits:
             )
 
         self._renewals.keep(hold, renew)
-
-
-def backend_scope(backend: Backend) -> str:
-    return scopes.backend_scope(backend.name)
 
 
 def _token_cost(ctx: Admitted) -> int:

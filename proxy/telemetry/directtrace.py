@@ -22,6 +22,7 @@ from proxy.telemetry.samplers import HeadSampler
 from proxy.telemetry.spanattrs import REPEATING_KEYS, VARYING_KEYS, SpanAttributes
 from proxy.telemetry.spanwire import (
     CLIENT,
+    END_TIME,
     INTERNAL,
     LOCAL_PARENT,
     PARENT_ID,
@@ -247,7 +248,7 @@ class DirectTrace:
             )
             spans.append(pack(
                 frame, trace, self._call_id.to_bytes(8, "big"), between, head,
-                self._call_start_ns, 0x41, self._call_end_ns, tail,
+                self._call_start_ns, END_TIME, self._call_end_ns, tail,
             ))  # fmt: skip
         # The stages' spans: _ns and span_id inlined (a request has four or five).
         origin_ns, received_s, bits = self._origin_ns, self._received_s, tracing.bits
@@ -255,7 +256,7 @@ class DirectTrace:
             pack, frame, head, tail = layouts.get(name) or tracing.stage_layout(length, name)
             spans.append(pack(
                 frame, trace, (bits(64) or tracing.span_id()).to_bytes(8, "big"), between, head,
-                origin_ns + int((started_s - received_s) * 1e9), 0x41,
+                origin_ns + int((started_s - received_s) * 1e9), END_TIME,
                 origin_ns + int((ended_s - received_s) * 1e9), tail,
             ))  # fmt: skip
         head, values, status = tracing.request(attributes.repeating)

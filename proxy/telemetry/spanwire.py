@@ -16,12 +16,14 @@ from proxy.telemetry.protowire import SIZES, field, fixed32, text, varint
 
 __all__ = [
     "CLIENT",
+    "END_TIME",
     "INTERNAL",
     "LOCAL_PARENT",
     "PARENT_ID",
     "REMOTE_PARENT",
     "SERVER",
     "SPAN_ID",
+    "START_TIME",
     "UNSET",
     "ChildLayout",
     "SpanFrame",
@@ -41,7 +43,9 @@ SPAN_ID, PARENT_ID = b"\x12\x08", b"\x22\x08"
 # Span.trace_id, span_id (and parent_span_id) when no tracestate comes between them.
 _TRACE_ID = struct.Struct(">18sHQ")
 _TRACE_IDS = struct.Struct(">18sHQHQ")
-_TIMES = struct.Struct("<BQBQ")  # start and end time
+START_TIME, END_TIME = 0x39, 0x41
+"""Span.start_time_unix_nano's and Span.end_time_unix_nano's tags (fixed64 fields)."""
+_TIMES = struct.Struct("<BQBQ")  # start and end time, each after its tag
 _KINDS = {kind: bytes((0x30, kind)) for kind in (INTERNAL, SERVER, CLIENT)}
 UNSET = b"\x7a\x00"
 """An empty Status field: the status is unset."""
@@ -90,7 +94,7 @@ def framed_span(
     size = len(ids) + len(head) + 18 + len(attributes) + len(status) + len(flags)  # 18: times
     return b"".join((
         bytes((0x12, size)) if size < 0x80 else b"\x12" + varint(size), ids, head,
-        _TIMES.pack(0x39, start_ns, 0x41, end_ns), attributes, status, flags,
+        _TIMES.pack(START_TIME, start_ns, END_TIME, end_ns), attributes, status, flags,
     ))  # fmt: skip
 
 
@@ -103,14 +107,14 @@ def child_layout(head: bytes, tail: bytes, between: int) -> ChildLayout:
     attributes, status and flags, encoded; `between` the length of what comes between a span's
     id and its head (its tracestate, if any, and its parent's id). A span is then one call:
 
-        pack(frame, trace, span_id, between, head, start_ns, 0x41, end_ns, tail)
+        pack(frame, trace, span_id, between, head, start_ns, END_TIME, end_ns, tail)
 
     with `trace` the trace id field and the span id's tag and size (b"\x0a\x10" + 16 bytes +
     b"\x12\x08"), `span_id` its 8 bytes: framed_span's bytes for the same span."""
     size = 28 + between + len(head) + 18 + len(tail)  # 28: the trace id and the span id
     frame = b"\x12" + varint(size)
     pack = struct.Struct(f"<{len(frame)}s20s8s{between}s{len(head) + 1}sQBQ{len(tail)}s").pack
-    return pack, frame, head + b"\x39", tail
+    return pack, frame, head + bytes((START_TIME,)), tail
 
 
 class SpanFrame:

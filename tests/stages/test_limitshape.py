@@ -5,8 +5,8 @@ from __future__ import annotations
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from proxy.stages.limitshape import sized_now
-from proxy.stages.ratelimit import backend_scope
 from proxy.storage.limits import LimitKey
+from proxy.storage.scopes import backend_scope
 
 POLICY = parse_policy(
     """
@@ -32,7 +32,7 @@ def test_a_bucket_takes_the_size_of_its_limit_in_the_policy_serving_now() -> Non
     tokens, requests = LimitKey("tw:{acme}", "tokens"), LimitKey("tw:{acme}", "requests")
     on_model = LimitKey("tw:{acme}", "tokens", "m")
     backend = POLICY.backends[0]
-    on_backend = LimitKey(backend_scope(backend), "tokens")
+    on_backend = LimitKey(backend_scope(backend.name), "tokens")
     assert sized_now(POLICY, tokens.bucket(1000)) == tokens.bucket(5000)
     assert sized_now(POLICY, requests.bucket(10)) == requests.bucket(30)
     assert sized_now(POLICY, on_model.bucket(100)) == on_model.bucket(900)

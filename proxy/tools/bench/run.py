@@ -256,5 +256,5 @@ def _run_loop(coroutine: Coroutine[Any, Any, object]) -> None:
         import uvloop  # optional: not installed on Windows
     except ImportError:
         runloop.run(coroutine)
-        return
-    runloop.run(coroutine, loop_factory=uvloop.new_event_loop)
+    else:
+        runloop.run(coroutine, loop_factory=uvloop.new_event_loop)
