@@ -44,6 +44,15 @@ def _lifetime(seconds: float) -> float:
     return seconds
 
 
+def _printable(name: str) -> str:
+    """A key's name is shown by `tokenweir keys list` and written to the ledger and log lines: a
+    C0 control (a newline, an ESC), DEL or a C1 control (NEL breaks a line, CSI starts a
+    terminal escape) would forge or garble them."""
+    if any(ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F for char in name):
+        raise ValueError("a key's name may not hold a newline or another control character")
+    return name
+
+
 def policy_key_id(digest: bytes) -> str:
     """A policy file's key as the ledger names it: `sha256:` and the first 12 hex digits of
     its digest, the start of its entry in the file. 48 bits of a hash of a secret: they name
@@ -85,7 +94,7 @@ class KeyRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tenant: Annotated[str, Field(min_length=1, max_length=200)]
-    name: Annotated[str, Field(max_length=200)] | None = None
+    name: Annotated[str, Field(max_length=200), AfterValidator(_printable)] | None = None
     expires: (
         Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0), AfterValidator(_lifetime)]
         | None

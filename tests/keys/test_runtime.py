@@ -235,6 +235,27 @@ def test_only_admins_manage_keys_and_bad_requests_say_why(gateway: httpx.Client)
     assert gateway.delete("/admin/keys/key_missing").status_code == 404
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["ops\nbot", "tab\there", "\x1b[31mred", "del\x7f", "nel\x85line", "csi\x9b31m", "x" * 201],
+)
+def test_a_key_name_with_a_control_character_or_too_long_is_refused_and_nothing_made(
+    gateway: httpx.Client, name: str
+) -> None:
+    """A key's name goes into `tokenweir keys list`, the ledger and log lines: a newline or a
+    terminal escape (C0, DEL or C1) in it would forge lines there, so it is a 400 naming the
+    field, and no key is made."""
+    before = gateway.get("/admin/keys").json()
+    refused = gateway.post("/admin/keys", json={"tenant": "alpha", "name": name})
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "name")
+    assert gateway.get("/admin/keys").json() == before
+    kept = gateway.post("/admin/keys", json={"tenant": "alpha", "name": "ops bot é 客服"})
+    assert kept.status_code == 201
+    assert kept.json()["name"] == "ops bot é 客服"
+
+
 def test_a_keys_own_quota_bounds_an_answer_the_client_left_unbounded(
     gateway: httpx.Client,
 ) -> None:
