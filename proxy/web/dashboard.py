@@ -31,7 +31,13 @@ from proxy.stages.auth import as_header_value
 from proxy.web import pagefmt
 from proxy.web.dashview import Window, load_overview, load_tenant_page
 from proxy.web.session import SECURE_COOKIE_NAME, Sessions, Viewer, caller, cookie_name
-from proxy.web.usage import ledger_of, ledger_unreadable, parse_window
+from proxy.web.usage import (
+    WINDOW_PARAMS,
+    check_names,
+    ledger_of,
+    ledger_unreadable,
+    parse_window,
+)
 
 if TYPE_CHECKING:
     from proxy.gateway import Gateway
@@ -138,6 +144,7 @@ class DashboardPages:
         return gateway, viewer, now
 
     def _window(self, request: Request, now: float, *, default_since: str) -> Window:
+        check_names(request.query_params, WINDOW_PARAMS)  # as /api/usage: nothing ignored
         since, until, bucket = parse_window(request.query_params, now, default_since=default_since)
         chosen = bucket or ("hour" if until - since <= _AUTO_HOURS_S else "day")
         return Window(since, until, chosen, now)

@@ -33,9 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FIELDS",
+    "WINDOW_PARAMS",
     "UsageApi",
     "UsageParams",
     "api_row",
+    "check_names",
     "ledger_unreadable",
     "parse_params",
     "parse_window",
@@ -46,7 +48,9 @@ _log = logging.getLogger("tokenweir.ledger")
 
 MAX_WINDOW_S = 400 * 86400
 MAX_HOUR_BUCKETS_S = 62 * 86400
-_KNOWN = {"tenant", "since", "until", "bucket", "group_by", "format"}
+_KNOWN = frozenset({"tenant", "since", "until", "bucket", "group_by", "format"})
+WINDOW_PARAMS = frozenset({"since", "until", "bucket"})
+"""What a dashboard page takes: its window (a tenant's page names its tenant in the path)."""
 
 FIELDS = (
     "requests", "errors", "rate_limited", "degraded", "shaped", "client_disconnects",
@@ -65,12 +69,7 @@ class UsageParams:
 
 def parse_params(params: QueryParams, viewer: Viewer, now: float, *, accept: str) -> UsageParams:
     """Validate the query string; a tenant key may name only its own tenant (403 otherwise)."""
-    unknown = sorted(set(params) - _KNOWN)
-    if unknown:
-        raise BadRequest(f"Unknown query parameter {unknown[0]!r}.", param=unknown[0])
-    for name in _KNOWN:
-        if len(params.getlist(name)) > 1:
-            raise BadRequest(f"The query parameter {name!r} is given twice.", param=name)
+    check_names(params, _KNOWN)
     tenant = params.get("tenant") or None
     if tenant is not None:
         viewer.check(tenant)
@@ -88,6 +87,17 @@ def parse_params(params: QueryParams, viewer: Viewer, now: float, *, accept: str
     fmt = _choice(params, "format", ("json", "csv"))
     wants_csv = fmt == "csv" or (fmt is None and "text/csv" in accept)
     return UsageParams(query, wants_csv)
+
+
+def check_names(params: QueryParams, known: frozenset[str]) -> None:
+    """A parameter not in `known`, or one given twice, is a 400 naming it: ignored, a misspelt
+    `since` or a `tenant` where none is taken would show other figures than asked for."""
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise BadRequest(f"Unknown query parameter {unknown[0]!r}.", param=unknown[0])
+    for name in sorted(known):
+        if len(params.getlist(name)) > 1:
+            raise BadRequest(f"The query parameter {name!r} is given twice.", param=name)
 
 
 def parse_window(

@@ -311,3 +311,26 @@ def test_a_tenant_page_links_back_to_its_own_tenant_whatever_its_name(
         assert logged_in.headers["location"] == page + "?since=7d"
         shown = client.get(logged_in.headers["location"]).text
         assert f'data-tenant-page="{html_escape(name)}"' in shown
+
+
+@pytest.mark.parametrize("path", ["/dashboard", "/dashboard/tenants/alpha"])
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [("sinse=30d", "sinse"), ("tenant=beta", "tenant"), ("since=30d&since=1d", "since")],
+)
+def test_a_page_refuses_a_query_parameter_it_does_not_take_as_the_api_does(
+    gateway: str, path: str, query: str, param: str
+) -> None:
+    """/api/usage refuses a parameter it does not know or one given twice (400 naming it); the
+    pages showed their default window instead (a misspelt `since`, or `tenant` on the overview,
+    showed another window's or every tenant's money with nothing saying so)."""
+    headers = {"authorization": f"Bearer {ADMIN_KEY}"}
+    api = httpx.get(f"{gateway}/api/usage?{query}", headers=headers)
+    page = httpx.get(f"{gateway}{path}?{query}", headers=headers)
+    if param != "tenant":  # /api/usage takes a tenant
+        assert api.status_code == 400
+        assert api.json()["error"]["param"] == param
+    assert page.status_code == 400
+    assert re.search(rf"query parameter .{{1,6}}{param}", page.text)
+    fine = httpx.get(f"{gateway}{path}?since=30d&bucket=day", headers=headers)
+    assert fine.status_code == 200
