@@ -36,6 +36,8 @@ window on offer (10M). A backend number above it, negative, a float or a bool is
 # role or finish event: the gateway's count, less these, is a lower bound on the output tokens.
 _TEXTLESS_PER_CHOICE = 2
 _FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+_LEAST_OVERRULE_4THS = 7
+"""An estimate overrules a backend's output count only past 7/4 of it (see `_beats`)."""
 _log = logging.getLogger("tokenweir.usage")
 
 
@@ -187,11 +189,19 @@ async def count_unreported_input(ctx: RequestContext, counters: TokenCounters) -
 def _beats(counted: int, reported: int, ctx: RequestContext, exact: bool) -> bool:
     """True if the gateway's output count overrules the backend's: any larger exact count (a
     stream's token events are a lower bound, so exact too). An estimate is off by more than any
-    fixed slack (English prose reads 1.1-1.3 times its tokens, " hello" 1.5), so it overrules
-    only a backend that plainly counted one choice of n: past halfway from all n to one."""
+    fixed slack, so it overrules only a backend that plainly counted one choice of n: past
+    halfway from all n to one, and past 1.75 times the report.
+
+    The estimate reads prose at 0.81-1.13 of Qwen2.5's count, " hello" and the mock backend's
+    words (6 characters with their space) at 1.5, a short mock answer up to 1.75 (8 tokens a
+    choice; 1.39-1.63 at 64): an honest report. One choice of n reads n times that. Halfway
+    (1.5 for n = 2) billed the estimate for half the mock's honest answers of two choices; at
+    1.75 a backend counting one of two is caught wherever the estimate reads at least 0.875 of
+    the text's tokens (a one-choice report of text it reads at 0.81-0.875 is billed as
+    reported). For n >= 3 halfway is 2 or more, above every honest reading."""
     if exact or ctx.stream:
         return counted > reported
-    return 2 * counted > reported * (ctx.choices + 1)
+    return 4 * counted > reported * max(_LEAST_OVERRULE_4THS, 2 * (ctx.choices + 1))
 
 
 def _counted_output(ctx: RequestContext, counter: TokenCounter | None) -> int | None:
