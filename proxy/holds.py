@@ -31,7 +31,9 @@ class Quota:
 @dataclass(slots=True)
 class Reservation(Lease):
     quotas: tuple[Quota, ...]
-    charged: list[int] = field(default_factory=list)  # booked by checkpoints, per quota
+    # Per quota, the usage so far the checkpoints sent (stages/checkpoint.py): the store books
+    # from its lease's own record, and from this only once it no longer holds the lease.
+    charged: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.charged = [0] * len(self.quotas)

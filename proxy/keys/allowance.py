@@ -57,7 +57,7 @@ class _Hold:
     tpm: tuple[Bucket, int] | None = None
     rpm: Bucket | None = None  # given its request back if the request is refused later
     refused: bool = False
-    charged: int = 0  # booked by checkpoints of the running request (stages/checkpoint.py)
+    charged: int = 0  # usage so far sent by checkpoints (stages/checkpoint.py), as budget.py's
 
 
 @dataclass(slots=True)
@@ -217,27 +217,30 @@ class KeyAllowances:
     def charge_so_far(
         self, ctx: Admitted, input_tokens: int, output_tokens: int
     ) -> Awaitable[None] | None:
-        """The booking of a running stream's usage so far on the key's counters (what grew since
-        the last one), or None; noted at once, so `settle` books only the rest."""
+        """The booking of a running stream's usage so far on the key's counters, or None when
+        nothing grew since the last one; noted at once. As the tenant's quotas (budget.py): it
+        carries the whole usage so far, so one lost on its way is made up by the next."""
         hold = self._holds.get(ctx)
         if hold is None or hold.refused or not hold.counters:
             return None
-        grown = input_tokens + output_tokens - hold.charged
+        used, booked = input_tokens + output_tokens, hold.charged
+        grown = used - booked
         if grown <= 0:
             return None
-        hold.charged += grown
-        return self._charge(hold, grown)
+        hold.charged = used
+        return self._charge(hold, used, booked)
 
-    async def _charge(self, hold: _Hold, grown: int) -> None:
+    async def _charge(self, hold: _Hold, used: int, booked: int) -> None:
+        count = len(hold.counters)
         try:
             await self._store.charge(
-                hold.scope, hold.lease_id, hold.counters, [grown] * len(hold.counters)
+                hold.scope, hold.lease_id, hold.counters, [used] * count, booked=[booked] * count
             )
         except StorageError as exc:
-            # Taken back for the next booking or settle only when nothing of it ran, as the
-            # tenant's quotas do (budget.py): a timed-out call may have landed.
+            # Taken back only when nothing of it ran, as the tenant's quotas do (budget.py): a
+            # timed-out call may have landed, which matters only where the lease is gone.
             if isinstance(exc, StorageUnsent | StorageRefused):
-                hold.charged -= grown
+                hold.charged -= used - booked
 
     def settle(self, ctx: Admitted) -> Awaitable[None]:
         """Book what the request used on the key's counters (less what checkpoints booked), true
@@ -250,11 +253,17 @@ class KeyAllowances:
         used = 0 if hold.refused else (ctx.input_tokens or 0) + (ctx.output_tokens or 0)
         calls: list[Awaitable[None]] = []
         if hold.counters:
-            rest = used - hold.charged  # may be < 0: the backend's count was lower
-            counters, rests = hold.counters, [rest] * len(hold.counters)
-            settling = self._store.settle(hold.scope, hold.lease_id, counters, rests)
+            # The whole usage (may be below what checkpoints booked: the backend's count was
+            # lower): the store books what the lease's charges did not, as budget.py's settle.
+            counters, count = hold.counters, len(hold.counters)
+            totals, booked = [used] * count, [hold.charged] * count
+            settling = self._store.settle(
+                hold.scope, hold.lease_id, counters, totals, booked=booked
+            )
             if self._unbooked is not None:
-                kept = UnbookedSettle(ctx.tenant_name, hold.scope, hold.lease_id, counters, rests)
+                kept = UnbookedSettle(
+                    ctx.tenant_name, hold.scope, hold.lease_id, counters, totals, booked
+                )
                 settling = _kept_if_failed(settling, kept, self._unbooked)
             calls.append(settling)
         if hold.tpm is not None and used != hold.tpm[1]:

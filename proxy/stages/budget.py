@@ -206,59 +206,58 @@ class Budgets:
             ctx.input_tokens if ctx.input_tokens is not None else ctx.counted_input_tokens
         )
         used = self._used(ctx.model, reservation, input_tokens or 0, ctx.output_tokens or 0)
-        rest = [u - c for u, c in zip(used, reservation.charged, strict=True)]  # may be < 0
+        # The whole usage: the store books what the lease's charges did not (those that never
+        # ran too); `charged` is only for a lease storage no longer holds.
+        booked = reservation.charged
         counters = [q.counter for q in reservation.quotas]
-        settling = self._store.settle(reservation.scope, reservation.lease_id, counters, rest)
+        settling = self._store.settle(
+            reservation.scope, reservation.lease_id, counters, used, booked=booked
+        )
         if self._unbooked is None:
             # Failing, the lease expires on its own: the use is lost from the quota, not the
             # ledger.
             return warned(settling, _log, "could not settle quota for %s: %s", ctx.tenant_name)
-        return self._settled(settling, ctx.tenant_name, reservation, rest, self._unbooked)
-
-    async def _settled(
-        self,
-        settling: Awaitable[None],
-        tenant: str,
-        reservation: Reservation,
-        rest: list[int],
-        unbooked: Unbooked,
-    ) -> None:
-        """Wait for a settle; one storage did not take is kept and sent again (on the counters
-        of the day the request was admitted in, however late it is booked)."""
-        try:
-            await settling
-        except StorageError as exc:
-            log = _log.debug if unbooked.pending else _log.warning
-            log("could not settle quota for %s, kept to send again: %s", tenant, exc)
-            counters = [q.counter for q in reservation.quotas]
-            kept = UnbookedSettle(tenant, reservation.scope, reservation.lease_id, counters, rest)
-            unbooked.keep(kept, exc)
+        kept = UnbookedSettle(
+            ctx.tenant_name, reservation.scope, reservation.lease_id, counters, used, booked
+        )
+        return _settled(settling, kept, self._unbooked)
 
     def charge_so_far(
         self, ctx: Admitted, input_tokens: int, output_tokens: int
     ) -> Awaitable[None] | None:
-        """The booking of a running request's usage so far on its quotas (what grew since the
-        last one), or None. Noted on the reservation at once, so `settle` books only the rest
-        whichever reaches the store first."""
+        """The booking of a running request's usage so far on its quotas, or None when nothing
+        grew since the last one. It carries the whole usage so far: the store books what its
+        lease's earlier charges did not, so one lost on its way is made up by this one (or the
+        settle), and one that ran is not booked again. Noted on the reservation at once."""
         reservation = ctx.reservation
         if reservation is None:
             return None
         used = self._used(ctx.model, reservation, input_tokens, output_tokens)
-        grown = [max(0, u - c) for u, c in zip(used, reservation.charged, strict=True)]
+        booked = reservation.charged
+        grown = [max(0, u - c) for u, c in zip(used, booked, strict=True)]
         if not any(grown):
             return None
-        reservation.charged = [c + g for c, g in zip(reservation.charged, grown, strict=True)]
-        return self._charge(ctx.tenant_name, reservation, grown)
+        reservation.charged = [c + g for c, g in zip(booked, grown, strict=True)]
+        return self._charge(ctx.tenant_name, reservation, used, booked, grown)
 
-    async def _charge(self, tenant: str, reservation: Reservation, grown: list[int]) -> None:
+    async def _charge(
+        self,
+        tenant: str,
+        reservation: Reservation,
+        used: list[int],
+        booked: list[int],
+        grown: list[int],
+    ) -> None:
         counters = [q.counter for q in reservation.quotas]
+        scope, lease_id = reservation.scope, reservation.lease_id
         try:
-            await self._store.charge(reservation.scope, reservation.lease_id, counters, grown)
+            await self._store.charge(scope, lease_id, counters, used, booked=booked)
         except StorageError as exc:
-            # Taken back for the next booking or settle only when nothing of it ran (it never
-            # left, or Redis refused to write: full, read-only, a failed save): a call that
-            # timed out or lost its connection may have been applied. Logged once per outage:
-            # every open stream fails each second while storage is down.
+            # A charge that timed out or lost its connection may have run: it stays counted,
+            # which matters only where the lease is gone by the next booking (else the store
+            # books from what the lease recorded). One that never ran (never sent, or Redis
+            # refused to write) is taken back. Logged once per outage: every open stream
+            # fails each second while storage is down.
             if isinstance(exc, StorageUnsent | StorageRefused):
                 charged = zip(reservation.charged, grown, strict=True)
                 reservation.charged = [c - g for c, g in charged]
@@ -288,6 +287,17 @@ class Budgets:
             return self._store.renew(reservation.scope, reservation.lease_id, lease_until=until)
 
         self._renewals.keep(reservation, renew)
+
+
+async def _settled(settling: Awaitable[None], kept: UnbookedSettle, unbooked: Unbooked) -> None:
+    """Wait for a settle; one storage did not take is kept and sent again (on the counters of
+    the day the request was admitted in, however late it is booked)."""
+    try:
+        await settling
+    except StorageError as exc:
+        log = _log.debug if unbooked.pending else _log.warning
+        log("could not settle quota for %s, kept to send again: %s", kept.tenant, exc)
+        unbooked.keep(kept, exc)
 
 
 def _may_shorten(ctx: Admitted) -> bool:

@@ -5,7 +5,9 @@ A settle is booked exactly once. One whose call never ran (StorageUnsent, or Red
 to write: StorageRefused) is sent whole again. One that may have run (a timeout, a lost
 connection) is sent again `held` (settle.lua): applied only while its lease is still held.
 The first copy, if it ran, released the lease, so the copy sent again finds none and books
-nothing; if it never ran, the lease is held and the copy sent again books it. Ordering:
+nothing; if it never ran, the lease is held and the copy sent again books it: the request's
+whole usage less what the lease records its charges booked, so a charge lost before it is
+booked too. Ordering:
 - The first copy may still be on its way (Redis hung with it unread): a copy sent again
   first would find the lease held and book, and the first book again after it (it is not
   `held`). So nothing is sent again before two storage timeouts (as resent.py waits): the
@@ -52,15 +54,18 @@ _log = logging.getLogger("tokenweir.budget")
 
 @dataclass(slots=True)
 class UnbookedSettle:
-    """One request's settle: release lease `lease_id` in `scope` and add `amounts` to the
-    counters of the day and month it was admitted in. Once a sent copy may have run, `held`:
-    sent again only where its lease is still held, and not before `not_before` (wall s)."""
+    """One request's settle: release lease `lease_id` in `scope` and book its whole usage,
+    `used`, on the counters of the day and month it was admitted in (less what its charges
+    booked: as the lease recorded it, or, the lease gone, `booked`). Once a sent copy may have
+    run, `held`: sent again only where its lease is still held, and not before `not_before`
+    (wall s)."""
 
     tenant: str
     scope: str
     lease_id: str
     counters: Sequence[Counter]
-    amounts: list[int]
+    used: list[int]
+    booked: list[int] | None = None
     held: bool = False
     not_before: float = 0.0
 
@@ -137,8 +142,10 @@ class Unbooked:
         return took
 
     def _call(self, settle: UnbookedSettle) -> Awaitable[bool | None]:
-        store, args = self._store, (settle.scope, settle.lease_id, settle.counters, settle.amounts)
-        return store.settle_held(*args) if settle.held else store.settle(*args)
+        store, args = self._store, (settle.scope, settle.lease_id, settle.counters, settle.used)
+        return (
+            store.settle_held(*args) if settle.held else store.settle(*args, booked=settle.booked)
+        )
 
     def _again(self, settle: UnbookedSettle, never_ran: bool, now: float) -> None:
         if not settle.held and not never_ran:  # it may have run: from now on, held

@@ -4,6 +4,8 @@ A quota counter holds `used` (settled) and `reserved` (held by requests in fligh
 reserves on several counters at once or on none; its reservation is a lease that expires if the
 replica holding it dies, so a crash never leaks quota for longer than the lease. A long request
 books its usage so far as it runs (`charge`), so a crash loses at most what came since.
+Charges and settles carry the request's whole usage (so far, or final): the lease records what
+it booked, and each books only the rest, so a call lost, run twice or run late books it once.
 `renew`, `settle` and `charge` are sent when called, not when awaited (Redis sends the calls of
 one turn of the event loop together): a caller with several makes them all, then awaits them.
 """
@@ -99,8 +101,14 @@ class QuotaStore(Protocol):
         lease_id: str,
         counters: Sequence[Counter],
         used: Sequence[int],
+        *,
+        booked: Sequence[int] | None = None,
     ) -> Awaitable[None]:
-        """Release the lease's reservation and add the actual `used` amounts, atomically."""
+        """Release the lease's reservation and book the request's whole `used` amounts, less
+        what its charges booked, atomically (less than they booked gives the difference back;
+        `used` never goes below zero). On a lease no longer held (expired and released, or
+        lost by storage), what its charges booked is gone with it: `used - booked` is booked,
+        `booked` being what the caller counts booked (None: nothing)."""
 
     def settle_held(
         self,
@@ -117,12 +125,16 @@ class QuotaStore(Protocol):
         scope: str,
         lease_id: str,
         counters: Sequence[Counter],
-        amounts: Sequence[int],
+        used: Sequence[int],
+        *,
+        booked: Sequence[int] | None = None,
     ) -> Awaitable[bool]:
-        """Book usage so far of a request still running: add `amounts` to `used` and take them
-        off the lease's reservation (never below zero), atomically, so used + reserved stays
-        put; the lease keeps the rest. False if the lease had already expired or been settled
-        (the amounts are booked all the same: they were used)."""
+        """Book a running request's usage so far, `used`: what grew beyond what the lease's
+        charges booked goes to `used` and off the lease's reservation (never below zero),
+        atomically, so used + reserved stays put; the lease keeps the rest. A charge lost on
+        its way is made up by the next or the settle; one run twice or late books nothing more.
+        False if the lease had already expired or been settled: then `used - booked` (not
+        below zero) is booked all the same, it was used."""
 
     async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
         """(used, reserved) of each counter."""

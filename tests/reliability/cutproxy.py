@@ -1,6 +1,7 @@
 """A TCP relay in front of a server that, once told, passes on the next thing a client sends and
 then drops that connection without passing back the answer: a call that ran, and whose reply was
-lost with its connection (a Redis restarting under a busy gateway does this to some)."""
+lost with its connection (a Redis restarting under a busy gateway does this to some). Or, told
+so, swallows it: a call lost on its way, that never ran."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import asyncio
 import threading
 from types import TracebackType
 
+# msgpack's string "charge": a quota charge's name in the stores' script call (link.py), in no
+# other call (the script's own text says `op_charge`, without the length byte).
+CHARGE = b"\xa6charge"
 CUT_AFTER_S = 0.3  # time for the server to act on what was passed on, before the cut
 
 
@@ -16,6 +20,7 @@ class CutProxy:
         self.port = 0
         self._target_port = target_port
         self._armed = threading.Event()
+        self._marker, self._passed_on = b"", True
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -34,9 +39,16 @@ class CutProxy:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
-    def cut_next(self) -> None:
-        """The next data any client sends is passed on, then its connection dropped."""
+    def cut_next(self, marker: bytes = b"", *, passed_on: bool = True) -> None:
+        """The next data any client sends (holding `marker`) is passed on, or not `passed_on`
+        swallowed, then its connection dropped."""
+        self._marker, self._passed_on = marker, passed_on
         self._armed.set()
+
+    @property
+    def cut(self) -> bool:
+        """The cut asked for was made."""
+        return not self._armed.is_set()
 
     async def _main(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
@@ -53,9 +65,11 @@ class CutProxy:
         async def up() -> None:
             nonlocal doomed
             while data := await client_r.read(65536):
-                if self._armed.is_set():
+                if self._armed.is_set() and self._marker in data:
                     self._armed.clear()
                     doomed = True
+                    if not self._passed_on:
+                        break
                 server_w.write(data)
                 await server_w.drain()
                 if doomed:

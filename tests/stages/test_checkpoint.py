@@ -25,6 +25,7 @@ from proxy.telemetry.metrics import GatewayMetrics
 from proxy.telemetry.recorder import Telemetry
 from proxy.tokens import TokenCounters
 from tests.redis_server import RedisProcess
+from tests.reliability.cutproxy import CHARGE, CutProxy
 from tests.stages.test_budget import NOON, POLICY, request
 
 pytestmark = pytest.mark.anyio
@@ -215,3 +216,40 @@ async def test_a_runtime_keys_own_quota_is_checkpointed_and_settled_once(
     assert (await gateway.store.read([day]))[0] == (136, 0)  # 90 + 46, once
     assert await gateway.quota() == (136, 0)
     await ledger.aclose()
+
+
+@pytest.mark.parametrize("passed_on", [False, True], ids=["never-ran", "reply-lost"])
+async def test_a_lost_charge_is_booked_once_on_the_tenants_and_the_keys_quota(
+    ledger: SqliteLedger, passed_on: bool
+) -> None:
+    """A checkpoint's charges (the tenant's and a runtime key's, in one call) lost on the way
+    to Redis, or run with the reply lost: either way the gateway cannot tell. Both quotas end
+    holding the request's usage exactly: the next checkpoint books what the lost one carried
+    (it never ran), or not again (it did)."""
+    server = RedisProcess()
+    server.start()
+    with CutProxy(server.port) as cut:
+        store = RedisStore(f"redis://127.0.0.1:{cut.port}/0", timeout_s=5.0)
+        try:
+            gateway = Gateway(ledger, store=store)
+            allowance = KeyAllowance(tokens_per_day=10_000)
+            key = KeyRecord("key_1", "acme", b"d" * 32, NOON, None, allowance)
+            ctx = await gateway.open_stream(key)
+            [day] = gateway.keys._holds[ctx].counters
+            relay(ctx, 21)
+            cut.cut_next(CHARGE, passed_on=passed_on)
+            await gateway.sweep.sweep()
+            assert cut.cut
+            relay(ctx, 10)
+            await gateway.sweep.sweep()  # the usage so far: 100 in, 30 out
+            assert (await store.read([day]))[0] == (130, 470)
+            assert await gateway.quota() == (130, 470)
+            ctx.outcome.answered = True
+            ctx.outcome.backend_usage = (100, 40)
+            await gateway.account(ctx)
+            assert (await store.read([day]))[0] == (140, 0)
+            assert await gateway.quota() == (140, 0)
+        finally:
+            await store.aclose()
+            server.close()
+            await ledger.aclose()

@@ -116,14 +116,63 @@ async def test_charging_so_far_moves_reservation_to_used_and_settle_books_the_re
     assert await reserve(store, "stream", [300, 300]) is None
     assert await store.charge(SCOPE, "stream", [DAY, MONTH], [100, 100])
     assert await store.read([DAY, MONTH]) == [(100, 200), (100, 200)]
-    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [50, 50])
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [150, 150])  # usage so far
     assert await store.read([DAY, MONTH]) == [(150, 150), (150, 150)]
     # A reservation that counts what was charged refuses a request the rest would not fit.
     refusal = await reserve(store, "next", [851, 851])
     assert refusal is not None
     assert (refusal.used, refusal.reserved) == (150, 150)
-    await store.settle(SCOPE, "stream", [DAY, MONTH], [30, 30])  # the remainder only
+    await store.settle(SCOPE, "stream", [DAY, MONTH], [180, 180])  # books the rest, 30
     assert await store.read([DAY, MONTH]) == [(180, 0), (180, 0)]
+
+
+async def test_a_charge_that_never_ran_is_booked_by_the_next_charge_or_the_settle_once(
+    store: QuotaStore,
+) -> None:
+    """A checkpoint's charge whose call timed out without running (Redis never read it): the
+    gateway cannot tell it from one that ran, and counts it booked. It sent the growth since
+    the last charge, and those tokens were lost from the quota for good (1,002 booked of 1,205
+    used). A charge now carries the usage so far: the next one, or the settle, books them."""
+    assert await reserve(store, "stream", [300, 300]) is None
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [100, 100])
+    # A charge of [180, 180] is lost on its way; the caller counts it booked.
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [250, 250], booked=[180, 180])
+    assert await store.read([DAY, MONTH]) == [(250, 50), (250, 50)]
+    await store.settle(SCOPE, "stream", [DAY, MONTH], [300, 300], booked=[250, 250])
+    assert await store.read([DAY, MONTH]) == [(300, 0), (300, 0)]
+    # The last charge lost: the settle books it.
+    assert await reserve(store, "last", [100, 100]) is None
+    assert await store.charge(SCOPE, "last", [DAY, MONTH], [20, 20])
+    await store.settle(SCOPE, "last", [DAY, MONTH], [60, 60], booked=[40, 40])
+    assert await store.read([DAY, MONTH]) == [(360, 0), (360, 0)]
+
+
+async def test_a_charge_that_ran_but_whose_reply_was_lost_is_not_booked_twice(
+    store: QuotaStore,
+) -> None:
+    """The same charge run twice (sent again, or the next checkpoint with nothing new), or an
+    older one landing after a newer (a slow Redis caught up): each books nothing more."""
+    assert await reserve(store, "stream", [300, 300]) is None
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [100, 100])
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [100, 100], booked=[100, 100])
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [150, 150], booked=[100, 100])
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [120, 120], booked=[100, 100])
+    assert await store.read([DAY, MONTH]) == [(150, 150), (150, 150)]
+    await store.settle(SCOPE, "stream", [DAY, MONTH], [170, 170], booked=[150, 150])
+    assert await store.read([DAY, MONTH]) == [(170, 0), (170, 0)]
+
+
+async def test_a_settle_sent_again_held_books_the_usage_beyond_what_charges_booked(
+    store: QuotaStore,
+) -> None:
+    """A kept settle (stages/unbooked.py) carries the request's whole usage: applied on a held
+    lease, it books what the lease's charges did not, whatever the first settle's caller
+    thought they had."""
+    assert await reserve(store, "stream", [300, 300]) is None
+    assert await store.charge(SCOPE, "stream", [DAY, MONTH], [100, 100])
+    assert await store.settle_held(SCOPE, "stream", [DAY, MONTH], [210, 210])
+    assert not await store.settle_held(SCOPE, "stream", [DAY, MONTH], [210, 210])
+    assert await store.read([DAY, MONTH]) == [(210, 0), (210, 0)]
 
 
 async def test_charging_more_than_was_reserved_never_leaves_a_negative_reservation(
@@ -134,9 +183,9 @@ async def test_charging_more_than_was_reserved_never_leaves_a_negative_reservati
     assert await store.charge(SCOPE, "short", [DAY, MONTH], [150, 150])
     # Only the charged lease's own share is released; the other request's stays held.
     assert await store.read([DAY, MONTH]) == [(150, 200), (150, 200)]
-    assert await store.charge(SCOPE, "short", [DAY, MONTH], [20, 20])
+    assert await store.charge(SCOPE, "short", [DAY, MONTH], [170, 170])
     assert await store.read([DAY]) == [(170, 200)]
-    await store.settle(SCOPE, "short", [DAY, MONTH], [0, 0])
+    await store.settle(SCOPE, "short", [DAY, MONTH], [170, 170])
     assert await store.read([DAY]) == [(170, 200)]
 
 
@@ -150,8 +199,8 @@ async def test_a_refund_on_a_counter_redis_lost_never_takes_it_below_zero(redis_
         admin.flushdb()
         assert await reserve(store, "stream", [300, 300]) is None
         assert await store.charge(SCOPE, "stream", [DAY, MONTH], [100, 100])
-        admin.flushdb()
-        await store.settle(SCOPE, "stream", [DAY, MONTH], [-20, -20])
+        admin.flushdb()  # the lease and what it booked went with it: `booked` is used
+        await store.settle(SCOPE, "stream", [DAY, MONTH], [80, 80], booked=[100, 100])
         assert await store.read([DAY, MONTH]) == [(0, 0), (0, 0)]
         over = await reserve(store, "next", [1010, 1010])
     await store.aclose()
@@ -196,8 +245,9 @@ async def test_what_a_crashed_request_charged_stays_used_when_its_lease_expires(
     assert await store.reserve(SCOPE, "next", [DAY, MONTH], [10, 10], lease_until=later + 60,
                                now=later) is None  # fmt: skip
     assert await store.read([DAY, MONTH]) == [(120, 10), (120, 10)]
-    # Charging a lease that is gone still books the use, and says the lease is gone.
-    assert not await store.charge(SCOPE, "crashed", [DAY, MONTH], [5, 5])
+    # Charging a lease that is gone still books the use (beyond what the caller counts booked),
+    # and says the lease is gone.
+    assert not await store.charge(SCOPE, "crashed", [DAY, MONTH], [125, 125], booked=[120, 120])
     assert await store.read([DAY]) == [(125, 10)]
 
 
@@ -242,7 +292,7 @@ async def test_a_reservation_of_fifteen_digits_is_given_back_to_the_unit(store: 
     assert await store.read(counters) == [(7, 1000)]
     await hold("charged", big)
     await store.charge(SCOPE, "charged", counters, [3])
-    await store.settle(SCOPE, "charged", counters, [0])
+    await store.settle(SCOPE, "charged", counters, [3])
     await hold("expired", big + 2)
     assert await store.read(counters) == [(10, 1000 + big + 2)]
     await store.reserve(SCOPE, "next", counters, [1], lease_until=NOW + 60, now=NOW + 120)

@@ -23,6 +23,7 @@ class _Slot:
 class _Lease:
     until: float
     held: dict[str, int] = field(default_factory=dict)
+    booked: dict[str, int] = field(default_factory=dict)  # by its charges, per counter
 
 
 class MemoryStore:
@@ -68,7 +69,13 @@ class MemoryStore:
         return True
 
     async def settle(
-        self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        used: Sequence[int],
+        *,
+        booked: Sequence[int] | None = None,
     ) -> None:
         leases = self._leases.get(scope)
         lease = None if leases is None else leases.pop(lease_id, None)
@@ -76,7 +83,8 @@ class MemoryStore:
             self._release(lease)
             if not leases:  # a scope with no lease left is dropped: a revoked key's never returns
                 del self._leases[scope]
-        for counter, amount in zip(counters, used, strict=True):
+        rest = _rest(counters, used, booked, lease)
+        for counter, amount in zip(counters, rest, strict=True):
             slot = self._slots.setdefault(counter.key, _Slot(expires_at=counter.expires_at))
             slot.used = max(0, slot.used + amount)  # as settle.lua: never below zero
 
@@ -89,13 +97,21 @@ class MemoryStore:
         return True
 
     async def charge(
-        self, scope: str, lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        used: Sequence[int],
+        *,
+        booked: Sequence[int] | None = None,
     ) -> bool:
         lease = self._leases.get(scope, {}).get(lease_id)
-        for counter, amount in zip(counters, amounts, strict=True):
+        grown = [max(0, r) for r in _rest(counters, used, booked, lease)]
+        for counter, total, amount in zip(counters, used, grown, strict=True):
             slot = self._slots.setdefault(counter.key, _Slot(expires_at=counter.expires_at))
             slot.used += amount
             if lease is not None:
+                lease.booked[counter.key] = max(total, lease.booked.get(counter.key, 0))
                 taken = min(amount, lease.held.get(counter.key, 0))
                 if taken > 0:
                     lease.held[counter.key] -= taken
@@ -154,6 +170,21 @@ class MemoryStore:
             slot = self._slots.get(key)
             if slot is not None:
                 slot.reserved = max(0, slot.reserved - amount)
+
+
+def _rest(
+    counters: Sequence[Counter],
+    used: Sequence[int],
+    booked: Sequence[int] | None,
+    lease: _Lease | None,
+) -> list[int]:
+    """`used` less what is booked already: by the lease's charges while it is held, else by
+    what the caller counts booked (as charge.lua and settle.lua)."""
+    if lease is not None:
+        return [u - lease.booked.get(c.key, 0) for c, u in zip(counters, used, strict=True)]
+    if booked is None:
+        return list(used)
+    return [u - b for u, b in zip(used, booked, strict=True)]
 
 
 def _refusing(

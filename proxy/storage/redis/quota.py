@@ -70,22 +70,34 @@ class RedisStore(OnLink):
         return self._link.later("renew", [scope + ":leases"], [lease_id, until], bool)
 
     def settle(
-        self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        used: Sequence[int],
+        *,
+        booked: Sequence[int] | None = None,
     ) -> Awaitable[None]:
-        keys, args = _keys(scope, counters), _booking(lease_id, counters, used)
+        keys, args = _keys(scope, counters), _booking(lease_id, counters, used, booked)
         self._settles.sent(keys, args)
         return self._link.later("settle", keys, args, nothing)
 
     def settle_held(
         self, scope: str, lease_id: str, counters: Sequence[Counter], used: Sequence[int]
     ) -> Awaitable[bool]:
-        keys, args = _keys(scope, counters), _booking(lease_id, counters, used)
+        keys, args = _keys(scope, counters), _booking(lease_id, counters, used, None)
         return self._link.later("settle", keys, [*args, "held"], bool)
 
     def charge(
-        self, scope: str, lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]
+        self,
+        scope: str,
+        lease_id: str,
+        counters: Sequence[Counter],
+        used: Sequence[int],
+        *,
+        booked: Sequence[int] | None = None,
     ) -> Awaitable[bool]:
-        keys, args = _keys(scope, counters), _booking(lease_id, counters, amounts)
+        keys, args = _keys(scope, counters), _booking(lease_id, counters, used, booked)
         return self._link.later("charge", keys, args, bool)
 
     async def read(self, counters: Sequence[Counter]) -> list[tuple[int, int]]:
@@ -105,11 +117,15 @@ def _used_and_reserved(key: str) -> Call:
     return lambda client: client.hmget(key, "used", "reserved")
 
 
-def _booking(lease_id: str, counters: Sequence[Counter], amounts: Sequence[int]) -> list[Arg]:
-    """ARGV of settle.lua and charge.lua: the lease, then each counter's amount and expiry."""
+def _booking(
+    lease_id: str, counters: Sequence[Counter], used: Sequence[int], booked: Sequence[int] | None
+) -> list[Arg]:
+    """ARGV of settle.lua and charge.lua: the lease, then each counter's usage, what the caller
+    counts booked of it (used only where the lease is gone), and expiry."""
     args: list[Arg] = [lease_id]
-    for counter, amount in zip(counters, amounts, strict=True):
-        args += [amount, math.ceil(counter.expires_at)]
+    booked = booked if booked is not None else [0] * len(counters)
+    for counter, amount, before in zip(counters, used, booked, strict=True):
+        args += [amount, before, math.ceil(counter.expires_at)]
     return args
 
 
