@@ -179,7 +179,7 @@ def _rest(
     lease: _Lease | None,
 ) -> list[int]:
     """`used` less what is booked already: by the lease's charges while it is held, else by
-    what the caller counts booked (as charge.lua and settle.lua)."""
+    what the caller counts booked (as charge.lua and settle.lua, which say what that leaves)."""
     if lease is not None:
         return [u - lease.booked.get(c.key, 0) for c, u in zip(counters, used, strict=True)]
     if booked is None:

@@ -5,7 +5,11 @@
 -- KEYS: 1 lease zset, 2 lease holdings hash, 3.. counter hashes {used, reserved}
 -- ARGV: 1 lease id, then per counter: usage so far, what the caller counts booked, expire-at
 -- Returns 1 if the lease was still held, 0 if it had expired or settled: then the usage beyond
--- what the caller counts booked is booked anyway (it was used).
+-- what the caller counts booked is booked anyway (it was used). The window that leaves: the
+-- lease's record goes with it (expired unrenewed and released, or lost by Redis: restarted,
+-- flushed, evicted), so a charge that timed out without running before then stays unbooked,
+-- and one that Redis ran only after its request's settle (stalled with it unread past the call
+-- timeout) books its growth a second time.
 local raw = redis.call('HGET', KEYS[2], ARGV[1])
 local held, booked = false, nil
 if raw then
