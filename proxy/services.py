@@ -90,7 +90,9 @@ class Services:
         failures = StorageFailures(clock)
         tracer_provider = otel.tracer_provider if otel else None
         metrics = GatewayMetrics(WorkerShare.from_environment())  # --workers N: summed
-        ledger = open_ledger(policy.ledger, storage_url=policy.storage) if policy.ledger else None
+        ledger = None
+        if policy.ledger:  # on the storage's link when on the storage's Redis
+            ledger = open_ledger(policy.ledger, storage_url=policy.storage, link=storage.link)
         if ledger is not None:
             metrics.watch_ledger(ledger.stats)
         if isinstance(tracer_provider, CountsDrops):  # tokenweir's own OTLP export
@@ -108,7 +110,10 @@ class Services:
             response_cache(policy, clock, storage.cache, serving),
             rate_limits,
             Drain(policy.server.drain_timeout),
-            RuntimeKeys(open_key_store(policy.storage), clock, kept=KeptKeys.from_environment()),
+            RuntimeKeys(
+                open_key_store(policy.storage, storage.link), clock,
+                kept=KeptKeys.from_environment(),
+            ),
             open_ended_sessions(storage), open_owned_ids(storage),
             otel.metrics_push(
                 metrics, lambda: budgets_left(serving(), quotas, clock.wall())
@@ -125,7 +130,8 @@ class Services:
             self.metrics_push.start()
 
     async def aclose(self) -> None:
-        """Close in dependency order; the ledger last, so every settled request is flushed."""
+        """Close in dependency order; the ledger last, so every settled request is flushed, and
+        after it the storage's link, which the ledger and runtime keys may ride on: one close."""
         self.drain.uninstall()
         try:
             await bounded("checkpoints", self.checkpoints.aclose())
@@ -142,11 +148,13 @@ class Services:
             await bounded("the quota store", self.storage.quotas.aclose())
             await bounded("the limit store", self.storage.limits.aclose())
             await bounded("the response cache", self.cache.aclose())
-            await bounded("the storage connection", self.storage.aclose())
         finally:
-            if self.ledger is not None:
-                await self.ledger.aclose()
-            self.metrics.publish_last()  # what the ledger wrote last included
+            try:
+                if self.ledger is not None:
+                    await self.ledger.aclose()
+                self.metrics.publish_last()  # what the ledger wrote last included
+            finally:  # after the ledger: a Redis ledger on the storage's Redis writes on its link
+                await bounded("the storage connection", self.storage.aclose())
 
 
 _CLOSE_TIMEOUT_S = 3.0

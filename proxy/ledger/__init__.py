@@ -17,6 +17,7 @@ from proxy.ledger.base import (
 from proxy.ledger.redis import RedisLedger
 from proxy.ledger.sqlite import SqliteLedger
 from proxy.policy.units import split_sqlite_url
+from proxy.storage.redis.link import RedisLink
 from proxy.storage.redis.url import check_storage_url, is_redis_url
 
 __all__ = [
@@ -34,14 +35,21 @@ __all__ = [
 ]
 
 
-def open_ledger(url: str, *, storage_url: str | None = None, read_only: bool = False) -> Ledger:
+def open_ledger(
+    url: str,
+    *,
+    storage_url: str | None = None,
+    read_only: bool = False,
+    link: RedisLink | None = None,
+) -> Ledger:
     """The ledger named by a policy's `ledger:` value; call `start()` on it before use.
 
     `sqlite:///relative.db` or `sqlite:////absolute/path.db`, either with `?keep_records=90d`
     (raw records older are deleted; the totals stay); `redis://host:port/db` (or any
     Redis URL `storage:` takes); or `redis`, meaning the policy's Redis `storage:` URL, passed
-    as `storage_url`. `read_only` ledgers only
-    answer queries and never create anything.
+    as `storage_url`. `read_only` ledgers only answer queries and never create anything.
+    `link` is the storage's: a Redis ledger on its URL writes and reads through it (and its
+    owner closes it after the ledger); one on another Redis opens connections of its own.
     """
     if url == "redis":
         if storage_url is None or not is_redis_url(storage_url):
@@ -51,7 +59,8 @@ def open_ledger(url: str, *, storage_url: str | None = None, read_only: bool = F
             )
         url = storage_url
     if is_redis_url(url):
-        return RedisLedger(check_storage_url(url), read_only=read_only)
+        shared = link if link is not None and link.url == url else None
+        return RedisLedger(check_storage_url(url), link=shared, read_only=read_only)
     if url.startswith("sqlite:///"):
         path, keep_records_s = split_sqlite_url(url)
         if not path or path == ":memory:":

@@ -2,6 +2,10 @@
 
 Per tenant, a capped stream keeps raw records and hashes keep hour and day totals, all under the
 tenant's hash tag. While Redis is unreachable records stay buffered (bounded) and are retried.
+
+On the storage's Redis a gateway's ledger rides on the storage's link (its connections, its
+timeout, its Sentinel and Cluster following), which the storage closes after the ledger's last
+flush; elsewhere (another Redis, `tokenweir report`) it opens connections of its own.
 """
 
 from __future__ import annotations
@@ -33,17 +37,19 @@ from proxy.storage.redis.conn import (
     REDIS_ERRORS,
     Call,
     RedisClient,
-    connect,
+    StoreRedis,
     reply_text,
     send_all,
 )
-from proxy.storage.redis.resp import Multiplexed, MultiplexedScript, can_multiplex
+from proxy.storage.redis.link import RedisLink
+from proxy.storage.redis.resp import Multiplexed, MultiplexedScript
 
 __all__ = ["RedisLedger"]
 
 _log = logging.getLogger("tokenweir.ledger")
 
 _DAY_S = 86400
+_RECORD_FIELD = keys.RECORD_FIELD.encode()  # replies are bytes, as on the storage's link
 # The writer task holds one; queries (dashboard, /api/usage) the rest, waiting for a free one.
 _MAX_CONNECTIONS = 16
 
@@ -57,8 +63,8 @@ class _Connection:
 
 @dataclass(frozen=True, slots=True)
 class _Direct:
-    """The writer's own multiplexed connection to one server (not Sentinel or Cluster), as the
-    stores have: the calls of one turn go out in one write, packed by hiredis."""
+    """The writer's multiplexed connection to one server (not Sentinel or Cluster), the stores'
+    own when on their link: the calls of one turn go out in one write, packed by hiredis."""
 
     client: Multiplexed
     append: MultiplexedScript
@@ -73,6 +79,7 @@ class RedisLedger(BufferedLedger):
         self,
         url: str,
         *,
+        link: RedisLink | None = None,
         read_only: bool = False,
         batch_records: int = 500,
         interval_s: float = 0.05,
@@ -89,6 +96,8 @@ class RedisLedger(BufferedLedger):
             flush_timeout_s=flush_timeout_s, wake=self._wake, doze=self._dozing,
         )  # fmt: skip
         self.url = url
+        self._link = link  # the storage's, on `url`: its owner closes it, after this ledger
+        self._owned: StoreRedis | None = None
         self._interval_s = interval_s
         self._stream_records = stream_records
         self._retention_s = retention_s
@@ -110,23 +119,24 @@ class RedisLedger(BufferedLedger):
             await self._task
 
     async def _release(self) -> None:
-        if self._direct is not None:
-            await self._direct.client.aclose()
-        if self._connection is not None:
-            await self._connection.client.aclose()
+        if self._owned is not None:
+            await self._owned.aclose()
 
     async def start(self) -> None:
-        client = connect(
-            self.url,
-            timeout_s=self._socket_timeout_s,
-            max_connections=_MAX_CONNECTIONS,
-            decode_responses=True,
-        )
+        if self._link is not None:
+            client, scripts = self._link.client, self._link.scripts
+        else:  # a multiplexed connection only for writing (one server's URL)
+            self._owned = StoreRedis(
+                self.url,
+                timeout_s=self._socket_timeout_s,
+                max_connections=_MAX_CONNECTIONS,
+                multiplex=not self._read_only,
+            )
+            client, scripts = self._owned.client, self._owned.scripts
         append, total = (client.register_script(_lua(f)) for f in ("append.lua", "sum.lua"))
         self._connection = _Connection(client, append, total)
-        if not self._read_only and can_multiplex(self.url):
-            direct = Multiplexed(self.url, timeout_s=self._socket_timeout_s)
-            self._direct = _Direct(direct, direct.register_script(_lua("append.lua")))
+        if not self._read_only and isinstance(scripts, Multiplexed):
+            self._direct = _Direct(scripts, scripts.register_script(_lua("append.lua")))
         if not self._read_only:
             self._task = asyncio.create_task(self._run(), name="tokenweir-ledger")
 
@@ -148,10 +158,10 @@ class RedisLedger(BufferedLedger):
         # when it ends, so not in the order of its `ts`, when it began): each tenant's stream
         # is in that order already, and the tenants' merge by their entries' ids.
         written = [
-            (_entry_order(entry), fields[keys.RECORD_FIELD])
+            (_entry_order(entry), fields[_RECORD_FIELD])
             for entries in streams
             for entry, fields in entries
-            if keys.RECORD_FIELD in fields
+            if _RECORD_FIELD in fields
         ]
         written.sort(key=operator.itemgetter(0), reverse=True)
         return [keys.decode_record(raw) for _, raw in written[:limit]]
@@ -317,7 +327,7 @@ class RedisLedger(BufferedLedger):
         ]
 
     async def _tags(self) -> list[str]:
-        return sorted(map(str, await self._connected().client.smembers(keys.TENANTS_KEY)))
+        return sorted(map(reply_text, await self._connected().client.smembers(keys.TENANTS_KEY)))
 
     def _connected(self) -> _Connection:
         if self._connection is None:
@@ -344,9 +354,9 @@ def _unlinked(records: list[UsageRecord], lost: set[str]) -> list[UsageRecord]:
     ]
 
 
-def _entry_order(entry: str) -> tuple[int, int]:
+def _entry_order(entry: bytes) -> tuple[int, int]:
     """A stream entry id ("<ms>-<seq>") as numbers, in the order Redis added the entries."""
-    ms, _, seq = entry.partition("-")
+    ms, _, seq = entry.partition(b"-")
     return int(ms), int(seq or 0)
 
 

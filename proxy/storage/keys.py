@@ -7,6 +7,7 @@ from typing import Protocol
 
 from proxy.storage.memory.keys import MemoryKeyStore
 from proxy.storage.redis.keys import RedisKeyStore
+from proxy.storage.redis.link import RedisLink
 from proxy.storage.redis.url import check_storage_url
 
 __all__ = ["KeyStore", "open_key_store"]
@@ -32,8 +33,9 @@ class KeyStore(Protocol):
     async def aclose(self) -> None: ...
 
 
-def open_key_store(url: str) -> KeyStore:
-    """Runtime keys on the policy's storage: this process's memory, or Redis (every replica)."""
+def open_key_store(url: str, link: RedisLink | None = None) -> KeyStore:
+    """Runtime keys on the policy's storage: this process's memory, or Redis (every replica):
+    on `link` when given (the storage's, which its owner closes), else on a link of their own."""
     if check_storage_url(url) == "memory":
         return MemoryKeyStore()
-    return RedisKeyStore(url)
+    return RedisKeyStore(link if link is not None else url)

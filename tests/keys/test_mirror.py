@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import random
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +16,7 @@ from proxy.clock import SystemClock
 from proxy.keys.record import KeyAllowance
 from proxy.keys.runtime import RuntimeKeys
 from proxy.storage.keys import open_key_store
+from proxy.storage.redis.link import RedisLink
 from tests.keys.relay import HeldCommand
 
 pytestmark = pytest.mark.anyio
@@ -95,3 +97,38 @@ async def test_a_key_made_while_the_keys_are_read_works_at_once_on_its_replica(
     finally:
         relay.close()
         await keys.aclose()
+
+
+@pytest.mark.parametrize("which", ["redis", "redis-unix", "redis-sentinel", "redis-cluster"])
+async def test_keys_on_a_storages_link_see_another_replicas_and_leave_the_link_open(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """A gateway's keys ride on its storage's link: a key made there works on a replica with
+    a connection of its own and the other way round, a revocation reaches each, and closing
+    the keys leaves the link to its owner (the storage), which closes it last."""
+    url = str(request.getfixturevalue(f"{which.replace('-', '_')}_url"))
+    link = RedisLink(url)
+    here = RuntimeKeys(open_key_store(url, link), SystemClock(), refresh_s=0.05)
+    there = RuntimeKeys(open_key_store(url), SystemClock(), refresh_s=0.05)
+    await here.start()
+    await there.start()
+    try:
+        mine, my_secret = await here.create("alpha", KeyAllowance())
+        theirs, their_secret = await there.create("beta", KeyAllowance())
+        await _until(lambda: there.lookup(_digest(my_secret)) == mine)
+        await _until(lambda: here.lookup(_digest(their_secret)) == theirs)
+        assert [k.id for k in await here.listed(None)] == [mine.id, theirs.id]
+        assert await there.revoke(mine.id)
+        await _until(lambda: here.lookup(_digest(my_secret)) is None)
+    finally:
+        await here.aclose()
+        await there.aclose()
+    await link.ping()  # still open: the keys did not close their owner's link
+    await link.aclose()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30  # polled every 50 ms; a loaded machine is slow
+    while not check():
+        assert time.monotonic() < deadline, "the other replica's change never arrived"
+        await asyncio.sleep(0.05)

@@ -1,4 +1,5 @@
-"""The ledger contract, run against every store: SQLite and a real Redis."""
+"""The ledger contract, run against every store: SQLite and a real Redis (one server, Sentinel,
+Cluster), on a connection of its own or on a storage's link."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
 from proxy.ledger import Bucket, Ledger, UsageQuery, UsageRecord, open_ledger
 from proxy.ledger.base import MAX_RECORD_CHARS, MAX_RECORD_INT
+from proxy.storage.redis.link import RedisLink
 from tests.ledger.factory import DAY_S, HOUR_S, T0, record
 
 pytestmark = pytest.mark.anyio
@@ -22,14 +25,38 @@ BUCKETS: list[Bucket | None] = [None, "hour", "day"]
 EVERYTHING = UsageQuery(None, T0 - 30 * DAY_S, T0 + 30 * DAY_S)
 
 
+ON_LINK = "on-link:"
+"""Before a Redis URL: the ledger on a storage's link, as a gateway's on its storage's Redis."""
+
+
+@pytest.fixture(
+    params=[
+        "sqlite", "redis", "redis-cluster",
+        "redis-on-link", "redis-sentinel-on-link", "redis-cluster-on-link",
+    ]
+)  # fmt: skip
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """tests/ledger/conftest.py's stores, and the Redis ones again on a storage's link."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    named = request.param.removesuffix("-on-link")
+    url: str = request.getfixturevalue(f"{named.replace('-', '_')}_url")
+    return ON_LINK + url if named != request.param else url
+
+
 @asynccontextmanager
 async def opened(url: str) -> AsyncIterator[Ledger]:
-    ledger = open_ledger(url)
+    """The ledger at `url`; on a link of the test's (ON_LINK), which outlives the ledger."""
+    link = RedisLink(url.removeprefix(ON_LINK)) if url.startswith(ON_LINK) else None
+    ledger = open_ledger(url.removeprefix(ON_LINK), link=link)
     await ledger.start()
     try:
         yield ledger
     finally:
         await ledger.aclose()
+        if link is not None:
+            await link.ping()  # closing the ledger left its link open, for its owner to close
+            await link.aclose()
 
 
 async def write(url: str, records: list[UsageRecord]) -> None:
@@ -226,7 +253,7 @@ async def test_flush_with_nothing_appended_returns_at_once(ledger_url: str) -> N
 async def test_appends_after_close_are_counted_as_dropped(
     ledger_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ledger = open_ledger(ledger_url)
+    ledger = open_ledger(ledger_url.removeprefix(ON_LINK))
     await ledger.start()
     await ledger.aclose()
     ledger.append(record(1))

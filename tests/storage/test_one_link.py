@@ -62,3 +62,54 @@ tenants:
             httpx.post(url + "/dashboard/logout", cookies={COOKIE: cookie})
             assert httpx.get(url + "/api/usage", cookies={COOKIE: cookie}).status_code == 401
             assert _connections(redis_url) == opened
+
+
+ADMIN_KEY = "tw-one-link-admin"
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def test_a_gateway_with_every_redis_feature_holds_two_connections(tmp_path: Path) -> None:
+    """Runtime keys and the Redis ledger each opened two connections of their own to the
+    storage's Redis (a multiplexed one and redis-py's pool): five in all. On the storage's link
+    there are two: its multiplexed connection for every script and poll, and one of redis-py's
+    pool for the reads whose replies redis-py parses (the ledger's queries, INFO). The ledger's
+    last records are written before the link closes, and closing leaves no connection open."""
+    with private_redis() as redis_url, stored_backend() as backend:
+        text = f"""
+storage: {redis_url}
+ledger: redis
+admin_keys: [{hash_key(ADMIN_KEY)}]
+backends: [{{name: shared, url: "{backend.url}/v1", models: [{MODEL}]}}]
+models: {{{MODEL}: {{}}}}
+tenants:
+  alice:
+    api_keys: [{hash_key(KEY)}]
+    models: [{MODEL}]
+    limits: {{requests_per_minute: 1000}}
+    cache: {{mode: exact}}
+"""
+        policy = parse_policy(text, file="one-link.yaml", environ={})
+        with (
+            serve(create_app(policy)) as url,
+            httpx.Client(base_url=url, headers=ADMIN) as admin,
+        ):
+            made = admin.post("/admin/keys", json={"tenant": "alice"}).json()
+            runtime = openai.OpenAI(base_url=url + "/v1", api_key=made["key"], max_retries=0)
+            for _ in range(2):  # the second is the cache's
+                answer = runtime.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=0
+                )
+                assert answer.choices[0].message.content == "ok"
+            assert len(backend.bodies) == 1
+            assert [k["id"] for k in admin.get("/admin/keys").json()["data"]] == [made["id"]]
+            assert admin.get("/api/usage").status_code == 200  # the ledger's query
+            assert admin.get("/readyz").status_code == 200  # asks the ledger's maxmemory-policy
+            assert admin.delete(f"/admin/keys/{made['id']}").status_code == 200
+            with pytest.raises(openai.AuthenticationError):
+                runtime.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}]
+                )
+            assert _connections(redis_url) == 2
+        assert _connections(redis_url) == 0
+        with redis.Redis.from_url(redis_url) as check:
+            assert check.xlen("tw:{alice}:ledger:records") == 2  # the miss and the hit

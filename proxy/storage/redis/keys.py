@@ -7,7 +7,8 @@ connection (proxy/storage/redis/resp.py), a third of redis-py's CPU a read (abou
 
 from __future__ import annotations
 
-from proxy.storage.redis.conn import StoreRedis, translated
+from proxy.storage.redis.conn import translated
+from proxy.storage.redis.link import RedisLink
 from proxy.storage.redis.lua import script_text
 from proxy.storage.redis.resp import Multiplexed
 
@@ -18,13 +19,21 @@ _VERSION = "tw:{keys}:version"
 
 
 class RedisKeyStore:
+    """On the storage's link in a gateway (its owner closes it), or on a link of its own, given
+    a URL (a tool's, a test's). The writes and the version's poll go over the link's multiplexed
+    connection where it has one; reading every record, through redis-py's pool (as everything on
+    Sentinel and Cluster URLs)."""
+
     shared = True  # every replica changes it: each polls the version
 
-    def __init__(self, url: str, *, timeout_s: float = 1.0) -> None:
-        self._conn = StoreRedis(url, timeout_s=timeout_s, max_connections=8)
-        self._client = self._conn.client
-        self._write = self._client.register_script(script_text("keys_write"))
-        reads = self._conn.scripts
+    def __init__(self, link: str | RedisLink, *, timeout_s: float = 1.0) -> None:
+        self._own = isinstance(link, str)
+        if isinstance(link, str):
+            link = RedisLink(link, timeout_s=timeout_s, max_connections=8)
+        self._link = link
+        self._client = link.client
+        self._write = link.scripts.register_script(script_text("keys_write"))
+        reads = link.scripts
         self._multiplexed = reads if isinstance(reads, Multiplexed) else None
 
     async def put(self, key_id: str, record: bytes) -> None:
@@ -37,8 +46,8 @@ class RedisKeyStore:
         return bool(removed)
 
     async def records(self) -> dict[str, bytes]:
-        with translated("key storage"):
-            found = await self._client.hgetall(_RECORDS)
+        with translated("key storage"):  # through redis-py's pool: a bulk read never sits
+            found = await self._client.hgetall(_RECORDS)  # before the admissions multiplexed
         return {_text(k): v if isinstance(v, bytes) else str(v).encode() for k, v in found.items()}
 
     async def version(self) -> int:
@@ -50,7 +59,8 @@ class RedisKeyStore:
         return int(value or 0)
 
     async def aclose(self) -> None:
-        await self._conn.aclose()
+        if self._own:
+            await self._link.aclose()
 
 
 def _text(value: bytes | str) -> str:

@@ -22,6 +22,7 @@ from proxy.storage.joint import Step
 from proxy.storage.redis.conn import (
     REDIS_ERRORS,
     RedisClient,
+    ScriptClient,
     StoreRedis,
     ping_writable,
     reply_text,
@@ -104,6 +105,12 @@ class RedisLink:
     def client(self) -> RedisClient:
         """redis-py's client, for commands other than the operations (reads, streams)."""
         return self._conn.client
+
+    @property
+    def scripts(self) -> ScriptClient:
+        """What runs the link's Lua scripts: its one multiplexed connection where the URL allows
+        one (`client` elsewhere), for other stores' scripts and polls on this link."""
+        return self._conn.scripts
 
     async def run(self, calls: Sequence[LuaCall], *, gate: bool = False) -> None:
         """Send `calls` (one script call per hash slot; one in all off a cluster) and hand each
