@@ -46,8 +46,9 @@ class RedisKeyStore:
         return bool(removed)
 
     async def records(self) -> dict[str, bytes]:
-        with translated("key storage"):  # through redis-py's pool: a bulk read never sits
-            found = await self._client.hgetall(_RECORDS)  # before the admissions multiplexed
+        # Through redis-py's pool: a bulk read never sits before the multiplexed admissions.
+        with translated("key storage"):
+            found = await self._client.hgetall(_RECORDS)
         return {_text(k): v if isinstance(v, bytes) else str(v).encode() for k, v in found.items()}
 
     async def version(self) -> int:
