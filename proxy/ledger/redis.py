@@ -125,7 +125,7 @@ class RedisLedger(BufferedLedger):
     async def start(self) -> None:
         if self._link is not None:
             client, scripts = self._link.client, self._link.scripts
-        else:  # a multiplexed connection only for writing (one server's URL)
+        else:  # its own: redis-py's pool, and a multiplexed writer on one server's URL
             self._owned = StoreRedis(
                 self.url,
                 timeout_s=self._socket_timeout_s,
