@@ -4,6 +4,7 @@ real gateway on a private redis-server, counted with CLIENT LIST."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -11,7 +12,9 @@ import openai
 import pytest
 import redis
 
+from proxy import services
 from proxy.app import create_app
+from proxy.keys.runtime import RuntimeKeys
 from proxy.policy import parse_policy
 from proxy.policy.units import hash_key
 from tests.redis_server import private_redis
@@ -68,12 +71,19 @@ ADMIN_KEY = "tw-one-link-admin"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def test_a_gateway_with_every_redis_feature_holds_two_connections(tmp_path: Path) -> None:
+def test_a_gateway_with_every_redis_feature_holds_two_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Runtime keys and the Redis ledger each opened two connections of their own to the
     storage's Redis (a multiplexed one and redis-py's pool): five in all. On the storage's link
     there are two: its multiplexed connection for every script and poll, and one of redis-py's
-    pool for the reads whose replies redis-py parses (the ledger's queries, INFO). The ledger's
-    last records are written before the link closes, and closing leaves no connection open."""
+    pool for the reads whose replies redis-py parses (the keys' records, the ledger's queries,
+    INFO). The ledger's last records are written before the link closes, and closing leaves no
+    connection open."""
+    # The keys' poll reads the records after each change, through the pool too: were it to
+    # overlap one of the test's reads the pool would open a second connection. Polling hourly,
+    # the test's reads are the only ones, one at a time (this process's changes hold at once).
+    monkeypatch.setattr(services, "RuntimeKeys", partial(RuntimeKeys, refresh_s=3600))
     with private_redis() as redis_url, stored_backend() as backend:
         text = f"""
 storage: {redis_url}
