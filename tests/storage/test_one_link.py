@@ -123,3 +123,26 @@ tenants:
         assert _connections(redis_url) == 0
         with redis.Redis.from_url(redis_url) as check:
             assert check.xlen("tw:{alice}:ledger:records") == 2  # the miss and the hit
+
+
+def test_a_ledger_on_another_redis_writes_there_on_connections_of_its_own() -> None:
+    """Only a ledger on the storage's own URL rides on the storage's link: one on another
+    Redis writes its records there, and the storage's Redis holds none of them."""
+    with private_redis() as storage_url, private_redis() as ledger_url, stored_backend() as backend:
+        text = f"""
+storage: {storage_url}
+ledger: {ledger_url}
+backends: [{{name: shared, url: "{backend.url}/v1", models: [{MODEL}]}}]
+models: {{{MODEL}: {{}}}}
+tenants:
+  alice: {{api_keys: [{hash_key(KEY)}], models: [{MODEL}]}}
+"""
+        policy = parse_policy(text, file="two-redis.yaml", environ={})
+        with (
+            serve(create_app(policy)) as url,
+            openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as alice,
+        ):
+            alice.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        with redis.Redis.from_url(ledger_url) as ledger, redis.Redis.from_url(storage_url) as kept:
+            assert ledger.xlen("tw:{alice}:ledger:records") == 1
+            assert kept.keys("*ledger*") == []
