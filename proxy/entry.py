@@ -1,6 +1,7 @@
 """The `tokenweir` command's entry point (and `python -m proxy`'s): `serve` holds SIGHUP before
 the command line's imports, which take most of a second (proxy/sighup.py says why); Ctrl-C and a
-reader that went away end any command with a status (proxy/exitstatus.py), not a traceback."""
+reader that went away end any command with a status (proxy/exitstatus.py), not a traceback; a
+standard stream the shell closed is /dev/null (proxy/nullstdio.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import os
 import sys
 
 from proxy.exitstatus import INTERRUPTED, READER_GONE
+from proxy.nullstdio import fill_closed_stdio
 from proxy.sighup import hold_sighup
 
 __all__ = ["main"]
 
 
 def main() -> int:
+    fill_closed_stdio()  # first: before any fd is opened, to be given a closed one's number
     if sys.argv[1:2] == ["serve"]:
         hold_sighup()
     try:
