@@ -1,14 +1,16 @@
 """A policy file watched by polling its stamp: a change counts once the file has held still for
 one poll and its bytes differ from the version last seen (a file still being written is never
-taken half-way: a part without a tenant would revoke that tenant's runtime keys)."""
+taken half-way: a part without a tenant would revoke that tenant's runtime keys). Its bytes are
+read as a reload reads them, never past the size a policy file may hold."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from pathlib import Path
 
-__all__ = ["FileStamp", "FileWatch", "file_digest", "stamp"]
+from proxy.policy import PolicyError, read_policy_bytes
+
+__all__ = ["FileStamp", "FileWatch", "file_digest", "read_version", "stamp"]
 
 # What the watcher compares: (mtime, size, inode, ctime) of the file a symlink leads to. The
 # inode changes when a new file takes the name (a Kubernetes ConfigMap swaps its `..data` link),
@@ -19,6 +21,16 @@ FileStamp = tuple[int, int, int, int]
 def file_digest(data: bytes) -> str:
     """A policy file's version: the digest of its bytes."""
     return hashlib.sha256(data).hexdigest()[:16]
+
+
+def read_version(path: Path) -> str | None:
+    """The version of the policy file at `path`, its bytes read through `read_policy_bytes` as
+    a reload reads them; None if it cannot be read or holds more than a policy may (a reload
+    refuses it and says why). A whole read took an 8 GiB file, or /dev/zero, into memory."""
+    try:
+        return file_digest(read_policy_bytes(path))
+    except PolicyError:
+        return None
 
 
 def stamp(path: Path) -> FileStamp | None:
@@ -56,7 +68,4 @@ class FileWatch:
             self._changing = seen
             return False
         self._seen, self._changing = seen, None
-        with contextlib.suppress(OSError):
-            if file_digest(self.path.read_bytes()) == self._digest:
-                return False
-        return True
+        return read_version(self.path) != self._digest

@@ -12,7 +12,6 @@ end the process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -26,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.accepted import AcceptedPolicy
 from proxy.errors import BadRequest
-from proxy.filewatch import FileStamp, FileWatch, file_digest, stamp
+from proxy.filewatch import FileStamp, FileWatch, file_digest, read_version, stamp
 from proxy.policy import Policy, PolicyError, decode_policy, parse_policy, read_policy_bytes
 from proxy.sighup import hold_sighup, release_sighup
 from proxy.together import cancelled
@@ -95,13 +94,12 @@ class PolicySource:
         if kept is None:
             return cls.read(path)
         source = cls.parse(path, kept)
-        with contextlib.suppress(OSError):
-            if file_digest(path.read_bytes()) != source.digest:
-                _log.warning(
-                    "%s is not the policy the other workers serve (%s); this worker serves "
-                    "theirs until a reload (SIGHUP) applies the file",
-                    path, source.digest,
-                )  # fmt: skip
+        if read_version(path) not in (None, source.digest):
+            _log.warning(
+                "%s is not the policy the other workers serve (%s); this worker serves "
+                "theirs until a reload (SIGHUP) applies the file",
+                path, source.digest,
+            )  # fmt: skip
         return source
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.filewatch import file_digest
+from proxy.filewatch import read_version
 from proxy.telemetry.metricstate import reloads_in, versions_in
 from proxy.telemetry.workershare import published_by
 
@@ -107,7 +107,6 @@ class Rollout:
         return True
 
     def _version(self) -> str:
-        try:
-            return file_digest(self._config.read_bytes())
-        except OSError:
-            return ""  # the workers' reload refuses it, and says why
+        # "" for a file that cannot be read or is too large: the workers' reload refuses it,
+        # and says why.
+        return read_version(self._config) or ""
