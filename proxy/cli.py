@@ -26,7 +26,14 @@ from proxy.asgi.protocol import protocol_with_header_timeout
 from proxy.asgi.server import GatewayServer
 from proxy.filewatch import FileWatch
 from proxy.keys.kept import KEPT_KEYS_ENV
-from proxy.policy import PolicyError, load_policy
+from proxy.policy import (
+    Policy,
+    PolicyError,
+    decode_policy,
+    load_policy,
+    parse_policy,
+    read_policy_stream,
+)
 from proxy.policy.units import hash_key
 from proxy.reload import SUPERVISOR_ENV, WATCH_ENV, PolicySource
 from proxy.rollout import Rollout
@@ -131,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     policy_commands = policy.add_subparsers(title="policy commands", metavar="COMMAND")
     policy.set_defaults(run=_command_missing(policy, "check or hash-key"))
     check = policy_commands.add_parser("check", help="validate a policy file")
-    check.add_argument("file", type=Path, help="the policy file (YAML)")
+    check.add_argument("file", type=Path, help="the policy file (YAML); - for standard input")
     check.add_argument(
         "--skip-tokenizers",
         action="store_true",
@@ -306,7 +313,8 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _policy_check(args: argparse.Namespace) -> int:
     try:
-        policy = load_policy(args.file)
+        policy = _stdin_policy() if str(args.file) == "-" else load_policy(args.file)
+        shown = _STDIN if str(args.file) == "-" else str(args.file)
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -316,13 +324,23 @@ def _policy_check(args: argparse.Namespace) -> int:
         try:  # loaded as serve and a reload load them: a file that passes here starts
             TokenCounters(policy)
         except TokenizerError as exc:
-            print(f"{args.file}: {exc}", file=sys.stderr)
+            print(f"{shown}: {exc}", file=sys.stderr)
             return 1
     print(
-        f"{args.file}: ok ({len(policy.tenants)} tenants, {len(policy.models)} models, "
+        f"{shown}: ok ({len(policy.tenants)} tenants, {len(policy.models)} models, "
         f"{len(policy.backends)} backends)"
     )
     return 0
+
+
+def _stdin_policy() -> Policy:
+    """`policy check -`: the policy on standard input (`render-policy | tokenweir policy check
+    -`), read through the same size cap as a file."""
+    data = read_policy_stream(sys.stdin.buffer, _STDIN)
+    return parse_policy(decode_policy(data, _STDIN), file=_STDIN)
+
+
+_STDIN = "<stdin>"
 
 
 def _policy_hash_key(args: argparse.Namespace) -> int:

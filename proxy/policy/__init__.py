@@ -7,6 +7,7 @@ from proxy.policy.load import (
     load_policy,
     parse_policy,
     read_policy_bytes,
+    read_policy_stream,
 )
 from proxy.policy.model import Backend, Budget, ModelSpec, Policy, Tenant
 
@@ -22,4 +23,5 @@ __all__ = [
     "load_policy",
     "parse_policy",
     "read_policy_bytes",
+    "read_policy_stream",
 ]

@@ -6,7 +6,7 @@ import copy
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pydantic
 from pydantic_core import ErrorDetails
@@ -25,6 +25,7 @@ __all__ = [
     "load_policy",
     "parse_policy",
     "read_policy_bytes",
+    "read_policy_stream",
 ]
 
 MAX_POLICY_BYTES = 16 << 20
@@ -45,17 +46,30 @@ def load_policy(
 
 def read_policy_bytes(path: str | Path) -> bytes:
     """The file's bytes, read once (a FIFO, `--config <(...)`, has no size to ask first), or a
-    PolicyError if it cannot be read or holds more than MAX_POLICY_BYTES."""
-    file = str(path)
+    PolicyError if it cannot be read or holds more than MAX_POLICY_BYTES. Every reader of a
+    policy file reads it here (the watcher's version too: proxy/filewatch.py)."""
     try:
-        with Path(path).open("rb") as stream:
-            data = stream.read(MAX_POLICY_BYTES + 1)
+        stream = Path(path).open("rb")
     except OSError as exc:
-        raise PolicyError([Problem(file, 0, "", f"cannot read the file: {exc.strerror}")]) from exc
+        raise _unreadable(str(path), exc) from exc
+    with stream:
+        return read_policy_stream(stream, str(path))
+
+
+def read_policy_stream(stream: BinaryIO, file: str) -> bytes:
+    """`read_policy_bytes` for a stream already open (`policy check -`: standard input)."""
+    try:
+        data = stream.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:  # a directory fails here, not at its opening
+        raise _unreadable(file, exc) from exc
     if len(data) > MAX_POLICY_BYTES:
         message = f"more than {MAX_POLICY_BYTES >> 20} MiB, the most a policy file may hold"
         raise PolicyError([Problem(file, 0, "", message)])
     return data
+
+
+def _unreadable(file: str, exc: OSError) -> PolicyError:
+    return PolicyError([Problem(file, 0, "", f"cannot read the file: {exc.strerror}")])
 
 
 def parse_policy(

@@ -4,6 +4,7 @@ once), and only up to a size a policy file can have (`/dev/zero` is no policy)."
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shlex
 import subprocess
@@ -80,3 +81,42 @@ def test_serve_and_policy_check_read_a_policy_from_a_fifo(backend_url: str, tmp_
         process.terminate()
         process.wait(timeout=60)
     assert b"Traceback" not in (tmp_path / "serve.log").read_bytes()
+
+
+def test_policy_check_dash_reads_standard_input_up_to_the_size(tmp_path: Path) -> None:
+    """`render-policy | tokenweir policy check -` looked for a file named `-`; standard input
+    is read through the same cap as a file (`< /dev/zero` is refused, not read to the end)."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(policy_text("http://127.0.0.1:9"))
+    command = [sys.executable, "-m", "proxy", "policy", "check", "--skip-tokenizers", "-"]
+    with config.open("rb") as stdin:
+        done = subprocess.run(
+            command, stdin=stdin, capture_output=True, text=True, timeout=120, check=False,
+            preexec_fn=_bounded, env=_ENV,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("<stdin>: ok (2 tenants")
+    with open(os.devnull, "rb") as empty, open("/dev/zero", "rb") as zeros:
+        for stdin, says in ((zeros, f"<stdin>:0: more than {MAX_POLICY_BYTES >> 20} MiB"),
+                            (empty, "<stdin>:1: the policy file is empty")):  # fmt: skip
+            done = subprocess.run(
+                command, stdin=stdin, capture_output=True, text=True, timeout=120,
+                check=False, preexec_fn=_bounded, env=_ENV,
+            )  # fmt: skip
+            assert done.returncode == 1, done.stderr[-2000:]
+            assert says in done.stderr
+            assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("serve", [False, True])
+def test_a_fifo_past_the_size_is_refused_in_one_line(serve: bool) -> None:
+    """`--config <(...)` goes through the same cap: a pipe has no size to refuse it by first."""
+    python = shlex.quote(sys.executable)
+    command = f"serve --port {free_port()} --config" if serve else "policy check"
+    done = subprocess.run(
+        ["bash", "-c", f"{python} -m proxy {command} <(head -c 17M /dev/zero)"],
+        capture_output=True, text=True, timeout=120, check=False, preexec_fn=_bounded, env=_ENV,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert re.search(rf"/dev/fd/\d+:0: more than {MAX_POLICY_BYTES >> 20} MiB", done.stderr)
+    assert "Traceback" not in done.stderr
