@@ -157,8 +157,9 @@ class EventForwarder:
         return min(deltas, len(self._events.text.findall(out))) if deltas else 0
 
     def _read_usage(self, out: bytes) -> bytes:
-        """`out` (whole events), less the event that completes a usage not believed."""
-        start = 0
+        """`out` (whole events), less the event that completes a usage not believed; one held
+        from an earlier read goes out first when another takes its place."""
+        earlier, start = self.held, 0
         held: tuple[int, int] | None = None
         for end in EVENT_END.finditer(out):
             event, at, start = out[start : end.start()], start, end.end()
@@ -186,4 +187,6 @@ class EventForwarder:
                 else self._events.completes.search(event) is not None  # it has none
             ):
                 self.held, self.held_event, held = out[at:start], parsed, (at, start)
-        return out if held is None else out[: held[0]] + out[held[1] :]
+        if held is None:
+            return out
+        return earlier + out[: held[0]] + out[held[1] :]

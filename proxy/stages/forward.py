@@ -91,9 +91,11 @@ class Forward:
         api = AGENT_APIS.get(ctx.operation)
         sse: SSEForwarder | EventForwarder
         # Usage the client sees is checked as it comes: one not believed is held, to be shown
-        # as billed. Several answers' is always held: the gateway may count more output.
+        # as billed. Several answers' is always held: the gateway may count more output; so is
+        # an agent API's, whose text deltas the gateway counts too (a backend's output count
+        # below them is billed as counted, `counted_output`). Its event ends the stream anyway.
         if api is not None:
-            sse = EventForwarder(api.events, partial(believed, ctx))
+            sse = EventForwarder(api.events, _held)
         elif ctx.choices > 1:
             completions = ctx.operation == "text_completion"
             sse = ChoicesForwarder(
@@ -152,7 +154,10 @@ class Forward:
                 raise  # nothing sent yet: the client gets a proper error status instead
             ctx.outcome.error_code = exc.code
             # An OpenAI-shaped error event, and no [DONE]: the client must not take it as complete.
-            ending = b"data: " + exc.to_json() + b"\n\n"
+            # A usage event held to be shown as billed goes out before it.
+            ending = sse.held + b"data: " + exc.to_json() + b"\n\n"
+            if sse.held:
+                ctx.outcome.reshow = _reshown(ctx, sse)
         finally:
             if not outcome.completed:  # broken off: the backend failed, or the client left
                 _textless_at_break(ctx, sse, relay)
@@ -338,7 +343,8 @@ def _no_content(backend: Backend) -> UpstreamTimeout:
 
 
 def _held(usage: dict[str, Any]) -> bool:
-    """Believed or not, several answers' usage is held until billed."""
+    """Believed or not, a usage the gateway may overrule with its own output count (several
+    answers', an agent API stream's) is held until billed."""
     return False
 
 

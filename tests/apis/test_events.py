@@ -224,3 +224,18 @@ def test_the_event_that_opens_a_tool_call_by_name_is_timed_as_text(
     forwarder = EventForwarder(AGENT_APIS[api].events)
     assert forwarder.feed(event(data)) == (event(data), 0)
     assert forwarder.texted is texted
+
+
+@pytest.mark.parametrize("size", [1, 7, 100_000])
+def test_a_held_usage_event_is_not_lost_when_another_is_held_after_it(size: int) -> None:
+    """Each event that completes a usage is held to be shown as billed: a second one in a later
+    read took the first one's place, and the first never reached the client."""
+    raw = messages_stream()
+    second = event({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 4}})
+    at = raw.index(b"event: message_stop")
+    raw = raw[:at] + second + raw[at:]
+    forwarder = EventForwarder(AGENT_APIS["messages"].events, lambda usage: False)
+    out = b"".join(forwarder.feed(raw[at : at + size])[0] for at in range(0, len(raw), size))
+    held = forwarder.held
+    assert held == second
+    assert out + forwarder.finish() == raw

@@ -351,6 +351,17 @@ async def messages_after_end(server: HostileBackend, writer: Writer, request: An
 # Streams a backend ends with its own error event, under the 200: Anthropic's (and vLLM's)
 # `error` event on Messages; `response.failed` on Responses.
 _OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+async def messages_cut_after_usage(server: HostileBackend, writer: Writer, request: Any) -> None:
+    """A Messages stream dropped after a message_delta whose usage is no count (-1 tokens)."""
+    data = head("200 OK", "content-type: text/event-stream", "transfer-encoding: chunked")
+    events = [*_MESSAGE_EVENTS[:4], {**_MESSAGE_EVENTS[4], "usage": {"output_tokens": -1}}]
+    whole = b"".join(_named(payload) for payload in events)
+    await server.send("messages_cut_after_usage", writer, data + _chunk(whole))
+    writer.transport.abort()
+
+
 _STARTED = {"type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 3}}
 MESSAGES_ERROR_EVENT = b"".join(
     _named(payload)
@@ -417,6 +428,7 @@ MISBEHAVIOURS: dict[str, Misbehaviour] = {
     "cut_stream": cut_stream,
     "bad_chunks": bad_chunks,
     "messages_after_end": messages_after_end,
+    "messages_cut_after_usage": messages_cut_after_usage,
     "html_200": typed("text/html", b"<html><body>Welcome to nginx!</body></html>"),
     "list_200": whole("200 OK", b"[]"),
     "hello_200": whole("200 OK", b'{"hello": 1}'),

@@ -276,3 +276,43 @@ def test_usage_in_a_chunk_with_choices_is_shown_as_billed_at_the_end(
     assert last.usage is not None
     shown = (last.usage.prompt_tokens, last.usage.completion_tokens)
     assert shown == _billed(ledger, request_id)
+
+
+UNDER_REPORTED = {"input_tokens": 9, "output_tokens": 1}  # believable, but 12 words streamed
+
+
+def test_a_messages_stream_that_under_reports_its_output_shows_the_output_billed(
+    setup: tuple[UsageLiar, str, Path],
+) -> None:
+    """Its message_delta went out as the backend wrote it (1 output token) while the ledger
+    billed the 12 text deltas the gateway relayed (`counted_output`)."""
+    liar, url, ledger = setup
+    liar.start_usage, liar.usage = {}, UNDER_REPORTED
+    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    with (
+        client,
+        client.messages.stream(model="exact-llm", max_tokens=50, messages=QUESTION) as stream,
+    ):
+        request_id = stream.response.headers["x-request-id"]
+        assert "".join(stream.text_stream) == "hello" * 12
+        final = stream.get_final_message()
+    input_tokens, output_tokens, source = billed(ledger, request_id)
+    assert (source, output_tokens) == ("counted_output", 12)
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (input_tokens, output_tokens)
+
+
+def test_a_responses_stream_that_under_reports_its_output_shows_the_output_billed(
+    setup: tuple[UsageLiar, str, Path],
+) -> None:
+    liar, url, ledger = setup
+    liar.usage = {**UNDER_REPORTED, "total_tokens": 10}
+    streamed = _openai(url, KEY).responses.with_raw_response.create(
+        model="exact-llm", input=QUESTION, stream=True
+    )
+    events = list(streamed.parse())
+    assert events[-1].type == "response.completed"
+    usage = events[-1].response.usage
+    assert usage is not None
+    input_tokens, output_tokens, source = billed(ledger, streamed.headers["x-request-id"])
+    assert (source, output_tokens) == ("counted_output", 12)
+    assert (usage.input_tokens, usage.output_tokens) == (input_tokens, output_tokens)

@@ -11,6 +11,7 @@ from pathlib import Path
 import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -142,3 +143,30 @@ def test_a_whole_response_that_failed_counts_as_an_error(gateway: str) -> None:
         )
     assert answer.status == "failed"
     assert _errors_after(gateway, requests + 1) == errors + 1
+
+
+def _totals(url: str) -> tuple[int, int, int]:
+    rows = httpx.get(url + "/api/usage", headers=ADMIN).json()["data"]
+    row = rows[0] if rows else {"requests": 0, "input_tokens": 0, "output_tokens": 0}
+    return row["requests"], row["input_tokens"], row["output_tokens"]
+
+
+def test_a_messages_stream_broken_off_after_its_usage_shows_the_usage_billed(
+    gateway: str,
+) -> None:
+    """The message_delta whose usage was no count was held to be shown as billed; the stream
+    broke off before its end, and the client got the error event without it."""
+    requests, input_before, output_before = _totals(gateway)
+    body = {"model": "hostile-llm", "max_tokens": 20, "stream": True,
+            "messages": [{"role": "user", "content": "hello"}],
+            "hostile": "messages_cut_after_usage"}  # fmt: skip
+    answer = httpx.post(gateway + "/v1/messages", json=body, headers={"x-api-key": KEY})
+    events = [e for e in answer.text.split("\n\n") if e.startswith("event: ")]
+    assert [e.split("\n")[0] for e in events[-2:]] == ["event: message_delta", "event: error"]
+    shown = orjson.loads(events[-2].split("data: ", 1)[1])["usage"]
+    assert _errors_after(gateway, requests + 1) is not None
+    _, input_after, output_after = _totals(gateway)
+    assert (shown["input_tokens"], shown["output_tokens"]) == (
+        input_after - input_before,
+        output_after - output_before,
+    )
