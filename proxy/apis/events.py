@@ -134,6 +134,18 @@ class EventForwarder:
         did."""
         return self._parts.get(ANSWER_ID)
 
+    def cut_short(self) -> bool:
+        """Whether the stream, as far as it came, lacks both its ending event and an error event
+        of the backend's: a backend that closed it cleanly mid-way, whose client would take what
+        it has as the whole answer. An ending event held to show the bill (Responses' is the
+        one that completes its usage) counts, as does one missing only its blank line."""
+        if self._ended or self.failed:
+            return False
+        rest = self._partial.drain() if self._partial.size else b""
+        if rest:
+            self._partial.start(rest)
+        return self._events.last.search(self.held + rest) is None
+
     def finish(self) -> bytes:
         tail, self._tail = self.held + self._tail, b""
         return tail + self._partial.drain() if self._partial.size else tail

@@ -137,6 +137,11 @@ class Forward:
                         full_s = None if body is None or body.ready() else relay.clock()
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         relay.sent(out, token_events, full_s)
+            if isinstance(sse, EventForwarder) and sse.cut_short():
+                # Broken off as a dropped connection is: the client must not take it as whole.
+                raise UpstreamBadResponse(
+                    f"backend {backend.name!r} ended the stream before its last event"
+                )
             ending = sse.finish()
             if ctx.capture is not None:
                 ctx.capture.add(ending)

@@ -363,6 +363,11 @@ async def messages_cut_after_usage(server: HostileBackend, writer: Writer, reque
 
 
 _STARTED = {"type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 3}}
+# A Messages stream the backend ends cleanly before its message_stop, mid-way through an event.
+MESSAGES_ENDED_EARLY = b"".join(
+    _named(payload)
+    for payload in [{"type": "message_start", "message": _STARTED}, *_MESSAGE_EVENTS[1:3]]
+) + (b'event: content_block_delta\ndata: {"type":"content_bl')
 MESSAGES_ERROR_EVENT = b"".join(
     _named(payload)
     for payload in [
@@ -439,6 +444,7 @@ MISBEHAVIOURS: dict[str, Misbehaviour] = {
     "code_object": whole("400 Bad Request", orjson.dumps(_CODE_OBJECT)),
     "deep_error": whole("400 Bad Request", _DEEP_ERROR),
     "messages_error_event": typed("text/event-stream", MESSAGES_ERROR_EVENT),
+    "messages_ended_early": typed("text/event-stream", MESSAGES_ENDED_EARLY),
     "responses_failed": typed("text/event-stream", RESPONSES_FAILED),
     "responses_failed_whole": whole("200 OK", RESPONSE_FAILED_WHOLE),
     **{

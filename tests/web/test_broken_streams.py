@@ -120,6 +120,29 @@ def test_a_messages_stream_the_backend_ends_with_an_error_event_counts_as_an_err
     assert _errors_after(gateway, requests + 1) == errors + 1
 
 
+def test_a_messages_stream_ended_before_its_message_stop_is_an_error_the_sdk_raises(
+    gateway: str,
+) -> None:
+    """A backend that closed its stream cleanly mid-way (half an event, no message_stop): the
+    client got the truncated stream as if whole (the SDK's final message had no stop_reason),
+    and the ledger counted a success."""
+    requests, errors = _so_far(gateway)
+    texts: list[str] = []
+    with (
+        anthropic.Anthropic(base_url=gateway, api_key=KEY, max_retries=0) as sdk,
+        pytest.raises(anthropic.APIStatusError, match="before its last event"),
+        sdk.messages.stream(
+            model="hostile-llm",
+            max_tokens=20,
+            messages=[{"role": "user", "content": "hello"}],
+            extra_body={"hostile": "messages_ended_early"},
+        ) as stream,
+    ):
+        texts.extend(stream.text_stream)
+    assert texts == ["fine"]
+    assert _errors_after(gateway, requests + 1) == errors + 1
+
+
 def test_a_failed_response_counts_as_an_error(gateway: str) -> None:
     requests, errors = _so_far(gateway)
     with openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0) as sdk:
