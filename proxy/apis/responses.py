@@ -162,13 +162,43 @@ def _as_text(part: object) -> object:
     return part
 
 
+_CONTRADICTED = "<contradicts the usage's other numbers>"
+"""The total of a usage that contradicts itself: no count, so no check believes it (and the
+gateway's warning says why)."""
+
+
 def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
-    """The usage in chat's names; checked_usage then judges the numbers."""
-    return {
-        "prompt_tokens": usage.get("input_tokens"),
-        "completion_tokens": usage.get("output_tokens"),
-        "total_tokens": usage.get("total_tokens"),
-    }
+    """The usage in chat's names; checked_usage then judges the numbers. A usage that
+    contradicts itself is given a total it cannot believe: the whole usage is then the
+    gateway's own counts, shown in its place, since which of its numbers lies cannot be known
+    (the client was shown a total of 5 beside a bill of 21, a cached count of 900 out of 9)."""
+    given_in, given_out = usage.get("input_tokens"), usage.get("output_tokens")
+    total = usage.get("total_tokens")
+    if type(given_in) is int and type(given_out) is int and not _consistent(usage):
+        total = _CONTRADICTED
+    return {"prompt_tokens": given_in, "completion_tokens": given_out, "total_tokens": total}
+
+
+def _consistent(usage: Mapping[str, Any]) -> bool:
+    """The Responses API's (OpenAI's, vLLM's) total is input + output; its cached tokens are a
+    part of the input, its reasoning tokens a part of the output."""
+    given_in, given_out = usage["input_tokens"], usage["output_tokens"]
+    total = usage.get("total_tokens")
+    if total is not None and (type(total) is not int or total != given_in + given_out):
+        return False
+    return _part_of(usage, "input_tokens_details", "cached_tokens", given_in) and _part_of(
+        usage, "output_tokens_details", "reasoning_tokens", given_out
+    )
+
+
+def _part_of(usage: Mapping[str, Any], details: str, name: str, whole: int) -> bool:
+    given = usage.get(details)
+    if given is None:
+        return True
+    if type(given) is not dict:
+        return False
+    part = given.get(name)
+    return part is None or (type(part) is int and 0 <= part <= whole)
 
 
 def answer_texts(answer: Mapping[str, Any]) -> list[str]:

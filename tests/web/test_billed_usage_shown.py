@@ -316,3 +316,67 @@ def test_a_responses_stream_that_under_reports_its_output_shows_the_output_bille
     input_tokens, output_tokens, source = billed(ledger, streamed.headers["x-request-id"])
     assert (source, output_tokens) == ("counted_output", 12)
     assert (usage.input_tokens, usage.output_tokens) == (input_tokens, output_tokens)
+
+
+# A Responses usage that contradicts itself: OpenAI's and vLLM's total is input + output, and a
+# cached or reasoning count is a part of its whole. Which number lies cannot be known.
+CONTRADICTING = [
+    {"input_tokens": 9, "output_tokens": 12, "total_tokens": 5},
+    {"input_tokens": 9, "output_tokens": 12, "input_tokens_details": {"cached_tokens": -5}},
+    {"input_tokens": 9, "output_tokens": 12, "input_tokens_details": {"cached_tokens": 900}},
+    {"input_tokens": 9, "output_tokens": 12, "output_tokens_details": {"reasoning_tokens": 99}},
+    {"input_tokens": 9, "output_tokens": 12, "output_tokens_details": {"reasoning_tokens": "x"}},
+    {"input_tokens": 9, "output_tokens": 12, "output_tokens_details": 5},
+]
+
+
+@pytest.mark.parametrize("usage", CONTRADICTING)
+def test_a_responses_usage_that_contradicts_itself_is_not_shown_or_billed(
+    setup: tuple[UsageLiar, str, Path],
+    usage: dict[str, object],
+) -> None:
+    """The answer showed it as the backend sent it (a total of 5 beside a bill of 21, a cached
+    count of 900 out of 9), and the bill was its input and output: now the gateway's own exact
+    counts are the bill, shown in its place, whole or streamed."""
+    liar, url, ledger = setup
+    liar.usage = usage
+    client = _openai(url, KEY)
+    raw = client.responses.with_raw_response.create(model="exact-llm", input=QUESTION)
+    streamed = client.responses.with_raw_response.create(
+        model="exact-llm", input=QUESTION, stream=True
+    )
+    events = list(streamed.parse())
+    for response, answer in [(raw.parse(), raw), (events[-1].response, streamed)]:
+        assert response.usage is not None
+        shown = response.usage.model_dump()
+        assert billed(ledger, answer.headers["x-request-id"])[2] == "counted"
+        assert (shown["input_tokens"], shown["output_tokens"]) == _billed(
+            ledger, answer.headers["x-request-id"]
+        )
+        assert shown["total_tokens"] == shown["input_tokens"] + shown["output_tokens"]
+        assert shown["input_tokens_details"]["cached_tokens"] == 0
+        assert shown["output_tokens_details"]["reasoning_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"input_tokens": 9, "output_tokens": 12, "total_tokens": 21},
+        {
+            "input_tokens": 9,
+            "output_tokens": 12,
+            "total_tokens": 21,
+            "input_tokens_details": {"cached_tokens": 9},
+            "output_tokens_details": {"reasoning_tokens": 12},
+        },
+    ],
+)
+def test_a_consistent_responses_usage_goes_out_untouched(
+    setup: tuple[UsageLiar, str, Path],
+    usage: dict[str, object],
+) -> None:
+    liar, url, ledger = setup
+    liar.usage = usage
+    raw = _openai(url, KEY).responses.with_raw_response.create(model="exact-llm", input=QUESTION)
+    assert raw.parse().usage.model_dump(exclude_none=True) == usage  # type: ignore[union-attr]
+    assert billed(ledger, raw.headers["x-request-id"]) == (9, 12, "backend")
