@@ -391,6 +391,11 @@ RESPONSES_FAILED = b"".join(
     ]
 )
 
+# A Responses stream the backend ends cleanly before response.completed, mid-way through an event.
+RESPONSES_ENDED_EARLY = RESPONSES_FAILED.split(b"event: response.failed")[0] + (
+    b'event: response.output_text.delta\ndata: {"type":"response.out'
+)
+
 RESPONSE_FAILED_WHOLE = orjson.dumps(
     {"id": "resp_1", "object": "response", "created_at": 1, "model": "hostile-llm", **_FAILED}
 )
@@ -447,6 +452,7 @@ MISBEHAVIOURS: dict[str, Misbehaviour] = {
     "messages_ended_early": typed("text/event-stream", MESSAGES_ENDED_EARLY),
     "responses_failed": typed("text/event-stream", RESPONSES_FAILED),
     "responses_failed_whole": whole("200 OK", RESPONSE_FAILED_WHOLE),
+    "responses_ended_early": typed("text/event-stream", RESPONSES_ENDED_EARLY),
     **{
         f"retry_after_{key}": retry_after(status, value)
         for key, status, value in (

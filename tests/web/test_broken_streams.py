@@ -143,6 +143,26 @@ def test_a_messages_stream_ended_before_its_message_stop_is_an_error_the_sdk_rai
     assert _errors_after(gateway, requests + 1) == errors + 1
 
 
+def test_a_responses_stream_ended_before_its_last_event_is_an_error_the_sdk_raises(
+    gateway: str,
+) -> None:
+    """The same on Responses: no response.completed (nor incomplete, failed, error), the last
+    event half sent. The openai SDK's iteration ended silently on the deltas so far."""
+    requests, errors = _so_far(gateway)
+    seen: list[str] = []
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0) as sdk:
+        events = sdk.responses.create(
+            model="hostile-llm",
+            input="hello",
+            stream=True,
+            extra_body={"hostile": "responses_ended_early"},
+        )
+        with pytest.raises(openai.APIError, match="before its last event"):
+            seen.extend(event.type for event in events)
+    assert seen == ["response.created", "response.output_text.delta"]  # not half the third
+    assert _errors_after(gateway, requests + 1) == errors + 1
+
+
 def test_a_failed_response_counts_as_an_error(gateway: str) -> None:
     requests, errors = _so_far(gateway)
     with openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0) as sdk:
