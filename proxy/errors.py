@@ -24,7 +24,9 @@ GatewayError                      500 api_error (never raised bare; the base)
 
 Every error with a Retry-After also carries `retry-after-ms`; one that retrying cannot fix soon
 (a quota that resets more than a minute away, a request larger than a limit) carries
-`x-should-retry: false`, which the OpenAI SDKs obey instead of retrying.
+`x-should-retry: false`, which the OpenAI SDKs obey instead of retrying. Every 429 and 503 has a
+Retry-After (DESIGN.md), a request no wait will fit too: then the limit's window or the quota's
+reset, beside `x-should-retry: false`.
 """
 
 from __future__ import annotations
@@ -35,9 +37,14 @@ import orjson
 
 FAR_RETRY_S = 60.0
 """A wait longer than this is not worth a client's automatic retry (the SDKs cap theirs at 60 s)."""
+MINUTE_S = 60.0
+"""The Retry-After of a request larger than a per-minute limit: the window in which its bucket
+refills whole. No wait makes it fit (it also carries `x-should-retry: false`), but the contract
+gives every 429 and 503 a Retry-After, and a client that reads only that waits a window."""
 
 __all__ = [
     "FAR_RETRY_S",
+    "MINUTE_S",
     "AuthenticationFailed",
     "BadRequest",
     "BodyTooLarge",

@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.clock import Clock
 from proxy.context import Admitted
-from proxy.errors import InsufficientQuota, RateLimited
+from proxy.errors import MINUTE_S, InsufficientQuota, RateLimited
 from proxy.keys.record import KeyAllowance, KeyRecord
 from proxy.leases import Lease, LeaseIds, Renewals
 from proxy.stages.budget import IN_FLIGHT_RETRY_S, Refusing
@@ -187,6 +187,7 @@ class KeyAllowances:
                     f"This API key's {kind}_per_minute is {bucket.capacity} and this request "
                     f"needs {cost}: it can never be admitted. Lower max_tokens or n, send fewer "
                     "prompts, or shorten the input.",
+                    retry_after_s=MINUTE_S,
                     should_retry=False,
                 )
             refusal = RateLimited(
@@ -293,6 +294,7 @@ def _refused(
             f"This request needs up to {tokens} tokens, more than this API key's own quota "
             f"({counter.limit} tokens) allows in a whole period: it can never be admitted. "
             "Lower max_tokens or n, send fewer prompts, or shorten the input.",
+            retry_after_s=max(1.0, counter.expires_at - 86400 - now),  # the quota's reset
             should_retry=False,
         )
     if refusal.used + tokens <= counter.limit:

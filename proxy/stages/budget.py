@@ -366,6 +366,7 @@ def _refused(
             f"This request needs up to {needed_s} {unit}, more than {quota.name} ({limit} "
             f"{unit}) allows in a whole period: it can never be admitted. Lower max_tokens or n, "
             "send fewer prompts, or shorten the input.",
+            retry_after_s=max(1.0, reset_at - now),  # when the quota resets: still too small
             should_retry=False,
         )
     held = f"{quota.name} is {limit} {unit}; {used_s} used and {reserved_s} held by requests in "

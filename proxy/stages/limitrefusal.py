@@ -4,7 +4,7 @@ request can never fit it)."""
 from __future__ import annotations
 
 from proxy.context import Admitted
-from proxy.errors import RateLimited
+from proxy.errors import MINUTE_S, RateLimited
 from proxy.stages.limitheaders import format_reset
 from proxy.stages.limitshape import LimitShape, limit_key
 from proxy.storage.limits import Admission, LimitKey
@@ -34,6 +34,7 @@ def limit_refusal(
                 f"Rate limit exceeded: {what}; it is larger than the per-minute limit and can "
                 "never be admitted. Lower max_tokens or n, send fewer prompts, or shorten the "
                 "input.",
+                retry_after_s=MINUTE_S,
                 should_retry=False,
             )
     wait = format_reset(retry_s)

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from proxy.clock import Clock
 from proxy.context import Admitted
-from proxy.errors import RateLimited, UpstreamUnavailable
+from proxy.errors import MINUTE_S, RateLimited, UpstreamUnavailable
 from proxy.holds import RateLimitHold
 from proxy.keys.record import KeyRecord
 from proxy.leases import LeaseIds, Renewals
@@ -156,6 +156,7 @@ class RateLimits:
         if refusal.should_retry is False:  # larger than a per-minute limit of the backend
             raise UpstreamUnavailable(
                 f"Backend {backend.name!r} cannot take this request: {refusal.message}",
+                retry_after_s=MINUTE_S,
                 should_retry=False,
             )
         raise UpstreamUnavailable(
