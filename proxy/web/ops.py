@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["Health", "Metrics", "Ready"]
 
 _PROBE_TIMEOUT_S = 2.0
+_NOT_READY_RETRY = (b"retry-after", b"5")
+"""DESIGN gives every 503 a Retry-After; a not-ready answer may change with the next probe."""
 
 
 class Health:
@@ -84,7 +86,10 @@ class Ready:
             body["quota_settles"] = unbooked.stats()
         # and its token-bucket true-ups storage did not take
         body["token_true_ups"] = gateway.services.rate_limits.true_ups.stats()
-        await send_json(send, 200 if ready else 503, orjson.dumps(body))
+        if ready:
+            await send_json(send, 200, orjson.dumps(body))
+        else:
+            await send_json(send, 503, orjson.dumps(body), (_NOT_READY_RETRY,))
 
 
 class Metrics:

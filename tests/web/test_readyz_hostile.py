@@ -64,6 +64,7 @@ async def test_a_backend_trickling_its_model_list_cannot_hold_readyz() -> None:
             answer, took_s = await ready_answer(url)
     assert took_s < ANSWERED_WITHIN_S
     assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "5"  # DESIGN: on every 503
     assert answer.json()["backends"]["mock-a"] == "TotalTimeout"
 
 
