@@ -25,7 +25,13 @@ from proxy.errors import (
     UpstreamTooLarge,
 )
 from proxy.policy.model import Backend, UpstreamSpec
-from proxy.stages.shown import Reshow, added_usage_chunk, event_with_billed, whole_with_billed
+from proxy.stages.shown import (
+    Reshow,
+    added_usage_chunk,
+    event_with_billed,
+    usage_chunk_if_overruled,
+    whole_with_billed,
+)
 from proxy.stages.stored import answer_id, stored_id
 from proxy.stages.usage import believed
 from proxy.stages.usage import take_usage as _take_usage
@@ -90,10 +96,11 @@ class Forward:
     ) -> None:
         api = AGENT_APIS.get(ctx.operation)
         sse: SSEForwarder | EventForwarder
-        # Usage the client sees is checked as it comes: one not believed is held, to be shown
-        # as billed. Several answers' is always held: the gateway may count more output; so is
-        # an agent API's, whose text deltas the gateway counts too (a backend's output count
-        # below them is billed as counted, `counted_output`). Its event ends the stream anyway.
+        # Usage the client sees is held, to be shown as billed: the gateway counts the output
+        # relayed too, and a backend's output count below it is billed as counted
+        # (`counted_output`); its event ends the stream anyway. One believed in a chunk with
+        # choices (llama.cpp's last) goes on as it came, a chunk of the bill after it if
+        # overruled.
         if api is not None:
             sse = EventForwarder(api.events, _held)
         elif ctx.choices > 1:
@@ -103,7 +110,7 @@ class Forward:
             )
         else:
             shown = partial(believed, ctx) if ctx.client_wants_usage else None
-            sse = SSEForwarder(keep_usage=ctx.client_wants_usage, believed=shown)
+            sse = SSEForwarder(keep_usage=ctx.client_wants_usage, believed=shown, hold=True)
         relay = _Relay(ctx, backend, sse, self._content_deadline(ctx, backend), self._clock)
         ending = b""
         outcome = ctx.outcome
@@ -363,6 +370,8 @@ def _reshown(ctx: Admitted, sse: SSEForwarder | EventForwarder) -> Reshow | None
     if ctx.client_wants_usage and isinstance(sse, SSEForwarder):
         if sse.usage is None or sse.unshown:
             return added_usage_chunk
+        if sse.passed:
+            return usage_chunk_if_overruled
     return None
 
 

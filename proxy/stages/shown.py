@@ -17,7 +17,14 @@ from proxy.jsontext import json_text
 from proxy.upstream.exactints import as_written
 from proxy.usageshape import responses_usage
 
-__all__ = ["Reshow", "added_usage_chunk", "billed_usage", "event_with_billed", "whole_with_billed"]
+__all__ = [
+    "Reshow",
+    "added_usage_chunk",
+    "billed_usage",
+    "event_with_billed",
+    "usage_chunk_if_overruled",
+    "whole_with_billed",
+]
 
 Reshow = Callable[[RequestContext, bytes], bytes]
 """The answer's last bytes as the client is to see them, given the request as billed."""
@@ -84,6 +91,13 @@ def added_usage_chunk(ctx: RequestContext, body: bytes) -> bytes:
     done = body.rfind(b"[DONE]")
     at = body.rfind(_DATA, 0, done) if done >= 0 else -1
     return body + event if at < 0 else body[:at] + event + body[at:]
+
+
+def usage_chunk_if_overruled(ctx: RequestContext, body: bytes) -> bytes:
+    """A stream's end whose usage went out with its last choices (llama.cpp's), believed: as it
+    came if it is the bill, else with a usage chunk of the bill after it, the last one the
+    client reads."""
+    return body if ctx.usage_source == "backend" else added_usage_chunk(ctx, body)
 
 
 def _with_usage(ctx: RequestContext, parsed: object) -> dict[str, Any]:

@@ -42,20 +42,25 @@ class SSEForwarder:
     only a read that splits an event keeps its tail back until the event is whole. Only events
     that mention `prompt_tokens` (the usage chunk) are parsed. A usage chunk the client asked for
     whose usage `believed` does not believe is `held` (its JSON `held_chunk`) until `finish`,
-    for the answer's end to show the usage billed in its place; one in a chunk with choices goes
-    on without it, and `unshown` says the stream's end owes the client a usage chunk.
+    for the answer's end to show the usage billed in its place (with `hold`, every usage chunk
+    is: the gateway's count may overrule a believed one); one in a chunk with choices goes on
+    without it, and `unshown` says the stream's end owes the client a usage chunk. One believed
+    there goes on with it: `passed` says so (the bill may still overrule it).
     """
 
-    __slots__ = ("_believed", "_keep_usage", "_partial", "_saw_token", "_tail", "_text_at",
-                 "_text_head", "_textless", "held", "held_chunk", "texted", "unshown",
-                 "usage")  # fmt: skip
+    __slots__ = ("_believed", "_hold", "_keep_usage", "_partial", "_saw_token", "_tail",
+                 "_text_at", "_text_head", "_textless", "held", "held_chunk", "passed", "texted",
+                 "unshown", "usage")  # fmt: skip
 
-    def __init__(self, *, keep_usage: bool, believed: Believed | None = None) -> None:
+    def __init__(
+        self, *, keep_usage: bool, believed: Believed | None = None, hold: bool = False
+    ) -> None:
         self._keep_usage = keep_usage
         self._believed = believed
+        self._hold = hold
         self.held = b""
         self.held_chunk: Any = None
-        self.unshown = False
+        self.unshown = self.passed = False
         self._partial = Partial()  # an event's start, until a read ends it
         self._tail = b""  # whole events held back: [DONE]
         self._saw_token = False
@@ -215,6 +220,7 @@ class SSEForwarder:
             # if believed: else it goes without, and a chunk of the bill ends the stream.
             self.unshown = not self._shows(usage)
             if not self.unshown:
+                self.passed = True
                 return event
         if as_it_came:
             return event  # (a choice's text orjson refuses: with its usage, not without it)
@@ -230,7 +236,7 @@ class SSEForwarder:
             return b""
         if _DATA_LINE.search(event) is None:  # a comment that says it is no data event
             return event
-        if not self._shows(None if chunk is None else chunk["usage"]):
+        if self._hold or not self._shows(None if chunk is None else chunk["usage"]):
             self.held, self.held_chunk = event + end, chunk  # shown as billed, at the end
             return b""
         self.unshown = False
