@@ -144,7 +144,11 @@ class Forward:
                         full_s = None if body is None or body.ready() else relay.clock()
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         relay.sent(out, token_events, full_s)
-            if isinstance(sse, EventForwarder) and sse.cut_short():
+            if (
+                sse.cut_short()
+                if isinstance(sse, EventForwarder)
+                else not sse.closed_whole(relay.before_last + relay.last)
+            ):
                 # Broken off as a dropped connection is: the client must not take it as whole.
                 raise UpstreamBadResponse(
                     f"backend {backend.name!r} ended the stream before its last event"

@@ -32,6 +32,9 @@ _DATA = b"data:"
 _DATA_LINE = re.compile(rb"(?m)^data:")
 _CHOICE = re.compile(rb'"choices"\s*:\s*\[\s*\{')
 # The [DONE] event's end, in LF or CRLF lines or both: looked up per read, never built.
+_DONE = b"[DONE]"
+# A choice's finish_reason, set (null is no string).
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
 _DONE_ENDS = tuple(b"[DONE]" + a + b for a in (b"\n", b"\r\n") for b in (b"\n", b"\r\n"))
 
 
@@ -128,6 +131,30 @@ class SSEForwarder:
         unterminated last event, forwarded as is."""
         tail, self._tail = self.held + self._tail, b""
         return tail + self._partial.drain() if self._partial.size else tail
+
+    def closed_whole(self, last: bytes) -> bool:
+        """Whether a stream the backend closed may end as a whole one: its `[DONE]` came, or
+        its answer is visibly complete without it (some OpenAI-compatible servers omit it): no
+        half event left, a finish_reason in its last reads (`last`; the usage chunk held), and
+        the usage owed, if any. A stream that is whole but for `[DONE]` gets one from `finish`.
+        Asked once, at the end: nothing is looked for a read."""
+        if self._tail or last.find(_DONE) >= 0:
+            return True
+        if self._partial.size:
+            rest = self._partial.drain()
+            self._partial.start(rest)
+            return rest.find(_DONE) >= 0  # half an event, or [DONE] without its blank line
+        if self.usage is None and self._owes_usage():
+            return False
+        if _FINISHED.search(self.held + last) is None:
+            return False
+        self._tail = b"data: [DONE]\n\n"
+        return True
+
+    def _owes_usage(self) -> bool:
+        """Whether a whole stream has its usage chunk: one the client asked for comes after
+        every choice's finish_reason."""
+        return self._keep_usage
 
     def textless(self, read: bytes) -> int:
         """The events (choices, `_choices_in`) without text, usage aside, from the first token
@@ -278,6 +305,11 @@ class ChoicesForwarder(SSEForwarder):
 
     def _choices_in(self, event: bytes) -> int:
         return max(1, event.count(self._mark))
+
+    def _owes_usage(self) -> bool:
+        """Always (the gateway asks for it): the last reads show one choice's finish_reason,
+        not each one's; the usage chunk comes once every choice has finished."""
+        return True
 
 
 def _from_event_of(out: bytes, found: re.Match[bytes]) -> bytes:
