@@ -141,10 +141,7 @@ class EventForwarder:
         one that completes its usage) counts, as does one missing only its blank line."""
         if self._ended or self.failed:
             return False
-        rest = self._partial.drain() if self._partial.size else b""
-        if rest:
-            self._partial.start(rest)
-        return self._events.last.search(self.held + rest) is None
+        return self._events.last.search(self.held + self._partial.peek()) is None
 
     def finish(self) -> bytes:
         tail, self._tail = self.held + self._tail, b""

@@ -55,6 +55,10 @@ class Partial:
                 return None
         return self.drain(data)
 
+    def peek(self) -> bytes:
+        """Everything held, still held: what a stream closed mid-event left of its last one."""
+        return b"".join(self._pieces)
+
     def drain(self, data: bytes = b"") -> bytes:
         """Everything held, then `data`; nothing is held after."""
         self._pieces.append(data)

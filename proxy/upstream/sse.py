@@ -140,10 +140,8 @@ class SSEForwarder:
         Asked once, at the end: nothing is looked for a read."""
         if self._tail or last.find(_DONE) >= 0:
             return True
-        if self._partial.size:
-            rest = self._partial.drain()
-            self._partial.start(rest)
-            return rest.find(_DONE) >= 0  # half an event, or [DONE] without its blank line
+        if self._partial.size:  # half an event, or [DONE] without its blank line
+            return self._partial.peek().find(_DONE) >= 0
         if self.usage is None and self._owes_usage():
             return False
         if _FINISHED.search(self.held + last) is None:
