@@ -27,14 +27,14 @@ class RedisKeyStore:
     shared = True  # every replica changes it: each polls the version
 
     def __init__(self, link: str | RedisLink, *, timeout_s: float = 1.0) -> None:
-        self._own = isinstance(link, str)
+        self._own = isinstance(link, str)  # then closed with the store
         if isinstance(link, str):
             link = RedisLink(link, timeout_s=timeout_s, max_connections=8)
         self._link = link
         self._client = link.client
-        self._write = link.scripts.register_script(script_text("keys_write"))
-        reads = link.scripts
-        self._multiplexed = reads if isinstance(reads, Multiplexed) else None
+        scripts = link.scripts
+        self._write = scripts.register_script(script_text("keys_write"))
+        self._multiplexed = scripts if isinstance(scripts, Multiplexed) else None
 
     async def put(self, key_id: str, record: bytes) -> None:
         with translated("key storage"):
